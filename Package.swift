@@ -1,0 +1,70 @@
+// swift-tools-version: 6.2
+import PackageDescription
+
+let strict: [SwiftSetting] = [.treatAllWarnings(as: .error)]
+
+let package = Package(
+    name: "Lockbox",
+    platforms: [.macOS(.v15)],
+    products: [
+        .library(name: "Lockbox", targets: ["Lockbox"]),
+        .library(name: "LockboxCore", targets: ["LockboxCore"]),
+        .executable(name: "lockbox", targets: ["LockboxCLI"]),
+        .executable(name: "lockbox-bench", targets: ["LockboxBenchmark"]),
+        .executable(name: "lockbox-stress", targets: ["LockboxStress"]),
+    ],
+    targets: [
+        // C libraries from Debian's -dev packages; each is imported by exactly one Swift target.
+        .systemLibrary(name: "CSodium", pkgConfig: "libsodium", providers: [.apt(["libsodium-dev"])]),
+        .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
+        .systemLibrary(name: "CKeyutils", providers: [.apt(["libkeyutils-dev"])]),
+        .systemLibrary(name: "CLibSecret", pkgConfig: "libsecret-1", providers: [.apt(["libsecret-1-dev"])]),
+
+        // The model and the backend SPI. No C imports.
+        .target(name: "LockboxCore", swiftSettings: strict),
+
+        // The vault's parts: crypto (the only CSodium importer), storage (the only CSQLite
+        // importer), key providers (the only CKeyutils importer), and the store itself.
+        .target(name: "VaultCrypto", dependencies: ["CSodium", "LockboxCore"], swiftSettings: strict),
+        .target(name: "VaultStorage", dependencies: ["CSQLite", "LockboxCore"], swiftSettings: strict),
+        .target(name: "KeyProviders", dependencies: ["CKeyutils", "LockboxCore", "VaultCrypto"], swiftSettings: strict),
+        .target(
+            name: "LockboxVault",
+            dependencies: ["LockboxCore", "VaultCrypto", "VaultStorage", "KeyProviders"],
+            swiftSettings: strict),
+
+        // The desktop keychain backend (the only CLibSecret importer).
+        .target(name: "SecretService", dependencies: ["CLibSecret", "LockboxCore"], swiftSettings: strict),
+        // git and docker credential-helper protocols over any ItemStore.
+        .target(name: "CredentialHelpers", dependencies: ["LockboxCore"], swiftSettings: strict),
+
+        // The OAuth 2.0 credential lifecycle, over the small TokenStore interface.
+        .target(name: "LockboxAuth", dependencies: ["LockboxCore"], swiftSettings: strict),
+
+        // The facade applications import.
+        .target(name: "Lockbox", dependencies: ["LockboxCore", "LockboxVault"], swiftSettings: strict),
+
+        .executableTarget(name: "LockboxCLI", dependencies: ["Lockbox"], swiftSettings: strict),
+        .executableTarget(
+            name: "LockboxBenchmark",
+            dependencies: ["Lockbox", "VaultCrypto", "VaultStorage"],
+            swiftSettings: strict),
+        .executableTarget(name: "LockboxStress", dependencies: ["Lockbox"], swiftSettings: strict),
+
+        .testTarget(name: "LockboxCoreTests", dependencies: ["LockboxCore"], swiftSettings: strict),
+        .testTarget(
+            name: "LockboxVaultTests",
+            dependencies: ["LockboxVault", "VaultStorage", "KeyProviders", "Lockbox"],
+            swiftSettings: strict),
+        .testTarget(name: "ItemStoreBehaviourTests", dependencies: ["Lockbox", "SecretService"], swiftSettings: strict),
+        .testTarget(
+            name: "SecretServiceTests",
+            dependencies: ["SecretService", "CredentialHelpers", "Lockbox"],
+            swiftSettings: strict),
+        .testTarget(name: "LockboxAuthTests", dependencies: ["LockboxAuth", "Lockbox"], swiftSettings: strict),
+        .testTarget(
+            name: "LockboxCLITests",
+            dependencies: ["LockboxCLI", "LockboxStress", "Lockbox"],
+            swiftSettings: strict),
+    ]
+)

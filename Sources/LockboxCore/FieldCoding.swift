@@ -1,0 +1,85 @@
+/// A small, unambiguous binary encoding: every field is a one-byte tag (0 absent, 1 present)
+/// followed, when present, by a little-endian 32-bit length and the bytes. Used for primary-key
+/// digests and for sealed metadata, where it must be canonical and cheap to decode.
+package struct FieldEncoder {
+    package private(set) var bytes: [UInt8] = []
+
+    package init() {}
+
+    package mutating func bytes(_ value: [UInt8]?) {
+        guard let value else {
+            bytes.append(0)
+            return
+        }
+        bytes.append(1)
+        let length = UInt32(value.count)
+        withUnsafeBytes(of: length.littleEndian) { bytes.append(contentsOf: $0) }
+        bytes.append(contentsOf: value)
+    }
+
+    package mutating func string(_ value: String?) {
+        bytes(value.map { Array($0.utf8) })
+    }
+
+    package mutating func integer(_ value: Int?) {
+        bytes(value.map { value in withUnsafeBytes(of: Int64(value).littleEndian) { Array($0) } })
+    }
+
+    package mutating func double(_ value: Double?) {
+        bytes(value.map { value in withUnsafeBytes(of: value.bitPattern.littleEndian) { Array($0) } })
+    }
+}
+
+/// Reads what ``FieldEncoder`` wrote. Any malformed input is a thrown error, never a crash:
+/// this parses data from disk.
+package struct FieldDecoder {
+    private let input: [UInt8]
+    private var offset = 0
+
+    package struct Malformed: Error {}
+
+    package init(_ input: [UInt8]) { self.input = input }
+
+    package var isAtEnd: Bool { offset == input.count }
+
+    package mutating func bytes() throws(Malformed) -> [UInt8]? {
+        guard offset < input.count else { throw Malformed() }
+        let tag = input[offset]
+        offset += 1
+        switch tag {
+        case 0: return nil
+        case 1: break
+        default: throw Malformed()
+        }
+        guard input.count - offset >= 4 else { throw Malformed() }
+        var length: UInt32 = 0
+        for index in 0..<4 { length |= UInt32(input[offset + index]) << (8 * UInt32(index)) }
+        offset += 4
+        guard Int(length) <= input.count - offset else { throw Malformed() }
+        let value = Array(input[offset..<offset + Int(length)])
+        offset += Int(length)
+        return value
+    }
+
+    package mutating func string() throws(Malformed) -> String? {
+        guard let raw = try bytes() else { return nil }
+        guard let string = String(validating: raw, as: UTF8.self) else { throw Malformed() }
+        return string
+    }
+
+    package mutating func integer() throws(Malformed) -> Int? {
+        guard let raw = try bytes() else { return nil }
+        guard raw.count == 8 else { throw Malformed() }
+        var value: UInt64 = 0
+        for index in 0..<8 { value |= UInt64(raw[index]) << (8 * UInt64(index)) }
+        return Int(Int64(bitPattern: value))
+    }
+
+    package mutating func double() throws(Malformed) -> Double? {
+        guard let raw = try bytes() else { return nil }
+        guard raw.count == 8 else { throw Malformed() }
+        var value: UInt64 = 0
+        for index in 0..<8 { value |= UInt64(raw[index]) << (8 * UInt64(index)) }
+        return Double(bitPattern: value)
+    }
+}

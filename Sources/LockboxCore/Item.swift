@@ -1,0 +1,47 @@
+import struct Foundation.Data
+
+/// A Keychain item: its class, its attributes and (when asked for) its value.
+public struct Item: Sendable, CustomStringConvertible {
+    public var itemClass: ItemClass
+    public var attributes: ItemAttributes
+    /// `kSecValueData`. In results, present only when the query asked for data.
+    public var data: SecretBytes?
+    /// `kSecValuePersistentRef`: a stable reference to this item, set in results.
+    public var persistentReference: Data?
+
+    public init(_ itemClass: ItemClass, attributes: ItemAttributes, data: SecretBytes? = nil) {
+        self.itemClass = itemClass
+        self.attributes = attributes
+        self.data = data
+    }
+
+    /// A generic password: the most common item.
+    public static func genericPassword(
+        service: String, account: String, data: SecretBytes,
+        accessibility: Accessibility? = nil, accessGroup: String? = nil, label: String? = nil
+    ) -> Item {
+        Item(
+            .genericPassword,
+            attributes: ItemAttributes(
+                service: service, account: account, label: label,
+                accessibility: accessibility, accessGroup: accessGroup),
+            data: data)
+    }
+
+    public var description: String {
+        "Item(\(itemClass.rawValue), service: \(attributes.service ?? attributes.server ?? "-"), "
+            + "account: \(attributes.account ?? "-"), data: \(data == nil ? "none" : "<redacted>"))"
+    }
+}
+
+/// Changes for ``ItemStore/update(matching:to:)``: the attributes that are set replace the
+/// item's, and `data`, when set, replaces its value.
+public struct ItemUpdate: Sendable {
+    public var attributes: ItemAttributes
+    public var data: SecretBytes?
+
+    public init(attributes: ItemAttributes = ItemAttributes(), data: SecretBytes? = nil) {
+        self.attributes = attributes
+        self.data = data
+    }
+}

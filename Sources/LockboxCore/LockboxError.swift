@@ -1,0 +1,108 @@
+/// The one error type Lockbox throws at its public edge.
+///
+/// `code` carries Apple's `OSStatus` value, so code that already knows the Keychain's
+/// statuses keeps working, and `message` says what happened and what to do about it.
+/// A message never contains a secret: errors are built from fixed text and non-secret
+/// names (paths, attribute names, service names), never from item data.
+///
+/// ```swift
+/// do {
+///     let token = try store.data(matching: query)
+/// } catch LockboxError.itemNotFound {
+///     // sign in again
+/// } catch LockboxError.interactionNotAllowed {
+///     // locked: ask the user to unlock, do not sign out
+/// }
+/// ```
+public struct LockboxError: Error, Sendable, Hashable, CustomStringConvertible {
+    /// An error code: Apple's `OSStatus` value for the condition.
+    public struct Code: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
+        public let rawValue: Int32
+        public init(rawValue: Int32) { self.rawValue = rawValue }
+
+        /// `errSecSuccess` is not an error; it exists for the SecItem layer's tables.
+        public static let success = Code(rawValue: 0)
+        /// `errSecUserCanceled`: the user cancelled an authentication prompt.
+        public static let userCanceled = Code(rawValue: -128)
+        /// `errSecParam`: a malformed query or value (missing class, value too large, ...).
+        public static let param = Code(rawValue: -50)
+        /// `errSecIO`: reading or writing the store failed (disk full, I/O error, busy).
+        public static let io = Code(rawValue: -36)
+        /// `errSecUnimplemented`: the backend cannot do this.
+        public static let unimplemented = Code(rawValue: -4)
+        /// `errSecAuthFailed`: wrong passphrase or failed user verification.
+        public static let authFailed = Code(rawValue: -25293)
+        /// `errSecNoSuchKeychain`: there is no keychain at the given location.
+        public static let noSuchKeychain = Code(rawValue: -25294)
+        /// `errSecDuplicateKeychain`: a keychain already exists at the given location.
+        public static let duplicateKeychain = Code(rawValue: -25296)
+        /// `errSecNotAvailable`: no store or unlock method is available.
+        public static let notAvailable = Code(rawValue: -25291)
+        /// `errSecDuplicateItem`: an item with the same primary key exists.
+        public static let duplicateItem = Code(rawValue: -25299)
+        /// `errSecItemNotFound`: no item matched.
+        public static let itemNotFound = Code(rawValue: -25300)
+        /// `errSecInteractionNotAllowed`: the item exists (or may) but is locked now.
+        public static let interactionNotAllowed = Code(rawValue: -25308)
+        /// `errSecDecode`: stored data failed to authenticate or decode.
+        public static let decode = Code(rawValue: -26275)
+        /// `errSecMissingEntitlement`: the access group is not one this store may use.
+        public static let missingEntitlement = Code(rawValue: -34018)
+
+        public var description: String { "OSStatus \(rawValue)" }
+
+        /// Lets `catch LockboxError.itemNotFound` read naturally.
+        public static func ~= (code: Code, error: any Error) -> Bool {
+            (error as? LockboxError)?.code == code
+        }
+
+        public static func ~= (code: Code, error: LockboxError) -> Bool {
+            error.code == code
+        }
+    }
+
+    public let code: Code
+    /// The human-readable message. It never contains a secret.
+    public let message: String
+
+    public init(_ code: Code, _ message: String) {
+        self.code = code
+        self.message = message
+    }
+
+    /// Apple's `OSStatus` value.
+    public var status: Int32 { code.rawValue }
+
+    /// `message (OSStatus -25308)`: scripts can match the status in text form.
+    public var description: String { "\(message) (OSStatus \(status))" }
+
+    public static let itemNotFound = Code.itemNotFound
+    public static let duplicateItem = Code.duplicateItem
+    public static let interactionNotAllowed = Code.interactionNotAllowed
+    public static let authFailed = Code.authFailed
+    public static let userCanceled = Code.userCanceled
+    public static let param = Code.param
+    public static let decode = Code.decode
+    public static let io = Code.io
+    public static let notAvailable = Code.notAvailable
+    public static let missingEntitlement = Code.missingEntitlement
+    public static let noSuchKeychain = Code.noSuchKeychain
+    public static let duplicateKeychain = Code.duplicateKeychain
+    public static let unimplemented = Code.unimplemented
+}
+
+extension LockboxError {
+    /// The opaque error for any stored blob that fails to open. It deliberately says nothing
+    /// about which check failed, so it is no oracle.
+    public static func integrity(_ what: String = "An item") -> LockboxError {
+        LockboxError(
+            .decode,
+            "\(what) failed its integrity check: the keychain file was modified or is damaged. "
+                + "Restore it from a backup.")
+    }
+
+    /// The store is locked: never to be confused with "not found".
+    public static func locked(_ hint: String) -> LockboxError {
+        LockboxError(.interactionNotAllowed, "The keychain is locked. \(hint)")
+    }
+}

@@ -1,0 +1,78 @@
+import struct Foundation.Data
+
+/// What to look for, as a SecItem query dictionary says it.
+///
+/// ```swift
+/// var query = Query(.genericPassword)
+/// query.attributes.service = "api.example.com"
+/// query.attributes.account = "alice"
+/// let token = try store.data(matching: query)
+/// ```
+public struct Query: Sendable {
+    /// `kSecClass`. Required, as on Apple platforms.
+    public var itemClass: ItemClass
+    /// The attributes an item must have; `nil` ones match anything. `synchronizable` here is
+    /// ignored: use ``synchronizable``.
+    public var attributes: ItemAttributes
+    /// `kSecAttrSynchronizable` in a query: absent matches only non-synchronizable items.
+    public var synchronizable: SynchronizableMatch
+    /// `kSecMatchLimit`.
+    public var limit: MatchLimit
+    /// `kSecReturnData` / `kSecReturnAttributes`.
+    public var returning: ReturnOptions
+    /// `kSecValuePersistentRef` as a match: the one item with this reference.
+    public var persistentReference: Data?
+
+    public init(
+        _ itemClass: ItemClass, attributes: ItemAttributes = ItemAttributes(),
+        limit: MatchLimit = .one, returning: ReturnOptions = .attributes,
+        synchronizable: SynchronizableMatch = .no
+    ) {
+        self.itemClass = itemClass
+        self.attributes = attributes
+        self.limit = limit
+        self.returning = returning
+        self.synchronizable = synchronizable
+    }
+
+    /// The common generic-password lookup.
+    public static func genericPassword(
+        service: String? = nil, account: String? = nil, accessGroup: String? = nil
+    ) -> Query {
+        Query(.genericPassword, attributes: ItemAttributes(service: service, account: account, accessGroup: accessGroup))
+    }
+
+    /// `kSecMatchLimit`.
+    public enum MatchLimit: Sendable, Hashable {
+        case one
+        case all
+    }
+
+    /// How a query treats `kSecAttrSynchronizable`.
+    public enum SynchronizableMatch: Sendable, Hashable {
+        /// Only non-synchronizable items (the attribute absent from the query).
+        case no
+        /// Only synchronizable items.
+        case yes
+        /// `kSecAttrSynchronizableAny`.
+        case any
+
+        public func matches(_ value: Bool?) -> Bool {
+            switch self {
+            case .no: value != true
+            case .yes: value == true
+            case .any: true
+            }
+        }
+    }
+
+    /// What to return for each match.
+    public struct ReturnOptions: OptionSet, Sendable, Hashable {
+        public let rawValue: Int
+        public init(rawValue: Int) { self.rawValue = rawValue }
+
+        public static let data = ReturnOptions(rawValue: 1)
+        public static let attributes = ReturnOptions(rawValue: 2)
+        public static let persistentReference = ReturnOptions(rawValue: 4)
+    }
+}
