@@ -44,7 +44,9 @@ let package = Package(
         // The facade applications import.
         .target(name: "Lockbox", dependencies: ["LockboxCore", "LockboxVault"], swiftSettings: strict),
 
-        .executableTarget(name: "LockboxCLI", dependencies: ["Lockbox"], swiftSettings: strict),
+        // prctl(2) is variadic and cannot be called from Swift: a few lines of C do it.
+        .target(name: "CProcessHardening"),
+        .executableTarget(name: "LockboxCLI", dependencies: ["Lockbox", "CProcessHardening"], swiftSettings: strict),
         .executableTarget(
             name: "LockboxBenchmark",
             dependencies: ["Lockbox", "VaultCrypto", "VaultStorage"],
