@@ -53,12 +53,16 @@ let package = Package(
             swiftSettings: strict),
         .executableTarget(name: "LockboxStress", dependencies: ["Lockbox"], swiftSettings: strict),
 
+        // Temporary directories, canaries and process helpers shared by the test targets.
+        .target(name: "LockboxTestSupport", dependencies: ["Lockbox"], path: "Tests/LockboxTestSupport", swiftSettings: strict),
         .testTarget(name: "LockboxCoreTests", dependencies: ["LockboxCore"], swiftSettings: strict),
         .testTarget(
             name: "LockboxVaultTests",
-            dependencies: ["LockboxVault", "VaultStorage", "KeyProviders", "Lockbox"],
+            dependencies: ["LockboxVault", "VaultStorage", "KeyProviders", "Lockbox", "LockboxTestSupport", "LockboxStress"],
             swiftSettings: strict),
-        .testTarget(name: "ItemStoreBehaviourTests", dependencies: ["Lockbox", "SecretService"], swiftSettings: strict),
+        .testTarget(
+            name: "ItemStoreBehaviourTests", dependencies: ["Lockbox", "SecretService", "LockboxTestSupport"],
+            swiftSettings: strict),
         .testTarget(
             name: "SecretServiceTests",
             dependencies: ["SecretService", "CredentialHelpers", "Lockbox"],
@@ -66,7 +70,7 @@ let package = Package(
         .testTarget(name: "LockboxAuthTests", dependencies: ["LockboxAuth", "Lockbox"], swiftSettings: strict),
         .testTarget(
             name: "LockboxCLITests",
-            dependencies: ["LockboxCLI", "LockboxStress", "Lockbox"],
+            dependencies: ["LockboxCLI", "Lockbox", "LockboxTestSupport"],
             swiftSettings: strict),
     ]
 )
