@@ -58,7 +58,7 @@ let package = Package(
         .testTarget(name: "LockboxCoreTests", dependencies: ["LockboxCore"], swiftSettings: strict),
         .testTarget(
             name: "LockboxVaultTests",
-            dependencies: ["LockboxVault", "VaultStorage", "KeyProviders", "Lockbox", "LockboxTestSupport", "LockboxStress"],
+            dependencies: ["LockboxVault", "VaultCrypto", "VaultStorage", "KeyProviders", "Lockbox", "LockboxTestSupport", "LockboxStress"],
             swiftSettings: strict),
         .testTarget(
             name: "ItemStoreBehaviourTests", dependencies: ["Lockbox", "SecretService", "LockboxTestSupport"],
