@@ -8,6 +8,9 @@ public struct Item: Sendable, CustomStringConvertible {
     public var data: SecretBytes?
     /// `kSecValuePersistentRef`: a stable reference to this item, set in results.
     public var persistentReference: Data?
+    /// `kSecAttrAccessControl`: set at add time; every later read, update and delete must
+    /// authenticate through the query's ``AuthenticationContext``.
+    public var accessControl: AccessControl?
 
     public init(_ itemClass: ItemClass, attributes: ItemAttributes, data: SecretBytes? = nil) {
         self.itemClass = itemClass

@@ -22,6 +22,9 @@ public struct Query: Sendable {
     public var returning: ReturnOptions
     /// `kSecValuePersistentRef` as a match: the one item with this reference.
     public var persistentReference: Data?
+    /// `kSecUseAuthenticationContext`: how access-controlled items authenticate. Nil uses the
+    /// store's default (the vault's configured verifier, if any).
+    public var authenticationContext: AuthenticationContext?
 
     public init(
         _ itemClass: ItemClass, attributes: ItemAttributes = ItemAttributes(),

@@ -17,11 +17,9 @@ public enum UnlockCache: String, Sendable, Hashable, CaseIterable {
 }
 
 /// The keys that stay available from the first unlock until reboot: the lookup-index root
-/// and the class keys of the `afterFirstUnlock*` and `always*` classes.
+/// and the class keys of the `afterFirstUnlock*` classes.
 struct AfterFirstUnlockKeys {
-    static let classes: [Accessibility] = [
-        .afterFirstUnlock, .afterFirstUnlockThisDeviceOnly, .always, .alwaysThisDeviceOnly,
-    ]
+    static let classes: [Accessibility] = [.afterFirstUnlock, .afterFirstUnlockThisDeviceOnly]
 
     let indexRoot: SecretBytes
     let classKeys: [Accessibility: SecretBytes]
@@ -70,6 +68,8 @@ struct AfterFirstUnlockKeys {
 /// still in the keyring, so a `lock` from any process takes effect in all of them at once.
 final class KeyCache {
     let mode: UnlockCache
+    let device: DeviceSecret
+    let vaultID: [UInt8]
     private let masterDescription: String
     private let afterFirstUnlockDescription: String
 
@@ -81,13 +81,16 @@ final class KeyCache {
     private var afterFirstUnlock: AfterFirstUnlockKeys?
     private var whileUnlockedClassKeys: [Accessibility: SecretBytes] = [:]
     private var indexKeys: [ItemClass: SecretBytes] = [:]
+    private var alwaysClassKeys: [Accessibility: SecretBytes] = [:]
     /// Keys already checked against the kernel keyring during the current operation: one
     /// system call per key and operation is enough.
     private var masterCheckedThisOperation = false
     private var afterFirstUnlockCheckedThisOperation = false
 
-    init(vaultID: [UInt8], mode: UnlockCache) {
+    init(vaultID: [UInt8], mode: UnlockCache, device: DeviceSecret) {
         self.mode = mode
+        self.device = device
+        self.vaultID = vaultID
         let identity = vaultID.map { byte in
             let hex = String(byte, radix: 16)
             return byte < 16 ? "0" + hex : hex
@@ -254,27 +257,84 @@ final class KeyCache {
         return key
     }
 
-    /// The class key for `accessibility`, if available in the current lock state.
+    /// The class key for `accessibility`, if available in the current lock state (and, for
+    /// `*ThisDeviceOnly` classes, on this machine).
     func classKey(for accessibility: Accessibility, header: VaultHeader) throws(LockboxError) -> SecretBytes? {
-        if let key = try currentAfterFirstUnlockKeys()?.classKeys[accessibility] {
+        switch accessibility.availability {
+        case .afterFirstUnlock:
+            return try currentAfterFirstUnlockKeys()?.classKeys[accessibility]
+        case .always:
+            if let key = alwaysClassKeys[accessibility] { return key }
+            guard let key = try Self.unwrapClassKey(accessibility, header: header, master: nil, device: device) else { return nil }
+            alwaysClassKeys[accessibility] = key
+            return key
+        case .whileUnlocked:
+            guard let master = try currentMaster() else { return nil }
+            if let key = whileUnlockedClassKeys[accessibility] { return key }
+            guard let key = try Self.unwrapClassKey(accessibility, header: header, master: master, device: device) else { return nil }
+            whileUnlockedClassKeys[accessibility] = key
             return key
         }
-        guard accessibility.availability == .whileUnlocked else { return nil }
-        guard let master = try currentMaster() else { return nil }
-        if let key = whileUnlockedClassKeys[accessibility] { return key }
-        let key = try Self.unwrapClassKey(accessibility, header: header, master: master)
-        whileUnlockedClassKeys[accessibility] = key
-        return key
     }
 
-    static func unwrapClassKey(_ accessibility: Accessibility, header: VaultHeader, master: SecretBytes) throws(LockboxError) -> SecretBytes {
-        guard let wrapped = header.wrappedClassKeys[accessibility],
-            let key = try? Crypto.open(wrapped, key: master, associatedData: header.classKeyAssociatedData(accessibility)),
+    /// Where a class key lives in the header: one portable slot, or one per machine.
+    static func classKeyID(_ accessibility: Accessibility, device: DeviceSecret) -> VaultHeader.ClassKeyID {
+        VaultHeader.ClassKeyID(accessibility: accessibility, device: accessibility.isThisDeviceOnly ? device.identifier : "")
+    }
+
+    /// The key that wraps a class key. The master key for portable classes; the master key
+    /// bound to the device secret for `*ThisDeviceOnly`; for the deprecated `always*` classes
+    /// no secret at all but the vault's identity (and the device secret): they are readable
+    /// whenever the file is, as on iOS, which is why they are the weakest.
+    static func wrappingKey(
+        for accessibility: Accessibility, master: SecretBytes?, device: DeviceSecret, vaultID: [UInt8]
+    ) -> SecretBytes? {
+        let base: SecretBytes
+        if accessibility.availability == .always {
+            var identity = vaultID
+            identity += [UInt8](repeating: 0, count: max(0, Crypto.keyByteCount - identity.count))
+            base = Crypto.deriveKey(from: SecretBytes(copying: identity), context: "lbxalway", identifier: 1)
+        } else {
+            guard let master else { return nil }
+            base = master
+        }
+        guard accessibility.isThisDeviceOnly else { return base }
+        return Crypto.combine(base, with: device.secret, context: "lockbox.this-device-only.v1")
+    }
+
+    /// Unwraps a class key: nil when its wrapping key is unavailable or when this machine has
+    /// no key of that class yet; `errSecDecode` when the stored key fails to open.
+    static func unwrapClassKey(
+        _ accessibility: Accessibility, header: VaultHeader, master: SecretBytes?, device: DeviceSecret
+    ) throws(LockboxError) -> SecretBytes? {
+        let id = classKeyID(accessibility, device: device)
+        guard let wrapped = header.wrappedClassKeys[id],
+            let wrappingKey = wrappingKey(for: accessibility, master: master, device: device, vaultID: header.vaultID)
+        else { return nil }
+        guard let key = try? Crypto.open(wrapped, key: wrappingKey, associatedData: header.classKeyAssociatedData(id)),
             key.count == Crypto.keyByteCount
         else {
             throw LockboxError.integrity("The \(accessibility.rawValue) class key")
         }
         return key
+    }
+
+    /// Adds fresh class keys for every class this machine lacks (all of them for a new vault;
+    /// the `*ThisDeviceOnly` ones when a vault is first unlocked on another machine).
+    /// `whenPasscodeSetThisDeviceOnly` exists only while a passphrase does.
+    static func addMissingClassKeys(to header: inout VaultHeader, master: SecretBytes, device: DeviceSecret) -> Bool {
+        var added = false
+        for accessibility in Accessibility.allCases {
+            if accessibility == .whenPasscodeSetThisDeviceOnly && !header.hasPassphrase { continue }
+            let id = classKeyID(accessibility, device: device)
+            guard header.wrappedClassKeys[id] == nil,
+                let wrappingKey = wrappingKey(for: accessibility, master: master, device: device, vaultID: header.vaultID)
+            else { continue }
+            header.wrappedClassKeys[id] = Crypto.seal(
+                Crypto.generateKey(), key: wrappingKey, associatedData: header.classKeyAssociatedData(id))
+            added = true
+        }
+        return added
     }
 
     static func indexRoot(master: SecretBytes) -> SecretBytes {

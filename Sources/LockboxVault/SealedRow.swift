@@ -14,6 +14,10 @@ struct SealedRow {
     var accessibility: Accessibility
     var accessGroup: String
     var synchronizable: Bool
+    /// "" for portable items; this machine's device identifier for `*ThisDeviceOnly` ones.
+    var deviceID: String
+    /// "" or the access-control flags (``AccessControl/description``).
+    var accessControl: String
     var primaryDigest: [UInt8]
     var lookupDigest: [UInt8]
     var nameDigest: [UInt8]?
@@ -38,6 +42,8 @@ struct SealedRow {
         encoder.string(accessibility.rawValue)
         encoder.string(accessGroup)
         encoder.integer(synchronizable ? 1 : 0)
+        encoder.string(deviceID)
+        encoder.string(accessControl)
         return encoder
     }
 
@@ -51,12 +57,16 @@ struct SealedRow {
     /// group, accessibility and sync flag.
     static func seal(
         id: [UInt8], itemClass: ItemClass, attributes: ItemAttributes, data: SecretBytes,
-        classKey: SecretBytes, indexKey: SecretBytes, vaultID: [UInt8]
+        classKey: SecretBytes, indexKey: SecretBytes, vaultID: [UInt8], deviceID: String,
+        accessControl: AccessControl?, presencePublicKey: [UInt8]?
     ) -> SealedRow {
+        let accessibility = attributes.accessibility ?? .default
         var row = SealedRow(
-            id: id, itemClass: itemClass, accessibility: attributes.accessibility ?? .default,
+            id: id, itemClass: itemClass, accessibility: accessibility,
             accessGroup: attributes.accessGroup ?? Vault.defaultAccessGroup,
             synchronizable: attributes.synchronizable ?? false,
+            deviceID: accessibility.isThisDeviceOnly ? deviceID : "",
+            accessControl: accessControl?.description ?? "",
             primaryDigest: Crypto.keyedDigest(PrimaryKey.encode(itemClass, attributes), key: indexKey),
             lookupDigest: Crypto.keyedDigest(PrimaryKey.encode(itemClass, attributes, includingGroup: false), key: indexKey),
             nameDigest: PrimaryKey.encodeName(itemClass, attributes).map { Crypto.keyedDigest($0, key: indexKey) },
@@ -64,13 +74,27 @@ struct SealedRow {
         let itemKey = Crypto.generateKey()
         let prefix = row.associatedDataPrefix(vaultID: vaultID)
         row.wrappedKey = Crypto.seal(itemKey, key: classKey, associatedData: row.associatedData(prefix: prefix, .itemKey))
+        if accessControl != nil, let presencePublicKey {
+            // A second lock: only the user's verification (the presence secret key) opens it.
+            row.wrappedKey = Crypto.seal(row.wrappedKey, toPublicKey: presencePublicKey)
+        }
         row.metadata = Crypto.seal(attributes.encoded(), key: itemKey, associatedData: row.associatedData(prefix: prefix, .metadata))
         row.secret = Crypto.seal(data, key: itemKey, associatedData: row.associatedData(prefix: prefix, .data))
         return row
     }
 
-    func openItemKey(classKey: SecretBytes, prefix: FieldEncoder) throws(LockboxError) -> SecretBytes {
-        guard let key = try? Crypto.open(wrappedKey, key: classKey, associatedData: associatedData(prefix: prefix, .itemKey)),
+    /// Opens the item key. Access-controlled rows need the presence key pair as well.
+    func openItemKey(
+        classKey: SecretBytes, prefix: FieldEncoder, presence: (publicKey: [UInt8], secretKey: SecretBytes)? = nil
+    ) throws(LockboxError) -> SecretBytes {
+        var inner = wrappedKey
+        if !accessControl.isEmpty {
+            guard let presence, let opened = try? Crypto.open(wrappedKey, publicKey: presence.publicKey, secretKey: presence.secretKey) else {
+                throw LockboxError.integrity()
+            }
+            inner = opened
+        }
+        guard let key = try? Crypto.open(inner, key: classKey, associatedData: associatedData(prefix: prefix, .itemKey)),
             key.count == Crypto.keyByteCount
         else { throw LockboxError.integrity() }
         return key
@@ -106,5 +130,7 @@ struct SealedRow {
         statement.bind(9, wrappedKey)
         statement.bind(10, metadata)
         statement.bind(11, secret)
+        statement.bind(12, deviceID)
+        statement.bind(13, accessControl)
     }
 }

@@ -12,7 +12,7 @@ extension Vault {
 
     /// Adds several items in one transaction: all of them or, on any error, none.
     public func add(contentsOf items: [Item]) throws(LockboxError) {
-        var prepared: [(ItemClass, ItemAttributes, SecretBytes)] = []
+        var prepared: [(ItemClass, ItemAttributes, SecretBytes, AccessControl?)] = []
         prepared.reserveCapacity(items.count)
         let now = Date()
         for item in items {
@@ -24,17 +24,25 @@ extension Vault {
             attributes.modificationDate = now
             let data = item.data ?? .empty
             try checkSizes(data: data, attributes: attributes)
-            prepared.append((item.itemClass, attributes, data))
+            prepared.append((item.itemClass, attributes, data, item.accessControl))
         }
         try withState { state throws(LockboxError) in
             var rows: [SealedRow] = []
             rows.reserveCapacity(prepared.count)
-            for (itemClass, attributes, data) in prepared {
+            for (itemClass, attributes, data, accessControl) in prepared {
                 let keys = try keysForWriting(itemClass, attributes.accessibility!, state: state)
+                if accessControl != nil && state.header.presencePublicKey == nil {
+                    throw LockboxError(
+                        .notAvailable,
+                        "Access control needs a passphrase to verify the user, and this keychain has none. "
+                            + "Set one with `lockbox set-passphrase`.")
+                }
                 rows.append(
                     SealedRow.seal(
                         id: Crypto.randomBytes(16), itemClass: itemClass, attributes: attributes, data: data,
-                        classKey: keys.classKey, indexKey: keys.indexKey, vaultID: state.header.vaultID))
+                        classKey: keys.classKey, indexKey: keys.indexKey, vaultID: state.header.vaultID,
+                        deviceID: state.device.identifier, accessControl: accessControl,
+                        presencePublicKey: state.header.presencePublicKey))
             }
             try state.database.writeTransaction { () throws(LockboxError) in
                 for row in rows {
@@ -52,30 +60,35 @@ extension Vault {
             let rows = try candidates(plan, state: state)
             var results: [Item] = []
             var lockedCandidate = false
+            // An existence check opens nothing: it needs neither an item key nor the user.
+            let opensItems = plan.readsMetadata || query.returning.contains(.data)
             for row in rows {
-                guard let classKey = try state.keys.classKey(for: row.accessibility, header: state.header) else {
+                var item = Item(query.itemClass, attributes: ItemAttributes())
+                if opensItems {
+                    let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
+                    guard let itemKey = try itemKey(of: row, prefix: prefix, query: query, action: "read", state: state) else {
+                        lockedCandidate = true
+                        continue
+                    }
+                    if plan.readsMetadata {
+                        let opened = try row.openAttributes(itemKey: itemKey, prefix: prefix)
+                        guard opened.matches(plan.residual) else { continue }
+                        if query.returning.contains(.attributes) { item.attributes = opened }
+                    }
+                    if query.returning.contains(.data) {
+                        item.data = try row.openData(itemKey: itemKey, prefix: prefix)
+                    }
+                } else if try state.keys.classKey(for: row.accessibility, header: state.header) == nil {
                     lockedCandidate = true
                     continue
                 }
-                let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
-                let itemKey = try row.openItemKey(classKey: classKey, prefix: prefix)
-                var attributes: ItemAttributes?
-                if plan.readsMetadata {
-                    let opened = try row.openAttributes(itemKey: itemKey, prefix: prefix)
-                    guard opened.matches(plan.residual) else { continue }
-                    attributes = opened
-                }
-                var item = Item(query.itemClass, attributes: query.returning.contains(.attributes) ? attributes! : ItemAttributes())
-                if query.returning.contains(.data) {
-                    item.data = try row.openData(itemKey: itemKey, prefix: prefix)
-                }
                 item.persistentReference = Data(row.id)
+                if !row.accessControl.isEmpty { item.accessControl = AccessControl(parsing: row.accessControl) }
                 results.append(item)
                 if query.limit == .one { break }
             }
             if results.isEmpty {
-                if lockedCandidate { throw lockedError() }
-                throw notFound()
+                throw try noMatch(lockedCandidate: lockedCandidate, plan: plan, state: state)
             }
             return results
         }
@@ -94,14 +107,12 @@ extension Vault {
                 let rows = try candidates(plan, state: state)
                 var matched = 0
                 var lockedCandidate = false
-                let vaultID = state.header.vaultID
                 for row in rows {
-                    guard let classKey = try state.keys.classKey(for: row.accessibility, header: state.header) else {
+                    let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
+                    guard let itemKey = try itemKey(of: row, prefix: prefix, query: query, action: "update", state: state) else {
                         lockedCandidate = true
                         continue
                     }
-                    let prefix = row.associatedDataPrefix(vaultID: vaultID)
-                    let itemKey = try row.openItemKey(classKey: classKey, prefix: prefix)
                     var attributes = try row.openAttributes(itemKey: itemKey, prefix: prefix)
                     guard attributes.matches(plan.residual) else { continue }
                     let data: SecretBytes
@@ -114,16 +125,18 @@ extension Vault {
                     attributes.creationDate = attributes.creationDate ?? Date()
                     attributes.modificationDate = Date()
                     try checkSizes(data: data, attributes: attributes)
+                    // A new accessibility means a new class key: the item key is rewrapped.
                     let keys = try keysForWriting(query.itemClass, attributes.accessibility ?? .default, state: state)
                     let sealed = SealedRow.seal(
                         id: row.id, itemClass: query.itemClass, attributes: attributes, data: data,
-                        classKey: keys.classKey, indexKey: keys.indexKey, vaultID: vaultID)
+                        classKey: keys.classKey, indexKey: keys.indexKey, vaultID: state.header.vaultID,
+                        deviceID: state.device.identifier, accessControl: AccessControl(parsing: row.accessControl),
+                        presencePublicKey: state.header.presencePublicKey)
                     try replace(rowID: row.rowID, with: sealed, in: state.database, itemClass: query.itemClass)
                     matched += 1
                 }
                 if matched == 0 {
-                    if lockedCandidate { throw lockedError() }
-                    throw notFound()
+                    throw try noMatch(lockedCandidate: lockedCandidate, plan: plan, state: state)
                 }
             }
         }
@@ -140,22 +153,23 @@ extension Vault {
                 var lockedCandidate = false
                 for row in rows {
                     // Matching on sealed attributes needs the item's key; matching on digests
-                    // and plain columns does not, so a locked item can still be deleted by name.
-                    if plan.needsMetadata {
-                        guard let classKey = try state.keys.classKey(for: row.accessibility, header: state.header) else {
+                    // and plain columns does not, so a locked item can still be deleted by
+                    // name. An access-controlled item always needs the user.
+                    if plan.needsMetadata || !row.accessControl.isEmpty {
+                        let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
+                        guard let itemKey = try itemKey(of: row, prefix: prefix, query: query, action: "delete", state: state) else {
                             lockedCandidate = true
                             continue
                         }
-                        let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
-                        let itemKey = try row.openItemKey(classKey: classKey, prefix: prefix)
-                        let attributes = try row.openAttributes(itemKey: itemKey, prefix: prefix)
-                        guard attributes.matches(plan.residual) else { continue }
+                        if plan.needsMetadata {
+                            let attributes = try row.openAttributes(itemKey: itemKey, prefix: prefix)
+                            guard attributes.matches(plan.residual) else { continue }
+                        }
                     }
                     doomed.append(row.rowID)
                 }
                 if doomed.isEmpty {
-                    if lockedCandidate { throw lockedError() }
-                    throw notFound()
+                    throw try noMatch(lockedCandidate: lockedCandidate, plan: plan, state: state)
                 }
                 for rowID in doomed {
                     let statement = try state.database.statement("DELETE FROM items WHERE rowid = ?")
@@ -164,6 +178,67 @@ extension Vault {
                 }
             }
         }
+    }
+
+    // MARK: Opening rows
+
+    /// The item key of `row`, or nil when its class is locked now. Access-controlled rows
+    /// first ask the user (through the query's authentication context): the verification
+    /// yields the key that opens the row, it is not a flag.
+    func itemKey(of row: SealedRow, prefix: FieldEncoder, query: Query, action: String, state: State) throws(LockboxError) -> SecretBytes? {
+        guard let classKey = try state.keys.classKey(for: row.accessibility, header: state.header) else { return nil }
+        var presence: (publicKey: [UInt8], secretKey: SecretBytes)?
+        if !row.accessControl.isEmpty {
+            presence = try presenceKeys(for: row, query: query, action: action, state: state)
+        }
+        return try row.openItemKey(classKey: classKey, prefix: prefix, presence: presence)
+    }
+
+    private func presenceKeys(
+        for row: SealedRow, query: Query, action: String, state: State
+    ) throws(LockboxError) -> (publicKey: [UInt8], secretKey: SecretBytes) {
+        guard let control = AccessControl(parsing: row.accessControl) else { throw LockboxError.integrity() }
+        guard control.isSatisfiableByPassphrase else {
+            throw LockboxError(
+                .authFailed,
+                "This item requires biometry (\(control)); this machine has no biometric hardware the keychain can trust.")
+        }
+        guard let publicKey = state.header.presencePublicKey else {
+            throw LockboxError(.authFailed, "This keychain has no passphrase to verify the user with.")
+        }
+        let context = query.authenticationContext ?? configuration.authenticationContext
+        let realm = state.header.vaultID.map { String(format: "%02x", $0) }.joined()
+        if let proof = context?.rememberedProof(realm: realm) {
+            return (publicKey, proof)
+        }
+        guard let context, !context.interactionNotAllowed, let verifier = context.verifier else {
+            throw LockboxError(
+                .interactionNotAllowed,
+                "This item needs the user's passphrase (access control \(control)) and no interaction is allowed here. "
+                    + "Give the query an AuthenticationContext with a verifier.")
+        }
+        let name = query.attributes.service ?? query.attributes.server ?? query.itemClass.rawValue
+        let passphrase = try verifier.passphrase(
+            for: AuthenticationRequest(reason: "\(action) the keychain item \(name)", accessControl: control))
+        guard let (_, secretKey) = try Self.openPassphraseSlot(state.header, passphrase: passphrase), let secretKey else {
+            throw LockboxError(.authFailed, "User verification failed: the passphrase is wrong.")
+        }
+        context.remember(secretKey, realm: realm)
+        return (publicKey, secretKey)
+    }
+
+    /// The error for a query that matched nothing: "locked" whenever a locked item could have
+    /// matched, "not found" only when nothing could.
+    private func noMatch(lockedCandidate: Bool, plan: QueryPlan, state: State) throws(LockboxError) -> LockboxError {
+        if lockedCandidate { return lockedError() }
+        if plan.shape.contains(.alwaysOnly) {
+            // Before the first unlock only `always` items could be searched.
+            let others = try state.database.statement(
+                "SELECT 1 FROM items WHERE item_class = ? AND accessibility NOT IN ('always', 'alwaysThisDeviceOnly') LIMIT 1")
+            others.bind(1, plan.itemClass.rawValue)
+            if try others.step() { return lockedError() }
+        }
+        return notFound()
     }
 
     // MARK: Planning
@@ -203,11 +278,12 @@ extension Vault {
         static let metadataColumn = PlanShape(rawValue: 1 << 8)
         static let secretColumn = PlanShape(rawValue: 1 << 9)
         static let nothing = PlanShape(rawValue: 1 << 10)
+        static let alwaysOnly = PlanShape(rawValue: 1 << 11)
     }
 
     func plan(for query: Query, readingMetadata: Bool, readingData: Bool, state: State) throws(LockboxError) -> QueryPlan {
         var shape: PlanShape = []
-        var arguments: [QueryPlan.Argument] = [.text(query.itemClass.rawValue)]
+        var arguments: [QueryPlan.Argument] = [.text(query.itemClass.rawValue), .text(state.device.identifier)]
         var residual = query.attributes
         residual.synchronizable = nil
 
@@ -215,13 +291,17 @@ extension Vault {
             shape.insert(.persistentReference)
             arguments.append(.blob(Array(reference)))
         }
-        if PrimaryKey.isComplete(query.itemClass, residual) {
-            guard let indexKey = try state.keys.indexKey(for: query.itemClass) else { throw lockedError() }
+        let usesDigest = PrimaryKey.isComplete(query.itemClass, residual) || PrimaryKey.encodeName(query.itemClass, residual) != nil
+        let indexKey = usesDigest ? try state.keys.indexKey(for: query.itemClass) : nil
+        if usesDigest && indexKey == nil {
+            // Before the first unlock there is no lookup index: only `always` items, whose keys
+            // need no unlock, can be searched, by their sealed attributes.
+            shape.insert(.alwaysOnly)
+        } else if let indexKey, PrimaryKey.isComplete(query.itemClass, residual) {
             shape.insert(.lookupDigest)
             arguments.append(.blob(Crypto.keyedDigest(PrimaryKey.encode(query.itemClass, residual, includingGroup: false), key: indexKey)))
             residual.clearPrimaryKey(of: query.itemClass)
-        } else if let name = PrimaryKey.encodeName(query.itemClass, residual) {
-            guard let indexKey = try state.keys.indexKey(for: query.itemClass) else { throw lockedError() }
+        } else if let indexKey, let name = PrimaryKey.encodeName(query.itemClass, residual) {
             shape.insert(.nameDigest)
             arguments.append(.blob(Crypto.keyedDigest(name, key: indexKey)))
             residual.clearName(of: query.itemClass)
@@ -265,7 +345,9 @@ extension Vault {
     }
 
     private static func select(_ shape: PlanShape, groupCount: Int) -> String {
-        var conditions = ["item_class = ?"]
+        // Items bound to another machine (a copied vault file) are invisible here.
+        var conditions = ["item_class = ?", "device_id IN ('', ?)"]
+        if shape.contains(.alwaysOnly) { conditions.append("accessibility IN ('always', 'alwaysThisDeviceOnly')") }
         if shape.contains(.persistentReference) { conditions.append("id = ?") }
         if shape.contains(.lookupDigest) { conditions.append("lookup_digest = ?") }
         if shape.contains(.nameDigest) { conditions.append("name_digest = ?") }
@@ -279,7 +361,8 @@ extension Vault {
         if shape.contains(.nothing) { conditions.append("0") }
         let metadata = shape.contains(.metadataColumn) ? "metadata" : "NULL"
         let secret = shape.contains(.secretColumn) ? "secret" : "NULL"
-        return "SELECT rowid, id, accessibility, access_group, synchronizable, wrapped_key, \(metadata), \(secret) FROM items WHERE "
+        return "SELECT rowid, id, accessibility, access_group, synchronizable, wrapped_key, \(metadata), \(secret), "
+            + "device_id, access_control FROM items WHERE "
             + conditions.joined(separator: " AND ") + " ORDER BY rowid"
     }
 
@@ -304,7 +387,7 @@ extension Vault {
             guard let rowID = statement.integer(0), let id = statement.blob(1),
                 let accessibilityName = statement.text(2), let accessibility = Accessibility(rawValue: accessibilityName),
                 let group = statement.text(3), let synchronizable = statement.integer(4),
-                let wrappedKey = statement.blob(5)
+                let wrappedKey = statement.blob(5), let deviceID = statement.text(8), let accessControl = statement.text(9)
             else {
                 throw LockboxError.integrity()
             }
@@ -312,6 +395,7 @@ extension Vault {
                 SealedRow(
                     rowID: rowID, id: id, itemClass: plan.itemClass,
                     accessibility: accessibility, accessGroup: group, synchronizable: synchronizable != 0,
+                    deviceID: deviceID, accessControl: accessControl,
                     primaryDigest: [], lookupDigest: [], nameDigest: nil,
                     wrappedKey: wrappedKey, metadata: statement.blob(6) ?? [], secret: statement.blob(7) ?? []))
         }
@@ -324,8 +408,8 @@ extension Vault {
         let statement = try database.statement(
             """
             INSERT INTO items (id, item_class, accessibility, access_group, synchronizable, primary_digest,
-                               lookup_digest, name_digest, wrapped_key, metadata, secret)
-            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                               lookup_digest, name_digest, wrapped_key, metadata, secret, device_id, access_control)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
             """)
         row.bindColumns(to: statement)
         do {
@@ -340,11 +424,11 @@ extension Vault {
             """
             UPDATE items SET id = ?, item_class = ?, accessibility = ?, access_group = ?, synchronizable = ?,
                              primary_digest = ?, lookup_digest = ?, name_digest = ?, wrapped_key = ?,
-                             metadata = ?, secret = ?
+                             metadata = ?, secret = ?, device_id = ?, access_control = ?
             WHERE rowid = ?
             """)
         row.bindColumns(to: statement)
-        statement.bind(12, rowID)
+        statement.bind(14, rowID)
         do {
             try statement.run()
         } catch LockboxError.duplicateItem {
@@ -355,6 +439,12 @@ extension Vault {
     private func keysForWriting(
         _ itemClass: ItemClass, _ accessibility: Accessibility, state: State
     ) throws(LockboxError) -> (classKey: SecretBytes, indexKey: SecretBytes) {
+        if accessibility == .whenPasscodeSetThisDeviceOnly && !state.header.hasPassphrase {
+            throw LockboxError(
+                .notAvailable,
+                "whenPasscodeSetThisDeviceOnly items need a passphrase, and this keychain has none. "
+                    + "Set one with `lockbox set-passphrase`.")
+        }
         guard let classKey = try state.keys.classKey(for: accessibility, header: state.header),
             let indexKey = try state.keys.indexKey(for: itemClass)
         else {

@@ -38,6 +38,11 @@ public final class Vault: ItemStore, Sendable {
         public var accessGroups: [String]?
         /// Milliseconds to wait for another process's write before giving up.
         public var busyTimeoutMilliseconds: Int32 = 10_000
+        /// Where this machine's device secret comes from (`*ThisDeviceOnly` items).
+        public var device = DeviceIdentity()
+        /// The authentication used for access-controlled items when a query brings no
+        /// ``AuthenticationContext`` of its own. Nil: such items read as locked (-25308).
+        public var authenticationContext: AuthenticationContext?
 
         public init() {}
     }
@@ -70,6 +75,7 @@ public final class Vault: ItemStore, Sendable {
         let database: Database
         var header: VaultHeader
         let keys: KeyCache
+        var device: DeviceSecret { keys.device }
         /// SQL text per query shape (see `PlanShape`).
         var sqlByShape: [PlanShape: String] = [:]
         var statementByShape: [PlanShape: Statement] = [:]
@@ -120,17 +126,20 @@ public final class Vault: ItemStore, Sendable {
         try FilePermissions.makePrivate(path)
         try VaultSchema.migrate(database)
 
+        let device = try DeviceSecret.load(configuration.device)
         let master = Crypto.generateKey()
-        var header = VaultHeader(vaultID: Crypto.randomBytes(16), slots: [], wrappedClassKeys: [:], mac: [])
-        for accessibility in Accessibility.allCases {
-            header.wrappedClassKeys[accessibility] = Crypto.seal(
-                Crypto.generateKey(), key: master, associatedData: header.classKeyAssociatedData(accessibility))
-        }
-        header.slots.append(makePassphraseSlot(id: 1, header: header, passphrase: passphrase, master: master, strength: configuration.keyDerivation))
+        let presence = Crypto.generateKeyPair()
+        var header = VaultHeader(
+            vaultID: Crypto.randomBytes(16), slots: [], wrappedClassKeys: [:], presencePublicKey: presence.publicKey, mac: [])
+        header.slots.append(
+            makePassphraseSlot(
+                id: 1, header: header, passphrase: passphrase, master: master, presenceKey: presence.secretKey,
+                strength: configuration.keyDerivation))
+        _ = KeyCache.addMissingClassKeys(to: &header, master: master, device: device)
         header.seal(master: master)
         try database.writeTransaction { () throws(LockboxError) in try header.save(to: database) }
 
-        let keys = KeyCache(vaultID: header.vaultID, mode: configuration.unlockCache)
+        let keys = KeyCache(vaultID: header.vaultID, mode: configuration.unlockCache, device: device)
         let vault = Vault(path: path, configuration: configuration, state: State(database: database, header: header, keys: keys))
         try vault.withState { state throws(LockboxError) in
             try vault.cacheUnlockedKeys(master: master, state: state)
@@ -153,7 +162,7 @@ public final class Vault: ItemStore, Sendable {
         let database = try Database(path: path, create: false, busyTimeoutMilliseconds: configuration.busyTimeoutMilliseconds)
         try VaultSchema.migrate(database)
         let header = try VaultHeader.load(from: database)
-        let keys = KeyCache(vaultID: header.vaultID, mode: configuration.unlockCache)
+        let keys = KeyCache(vaultID: header.vaultID, mode: configuration.unlockCache, device: try DeviceSecret.load(configuration.device))
         return Vault(path: path, configuration: configuration, state: State(database: database, header: header, keys: keys))
     }
 
@@ -168,26 +177,7 @@ public final class Vault: ItemStore, Sendable {
         try withState { state throws(LockboxError) in
             try waitOutFailedAttempts(state.database)
             state.header = try VaultHeader.load(from: state.database)
-            let header = state.header
-            var master: SecretBytes?
-            for slot in header.slots where slot.kind == .passphrase {
-                guard let derivation = PassphraseKeyDerivation(decoding: slot.parameters), derivation.meetsMinimum else {
-                    throw LockboxError(
-                        .decode,
-                        "The keychain header's key-derivation parameters are missing or below Lockbox's minimum: "
-                            + "the file was modified outside Lockbox. Restore it from a backup.")
-                }
-                guard let slotKey = derivation.deriveKey(from: passphrase) else {
-                    throw LockboxError(.io, "Not enough memory to derive the key from the passphrase (Argon2id).")
-                }
-                if let opened = try? Crypto.open(slot.wrappedMasterKey, key: slotKey, associatedData: header.slotAssociatedData(slot)),
-                    opened.count == Crypto.keyByteCount
-                {
-                    master = opened
-                    break
-                }
-            }
-            guard let master else {
+            guard let (master, _) = try Self.openPassphraseSlot(state.header, passphrase: passphrase) else {
                 let failures = try recordFailedAttempt(state.database)
                 let wait = Self.delay(afterFailures: failures)
                 throw LockboxError(
@@ -195,12 +185,72 @@ public final class Vault: ItemStore, Sendable {
                     "The passphrase is wrong (failed attempt \(failures)"
                         + (wait > 0 ? "; the next attempt waits \(wait) s)." : ")."))
             }
-            guard header.verify(master: master) else {
-                throw LockboxError.integrity("The keychain header")
-            }
-            try clearFailedAttempts(state.database)
-            try cacheUnlockedKeys(master: master, state: state)
+            try finishUnlock(master: master, state: state)
         }
+    }
+
+    /// Unlocks a vault that has no passphrase (see ``removePassphrase(_:)``) with this
+    /// machine's device secret.
+    /// - Throws: `authFailed` when the vault has a passphrase or was made on another machine.
+    public func unlock() throws(LockboxError) {
+        try withState { state throws(LockboxError) in
+            state.header = try VaultHeader.load(from: state.database)
+            let header = state.header
+            guard let slot = header.slots.first(where: { $0.kind == .device }) else {
+                throw LockboxError(.authFailed, "This keychain has a passphrase: unlock it with the passphrase.")
+            }
+            guard let master = try? Crypto.open(
+                slot.wrappedMasterKey, key: Self.deviceSlotKey(state.device), associatedData: header.slotAssociatedData(slot))
+            else {
+                throw LockboxError(
+                    .authFailed, "This keychain's passphrase-free unlock belongs to another machine; it cannot be unlocked here.")
+            }
+            try finishUnlock(master: master, state: state)
+        }
+    }
+
+    /// After a slot opened: check the header, give this machine its class keys, cache.
+    private func finishUnlock(master: SecretBytes, state: State) throws(LockboxError) {
+        guard state.header.verify(master: master) else {
+            throw LockboxError.integrity("The keychain header")
+        }
+        var header = state.header
+        if KeyCache.addMissingClassKeys(to: &header, master: master, device: state.device) {
+            // First unlock on this machine: its ThisDeviceOnly classes get fresh keys.
+            header.seal(master: master)
+            try state.database.writeTransaction { () throws(LockboxError) in try header.save(to: state.database) }
+            state.header = header
+        }
+        try clearFailedAttempts(state.database)
+        try cacheUnlockedKeys(master: master, state: state)
+    }
+
+    /// The master and presence keys from the first passphrase slot that `passphrase` opens.
+    static func openPassphraseSlot(_ header: VaultHeader, passphrase: SecretBytes) throws(LockboxError) -> (SecretBytes, SecretBytes?)? {
+        for slot in header.slots where slot.kind == .passphrase {
+            guard let derivation = PassphraseKeyDerivation(decoding: slot.parameters), derivation.meetsMinimum else {
+                throw LockboxError(
+                    .decode,
+                    "The keychain header's key-derivation parameters are missing or below Lockbox's minimum: "
+                        + "the file was modified outside Lockbox. Restore it from a backup.")
+            }
+            guard let slotKey = derivation.deriveKey(from: passphrase) else {
+                throw LockboxError(.io, "Not enough memory to derive the key from the passphrase (Argon2id).")
+            }
+            if let master = try? Crypto.open(slot.wrappedMasterKey, key: slotKey, associatedData: header.slotAssociatedData(slot)),
+                master.count == Crypto.keyByteCount
+            {
+                let presence = slot.wrappedPresenceKey.flatMap {
+                    try? Crypto.open($0, key: slotKey, associatedData: header.slotAssociatedData(slot, purpose: "presence"))
+                }
+                return (master, presence)
+            }
+        }
+        return nil
+    }
+
+    static func deviceSlotKey(_ device: DeviceSecret) -> SecretBytes {
+        Crypto.combine(device.secret, with: SecretBytes(utf8: "slot"), context: "lockbox.device-slot.v1")
     }
 
     /// Locks: `whenUnlocked*` items become unreadable (-25308) in every process until the
@@ -220,20 +270,85 @@ public final class Vault: ItemStore, Sendable {
         guard !new.isEmpty else {
             throw LockboxError(.param, "The new passphrase is empty.")
         }
-        try unlock(passphrase: old)
         try withState { state throws(LockboxError) in
-            guard let master = try state.keys.currentMaster() else {
-                throw LockboxError.locked("It locked again while the passphrase was being changed; try again.")
-            }
             try state.database.writeTransaction { () throws(LockboxError) in
                 var header = try VaultHeader.load(from: state.database)
+                guard let (master, presence) = try Self.openPassphraseSlot(header, passphrase: old) else {
+                    throw LockboxError(.authFailed, "The current passphrase is wrong; nothing was changed.")
+                }
                 guard header.verify(master: master) else { throw LockboxError.integrity("The keychain header") }
                 guard let index = header.slots.firstIndex(where: { $0.kind == .passphrase }) else {
                     throw LockboxError(.notAvailable, "This keychain has no passphrase slot to change.")
                 }
+                guard let presence else { throw LockboxError.integrity("The keychain's presence key") }
                 header.slots[index] = Self.makePassphraseSlot(
                     id: header.slots[index].id, header: header, passphrase: new, master: master,
-                    strength: configuration.keyDerivation)
+                    presenceKey: presence, strength: configuration.keyDerivation)
+                header.seal(master: master)
+                try header.save(to: state.database)
+                state.header = header
+                try cacheUnlockedKeys(master: master, state: state)
+            }
+        }
+    }
+
+    /// Removes the passphrase, as turning off an iPhone's passcode does: the vault then
+    /// unlocks with this machine's device secret alone (``unlock()``), every
+    /// `whenPasscodeSetThisDeviceOnly` item and every access-controlled item is deleted, and
+    /// that class's key is destroyed.
+    /// - Returns: the number of items deleted.
+    @discardableResult
+    public func removePassphrase(_ current: SecretBytes) throws(LockboxError) -> Int {
+        try withState { state throws(LockboxError) -> Int in
+            try state.database.writeTransaction { () throws(LockboxError) -> Int in
+                var header = try VaultHeader.load(from: state.database)
+                guard let (master, _) = try Self.openPassphraseSlot(header, passphrase: current) else {
+                    throw LockboxError(.authFailed, "The passphrase is wrong; nothing was changed.")
+                }
+                guard header.verify(master: master) else { throw LockboxError.integrity("The keychain header") }
+                let deleted = try state.database.statement(
+                    "DELETE FROM items WHERE accessibility = 'whenPasscodeSetThisDeviceOnly' OR access_control != ''")
+                try deleted.run()
+                let count = state.database.changes
+                header.slots.removeAll { $0.kind == .passphrase }
+                let nextID = (header.slots.map(\.id).max() ?? 0) + 1
+                var slot = VaultHeader.KeySlot(id: nextID, kind: .device, parameters: [], wrappedMasterKey: [])
+                slot.wrappedMasterKey = Crypto.seal(
+                    master, key: Self.deviceSlotKey(state.device), associatedData: header.slotAssociatedData(slot))
+                header.slots.removeAll { $0.kind == .device }
+                header.slots.append(slot)
+                header.wrappedClassKeys = header.wrappedClassKeys.filter { $0.key.accessibility != .whenPasscodeSetThisDeviceOnly }
+                header.presencePublicKey = nil
+                header.seal(master: master)
+                try header.save(to: state.database)
+                state.header = header
+                try cacheUnlockedKeys(master: master, state: state)
+                return count
+            }
+        }
+    }
+
+    /// Sets a passphrase on a vault that has none (after ``removePassphrase(_:)``). The vault
+    /// must be unlocked. `whenPasscodeSetThisDeviceOnly` becomes usable again.
+    public func setPassphrase(_ new: SecretBytes) throws(LockboxError) {
+        guard !new.isEmpty else { throw LockboxError(.param, "The new passphrase is empty.") }
+        try withState { state throws(LockboxError) in
+            guard let master = try state.keys.currentMaster() else { throw lockedError() }
+            try state.database.writeTransaction { () throws(LockboxError) in
+                var header = try VaultHeader.load(from: state.database)
+                guard header.verify(master: master) else { throw LockboxError.integrity("The keychain header") }
+                guard !header.hasPassphrase else {
+                    throw LockboxError(.duplicateItem, "This keychain already has a passphrase; use change-passphrase.")
+                }
+                header.slots.removeAll { $0.kind == .device }
+                let nextID = (header.slots.map(\.id).max() ?? 0) + 1
+                let presence = Crypto.generateKeyPair()
+                header.presencePublicKey = presence.publicKey
+                header.slots.append(
+                    Self.makePassphraseSlot(
+                        id: nextID, header: header, passphrase: new, master: master, presenceKey: presence.secretKey,
+                        strength: configuration.keyDerivation))
+                _ = KeyCache.addMissingClassKeys(to: &header, master: master, device: state.device)
                 header.seal(master: master)
                 try header.save(to: state.database)
                 state.header = header
@@ -298,7 +413,8 @@ public final class Vault: ItemStore, Sendable {
     // MARK: Internals
 
     static func makePassphraseSlot(
-        id: Int, header: VaultHeader, passphrase: SecretBytes, master: SecretBytes, strength: KeyDerivationStrength
+        id: Int, header: VaultHeader, passphrase: SecretBytes, master: SecretBytes, presenceKey: SecretBytes,
+        strength: KeyDerivationStrength
     ) -> VaultHeader.KeySlot {
         let derivation = strength.parameters
         var slot = VaultHeader.KeySlot(id: id, kind: .passphrase, parameters: derivation.encoded(), wrappedMasterKey: [])
@@ -306,13 +422,18 @@ public final class Vault: ItemStore, Sendable {
             fatalError("Argon2id could not allocate its memory")
         }
         slot.wrappedMasterKey = Crypto.seal(master, key: slotKey, associatedData: header.slotAssociatedData(slot))
+        slot.wrappedPresenceKey = Crypto.seal(
+            presenceKey, key: slotKey, associatedData: header.slotAssociatedData(slot, purpose: "presence"))
         return slot
     }
 
     private func cacheUnlockedKeys(master: SecretBytes, state: State) throws(LockboxError) {
         var classKeys: [Accessibility: SecretBytes] = [:]
         for accessibility in AfterFirstUnlockKeys.classes {
-            classKeys[accessibility] = try KeyCache.unwrapClassKey(accessibility, header: state.header, master: master)
+            guard let key = try KeyCache.unwrapClassKey(accessibility, header: state.header, master: master, device: state.device) else {
+                throw LockboxError.integrity("The \(accessibility.rawValue) class key")
+            }
+            classKeys[accessibility] = key
         }
         let afterFirstUnlock = AfterFirstUnlockKeys(indexRoot: KeyCache.indexRoot(master: master), classKeys: classKeys)
         try state.keys.store(master: master, afterFirstUnlock: afterFirstUnlock, idleTimeout: configuration.idleTimeout)

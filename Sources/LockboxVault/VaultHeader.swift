@@ -3,48 +3,72 @@ import VaultCrypto
 import VaultStorage
 
 /// The authenticated part of a vault file: its identity, the key slots that wrap the master
-/// key, and the class keys wrapped by the master key.
+/// key, and the class keys.
 ///
 /// Everything here is covered by a MAC keyed from the master key, checked at every unlock,
 /// so an edit to any field (weaker Argon2id parameters, a swapped class key, another vault's
-/// identity) is detected as soon as the vault is opened with a valid passphrase.
+/// identity) is detected as soon as the vault is opened.
 struct VaultHeader {
     static let format = "lockbox-vault"
 
     var vaultID: [UInt8]
     var slots: [KeySlot]
-    var wrappedClassKeys: [Accessibility: [UInt8]]
+    var wrappedClassKeys: [ClassKeyID: [UInt8]]
+    /// The public half of the presence key pair: access-controlled items are sealed to it,
+    /// and only a passphrase re-entry releases the secret half. Nil without a passphrase.
+    var presencePublicKey: [UInt8]?
     var mac: [UInt8]
+
+    /// A class key's place: portable classes have one (device ""), `*ThisDeviceOnly` classes
+    /// one per machine that has unlocked the vault.
+    struct ClassKeyID: Hashable, Comparable {
+        var accessibility: Accessibility
+        var device: String
+
+        static func < (left: ClassKeyID, right: ClassKeyID) -> Bool {
+            let leftIndex = Accessibility.allCases.firstIndex(of: left.accessibility)!
+            let rightIndex = Accessibility.allCases.firstIndex(of: right.accessibility)!
+            return leftIndex != rightIndex ? leftIndex < rightIndex : left.device < right.device
+        }
+    }
 
     struct KeySlot {
         enum Kind: String {
+            /// Argon2id of a passphrase. Also wraps the presence key for access control.
             case passphrase
+            /// No passphrase: the device secret alone (like an iPhone without a passcode).
+            case device
         }
 
         var id: Int
         var kind: Kind
         var parameters: [UInt8]
         var wrappedMasterKey: [UInt8]
+        var wrappedPresenceKey: [UInt8]?
     }
+
+    var hasPassphrase: Bool { slots.contains { $0.kind == .passphrase } }
 
     // MARK: Associated data
 
-    func slotAssociatedData(_ slot: KeySlot) -> [UInt8] {
-        var encoder = FieldEncoder()
+    func slotAssociatedData(_ slot: KeySlot, purpose: String = "master") -> [UInt8] {
         // The vault identity is left out on purpose: it is covered by the header MAC, so an
         // edited identity reads as tampering (errSecDecode), not as a wrong passphrase.
+        var encoder = FieldEncoder()
         encoder.string("lockbox.slot.v1")
         encoder.integer(slot.id)
         encoder.string(slot.kind.rawValue)
         encoder.bytes(slot.parameters)
+        encoder.string(purpose)
         return encoder.bytes
     }
 
-    func classKeyAssociatedData(_ accessibility: Accessibility) -> [UInt8] {
+    func classKeyAssociatedData(_ id: ClassKeyID) -> [UInt8] {
         var encoder = FieldEncoder()
         encoder.string("lockbox.class-key.v1")
         encoder.bytes(vaultID)
-        encoder.string(accessibility.rawValue)
+        encoder.string(id.accessibility.rawValue)
+        encoder.string(id.device)
         return encoder.bytes
     }
 
@@ -59,11 +83,14 @@ struct VaultHeader {
             encoder.string(slot.kind.rawValue)
             encoder.bytes(slot.parameters)
             encoder.bytes(slot.wrappedMasterKey)
+            encoder.bytes(slot.wrappedPresenceKey)
         }
+        encoder.bytes(presencePublicKey)
         encoder.string("class-keys")
-        for accessibility in Accessibility.allCases {
-            encoder.string(accessibility.rawValue)
-            encoder.bytes(wrappedClassKeys[accessibility])
+        for id in wrappedClassKeys.keys.sorted() {
+            encoder.string(id.accessibility.rawValue)
+            encoder.string(id.device)
+            encoder.bytes(wrappedClassKeys[id])
         }
         return encoder.bytes
     }
@@ -96,32 +123,37 @@ struct VaultHeader {
             throw LockboxError.integrity("The keychain header in \(database.path)")
         }
         var slots: [KeySlot] = []
-        let slotRows = try database.statement("SELECT id, kind, parameters, wrapped_master_key FROM key_slots ORDER BY id")
+        let slotRows = try database.statement(
+            "SELECT id, kind, parameters, wrapped_master_key, wrapped_presence_key FROM key_slots ORDER BY id")
         while try slotRows.step() {
             guard let id = slotRows.integer(0), let kindName = slotRows.text(1), let kind = KeySlot.Kind(rawValue: kindName),
                 let parameters = slotRows.blob(2), let wrapped = slotRows.blob(3)
             else {
                 throw LockboxError.integrity("A key slot in \(database.path)")
             }
-            slots.append(KeySlot(id: id, kind: kind, parameters: parameters, wrappedMasterKey: wrapped))
+            slots.append(
+                KeySlot(id: id, kind: kind, parameters: parameters, wrappedMasterKey: wrapped, wrappedPresenceKey: slotRows.blob(4)))
         }
-        var classKeys: [Accessibility: [UInt8]] = [:]
-        let classRows = try database.statement("SELECT accessibility, wrapped_key FROM class_keys")
+        var classKeys: [ClassKeyID: [UInt8]] = [:]
+        let classRows = try database.statement("SELECT accessibility, device_id, wrapped_key FROM class_keys")
         while try classRows.step() {
             guard let name = classRows.text(0), let accessibility = Accessibility(rawValue: name),
-                let wrapped = classRows.blob(1)
+                let device = classRows.text(1), let wrapped = classRows.blob(2)
             else {
                 throw LockboxError.integrity("A class key in \(database.path)")
             }
-            classKeys[accessibility] = wrapped
+            classKeys[ClassKeyID(accessibility: accessibility, device: device)] = wrapped
         }
-        return VaultHeader(vaultID: vaultID, slots: slots, wrappedClassKeys: classKeys, mac: mac)
+        return VaultHeader(
+            vaultID: vaultID, slots: slots, wrappedClassKeys: classKeys, presencePublicKey: values["presence_public_key"], mac: mac)
     }
 
     /// Writes the whole header. Call inside a write transaction.
     func save(to database: Database) throws(LockboxError) {
         try database.execute("DELETE FROM header; DELETE FROM key_slots; DELETE FROM class_keys;")
-        for (name, value) in [("format", Array(Self.format.utf8)), ("vault_id", vaultID), ("mac", mac)] {
+        var values = [("format", Array(Self.format.utf8)), ("vault_id", vaultID), ("mac", mac)]
+        if let presencePublicKey { values.append(("presence_public_key", presencePublicKey)) }
+        for (name, value) in values {
             let statement = try database.statement("INSERT INTO header (name, value) VALUES (?, ?)")
             statement.bind(1, name)
             statement.bind(2, value)
@@ -129,17 +161,20 @@ struct VaultHeader {
         }
         for slot in slots {
             let statement = try database.statement(
-                "INSERT INTO key_slots (id, kind, parameters, wrapped_master_key) VALUES (?, ?, ?, ?)")
+                "INSERT INTO key_slots (id, kind, parameters, wrapped_master_key, wrapped_presence_key) VALUES (?, ?, ?, ?, ?)")
             statement.bind(1, slot.id)
             statement.bind(2, slot.kind.rawValue)
             statement.bind(3, slot.parameters)
             statement.bind(4, slot.wrappedMasterKey)
+            statement.bind(5, slot.wrappedPresenceKey)
             try statement.run()
         }
-        for (accessibility, wrapped) in wrappedClassKeys {
-            let statement = try database.statement("INSERT INTO class_keys (accessibility, wrapped_key) VALUES (?, ?)")
-            statement.bind(1, accessibility.rawValue)
-            statement.bind(2, wrapped)
+        for (id, wrapped) in wrappedClassKeys {
+            let statement = try database.statement(
+                "INSERT INTO class_keys (accessibility, device_id, wrapped_key) VALUES (?, ?, ?)")
+            statement.bind(1, id.accessibility.rawValue)
+            statement.bind(2, id.device)
+            statement.bind(3, wrapped)
             try statement.run()
         }
     }

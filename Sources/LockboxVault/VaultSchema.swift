@@ -47,11 +47,14 @@ enum VaultSchema {
                 id INTEGER PRIMARY KEY,
                 kind TEXT NOT NULL,
                 parameters BLOB NOT NULL,
-                wrapped_master_key BLOB NOT NULL
+                wrapped_master_key BLOB NOT NULL,
+                wrapped_presence_key BLOB
             );
             CREATE TABLE class_keys (
-                accessibility TEXT PRIMARY KEY,
-                wrapped_key BLOB NOT NULL
+                accessibility TEXT NOT NULL,
+                device_id TEXT NOT NULL,
+                wrapped_key BLOB NOT NULL,
+                PRIMARY KEY (accessibility, device_id)
             ) WITHOUT ROWID;
             CREATE TABLE items (
                 rowid INTEGER PRIMARY KEY,
@@ -60,6 +63,8 @@ enum VaultSchema {
                 accessibility TEXT NOT NULL,
                 access_group TEXT NOT NULL,
                 synchronizable INTEGER NOT NULL,
+                device_id TEXT NOT NULL,
+                access_control TEXT NOT NULL,
                 primary_digest BLOB NOT NULL UNIQUE,
                 lookup_digest BLOB NOT NULL,
                 name_digest BLOB,

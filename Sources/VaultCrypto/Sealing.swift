@@ -137,6 +137,68 @@ package enum Crypto {
         return digest
     }
 
+    /// A fresh X25519 key pair for sealing to a public key (access control: anyone may seal an
+    /// item key for the user; only the user's verification releases the secret half).
+    package static func generateKeyPair() -> (publicKey: [UInt8], secretKey: SecretBytes) {
+        ensureInitialized()
+        var publicKey = [UInt8](repeating: 0, count: 32)
+        let secretKey = SecretBytes(capacity: 32) { buffer in
+            _ = crypto_box_keypair(&publicKey, buffer.baseAddress!.assumingMemoryBound(to: UInt8.self))
+            return 32
+        }
+        return (publicKey, secretKey)
+    }
+
+    /// Seals `bytes` so that only the holder of `publicKey`'s secret half can open them
+    /// (libsodium's anonymous sealed box).
+    package static func seal(_ bytes: [UInt8], toPublicKey publicKey: [UInt8]) -> [UInt8] {
+        ensureInitialized()
+        precondition(publicKey.count == 32, "a public key is 32 bytes")
+        var box = [UInt8](repeating: 0, count: bytes.count + 48)
+        let result = crypto_box_seal(&box, bytes, UInt64(bytes.count), publicKey)
+        precondition(result == 0, "sealing to a public key cannot fail")
+        return box
+    }
+
+    /// Opens a box made by ``seal(_:toPublicKey:)``.
+    package static func open(_ box: [UInt8], publicKey: [UInt8], secretKey: SecretBytes) throws(OpenFailure) -> [UInt8] {
+        ensureInitialized()
+        guard box.count >= 48, publicKey.count == 32, secretKey.count == 32 else { throw OpenFailure() }
+        var output = [UInt8](repeating: 0, count: box.count - 48)
+        let result = secretKey.withUnsafeBytes { secret in
+            crypto_box_seal_open(&output, box, UInt64(box.count), publicKey, secret.baseAddress!.assumingMemoryBound(to: UInt8.self))
+        }
+        guard result == 0 else { throw OpenFailure() }
+        return output
+    }
+
+    /// A 256-bit key bound to both `key` and `secret`: keyed BLAKE2b of `context || secret`.
+    /// Used where a class key must need two things at once (the master key and this
+    /// machine's device secret).
+    package static func combine(_ key: SecretBytes, with secret: SecretBytes, context: String) -> SecretBytes {
+        ensureInitialized()
+        let label = Array(context.utf8)
+        // The input (label, then the secret) is assembled in guarded memory.
+        let input = SecretBytes(capacity: label.count + secret.count) { buffer in
+            buffer.copyBytes(from: label)
+            secret.withUnsafeBytes { bytes in
+                UnsafeMutableRawBufferPointer(rebasing: buffer[label.count...]).copyMemory(from: bytes)
+            }
+            return label.count + secret.count
+        }
+        return SecretBytes(capacity: keyByteCount) { output in
+            key.withUnsafeBytes { keyBytes in
+                input.withUnsafeBytes { inputBytes in
+                    _ = crypto_generichash(
+                        output.baseAddress!.assumingMemoryBound(to: UInt8.self), keyByteCount,
+                        inputBytes.baseAddress!.assumingMemoryBound(to: UInt8.self), UInt64(inputBytes.count),
+                        keyBytes.baseAddress!.assumingMemoryBound(to: UInt8.self), keyBytes.count)
+                }
+            }
+            return keyByteCount
+        }
+    }
+
     /// Derives an independent 256-bit subkey from `key` for the purpose named by `context`
     /// (exactly 8 ASCII bytes) and `identifier`.
     package static func deriveKey(from key: SecretBytes, context: StaticString, identifier: UInt64) -> SecretBytes {

@@ -181,6 +181,6 @@ struct LockStateTests {
         let rebooted = try fixture.reopen()
         #expect(status { _ = try rebooted.data(matching: query) } == -25308)
         #expect(status { try rebooted.delete(matching: query) } == -25308)
-        #expect(try rebooted.status().readableClasses.isEmpty)
+        #expect(try rebooted.status().readableClasses == [.always, .alwaysThisDeviceOnly])
     }
 }

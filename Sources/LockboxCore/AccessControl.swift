@@ -1,0 +1,155 @@
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `SecAccessControl` flags: what the user must do before an item's key is released.
+///
+/// On Linux, `userPresence` and `devicePasscode` both mean "re-enter the keychain passphrase";
+/// `.or` and `.and` of them therefore ask once. There is no biometric hardware the keychain can
+/// trust, so the biometry flags are accepted and never satisfied: reading such an item fails
+/// with `errSecAuthFailed`, as on a device without biometry.
+public struct AccessControl: Sendable, Hashable, CustomStringConvertible {
+    public struct Flags: OptionSet, Sendable, Hashable {
+        public let rawValue: Int
+        public init(rawValue: Int) { self.rawValue = rawValue }
+
+        /// `kSecAccessControlUserPresence`: any authentication the user can give.
+        public static let userPresence = Flags(rawValue: 1 << 0)
+        /// `kSecAccessControlDevicePasscode`: the passphrase.
+        public static let devicePasscode = Flags(rawValue: 1 << 1)
+        /// `kSecAccessControlBiometryAny`.
+        public static let biometryAny = Flags(rawValue: 1 << 2)
+        /// `kSecAccessControlBiometryCurrentSet`.
+        public static let biometryCurrentSet = Flags(rawValue: 1 << 3)
+        /// `kSecAccessControlOr`: any one of the constraints.
+        public static let or = Flags(rawValue: 1 << 14)
+        /// `kSecAccessControlAnd`: all of the constraints.
+        public static let and = Flags(rawValue: 1 << 15)
+    }
+
+    public var flags: Flags
+
+    public init(_ flags: Flags) {
+        self.flags = flags
+    }
+
+    public static let userPresence = AccessControl(.userPresence)
+    public static let devicePasscode = AccessControl(.devicePasscode)
+
+    /// True when the constraints can be met here: a passphrase satisfies them, biometry cannot.
+    public var isSatisfiableByPassphrase: Bool {
+        let passphrase = !flags.isDisjoint(with: [.userPresence, .devicePasscode])
+        let biometry = !flags.isDisjoint(with: [.biometryAny, .biometryCurrentSet])
+        if flags.contains(.and) { return !biometry && passphrase }
+        return passphrase
+    }
+
+    /// A stable text form for storage: `userPresence`, `devicePasscode|biometryAny|or`.
+    public var description: String {
+        var names: [String] = []
+        if flags.contains(.userPresence) { names.append("userPresence") }
+        if flags.contains(.devicePasscode) { names.append("devicePasscode") }
+        if flags.contains(.biometryAny) { names.append("biometryAny") }
+        if flags.contains(.biometryCurrentSet) { names.append("biometryCurrentSet") }
+        if flags.contains(.or) { names.append("or") }
+        if flags.contains(.and) { names.append("and") }
+        return names.joined(separator: "|")
+    }
+
+    /// Parses ``description``'s form (and the CLI's `--access-control` values).
+    public init?(parsing text: String) {
+        var flags: Flags = []
+        for name in text.split(separator: "|") {
+            switch name {
+            case "userPresence": flags.insert(.userPresence)
+            case "devicePasscode": flags.insert(.devicePasscode)
+            case "biometryAny": flags.insert(.biometryAny)
+            case "biometryCurrentSet": flags.insert(.biometryCurrentSet)
+            case "or": flags.insert(.or)
+            case "and": flags.insert(.and)
+            default: return nil
+            }
+        }
+        guard !flags.isEmpty else { return nil }
+        self.flags = flags
+    }
+}
+
+/// What a verifier is asked to confirm.
+public struct AuthenticationRequest: Sendable {
+    /// Why the keychain asks ("read api.example.com for alice").
+    public var reason: String
+    public var accessControl: AccessControl
+
+    public init(reason: String, accessControl: AccessControl) {
+        self.reason = reason
+        self.accessControl = accessControl
+    }
+}
+
+/// Obtains the user's proof of presence: on Linux, the keychain passphrase re-entered.
+///
+/// The proof is not a yes/no answer: the keychain derives the key that unwraps the item from
+/// it, so a verifier cannot be skipped or faked. Throw `LockboxError(.userCanceled, ...)` when
+/// the user cancels.
+public protocol PresenceVerifier: Sendable {
+    func passphrase(for request: AuthenticationRequest) throws(LockboxError) -> SecretBytes
+}
+
+/// `LAContext` for Lockbox: how reads of access-controlled items authenticate.
+///
+/// ```swift
+/// let context = AuthenticationContext(verifier: MyPassphraseDialog(), reuseDuration: 30)
+/// var query = Query.genericPassword(service: "bank", account: "alice")
+/// query.authenticationContext = context
+/// ```
+public final class AuthenticationContext: Sendable {
+    /// Asks the user; nil means no interaction is possible.
+    public let verifier: (any PresenceVerifier)?
+    /// Seconds a successful verification is reused (`touchIDAuthenticationAllowableReuseDuration`).
+    /// Default 0: every access asks.
+    public let reuseDuration: Double
+    /// `interactionNotAllowed`: fail with `errSecInteractionNotAllowed` instead of asking.
+    public let interactionNotAllowed: Bool
+
+    private let remembered = Mutex<[String: (proof: SecretBytes, at: Double)]>([:])
+
+    public init(verifier: (any PresenceVerifier)? = nil, reuseDuration: Double = 0, interactionNotAllowed: Bool = false) {
+        self.verifier = verifier
+        self.reuseDuration = reuseDuration
+        self.interactionNotAllowed = interactionNotAllowed
+    }
+
+    /// Forgets every remembered verification (`LAContext.invalidate()`).
+    public func invalidate() {
+        remembered.withLock { $0.removeAll() }
+    }
+
+    /// A proof remembered for `realm` within the reuse window.
+    package func rememberedProof(realm: String) -> SecretBytes? {
+        guard reuseDuration > 0 else { return nil }
+        let now = Self.monotonicSeconds()
+        return remembered.withLock { entries in
+            guard let entry = entries[realm] else { return nil }
+            guard now - entry.at <= reuseDuration else {
+                entries[realm] = nil
+                return nil
+            }
+            return entry.proof
+        }
+    }
+
+    package func remember(_ proof: SecretBytes, realm: String) {
+        guard reuseDuration > 0 else { return }
+        let now = Self.monotonicSeconds()
+        remembered.withLock { $0[realm] = (proof, now) }
+    }
+
+    private static func monotonicSeconds() -> Double {
+        var time = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &time)
+        return Double(time.tv_sec) + Double(time.tv_nsec) / 1e9
+    }
+}

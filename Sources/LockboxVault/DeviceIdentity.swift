@@ -1,0 +1,89 @@
+import Foundation
+import LockboxCore
+import VaultCrypto
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Where this machine's device secret comes from: the key that `*ThisDeviceOnly` class keys
+/// are bound to, kept outside the vault file and outside every backup.
+///
+/// The secret is a random key in `$XDG_STATE_HOME/lockbox/device-key` (mode 0600) mixed with
+/// `/etc/machine-id`. A vault file copied to another machine, or restored there, cannot open
+/// its `ThisDeviceOnly` items. It is no hardware boundary: a process of the same user can read
+/// the key file (see the threat model); a TPM-sealed device key is a later unlock method.
+public struct DeviceIdentity: Sendable, Hashable {
+    /// The device key file; nil for `$XDG_STATE_HOME/lockbox/device-key`.
+    public var keyPath: String?
+    /// The machine identity mixed into the device secret.
+    public var machineIDPath: String = "/etc/machine-id"
+
+    public init(keyPath: String? = nil, machineIDPath: String = "/etc/machine-id") {
+        self.keyPath = keyPath
+        self.machineIDPath = machineIDPath
+    }
+
+    var resolvedKeyPath: String {
+        if let keyPath { return keyPath }
+        let environment = ProcessInfo.processInfo.environment
+        if let state = environment["XDG_STATE_HOME"], state.hasPrefix("/") {
+            return state + "/lockbox/device-key"
+        }
+        return (environment["HOME"] ?? NSHomeDirectory()) + "/.local/state/lockbox/device-key"
+    }
+}
+
+/// The loaded device secret and its public identifier (which names this machine's rows).
+final class DeviceSecret: Sendable {
+    let secret: SecretBytes
+    /// Hex, not secret: stored in the `device_id` column of this machine's items.
+    let identifier: String
+
+    init(secret: SecretBytes) {
+        self.secret = secret
+        let digest = Crypto.keyedDigest(Array("lockbox.device-id.v1".utf8), key: secret)
+        identifier = digest.prefix(8).map { String(format: "%02x", $0) }.joined()
+    }
+
+    /// Reads the device key file, creating it (0600, in a 0700 directory) on first use.
+    static func load(_ identity: DeviceIdentity) throws(LockboxError) -> DeviceSecret {
+        let path = identity.resolvedKeyPath
+        try FilePermissions.createPrivateDirectory(FilePermissions.directory(of: path))
+        var key = try readKeyFile(path)
+        if key == nil {
+            let fresh = Crypto.generateKey()
+            let descriptor = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+            if descriptor >= 0 {
+                let written = fresh.withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
+                fsync(descriptor)
+                close(descriptor)
+                guard written == Crypto.keyByteCount else {
+                    unlink(path)
+                    throw LockboxError(.io, "Cannot write the device key \(path).")
+                }
+            }
+            // Another process may have won the race: read whatever is there now.
+            key = try readKeyFile(path)
+        }
+        guard let key else { throw LockboxError(.io, "Cannot create the device key \(path).") }
+        let machineID = (try? String(contentsOfFile: identity.machineIDPath, encoding: .utf8))?
+            .trimmingCharacters(in: .whitespacesAndNewlines) ?? ""
+        return DeviceSecret(secret: Crypto.combine(key, with: SecretBytes(utf8: machineID), context: "lockbox.device.v1"))
+    }
+
+    private static func readKeyFile(_ path: String) throws(LockboxError) -> SecretBytes? {
+        guard FilePermissions.exists(path) else { return nil }
+        try FilePermissions.check(directory: FilePermissions.directory(of: path), files: [path])
+        let descriptor = open(path, O_RDONLY | O_CLOEXEC)
+        guard descriptor >= 0 else { throw LockboxError(.io, "Cannot read the device key \(path).") }
+        defer { close(descriptor) }
+        let key = SecretBytes(capacity: Crypto.keyByteCount) { buffer in
+            max(0, read(descriptor, buffer.baseAddress, buffer.count))
+        }
+        guard key.count == Crypto.keyByteCount else {
+            throw LockboxError(.io, "The device key \(path) is damaged (wrong size). Move it away to create a new one; ThisDeviceOnly items will be lost.")
+        }
+        return key
+    }
+}
