@@ -50,6 +50,9 @@ let package = Package(
             dependencies: ["Lockbox", "VaultCrypto", "VaultStorage"],
             swiftSettings: strict),
         .executableTarget(name: "LockboxStress", dependencies: ["Lockbox"], swiftSettings: strict),
+        .executableTarget(
+            name: "lockbox-auth-worker", dependencies: ["LockboxAuth", "Lockbox"], path: "Sources/LockboxAuthWorker",
+            swiftSettings: strict),
 
         .testTarget(name: "LockboxCoreTests", dependencies: ["LockboxCore"], swiftSettings: strict),
         .testTarget(

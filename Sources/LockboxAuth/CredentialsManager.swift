@@ -33,6 +33,8 @@ public actor CredentialsManager {
     /// Set only when persisting a rotated token failed: the session goes on in memory.
     private var memoryOnlyRefreshToken: SecretBytes?
     private var lastRefreshTokenFingerprint: String?
+    /// Why this manager signed out, so later calls report the same reason.
+    private var signOutReason: SignOutReason?
     private var refreshTask: Task<Credentials, any Error>?
     private var rotationHook: (@Sendable (Rotation) async -> Void)?
     private var observers: [UUID: AsyncStream<CredentialsState>.Continuation] = [:]
@@ -116,6 +118,7 @@ public actor CredentialsManager {
         }
         memoryOnlyRefreshToken = nil
         isPersistentSignInDisabled = false
+        signOutReason = nil
         lastRefreshTokenFingerprint = TokenFingerprint.of(refresh)
         let credentials = Credentials(accessToken: response.accessToken, tokenType: response.tokenType, expiresAt: response.expiresAt, scope: response.scope)
         current = credentials
@@ -249,7 +252,7 @@ public actor CredentialsManager {
                 throw AuthError.from(error)
             }
             guard let stored else {
-                let reason: SignOutReason = lastRefreshTokenFingerprint == nil ? .noCredentials : .signedOutElsewhere
+                let reason = signOutReason ?? (lastRefreshTokenFingerprint == nil ? .noCredentials : .signedOutElsewhere)
                 signOutLocally(reason, clearStore: false)
                 throw .signedOut(reason)
             }
@@ -326,7 +329,10 @@ public actor CredentialsManager {
         }
         current = nil
         memoryOnlyRefreshToken = nil
+        let alreadySignedOut = signOutReason != nil
+        signOutReason = reason
         state = .signedOut(reason)
+        if alreadySignedOut { return }
         emit(.signedOut, reason.rawValue, lastRefreshTokenFingerprint)
     }
 
@@ -338,6 +344,11 @@ public actor CredentialsManager {
         public let revoked: Bool
         /// The revocation failed and waits in the outbox for ``RevocationOutbox/retryPending()``.
         public let queued: Bool
+
+        public init(revoked: Bool, queued: Bool) {
+            self.revoked = revoked
+            self.queued = queued
+        }
     }
 
     /// Signs out: queues the refresh token's revocation durably, clears the session locally,
@@ -363,6 +374,7 @@ public actor CredentialsManager {
         current = nil
         memoryOnlyRefreshToken = nil
         isPersistentSignInDisabled = false
+        signOutReason = .loggedOut
         state = .signedOut(.loggedOut)
         emit(.logout, "user_requested", refreshToken.map(TokenFingerprint.of))
         withExtendedLifetime(lock) {}

@@ -68,6 +68,8 @@ class State:
             "device_slow_down": 0,         # next N pending device polls answer slow_down
             "access_token_lifetime": 3600,
             "refresh_without_rotation": False,
+            "canary_access_token": "",     # the next access token issued, verbatim
+            "canary_refresh_token": "",    # the next refresh token issued, verbatim
         }
         self.counters = {
             "refresh_requests": 0,
@@ -201,6 +203,15 @@ def save_token(payload, req):
     STATE.record(
         "token_issued", family=family, access=fingerprint(token.access_token),
         refresh=fingerprint(payload.get("refresh_token")), grant=req.payload.grant_type)
+
+
+def next_token(canary_fault, size):
+    """A random token, or the canary a test planted (once), so it can search for it later."""
+    canary = STATE.faults[canary_fault]
+    if canary:
+        STATE.faults[canary_fault] = ""
+        return canary
+    return secrets.token_urlsafe(size)
 
 
 def token_lifetime(client, grant_type):
@@ -392,8 +403,8 @@ authorization = AuthorizationServer(app, query_client=query_client, save_token=s
 authorization.register_token_generator(
     "default",
     BearerTokenGenerator(
-        access_token_generator=lambda **_: secrets.token_urlsafe(32),
-        refresh_token_generator=lambda **_: secrets.token_urlsafe(48),
+        access_token_generator=lambda **_: next_token("canary_access_token", 32),
+        refresh_token_generator=lambda **_: next_token("canary_refresh_token", 48),
         expires_generator=token_lifetime))
 authorization.register_grant(RefreshTokenGrant)
 authorization.register_grant(AuthorizationCodeGrant, [S256Only(required=True)])

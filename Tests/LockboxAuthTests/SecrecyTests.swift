@@ -1,0 +1,66 @@
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+import Lockbox
+import LockboxAuth
+import Testing
+
+extension LifecycleTests {
+    @Test func canaryTokens_appearInNoLogEventErrorDescriptionOrFile() async throws {
+        let server = try await TestServer.running()
+        let vault = try TestVault()
+        let events = EventRecorder()
+        let configuration = try await server.configuration()
+        let manager = vault.manager(configuration, events: events)
+        _ = try await server.signIn(manager)
+        let canaryRefresh = "CANARY-REFRESH-" + UUID().uuidString
+        let canaryAccess = "CANARY-ACCESS-" + UUID().uuidString
+        try await server.faults(["canary_refresh_token": canaryRefresh, "canary_access_token": canaryAccess])
+        var texts: [String] = []
+
+        // The canaries go through rotation, storage, use, a 401, failures and a queued logout.
+        let credentials = try await manager.credentials(minTTL: forceRefresh)
+        #expect(credentials.accessToken == SecretBytes(utf8: canaryAccess))
+        texts.append("\(credentials)")
+        texts.append(String(reflecting: credentials))
+        texts.append("\(await manager.state)")
+        texts.append("\(try vault.tokenStore(for: configuration).refreshToken() as Any)")
+        let (_, ok) = try await manager.send(server.api("api/resource"))
+        #expect(ok.statusCode == 200)
+        try await server.faults(["token_503": 1])
+        do {
+            _ = try await manager.credentials(minTTL: forceRefresh)
+        } catch {
+            texts.append("\(error)")
+            texts.append(String(reflecting: error))
+        }
+        try await server.faults(["revoke_fail": 2])
+        let result = try await manager.logout()
+        #expect(result.queued)
+        let session = CommandLineSession(store: vault.vault, lockDirectory: vault.lockDirectory)
+        texts.append(contentsOf: try session.status().lines)
+        texts.append(try await session.retryPendingLogouts())
+        do {
+            _ = try await manager.credentials()
+        } catch {
+            texts.append("\(error)")
+        }
+        texts.append(contentsOf: events.events.map(\.description))
+        texts.append(contentsOf: events.events.map { String(reflecting: $0) })
+        #expect(events.events.contains { $0.kind == .rotationPersisted })
+
+        for canary in [canaryRefresh, canaryAccess] {
+            for text in texts {
+                #expect(!text.contains(canary), "a description leaks the canary: \(text.prefix(80))")
+            }
+            for file in vault.directory.files() + [TestServer.stateDirectory + "/server.log"] {
+                let contents = try Data(contentsOf: URL(fileURLWithPath: file))
+                #expect(contents.range(of: Data(canary.utf8)) == nil, "\(file) holds the canary in clear")
+            }
+        }
+        // The vault did hold the rotated canary (sealed): the files are not trivially empty.
+        #expect(vault.directory.files().contains { $0.hasSuffix("vault.lockbox") })
+        #expect(events.events.contains { $0.fingerprint == TokenFingerprint.of(SecretBytes(utf8: canaryRefresh)) })
+    }
+}
