@@ -17,7 +17,7 @@ extension Vault {
         let data = item.data ?? .empty
         try checkSizes(data: data, attributes: attributes)
 
-        try state.withLock { state throws(LockboxError) in
+        try withState { state throws(LockboxError) in
             let keys = try keysForWriting(item.itemClass, attributes.accessibility!, state: state)
             let row = SealedRow.seal(
                 id: Crypto.randomBytes(16), itemClass: item.itemClass, attributes: attributes, data: data,
@@ -29,7 +29,7 @@ extension Vault {
     }
 
     public func items(matching query: Query) throws(LockboxError) -> [Item] {
-        try state.withLock { state throws(LockboxError) in
+        try withState { state throws(LockboxError) in
             let plan = try plan(for: query, state: state)
             let rows = try candidates(plan, state: state)
             var results: [Item] = []
@@ -67,7 +67,7 @@ extension Vault {
         if update.attributes.accessGroup != nil {
             _ = try resolvedGroupForWriting(update.attributes.accessGroup)
         }
-        try state.withLock { state throws(LockboxError) in
+        try withState { state throws(LockboxError) in
             try state.database.writeTransaction { () throws(LockboxError) in
                 var query = query
                 query.limit = .all
@@ -110,7 +110,7 @@ extension Vault {
     }
 
     public func delete(matching query: Query) throws(LockboxError) {
-        try state.withLock { state throws(LockboxError) in
+        try withState { state throws(LockboxError) in
             try state.database.writeTransaction { () throws(LockboxError) in
                 var query = query
                 query.limit = .all

@@ -129,7 +129,7 @@ public final class Vault: ItemStore, Sendable {
 
         let keys = KeyCache(vaultID: header.vaultID, mode: configuration.unlockCache)
         let vault = Vault(path: path, configuration: configuration, state: State(database: database, header: header, keys: keys))
-        try vault.state.withLock { state throws(LockboxError) in
+        try vault.withState { state throws(LockboxError) in
             try vault.cacheUnlockedKeys(master: master, state: state)
         }
         return vault
@@ -162,7 +162,7 @@ public final class Vault: ItemStore, Sendable {
     /// 2 s, 4 s ... up to 30 s, counted in the vault file so every process shares the count.
     /// - Throws: `authFailed` for a wrong passphrase; `decode` when the header was modified.
     public func unlock(passphrase: SecretBytes) throws(LockboxError) {
-        try state.withLock { state throws(LockboxError) in
+        try withState { state throws(LockboxError) in
             try waitOutFailedAttempts(state.database)
             state.header = try VaultHeader.load(from: state.database)
             let header = state.header
@@ -203,12 +203,12 @@ public final class Vault: ItemStore, Sendable {
     /// Locks: `whenUnlocked*` items become unreadable (-25308) in every process until the
     /// next unlock. `afterFirstUnlock*` items stay readable until reboot, as on iOS.
     public func lock() {
-        state.withLock { state in state.keys.lock() }
+        withState { state in state.keys.lock() }
     }
 
     /// Forgets every cached key, as a reboot does (`afterFirstUnlock*` items lock too).
     public func lockAll() {
-        state.withLock { state in state.keys.forgetAll() }
+        withState { state in state.keys.forgetAll() }
     }
 
     /// Replaces the passphrase. Rewraps the master key in its slot only: no item is touched.
@@ -218,7 +218,7 @@ public final class Vault: ItemStore, Sendable {
             throw LockboxError(.param, "The new passphrase is empty.")
         }
         try unlock(passphrase: old)
-        try state.withLock { state throws(LockboxError) in
+        try withState { state throws(LockboxError) in
             guard let master = try state.keys.currentMaster() else {
                 throw LockboxError.locked("It locked again while the passphrase was being changed; try again.")
             }
@@ -240,7 +240,7 @@ public final class Vault: ItemStore, Sendable {
 
     /// Where the vault stands now.
     public func status() throws(LockboxError) -> VaultStatus {
-        try state.withLock { state throws(LockboxError) in
+        try withState { state throws(LockboxError) in
             let unlocked = try state.keys.currentMaster() != nil
             let afterFirstUnlock = try state.keys.currentAfterFirstUnlockKeys() != nil
             let count = try state.database.statement("SELECT count(*) FROM items")
@@ -257,6 +257,36 @@ public final class Vault: ItemStore, Sendable {
                 readableClasses: readable, itemCount: count.integer(0) ?? 0,
                 unlockMethods: state.header.slots.map(\.kind.rawValue), unlockCache: configuration.unlockCache,
                 failedUnlockAttempts: failed, schemaVersion: VaultSchema.current)
+        }
+    }
+
+    /// Runs `body` with the vault's state locked, then resets every statement so no read
+    /// snapshot outlives the operation (a stale snapshot would hide other processes' writes).
+    func withState<T>(_ body: (State) throws(LockboxError) -> sending T) throws(LockboxError) -> sending T {
+        try state.withLock { state throws(LockboxError) -> sending T in
+            defer { state.database.resetStatements() }
+            return try body(state)
+        }
+    }
+
+    func withState<T>(_ body: (State) -> sending T) -> sending T {
+        state.withLock { state -> sending T in
+            defer { state.database.resetStatements() }
+            return body(state)
+        }
+    }
+
+    /// The vault's random identity (hex), which names its kernel-keyring entries.
+    package var identifier: String {
+        withState { state in state.header.vaultID.map { String(format: "%02x", $0) }.joined() }
+    }
+
+    /// Runs `body` on the vault's SQLite connection, for tests and maintenance tools.
+    package func withDatabase<T: Sendable>(_ body: (Database) throws(LockboxError) -> T) throws(LockboxError) -> T {
+        try withState { state throws(LockboxError) -> T in
+            // The connection is used only inside the lock; the closure cannot keep it.
+            nonisolated(unsafe) let database = state.database
+            return try body(database)
         }
     }
 
@@ -283,7 +313,7 @@ public final class Vault: ItemStore, Sendable {
         try state.keys.store(master: master, afterFirstUnlock: afterFirstUnlock, idleTimeout: configuration.idleTimeout)
     }
 
-    static func delay(afterFailures failures: Int) -> Int {
+    package static func delay(afterFailures failures: Int) -> Int {
         guard failures >= 3 else { return 0 }
         return min(30, 1 << min(failures - 3, 5))
     }

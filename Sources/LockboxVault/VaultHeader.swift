@@ -31,8 +31,9 @@ struct VaultHeader {
 
     func slotAssociatedData(_ slot: KeySlot) -> [UInt8] {
         var encoder = FieldEncoder()
+        // The vault identity is left out on purpose: it is covered by the header MAC, so an
+        // edited identity reads as tampering (errSecDecode), not as a wrong passphrase.
         encoder.string("lockbox.slot.v1")
-        encoder.bytes(vaultID)
         encoder.integer(slot.id)
         encoder.string(slot.kind.rawValue)
         encoder.bytes(slot.parameters)

@@ -80,6 +80,11 @@ package final class Database {
         return statement
     }
 
+    /// Resets every cached statement, ending any read snapshot a partly stepped one holds.
+    package func resetStatements() {
+        for statement in statements.values { statement.reset() }
+    }
+
     /// Runs `body` in a write transaction (`BEGIN IMMEDIATE`): committed when it returns,
     /// rolled back when it throws.
     package func writeTransaction<T>(_ body: () throws(LockboxError) -> T) throws(LockboxError) -> T {
@@ -111,6 +116,7 @@ package final class Database {
     package var userVersion: Int {
         get throws(LockboxError) {
             let statement = try statement("PRAGMA user_version")
+            defer { statement.reset() }
             guard try statement.step() else { return 0 }
             return statement.integer(0) ?? 0
         }
@@ -168,7 +174,7 @@ package final class Statement {
 
     deinit { sqlite3_finalize(handle) }
 
-    fileprivate func reset() {
+    func reset() {
         sqlite3_reset(handle)
         sqlite3_clear_bindings(handle)
     }
