@@ -11,9 +11,12 @@ extension LifecycleTests {
         let server = try await TestServer.running()
         let vault = try TestVault()
         let manager = vault.manager(try await server.configuration())
-        // Access tokens live 2 s: with the default 30 s leeway the signed-in token counts as expired.
-        try await server.faults(["access_token_lifetime": 2])
+        // The signed-in access token lives 1 s and has expired when the callers arrive; the
+        // refreshed one lives an hour.
+        try await server.faults(["access_token_lifetime": 1])
         _ = try await server.signIn(manager)
+        try await Task.sleep(for: .milliseconds(1100))
+        try await server.faults(["access_token_lifetime": 3600])
         let before = try await server.counters()
 
         let statuses = try await withThrowingTaskGroup(of: Int.self) { group in

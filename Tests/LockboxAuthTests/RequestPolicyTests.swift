@@ -28,7 +28,8 @@ extension LifecycleTests {
     }
 
     @Test func unauthorizedGet_refreshesOnceAndRetriesOnce() async throws {
-        let (server, _, manager, events) = try await signedInWithRevokedAccessToken()
+        let (server, vault, manager, events) = try await signedInWithRevokedAccessToken()
+        defer { withExtendedLifetime(vault) {} }
         let before = try await server.counters()
 
         let (_, response) = try await manager.send(server.api("api/resource"))
@@ -42,7 +43,8 @@ extension LifecycleTests {
     }
 
     @Test func unauthorizedNonIdempotentPost_refreshesButIsNotRetried() async throws {
-        let (server, _, manager, events) = try await signedInWithRevokedAccessToken()
+        let (server, vault, manager, events) = try await signedInWithRevokedAccessToken()
+        defer { withExtendedLifetime(vault) {} }
         let before = try await server.counters()
 
         let (_, response) = try await manager.send(server.api("api/orders", method: "POST"))
@@ -59,7 +61,8 @@ extension LifecycleTests {
     }
 
     @Test func unauthorizedPostWithIdempotencyKey_isRetriedOnce() async throws {
-        let (server, _, manager, _) = try await signedInWithRevokedAccessToken()
+        let (server, vault, manager, _) = try await signedInWithRevokedAccessToken()
+        defer { withExtendedLifetime(vault) {} }
         let before = try await server.counters()
         var request = server.api("api/orders", method: "POST")
         request.setValue(UUID().uuidString, forHTTPHeaderField: "Idempotency-Key")
