@@ -302,6 +302,7 @@ public actor CredentialsManager {
             do {
                 try tokenStore.saveRefreshToken(rotated)
                 memoryOnlyRefreshToken = nil
+                isPersistentSignInDisabled = false
                 emit(.rotationPersisted, "rotated", newFingerprint)
             } catch {
                 // Keep the session in memory; never write the token anywhere weaker.

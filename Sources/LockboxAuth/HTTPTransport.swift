@@ -104,7 +104,12 @@ extension HTTPTransport {
         case .cannotConnectToHost, .cannotFindHost: "cannot connect to the server"
         case .networkConnectionLost: "the connection was lost before the answer arrived"
         case .notConnectedToInternet: "no network"
-        default: "URLError \(error.code.rawValue)"
+        default:
+            // On Linux, URLSession reports most TLS failures as code -1 with curl's message,
+            // which names the problem and never contains request data.
+            error.localizedDescription.contains("SSL") || error.localizedDescription.contains("certificate")
+                ? "TLS failed: \(error.localizedDescription)"
+                : "URLError \(error.code.rawValue): \(error.localizedDescription)"
         }
     }
 }

@@ -99,3 +99,37 @@ extension LifecycleTests {
         #expect(seen.events.first?.fingerprint != nil)
     }
 }
+
+extension LifecycleTests {
+    @Test func rotatedTokenCannotBePersisted_sessionContinuesInMemoryAndPersistsLater() async throws {
+        let server = try await TestServer.running()
+        let vault = try TestVault()
+        let events = EventRecorder()
+        let configuration = try await server.configuration()
+        let manager = vault.manager(configuration, events: events, accessibility: .whenUnlocked)
+        _ = try await server.signIn(manager)
+        // The refresh reads the stored token, then the server takes a second to answer, and
+        // the vault locks in between: the rotated token cannot be written.
+        try await server.faults(["token_delay": 1.0])
+        let refresh = Task { try await manager.credentials(minTTL: forceRefresh) }
+        try await Task.sleep(for: .milliseconds(300))
+        vault.vault.lock()
+        let credentials = try await refresh.value
+
+        #expect(isSignedIn(await manager.state))
+        #expect(await manager.isPersistentSignInDisabled)
+        #expect(events.count(.rotationNotPersisted) == 1)
+        let (_, response) = try await manager.send(server.api("api/resource"))
+        #expect(response.statusCode == 200)
+        #expect(credentials.fingerprint.count == 8)
+
+        // Once the vault is unlocked, the next rotation (from the in-memory token) is stored.
+        try await server.faults(["token_delay": 0])
+        try vault.vault.unlock(passphrase: TestVault.passphrase)
+        _ = try await manager.credentials(minTTL: forceRefresh)
+        #expect(await manager.isPersistentSignInDisabled == false)
+        #expect(try await server.counters()["reuse_detections"] == 0)
+        let stored = try vault.tokenStore(for: configuration).refreshToken().map(TokenFingerprint.of)
+        #expect(stored == events.events.last { $0.kind == .rotationPersisted }?.fingerprint)
+    }
+}

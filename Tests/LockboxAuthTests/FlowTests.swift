@@ -100,7 +100,7 @@ extension LifecycleTests {
             try await AuthorizationServerMetadata.discover(issuer: rogue)
         } throws: { error in
             guard case AuthError.network(let message) = error else { return false }
-            return message.contains("TLS") || message.contains("URLError")
+            return message.hasPrefix("TLS failed") && message.contains("certificate")
         }
     }
 }
