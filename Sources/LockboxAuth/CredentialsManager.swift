@@ -222,15 +222,16 @@ public actor CredentialsManager {
 
     private func refreshUnderLock() async throws(AuthError) -> Credentials {
         defer { refreshTask = nil }
-        let previousState = state
         state = .refreshing
         do {
             let lock = try await acquireCrossProcessLock()
             defer { withExtendedLifetime(lock) {} }
             return try await refresh()
         } catch {
-            if case .signedOut = state {} else if state == .refreshing {
-                state = previousState == .refreshing ? .signedIn(accessTokenExpiresAt: nil) : previousState
+            // A sign-out or a locked store set their own state; any other failure keeps the
+            // session as it was (the stored refresh token is untouched).
+            if state == .refreshing {
+                state = .signedIn(accessTokenExpiresAt: current?.expiresAt)
             }
             throw error
         }
@@ -318,6 +319,7 @@ public actor CredentialsManager {
         }
         let credentials = Credentials(accessToken: response.accessToken, tokenType: response.tokenType, expiresAt: response.expiresAt, scope: response.scope)
         current = credentials
+        signOutReason = nil
         state = .signedIn(accessTokenExpiresAt: credentials.expiresAt)
         emit(.refreshSucceeded, response.refreshToken == nil ? "not_rotated" : "rotated", credentials.fingerprint)
         return credentials

@@ -75,6 +75,22 @@ extension LifecycleTests {
         #expect(after["refresh_requests"]! - before["refresh_requests"]! == 1)
     }
 
+    @Test func unauthorizedAgainAfterRefresh_isReturnedWithoutSecondRefreshOrLoop() async throws {
+        let server = try await TestServer.running()
+        let vault = try TestVault()
+        let manager = vault.manager(try await server.configuration())
+        _ = try await server.signIn(manager)
+        let before = try await server.counters()
+
+        let (_, response) = try await manager.send(server.api("api/always-401"))
+
+        let after = try await server.counters()
+        #expect(response.statusCode == 401)
+        #expect(after["api_always_401"] == 2)
+        #expect(after["refresh_requests"]! - before["refresh_requests"]! == 1)
+        #expect(isSignedIn(await manager.state))
+    }
+
     @Test func forbiddenInsufficientScope_isReturnedWithoutRefresh() async throws {
         let server = try await TestServer.running()
         let vault = try TestVault()

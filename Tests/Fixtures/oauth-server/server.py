@@ -513,6 +513,13 @@ def api_items():
     return jsonify({"ok": True, "method": request.method})
 
 
+@app.get("/api/always-401")
+def api_always_401():
+    """Rejects every token, as a misconfigured resource server would: clients must not loop."""
+    STATE.count("api_always_401")
+    return jsonify({"error": "invalid_token"}), 401, {"WWW-Authenticate": 'Bearer error="invalid_token"'}
+
+
 @app.get("/api/admin")
 @require_oauth("admin")
 def api_admin():
