@@ -11,11 +11,21 @@ extension LifecycleTests {
         let manager = vault.manager(try await server.configuration(), events: events)
         _ = try await server.signIn(manager)
         try await server.admin("POST", "test/revoke-all")
+        let states = await manager.states()
 
         await #expect(throws: AuthError.signedOut(.refreshTokenRejected)) {
             try await manager.credentials(minTTL: forceRefresh)
         }
         #expect(await manager.state == .signedOut(.refreshTokenRejected))
+        var observed: [CredentialsState] = []
+        for await state in states {
+            observed.append(state)
+            if case .signedOut = state { break }
+        }
+        #expect(observed.count == 3)
+        #expect(isSignedIn(observed[0]))
+        #expect(observed.dropFirst().first == .refreshing)
+        #expect(observed.last == .signedOut(.refreshTokenRejected))
         #expect(try vault.tokenStore(for: manager.configuration).hasCredentials() == false)
         #expect(events.events.contains { $0.kind == .signedOut && $0.reason == "invalid_grant" })
     }

@@ -35,6 +35,15 @@ extension LifecycleTests {
             texts.append("\(error)")
             texts.append(String(reflecting: error))
         }
+        // Another process receives a second pair of canaries; its event log is a file here.
+        let workerRefresh = "CANARY-WORKER-REFRESH-" + UUID().uuidString
+        let workerAccess = "CANARY-WORKER-ACCESS-" + UUID().uuidString
+        try await server.faults(["canary_refresh_token": workerRefresh, "canary_access_token": workerAccess])
+        let worker = try await Worker.run(vault: vault, server: server, ["calls", "1"])
+        #expect(worker["outcome"] as? String == "ok", "worker: \(worker)")
+        texts.append("\(worker)")
+        #expect(try vault.tokenStore(for: configuration).refreshToken() == SecretBytes(utf8: workerRefresh))
+
         try await server.faults(["revoke_fail": 2])
         let result = try await manager.logout()
         #expect(result.queued)
@@ -50,7 +59,8 @@ extension LifecycleTests {
         texts.append(contentsOf: events.events.map { String(reflecting: $0) })
         #expect(events.events.contains { $0.kind == .rotationPersisted })
 
-        for canary in [canaryRefresh, canaryAccess] {
+        #expect(vault.directory.files().contains { $0.hasSuffix(".log") })
+        for canary in [canaryRefresh, canaryAccess, workerRefresh, workerAccess] {
             for text in texts {
                 #expect(!text.contains(canary), "a description leaks the canary: \(text.prefix(80))")
             }
