@@ -64,17 +64,19 @@ public actor CredentialsManager {
         outbox: RevocationOutbox? = nil, now: @escaping @Sendable () -> Date = { Date() },
         events: @escaping @Sendable (AuthEvent) -> Void = { _ in }
     ) {
+        let key = CredentialKey(configuration: configuration, account: account)
         self.configuration = configuration
-        self.key = CredentialKey(configuration: configuration, account: account)
+        self.key = key
         self.tokenStore = tokenStore
         self.transport = transport
-        self.lockFilePath = lockDirectory.map { $0 + "/" + CredentialKey(configuration: configuration, account: account).lockName + ".lock" }
+        self.lockFilePath = lockDirectory.map { $0 + "/" + key.lockName + ".lock" }
         self.outbox = outbox
         self.now = now
         self.eventHandler = events
         do {
             state = try tokenStore.hasCredentials() ? .signedIn(accessTokenExpiresAt: nil) : .signedOut(.noCredentials)
         } catch {
+            // Unknown is not "signed out": the first refresh finds out and reports the error.
             state = error.code == .interactionNotAllowed ? .storeLocked : .signedIn(accessTokenExpiresAt: nil)
         }
     }
