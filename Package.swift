@@ -70,7 +70,7 @@ let package = Package(
             name: "SecretServiceTests",
             dependencies: ["SecretService", "CredentialHelpers", "Lockbox"],
             swiftSettings: strict),
-        .testTarget(name: "LockboxAuthTests", dependencies: ["LockboxAuth", "Lockbox"], swiftSettings: strict),
+        .testTarget(name: "LockboxAuthTests", dependencies: ["LockboxAuth", "Lockbox", "LockboxTestSupport"], swiftSettings: strict),
         .testTarget(
             name: "LockboxCLITests",
             dependencies: ["LockboxCLI", "Lockbox", "LockboxTestSupport"],

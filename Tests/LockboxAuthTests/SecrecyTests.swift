@@ -59,18 +59,18 @@ extension LifecycleTests {
         texts.append(contentsOf: events.events.map { String(reflecting: $0) })
         #expect(events.events.contains { $0.kind == .rotationPersisted })
 
-        #expect(vault.directory.files().contains { $0.hasSuffix(".log") })
+        #expect(regularFiles(in: vault.directory).contains { $0.hasSuffix(".log") })
         for canary in [canaryRefresh, canaryAccess, workerRefresh, workerAccess] {
             for text in texts {
                 #expect(!text.contains(canary), "a description leaks the canary: \(text.prefix(80))")
             }
-            for file in vault.directory.files() + [TestServer.stateDirectory + "/server.log"] {
+            for file in regularFiles(in: vault.directory) + [TestServer.stateDirectory + "/server.log"] {
                 let contents = try Data(contentsOf: URL(fileURLWithPath: file))
                 #expect(contents.range(of: Data(canary.utf8)) == nil, "\(file) holds the canary in clear")
             }
         }
         // The vault did hold the rotated canary (sealed): the files are not trivially empty.
-        #expect(vault.directory.files().contains { $0.hasSuffix("vault.lockbox") })
+        #expect(regularFiles(in: vault.directory).contains(vault.vault.path))
         #expect(events.events.contains { $0.fingerprint == TokenFingerprint.of(SecretBytes(utf8: canaryRefresh)) })
     }
 }

@@ -5,6 +5,7 @@ import FoundationNetworking
 import Glibc
 import Lockbox
 import LockboxAuth
+import LockboxTestSupport
 import Synchronization
 import Testing
 
@@ -112,45 +113,18 @@ struct TestServer: Sendable {
     }
 }
 
-/// A fresh private directory per test, removed afterwards.
-final class TemporaryDirectory: Sendable {
-    let path: String
-
-    init() {
-        var template = Array("/tmp/lockbox-auth-test.XXXXXX".utf8CString)
-        let created = template.withUnsafeMutableBufferPointer { mkdtemp($0.baseAddress!) }
-        precondition(created != nil, "mkdtemp failed")
-        path = String(cString: template.withUnsafeBufferPointer { $0.baseAddress! })
-        chmod(path, 0o700)
-    }
-
-    deinit {
-        try? FileManager.default.removeItem(atPath: path)
-    }
-
-    /// Every regular file below the directory.
-    func files() -> [String] {
-        guard let enumerator = FileManager.default.enumerator(atPath: path) else { return [] }
-        return enumerator.compactMap { $0 as? String }.map { path + "/" + $0 }.filter { file in
-            var isDirectory: ObjCBool = false
-            return FileManager.default.fileExists(atPath: file, isDirectory: &isDirectory) && !isDirectory.boolValue
-        }
-    }
-}
-
-/// The real vault, in a fresh directory, with fast key derivation.
+/// The real vault, in a fresh private directory, with fast key derivation; its keys are
+/// forgotten when the test ends.
 struct TestVault {
-    let directory = TemporaryDirectory()
-    let vault: Vault
+    let fixture: VaultFixture
 
     init() throws {
-        var configuration = Vault.Configuration()
-        configuration.keyDerivation = .interactive
-        vault = try Vault.create(
-            at: directory.path + "/vault.lockbox", passphrase: TestVault.passphrase, configuration: configuration)
+        fixture = try VaultFixture()
     }
 
-    static let passphrase = SecretBytes(utf8: "correct horse battery staple")
+    var vault: Vault { fixture.vault }
+    var directory: TemporaryDirectory { fixture.directory }
+    static let passphrase = SecretBytes(utf8: VaultFixture.passphraseText)
 
     var lockDirectory: String { vault.path + ".oauth-locks" }
 
@@ -187,17 +161,7 @@ final class EventRecorder: Sendable {
 
 /// Runs the helper executable built next to the test bundle.
 struct Worker {
-    static var executable: String {
-        let bundle = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
-        var directory = bundle.deletingLastPathComponent()
-        // The test binary may sit inside an .xctest bundle directory.
-        while !FileManager.default.isExecutableFile(atPath: directory.appendingPathComponent("lockbox-auth-worker").path),
-            directory.path != "/"
-        {
-            directory.deleteLastPathComponent()
-        }
-        return directory.appendingPathComponent("lockbox-auth-worker").path
-    }
+    static var executable: String { builtProduct("lockbox-auth-worker") }
 
     static func launch(vault: TestVault, server: TestServer, _ arguments: [String]) throws -> Process {
         let path = executable
@@ -257,4 +221,13 @@ let forceRefresh = Duration.seconds(86_400 * 365)
 func isSignedIn(_ state: CredentialsState) -> Bool {
     if case .signedIn = state { return true }
     return false
+}
+
+/// Every regular file below `directory`.
+func regularFiles(in directory: TemporaryDirectory) -> [String] {
+    guard let enumerator = FileManager.default.enumerator(atPath: directory.path) else { return [] }
+    return enumerator.compactMap { $0 as? String }.map { directory.file($0) }.filter { file in
+        var isDirectory: ObjCBool = false
+        return FileManager.default.fileExists(atPath: file, isDirectory: &isDirectory) && !isDirectory.boolValue
+    }
 }
