@@ -213,12 +213,10 @@ public actor CredentialsManager {
             task = Task { try await self.refreshUnderLock() }
             refreshTask = task
         }
-        do {
-            return try await task.value
-        } catch let error as AuthError {
-            throw error
-        } catch {
-            throw .cancelled
+        switch await SharedResult.wait(for: task) {
+        case .success(let credentials): return credentials
+        case .failure(let error as AuthError): throw error
+        case .failure: throw .cancelled
         }
     }
 

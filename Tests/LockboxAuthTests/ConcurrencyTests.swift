@@ -34,7 +34,7 @@ extension LifecycleTests {
         #expect(after["api_get"]! - before["api_get"]! == 100)
     }
 
-    @Test func cancelledWaiter_duringSharedRefresh_doesNotCancelItForOthers() async throws {
+    @Test func cancelledWaiter_duringSharedRefresh_leavesAtOnceWithoutCancellingIt() async throws {
         let server = try await TestServer.running()
         let vault = try TestVault()
         let manager = vault.manager(try await server.configuration())
@@ -45,9 +45,16 @@ extension LifecycleTests {
         let cancelled = Task { try await manager.credentials(minTTL: forceRefresh) }
         try await Task.sleep(for: .milliseconds(100))
         let waiter = Task { try await manager.credentials(minTTL: forceRefresh) }
+        let clock = ContinuousClock()
+        let cancelledAt = clock.now
         cancelled.cancel()
+        // The cancelled caller leaves at once; the refresh goes on for the other one.
+        let cancelledResult = await cancelled.result
+        let cancelledAfter = cancelledAt.duration(to: clock.now)
         let credentials = try await waiter.value
-        _ = await cancelled.result
+
+        #expect(throws: AuthError.cancelled) { try cancelledResult.get() }
+        #expect(cancelledAfter < .milliseconds(300))
 
         let after = try await server.counters()
         #expect(after["refresh_requests"]! - before["refresh_requests"]! == 1)
