@@ -132,8 +132,8 @@ public actor CredentialsManager {
 
     /// A valid access token, refreshed when it expires within `minTTL`.
     ///
-    /// Concurrent callers share one refresh; a caller that is cancelled while waiting does not
-    /// cancel it for the others.
+    /// Concurrent callers share one refresh; a caller that is cancelled while waiting leaves at
+    /// once with ``AuthError/cancelled`` and does not cancel the refresh for the others.
     /// - Throws: ``AuthError/signedOut(_:)`` when the grant is gone; ``AuthError/storeLocked``,
     ///   ``AuthError/network(_:)`` or ``AuthError/server(status:error:retryAfter:)`` when the
     ///   session is kept and a later call may succeed.
