@@ -81,7 +81,8 @@ enum TokenEndpoint {
 
     /// Keeps error codes to the RFC's character set, so a hostile server cannot smuggle text.
     static func sanitize(_ code: String) -> String {
-        String(code.unicodeScalars.filter { $0.isASCII && ($0.properties.isAlphabetic || $0 == "_" || $0 == "-" || ("0"..."9").contains($0)) }.prefix(64).map(Character.init))
+        let allowed = Set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
+        return String(code.filter { allowed.contains($0) }.prefix(64))
     }
 
     private static func httpDate(_ text: String) -> Date? {

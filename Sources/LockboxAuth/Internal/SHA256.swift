@@ -1,3 +1,6 @@
+import struct Foundation.Data
+import LockboxCore
+
 /// SHA-256 (FIPS 180-4), for PKCE challenges and token fingerprints. Linux has no CryptoKit,
 /// and this module imports no C library; the digest is small enough to carry here.
 struct SHA256 {
@@ -87,4 +90,3 @@ extension Array where Element == UInt8 {
     }
 }
 
-import struct Foundation.Data
