@@ -81,6 +81,10 @@ final class KeyCache {
     private var afterFirstUnlock: AfterFirstUnlockKeys?
     private var whileUnlockedClassKeys: [Accessibility: SecretBytes] = [:]
     private var indexKeys: [ItemClass: SecretBytes] = [:]
+    /// Keys already checked against the kernel keyring during the current operation: one
+    /// system call per key and operation is enough.
+    private var masterCheckedThisOperation = false
+    private var afterFirstUnlockCheckedThisOperation = false
 
     init(vaultID: [UInt8], mode: UnlockCache) {
         self.mode = mode
@@ -99,6 +103,12 @@ final class KeyCache {
             "The kernel keyring is not available here (\(reason)). Unlocked keys cannot be shared between "
                 + "processes; open the vault with `unlockCache: .processMemory` (LOCKBOX_UNLOCK_CACHE=process) "
                 + "to keep them in this process only.")
+    }
+
+    /// Starts an operation: the next use of each key checks the kernel keyring again.
+    func beginOperation() {
+        masterCheckedThisOperation = false
+        afterFirstUnlockCheckedThisOperation = false
     }
 
     // MARK: Unlock and lock
@@ -178,8 +188,11 @@ final class KeyCache {
             }
             return master
         case .kernelKeyring:
-            if let serial = masterSerial, master != nil, KernelKeyring.isValid(serial) {
-                refreshIdleTimeout(serial)
+            if let serial = masterSerial, master != nil,
+                masterCheckedThisOperation || KernelKeyring.isValid(serial)
+            {
+                if !masterCheckedThisOperation { refreshIdleTimeout(serial) }
+                masterCheckedThisOperation = true
                 return master
             }
             dropWhileUnlocked()
@@ -209,7 +222,10 @@ final class KeyCache {
         case .processMemory:
             return afterFirstUnlock
         case .kernelKeyring:
-            if let serial = afterFirstUnlockSerial, let keys = afterFirstUnlock, KernelKeyring.isValid(serial) {
+            if let serial = afterFirstUnlockSerial, let keys = afterFirstUnlock,
+                afterFirstUnlockCheckedThisOperation || KernelKeyring.isValid(serial)
+            {
+                afterFirstUnlockCheckedThisOperation = true
                 return keys
             }
             afterFirstUnlock = nil

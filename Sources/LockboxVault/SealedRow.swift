@@ -27,10 +27,8 @@ struct SealedRow {
         case data = "data"
     }
 
-    static func associatedData(
-        vaultID: [UInt8], id: [UInt8], itemClass: ItemClass, accessibility: Accessibility,
-        accessGroup: String, synchronizable: Bool, purpose: Purpose
-    ) -> [UInt8] {
+    /// The associated data shared by the row's three blobs; each appends its purpose.
+    func associatedDataPrefix(vaultID: [UInt8]) -> FieldEncoder {
         var encoder = FieldEncoder()
         encoder.string("lockbox.item")
         encoder.integer(VaultSchema.current)
@@ -40,14 +38,13 @@ struct SealedRow {
         encoder.string(accessibility.rawValue)
         encoder.string(accessGroup)
         encoder.integer(synchronizable ? 1 : 0)
-        encoder.string(purpose.rawValue)
-        return encoder.bytes
+        return encoder
     }
 
-    func associatedData(vaultID: [UInt8], _ purpose: Purpose) -> [UInt8] {
-        Self.associatedData(
-            vaultID: vaultID, id: id, itemClass: itemClass, accessibility: accessibility,
-            accessGroup: accessGroup, synchronizable: synchronizable, purpose: purpose)
+    func associatedData(prefix: FieldEncoder, _ purpose: Purpose) -> [UInt8] {
+        var encoder = prefix
+        encoder.string(purpose.rawValue)
+        return encoder.bytes
     }
 
     /// Seals an item under a fresh item key. `attributes` must carry the resolved access
@@ -65,21 +62,22 @@ struct SealedRow {
             nameDigest: PrimaryKey.encodeName(itemClass, attributes).map { Crypto.keyedDigest($0, key: indexKey) },
             wrappedKey: [], metadata: [], secret: [])
         let itemKey = Crypto.generateKey()
-        row.wrappedKey = Crypto.seal(itemKey, key: classKey, associatedData: row.associatedData(vaultID: vaultID, .itemKey))
-        row.metadata = Crypto.seal(attributes.encoded(), key: itemKey, associatedData: row.associatedData(vaultID: vaultID, .metadata))
-        row.secret = Crypto.seal(data, key: itemKey, associatedData: row.associatedData(vaultID: vaultID, .data))
+        let prefix = row.associatedDataPrefix(vaultID: vaultID)
+        row.wrappedKey = Crypto.seal(itemKey, key: classKey, associatedData: row.associatedData(prefix: prefix, .itemKey))
+        row.metadata = Crypto.seal(attributes.encoded(), key: itemKey, associatedData: row.associatedData(prefix: prefix, .metadata))
+        row.secret = Crypto.seal(data, key: itemKey, associatedData: row.associatedData(prefix: prefix, .data))
         return row
     }
 
-    func openItemKey(classKey: SecretBytes, vaultID: [UInt8]) throws(LockboxError) -> SecretBytes {
-        guard let key = try? Crypto.open(wrappedKey, key: classKey, associatedData: associatedData(vaultID: vaultID, .itemKey)),
+    func openItemKey(classKey: SecretBytes, prefix: FieldEncoder) throws(LockboxError) -> SecretBytes {
+        guard let key = try? Crypto.open(wrappedKey, key: classKey, associatedData: associatedData(prefix: prefix, .itemKey)),
             key.count == Crypto.keyByteCount
         else { throw LockboxError.integrity() }
         return key
     }
 
-    func openAttributes(itemKey: SecretBytes, vaultID: [UInt8]) throws(LockboxError) -> ItemAttributes {
-        guard let bytes = try? Crypto.openBytes(metadata, key: itemKey, associatedData: associatedData(vaultID: vaultID, .metadata)),
+    func openAttributes(itemKey: SecretBytes, prefix: FieldEncoder) throws(LockboxError) -> ItemAttributes {
+        guard let bytes = try? Crypto.openBytes(metadata, key: itemKey, associatedData: associatedData(prefix: prefix, .metadata)),
             var attributes = try? ItemAttributes(decoding: bytes)
         else { throw LockboxError.integrity() }
         // The plain columns were authenticated as associated data; they are the truth.
@@ -89,8 +87,8 @@ struct SealedRow {
         return attributes
     }
 
-    func openData(itemKey: SecretBytes, vaultID: [UInt8]) throws(LockboxError) -> SecretBytes {
-        guard let data = try? Crypto.open(secret, key: itemKey, associatedData: associatedData(vaultID: vaultID, .data)) else {
+    func openData(itemKey: SecretBytes, prefix: FieldEncoder) throws(LockboxError) -> SecretBytes {
+        guard let data = try? Crypto.open(secret, key: itemKey, associatedData: associatedData(prefix: prefix, .data)) else {
             throw LockboxError.integrity()
         }
         return data

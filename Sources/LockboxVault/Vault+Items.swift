@@ -7,30 +7,48 @@ extension Vault {
     // MARK: ItemStore
 
     public func add(_ item: Item) throws(LockboxError) {
-        var attributes = item.attributes
-        attributes.accessGroup = try resolvedGroupForWriting(attributes.accessGroup)
-        attributes.accessibility = attributes.accessibility ?? .default
-        attributes.synchronizable = attributes.synchronizable ?? false
-        let now = Date()
-        attributes.creationDate = now
-        attributes.modificationDate = now
-        let data = item.data ?? .empty
-        try checkSizes(data: data, attributes: attributes)
+        try add(contentsOf: [item])
+    }
 
+    /// Adds several items in one transaction: all of them or, on any error, none.
+    public func add(contentsOf items: [Item]) throws(LockboxError) {
+        var prepared: [(ItemClass, ItemAttributes, SecretBytes)] = []
+        prepared.reserveCapacity(items.count)
+        let now = Date()
+        for item in items {
+            var attributes = item.attributes
+            attributes.accessGroup = try resolvedGroupForWriting(attributes.accessGroup)
+            attributes.accessibility = attributes.accessibility ?? .default
+            attributes.synchronizable = attributes.synchronizable ?? false
+            attributes.creationDate = now
+            attributes.modificationDate = now
+            let data = item.data ?? .empty
+            try checkSizes(data: data, attributes: attributes)
+            prepared.append((item.itemClass, attributes, data))
+        }
         try withState { state throws(LockboxError) in
-            let keys = try keysForWriting(item.itemClass, attributes.accessibility!, state: state)
-            let row = SealedRow.seal(
-                id: Crypto.randomBytes(16), itemClass: item.itemClass, attributes: attributes, data: data,
-                classKey: keys.classKey, indexKey: keys.indexKey, vaultID: state.header.vaultID)
+            var rows: [SealedRow] = []
+            rows.reserveCapacity(prepared.count)
+            for (itemClass, attributes, data) in prepared {
+                let keys = try keysForWriting(itemClass, attributes.accessibility!, state: state)
+                rows.append(
+                    SealedRow.seal(
+                        id: Crypto.randomBytes(16), itemClass: itemClass, attributes: attributes, data: data,
+                        classKey: keys.classKey, indexKey: keys.indexKey, vaultID: state.header.vaultID))
+            }
             try state.database.writeTransaction { () throws(LockboxError) in
-                try insert(row, into: state.database, itemClass: item.itemClass)
+                for row in rows {
+                    try insert(row, into: state.database, itemClass: row.itemClass)
+                }
             }
         }
     }
 
     public func items(matching query: Query) throws(LockboxError) -> [Item] {
         try withState { state throws(LockboxError) in
-            let plan = try plan(for: query, state: state)
+            let plan = try plan(
+                for: query, readingMetadata: query.returning.contains(.attributes),
+                readingData: query.returning.contains(.data), state: state)
             let rows = try candidates(plan, state: state)
             var results: [Item] = []
             var lockedCandidate = false
@@ -39,16 +57,17 @@ extension Vault {
                     lockedCandidate = true
                     continue
                 }
-                let itemKey = try row.openItemKey(classKey: classKey, vaultID: state.header.vaultID)
+                let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
+                let itemKey = try row.openItemKey(classKey: classKey, prefix: prefix)
                 var attributes: ItemAttributes?
-                if plan.needsMetadata || query.returning.contains(.attributes) {
-                    let opened = try row.openAttributes(itemKey: itemKey, vaultID: state.header.vaultID)
+                if plan.readsMetadata {
+                    let opened = try row.openAttributes(itemKey: itemKey, prefix: prefix)
                     guard opened.matches(plan.residual) else { continue }
                     attributes = opened
                 }
                 var item = Item(query.itemClass, attributes: query.returning.contains(.attributes) ? attributes! : ItemAttributes())
                 if query.returning.contains(.data) {
-                    item.data = try row.openData(itemKey: itemKey, vaultID: state.header.vaultID)
+                    item.data = try row.openData(itemKey: itemKey, prefix: prefix)
                 }
                 item.persistentReference = Data(row.id)
                 results.append(item)
@@ -71,7 +90,7 @@ extension Vault {
             try state.database.writeTransaction { () throws(LockboxError) in
                 var query = query
                 query.limit = .all
-                let plan = try plan(for: query, state: state)
+                let plan = try plan(for: query, readingMetadata: true, readingData: true, state: state)
                 let rows = try candidates(plan, state: state)
                 var matched = 0
                 var lockedCandidate = false
@@ -81,14 +100,15 @@ extension Vault {
                         lockedCandidate = true
                         continue
                     }
-                    let itemKey = try row.openItemKey(classKey: classKey, vaultID: vaultID)
-                    var attributes = try row.openAttributes(itemKey: itemKey, vaultID: vaultID)
+                    let prefix = row.associatedDataPrefix(vaultID: vaultID)
+                    let itemKey = try row.openItemKey(classKey: classKey, prefix: prefix)
+                    var attributes = try row.openAttributes(itemKey: itemKey, prefix: prefix)
                     guard attributes.matches(plan.residual) else { continue }
                     let data: SecretBytes
                     if let replacement = update.data {
                         data = replacement
                     } else {
-                        data = try row.openData(itemKey: itemKey, vaultID: vaultID)
+                        data = try row.openData(itemKey: itemKey, prefix: prefix)
                     }
                     attributes.apply(update.attributes)
                     attributes.creationDate = attributes.creationDate ?? Date()
@@ -114,7 +134,7 @@ extension Vault {
             try state.database.writeTransaction { () throws(LockboxError) in
                 var query = query
                 query.limit = .all
-                let plan = try plan(for: query, state: state)
+                let plan = try plan(for: query, readingMetadata: false, readingData: false, state: state)
                 let rows = try candidates(plan, state: state)
                 var doomed: [Int] = []
                 var lockedCandidate = false
@@ -126,8 +146,9 @@ extension Vault {
                             lockedCandidate = true
                             continue
                         }
-                        let itemKey = try row.openItemKey(classKey: classKey, vaultID: state.header.vaultID)
-                        let attributes = try row.openAttributes(itemKey: itemKey, vaultID: state.header.vaultID)
+                        let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
+                        let itemKey = try row.openItemKey(classKey: classKey, prefix: prefix)
+                        let attributes = try row.openAttributes(itemKey: itemKey, prefix: prefix)
                         guard attributes.matches(plan.residual) else { continue }
                     }
                     doomed.append(row.rowID)
@@ -154,79 +175,128 @@ extension Vault {
         var arguments: [Argument]
         /// Attributes still to compare after decryption.
         var residual: ItemAttributes
+        /// True when `residual` is not empty: candidates must be decrypted to match.
         var needsMetadata: Bool
+        /// True when the metadata column is read (to match or to return attributes).
+        var readsMetadata: Bool
         var itemClass: ItemClass
+        var shape: PlanShape
 
         enum Argument {
             case text(String)
             case blob([UInt8])
-            case integer(Int)
         }
     }
 
-    func plan(for query: Query, state: State) throws(LockboxError) -> QueryPlan {
-        var conditions = ["item_class = ?"]
+    /// The parts of a plan's SQL, as bits: the SQL text depends on nothing else, so it is
+    /// built once per shape and cached.
+    struct PlanShape: OptionSet, Hashable {
+        let rawValue: Int
+        static let persistentReference = PlanShape(rawValue: 1 << 0)
+        static let lookupDigest = PlanShape(rawValue: 1 << 1)
+        static let nameDigest = PlanShape(rawValue: 1 << 2)
+        static let groupEquals = PlanShape(rawValue: 1 << 3)
+        static let groupIn = PlanShape(rawValue: 1 << 4)
+        static let accessibility = PlanShape(rawValue: 1 << 5)
+        static let onlyNotSynchronizable = PlanShape(rawValue: 1 << 6)
+        static let onlySynchronizable = PlanShape(rawValue: 1 << 7)
+        static let metadataColumn = PlanShape(rawValue: 1 << 8)
+        static let secretColumn = PlanShape(rawValue: 1 << 9)
+        static let nothing = PlanShape(rawValue: 1 << 10)
+    }
+
+    func plan(for query: Query, readingMetadata: Bool, readingData: Bool, state: State) throws(LockboxError) -> QueryPlan {
+        var shape: PlanShape = []
         var arguments: [QueryPlan.Argument] = [.text(query.itemClass.rawValue)]
         var residual = query.attributes
         residual.synchronizable = nil
 
         if let reference = query.persistentReference {
-            conditions.append("id = ?")
+            shape.insert(.persistentReference)
             arguments.append(.blob(Array(reference)))
         }
-        let hasDigestCondition = PrimaryKey.isComplete(query.itemClass, residual) || PrimaryKey.encodeName(query.itemClass, residual) != nil
-        if hasDigestCondition {
+        if PrimaryKey.isComplete(query.itemClass, residual) {
             guard let indexKey = try state.keys.indexKey(for: query.itemClass) else { throw lockedError() }
-            if PrimaryKey.isComplete(query.itemClass, residual) {
-                conditions.append("lookup_digest = ?")
-                arguments.append(.blob(Crypto.keyedDigest(PrimaryKey.encode(query.itemClass, residual, includingGroup: false), key: indexKey)))
-                residual.clearPrimaryKey(of: query.itemClass)
-            } else if let name = PrimaryKey.encodeName(query.itemClass, residual) {
-                conditions.append("name_digest = ?")
-                arguments.append(.blob(Crypto.keyedDigest(name, key: indexKey)))
-                residual.clearName(of: query.itemClass)
-            }
+            shape.insert(.lookupDigest)
+            arguments.append(.blob(Crypto.keyedDigest(PrimaryKey.encode(query.itemClass, residual, includingGroup: false), key: indexKey)))
+            residual.clearPrimaryKey(of: query.itemClass)
+        } else if let name = PrimaryKey.encodeName(query.itemClass, residual) {
+            guard let indexKey = try state.keys.indexKey(for: query.itemClass) else { throw lockedError() }
+            shape.insert(.nameDigest)
+            arguments.append(.blob(Crypto.keyedDigest(name, key: indexKey)))
+            residual.clearName(of: query.itemClass)
         }
         if let group = residual.accessGroup {
-            guard isVisible(group) else {
+            if isVisible(group) {
+                shape.insert(.groupEquals)
+                arguments.append(.text(group))
+            } else {
                 // Another group's items behave exactly as absent ones.
-                conditions.append("0")
-                return QueryPlan(sql: Self.select(conditions), arguments: arguments, residual: residual, needsMetadata: false, itemClass: query.itemClass)
+                shape.insert(.nothing)
             }
-            conditions.append("access_group = ?")
-            arguments.append(.text(group))
             residual.accessGroup = nil
         } else if let groups = configuration.accessGroups {
-            conditions.append("access_group IN (\(groups.map { _ in "?" }.joined(separator: ", ")))")
+            shape.insert(.groupIn)
             arguments.append(contentsOf: groups.map { .text($0) })
         }
         if let accessibility = residual.accessibility {
-            conditions.append("accessibility = ?")
+            shape.insert(.accessibility)
             arguments.append(.text(accessibility.rawValue))
             residual.accessibility = nil
         }
         switch query.synchronizable {
-        case .no: conditions.append("synchronizable = 0")
-        case .yes: conditions.append("synchronizable = 1")
+        case .no: shape.insert(.onlyNotSynchronizable)
+        case .yes: shape.insert(.onlySynchronizable)
         case .any: break
         }
         let needsMetadata = residual != ItemAttributes()
-        return QueryPlan(sql: Self.select(conditions), arguments: arguments, residual: residual, needsMetadata: needsMetadata, itemClass: query.itemClass)
+        if needsMetadata || readingMetadata { shape.insert(.metadataColumn) }
+        if readingData { shape.insert(.secretColumn) }
+        let sql: String
+        if let cached = state.sqlByShape[shape] {
+            sql = cached
+        } else {
+            sql = Self.select(shape, groupCount: configuration.accessGroups?.count ?? 0)
+            state.sqlByShape[shape] = sql
+        }
+        return QueryPlan(
+            sql: sql, arguments: arguments, residual: residual, needsMetadata: needsMetadata,
+            readsMetadata: shape.contains(.metadataColumn), itemClass: query.itemClass, shape: shape)
     }
 
-    private static func select(_ conditions: [String]) -> String {
-        "SELECT rowid, id, accessibility, access_group, synchronizable, wrapped_key, metadata, secret FROM items WHERE "
+    private static func select(_ shape: PlanShape, groupCount: Int) -> String {
+        var conditions = ["item_class = ?"]
+        if shape.contains(.persistentReference) { conditions.append("id = ?") }
+        if shape.contains(.lookupDigest) { conditions.append("lookup_digest = ?") }
+        if shape.contains(.nameDigest) { conditions.append("name_digest = ?") }
+        if shape.contains(.groupEquals) { conditions.append("access_group = ?") }
+        if shape.contains(.groupIn) {
+            conditions.append("access_group IN (" + Array(repeating: "?", count: groupCount).joined(separator: ", ") + ")")
+        }
+        if shape.contains(.accessibility) { conditions.append("accessibility = ?") }
+        if shape.contains(.onlyNotSynchronizable) { conditions.append("synchronizable = 0") }
+        if shape.contains(.onlySynchronizable) { conditions.append("synchronizable = 1") }
+        if shape.contains(.nothing) { conditions.append("0") }
+        let metadata = shape.contains(.metadataColumn) ? "metadata" : "NULL"
+        let secret = shape.contains(.secretColumn) ? "secret" : "NULL"
+        return "SELECT rowid, id, accessibility, access_group, synchronizable, wrapped_key, \(metadata), \(secret) FROM items WHERE "
             + conditions.joined(separator: " AND ") + " ORDER BY rowid"
     }
 
     func candidates(_ plan: QueryPlan, state: State) throws(LockboxError) -> [SealedRow] {
-        let statement = try state.database.statement(plan.sql)
+        // Statements are reset at the end of every operation, so a cached one is ready.
+        let statement: Statement
+        if let cached = state.statementByShape[plan.shape] {
+            statement = cached
+        } else {
+            statement = try state.database.statement(plan.sql)
+            state.statementByShape[plan.shape] = statement
+        }
         for (offset, argument) in plan.arguments.enumerated() {
             let index = Int32(offset + 1)
             switch argument {
             case .text(let value): statement.bind(index, value)
             case .blob(let value): statement.bind(index, value)
-            case .integer(let value): statement.bind(index, value)
             }
         }
         var rows: [SealedRow] = []
@@ -234,7 +304,7 @@ extension Vault {
             guard let rowID = statement.integer(0), let id = statement.blob(1),
                 let accessibilityName = statement.text(2), let accessibility = Accessibility(rawValue: accessibilityName),
                 let group = statement.text(3), let synchronizable = statement.integer(4),
-                let wrappedKey = statement.blob(5), let metadata = statement.blob(6), let secret = statement.blob(7)
+                let wrappedKey = statement.blob(5)
             else {
                 throw LockboxError.integrity()
             }
@@ -243,7 +313,7 @@ extension Vault {
                     rowID: rowID, id: id, itemClass: plan.itemClass,
                     accessibility: accessibility, accessGroup: group, synchronizable: synchronizable != 0,
                     primaryDigest: [], lookupDigest: [], nameDigest: nil,
-                    wrappedKey: wrappedKey, metadata: metadata, secret: secret))
+                    wrappedKey: wrappedKey, metadata: statement.blob(6) ?? [], secret: statement.blob(7) ?? []))
         }
         return rows
     }

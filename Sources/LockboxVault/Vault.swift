@@ -70,6 +70,9 @@ public final class Vault: ItemStore, Sendable {
         let database: Database
         var header: VaultHeader
         let keys: KeyCache
+        /// SQL text per query shape (see `PlanShape`).
+        var sqlByShape: [PlanShape: String] = [:]
+        var statementByShape: [PlanShape: Statement] = [:]
 
         init(database: Database, header: VaultHeader, keys: KeyCache) {
             self.database = database
@@ -264,6 +267,7 @@ public final class Vault: ItemStore, Sendable {
     /// snapshot outlives the operation (a stale snapshot would hide other processes' writes).
     func withState<T>(_ body: (State) throws(LockboxError) -> sending T) throws(LockboxError) -> sending T {
         try state.withLock { state throws(LockboxError) -> sending T in
+            state.keys.beginOperation()
             defer { state.database.resetStatements() }
             return try body(state)
         }
@@ -271,6 +275,7 @@ public final class Vault: ItemStore, Sendable {
 
     func withState<T>(_ body: (State) -> sending T) -> sending T {
         state.withLock { state -> sending T in
+            state.keys.beginOperation()
             defer { state.database.resetStatements() }
             return body(state)
         }
