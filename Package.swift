@@ -52,6 +52,9 @@ let package = Package(
             dependencies: ["Lockbox", "VaultCrypto", "VaultStorage"],
             swiftSettings: strict),
         .executableTarget(name: "LockboxStress", dependencies: ["Lockbox"], swiftSettings: strict),
+        .executableTarget(
+            name: "lockbox-auth-worker", dependencies: ["LockboxAuth", "Lockbox"], path: "Sources/LockboxAuthWorker",
+            swiftSettings: strict),
 
         // Temporary directories, canaries and process helpers shared by the test targets.
         .target(name: "LockboxTestSupport", dependencies: ["Lockbox"], path: "Tests/LockboxTestSupport", swiftSettings: strict),
@@ -67,7 +70,7 @@ let package = Package(
             name: "SecretServiceTests",
             dependencies: ["SecretService", "CredentialHelpers", "Lockbox"],
             swiftSettings: strict),
-        .testTarget(name: "LockboxAuthTests", dependencies: ["LockboxAuth", "Lockbox"], swiftSettings: strict),
+        .testTarget(name: "LockboxAuthTests", dependencies: ["LockboxAuth", "Lockbox", "LockboxTestSupport"], swiftSettings: strict),
         .testTarget(
             name: "LockboxCLITests",
             dependencies: ["LockboxCLI", "Lockbox", "LockboxTestSupport"],

@@ -1,0 +1,100 @@
+import Foundation
+import LockboxCore
+
+/// Something the credential lifecycle did, for logs and metrics. Carries a reason code and a
+/// token fingerprint (``TokenFingerprint``), never a token.
+public struct AuthEvent: Sendable, Hashable, CustomStringConvertible {
+    public enum Kind: String, Sendable, Hashable {
+        case signedIn = "signed_in"
+        case refreshStarted = "refresh_started"
+        case refreshSucceeded = "refresh_succeeded"
+        case refreshFailed = "refresh_failed"
+        /// Another process rotated the refresh token; this one used the new token.
+        case refreshTokenChangedElsewhere = "refresh_token_changed_elsewhere"
+        case rotationPersisted = "rotation_persisted"
+        /// Persisting the rotated token failed: the session continues in memory only.
+        case rotationNotPersisted = "rotation_not_persisted"
+        case signedOut = "signed_out"
+        case logout
+        case revocationSucceeded = "revocation_succeeded"
+        case revocationQueued = "revocation_queued"
+        case revocationDropped = "revocation_dropped"
+        case requestRetried = "request_retried"
+        case requestNotRetried = "request_not_retried"
+    }
+
+    public let kind: Kind
+    /// A short machine-readable reason (`invalid_grant`, `network`, `http_503`, `rotated`, ...).
+    public let reason: String
+    /// The fingerprint of the token concerned, when there is one.
+    public let fingerprint: String?
+    /// The account, as ``CredentialKey/description`` prints it.
+    public let account: String
+    public let date: Date
+
+    public init(kind: Kind, reason: String, fingerprint: String?, account: String, date: Date = Date()) {
+        self.kind = kind
+        self.reason = reason
+        self.fingerprint = fingerprint
+        self.account = account
+        self.date = date
+    }
+
+    /// One log line: `refresh_failed reason=http_503 token=3fa91c07 account=...`.
+    public var description: String {
+        "\(kind.rawValue) reason=\(reason) token=\(fingerprint ?? "-") account=\(account)"
+    }
+}
+
+/// What a session is doing, for a UI or a status line.
+public enum CredentialsState: Sendable, Hashable, CustomStringConvertible {
+    /// Credentials are stored; `accessTokenExpiresAt` is set once an access token is in memory.
+    case signedIn(accessTokenExpiresAt: Date?)
+    /// A refresh is in flight.
+    case refreshing
+    /// No session, and why.
+    case signedOut(SignOutReason)
+    /// The store is locked, so whether a session exists is unknown; nothing was cleared.
+    case storeLocked
+
+    public var description: String {
+        switch self {
+        case .signedIn(let expiry): "signed in" + (expiry.map { ", access token until \($0)" } ?? "")
+        case .refreshing: "refreshing"
+        case .signedOut(let reason): "signed out (\(reason.rawValue))"
+        case .storeLocked: "keychain locked"
+        }
+    }
+}
+
+/// The access token and what came with it. Prints `<redacted>` for the token.
+public struct Credentials: Sendable, CustomStringConvertible {
+    public let accessToken: SecretBytes
+    public let tokenType: String
+    public let expiresAt: Date?
+    public let scope: [String]
+
+    public var fingerprint: String { TokenFingerprint.of(accessToken) }
+
+    /// True when the token stays valid for at least `minTTL` after `now`.
+    public func isValid(for minTTL: Duration, at now: Date) -> Bool {
+        guard let expiresAt else { return true }
+        let seconds = Double(minTTL.components.seconds) + Double(minTTL.components.attoseconds) / 1e18
+        return expiresAt.timeIntervalSince(now) > seconds
+    }
+
+    /// `Bearer <token>`, for an `Authorization` header.
+    var authorizationHeaderValue: String { "Bearer " + accessToken.temporaryString }
+
+    public var description: String {
+        "Credentials(accessToken: <redacted>, fingerprint: \(fingerprint), expiresAt: \(expiresAt.map { "\($0)" } ?? "-"))"
+    }
+}
+
+/// Passed to the post-rotation hook, after the new refresh token is stored.
+public struct Rotation: Sendable {
+    public let previousFingerprint: String
+    public let newFingerprint: String
+    /// False when persisting failed and the session continues in memory only.
+    public let persisted: Bool
+}

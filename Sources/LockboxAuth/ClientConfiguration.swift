@@ -1,0 +1,114 @@
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+
+/// Who the client is and where the authorization server's endpoints are. Nothing here is
+/// secret: public clients (CLIs, desktop apps) have no client secret.
+public struct ClientConfiguration: Sendable, Hashable, Codable {
+    /// The issuer identifier (RFC 8414), e.g. `https://auth.example.com`.
+    public var issuer: URL
+    public var clientID: String
+    public var tokenEndpoint: URL
+    public var revocationEndpoint: URL?
+    public var deviceAuthorizationEndpoint: URL?
+    public var authorizationEndpoint: URL?
+    /// The scopes to ask for at sign-in.
+    public var scope: [String]
+
+    public init(
+        issuer: URL, clientID: String, tokenEndpoint: URL, revocationEndpoint: URL? = nil,
+        deviceAuthorizationEndpoint: URL? = nil, authorizationEndpoint: URL? = nil, scope: [String] = []
+    ) {
+        self.issuer = issuer
+        self.clientID = clientID
+        self.tokenEndpoint = tokenEndpoint
+        self.revocationEndpoint = revocationEndpoint
+        self.deviceAuthorizationEndpoint = deviceAuthorizationEndpoint
+        self.authorizationEndpoint = authorizationEndpoint
+        self.scope = scope
+    }
+
+    /// A configuration from discovered metadata.
+    public init(metadata: AuthorizationServerMetadata, clientID: String, scope: [String] = []) {
+        self.init(
+            issuer: metadata.issuer, clientID: clientID, tokenEndpoint: metadata.tokenEndpoint,
+            revocationEndpoint: metadata.revocationEndpoint,
+            deviceAuthorizationEndpoint: metadata.deviceAuthorizationEndpoint,
+            authorizationEndpoint: metadata.authorizationEndpoint, scope: scope)
+    }
+
+    /// Discovers the server's endpoints (RFC 8414) and builds a configuration.
+    ///
+    /// ```swift
+    /// let configuration = try await ClientConfiguration.discover(
+    ///     issuer: URL(string: "https://auth.example.com")!, clientID: "my-cli", scope: ["api"])
+    /// ```
+    public static func discover(
+        issuer: URL, clientID: String, scope: [String] = [], transport: any HTTPTransport = URLSessionTransport()
+    ) async throws(AuthError) -> ClientConfiguration {
+        let metadata = try await AuthorizationServerMetadata.discover(issuer: issuer, transport: transport)
+        return ClientConfiguration(metadata: metadata, clientID: clientID, scope: scope)
+    }
+}
+
+/// Authorization server metadata (RFC 8414): the fields Lockbox uses.
+public struct AuthorizationServerMetadata: Sendable, Hashable {
+    public var issuer: URL
+    public var tokenEndpoint: URL
+    public var authorizationEndpoint: URL?
+    public var revocationEndpoint: URL?
+    public var deviceAuthorizationEndpoint: URL?
+    public var codeChallengeMethodsSupported: [String]
+    public var grantTypesSupported: [String]
+
+    /// Fetches `/.well-known/oauth-authorization-server` for `issuer` and checks that the
+    /// document names the same issuer (RFC 8414 section 3.3), so a mix-up cannot redirect
+    /// tokens to another server. Every endpoint must be HTTPS.
+    public static func discover(issuer: URL, transport: any HTTPTransport = URLSessionTransport()) async throws(AuthError) -> AuthorizationServerMetadata {
+        guard issuer.scheme == "https", var components = URLComponents(url: issuer, resolvingAgainstBaseURL: false) else {
+            throw .configuration("the issuer must be an https URL")
+        }
+        // RFC 8414 section 3.1: the well-known segment goes between the host and the issuer's path.
+        var path = components.path
+        if path.hasSuffix("/") { path.removeLast() }
+        components.path = "/.well-known/oauth-authorization-server" + path
+        components.query = nil
+        guard let url = components.url else { throw .configuration("the issuer URL is malformed") }
+        var request = URLRequest(url: url)
+        request.setValue("application/json", forHTTPHeaderField: "Accept")
+        let (data, response) = try await transport.exchange(request)
+        guard response.statusCode == 200 else {
+            throw .server(status: response.statusCode, error: nil, retryAfter: nil)
+        }
+        guard let object = (try? JSONSerialization.jsonObject(with: data)) as? [String: Any] else {
+            throw .invalidResponse("the discovery document is not a JSON object")
+        }
+        func endpoint(_ name: String) throws(AuthError) -> URL? {
+            guard let text = object[name] as? String else { return nil }
+            guard let url = URL(string: text), url.scheme == "https" else {
+                throw .invalidResponse("\(name) is not an https URL")
+            }
+            return url
+        }
+        guard let issued = object["issuer"] as? String, normalized(issued) == normalized(issuer.absoluteString),
+            let issuedURL = URL(string: issued)
+        else {
+            throw .invalidResponse("the discovery document names another issuer")
+        }
+        guard let token = try endpoint("token_endpoint") else {
+            throw .invalidResponse("the discovery document has no token_endpoint")
+        }
+        return AuthorizationServerMetadata(
+            issuer: issuedURL, tokenEndpoint: token,
+            authorizationEndpoint: try endpoint("authorization_endpoint"),
+            revocationEndpoint: try endpoint("revocation_endpoint"),
+            deviceAuthorizationEndpoint: try endpoint("device_authorization_endpoint"),
+            codeChallengeMethodsSupported: object["code_challenge_methods_supported"] as? [String] ?? [],
+            grantTypesSupported: object["grant_types_supported"] as? [String] ?? [])
+    }
+
+    private static func normalized(_ issuer: String) -> String {
+        issuer.hasSuffix("/") ? String(issuer.dropLast()) : issuer
+    }
+}

@@ -1,0 +1,432 @@
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+import LockboxCore
+
+/// One account's OAuth 2.0 session: hands out fresh access tokens, refreshes them once for
+/// all callers (in this process and across processes sharing the store), rotates refresh
+/// tokens safely, and signs out only when the server says the grant is gone.
+///
+/// ```swift
+/// let manager = CredentialsManager(
+///     configuration: configuration,
+///     tokenStore: ItemStoreTokenStore(store: vault, key: CredentialKey(configuration: configuration)),
+///     lockDirectory: vault.path + ".oauth-locks")
+/// let (data, response) = try await manager.send(URLRequest(url: apiURL))
+/// ```
+///
+/// The access token lives in this actor's memory only. Refresh tokens are read from the
+/// ``TokenStore`` under a cross-process lock right before each refresh, so a token another
+/// process rotated is never presented twice (which a strict server treats as theft).
+public actor CredentialsManager {
+    public nonisolated let configuration: ClientConfiguration
+    public nonisolated let key: CredentialKey
+    private let tokenStore: any TokenStore
+    private let transport: any HTTPTransport
+    private let lockFilePath: String?
+    private let outbox: RevocationOutbox?
+    private let now: @Sendable () -> Date
+    private let eventHandler: @Sendable (AuthEvent) -> Void
+
+    private var current: Credentials?
+    /// Set only when persisting a rotated token failed: the session goes on in memory.
+    private var memoryOnlyRefreshToken: SecretBytes?
+    private var lastRefreshTokenFingerprint: String?
+    /// Why this manager signed out, so later calls report the same reason.
+    private var signOutReason: SignOutReason?
+    private var refreshTask: Task<Credentials, any Error>?
+    private var rotationHook: (@Sendable (Rotation) async -> Void)?
+    private var observers: [UUID: AsyncStream<CredentialsState>.Continuation] = [:]
+
+    /// The session's state; see also ``states()``.
+    public private(set) var state: CredentialsState {
+        didSet {
+            guard state != oldValue else { return }
+            for observer in observers.values { observer.yield(state) }
+        }
+    }
+
+    /// True after persisting a rotated refresh token failed: the session works until this
+    /// process ends, and the app should tell the user that staying signed in is unavailable.
+    /// Lockbox never falls back to weaker storage.
+    public private(set) var isPersistentSignInDisabled = false
+
+    /// - Parameters:
+    ///   - lockDirectory: a directory for cross-process lock files; pass the same one in every
+    ///     process sharing `tokenStore` (e.g. `vault.path + ".oauth-locks"`). `nil` limits
+    ///     single flight to this process.
+    ///   - outbox: where failed revocations wait for a retry; `nil` drops them.
+    ///   - events: called synchronously for each ``AuthEvent``; keep it quick.
+    public init(
+        configuration: ClientConfiguration, account: String = "default", tokenStore: any TokenStore,
+        transport: any HTTPTransport = URLSessionTransport(), lockDirectory: String? = nil,
+        outbox: RevocationOutbox? = nil, now: @escaping @Sendable () -> Date = { Date() },
+        events: @escaping @Sendable (AuthEvent) -> Void = { _ in }
+    ) {
+        let key = CredentialKey(configuration: configuration, account: account)
+        self.configuration = configuration
+        self.key = key
+        self.tokenStore = tokenStore
+        self.transport = transport
+        self.lockFilePath = lockDirectory.map { $0 + "/" + key.lockName + ".lock" }
+        self.outbox = outbox
+        self.now = now
+        self.eventHandler = events
+        do {
+            state = try tokenStore.hasCredentials() ? .signedIn(accessTokenExpiresAt: nil) : .signedOut(.noCredentials)
+        } catch {
+            // Unknown is not "signed out": the first refresh finds out and reports the error.
+            state = error.code == .interactionNotAllowed ? .storeLocked : .signedIn(accessTokenExpiresAt: nil)
+        }
+    }
+
+    /// A stream of state changes, starting with the current state.
+    public func states() -> AsyncStream<CredentialsState> {
+        let id = UUID()
+        let (stream, continuation) = AsyncStream<CredentialsState>.makeStream(bufferingPolicy: .bufferingNewest(16))
+        continuation.yield(state)
+        observers[id] = continuation
+        continuation.onTermination = { _ in Task { await self.removeObserver(id) } }
+        return stream
+    }
+
+    private func removeObserver(_ id: UUID) {
+        observers[id] = nil
+    }
+
+    /// Sets a hook called after each rotated refresh token is stored (or failed to be), before
+    /// any caller sees the new access token.
+    public func setRotationHook(_ hook: (@Sendable (Rotation) async -> Void)?) {
+        rotationHook = hook
+    }
+
+    // MARK: Signing in
+
+    /// Starts a session from a flow's token response: stores the refresh token first.
+    /// - Throws: ``AuthError/invalidResponse(_:)`` when the response has no refresh token;
+    ///   store errors (nothing is kept in memory then, so a locked store never yields a session
+    ///   that silently vanishes).
+    public func signIn(with response: TokenResponse) async throws(AuthError) {
+        guard let refresh = response.refreshToken else {
+            throw .invalidResponse("the server issued no refresh token; ask for offline access")
+        }
+        let lock = try await acquireCrossProcessLock()
+        defer { withExtendedLifetime(lock) {} }
+        do {
+            try tokenStore.saveRefreshToken(refresh)
+        } catch {
+            throw AuthError.from(error)
+        }
+        memoryOnlyRefreshToken = nil
+        isPersistentSignInDisabled = false
+        signOutReason = nil
+        lastRefreshTokenFingerprint = TokenFingerprint.of(refresh)
+        let credentials = Credentials(accessToken: response.accessToken, tokenType: response.tokenType, expiresAt: response.expiresAt, scope: response.scope)
+        current = credentials
+        state = .signedIn(accessTokenExpiresAt: credentials.expiresAt)
+        emit(.signedIn, "signed_in", lastRefreshTokenFingerprint)
+    }
+
+    // MARK: Access tokens
+
+    /// A valid access token, refreshed when it expires within `minTTL`.
+    ///
+    /// Concurrent callers share one refresh; a caller that is cancelled while waiting leaves at
+    /// once with ``AuthError/cancelled`` and does not cancel the refresh for the others.
+    /// - Throws: ``AuthError/signedOut(_:)`` when the grant is gone; ``AuthError/storeLocked``,
+    ///   ``AuthError/network(_:)`` or ``AuthError/server(status:error:retryAfter:)`` when the
+    ///   session is kept and a later call may succeed.
+    public func credentials(minTTL: Duration = .seconds(30)) async throws(AuthError) -> Credentials {
+        if let current, current.isValid(for: minTTL, at: now()) {
+            return current
+        }
+        return try await sharedRefresh()
+    }
+
+    /// `request` with an `Authorization: Bearer` header carrying a valid access token.
+    public func authorizedRequest(_ request: URLRequest, minTTL: Duration = .seconds(30)) async throws(AuthError) -> URLRequest {
+        let credentials = try await credentials(minTTL: minTTL)
+        var request = request
+        request.setValue(credentials.authorizationHeaderValue, forHTTPHeaderField: "Authorization")
+        return request
+    }
+
+    /// Sends `request` with a valid access token, applying the 401 policy: on a 401
+    /// `invalid_token`, one refresh, then one retry only when the request is safe to repeat
+    /// (GET, HEAD, OPTIONS, PUT, DELETE, or an `Idempotency-Key` header). Otherwise the 401
+    /// comes back to the caller with fresh credentials in place. A 403 never refreshes.
+    /// There is never more than one refresh and one retry.
+    public func send(_ request: URLRequest, minTTL: Duration = .seconds(30)) async throws(AuthError) -> (Data, HTTPURLResponse) {
+        let used = try await credentials(minTTL: minTTL)
+        var first = request
+        first.setValue(used.authorizationHeaderValue, forHTTPHeaderField: "Authorization")
+        let answer = try await transport.exchange(first)
+        guard Self.isInvalidTokenChallenge(answer.1) else { return answer }
+
+        let fresh = try await credentialsReplacing(used)
+        guard Self.isSafeToRepeat(request) else {
+            emit(.requestNotRetried, "not_idempotent", used.fingerprint)
+            return answer
+        }
+        emit(.requestRetried, "invalid_token", fresh.fingerprint)
+        var retry = request
+        retry.setValue(fresh.authorizationHeaderValue, forHTTPHeaderField: "Authorization")
+        return try await transport.exchange(retry)
+    }
+
+    /// Whether repeating `request` cannot do harm twice.
+    public static func isSafeToRepeat(_ request: URLRequest) -> Bool {
+        let method = (request.httpMethod ?? "GET").uppercased()
+        if ["GET", "HEAD", "OPTIONS", "PUT", "DELETE"].contains(method) { return true }
+        return request.value(forHTTPHeaderField: "Idempotency-Key") != nil
+    }
+
+    /// A 401 whose challenge says the token was bad (`invalid_token`), or gives no error code
+    /// at all. Other 401s (`invalid_request`) and every 403 (`insufficient_scope`) are not
+    /// fixed by a refresh.
+    static func isInvalidTokenChallenge(_ response: HTTPURLResponse) -> Bool {
+        guard response.statusCode == 401 else { return false }
+        guard let challenge = response.value(forHTTPHeaderField: "WWW-Authenticate") else { return true }
+        if challenge.range(of: "error=", options: .caseInsensitive) == nil { return true }
+        return challenge.range(of: "invalid_token", options: .caseInsensitive) != nil
+    }
+
+    /// After the server rejected `rejected`: the credentials another caller already refreshed,
+    /// or one new refresh.
+    private func credentialsReplacing(_ rejected: Credentials) async throws(AuthError) -> Credentials {
+        if let current, current.fingerprint != rejected.fingerprint {
+            return current
+        }
+        current = nil
+        return try await sharedRefresh()
+    }
+
+    // MARK: Refresh
+
+    private func sharedRefresh() async throws(AuthError) -> Credentials {
+        let task: Task<Credentials, any Error>
+        if let running = refreshTask {
+            task = running
+        } else {
+            // Unstructured on purpose: cancelling one waiter must not cancel the refresh.
+            task = Task { try await self.refreshUnderLock() }
+            refreshTask = task
+        }
+        switch await SharedResult.wait(for: task) {
+        case .success(let credentials): return credentials
+        case .failure(let error as AuthError): throw error
+        case .failure: throw .cancelled
+        }
+    }
+
+    private func refreshUnderLock() async throws(AuthError) -> Credentials {
+        defer { refreshTask = nil }
+        state = .refreshing
+        do {
+            let lock = try await acquireCrossProcessLock()
+            defer { withExtendedLifetime(lock) {} }
+            return try await refresh()
+        } catch {
+            // A sign-out or a locked store set their own state; any other failure keeps the
+            // session as it was (the stored refresh token is untouched).
+            if state == .refreshing {
+                state = .signedIn(accessTokenExpiresAt: current?.expiresAt)
+            }
+            throw error
+        }
+    }
+
+    /// One refresh. Runs with the cross-process lock held.
+    private func refresh() async throws(AuthError) -> Credentials {
+        // Read the latest token: another process may have rotated it since we last looked.
+        let refreshToken: SecretBytes
+        if let memoryOnly = memoryOnlyRefreshToken {
+            refreshToken = memoryOnly
+        } else {
+            let stored: SecretBytes?
+            do {
+                stored = try tokenStore.refreshToken()
+            } catch {
+                emit(.refreshFailed, error.code == .interactionNotAllowed ? "store_locked" : "store_error", nil)
+                if error.code == .interactionNotAllowed { state = .storeLocked }
+                throw AuthError.from(error)
+            }
+            guard let stored else {
+                let reason = signOutReason ?? (lastRefreshTokenFingerprint == nil ? .noCredentials : .signedOutElsewhere)
+                signOutLocally(reason, clearStore: false)
+                throw .signedOut(reason)
+            }
+            refreshToken = stored
+        }
+        let fingerprint = TokenFingerprint.of(refreshToken)
+        if let last = lastRefreshTokenFingerprint, last != fingerprint {
+            emit(.refreshTokenChangedElsewhere, "rotated_by_another_process", fingerprint)
+        }
+        lastRefreshTokenFingerprint = fingerprint
+        emit(.refreshStarted, current == nil ? "no_access_token" : "expiring", fingerprint)
+
+        let request = FormBody.post(configuration.tokenEndpoint, [
+            ("grant_type", "refresh_token"), ("refresh_token", refreshToken.temporaryString),
+            ("client_id", configuration.clientID),
+        ])
+        let result: TokenEndpointResult
+        do {
+            result = try await TokenEndpoint.call(request, transport: transport, now: now)
+        } catch {
+            emit(.refreshFailed, Self.reasonCode(error), fingerprint)
+            throw error
+        }
+        switch result {
+        case .success(let response):
+            return await adopt(response, replacing: refreshToken)
+        case .oauthError(_, let error, _) where error == "invalid_grant" || error == "invalid_client":
+            let reason: SignOutReason = error == "invalid_grant" ? .refreshTokenRejected : .clientRejected
+            emit(.refreshFailed, error, fingerprint)
+            signOutLocally(reason, clearStore: true)
+            throw .signedOut(reason)
+        case .oauthError(let status, let error, let retryAfter):
+            emit(.refreshFailed, error, fingerprint)
+            throw .server(status: status, error: error, retryAfter: retryAfter)
+        case .httpError(let status, let retryAfter):
+            emit(.refreshFailed, "http_\(status)", fingerprint)
+            throw .server(status: status, error: nil, retryAfter: retryAfter)
+        }
+    }
+
+    /// Stores a rotated refresh token, runs the hook, then publishes the new access token.
+    private func adopt(_ response: TokenResponse, replacing used: SecretBytes) async -> Credentials {
+        let usedFingerprint = TokenFingerprint.of(used)
+        if let rotated = response.refreshToken, rotated != used {
+            let newFingerprint = TokenFingerprint.of(rotated)
+            var persisted = true
+            do {
+                try tokenStore.saveRefreshToken(rotated)
+                memoryOnlyRefreshToken = nil
+                isPersistentSignInDisabled = false
+                emit(.rotationPersisted, "rotated", newFingerprint)
+            } catch {
+                // Keep the session in memory; never write the token anywhere weaker.
+                persisted = false
+                memoryOnlyRefreshToken = rotated
+                isPersistentSignInDisabled = true
+                emit(.rotationNotPersisted, error.code == .interactionNotAllowed ? "store_locked" : "store_error", newFingerprint)
+            }
+            lastRefreshTokenFingerprint = newFingerprint
+            if let rotationHook {
+                await rotationHook(Rotation(previousFingerprint: usedFingerprint, newFingerprint: newFingerprint, persisted: persisted))
+            }
+        }
+        let credentials = Credentials(accessToken: response.accessToken, tokenType: response.tokenType, expiresAt: response.expiresAt, scope: response.scope)
+        current = credentials
+        signOutReason = nil
+        state = .signedIn(accessTokenExpiresAt: credentials.expiresAt)
+        emit(.refreshSucceeded, response.refreshToken == nil ? "not_rotated" : "rotated", credentials.fingerprint)
+        return credentials
+    }
+
+    private func signOutLocally(_ reason: SignOutReason, clearStore: Bool) {
+        if clearStore {
+            // A locked store cannot be cleared now; the token is dead at the server anyway.
+            try? tokenStore.clearCredentials()
+        }
+        current = nil
+        memoryOnlyRefreshToken = nil
+        let alreadySignedOut = signOutReason != nil
+        signOutReason = reason
+        state = .signedOut(reason)
+        if alreadySignedOut { return }
+        emit(.signedOut, reason.rawValue, lastRefreshTokenFingerprint)
+    }
+
+    // MARK: Logout
+
+    /// What ``logout()`` achieved.
+    public struct LogoutResult: Sendable, Hashable {
+        /// The server confirmed the refresh token's revocation.
+        public let revoked: Bool
+        /// The revocation failed and waits in the outbox for ``RevocationOutbox/retryPending()``.
+        public let queued: Bool
+
+        public init(revoked: Bool, queued: Bool) {
+            self.revoked = revoked
+            self.queued = queued
+        }
+    }
+
+    /// Signs out: queues the refresh token's revocation durably, clears the session locally,
+    /// then revokes (RFC 7009) the refresh and access tokens. Local clearing happens even when
+    /// revocation fails; a failed revocation stays in the outbox.
+    /// - Throws: ``AuthError/storeLocked`` (nothing changed) when the store is locked.
+    @discardableResult
+    public func logout() async throws(AuthError) -> LogoutResult {
+        if let running = refreshTask { _ = try? await running.value }
+        let lock = try await acquireCrossProcessLock()
+        var refreshToken = memoryOnlyRefreshToken
+        var outboxID: String?
+        do throws(LockboxError) {
+            if refreshToken == nil { refreshToken = try tokenStore.refreshToken() }
+            if let refreshToken, let endpoint = configuration.revocationEndpoint, let outbox {
+                outboxID = try outbox.enqueue(token: refreshToken, hint: "refresh_token", endpoint: endpoint, clientID: configuration.clientID, account: key.description)
+            }
+            try tokenStore.clearCredentials()
+        } catch {
+            throw AuthError.from(error)
+        }
+        let accessToken = current?.accessToken
+        current = nil
+        memoryOnlyRefreshToken = nil
+        isPersistentSignInDisabled = false
+        signOutReason = .loggedOut
+        state = .signedOut(.loggedOut)
+        emit(.logout, "user_requested", refreshToken.map(TokenFingerprint.of))
+        withExtendedLifetime(lock) {}
+
+        guard let endpoint = configuration.revocationEndpoint else {
+            return LogoutResult(revoked: false, queued: false)
+        }
+        if let accessToken {
+            _ = await RevocationOutbox.revoke(token: accessToken, hint: "access_token", endpoint: endpoint, clientID: configuration.clientID, transport: transport)
+        }
+        guard let refreshToken else { return LogoutResult(revoked: false, queued: false) }
+        let fingerprint = TokenFingerprint.of(refreshToken)
+        switch await RevocationOutbox.revoke(token: refreshToken, hint: "refresh_token", endpoint: endpoint, clientID: configuration.clientID, transport: transport) {
+        case .revoked:
+            if let outboxID { outbox?.remove(outboxID) }
+            emit(.revocationSucceeded, "revoked", fingerprint)
+            return LogoutResult(revoked: true, queued: false)
+        case .refused(let reason):
+            if let outboxID { outbox?.remove(outboxID) }
+            emit(.revocationDropped, reason, fingerprint)
+            return LogoutResult(revoked: false, queued: false)
+        case .failed(let reason):
+            emit(.revocationQueued, reason, fingerprint)
+            return LogoutResult(revoked: false, queued: outboxID != nil)
+        }
+    }
+
+    // MARK: Helpers
+
+    private func acquireCrossProcessLock() async throws(AuthError) -> FileLock? {
+        guard let lockFilePath else { return nil }
+        return try await FileLock.acquire(path: lockFilePath)
+    }
+
+    private func emit(_ kind: AuthEvent.Kind, _ reason: String, _ fingerprint: String?) {
+        eventHandler(AuthEvent(kind: kind, reason: reason, fingerprint: fingerprint, account: key.description, date: now()))
+    }
+
+    private static func reasonCode(_ error: AuthError) -> String {
+        switch error {
+        case .network: "network"
+        case .cancelled: "cancelled"
+        case .server(let status, let code, _): code ?? "http_\(status)"
+        case .invalidResponse: "invalid_response"
+        case .storeLocked: "store_locked"
+        case .store: "store_error"
+        case .signedOut(let reason): reason.rawValue
+        case .flowFailed(let code, _): code
+        case .configuration: "configuration"
+        }
+    }
+}

@@ -1,0 +1,103 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+import Dispatch
+import Foundation
+
+/// A one-shot HTTP listener on 127.0.0.1 for an OAuth redirect (RFC 8252 section 7.3): it
+/// accepts connections until one asks for the redirect path, answers it with a short page and
+/// returns its query. Bound to the loopback address only, never to all interfaces.
+final class LoopbackListener: Sendable {
+    private let descriptor: Int32
+    let port: UInt16
+
+    init() throws(AuthError) {
+        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard descriptor >= 0 else { throw .configuration("cannot create the loopback socket (errno \(errno))") }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = 0
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        guard bound == 0, listen(descriptor, 8) == 0 else {
+            close(descriptor)
+            throw .configuration("cannot listen on 127.0.0.1 (errno \(errno))")
+        }
+        var actual = sockaddr_in()
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        _ = withUnsafeMutablePointer(to: &actual) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(descriptor, $0, &length) }
+        }
+        self.descriptor = descriptor
+        self.port = UInt16(bigEndian: actual.sin_port)
+    }
+
+    deinit {
+        close(descriptor)
+    }
+
+    /// Waits (off the cooperative pool) for a request for `path`; returns its query items.
+    func waitForRedirect(path: String, timeout: Duration) async throws(AuthError) -> [URLQueryItem] {
+        let deadline = ContinuousClock.now + timeout
+        let result: Result<[URLQueryItem], AuthError> = await withCheckedContinuation { continuation in
+            DispatchQueue.global().async {
+                continuation.resume(returning: self.acceptLoop(path: path, deadline: deadline))
+            }
+        }
+        return try result.get()
+    }
+
+    private func acceptLoop(path: String, deadline: ContinuousClock.Instant) -> Result<[URLQueryItem], AuthError> {
+        while true {
+            let remaining = ContinuousClock.now.duration(to: deadline)
+            guard remaining > .zero else {
+                return .failure(.flowFailed(code: "timeout", message: "no browser redirect arrived in time"))
+            }
+            var poller = pollfd(fd: descriptor, events: Int16(POLLIN), revents: 0)
+            let milliseconds = Int32(min(remaining.components.seconds * 1000 + 1, 1000))
+            let ready = poll(&poller, 1, milliseconds)
+            if ready <= 0 { continue }
+            let connection = accept(descriptor, nil, nil)
+            guard connection >= 0 else { continue }
+            defer { close(connection) }
+            var timeoutValue = timeval(tv_sec: 5, tv_usec: 0)
+            setsockopt(connection, SOL_SOCKET, SO_RCVTIMEO, &timeoutValue, socklen_t(MemoryLayout<timeval>.size))
+            guard let target = readRequestTarget(connection) else { continue }
+            guard let components = URLComponents(string: "http://127.0.0.1" + target), components.path == path else {
+                respond(connection, status: "404 Not Found", body: "Not found.")
+                continue
+            }
+            respond(connection, status: "200 OK", body: "Signed in. You can close this window and return to the application.")
+            return .success(components.queryItems ?? [])
+        }
+    }
+
+    /// The request target of `GET <target> HTTP/1.1`, reading at most 16 KiB of headers.
+    private func readRequestTarget(_ connection: Int32) -> String? {
+        var buffer = [UInt8]()
+        var chunk = [UInt8](repeating: 0, count: 2048)
+        while buffer.count < 16 * 1024 {
+            let count = read(connection, &chunk, chunk.count)
+            if count <= 0 { break }
+            buffer.append(contentsOf: chunk[0..<count])
+            if buffer.count >= 4, buffer.suffix(4) == [13, 10, 13, 10] { break }
+            if let text = String(bytes: buffer, encoding: .utf8), text.contains("\r\n\r\n") { break }
+        }
+        defer { buffer.wipe() }
+        guard let line = String(decoding: buffer, as: UTF8.self).split(separator: "\r\n").first else { return nil }
+        let parts = line.split(separator: " ")
+        guard parts.count == 3, parts[0] == "GET" else { return nil }
+        return String(parts[1])
+    }
+
+    private func respond(_ connection: Int32, status: String, body: String) {
+        let response = "HTTP/1.1 \(status)\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: \(body.utf8.count)\r\n"
+            + "Cache-Control: no-store\r\nConnection: close\r\n\r\n\(body)"
+        let bytes = Array(response.utf8)
+        _ = bytes.withUnsafeBytes { write(connection, $0.baseAddress, $0.count) }
+    }
+}

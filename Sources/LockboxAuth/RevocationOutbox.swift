@@ -1,0 +1,139 @@
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+import LockboxCore
+
+/// Revocations (RFC 7009) that could not be delivered yet, kept as items in the store so they
+/// survive restarts, and retried later (`lockbox logout --retry`).
+///
+/// An entry holds the token to revoke, sealed like any item; it is never used to sign in again
+/// and never shown. A revocation the server refuses permanently (a 4xx other than 429) is
+/// dropped: retrying cannot help.
+public struct RevocationOutbox: Sendable {
+    /// The keychain service of outbox items.
+    public static let service = "lockbox.oauth.revocation-outbox"
+
+    public let store: any ItemStore
+    public let transport: any HTTPTransport
+    private let events: @Sendable (AuthEvent) -> Void
+
+    public init(
+        store: any ItemStore, transport: any HTTPTransport = URLSessionTransport(),
+        events: @escaping @Sendable (AuthEvent) -> Void = { _ in }
+    ) {
+        self.store = store
+        self.transport = transport
+        self.events = events
+    }
+
+    /// One pending revocation.
+    struct Entry: Codable {
+        var token: String
+        var tokenTypeHint: String
+        var endpoint: URL
+        var clientID: String
+        var account: String
+    }
+
+    /// The outcome of one revocation attempt.
+    public enum Outcome: Sendable, Hashable {
+        case revoked
+        /// Worth retrying (network, 5xx, 429); the reason code says which.
+        case failed(String)
+        /// Refused for good (4xx); retrying would not help.
+        case refused(String)
+    }
+
+    /// The result of ``retryPending()``.
+    public struct RetryResult: Sendable, Hashable {
+        public let revoked: Int
+        public let dropped: Int
+        public let remaining: Int
+    }
+
+    /// Stores a revocation to deliver; returns its id.
+    @discardableResult
+    func enqueue(token: SecretBytes, hint: String, endpoint: URL, clientID: String, account: String) throws(LockboxError) -> String {
+        let id = UUID().uuidString
+        let entry = Entry(token: token.temporaryString, tokenTypeHint: hint, endpoint: endpoint, clientID: clientID, account: account)
+        guard var encoded = try? JSONEncoder().encode(entry) else {
+            preconditionFailure("a revocation entry always encodes")
+        }
+        let secret = SecretBytes(copying: encoded)
+        encoded.resetBytes(in: 0..<encoded.count)
+        try store.add(
+            .genericPassword(
+                service: Self.service, account: id, data: secret, accessibility: .afterFirstUnlockThisDeviceOnly,
+                label: "Pending OAuth revocation: \(account)"))
+        return id
+    }
+
+    func remove(_ id: String) {
+        try? store.delete(matching: .genericPassword(service: Self.service, account: id))
+    }
+
+    /// How many revocations wait for delivery.
+    public func pendingCount() throws(LockboxError) -> Int {
+        var query = Query.genericPassword(service: Self.service)
+        query.limit = .all
+        query.returning = .attributes
+        do {
+            return try store.items(matching: query).count
+        } catch LockboxError.itemNotFound {
+            return 0
+        }
+    }
+
+    /// Tries every pending revocation once; delivered and refused ones leave the outbox.
+    /// - Throws: `interactionNotAllowed` when the store is locked.
+    public func retryPending() async throws(LockboxError) -> RetryResult {
+        var query = Query.genericPassword(service: Self.service)
+        query.limit = .all
+        query.returning = [.attributes, .data]
+        let items: [Item]
+        do {
+            items = try store.items(matching: query)
+        } catch LockboxError.itemNotFound {
+            return RetryResult(revoked: 0, dropped: 0, remaining: 0)
+        }
+        var revoked = 0, dropped = 0, remaining = 0
+        for item in items {
+            guard let id = item.attributes.account, let data = item.data,
+                let entry = data.withUnsafeBytes({ try? JSONDecoder().decode(Entry.self, from: Data($0)) })
+            else { continue }
+            let token = SecretBytes(utf8: entry.token)
+            switch await Self.revoke(token: token, hint: entry.tokenTypeHint, endpoint: entry.endpoint, clientID: entry.clientID, transport: transport) {
+            case .revoked:
+                remove(id)
+                revoked += 1
+                events(AuthEvent(kind: .revocationSucceeded, reason: "retried", fingerprint: TokenFingerprint.of(token), account: entry.account))
+            case .refused(let reason):
+                remove(id)
+                dropped += 1
+                events(AuthEvent(kind: .revocationDropped, reason: reason, fingerprint: TokenFingerprint.of(token), account: entry.account))
+            case .failed(let reason):
+                remaining += 1
+                events(AuthEvent(kind: .revocationQueued, reason: reason, fingerprint: TokenFingerprint.of(token), account: entry.account))
+            }
+        }
+        return RetryResult(revoked: revoked, dropped: dropped, remaining: remaining)
+    }
+
+    /// One RFC 7009 request for a public client.
+    static func revoke(token: SecretBytes, hint: String, endpoint: URL, clientID: String, transport: any HTTPTransport) async -> Outcome {
+        let request = FormBody.post(endpoint, [
+            ("token", token.temporaryString), ("token_type_hint", hint), ("client_id", clientID),
+        ])
+        do {
+            let (_, response) = try await transport.exchange(request)
+            switch response.statusCode {
+            case 200: return .revoked
+            case 429, 500...599: return .failed("http_\(response.statusCode)")
+            default: return .refused("http_\(response.statusCode)")
+            }
+        } catch {
+            return .failed(error == .cancelled ? "cancelled" : "network")
+        }
+    }
+}

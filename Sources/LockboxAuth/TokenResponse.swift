@@ -1,0 +1,95 @@
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+import LockboxCore
+
+/// A successful token endpoint answer (RFC 6749 section 5.1).
+public struct TokenResponse: Sendable, CustomStringConvertible {
+    public let accessToken: SecretBytes
+    public let tokenType: String
+    /// `refresh_token`, when the server issued (or rotated) one.
+    public let refreshToken: SecretBytes?
+    /// `expires_in`, in seconds.
+    public let expiresIn: Int?
+    public let scope: [String]
+    /// When the request was sent, by the local clock: expiry is measured from here, so the
+    /// round trip counts against the token and a server clock that disagrees does not matter.
+    public let requestedAt: Date
+    /// The server's `Date` header minus the local clock at receipt, when the header was present.
+    public let serverClockOffset: TimeInterval?
+
+    public var expiresAt: Date? { expiresIn.map { requestedAt.addingTimeInterval(TimeInterval($0)) } }
+
+    public var description: String {
+        "TokenResponse(access: \(TokenFingerprint.of(accessToken)), refresh: "
+            + "\(refreshToken.map(TokenFingerprint.of) ?? "none"), expiresIn: \(expiresIn.map(String.init) ?? "-"))"
+    }
+
+    init(accessToken: SecretBytes, tokenType: String, refreshToken: SecretBytes?, expiresIn: Int?, scope: [String], requestedAt: Date, serverClockOffset: TimeInterval?) {
+        self.accessToken = accessToken
+        self.tokenType = tokenType
+        self.refreshToken = refreshToken
+        self.expiresIn = expiresIn
+        self.scope = scope
+        self.requestedAt = requestedAt
+        self.serverClockOffset = serverClockOffset
+    }
+}
+
+/// What a token endpoint said. An error's `error_description` is dropped on purpose: servers
+/// sometimes echo request parameters into it.
+enum TokenEndpointResult {
+    case success(TokenResponse)
+    case oauthError(status: Int, error: String, retryAfter: Int?)
+    case httpError(status: Int, retryAfter: Int?)
+}
+
+enum TokenEndpoint {
+    static func call(
+        _ request: URLRequest, transport: any HTTPTransport, now: @Sendable () -> Date
+    ) async throws(AuthError) -> TokenEndpointResult {
+        let requestedAt = now()
+        let (data, response) = try await transport.exchange(request)
+        let retryAfter = response.value(forHTTPHeaderField: "Retry-After").flatMap { Int($0.trimmingCharacters(in: .whitespaces)) }
+        let object = (try? JSONSerialization.jsonObject(with: data)) as? [String: Any]
+        if response.statusCode == 200 {
+            guard let object, let access = object["access_token"] as? String, !access.isEmpty else {
+                throw .invalidResponse("the token response has no access_token")
+            }
+            let tokenType = object["token_type"] as? String ?? "Bearer"
+            guard tokenType.lowercased() == "bearer" else {
+                throw .invalidResponse("unsupported token_type")
+            }
+            let refresh = (object["refresh_token"] as? String).flatMap { $0.isEmpty ? nil : SecretBytes(utf8: $0) }
+            let expiresIn = (object["expires_in"] as? NSNumber)?.intValue ?? (object["expires_in"] as? String).flatMap { Int($0) }
+            let scope = (object["scope"] as? String)?.split(separator: " ").map(String.init) ?? []
+            var offset: TimeInterval?
+            if let header = response.value(forHTTPHeaderField: "Date"), let serverDate = httpDate(header) {
+                offset = serverDate.timeIntervalSince(now())
+            }
+            return .success(
+                TokenResponse(
+                    accessToken: SecretBytes(utf8: access), tokenType: "Bearer", refreshToken: refresh,
+                    expiresIn: expiresIn, scope: scope, requestedAt: requestedAt, serverClockOffset: offset))
+        }
+        if let error = object?["error"] as? String {
+            return .oauthError(status: response.statusCode, error: sanitize(error), retryAfter: retryAfter)
+        }
+        return .httpError(status: response.statusCode, retryAfter: retryAfter)
+    }
+
+    /// Keeps error codes to the RFC's character set, so a hostile server cannot smuggle text.
+    static func sanitize(_ code: String) -> String {
+        let allowed = Set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
+        return String(code.filter { allowed.contains($0) }.prefix(64))
+    }
+
+    private static func httpDate(_ text: String) -> Date? {
+        let formatter = DateFormatter()
+        formatter.locale = Locale(identifier: "en_US_POSIX")
+        formatter.timeZone = TimeZone(identifier: "GMT")
+        formatter.dateFormat = "EEE, dd MMM yyyy HH:mm:ss zzz"
+        return formatter.date(from: text)
+    }
+}

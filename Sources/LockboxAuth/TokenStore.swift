@@ -1,0 +1,154 @@
+import Foundation
+import LockboxCore
+
+/// Where a refresh token lives between runs: the small interface the credential lifecycle
+/// needs, and nothing more. Access tokens are never stored.
+///
+/// Errors keep their meaning: a locked store throws `interactionNotAllowed`, which the
+/// lifecycle treats as "try later", never as "signed out".
+public protocol TokenStore: Sendable {
+    /// The stored refresh token, or `nil` when there is none.
+    func refreshToken() throws(LockboxError) -> SecretBytes?
+    /// Stores `token`, replacing any previous one, durably before returning.
+    func saveRefreshToken(_ token: SecretBytes) throws(LockboxError)
+    /// Removes the stored credentials; no error when there were none.
+    func clearCredentials() throws(LockboxError)
+    /// Whether a refresh token is stored, without reading it.
+    func hasCredentials() throws(LockboxError) -> Bool
+}
+
+/// Names one account's credentials: an issuer, a client and an account label.
+public struct CredentialKey: Sendable, Hashable, Codable, CustomStringConvertible {
+    public var issuer: String
+    public var clientID: String
+    /// A label for the account; `default` when an app has one account per client.
+    public var account: String
+
+    public init(issuer: String, clientID: String, account: String = "default") {
+        self.issuer = issuer.hasSuffix("/") ? String(issuer.dropLast()) : issuer
+        self.clientID = clientID
+        self.account = account
+    }
+
+    public init(configuration: ClientConfiguration, account: String = "default") {
+        self.init(issuer: configuration.issuer.absoluteString, clientID: configuration.clientID, account: account)
+    }
+
+    /// The keychain account attribute: the three parts, unambiguous (lengths are prefixed).
+    var storageAccount: String {
+        "\(issuer.utf8.count):\(issuer)|\(clientID.utf8.count):\(clientID)|\(account)"
+    }
+
+    /// A file-name-safe name for cross-process locks.
+    var lockName: String {
+        Array(SHA256.hash(Array(storageAccount.utf8)).prefix(16)).hexString
+    }
+
+    public var description: String { "\(clientID)@\(issuer) (\(account))" }
+}
+
+/// A ``TokenStore`` over any ``ItemStore`` (the vault, the Secret Service, ...): one generic
+/// password per issuer, client and account, under the service ``ItemStoreTokenStore/service``.
+///
+/// The item's `generic` attribute holds the non-secret client configuration, so tools such as
+/// `lockbox auth status` can list sessions without reading a token.
+public struct ItemStoreTokenStore: TokenStore {
+    /// The keychain service of refresh-token items.
+    public static let service = "lockbox.oauth.refresh-token"
+
+    public let store: any ItemStore
+    public let key: CredentialKey
+    public let accessibility: Accessibility
+    public let configuration: ClientConfiguration?
+
+    /// - Parameters:
+    ///   - accessibility: `.afterFirstUnlockThisDeviceOnly` by default: a background service can
+    ///     refresh while the session is locked, and the token never leaves this machine.
+    ///   - configuration: stored next to the token (not secret) for listing sessions.
+    public init(
+        store: any ItemStore, key: CredentialKey, accessibility: Accessibility = .afterFirstUnlockThisDeviceOnly,
+        configuration: ClientConfiguration? = nil
+    ) {
+        self.store = store
+        self.key = key
+        self.accessibility = accessibility
+        self.configuration = configuration
+    }
+
+    private var query: Query {
+        Query.genericPassword(service: Self.service, account: key.storageAccount)
+    }
+
+    public func refreshToken() throws(LockboxError) -> SecretBytes? {
+        do {
+            return try store.data(matching: query)
+        } catch LockboxError.itemNotFound {
+            return nil
+        }
+    }
+
+    public func saveRefreshToken(_ token: SecretBytes) throws(LockboxError) {
+        var attributes = ItemAttributes(service: nil, account: nil)
+        attributes.generic = configurationData
+        do {
+            try store.update(matching: query, to: ItemUpdate(attributes: attributes, data: token))
+        } catch LockboxError.itemNotFound {
+            var item = Item.genericPassword(
+                service: Self.service, account: key.storageAccount, data: token, accessibility: accessibility,
+                label: "OAuth refresh token: \(key)")
+            item.attributes.generic = configurationData
+            do {
+                try store.add(item)
+            } catch LockboxError.duplicateItem {
+                // Another process added it between our update and add: replace its value.
+                try store.update(matching: query, to: ItemUpdate(data: token))
+            }
+        }
+    }
+
+    public func clearCredentials() throws(LockboxError) {
+        do {
+            try store.delete(matching: query)
+        } catch LockboxError.itemNotFound {}
+    }
+
+    public func hasCredentials() throws(LockboxError) -> Bool {
+        try store.contains(query)
+    }
+
+    private var configurationData: Data? {
+        guard let configuration else { return nil }
+        return try? JSONEncoder().encode(StoredSession.Metadata(key: key, configuration: configuration))
+    }
+}
+
+/// A session found in a store: its key and configuration, never its token.
+public struct StoredSession: Sendable, Hashable {
+    public let key: CredentialKey
+    public let configuration: ClientConfiguration?
+
+    struct Metadata: Codable {
+        let key: CredentialKey
+        let configuration: ClientConfiguration
+    }
+
+    /// Every session stored in `store`, read from attributes only.
+    /// - Throws: `interactionNotAllowed` when the store is locked.
+    public static func all(in store: any ItemStore) throws(LockboxError) -> [StoredSession] {
+        var query = Query.genericPassword(service: ItemStoreTokenStore.service)
+        query.limit = .all
+        query.returning = .attributes
+        let items: [Item]
+        do {
+            items = try store.items(matching: query)
+        } catch LockboxError.itemNotFound {
+            return []
+        }
+        return items.compactMap { item in
+            guard let generic = item.attributes.generic,
+                let metadata = try? JSONDecoder().decode(Metadata.self, from: generic)
+            else { return nil }
+            return StoredSession(key: metadata.key, configuration: metadata.configuration)
+        }
+    }
+}

@@ -1,0 +1,106 @@
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+import Lockbox
+import LockboxAuth
+import Testing
+
+extension LifecycleTests {
+    @Test func deviceFlow_endToEnd_withSlowDown_signsInAndServesTokens() async throws {
+        let server = try await TestServer.running()
+        let vault = try TestVault()
+        let session = CommandLineSession(store: vault.vault, lockDirectory: vault.lockDirectory)
+        try await server.faults(["device_slow_down": 1])
+
+        let pending = try await session.beginLogin(issuer: server.url, clientID: TestServer.clientID, scope: ["api"])
+        #expect(pending.instructions.contains(pending.authorization.userCode))
+        #expect(!pending.instructions.contains("device_code"))
+        // The user approves in a browser while the CLI polls.
+        let flow = DeviceAuthorizationFlow(configuration: pending.configuration, slowDownIncrement: .seconds(1))
+        async let login = session.completeLogin(pending, flow: flow)
+        try await Task.sleep(for: .milliseconds(1500))
+        try await server.admin("POST", "test/device/approve", ["user_code": pending.authorization.userCode])
+        let message = try await login
+
+        #expect(message.hasPrefix("Signed in to \(server.url.absoluteString)"))
+        let counters = try await server.counters()
+        #expect(counters["slow_downs"] == 1)
+        #expect(counters["device_polls"]! >= 2)
+        let status = try session.status()
+        #expect(status.sessions.map(\.clientID) == [TestServer.clientID])
+        #expect(status.sessions.first?.scope == ["api"])
+
+        // `lockbox token` in a later run: a fresh access token that the API accepts.
+        let token = try await CommandLineSession(store: vault.vault, lockDirectory: vault.lockDirectory).accessToken()
+        var request = server.api("api/resource")
+        request.setValue(token.withUnsafeBytes { "Bearer " + String(decoding: $0, as: UTF8.self) }, forHTTPHeaderField: "Authorization")
+        let (_, response) = try await URLSession.shared.data(for: request)
+        #expect((response as? HTTPURLResponse)?.statusCode == 200)
+        #expect(try await session.logout() == "Signed out; the server revoked the session.")
+        #expect(try session.status().sessions.isEmpty)
+    }
+
+    @Test func deviceFlow_deniedByUser_failsWithAccessDenied() async throws {
+        let server = try await TestServer.running()
+        let configuration = try await server.configuration()
+        let flow = DeviceAuthorizationFlow(configuration: configuration, slowDownIncrement: .seconds(1))
+        let authorization = try await flow.start()
+        try await server.admin("POST", "test/device/approve", ["user_code": authorization.userCode, "approve": false])
+
+        await #expect(throws: AuthError.flowFailed(code: "access_denied", message: "the user denied the request")) {
+            try await flow.waitForApproval(authorization)
+        }
+    }
+
+    @Test func authorizationCodeFlow_withPKCEAndLoopback_signsIn() async throws {
+        let server = try await TestServer.running()
+        let vault = try TestVault()
+        let manager = vault.manager(try await server.configuration())
+
+        let tokens = try await server.signIn(manager)
+
+        #expect(tokens.refreshToken != nil)
+        #expect(tokens.scope == ["api"])
+        #expect(try await server.counters()["code_exchanges"] == 1)
+        let (_, response) = try await manager.send(server.api("api/resource"))
+        #expect(response.statusCode == 200)
+    }
+
+    @Test func loopbackRedirect_withWrongState_isRejected() async throws {
+        let server = try await TestServer.running()
+        let session = try AuthorizationCodeFlow(configuration: try await server.configuration()).start()
+        async let forged: Void = {
+            _ = try? await URLSession.shared.data(from: URL(string: session.redirectURI + "?code=stolen&state=forged")!)
+        }()
+
+        await #expect(throws: AuthError.flowFailed(code: "state_mismatch", message: "the redirect's state does not match this sign-in; it was ignored")) {
+            try await session.waitForTokens(timeout: .seconds(10))
+        }
+        await forged
+        #expect(session.redirectURI.hasPrefix("http://127.0.0.1:"))
+    }
+
+    @Test func discovery_findsEveryEndpointOverTLS() async throws {
+        let server = try await TestServer.running()
+        let metadata = try await AuthorizationServerMetadata.discover(issuer: server.url)
+
+        #expect(metadata.issuer == server.url)
+        #expect(metadata.tokenEndpoint == server.url.appendingPathComponent("token"))
+        #expect(metadata.revocationEndpoint != nil)
+        #expect(metadata.deviceAuthorizationEndpoint != nil)
+        #expect(metadata.codeChallengeMethodsSupported == ["S256"])
+    }
+
+    @Test func certificateFromUntrustedCA_isRejected() async throws {
+        _ = try await TestServer.running()
+        let rogue = try TestServer.rogueURL()
+
+        await #expect {
+            try await AuthorizationServerMetadata.discover(issuer: rogue)
+        } throws: { error in
+            guard case AuthError.network(let message) = error else { return false }
+            return message.hasPrefix("TLS failed") && message.contains("certificate")
+        }
+    }
+}

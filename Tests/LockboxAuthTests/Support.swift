@@ -1,0 +1,233 @@
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+import Glibc
+import Lockbox
+import LockboxAuth
+import LockboxTestSupport
+import Synchronization
+import Testing
+
+/// Why a test that needs a peer could not run. Thrown, so the test fails with this message.
+struct MissingPeer: Error, CustomStringConvertible {
+    let description: String
+}
+
+/// The test OAuth server started by `scripts/oauth-server start`.
+struct TestServer: Sendable {
+    static let clientID = "lockbox-cli"
+    static let stateDirectory = ProcessInfo.processInfo.environment["LOCKBOX_OAUTH_STATE"] ?? "/tmp/lockbox-oauth-server"
+
+    let url: URL
+
+    /// The running server, or a failure naming what is missing.
+    static func running() async throws -> TestServer {
+        let text: String
+        if let fromEnvironment = ProcessInfo.processInfo.environment["LOCKBOX_TEST_OAUTH_URL"], !fromEnvironment.isEmpty {
+            text = fromEnvironment
+        } else if let fromFile = try? String(contentsOfFile: stateDirectory + "/url", encoding: .utf8) {
+            text = fromFile
+        } else {
+            throw MissingPeer(
+                description: "The test OAuth server is not running: no LOCKBOX_TEST_OAUTH_URL and no \(stateDirectory)/url. "
+                    + "Start it with `scripts/oauth-server start`.")
+        }
+        guard let url = URL(string: text.trimmingCharacters(in: .whitespacesAndNewlines)) else {
+            throw MissingPeer(description: "The test OAuth server URL is malformed: \(text)")
+        }
+        let server = TestServer(url: url)
+        do {
+            _ = try await server.admin("GET", "health")
+        } catch {
+            throw MissingPeer(
+                description: "The test OAuth server at \(url) does not answer (\(error)). "
+                    + "Start it with `scripts/oauth-server start` (it also trusts its test CA).")
+        }
+        try await server.admin("POST", "test/reset")
+        return server
+    }
+
+    /// The URL of the listener whose certificate comes from an untrusted CA.
+    static func rogueURL() throws -> URL {
+        guard let text = try? String(contentsOfFile: stateDirectory + "/rogue-url", encoding: .utf8),
+            let url = URL(string: text.trimmingCharacters(in: .whitespacesAndNewlines))
+        else {
+            throw MissingPeer(description: "No \(stateDirectory)/rogue-url: start the server with `scripts/oauth-server start`.")
+        }
+        return url
+    }
+
+    @discardableResult
+    func admin(_ method: String, _ path: String, _ body: [String: Any]? = nil) async throws -> Any {
+        var request = URLRequest(url: url.appendingPathComponent(path))
+        request.httpMethod = method
+        if let body {
+            request.httpBody = try JSONSerialization.data(withJSONObject: body)
+            request.setValue("application/json", forHTTPHeaderField: "Content-Type")
+        }
+        let (data, response) = try await URLSession.shared.data(for: request)
+        guard let http = response as? HTTPURLResponse, http.statusCode == 200 else {
+            throw MissingPeer(description: "The test server refused \(method) \(path)")
+        }
+        return try JSONSerialization.jsonObject(with: data)
+    }
+
+    func faults(_ faults: [String: Any]) async throws {
+        try await admin("POST", "test/faults", faults)
+    }
+
+    func counters() async throws -> [String: Int] {
+        try await admin("GET", "test/counters") as? [String: Int] ?? [:]
+    }
+
+    func log() async throws -> [[String: Any]] {
+        try await admin("GET", "test/log") as? [[String: Any]] ?? []
+    }
+
+    func logEvents() async throws -> [String] {
+        try await log().compactMap { $0["event"] as? String }
+    }
+
+    func configuration(clientID: String = TestServer.clientID, scope: [String] = ["api"]) async throws -> ClientConfiguration {
+        try await ClientConfiguration.discover(issuer: url, clientID: clientID, scope: scope)
+    }
+
+    func api(_ path: String, method: String = "GET") -> URLRequest {
+        var request = URLRequest(url: url.appendingPathComponent(path))
+        request.httpMethod = method
+        return request
+    }
+
+    /// Signs in through the authorization code flow, playing the browser: the test server
+    /// approves at once and redirects to the loopback listener.
+    func signIn(_ manager: CredentialsManager) async throws -> TokenResponse {
+        let session = try AuthorizationCodeFlow(configuration: manager.configuration).start()
+        async let browser: Void = {
+            _ = try? await URLSession.shared.data(from: session.authorizationURL)
+        }()
+        let tokens = try await session.waitForTokens(timeout: .seconds(20))
+        await browser
+        try await manager.signIn(with: tokens)
+        return tokens
+    }
+}
+
+/// The real vault, in a fresh private directory, with fast key derivation; its keys are
+/// forgotten when the test ends.
+struct TestVault {
+    let fixture: VaultFixture
+
+    init() throws {
+        fixture = try VaultFixture()
+    }
+
+    var vault: Vault { fixture.vault }
+    var directory: TemporaryDirectory { fixture.directory }
+    static let passphrase = SecretBytes(utf8: VaultFixture.passphraseText)
+
+    var lockDirectory: String { vault.path + ".oauth-locks" }
+
+    func tokenStore(for configuration: ClientConfiguration, accessibility: Accessibility = .afterFirstUnlockThisDeviceOnly) -> ItemStoreTokenStore {
+        ItemStoreTokenStore(store: vault, key: CredentialKey(configuration: configuration), accessibility: accessibility, configuration: configuration)
+    }
+
+    func manager(
+        _ configuration: ClientConfiguration, events: EventRecorder = EventRecorder(),
+        accessibility: Accessibility = .afterFirstUnlockThisDeviceOnly, transport: any HTTPTransport = URLSessionTransport()
+    ) -> CredentialsManager {
+        CredentialsManager(
+            configuration: configuration, tokenStore: tokenStore(for: configuration, accessibility: accessibility),
+            transport: transport, lockDirectory: lockDirectory,
+            outbox: RevocationOutbox(store: vault, transport: transport, events: events.record),
+            events: events.record)
+    }
+}
+
+/// Collects events for assertions.
+final class EventRecorder: Sendable {
+    private let storage = Mutex<[AuthEvent]>([])
+
+    var record: @Sendable (AuthEvent) -> Void {
+        { event in self.storage.withLock { $0.append(event) } }
+    }
+
+    var events: [AuthEvent] { storage.withLock { $0 } }
+
+    func count(_ kind: AuthEvent.Kind) -> Int {
+        events.filter { $0.kind == kind }.count
+    }
+}
+
+/// Runs the helper executable built next to the test bundle.
+struct Worker {
+    static var executable: String { builtProduct("lockbox-auth-worker") }
+
+    static func launch(vault: TestVault, server: TestServer, _ arguments: [String]) throws -> Process {
+        let path = executable
+        guard FileManager.default.isExecutableFile(atPath: path) else {
+            throw MissingPeer(description: "lockbox-auth-worker is not built next to the tests: run `swift build --build-tests` first.")
+        }
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: path)
+        process.arguments = ["--vault", vault.vault.path, "--issuer", server.url.absoluteString, "--client-id", TestServer.clientID] + arguments
+        process.standardOutput = Pipe()
+        // Events go to a file: a pipe nobody reads could fill up and stall the worker.
+        let log = vault.directory.path + "/worker-\(UUID().uuidString).log"
+        _ = FileManager.default.createFile(atPath: log, contents: nil)
+        process.standardError = FileHandle(forWritingAtPath: log)
+        process.environment = ProcessInfo.processInfo.environment.merging(["LOCKBOX_WORKER_LOG": log]) { $1 }
+        try process.run()
+        return process
+    }
+
+    /// Runs to completion and returns the JSON line it printed.
+    static func run(vault: TestVault, server: TestServer, _ arguments: [String]) async throws -> [String: Any] {
+        let process = try launch(vault: vault, server: server, arguments)
+        return try await output(of: process)
+    }
+
+    static func output(of process: Process) async throws -> [String: Any] {
+        let pipe = process.standardOutput as! Pipe
+        let data: Data = await withCheckedContinuation { continuation in
+            DispatchQueue.global().async {
+                let data = pipe.fileHandleForReading.readDataToEndOfFile()
+                process.waitUntilExit()
+                continuation.resume(returning: data)
+            }
+        }
+        let line = String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+        var result = (try? JSONSerialization.jsonObject(with: Data(line.utf8))) as? [String: Any] ?? ["outcome": "no_output", "raw": line]
+        if let log = process.environment?["LOCKBOX_WORKER_LOG"] {
+            result["events"] = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
+        }
+        return result
+    }
+}
+
+/// Polls `condition` until it holds or `timeout` passes.
+func eventually(timeout: Duration = .seconds(10), _ condition: () async throws -> Bool) async throws -> Bool {
+    let deadline = ContinuousClock.now + timeout
+    while ContinuousClock.now < deadline {
+        if try await condition() { return true }
+        try await Task.sleep(for: .milliseconds(50))
+    }
+    return false
+}
+
+/// Long enough that every `credentials(minTTL:)` call refreshes.
+let forceRefresh = Duration.seconds(86_400 * 365)
+
+func isSignedIn(_ state: CredentialsState) -> Bool {
+    if case .signedIn = state { return true }
+    return false
+}
+
+/// Every regular file below `directory`.
+func regularFiles(in directory: TemporaryDirectory) -> [String] {
+    guard let enumerator = FileManager.default.enumerator(atPath: directory.path) else { return [] }
+    return enumerator.compactMap { $0 as? String }.map { directory.file($0) }.filter { file in
+        var isDirectory: ObjCBool = false
+        return FileManager.default.fileExists(atPath: file, isDirectory: &isDirectory) && !isDirectory.boolValue
+    }
+}
