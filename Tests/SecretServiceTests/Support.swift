@@ -149,3 +149,21 @@ func environment(_ changes: [String: String?] = [:]) -> [String: String] {
     for (name, value) in changes { result[name] = value }
     return result
 }
+
+/// Expects `body` to throw a ``LockboxError`` with `code`; returns it for further checks.
+@discardableResult
+func expectError<Result>(
+    _ code: LockboxError.Code, sourceLocation: SourceLocation = #_sourceLocation, _ body: () throws -> Result
+) -> LockboxError? {
+    do {
+        _ = try body()
+        Issue.record("expected \(code), but the call succeeded", sourceLocation: sourceLocation)
+        return nil
+    } catch let error as LockboxError {
+        #expect(error.code == code, "\(error)", sourceLocation: sourceLocation)
+        return error
+    } catch {
+        Issue.record("expected LockboxError \(code), got \(error)", sourceLocation: sourceLocation)
+        return nil
+    }
+}
