@@ -29,19 +29,24 @@ public final class SecretServiceStore: ItemStore {
         public var collection: String
         /// How long one call may take before it fails with `notAvailable`.
         public var timeout: Duration
-        /// The access group given to items added without one; nil leaves them without.
+        /// The access group of items added without one, and of items other tools wrote
+        /// (which have none); nil leaves them without.
         public var defaultAccessGroup: String?
+        /// The largest value accepted, in bytes; larger ones are `param`.
+        public var maximumValueSize: Int
 
         public init(
             busAddress: String? = Configuration.sessionBusAddress(),
             collection: String = "default",
             timeout: Duration = .seconds(5),
-            defaultAccessGroup: String? = nil
+            defaultAccessGroup: String? = nil,
+            maximumValueSize: Int = 64 * 1024
         ) {
             self.busAddress = busAddress
             self.collection = collection
             self.timeout = timeout
             self.defaultAccessGroup = defaultAccessGroup
+            self.maximumValueSize = maximumValueSize
         }
 
         /// The session bus as D-Bus clients find it: `DBUS_SESSION_BUS_ADDRESS`, else the
@@ -75,8 +80,10 @@ public final class SecretServiceStore: ItemStore {
     public func add(_ item: Item) throws(LockboxError) {
         var attributes = item.attributes
         if attributes.accessGroup == nil { attributes.accessGroup = configuration.defaultAccessGroup }
+        if attributes.accessibility == nil { attributes.accessibility = .default }
         let itemClass = item.itemClass
         let data = item.data ?? .empty
+        try checkSize(data)
         let newAttributes = attributes
         try withCollection("add an item") { connection, collection, cancellation throws(LockboxError) in
             let attributes = newAttributes
@@ -117,6 +124,7 @@ public final class SecretServiceStore: ItemStore {
     }
 
     public func update(matching query: Query, to update: ItemUpdate) throws(LockboxError) {
+        if let data = update.data { try checkSize(data) }
         try withCollection("update items") { _, collection, cancellation throws(LockboxError) in
             let targets = try self.matches(query, in: collection, cancellation)
             guard !targets.isEmpty else {
@@ -175,6 +183,13 @@ public final class SecretServiceStore: ItemStore {
         }
     }
 
+    private func checkSize(_ data: SecretBytes) throws(LockboxError) {
+        guard data.count <= configuration.maximumValueSize else {
+            throw LockboxError(
+                .param, "The value is \(data.count) bytes; this keychain takes at most \(configuration.maximumValueSize).")
+        }
+    }
+
     // MARK: Matching
 
     struct Match {
@@ -222,9 +237,15 @@ public final class SecretServiceStore: ItemStore {
                         "A matching item in the Secret Service is locked. Unlock it in the desktop keyring and try again.")
                 }
                 guard
-                    let (itemClass, attributes) = SecretServiceSchema.decode(
+                    let (itemClass, decoded) = SecretServiceSchema.decode(
                         stored.attributes, label: stored.label, created: stored.created, modified: stored.modified),
-                    itemClass == query.itemClass,
+                    itemClass == query.itemClass
+                else { continue }
+                var attributes = decoded
+                // What other tools wrote belongs to the default group, readable while unlocked.
+                if attributes.accessGroup == nil { attributes.accessGroup = configuration.defaultAccessGroup }
+                if attributes.accessibility == nil { attributes.accessibility = .default }
+                guard
                     attributes.matches(query.attributes),
                     query.synchronizable.matches(attributes.synchronizable)
                 else { continue }

@@ -268,3 +268,32 @@ struct SecretServiceStoreTests {
         }
     }
 }
+
+/// The behaviour suite's expectations that need a store of its own.
+@Suite("SecretServiceStore in a fresh collection")
+struct FreshCollectionTests {
+    @Test func everythingQuery_countsOnlyThisCollection_withDefaults() throws {
+        let fresh = try FreshCollection()
+        try fresh.store.add(.genericPassword(service: "svc", account: "alice", data: SecretBytes(utf8: "1")))
+        try fresh.store.add(.genericPassword(service: "", account: "", data: .empty))
+        let everything = try fresh.store.items(matching: Query(.genericPassword, limit: .all, returning: [.attributes, .data]))
+        #expect(everything.count == 2)
+        #expect(everything.allSatisfy { $0.attributes.accessibility == .whenUnlocked && $0.attributes.accessGroup == "default" })
+        let empty = try fresh.store.item(matching: .genericPassword(service: "", account: ""))
+        #expect(empty.data?.count == 0)
+        #expect(empty.attributes.service == "")
+        expectError(.itemNotFound) { try fresh.store.items(matching: Query(.internetPassword, limit: .all)) }
+    }
+
+    @Test func valueOverTheSizeLimit_throwsParam_atTheLimitIsStored() throws {
+        let fresh = try FreshCollection(maximumValueSize: 1024)
+        let atLimit = SecretBytes(copying: [UInt8](repeating: 7, count: 1024))
+        try fresh.store.add(.genericPassword(service: "s", account: "fits", data: atLimit))
+        #expect(try fresh.store.data(matching: .genericPassword(service: "s", account: "fits")) == atLimit)
+        let over = SecretBytes(copying: [UInt8](repeating: 7, count: 1025))
+        expectError(.param) { try fresh.store.add(.genericPassword(service: "s", account: "over", data: over)) }
+        expectError(.param) {
+            try fresh.store.update(matching: .genericPassword(service: "s", account: "fits"), to: ItemUpdate(data: over))
+        }
+    }
+}

@@ -167,3 +167,25 @@ func expectError<Result>(
         return nil
     }
 }
+
+/// A collection of its own for one test, deleted afterwards: how a backend suite that
+/// expects a fresh, empty store gets one from a shared gnome-keyring.
+final class FreshCollection {
+    let path: String
+    let store: SecretServiceStore
+
+    init(maximumValueSize: Int = 64 * 1024, sourceLocation: SourceLocation = #_sourceLocation) throws {
+        let address = try TestBus.address(sourceLocation: sourceLocation)
+        let created = try runProcess(
+            Paths.secretServiceScript, ["create-collection", TestBus.unique("fresh"), TestBus.unique("password")])
+        try #require(created.status == 0, "create-collection failed: \(created.stderr)", sourceLocation: sourceLocation)
+        path = created.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        store = SecretServiceStore(
+            configuration: .init(
+                busAddress: address, collection: path, defaultAccessGroup: "default", maximumValueSize: maximumValueSize))
+    }
+
+    deinit {
+        _ = try? runProcess(Paths.secretServiceScript, ["delete-collection", path])
+    }
+}
