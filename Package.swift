@@ -50,19 +50,25 @@ let package = Package(
         // The facade applications import.
         .target(name: "Lockbox", dependencies: ["LockboxCore", "LockboxVault"], swiftSettings: strict),
 
-        .executableTarget(name: "LockboxCLI", dependencies: ["Lockbox"], swiftSettings: strict),
+        // prctl(2) is variadic and cannot be called from Swift: a few lines of C do it.
+        .target(name: "CProcessHardening"),
+        .executableTarget(name: "LockboxCLI", dependencies: ["Lockbox", "CProcessHardening"], swiftSettings: strict),
         .executableTarget(
             name: "LockboxBenchmark",
             dependencies: ["Lockbox", "VaultCrypto", "VaultStorage"],
             swiftSettings: strict),
         .executableTarget(name: "LockboxStress", dependencies: ["Lockbox"], swiftSettings: strict),
 
+        // Temporary directories, canaries and process helpers shared by the test targets.
+        .target(name: "LockboxTestSupport", dependencies: ["Lockbox"], path: "Tests/LockboxTestSupport", swiftSettings: strict),
         .testTarget(name: "LockboxCoreTests", dependencies: ["LockboxCore"], swiftSettings: strict),
         .testTarget(
             name: "LockboxVaultTests",
-            dependencies: ["LockboxVault", "VaultStorage", "KeyProviders", "Lockbox"],
+            dependencies: ["LockboxVault", "VaultCrypto", "VaultStorage", "KeyProviders", "Lockbox", "LockboxTestSupport", "LockboxStress"],
             swiftSettings: strict),
-        .testTarget(name: "ItemStoreBehaviourTests", dependencies: ["Lockbox", "SecretService"], swiftSettings: strict),
+        .testTarget(
+            name: "ItemStoreBehaviourTests", dependencies: ["Lockbox", "SecretService", "LockboxTestSupport"],
+            swiftSettings: strict),
         .testTarget(
             name: "SecretServiceTests",
             dependencies: ["SecretService", "CredentialHelpers", "Lockbox"],
@@ -70,7 +76,7 @@ let package = Package(
         .testTarget(name: "LockboxAuthTests", dependencies: ["LockboxAuth", "Lockbox"], swiftSettings: strict),
         .testTarget(
             name: "LockboxCLITests",
-            dependencies: ["LockboxCLI", "LockboxStress", "Lockbox"],
+            dependencies: ["LockboxCLI", "Lockbox", "LockboxTestSupport"],
             swiftSettings: strict),
     ]
 )

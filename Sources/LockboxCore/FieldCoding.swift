@@ -2,9 +2,12 @@
 /// followed, when present, by a little-endian 32-bit length and the bytes. Used for primary-key
 /// digests and for sealed metadata, where it must be canonical and cheap to decode.
 package struct FieldEncoder {
-    package private(set) var bytes: [UInt8] = []
+    package private(set) var bytes: [UInt8]
 
-    package init() {}
+    package init() {
+        bytes = []
+        bytes.reserveCapacity(160)
+    }
 
     package mutating func bytes(_ value: [UInt8]?) {
         guard let value else {

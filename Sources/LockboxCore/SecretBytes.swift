@@ -1,8 +1,20 @@
+import Synchronization
+
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
 import Darwin
 #endif
+
+/// One guarded mapping: guard page, one data page, guard page. Released one-page mappings are
+/// zeroed and kept for reuse, so a steady stream of small secrets costs no system calls.
+private struct GuardedRegion: @unchecked Sendable {
+    // Owned by the pool while pooled, by exactly one SecretBytes otherwise.
+    let mapping: UnsafeMutableRawPointer
+}
+
+private let regionPool = Mutex<[GuardedRegion]>([])
+private let regionPoolLimit = 256
 
 /// Bytes of a secret held in memory: a token, a password, a key.
 ///
@@ -22,6 +34,8 @@ public final class SecretBytes: @unchecked Sendable {
     private let mapping: UnsafeMutableRawPointer
     private let mappingSize: Int
     private let start: UnsafeMutableRawPointer
+    /// Bytes handed to the initializer: the only ones that can be non-zero.
+    private let capacity: Int
     /// The number of bytes. Lengths are not treated as secret.
     public let count: Int
 
@@ -41,30 +55,37 @@ public final class SecretBytes: @unchecked Sendable {
         let page = Self.pageSize
         let dataPages = max(1, (capacity + page - 1) / page)
         let size = (dataPages + 2) * page
-        guard let raw = mmap(nil, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0),
-            raw != MAP_FAILED
-        else {
-            fatalError("SecretBytes: out of memory mapping \(size) bytes")
+        let raw: UnsafeMutableRawPointer
+        if dataPages == 1, let pooled = regionPool.withLock({ $0.popLast() }) {
+            raw = pooled.mapping
+        } else {
+            guard let mapped = mmap(nil, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0),
+                mapped != MAP_FAILED
+            else {
+                fatalError("SecretBytes: out of memory mapping \(size) bytes")
+            }
+            raw = mapped
+            // Guard pages: touching them crashes instead of reading a neighbour's secret.
+            mprotect(raw, page, PROT_NONE)
+            mprotect(raw + (dataPages + 1) * page, page, PROT_NONE)
+            // Best effort, as libsodium does: RLIMIT_MEMLOCK may forbid it.
+            _ = mlock(raw + page, dataPages * page)
+            #if canImport(Glibc)
+            _ = madvise(raw + page, dataPages * page, MADV_DONTDUMP)
+            #endif
         }
         mapping = raw
         mappingSize = size
-        // Guard pages: touching them crashes instead of reading a neighbour's secret.
-        mprotect(raw, page, PROT_NONE)
-        mprotect(raw + (dataPages + 1) * page, page, PROT_NONE)
         let dataStart = raw + page
-        // Best effort, as libsodium does: RLIMIT_MEMLOCK may forbid it.
-        _ = mlock(dataStart, dataPages * page)
-        #if canImport(Glibc)
-        _ = madvise(dataStart, dataPages * page, MADV_DONTDUMP)
-        #endif
         // Place the bytes at the end of the data pages so an overrun hits the guard page.
         start = dataStart + (dataPages * page - capacity)
+        self.capacity = capacity
         let buffer = UnsafeMutableRawBufferPointer(start: start, count: capacity)
         let written: Int
         do {
             written = try initializer(buffer)
         } catch {
-            Self.release(mapping: raw, size: size, dataStart: dataStart, dataBytes: dataPages * page)
+            Self.release(mapping: raw, size: size, dataStart: dataStart, dataBytes: dataPages * page, used: buffer)
             throw error
         }
         precondition(written >= 0 && written <= capacity, "SecretBytes initializer wrote past its capacity")
@@ -105,11 +126,26 @@ public final class SecretBytes: @unchecked Sendable {
     deinit {
         let page = Self.pageSize
         let dataBytes = mappingSize - 2 * page
-        Self.release(mapping: mapping, size: mappingSize, dataStart: mapping + page, dataBytes: dataBytes)
+        Self.release(
+            mapping: mapping, size: mappingSize, dataStart: mapping + page, dataBytes: dataBytes,
+            used: UnsafeMutableRawBufferPointer(start: start, count: capacity))
     }
 
-    private static func release(mapping: UnsafeMutableRawPointer, size: Int, dataStart: UnsafeMutableRawPointer, dataBytes: Int) {
-        wipe(UnsafeMutableRawBufferPointer(start: dataStart, count: dataBytes))
+    /// Zeroes the bytes that were in use (the rest of the page was never written and is
+    /// still zero), then pools or unmaps the region.
+    private static func release(
+        mapping: UnsafeMutableRawPointer, size: Int, dataStart: UnsafeMutableRawPointer, dataBytes: Int,
+        used: UnsafeMutableRawBufferPointer
+    ) {
+        wipe(used)
+        if dataBytes == pageSize {
+            let kept = regionPool.withLock { pool in
+                guard pool.count < regionPoolLimit else { return false }
+                pool.append(GuardedRegion(mapping: mapping))
+                return true
+            }
+            if kept { return }
+        }
         _ = munlock(dataStart, dataBytes)
         munmap(mapping, size)
     }

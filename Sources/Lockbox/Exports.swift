@@ -1,0 +1,3 @@
+// The facade: applications `import Lockbox` and get the model and the default backend.
+@_exported import LockboxCore
+@_exported import LockboxVault

@@ -1,0 +1,85 @@
+import Foundation
+
+/// The entry point: opens the keychain an application should use.
+///
+/// ```swift
+/// let keychain = try Keychain.open()
+/// try keychain.store.add(.genericPassword(service: "api", account: "alice", data: token))
+/// print(keychain.reason)   // why this backend was chosen
+/// ```
+///
+/// An explicit choice wins (the `backend` option, then `LOCKBOX_BACKEND`); otherwise the
+/// embedded vault. There is no plain-text backend and no silent fallback: when the chosen
+/// backend cannot be used, `open` throws an error that says how to enable it.
+public enum Keychain {
+    /// The backends Lockbox can use.
+    public enum Backend: String, Sendable, CaseIterable {
+        /// The embedded encrypted vault (the default).
+        case vault
+    }
+
+    /// How to open the keychain.
+    public struct Options: Sendable {
+        /// The backend; nil to choose by environment and defaults.
+        public var backend: Backend?
+        /// The vault file; nil for `LOCKBOX_KEYCHAIN`, then ``Vault/defaultPath``.
+        public var path: String?
+        /// The vault's configuration.
+        public var vault = Vault.Configuration()
+
+        public init(backend: Backend? = nil, path: String? = nil) {
+            self.backend = backend
+            self.path = path
+        }
+    }
+
+    /// An opened keychain and why it was chosen.
+    public struct Opened: Sendable {
+        public let store: any ItemStore
+        public let backend: Backend
+        /// One sentence on why this backend was chosen (for `lockbox status`).
+        public let reason: String
+        /// The vault, when the backend is the vault.
+        public let vault: Vault?
+    }
+
+    /// The vault path from an explicit option, `LOCKBOX_KEYCHAIN`, or the XDG default.
+    public static func vaultPath(explicit: String? = nil) -> String {
+        if let explicit { return explicit }
+        if let fromEnvironment = ProcessInfo.processInfo.environment["LOCKBOX_KEYCHAIN"], !fromEnvironment.isEmpty {
+            return fromEnvironment
+        }
+        return Vault.defaultPath
+    }
+
+    /// Opens the keychain. See the type's documentation for how the backend is chosen.
+    public static func open(_ options: Options = Options()) throws(LockboxError) -> Opened {
+        let environment = ProcessInfo.processInfo.environment
+        var configuration = options.vault
+        if let cache = environment["LOCKBOX_UNLOCK_CACHE"] {
+            switch cache {
+            case "process": configuration.unlockCache = .processMemory
+            case "keyring": configuration.unlockCache = .kernelKeyring
+            default:
+                throw LockboxError(.param, "LOCKBOX_UNLOCK_CACHE must be `keyring` or `process`, not `\(cache)`.")
+            }
+        }
+        let reason: String
+        if let backend = options.backend {
+            reason = "chosen by the application (\(backend.rawValue))"
+        } else if let name = environment["LOCKBOX_BACKEND"], !name.isEmpty {
+            guard Backend(rawValue: name) != nil else {
+                throw LockboxError(
+                    .param,
+                    "LOCKBOX_BACKEND=\(name) is not a backend; use one of: "
+                        + Backend.allCases.map(\.rawValue).joined(separator: ", ") + ".")
+            }
+            reason = "chosen by LOCKBOX_BACKEND"
+        } else {
+            reason = "the default: the embedded vault needs no daemon or desktop session"
+        }
+        let path = vaultPath(explicit: options.path)
+        let vault = try Vault.open(at: path, configuration: configuration)
+        return Opened(store: vault, backend: .vault, reason: reason, vault: vault)
+    }
+}

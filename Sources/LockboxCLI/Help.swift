@@ -1,0 +1,111 @@
+/// Help text for `lockbox --help` and `lockbox VERB --help`.
+enum Help {
+    static let overview = """
+        usage: lockbox [--keychain PATH] COMMAND [OPTIONS]
+
+        A keychain for Linux: secrets encrypted at rest, with the Keychain's item classes,
+        accessibility classes and status codes.
+
+        Keychain:
+          init                       create a keychain protected by a passphrase
+          unlock                     unlock it (keys cached in the kernel keyring)
+          lock                       lock it: whenUnlocked items become unreadable
+          status                     lock state, readable classes, unlock methods
+          change-passphrase          replace the passphrase
+        Items:
+          add-generic-password       store a secret under a service and account
+          find-generic-password      find one; -w prints only the secret
+          delete-generic-password    delete one
+          add-internet-password      the same for a server, protocol, port and path
+          find-internet-password
+          delete-internet-password
+          dump                       list every item's attributes (never secrets)
+
+        The keychain is PATH, else $LOCKBOX_KEYCHAIN, else $XDG_DATA_HOME/lockbox/default.lockbox.
+        Secrets are read from standard input or asked on the terminal, never from arguments.
+        Exit status: 0 ok, 1 failure, 44 item not found, 64 usage error.
+        `lockbox COMMAND --help` describes a command.
+        """
+
+    static func text(for verb: String) -> String? {
+        switch verb {
+        case "init":
+            return """
+                usage: lockbox [--keychain PATH] init [--passphrase-stdin] [--kdf moderate|interactive|sensitive]
+
+                Creates the keychain file (mode 0600 in a 0700 directory) and leaves it unlocked.
+                  --passphrase-stdin   read the passphrase from the first line of standard input
+                                       (otherwise it is asked twice on the terminal)
+                  --kdf STRENGTH       Argon2id strength: moderate (default, 256 MiB), sensitive
+                                       (1 GiB), or interactive (64 MiB, the weakest allowed)
+                """
+        case "unlock":
+            return """
+                usage: lockbox [--keychain PATH] unlock [--passphrase-stdin] [--timeout SECONDS]
+
+                Unlocks the keychain for this user's processes until `lockbox lock`, the idle
+                timeout, or reboot. Keys are kept in the kernel keyring, never on disk.
+                  --passphrase-stdin   read the passphrase from the first line of standard input
+                  --timeout SECONDS    lock again after this much inactivity (default 900; 0 never)
+                """
+        case "lock":
+            return """
+                usage: lockbox [--keychain PATH] lock [--all]
+
+                Locks the keychain: whenUnlocked items read as locked (OSStatus -25308) in every
+                process. afterFirstUnlock items stay readable until reboot, unless --all is given.
+                """
+        case "status":
+            return """
+                usage: lockbox [--keychain PATH] status [--json]
+
+                Shows the backend and why it was chosen, the lock state, which accessibility
+                classes are readable now, the unlock methods and the item count. Never a secret.
+                """
+        case "change-passphrase":
+            return """
+                usage: lockbox [--keychain PATH] change-passphrase [--passphrase-stdin]
+
+                Replaces the passphrase (rewrapping one key slot; items are untouched). With
+                --passphrase-stdin the old passphrase is the first line of standard input and the
+                new one the second.
+                """
+        case "add-generic-password", "add-internet-password":
+            return """
+                usage: lockbox [--keychain PATH] \(verb) -s \(verb.contains("internet") ? "SERVER" : "SERVICE") -a ACCOUNT [OPTIONS]
+
+                Stores a secret read from standard input (one trailing newline is removed) or, on
+                a terminal, asked without echo. The secret is never accepted as an argument.
+                  -a ACCOUNT           account name
+                  -s \(verb.contains("internet") ? "SERVER    " : "SERVICE   ")        \(verb.contains("internet") ? "server name" : "service name")
+                  -l LABEL             label;  -j COMMENT  comment;  -D KIND  description
+                \(verb.contains("internet") ? "  -r PROTOCOL -P PORT -p PATH -d DOMAIN -t AUTHTYPE\n" : "")  -U                   update the item if it already exists
+                  --accessibility A    when it can be read: whenUnlocked (default), afterFirstUnlock,
+                                       whenUnlockedThisDeviceOnly, afterFirstUnlockThisDeviceOnly,
+                                       whenPasscodeSetThisDeviceOnly, always, alwaysThisDeviceOnly
+                  --access-group G     the access group (a namespace, not an isolation boundary)
+                """
+        case "find-generic-password", "find-internet-password":
+            return """
+                usage: lockbox [--keychain PATH] \(verb) [-s NAME] [-a ACCOUNT] [-w | --json]
+
+                Finds the first matching item. Prints its attributes, or with -w only the secret
+                followed by a newline. Exit status 44 when nothing matches.
+                """
+        case "delete-generic-password", "delete-internet-password":
+            return """
+                usage: lockbox [--keychain PATH] \(verb) [-s NAME] [-a ACCOUNT]
+
+                Deletes every matching item. Exit status 44 when nothing matches.
+                """
+        case "dump", "dump-keychain":
+            return """
+                usage: lockbox [--keychain PATH] dump [--json]
+
+                Lists the attributes of every item (never a secret).
+                """
+        default:
+            return nil
+        }
+    }
+}

@@ -1,0 +1,236 @@
+import Lockbox
+
+/// A parsed command line: global options and one verb with its options. Parsing does no I/O.
+struct Invocation {
+    var keychain: String?
+    var command: Command
+}
+
+enum Command {
+    case help(verb: String?)
+    case version
+    case initialize(passphraseFromStandardInput: Bool, keyDerivation: Vault.KeyDerivationStrength)
+    case unlock(passphraseFromStandardInput: Bool, timeout: UInt32?)
+    case lock(all: Bool)
+    case status(json: Bool)
+    case changePassphrase(fromStandardInput: Bool)
+    case addPassword(PasswordOptions)
+    case findPassword(PasswordOptions)
+    case deletePassword(PasswordOptions)
+    case dump(json: Bool)
+}
+
+struct PasswordOptions {
+    var itemClass: ItemClass
+    var attributes = ItemAttributes()
+    /// `-w`: print only the secret (find).
+    var printSecretOnly = false
+    /// `-U`: update the item when it exists (add).
+    var updateIfExists = false
+    var json = false
+}
+
+/// A usage error: exit status 64 with the verb's help.
+struct UsageError: Error {
+    var message: String
+    var verb: String?
+}
+
+enum Parser {
+    static let passwordVerbs: [String: ItemClass] = [
+        "add-generic-password": .genericPassword, "find-generic-password": .genericPassword,
+        "delete-generic-password": .genericPassword, "add-internet-password": .internetPassword,
+        "find-internet-password": .internetPassword, "delete-internet-password": .internetPassword,
+    ]
+
+    static func parse(_ arguments: [String]) throws(UsageError) -> Invocation {
+        var remaining = arguments[...]
+        var keychain: String?
+        // Global options come before the verb.
+        while let first = remaining.first, first.hasPrefix("-") {
+            remaining = remaining.dropFirst()
+            switch first {
+            case "--keychain", "-k":
+                guard let path = remaining.popFirst() else { throw UsageError(message: "--keychain needs a path", verb: nil) }
+                keychain = path
+            case "--help", "-h":
+                return Invocation(keychain: keychain, command: .help(verb: nil))
+            case "--version":
+                return Invocation(keychain: keychain, command: .version)
+            default:
+                throw UsageError(message: "unknown option \(first)", verb: nil)
+            }
+        }
+        guard let verb = remaining.popFirst() else {
+            throw UsageError(message: "no command given", verb: nil)
+        }
+        let options = Array(remaining)
+        if options.contains("--help") || options.contains("-h") {
+            return Invocation(keychain: keychain, command: .help(verb: verb))
+        }
+        let command = try parseVerb(verb, options)
+        return Invocation(keychain: keychain, command: command)
+    }
+
+    private static func parseVerb(_ verb: String, _ options: [String]) throws(UsageError) -> Command {
+        var reader = OptionReader(verb: verb, options: options)
+        switch verb {
+        case "help":
+            return .help(verb: reader.options.first)
+        case "init":
+            var fromStandardInput = false
+            var strength = Vault.KeyDerivationStrength.moderate
+            while let option = reader.next() {
+                switch option {
+                case "--passphrase-stdin": fromStandardInput = true
+                case "--kdf":
+                    let name = try reader.value(for: option)
+                    guard let parsed = Vault.KeyDerivationStrength(rawValue: name) else {
+                        throw UsageError(message: "--kdf must be interactive, moderate or sensitive", verb: verb)
+                    }
+                    strength = parsed
+                default: throw reader.unknown(option)
+                }
+            }
+            return .initialize(passphraseFromStandardInput: fromStandardInput, keyDerivation: strength)
+        case "unlock":
+            var fromStandardInput = false
+            var timeout: UInt32?
+            while let option = reader.next() {
+                switch option {
+                case "--passphrase-stdin": fromStandardInput = true
+                case "--timeout":
+                    let text = try reader.value(for: option)
+                    guard let seconds = UInt32(text) else {
+                        throw UsageError(message: "--timeout takes whole seconds (0 for none)", verb: verb)
+                    }
+                    timeout = seconds
+                default: throw reader.unknown(option)
+                }
+            }
+            return .unlock(passphraseFromStandardInput: fromStandardInput, timeout: timeout)
+        case "lock":
+            var all = false
+            while let option = reader.next() {
+                guard option == "--all" else { throw reader.unknown(option) }
+                all = true
+            }
+            return .lock(all: all)
+        case "status":
+            var json = false
+            while let option = reader.next() {
+                guard option == "--json" else { throw reader.unknown(option) }
+                json = true
+            }
+            return .status(json: json)
+        case "change-passphrase":
+            var fromStandardInput = false
+            while let option = reader.next() {
+                guard option == "--passphrase-stdin" else { throw reader.unknown(option) }
+                fromStandardInput = true
+            }
+            return .changePassphrase(fromStandardInput: fromStandardInput)
+        case "dump", "dump-keychain":
+            var json = false
+            while let option = reader.next() {
+                guard option == "--json" else { throw reader.unknown(option) }
+                json = true
+            }
+            return .dump(json: json)
+        default:
+            guard let itemClass = passwordVerbs[verb] else {
+                throw UsageError(message: "unknown command \(verb)", verb: nil)
+            }
+            let parsed = try parsePassword(verb, itemClass: itemClass, reader: &reader)
+            if verb.hasPrefix("add") { return .addPassword(parsed) }
+            if verb.hasPrefix("find") { return .findPassword(parsed) }
+            return .deletePassword(parsed)
+        }
+    }
+
+    private static func parsePassword(_ verb: String, itemClass: ItemClass, reader: inout OptionReader) throws(UsageError) -> PasswordOptions {
+        var parsed = PasswordOptions(itemClass: itemClass)
+        let isAdd = verb.hasPrefix("add")
+        let isInternet = itemClass == .internetPassword
+        while let option = reader.next() {
+            switch option {
+            case "-a": parsed.attributes.account = try reader.value(for: option)
+            case "-s":
+                let value = try reader.value(for: option)
+                if isInternet { parsed.attributes.server = value } else { parsed.attributes.service = value }
+            case "-l": parsed.attributes.label = try reader.value(for: option)
+            case "-j": parsed.attributes.comment = try reader.value(for: option)
+            case "-D": parsed.attributes.itemDescription = try reader.value(for: option)
+            case "-r" where isInternet: parsed.attributes.protocol = InternetProtocol(name: try reader.value(for: option))
+            case "-P" where isInternet:
+                let text = try reader.value(for: option)
+                guard let port = Int(text), (0...65535).contains(port) else {
+                    throw UsageError(message: "-P takes a port number", verb: verb)
+                }
+                parsed.attributes.port = port
+            case "-p" where isInternet: parsed.attributes.path = try reader.value(for: option)
+            case "-d" where isInternet: parsed.attributes.securityDomain = try reader.value(for: option)
+            case "-t" where isInternet:
+                parsed.attributes.authenticationType = AuthenticationType(rawValue: try reader.value(for: option))
+            case "--access-group": parsed.attributes.accessGroup = try reader.value(for: option)
+            case "--accessibility":
+                let name = try reader.value(for: option)
+                guard let accessibility = Accessibility(name: name) else {
+                    throw UsageError(
+                        message: "--accessibility takes one of: "
+                            + Accessibility.allCases.map(\.rawValue).joined(separator: ", "),
+                        verb: verb)
+                }
+                parsed.attributes.accessibility = accessibility
+            case "-U" where isAdd: parsed.updateIfExists = true
+            case "-w":
+                if isAdd {
+                    // `security add-generic-password -w SECRET` puts the secret in argv, where
+                    // every user can read it in /proc. Lockbox refuses that form.
+                    if let next = reader.peek(), !next.hasPrefix("-") {
+                        throw UsageError(
+                            message: "secrets are never taken from the command line (other users can read it); "
+                                + "pipe the secret on standard input, or omit it to be asked on the terminal",
+                            verb: verb)
+                    }
+                } else {
+                    parsed.printSecretOnly = true
+                }
+            case "--json" where verb.hasPrefix("find"): parsed.json = true
+            default: throw reader.unknown(option)
+            }
+        }
+        return parsed
+    }
+}
+
+/// Walks a verb's options.
+struct OptionReader {
+    let verb: String
+    let options: [String]
+    private var index = 0
+
+    init(verb: String, options: [String]) {
+        self.verb = verb
+        self.options = options
+    }
+
+    mutating func next() -> String? {
+        guard index < options.count else { return nil }
+        defer { index += 1 }
+        return options[index]
+    }
+
+    func peek() -> String? {
+        index < options.count ? options[index] : nil
+    }
+
+    mutating func value(for option: String) throws(UsageError) -> String {
+        guard let value = next() else { throw UsageError(message: "\(option) needs a value", verb: verb) }
+        return value
+    }
+
+    func unknown(_ option: String) -> UsageError {
+        UsageError(message: "unknown option \(option) for \(verb)", verb: verb)
+    }
+}

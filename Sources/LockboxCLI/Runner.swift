@@ -1,0 +1,307 @@
+import Foundation
+import Lockbox
+
+/// Exit statuses, as macOS `security` uses them.
+enum ExitStatus: Int32 {
+    case success = 0
+    case failure = 1
+    case itemNotFound = 44
+    case usage = 64
+}
+
+/// Runs a parsed invocation.
+struct Runner {
+    let invocation: Invocation
+    var output = StandardStreams()
+
+    static let secretLimit = 64 * 1024
+    static let passphraseLimit = 4096
+
+    func run() throws(LockboxError) -> ExitStatus {
+        switch invocation.command {
+        case .help(let verb):
+            if let verb {
+                guard let text = Help.text(for: verb) else {
+                    output.error("lockbox: unknown command \(verb)\n\n\(Help.overview)")
+                    return .usage
+                }
+                output.print(text)
+            } else {
+                output.print(Help.overview)
+            }
+            return .success
+        case .version:
+            output.print("lockbox 0.1.0")
+            return .success
+        case .initialize(let fromStandardInput, let strength):
+            let passphrase = try newPassphrase(fromStandardInput: fromStandardInput)
+            var configuration = Vault.Configuration()
+            configuration.keyDerivation = strength
+            try applyEnvironment(to: &configuration)
+            let path = Keychain.vaultPath(explicit: invocation.keychain)
+            _ = try Vault.create(at: path, passphrase: passphrase, configuration: configuration)
+            output.print("Created the keychain \(path) (unlocked).")
+            return .success
+        case .unlock(let fromStandardInput, let timeout):
+            var options = Keychain.Options(path: invocation.keychain)
+            if let timeout { options.vault.idleTimeout = timeout }
+            let vault = try openVault(options)
+            let passphrase = try existingPassphrase(fromStandardInput: fromStandardInput, prompt: "Passphrase for \(vault.path): ")
+            try vault.unlock(passphrase: passphrase)
+            return .success
+        case .lock(let all):
+            let vault = try openVault()
+            if all { vault.lockAll() } else { vault.lock() }
+            return .success
+        case .status(let json):
+            let opened = try Keychain.open(Keychain.Options(path: invocation.keychain))
+            guard let vault = opened.vault else { return .failure }
+            let status = try vault.status()
+            if json {
+                output.print(Self.json(StatusReport(backend: opened.backend.rawValue, reason: opened.reason, vault: status)))
+            } else {
+                output.print(Self.describe(status, backend: opened.backend.rawValue, reason: opened.reason))
+            }
+            return .success
+        case .changePassphrase(let fromStandardInput):
+            let vault = try openVault()
+            let old: SecretBytes
+            let new: SecretBytes
+            if fromStandardInput {
+                let input = try SecretInput.readAll(limit: 2 * Self.passphraseLimit)
+                let first = SecretInput.splitLine(input)
+                old = first.line
+                new = SecretInput.splitLine(first.rest).line
+            } else {
+                old = try existingPassphrase(fromStandardInput: false, prompt: "Current passphrase: ")
+                new = try newPassphrase(fromStandardInput: false)
+            }
+            try vault.changePassphrase(from: old, to: new)
+            output.print("Passphrase changed.")
+            return .success
+        case .addPassword(let options):
+            return try addPassword(options)
+        case .findPassword(let options):
+            return try findPassword(options)
+        case .deletePassword(let options):
+            let store = try Keychain.open(Keychain.Options(path: invocation.keychain)).store
+            var query = Query(options.itemClass, attributes: options.attributes, limit: .all, returning: [])
+            query.synchronizable = .any
+            try store.delete(matching: query)
+            return .success
+        case .dump(let json):
+            return try dump(json: json)
+        }
+    }
+
+    // MARK: Items
+
+    private func addPassword(_ options: PasswordOptions) throws(LockboxError) -> ExitStatus {
+        let store = try Keychain.open(Keychain.Options(path: invocation.keychain)).store
+        let secret: SecretBytes
+        if SecretInput.standardInputIsTerminal {
+            secret = try SecretInput.prompt("Secret for \(options.attributes.service ?? options.attributes.server ?? "the item"): ")
+        } else {
+            secret = SecretInput.trimmingTrailingNewline(try SecretInput.readAll(limit: Self.secretLimit + 2))
+        }
+        let item = Item(options.itemClass, attributes: options.attributes, data: secret)
+        do {
+            try store.add(item)
+        } catch LockboxError.duplicateItem where options.updateIfExists {
+            var match = options.attributes
+            match.label = nil
+            match.comment = nil
+            match.itemDescription = nil
+            match.accessibility = nil
+            var changes = ItemAttributes()
+            changes.label = options.attributes.label
+            changes.comment = options.attributes.comment
+            changes.itemDescription = options.attributes.itemDescription
+            changes.accessibility = options.attributes.accessibility
+            try store.update(matching: Query(options.itemClass, attributes: match), to: ItemUpdate(attributes: changes, data: secret))
+        }
+        return .success
+    }
+
+    private func findPassword(_ options: PasswordOptions) throws(LockboxError) -> ExitStatus {
+        let store = try Keychain.open(Keychain.Options(path: invocation.keychain)).store
+        var query = Query(
+            options.itemClass, attributes: options.attributes, limit: .one,
+            returning: options.printSecretOnly ? [.data] : [.attributes])
+        query.synchronizable = .any
+        guard let item = try store.items(matching: query).first else {
+            throw LockboxError(.itemNotFound, "No matching item was found in the keychain.")
+        }
+        if options.printSecretOnly {
+            guard let data = item.data else { return .failure }
+            SecretInput.writeToStandardOutput(data)
+        } else if options.json {
+            output.print(Self.json(ItemSummary(item)))
+        } else {
+            output.print(Self.describe(ItemSummary(item)))
+        }
+        return .success
+    }
+
+    private func dump(json: Bool) throws(LockboxError) -> ExitStatus {
+        let store = try Keychain.open(Keychain.Options(path: invocation.keychain)).store
+        var summaries: [ItemSummary] = []
+        for itemClass in ItemClass.allCases {
+            var query = Query(itemClass, limit: .all, returning: [.attributes])
+            query.synchronizable = .any
+            do {
+                summaries += try store.items(matching: query).map(ItemSummary.init)
+            } catch LockboxError.itemNotFound {
+                continue
+            }
+        }
+        if json {
+            output.print(Self.json(summaries))
+        } else {
+            output.print(summaries.map(Self.describe).joined(separator: "\n\n"))
+        }
+        return .success
+    }
+
+    // MARK: Passphrases
+
+    private func newPassphrase(fromStandardInput: Bool) throws(LockboxError) -> SecretBytes {
+        if fromStandardInput {
+            return SecretInput.splitLine(try SecretInput.readAll(limit: Self.passphraseLimit)).line
+        }
+        guard SecretInput.standardInputIsTerminal else { throw Self.noPassphraseSource }
+        let first = try SecretInput.prompt("New passphrase: ", limit: Self.passphraseLimit)
+        let second = try SecretInput.prompt("Repeat it: ", limit: Self.passphraseLimit)
+        guard first == second else {
+            throw LockboxError(.param, "The two passphrases differ; nothing was changed.")
+        }
+        return first
+    }
+
+    private func existingPassphrase(fromStandardInput: Bool, prompt: String) throws(LockboxError) -> SecretBytes {
+        if fromStandardInput {
+            return SecretInput.splitLine(try SecretInput.readAll(limit: Self.passphraseLimit)).line
+        }
+        guard SecretInput.standardInputIsTerminal else { throw Self.noPassphraseSource }
+        return try SecretInput.prompt(prompt, limit: Self.passphraseLimit)
+    }
+
+    static let noPassphraseSource = LockboxError(
+        .notAvailable,
+        "No way to ask for the passphrase: standard input is not a terminal. "
+            + "Pass --passphrase-stdin and pipe the passphrase on standard input.")
+
+    // MARK: Helpers
+
+    private func openVault(_ options: Keychain.Options? = nil) throws(LockboxError) -> Vault {
+        let opened = try Keychain.open(options ?? Keychain.Options(path: invocation.keychain))
+        guard let vault = opened.vault else {
+            throw LockboxError(.unimplemented, "This command needs the vault backend.")
+        }
+        return vault
+    }
+
+    private func applyEnvironment(to configuration: inout Vault.Configuration) throws(LockboxError) {
+        if ProcessInfo.processInfo.environment["LOCKBOX_UNLOCK_CACHE"] == "process" {
+            configuration.unlockCache = .processMemory
+        }
+    }
+
+    static func json<T: Encodable>(_ value: T) -> String {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+        encoder.dateEncodingStrategy = .iso8601
+        guard let data = try? encoder.encode(value) else { return "{}" }
+        return String(decoding: data, as: UTF8.self)
+    }
+
+    static func describe(_ status: VaultStatus, backend: String, reason: String) -> String {
+        let state =
+            status.isUnlocked ? "unlocked" : status.wasUnlockedSinceBoot ? "locked (unlocked since boot)" : "locked"
+        var lines = [
+            "keychain: \(status.path)",
+            "backend: \(backend) (\(reason))",
+            "state: \(state)",
+            "readable now: " + (status.readableClasses.isEmpty ? "none" : status.readableClasses.map(\.rawValue).joined(separator: ", ")),
+            "items: \(status.itemCount)",
+            "unlock methods: " + status.unlockMethods.joined(separator: ", "),
+            "unlock cache: \(status.unlockCache.rawValue)",
+        ]
+        if status.failedUnlockAttempts > 0 {
+            lines.append("failed unlock attempts: \(status.failedUnlockAttempts)")
+        }
+        return lines.joined(separator: "\n")
+    }
+
+    static func describe(_ item: ItemSummary) -> String {
+        var lines = ["class: \(item.itemClass)"]
+        func add(_ name: String, _ value: String?) {
+            if let value { lines.append("\(name): \(value)") }
+        }
+        add("service", item.service)
+        add("server", item.server)
+        add("protocol", item.protocol)
+        add("port", item.port.map(String.init))
+        add("path", item.path)
+        add("securityDomain", item.securityDomain)
+        add("authenticationType", item.authenticationType)
+        add("account", item.account)
+        add("label", item.label)
+        add("comment", item.comment)
+        add("description", item.description)
+        add("accessibility", item.accessibility)
+        add("accessGroup", item.accessGroup)
+        add("synchronizable", item.synchronizable.map { $0 ? "yes" : "no" })
+        add("created", item.created.map { ISO8601DateFormatter().string(from: $0) })
+        add("modified", item.modified.map { ISO8601DateFormatter().string(from: $0) })
+        return lines.joined(separator: "\n")
+    }
+}
+
+struct StatusReport: Encodable {
+    var backend: String
+    var reason: String
+    var vault: VaultStatus
+}
+
+/// An item's attributes for printing: never its data.
+struct ItemSummary: Encodable {
+    var itemClass: String
+    var service, account, label, comment, description, accessibility, accessGroup: String?
+    var server, `protocol`, path, securityDomain, authenticationType: String?
+    var port: Int?
+    var synchronizable: Bool?
+    var created, modified: Date?
+
+    init(_ item: Item) {
+        let attributes = item.attributes
+        itemClass = item.itemClass.rawValue
+        service = attributes.service
+        account = attributes.account
+        label = attributes.label
+        comment = attributes.comment
+        description = attributes.itemDescription
+        accessibility = attributes.accessibility?.rawValue
+        accessGroup = attributes.accessGroup
+        server = attributes.server
+        `protocol` = attributes.protocol?.rawValue
+        path = attributes.path
+        securityDomain = attributes.securityDomain
+        authenticationType = attributes.authenticationType?.rawValue
+        port = attributes.port
+        synchronizable = attributes.synchronizable
+        created = attributes.creationDate
+        modified = attributes.modificationDate
+    }
+}
+
+/// stdout and stderr, for text that is never secret.
+struct StandardStreams {
+    func print(_ text: String) {
+        FileHandle.standardOutput.write(Data((text + "\n").utf8))
+    }
+
+    func error(_ text: String) {
+        FileHandle.standardError.write(Data((text + "\n").utf8))
+    }
+}

@@ -1,0 +1,108 @@
+import Lockbox
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Reads secrets from stdin or the terminal straight into guarded memory. Secrets never come
+/// from argv or the environment.
+enum SecretInput {
+    /// Reads all of `descriptor` (up to `limit` bytes).
+    static func readAll(_ descriptor: Int32 = STDIN_FILENO, limit: Int) throws(LockboxError) -> SecretBytes {
+        var failure: LockboxError?
+        let bytes = SecretBytes(capacity: limit + 1) { buffer in
+            var filled = 0
+            while filled < buffer.count {
+                let count = read(descriptor, buffer.baseAddress! + filled, buffer.count - filled)
+                if count == 0 { break }
+                if count < 0 {
+                    if errno == EINTR { continue }
+                    failure = LockboxError(.io, "Reading the secret from standard input failed.")
+                    return 0
+                }
+                filled += count
+            }
+            return filled
+        }
+        if let failure { throw failure }
+        guard bytes.count <= limit else {
+            throw LockboxError(.param, "The secret on standard input is over the limit of \(limit) bytes.")
+        }
+        return bytes
+    }
+
+    /// The bytes before the first newline of `input`, and the rest. A trailing `\r` is dropped.
+    static func splitLine(_ input: SecretBytes) -> (line: SecretBytes, rest: SecretBytes) {
+        input.withUnsafeBytes { bytes in
+            let newline = bytes.firstIndex(of: 0x0A)
+            var end = newline ?? bytes.count
+            if end > 0 && bytes[end - 1] == 0x0D { end -= 1 }
+            let line = SecretBytes(copying: UnsafeRawBufferPointer(rebasing: bytes[0..<end]))
+            let restStart = newline.map { $0 + 1 } ?? bytes.count
+            let rest = SecretBytes(copying: UnsafeRawBufferPointer(rebasing: bytes[restStart...]))
+            return (line, rest)
+        }
+    }
+
+    /// `input` without one trailing newline (`\n` or `\r\n`): what `echo secret |` adds.
+    static func trimmingTrailingNewline(_ input: SecretBytes) -> SecretBytes {
+        input.withUnsafeBytes { bytes in
+            var end = bytes.count
+            if end > 0 && bytes[end - 1] == 0x0A { end -= 1 }
+            if end > 0 && bytes[end - 1] == 0x0D { end -= 1 }
+            if end == bytes.count { return input }
+            return SecretBytes(copying: UnsafeRawBufferPointer(rebasing: bytes[0..<end]))
+        }
+    }
+
+    static var standardInputIsTerminal: Bool { isatty(STDIN_FILENO) == 1 }
+
+    /// Asks on the controlling terminal with echo off.
+    static func prompt(_ text: String, limit: Int = 64 * 1024) throws(LockboxError) -> SecretBytes {
+        let terminal = open("/dev/tty", O_RDWR | O_CLOEXEC)
+        guard terminal >= 0 else {
+            throw LockboxError(
+                .notAvailable,
+                "There is no terminal to ask for the secret on. Pipe it on standard input instead.")
+        }
+        defer { close(terminal) }
+        _ = text.withCString { write(terminal, $0, strlen($0)) }
+        var original = termios()
+        let haveAttributes = tcgetattr(terminal, &original) == 0
+        if haveAttributes {
+            var silent = original
+            silent.c_lflag &= ~tcflag_t(ECHO)
+            tcsetattr(terminal, TCSAFLUSH, &silent)
+        }
+        defer {
+            if haveAttributes { tcsetattr(terminal, TCSAFLUSH, &original) }
+            _ = write(terminal, "\n", 1)
+        }
+        return SecretBytes(capacity: limit) { buffer in
+            var filled = 0
+            while filled < buffer.count {
+                var byte: UInt8 = 0
+                let count = read(terminal, &byte, 1)
+                if count < 0 && errno == EINTR { continue }
+                if count <= 0 || byte == 0x0A { break }
+                buffer[filled] = byte
+                filled += 1
+            }
+            return filled
+        }
+    }
+
+    /// Writes a secret and a newline to stdout without making a `String` of it.
+    static func writeToStandardOutput(_ secret: SecretBytes) {
+        secret.withUnsafeBytes { bytes in
+            var offset = 0
+            while offset < bytes.count {
+                let written = write(STDOUT_FILENO, bytes.baseAddress! + offset, bytes.count - offset)
+                if written < 0 && errno == EINTR { continue }
+                if written <= 0 { return }
+                offset += written
+            }
+        }
+        _ = write(STDOUT_FILENO, "\n", 1)
+    }
+}

@@ -1,0 +1,110 @@
+import LockboxCore
+import VaultCrypto
+import VaultStorage
+
+/// One item as stored: plain columns for what queries filter on, sealed blobs for the rest.
+///
+/// Every blob is bound (as associated data) to the vault, the item's id, class,
+/// accessibility, access group and sync flag, and the schema version, so a blob copied to
+/// another row, or a row whose plain columns were edited, fails to open.
+struct SealedRow {
+    var rowID: Int = 0
+    var id: [UInt8]
+    var itemClass: ItemClass
+    var accessibility: Accessibility
+    var accessGroup: String
+    var synchronizable: Bool
+    var primaryDigest: [UInt8]
+    var lookupDigest: [UInt8]
+    var nameDigest: [UInt8]?
+    var wrappedKey: [UInt8]
+    var metadata: [UInt8]
+    var secret: [UInt8]
+
+    enum Purpose: String {
+        case itemKey = "key"
+        case metadata = "meta"
+        case data = "data"
+    }
+
+    /// The associated data shared by the row's three blobs; each appends its purpose.
+    func associatedDataPrefix(vaultID: [UInt8]) -> FieldEncoder {
+        var encoder = FieldEncoder()
+        encoder.string("lockbox.item")
+        encoder.integer(VaultSchema.current)
+        encoder.bytes(vaultID)
+        encoder.bytes(id)
+        encoder.string(itemClass.rawValue)
+        encoder.string(accessibility.rawValue)
+        encoder.string(accessGroup)
+        encoder.integer(synchronizable ? 1 : 0)
+        return encoder
+    }
+
+    func associatedData(prefix: FieldEncoder, _ purpose: Purpose) -> [UInt8] {
+        var encoder = prefix
+        encoder.string(purpose.rawValue)
+        return encoder.bytes
+    }
+
+    /// Seals an item under a fresh item key. `attributes` must carry the resolved access
+    /// group, accessibility and sync flag.
+    static func seal(
+        id: [UInt8], itemClass: ItemClass, attributes: ItemAttributes, data: SecretBytes,
+        classKey: SecretBytes, indexKey: SecretBytes, vaultID: [UInt8]
+    ) -> SealedRow {
+        var row = SealedRow(
+            id: id, itemClass: itemClass, accessibility: attributes.accessibility ?? .default,
+            accessGroup: attributes.accessGroup ?? Vault.defaultAccessGroup,
+            synchronizable: attributes.synchronizable ?? false,
+            primaryDigest: Crypto.keyedDigest(PrimaryKey.encode(itemClass, attributes), key: indexKey),
+            lookupDigest: Crypto.keyedDigest(PrimaryKey.encode(itemClass, attributes, includingGroup: false), key: indexKey),
+            nameDigest: PrimaryKey.encodeName(itemClass, attributes).map { Crypto.keyedDigest($0, key: indexKey) },
+            wrappedKey: [], metadata: [], secret: [])
+        let itemKey = Crypto.generateKey()
+        let prefix = row.associatedDataPrefix(vaultID: vaultID)
+        row.wrappedKey = Crypto.seal(itemKey, key: classKey, associatedData: row.associatedData(prefix: prefix, .itemKey))
+        row.metadata = Crypto.seal(attributes.encoded(), key: itemKey, associatedData: row.associatedData(prefix: prefix, .metadata))
+        row.secret = Crypto.seal(data, key: itemKey, associatedData: row.associatedData(prefix: prefix, .data))
+        return row
+    }
+
+    func openItemKey(classKey: SecretBytes, prefix: FieldEncoder) throws(LockboxError) -> SecretBytes {
+        guard let key = try? Crypto.open(wrappedKey, key: classKey, associatedData: associatedData(prefix: prefix, .itemKey)),
+            key.count == Crypto.keyByteCount
+        else { throw LockboxError.integrity() }
+        return key
+    }
+
+    func openAttributes(itemKey: SecretBytes, prefix: FieldEncoder) throws(LockboxError) -> ItemAttributes {
+        guard let bytes = try? Crypto.openBytes(metadata, key: itemKey, associatedData: associatedData(prefix: prefix, .metadata)),
+            var attributes = try? ItemAttributes(decoding: bytes)
+        else { throw LockboxError.integrity() }
+        // The plain columns were authenticated as associated data; they are the truth.
+        attributes.accessibility = accessibility
+        attributes.accessGroup = accessGroup
+        attributes.synchronizable = synchronizable
+        return attributes
+    }
+
+    func openData(itemKey: SecretBytes, prefix: FieldEncoder) throws(LockboxError) -> SecretBytes {
+        guard let data = try? Crypto.open(secret, key: itemKey, associatedData: associatedData(prefix: prefix, .data)) else {
+            throw LockboxError.integrity()
+        }
+        return data
+    }
+
+    func bindColumns(to statement: Statement) {
+        statement.bind(1, id)
+        statement.bind(2, itemClass.rawValue)
+        statement.bind(3, accessibility.rawValue)
+        statement.bind(4, accessGroup)
+        statement.bind(5, synchronizable ? 1 : 0)
+        statement.bind(6, primaryDigest)
+        statement.bind(7, lookupDigest)
+        statement.bind(8, nameDigest)
+        statement.bind(9, wrappedKey)
+        statement.bind(10, metadata)
+        statement.bind(11, secret)
+    }
+}

@@ -1,0 +1,456 @@
+import Foundation
+import LockboxCore
+import VaultCrypto
+import VaultStorage
+
+extension Vault {
+    // MARK: ItemStore
+
+    public func add(_ item: Item) throws(LockboxError) {
+        try add(contentsOf: [item])
+    }
+
+    /// Adds several items in one transaction: all of them or, on any error, none.
+    public func add(contentsOf items: [Item]) throws(LockboxError) {
+        var prepared: [(ItemClass, ItemAttributes, SecretBytes)] = []
+        prepared.reserveCapacity(items.count)
+        let now = Date()
+        for item in items {
+            var attributes = item.attributes
+            attributes.accessGroup = try resolvedGroupForWriting(attributes.accessGroup)
+            attributes.accessibility = attributes.accessibility ?? .default
+            attributes.synchronizable = attributes.synchronizable ?? false
+            attributes.creationDate = now
+            attributes.modificationDate = now
+            let data = item.data ?? .empty
+            try checkSizes(data: data, attributes: attributes)
+            prepared.append((item.itemClass, attributes, data))
+        }
+        try withState { state throws(LockboxError) in
+            var rows: [SealedRow] = []
+            rows.reserveCapacity(prepared.count)
+            for (itemClass, attributes, data) in prepared {
+                let keys = try keysForWriting(itemClass, attributes.accessibility!, state: state)
+                rows.append(
+                    SealedRow.seal(
+                        id: Crypto.randomBytes(16), itemClass: itemClass, attributes: attributes, data: data,
+                        classKey: keys.classKey, indexKey: keys.indexKey, vaultID: state.header.vaultID))
+            }
+            try state.database.writeTransaction { () throws(LockboxError) in
+                for row in rows {
+                    try insert(row, into: state.database, itemClass: row.itemClass)
+                }
+            }
+        }
+    }
+
+    public func items(matching query: Query) throws(LockboxError) -> [Item] {
+        try withState { state throws(LockboxError) in
+            let plan = try plan(
+                for: query, readingMetadata: query.returning.contains(.attributes),
+                readingData: query.returning.contains(.data), state: state)
+            let rows = try candidates(plan, state: state)
+            var results: [Item] = []
+            var lockedCandidate = false
+            for row in rows {
+                guard let classKey = try state.keys.classKey(for: row.accessibility, header: state.header) else {
+                    lockedCandidate = true
+                    continue
+                }
+                let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
+                let itemKey = try row.openItemKey(classKey: classKey, prefix: prefix)
+                var attributes: ItemAttributes?
+                if plan.readsMetadata {
+                    let opened = try row.openAttributes(itemKey: itemKey, prefix: prefix)
+                    guard opened.matches(plan.residual) else { continue }
+                    attributes = opened
+                }
+                var item = Item(query.itemClass, attributes: query.returning.contains(.attributes) ? attributes! : ItemAttributes())
+                if query.returning.contains(.data) {
+                    item.data = try row.openData(itemKey: itemKey, prefix: prefix)
+                }
+                item.persistentReference = Data(row.id)
+                results.append(item)
+                if query.limit == .one { break }
+            }
+            if results.isEmpty {
+                if lockedCandidate { throw lockedError() }
+                throw notFound()
+            }
+            return results
+        }
+    }
+
+    public func update(matching query: Query, to update: ItemUpdate) throws(LockboxError) {
+        if let data = update.data { try checkSizes(data: data, attributes: nil) }
+        if update.attributes.accessGroup != nil {
+            _ = try resolvedGroupForWriting(update.attributes.accessGroup)
+        }
+        try withState { state throws(LockboxError) in
+            try state.database.writeTransaction { () throws(LockboxError) in
+                var query = query
+                query.limit = .all
+                let plan = try plan(for: query, readingMetadata: true, readingData: true, state: state)
+                let rows = try candidates(plan, state: state)
+                var matched = 0
+                var lockedCandidate = false
+                let vaultID = state.header.vaultID
+                for row in rows {
+                    guard let classKey = try state.keys.classKey(for: row.accessibility, header: state.header) else {
+                        lockedCandidate = true
+                        continue
+                    }
+                    let prefix = row.associatedDataPrefix(vaultID: vaultID)
+                    let itemKey = try row.openItemKey(classKey: classKey, prefix: prefix)
+                    var attributes = try row.openAttributes(itemKey: itemKey, prefix: prefix)
+                    guard attributes.matches(plan.residual) else { continue }
+                    let data: SecretBytes
+                    if let replacement = update.data {
+                        data = replacement
+                    } else {
+                        data = try row.openData(itemKey: itemKey, prefix: prefix)
+                    }
+                    attributes.apply(update.attributes)
+                    attributes.creationDate = attributes.creationDate ?? Date()
+                    attributes.modificationDate = Date()
+                    try checkSizes(data: data, attributes: attributes)
+                    let keys = try keysForWriting(query.itemClass, attributes.accessibility ?? .default, state: state)
+                    let sealed = SealedRow.seal(
+                        id: row.id, itemClass: query.itemClass, attributes: attributes, data: data,
+                        classKey: keys.classKey, indexKey: keys.indexKey, vaultID: vaultID)
+                    try replace(rowID: row.rowID, with: sealed, in: state.database, itemClass: query.itemClass)
+                    matched += 1
+                }
+                if matched == 0 {
+                    if lockedCandidate { throw lockedError() }
+                    throw notFound()
+                }
+            }
+        }
+    }
+
+    public func delete(matching query: Query) throws(LockboxError) {
+        try withState { state throws(LockboxError) in
+            try state.database.writeTransaction { () throws(LockboxError) in
+                var query = query
+                query.limit = .all
+                let plan = try plan(for: query, readingMetadata: false, readingData: false, state: state)
+                let rows = try candidates(plan, state: state)
+                var doomed: [Int] = []
+                var lockedCandidate = false
+                for row in rows {
+                    // Matching on sealed attributes needs the item's key; matching on digests
+                    // and plain columns does not, so a locked item can still be deleted by name.
+                    if plan.needsMetadata {
+                        guard let classKey = try state.keys.classKey(for: row.accessibility, header: state.header) else {
+                            lockedCandidate = true
+                            continue
+                        }
+                        let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
+                        let itemKey = try row.openItemKey(classKey: classKey, prefix: prefix)
+                        let attributes = try row.openAttributes(itemKey: itemKey, prefix: prefix)
+                        guard attributes.matches(plan.residual) else { continue }
+                    }
+                    doomed.append(row.rowID)
+                }
+                if doomed.isEmpty {
+                    if lockedCandidate { throw lockedError() }
+                    throw notFound()
+                }
+                for rowID in doomed {
+                    let statement = try state.database.statement("DELETE FROM items WHERE rowid = ?")
+                    statement.bind(1, rowID)
+                    try statement.run()
+                }
+            }
+        }
+    }
+
+    // MARK: Planning
+
+    /// How a query finds its candidates: which digest narrows the rows, and which attributes
+    /// remain to be checked on the opened metadata.
+    struct QueryPlan {
+        var sql: String
+        var arguments: [Argument]
+        /// Attributes still to compare after decryption.
+        var residual: ItemAttributes
+        /// True when `residual` is not empty: candidates must be decrypted to match.
+        var needsMetadata: Bool
+        /// True when the metadata column is read (to match or to return attributes).
+        var readsMetadata: Bool
+        var itemClass: ItemClass
+        var shape: PlanShape
+
+        enum Argument {
+            case text(String)
+            case blob([UInt8])
+        }
+    }
+
+    /// The parts of a plan's SQL, as bits: the SQL text depends on nothing else, so it is
+    /// built once per shape and cached.
+    struct PlanShape: OptionSet, Hashable {
+        let rawValue: Int
+        static let persistentReference = PlanShape(rawValue: 1 << 0)
+        static let lookupDigest = PlanShape(rawValue: 1 << 1)
+        static let nameDigest = PlanShape(rawValue: 1 << 2)
+        static let groupEquals = PlanShape(rawValue: 1 << 3)
+        static let groupIn = PlanShape(rawValue: 1 << 4)
+        static let accessibility = PlanShape(rawValue: 1 << 5)
+        static let onlyNotSynchronizable = PlanShape(rawValue: 1 << 6)
+        static let onlySynchronizable = PlanShape(rawValue: 1 << 7)
+        static let metadataColumn = PlanShape(rawValue: 1 << 8)
+        static let secretColumn = PlanShape(rawValue: 1 << 9)
+        static let nothing = PlanShape(rawValue: 1 << 10)
+    }
+
+    func plan(for query: Query, readingMetadata: Bool, readingData: Bool, state: State) throws(LockboxError) -> QueryPlan {
+        var shape: PlanShape = []
+        var arguments: [QueryPlan.Argument] = [.text(query.itemClass.rawValue)]
+        var residual = query.attributes
+        residual.synchronizable = nil
+
+        if let reference = query.persistentReference {
+            shape.insert(.persistentReference)
+            arguments.append(.blob(Array(reference)))
+        }
+        if PrimaryKey.isComplete(query.itemClass, residual) {
+            guard let indexKey = try state.keys.indexKey(for: query.itemClass) else { throw lockedError() }
+            shape.insert(.lookupDigest)
+            arguments.append(.blob(Crypto.keyedDigest(PrimaryKey.encode(query.itemClass, residual, includingGroup: false), key: indexKey)))
+            residual.clearPrimaryKey(of: query.itemClass)
+        } else if let name = PrimaryKey.encodeName(query.itemClass, residual) {
+            guard let indexKey = try state.keys.indexKey(for: query.itemClass) else { throw lockedError() }
+            shape.insert(.nameDigest)
+            arguments.append(.blob(Crypto.keyedDigest(name, key: indexKey)))
+            residual.clearName(of: query.itemClass)
+        }
+        if let group = residual.accessGroup {
+            if isVisible(group) {
+                shape.insert(.groupEquals)
+                arguments.append(.text(group))
+            } else {
+                // Another group's items behave exactly as absent ones.
+                shape.insert(.nothing)
+            }
+            residual.accessGroup = nil
+        } else if let groups = configuration.accessGroups {
+            shape.insert(.groupIn)
+            arguments.append(contentsOf: groups.map { .text($0) })
+        }
+        if let accessibility = residual.accessibility {
+            shape.insert(.accessibility)
+            arguments.append(.text(accessibility.rawValue))
+            residual.accessibility = nil
+        }
+        switch query.synchronizable {
+        case .no: shape.insert(.onlyNotSynchronizable)
+        case .yes: shape.insert(.onlySynchronizable)
+        case .any: break
+        }
+        let needsMetadata = residual != ItemAttributes()
+        if needsMetadata || readingMetadata { shape.insert(.metadataColumn) }
+        if readingData { shape.insert(.secretColumn) }
+        let sql: String
+        if let cached = state.sqlByShape[shape] {
+            sql = cached
+        } else {
+            sql = Self.select(shape, groupCount: configuration.accessGroups?.count ?? 0)
+            state.sqlByShape[shape] = sql
+        }
+        return QueryPlan(
+            sql: sql, arguments: arguments, residual: residual, needsMetadata: needsMetadata,
+            readsMetadata: shape.contains(.metadataColumn), itemClass: query.itemClass, shape: shape)
+    }
+
+    private static func select(_ shape: PlanShape, groupCount: Int) -> String {
+        var conditions = ["item_class = ?"]
+        if shape.contains(.persistentReference) { conditions.append("id = ?") }
+        if shape.contains(.lookupDigest) { conditions.append("lookup_digest = ?") }
+        if shape.contains(.nameDigest) { conditions.append("name_digest = ?") }
+        if shape.contains(.groupEquals) { conditions.append("access_group = ?") }
+        if shape.contains(.groupIn) {
+            conditions.append("access_group IN (" + Array(repeating: "?", count: groupCount).joined(separator: ", ") + ")")
+        }
+        if shape.contains(.accessibility) { conditions.append("accessibility = ?") }
+        if shape.contains(.onlyNotSynchronizable) { conditions.append("synchronizable = 0") }
+        if shape.contains(.onlySynchronizable) { conditions.append("synchronizable = 1") }
+        if shape.contains(.nothing) { conditions.append("0") }
+        let metadata = shape.contains(.metadataColumn) ? "metadata" : "NULL"
+        let secret = shape.contains(.secretColumn) ? "secret" : "NULL"
+        return "SELECT rowid, id, accessibility, access_group, synchronizable, wrapped_key, \(metadata), \(secret) FROM items WHERE "
+            + conditions.joined(separator: " AND ") + " ORDER BY rowid"
+    }
+
+    func candidates(_ plan: QueryPlan, state: State) throws(LockboxError) -> [SealedRow] {
+        // Statements are reset at the end of every operation, so a cached one is ready.
+        let statement: Statement
+        if let cached = state.statementByShape[plan.shape] {
+            statement = cached
+        } else {
+            statement = try state.database.statement(plan.sql)
+            state.statementByShape[plan.shape] = statement
+        }
+        for (offset, argument) in plan.arguments.enumerated() {
+            let index = Int32(offset + 1)
+            switch argument {
+            case .text(let value): statement.bind(index, value)
+            case .blob(let value): statement.bind(index, value)
+            }
+        }
+        var rows: [SealedRow] = []
+        while try statement.step() {
+            guard let rowID = statement.integer(0), let id = statement.blob(1),
+                let accessibilityName = statement.text(2), let accessibility = Accessibility(rawValue: accessibilityName),
+                let group = statement.text(3), let synchronizable = statement.integer(4),
+                let wrappedKey = statement.blob(5)
+            else {
+                throw LockboxError.integrity()
+            }
+            rows.append(
+                SealedRow(
+                    rowID: rowID, id: id, itemClass: plan.itemClass,
+                    accessibility: accessibility, accessGroup: group, synchronizable: synchronizable != 0,
+                    primaryDigest: [], lookupDigest: [], nameDigest: nil,
+                    wrappedKey: wrappedKey, metadata: statement.blob(6) ?? [], secret: statement.blob(7) ?? []))
+        }
+        return rows
+    }
+
+    // MARK: Writing
+
+    private func insert(_ row: SealedRow, into database: Database, itemClass: ItemClass) throws(LockboxError) {
+        let statement = try database.statement(
+            """
+            INSERT INTO items (id, item_class, accessibility, access_group, synchronizable, primary_digest,
+                               lookup_digest, name_digest, wrapped_key, metadata, secret)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+            """)
+        row.bindColumns(to: statement)
+        do {
+            try statement.run()
+        } catch LockboxError.duplicateItem {
+            throw duplicate(itemClass)
+        }
+    }
+
+    private func replace(rowID: Int, with row: SealedRow, in database: Database, itemClass: ItemClass) throws(LockboxError) {
+        let statement = try database.statement(
+            """
+            UPDATE items SET id = ?, item_class = ?, accessibility = ?, access_group = ?, synchronizable = ?,
+                             primary_digest = ?, lookup_digest = ?, name_digest = ?, wrapped_key = ?,
+                             metadata = ?, secret = ?
+            WHERE rowid = ?
+            """)
+        row.bindColumns(to: statement)
+        statement.bind(12, rowID)
+        do {
+            try statement.run()
+        } catch LockboxError.duplicateItem {
+            throw duplicate(itemClass)
+        }
+    }
+
+    private func keysForWriting(
+        _ itemClass: ItemClass, _ accessibility: Accessibility, state: State
+    ) throws(LockboxError) -> (classKey: SecretBytes, indexKey: SecretBytes) {
+        guard let classKey = try state.keys.classKey(for: accessibility, header: state.header),
+            let indexKey = try state.keys.indexKey(for: itemClass)
+        else {
+            throw lockedError()
+        }
+        return (classKey, indexKey)
+    }
+
+    // MARK: Rules and messages
+
+    private func resolvedGroupForWriting(_ group: String?) throws(LockboxError) -> String {
+        guard let group else { return configuration.accessGroups?.first ?? Self.defaultAccessGroup }
+        guard isVisible(group) else {
+            throw LockboxError(
+                .missingEntitlement,
+                "This store was opened for the access groups \(configuration.accessGroups ?? []); "
+                    + "it cannot write to the group \(group).")
+        }
+        return group
+    }
+
+    private func isVisible(_ group: String) -> Bool {
+        configuration.accessGroups.map { $0.contains(group) } ?? true
+    }
+
+    private func checkSizes(data: SecretBytes, attributes: ItemAttributes?) throws(LockboxError) {
+        guard data.count <= configuration.maximumValueSize else {
+            throw LockboxError(
+                .param,
+                "The value is \(data.count) bytes, over this store's limit of \(configuration.maximumValueSize) bytes. "
+                    + "Keep large data in a file encrypted with a key stored here.")
+        }
+        if let attributes, attributes.encoded().count > configuration.maximumValueSize {
+            throw LockboxError(
+                .param, "The item's attributes are over this store's limit of \(configuration.maximumValueSize) bytes.")
+        }
+    }
+
+    func lockedError() -> LockboxError {
+        LockboxError.locked("Unlock it with `lockbox unlock` (or `unlock(passphrase:)`) and try again.")
+    }
+
+    private func notFound() -> LockboxError {
+        LockboxError(.itemNotFound, "No item matches the query in the keychain.")
+    }
+
+    private func duplicate(_ itemClass: ItemClass) -> LockboxError {
+        let key =
+            switch itemClass {
+            case .genericPassword: "service and account"
+            case .internetPassword: "server, protocol, port, path, account, authentication type and security domain"
+            case .key: "key class, type, size, application label and tag"
+            case .certificate: "certificate type, issuer and serial number"
+            }
+        return LockboxError(
+            .duplicateItem,
+            "An item with the same \(key) already exists in this access group. Update it instead (`-U` on the command line).")
+    }
+}
+
+extension ItemAttributes {
+    /// Clears the attributes a primary-key digest already matched.
+    mutating func clearPrimaryKey(of itemClass: ItemClass) {
+        switch itemClass {
+        case .genericPassword:
+            service = nil
+            account = nil
+        case .internetPassword:
+            server = nil
+            `protocol` = nil
+            port = nil
+            path = nil
+            account = nil
+            authenticationType = nil
+            securityDomain = nil
+        case .key:
+            keyClass = nil
+            keyType = nil
+            keySizeInBits = nil
+            effectiveKeySize = nil
+            applicationLabel = nil
+            applicationTag = nil
+        case .certificate:
+            certificateType = nil
+            issuer = nil
+            serialNumber = nil
+        }
+    }
+
+    /// Clears the attribute a name digest already matched.
+    mutating func clearName(of itemClass: ItemClass) {
+        switch itemClass {
+        case .genericPassword: service = nil
+        case .internetPassword: server = nil
+        case .key: applicationTag = nil
+        case .certificate: issuer = nil
+        }
+    }
+}

@@ -1,0 +1,80 @@
+import LockboxCore
+import VaultStorage
+
+/// The vault file's schema and its migrations.
+///
+/// The schema version lives in `PRAGMA user_version`. Opening a vault runs every migration
+/// from its version up to ``current`` in one write transaction, so a failed migration leaves
+/// the file as it was. A file from a newer Lockbox is refused rather than guessed at.
+enum VaultSchema {
+    /// The version this build writes.
+    static let current = 1
+
+    /// Takes a vault from `version` to `version + 1`. A later schema adds a case here.
+    static func migrate(_ database: Database, from version: Int) throws(LockboxError) {
+        switch version {
+        case 0: try createVersion1(database)
+        default: throw LockboxError(.param, "No migration from keychain schema version \(version).")
+        }
+    }
+
+    /// Brings `database` to ``current``.
+    static func migrate(_ database: Database) throws(LockboxError) {
+        let found = try database.userVersion
+        guard found <= current else {
+            throw LockboxError(
+                .param,
+                "The keychain at \(database.path) has schema version \(found), newer than this Lockbox (\(current)). "
+                    + "Upgrade Lockbox to open it.")
+        }
+        guard found < current else { return }
+        try database.writeTransaction { () throws(LockboxError) in
+            // Re-read inside the transaction: another process may have migrated meanwhile.
+            var version = try database.userVersion
+            while version < current {
+                try migrate(database, from: version)
+                version += 1
+                try database.execute("PRAGMA user_version = \(version)")
+            }
+        }
+    }
+
+    private static func createVersion1(_ database: Database) throws(LockboxError) {
+        try database.execute(
+            """
+            CREATE TABLE header (name TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;
+            CREATE TABLE key_slots (
+                id INTEGER PRIMARY KEY,
+                kind TEXT NOT NULL,
+                parameters BLOB NOT NULL,
+                wrapped_master_key BLOB NOT NULL
+            );
+            CREATE TABLE class_keys (
+                accessibility TEXT PRIMARY KEY,
+                wrapped_key BLOB NOT NULL
+            ) WITHOUT ROWID;
+            CREATE TABLE items (
+                rowid INTEGER PRIMARY KEY,
+                id BLOB NOT NULL UNIQUE,
+                item_class TEXT NOT NULL,
+                accessibility TEXT NOT NULL,
+                access_group TEXT NOT NULL,
+                synchronizable INTEGER NOT NULL,
+                primary_digest BLOB NOT NULL UNIQUE,
+                lookup_digest BLOB NOT NULL,
+                name_digest BLOB,
+                wrapped_key BLOB NOT NULL,
+                metadata BLOB NOT NULL,
+                secret BLOB NOT NULL
+            );
+            CREATE INDEX items_by_lookup ON items(lookup_digest);
+            CREATE INDEX items_by_name ON items(name_digest);
+            CREATE INDEX items_by_class ON items(item_class, access_group);
+            CREATE TABLE unlock_attempts (
+                id INTEGER PRIMARY KEY CHECK (id = 1),
+                failures INTEGER NOT NULL,
+                last_failure REAL NOT NULL
+            );
+            """)
+    }
+}

@@ -1,0 +1,159 @@
+internal import CSodium
+import LockboxCore
+
+/// The vault's cryptography, over libsodium. This target is the only importer of CSodium.
+///
+/// Keys are ``SecretBytes`` made by ``Crypto/generateKey()`` or derived here; nonces are made
+/// inside ``Crypto/seal(_:key:associatedData:)`` and are never a parameter; every failed
+/// open is the same ``Crypto/OpenFailure``.
+package enum Crypto {
+    /// Bytes of every symmetric key the vault uses.
+    package static let keyByteCount = 32
+    /// Nonce and tag overhead of a sealed box: 24-byte nonce + 16-byte tag.
+    package static let sealOverhead = 24 + 16
+    private static let nonceByteCount = 24
+
+    /// Any failure to open a sealed box. It carries no detail on purpose.
+    package struct OpenFailure: Error {}
+
+    private static let initialized: Bool = {
+        precondition(sodium_init() >= 0, "libsodium failed to initialize")
+        return true
+    }()
+
+    /// Called by every entry point; cheap after the first time.
+    @inline(__always) private static func ensureInitialized() {
+        _ = initialized
+    }
+
+    /// A fresh random 256-bit key.
+    package static func generateKey() -> SecretBytes {
+        ensureInitialized()
+        return SecretBytes(capacity: keyByteCount) { buffer in
+            randombytes_buf(buffer.baseAddress!, keyByteCount)
+            return keyByteCount
+        }
+    }
+
+    /// `count` random bytes (identifiers, salts): not secret.
+    package static func randomBytes(_ count: Int) -> [UInt8] {
+        ensureInitialized()
+        var bytes = [UInt8](repeating: 0, count: count)
+        bytes.withUnsafeMutableBytes { randombytes_buf($0.baseAddress!, count) }
+        return bytes
+    }
+
+    /// Seals `plaintext` with XChaCha20-Poly1305 under `key`, binding `associatedData`.
+    /// - Returns: nonce || ciphertext || tag.
+    package static func seal(_ plaintext: UnsafeRawBufferPointer, key: SecretBytes, associatedData: [UInt8]) -> [UInt8] {
+        ensureInitialized()
+        precondition(key.count == keyByteCount, "sealing key must be 32 bytes")
+        var box = [UInt8](repeating: 0, count: nonceByteCount + plaintext.count + 16)
+        box.withUnsafeMutableBufferPointer { output in
+            let nonce = output.baseAddress!
+            randombytes_buf(nonce, nonceByteCount)
+            key.withUnsafeBytes { keyBytes in
+                associatedData.withUnsafeBufferPointer { ad in
+                    var written: UInt64 = 0
+                    let result = crypto_aead_xchacha20poly1305_ietf_encrypt(
+                        nonce + nonceByteCount, &written,
+                        plaintext.baseAddress?.assumingMemoryBound(to: UInt8.self), UInt64(plaintext.count),
+                        ad.baseAddress, UInt64(ad.count),
+                        nil, nonce, keyBytes.baseAddress!.assumingMemoryBound(to: UInt8.self))
+                    precondition(result == 0, "XChaCha20-Poly1305 encryption cannot fail")
+                }
+            }
+        }
+        return box
+    }
+
+    /// Seals a secret (see ``seal(_:key:associatedData:)``).
+    package static func seal(_ secret: SecretBytes, key: SecretBytes, associatedData: [UInt8]) -> [UInt8] {
+        secret.withUnsafeBytes { seal($0, key: key, associatedData: associatedData) }
+    }
+
+    /// Seals plain bytes that are not secret by themselves (metadata).
+    package static func seal(_ bytes: [UInt8], key: SecretBytes, associatedData: [UInt8]) -> [UInt8] {
+        bytes.withUnsafeBytes { seal($0, key: key, associatedData: associatedData) }
+    }
+
+    /// Opens a box made by `seal` into guarded memory.
+    package static func open(_ box: [UInt8], key: SecretBytes, associatedData: [UInt8]) throws(OpenFailure) -> SecretBytes {
+        ensureInitialized()
+        guard box.count >= sealOverhead else { throw OpenFailure() }
+        let plaintextCount = box.count - sealOverhead
+        return try SecretBytes(capacity: plaintextCount) { (output: UnsafeMutableRawBufferPointer) throws(OpenFailure) -> Int in
+            let opened = box.withUnsafeBytes { decrypt($0, into: output, key: key, associatedData: associatedData) }
+            guard opened else { throw OpenFailure() }
+            return plaintextCount
+        }
+    }
+
+    /// Opens a box whose contents are not secret by themselves (metadata) into an array.
+    package static func openBytes(_ box: [UInt8], key: SecretBytes, associatedData: [UInt8]) throws(OpenFailure) -> [UInt8] {
+        ensureInitialized()
+        guard box.count >= sealOverhead else { throw OpenFailure() }
+        var output = [UInt8](repeating: 0, count: box.count - sealOverhead)
+        let opened = output.withUnsafeMutableBytes { buffer in
+            box.withUnsafeBytes { decrypt($0, into: buffer, key: key, associatedData: associatedData) }
+        }
+        guard opened else { throw OpenFailure() }
+        return output
+    }
+
+    /// Decrypts and verifies; on failure nothing is written that could be mistaken for
+    /// plaintext (libsodium verifies the tag before decrypting).
+    private static func decrypt(
+        _ box: UnsafeRawBufferPointer, into output: UnsafeMutableRawBufferPointer,
+        key: SecretBytes, associatedData: [UInt8]
+    ) -> Bool {
+        guard key.count == keyByteCount else { return false }
+        let boxStart = box.baseAddress!.assumingMemoryBound(to: UInt8.self)
+        let result = key.withUnsafeBytes { keyBytes in
+            associatedData.withUnsafeBufferPointer { ad in
+                var written: UInt64 = 0
+                // An empty plaintext still needs a valid pointer for the output.
+                var scratch: UInt8 = 0
+                let target = output.baseAddress?.assumingMemoryBound(to: UInt8.self) ?? withUnsafeMutablePointer(to: &scratch) { $0 }
+                return crypto_aead_xchacha20poly1305_ietf_decrypt(
+                    target, &written, nil,
+                    boxStart + nonceByteCount, UInt64(box.count - nonceByteCount),
+                    ad.baseAddress, UInt64(ad.count),
+                    boxStart, keyBytes.baseAddress!.assumingMemoryBound(to: UInt8.self))
+            }
+        }
+        return result == 0
+    }
+
+    /// Keyed BLAKE2b-256 of `input`: lookup digests that reveal equality, not values.
+    package static func keyedDigest(_ input: [UInt8], key: SecretBytes) -> [UInt8] {
+        ensureInitialized()
+        var digest = [UInt8](repeating: 0, count: 32)
+        key.withUnsafeBytes { keyBytes in
+            _ = crypto_generichash(
+                &digest, 32, input, UInt64(input.count),
+                keyBytes.baseAddress!.assumingMemoryBound(to: UInt8.self), keyBytes.count)
+        }
+        return digest
+    }
+
+    /// Derives an independent 256-bit subkey from `key` for the purpose named by `context`
+    /// (exactly 8 ASCII bytes) and `identifier`.
+    package static func deriveKey(from key: SecretBytes, context: StaticString, identifier: UInt64) -> SecretBytes {
+        ensureInitialized()
+        precondition(context.utf8CodeUnitCount == 8, "a key-derivation context is 8 bytes")
+        return SecretBytes(capacity: keyByteCount) { output in
+            key.withUnsafeBytes { master in
+                context.withUTF8Buffer { contextBytes in
+                    contextBytes.withMemoryRebound(to: CChar.self) { contextChars in
+                        let result = crypto_kdf_derive_from_key(
+                            output.baseAddress!.assumingMemoryBound(to: UInt8.self), keyByteCount, identifier,
+                            contextChars.baseAddress!, master.baseAddress!.assumingMemoryBound(to: UInt8.self))
+                        precondition(result == 0, "key derivation cannot fail with valid sizes")
+                    }
+                }
+            }
+            return keyByteCount
+        }
+    }
+}

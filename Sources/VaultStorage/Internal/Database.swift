@@ -1,0 +1,265 @@
+internal import CSQLite
+import LockboxCore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One SQLite connection to a vault file. This target is the only importer of CSQLite.
+///
+/// Not thread-safe by itself: the vault serializes access. Several processes may open the same
+/// file: writes take `BEGIN IMMEDIATE` and wait up to the busy timeout for each other.
+package final class Database {
+    private let handle: OpaquePointer
+    private var statements: [String: Statement] = [:]
+    /// The file, for messages.
+    package let path: String
+    /// Injected storage faults, for the fault-injection campaign.
+    package var faults: StorageFaults?
+
+    /// Opens (and with `create`, creates) the database at `path` with the vault's settings:
+    /// WAL, `synchronous=FULL`, `secure_delete=ON`, and a busy timeout.
+    package init(path: String, create: Bool, busyTimeoutMilliseconds: Int32 = 10_000) throws(LockboxError) {
+        self.path = path
+        var connection: OpaquePointer?
+        var flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE
+        if create { flags |= SQLITE_OPEN_CREATE }
+        let result = sqlite3_open_v2(path, &connection, flags, nil)
+        guard result == SQLITE_OK, let connection else {
+            if let connection { sqlite3_close_v2(connection) }
+            if result & 0xff == SQLITE_CANTOPEN {
+                throw LockboxError(.noSuchKeychain, "No keychain at \(path). Create one with `lockbox init`.")
+            }
+            throw Database.error(code: result, message: "could not open", path: path)
+        }
+        handle = connection
+        sqlite3_busy_timeout(handle, busyTimeoutMilliseconds)
+        do {
+            // WAL lets readers proceed while a writer commits; FULL makes every acknowledged
+            // write survive power loss; secure_delete overwrites deleted cells.
+            try execute("PRAGMA journal_mode=WAL")
+            try execute("PRAGMA synchronous=FULL")
+            try execute("PRAGMA secure_delete=ON")
+            try execute("PRAGMA trusted_schema=OFF")
+            try execute("PRAGMA cell_size_check=ON")
+        } catch {
+            statements.removeAll()
+            sqlite3_close_v2(handle)
+            throw error
+        }
+    }
+
+    deinit {
+        statements.removeAll()
+        sqlite3_close_v2(handle)
+    }
+
+    /// Runs SQL without results (schema changes, pragmas).
+    package func execute(_ sql: String) throws(LockboxError) {
+        try faults?.check(sql)
+        var message: UnsafeMutablePointer<CChar>?
+        let result = sqlite3_exec(handle, sql, nil, nil, &message)
+        let text = message.map { String(cString: $0) } ?? ""
+        sqlite3_free(message)
+        guard result == SQLITE_OK else { throw Database.error(code: result, message: text, path: path) }
+    }
+
+    /// A prepared statement, cached by its SQL text and reset for reuse.
+    package func statement(_ sql: String) throws(LockboxError) -> Statement {
+        if let cached = statements[sql] {
+            cached.reset()
+            return cached
+        }
+        var raw: OpaquePointer?
+        let result = sqlite3_prepare_v3(handle, sql, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &raw, nil)
+        guard result == SQLITE_OK, let raw else {
+            throw Database.error(code: result, message: String(cString: sqlite3_errmsg(handle)), path: path)
+        }
+        let statement = Statement(raw, database: self)
+        statements[sql] = statement
+        return statement
+    }
+
+    /// Resets every cached statement, ending any read snapshot a partly stepped one holds.
+    package func resetStatements() {
+        for statement in statements.values { statement.reset() }
+    }
+
+    /// Runs `body` in a write transaction (`BEGIN IMMEDIATE`): committed when it returns,
+    /// rolled back when it throws.
+    package func writeTransaction<T>(_ body: () throws(LockboxError) -> T) throws(LockboxError) -> T {
+        try execute("BEGIN IMMEDIATE")
+        do {
+            let value = try body()
+            try execute("COMMIT")
+            return value
+        } catch {
+            _ = sqlite3_exec(handle, "ROLLBACK", nil, nil, nil)
+            throw error
+        }
+    }
+
+    /// Runs `body` in a read transaction: one consistent snapshot across its statements.
+    package func readTransaction<T>(_ body: () throws(LockboxError) -> T) throws(LockboxError) -> T {
+        try execute("BEGIN DEFERRED")
+        do {
+            let value = try body()
+            try execute("COMMIT")
+            return value
+        } catch {
+            _ = sqlite3_exec(handle, "ROLLBACK", nil, nil, nil)
+            throw error
+        }
+    }
+
+    /// `PRAGMA user_version`: the vault's schema version.
+    package var userVersion: Int {
+        get throws(LockboxError) {
+            let statement = try statement("PRAGMA user_version")
+            defer { statement.reset() }
+            guard try statement.step() else { return 0 }
+            return statement.integer(0) ?? 0
+        }
+    }
+
+    /// `PRAGMA integrity_check` result ("ok" when healthy).
+    package func integrityCheck() throws(LockboxError) -> String {
+        let statement = try statement("PRAGMA integrity_check")
+        var lines: [String] = []
+        while try statement.step() { lines.append(statement.text(0) ?? "") }
+        return lines.joined(separator: "\n")
+    }
+
+    /// Rows changed by the last statement.
+    package var changes: Int { Int(sqlite3_changes(handle)) }
+
+    fileprivate func lastError(_ code: Int32) -> LockboxError {
+        Database.error(code: code, message: String(cString: sqlite3_errmsg(handle)), path: path)
+    }
+
+    /// Maps SQLite's result codes to Lockbox's. The message never includes bound values.
+    static func error(code: Int32, message: String, path: String) -> LockboxError {
+        switch code & 0xff {
+        case SQLITE_BUSY, SQLITE_LOCKED:
+            return LockboxError(
+                .io,
+                "The keychain at \(path) is busy: another process kept it locked past the timeout. Try again.")
+        case SQLITE_FULL:
+            return LockboxError(.io, "The disk holding \(path) is full. Free space, then try again; nothing was changed.")
+        case SQLITE_IOERR:
+            return LockboxError(.io, "Reading or writing \(path) failed (I/O error). Check the disk; nothing was changed.")
+        case SQLITE_CORRUPT, SQLITE_NOTADB:
+            return LockboxError.integrity("The keychain file \(path)")
+        case SQLITE_READONLY, SQLITE_PERM, SQLITE_AUTH:
+            return LockboxError(.io, "The keychain at \(path) cannot be written: check its permissions.")
+        case SQLITE_CONSTRAINT:
+            return LockboxError(.duplicateItem, "An item with the same primary key already exists in the keychain.")
+        case SQLITE_CANTOPEN:
+            return LockboxError(.io, "The keychain at \(path) cannot be opened: check the path and its permissions.")
+        default:
+            return LockboxError(.io, "Storage error \(code) on \(path): \(message).")
+        }
+    }
+}
+
+/// A prepared statement. Bind with 1-based indexes; read columns with 0-based ones.
+package final class Statement {
+    private let handle: OpaquePointer
+    private unowned let database: Database
+
+    fileprivate init(_ handle: OpaquePointer, database: Database) {
+        self.handle = handle
+        self.database = database
+    }
+
+    deinit { sqlite3_finalize(handle) }
+
+    func reset() {
+        sqlite3_reset(handle)
+        sqlite3_clear_bindings(handle)
+    }
+
+    // SQLITE_TRANSIENT: SQLite copies the bound bytes before the call returns.
+    private static let transient = unsafeBitCast(-1, to: sqlite3_destructor_type.self)
+
+    package func bind(_ index: Int32, _ value: [UInt8]?) {
+        guard let value else {
+            sqlite3_bind_null(handle, index)
+            return
+        }
+        value.withUnsafeBytes { bytes in
+            // A zero-length blob still needs a non-null pointer to stay a blob.
+            var empty: UInt8 = 0
+            let start = bytes.baseAddress ?? withUnsafeMutablePointer(to: &empty) { UnsafeRawPointer($0) }
+            _ = sqlite3_bind_blob(handle, index, start, Int32(bytes.count), Statement.transient)
+        }
+    }
+
+    package func bind(_ index: Int32, _ value: String?) {
+        guard let value else {
+            sqlite3_bind_null(handle, index)
+            return
+        }
+        _ = sqlite3_bind_text(handle, index, value, -1, Statement.transient)
+    }
+
+    package func bind(_ index: Int32, _ value: Int?) {
+        guard let value else {
+            sqlite3_bind_null(handle, index)
+            return
+        }
+        sqlite3_bind_int64(handle, index, Int64(value))
+    }
+
+    package func bind(_ index: Int32, _ value: Double?) {
+        guard let value else {
+            sqlite3_bind_null(handle, index)
+            return
+        }
+        sqlite3_bind_double(handle, index, value)
+    }
+
+    /// Advances to the next row. Returns false when done.
+    @discardableResult
+    package func step() throws(LockboxError) -> Bool {
+        try database.faults?.check(nil)
+        let result = sqlite3_step(handle)
+        switch result {
+        case SQLITE_ROW: return true
+        case SQLITE_DONE: return false
+        default:
+            let error = database.lastError(result)
+            sqlite3_reset(handle)
+            throw error
+        }
+    }
+
+    /// Runs to completion (for INSERT/UPDATE/DELETE).
+    package func run() throws(LockboxError) {
+        while try step() {}
+    }
+
+    package func blob(_ column: Int32) -> [UInt8]? {
+        guard sqlite3_column_type(handle, column) != SQLITE_NULL else { return nil }
+        let count = Int(sqlite3_column_bytes(handle, column))
+        guard count > 0, let start = sqlite3_column_blob(handle, column) else { return [] }
+        return Array(UnsafeRawBufferPointer(start: start, count: count))
+    }
+
+    package func text(_ column: Int32) -> String? {
+        guard sqlite3_column_type(handle, column) != SQLITE_NULL, let start = sqlite3_column_text(handle, column) else {
+            return nil
+        }
+        return String(cString: start)
+    }
+
+    package func integer(_ column: Int32) -> Int? {
+        guard sqlite3_column_type(handle, column) != SQLITE_NULL else { return nil }
+        return Int(sqlite3_column_int64(handle, column))
+    }
+
+    package func double(_ column: Int32) -> Double? {
+        guard sqlite3_column_type(handle, column) != SQLITE_NULL else { return nil }
+        return sqlite3_column_double(handle, column)
+    }
+}

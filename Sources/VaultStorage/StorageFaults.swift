@@ -1,0 +1,35 @@
+import LockboxCore
+
+/// Makes storage operations fail on purpose, for the fault-injection tests: the Nth operation
+/// (counting statements executed and steps taken), once or from then on.
+package final class StorageFaults {
+    package enum Kind: Sendable {
+        case diskFull
+        case ioError
+        case busy
+    }
+
+    package let kind: Kind
+    package let failingOperation: Int
+    package let persistent: Bool
+    package private(set) var operations = 0
+
+    package init(kind: Kind, failingOperation: Int, persistent: Bool) {
+        self.kind = kind
+        self.failingOperation = failingOperation
+        self.persistent = persistent
+    }
+
+    func check(_ sql: String?) throws(LockboxError) {
+        // Rolling back must still work, or a fault could never be recovered from.
+        if let sql, sql == "ROLLBACK" { return }
+        operations += 1
+        let hit = persistent ? operations >= failingOperation : operations == failingOperation
+        guard hit else { return }
+        switch kind {
+        case .diskFull: throw LockboxError(.io, "The disk is full (injected fault). Nothing was changed.")
+        case .ioError: throw LockboxError(.io, "I/O error (injected fault). Nothing was changed.")
+        case .busy: throw LockboxError(.io, "The keychain is busy (injected fault). Try again.")
+        }
+    }
+}

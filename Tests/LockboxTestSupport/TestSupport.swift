@@ -1,0 +1,140 @@
+import Foundation
+import Lockbox
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A fresh private directory (mode 0700) per test, removed when the value goes away.
+public final class TemporaryDirectory: @unchecked Sendable {
+    public let path: String
+
+    public init(_ label: String = "lockbox-test") {
+        var template = Array("/tmp/\(label)-XXXXXX".utf8CString)
+        let created = template.withUnsafeMutableBufferPointer { mkdtemp($0.baseAddress!) }
+        precondition(created != nil, "mkdtemp failed")
+        path = String(cString: template.withUnsafeBufferPointer { $0.baseAddress! })
+        chmod(path, 0o700)
+    }
+
+    public func file(_ name: String) -> String { path + "/" + name }
+
+    deinit {
+        try? FileManager.default.removeItem(atPath: path)
+    }
+}
+
+/// A recognisable secret that tests then search for in files and output.
+public func makeCanary(_ tag: String = "secret") -> String {
+    "CANARY-\(tag)-\(UInt64.random(in: 1_000_000_000...9_999_999_999))"
+}
+
+/// A vault in its own temporary directory, created unlocked with fast Argon2id parameters.
+/// The vault's keys are forgotten (as at reboot) when the value goes away.
+public final class VaultFixture: @unchecked Sendable {
+    public let directory: TemporaryDirectory
+    public let path: String
+    public let vault: Vault
+    public let passphrase: SecretBytes
+    public static let passphraseText = "correct horse battery staple"
+
+    public init(configure: (inout Vault.Configuration) -> Void = { _ in }) throws {
+        directory = TemporaryDirectory("lockbox-vault")
+        path = directory.file("keychains/test.lockbox")
+        passphrase = SecretBytes(utf8: Self.passphraseText)
+        var configuration = Vault.Configuration()
+        configuration.keyDerivation = .interactive
+        configure(&configuration)
+        vault = try Vault.create(at: path, passphrase: passphrase, configuration: configuration)
+    }
+
+    /// Another handle on the same file, as another process would open it.
+    public func reopen(configure: (inout Vault.Configuration) -> Void = { _ in }) throws -> Vault {
+        var configuration = vault.configuration
+        configure(&configuration)
+        return try Vault.open(at: path, configuration: configuration)
+    }
+
+    deinit {
+        vault.lockAll()
+    }
+}
+
+/// The result of running a program.
+public struct ProcessResult: Sendable {
+    public var status: Int32
+    public var standardOutput: String
+    public var standardError: String
+    public var standardOutputBytes: [UInt8]
+}
+
+/// Runs `executable` with `arguments`, feeding `input` on stdin, and waits for it.
+public func run(
+    _ executable: String, _ arguments: [String], input: [UInt8] = [], environment: [String: String]? = nil
+) throws -> ProcessResult {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: executable)
+    process.arguments = arguments
+    if let environment { process.environment = environment }
+    let stdin = Pipe()
+    let stdout = Pipe()
+    let stderr = Pipe()
+    process.standardInput = stdin
+    process.standardOutput = stdout
+    process.standardError = stderr
+    try process.run()
+    let writer = stdin.fileHandleForWriting
+    DispatchQueue.global().async {
+        writer.write(Data(input))
+        try? writer.close()
+    }
+    // Read both pipes concurrently so neither fills up and blocks the child.
+    let errorData = Mutex<Data>(Data())
+    let group = DispatchGroup()
+    group.enter()
+    DispatchQueue.global().async {
+        let data = stderr.fileHandleForReading.readDataToEndOfFile()
+        errorData.withLock { $0 = data }
+        group.leave()
+    }
+    let outputData = stdout.fileHandleForReading.readDataToEndOfFile()
+    group.wait()
+    process.waitUntilExit()
+    let errorBytes = errorData.withLock { $0 }
+    return ProcessResult(
+        status: process.terminationStatus,
+        standardOutput: String(decoding: outputData, as: UTF8.self),
+        standardError: String(decoding: errorBytes, as: UTF8.self),
+        standardOutputBytes: Array(outputData))
+}
+
+/// The path of a product built beside the test bundle (`.build/debug/NAME`).
+public func builtProduct(_ name: String) -> String {
+    let executable = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+    var directory = URL(fileURLWithPath: executable).deletingLastPathComponent()
+    // The test runner may be inside a .xctest bundle directory.
+    if directory.lastPathComponent.hasSuffix(".xctest") { directory.deleteLastPathComponent() }
+    return directory.appendingPathComponent(name).path
+}
+
+/// Every file in `directory` (recursively) whose bytes contain `needle`.
+public func filesContaining(_ needle: String, in directory: String) -> [String] {
+    let bytes = Array(needle.utf8)
+    var hits: [String] = []
+    guard let enumerator = FileManager.default.enumerator(atPath: directory) else { return [] }
+    while let relative = enumerator.nextObject() as? String {
+        let path = directory + "/" + relative
+        guard let data = FileManager.default.contents(atPath: path) else { continue }
+        if contains(Array(data), bytes) { hits.append(path) }
+    }
+    return hits
+}
+
+public func contains(_ haystack: [UInt8], _ needle: [UInt8]) -> Bool {
+    guard !needle.isEmpty, haystack.count >= needle.count else { return false }
+    for start in 0...(haystack.count - needle.count) where haystack[start] == needle[0] {
+        if Array(haystack[start..<start + needle.count]) == needle { return true }
+    }
+    return false
+}

@@ -1,0 +1,186 @@
+import Foundation
+import KeyProviders
+import Lockbox
+import LockboxTestSupport
+import Testing
+
+@Suite("Lock state, passphrases and the kernel keyring")
+struct LockStateTests {
+    let query = Query.genericPassword(service: "svc", account: "alice")
+
+    func status(_ body: () throws -> Void) -> Int32? {
+        do {
+            try body()
+            return nil
+        } catch let error as LockboxError {
+            return error.status
+        } catch {
+            return 1
+        }
+    }
+
+    @Test("after lock a whenUnlocked item is errSecInteractionNotAllowed and the key leaves the kernel keyring")
+    func lock_makesWhenUnlockedItemUnreadableAndRemovesKey() throws {
+        let fixture = try VaultFixture()
+        try fixture.vault.add(.genericPassword(service: "svc", account: "alice", data: SecretBytes(utf8: "v")))
+        let description = "lockbox:v1:\(fixture.vault.identifier):unlocked"
+        #expect((try? KernelKeyring.find(description)) != nil)
+
+        fixture.vault.lock()
+
+        #expect(status { _ = try fixture.vault.data(matching: query) } == -25308)
+        #expect(status { _ = try KernelKeyring.find(description) } != nil)
+        // The kernel agrees: `keyctl search` finds nothing.
+        let search = try run("/usr/bin/keyctl", ["search", "@u", "user", description])
+        #expect(search.status != 0)
+        // An item that does not exist at all is truthfully "not found" (the lookup index stays
+        // readable after the first unlock), while one that exists but is locked is -25308.
+        #expect(status { _ = try fixture.vault.data(matching: .genericPassword(service: "svc", account: "nobody")) } == -25300)
+        var byLabel = Query(.genericPassword, limit: .all)
+        byLabel.attributes.label = "needs the sealed metadata"
+        #expect(status { _ = try fixture.vault.items(matching: byLabel) } == -25308)
+        #expect(status { try fixture.vault.add(.genericPassword(service: "svc", account: "new", data: SecretBytes(utf8: "x"))) } == -25308)
+        #expect(status { try fixture.vault.update(matching: query, to: ItemUpdate(data: SecretBytes(utf8: "x"))) } == -25308)
+    }
+
+    @Test("unlock makes a locked item readable again")
+    func unlock_makesItemReadableAgain() throws {
+        let fixture = try VaultFixture()
+        try fixture.vault.add(.genericPassword(service: "svc", account: "alice", data: SecretBytes(utf8: "v")))
+        fixture.vault.lock()
+        try fixture.vault.unlock(passphrase: fixture.passphrase)
+        #expect(try fixture.vault.data(matching: query) == SecretBytes(utf8: "v"))
+    }
+
+    @Test("a wrong passphrase is errSecAuthFailed and leaves the vault locked")
+    func wrongPassphrase_throwsAuthFailed() throws {
+        let fixture = try VaultFixture()
+        try fixture.vault.add(.genericPassword(service: "svc", account: "alice", data: SecretBytes(utf8: "v")))
+        fixture.vault.lock()
+        #expect(status { try fixture.vault.unlock(passphrase: SecretBytes(utf8: "wrong")) } == -25293)
+        #expect(status { _ = try fixture.vault.data(matching: query) } == -25308)
+        #expect(try fixture.vault.status().failedUnlockAttempts == 1)
+        try fixture.vault.unlock(passphrase: fixture.passphrase)
+        #expect(try fixture.vault.status().failedUnlockAttempts == 0)
+    }
+
+    @Test("repeated wrong passphrases announce a growing delay")
+    func repeatedWrongPassphrases_growTheDelay() throws {
+        #expect(Vault.delay(afterFailures: 1) == 0)
+        #expect(Vault.delay(afterFailures: 2) == 0)
+        #expect(Vault.delay(afterFailures: 3) == 1)
+        #expect(Vault.delay(afterFailures: 4) == 2)
+        #expect(Vault.delay(afterFailures: 6) == 8)
+        #expect(Vault.delay(afterFailures: 50) == 30)
+        let fixture = try VaultFixture()
+        fixture.vault.lock()
+        var lastMessage = ""
+        for _ in 0..<3 {
+            do {
+                try fixture.vault.unlock(passphrase: SecretBytes(utf8: "wrong"))
+            } catch {
+                lastMessage = error.message
+            }
+        }
+        #expect(lastMessage.contains("attempt 3"))
+        #expect(lastMessage.contains("waits 1 s"))
+        #expect(try fixture.vault.status().failedUnlockAttempts == 3)
+    }
+
+    @Test("a second handle shares the unlocked state through the kernel keyring, and its lock locks both")
+    func secondHandle_sharesUnlockAndLock() throws {
+        let fixture = try VaultFixture()
+        try fixture.vault.add(.genericPassword(service: "svc", account: "alice", data: SecretBytes(utf8: "v")))
+        let other = try fixture.reopen()
+        #expect(try other.data(matching: query) == SecretBytes(utf8: "v"))
+        other.lock()
+        #expect(status { _ = try fixture.vault.data(matching: query) } == -25308)
+        try fixture.vault.unlock(passphrase: fixture.passphrase)
+        #expect(try other.data(matching: query) == SecretBytes(utf8: "v"))
+    }
+
+    @Test("with the process-memory cache another handle stays locked")
+    func processMemoryCache_doesNotShareUnlock() throws {
+        let fixture = try VaultFixture { $0.unlockCache = .processMemory }
+        try fixture.vault.add(.genericPassword(service: "svc", account: "alice", data: SecretBytes(utf8: "v")))
+        let other = try fixture.reopen()
+        #expect(status { _ = try other.data(matching: query) } == -25308)
+        try other.unlock(passphrase: fixture.passphrase)
+        #expect(try other.data(matching: query) == SecretBytes(utf8: "v"))
+    }
+
+    @Test("after the idle timeout a whenUnlocked item is locked again")
+    func idleTimeout_locksWhenUnlockedItems() throws {
+        let fixture = try VaultFixture { $0.idleTimeout = 1 }
+        try fixture.vault.add(.genericPassword(service: "svc", account: "alice", data: SecretBytes(utf8: "v")))
+        Thread.sleep(forTimeInterval: 2.5)
+        #expect(status { _ = try fixture.vault.data(matching: query) } == -25308)
+        // The lookup keys stay: this is "locked", and never "not found".
+        #expect(try fixture.vault.status().wasUnlockedSinceBoot)
+    }
+
+    @Test("afterFirstUnlock items stay readable after lock and lock at reboot")
+    func afterFirstUnlockItems_surviveLockButNotReboot() throws {
+        let fixture = try VaultFixture()
+        try fixture.vault.add(.genericPassword(service: "svc", account: "alice", data: SecretBytes(utf8: "v"), accessibility: .afterFirstUnlock))
+        fixture.vault.lock()
+        #expect(try fixture.vault.data(matching: query) == SecretBytes(utf8: "v"))
+        fixture.vault.lockAll()
+        #expect(status { _ = try fixture.vault.data(matching: query) } == -25308)
+        try fixture.vault.unlock(passphrase: fixture.passphrase)
+        fixture.vault.lock()
+        #expect(try fixture.vault.data(matching: query) == SecretBytes(utf8: "v"))
+    }
+
+    @Test("changing the passphrase rewraps one slot: the old one fails, the new one opens every item")
+    func changePassphrase_rewrapsSlot() throws {
+        let fixture = try VaultFixture()
+        for index in 0..<20 {
+            try fixture.vault.add(.genericPassword(service: "svc", account: "user\(index)", data: SecretBytes(utf8: "v\(index)")))
+        }
+        let before = try fixture.vault.withDatabase { database throws(LockboxError) in
+            let statement = try database.statement("SELECT group_concat(hex(secret)) FROM items")
+            _ = try statement.step()
+            return statement.text(0)
+        }
+        let newPassphrase = SecretBytes(utf8: "a new passphrase")
+        try fixture.vault.changePassphrase(from: fixture.passphrase, to: newPassphrase)
+        let after = try fixture.vault.withDatabase { database throws(LockboxError) in
+            let statement = try database.statement("SELECT group_concat(hex(secret)) FROM items")
+            _ = try statement.step()
+            return statement.text(0)
+        }
+        #expect(before == after)
+        fixture.vault.lockAll()
+        #expect(status { try fixture.vault.unlock(passphrase: fixture.passphrase) } == -25293)
+        try fixture.vault.unlock(passphrase: newPassphrase)
+        #expect(try fixture.vault.data(matching: .genericPassword(service: "svc", account: "user7")) == SecretBytes(utf8: "v7"))
+    }
+
+    @Test("changing the passphrase with a wrong old one is errSecAuthFailed")
+    func changePassphraseWithWrongOld_throwsAuthFailed() throws {
+        let fixture = try VaultFixture()
+        #expect(status { try fixture.vault.changePassphrase(from: SecretBytes(utf8: "nope"), to: SecretBytes(utf8: "new")) } == -25293)
+    }
+
+    @Test("a locked item can still be deleted by its primary key")
+    func lockedItem_canBeDeletedByName() throws {
+        let fixture = try VaultFixture()
+        try fixture.vault.add(.genericPassword(service: "svc", account: "alice", data: SecretBytes(utf8: "v")))
+        fixture.vault.lock()
+        try fixture.vault.delete(matching: query)
+        try fixture.vault.unlock(passphrase: fixture.passphrase)
+        #expect(status { _ = try fixture.vault.data(matching: query) } == -25300)
+    }
+
+    @Test("before the first unlock every lookup is errSecInteractionNotAllowed")
+    func beforeFirstUnlock_lookupsAreLocked() throws {
+        let fixture = try VaultFixture()
+        try fixture.vault.add(.genericPassword(service: "svc", account: "alice", data: SecretBytes(utf8: "v"), accessibility: .afterFirstUnlock))
+        fixture.vault.lockAll()
+        let rebooted = try fixture.reopen()
+        #expect(status { _ = try rebooted.data(matching: query) } == -25308)
+        #expect(status { try rebooted.delete(matching: query) } == -25308)
+        #expect(try rebooted.status().readableClasses.isEmpty)
+    }
+}
