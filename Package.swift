@@ -40,9 +40,9 @@ let package = Package(
         // git and docker credential-helper protocols over any ItemStore.
         .target(name: "CredentialHelpers", dependencies: ["LockboxCore"], swiftSettings: strict),
         .executableTarget(
-            name: "GitCredentialHelper", dependencies: ["CredentialHelpers", "SecretService"], swiftSettings: strict),
+            name: "GitCredentialHelper", dependencies: ["CredentialHelpers", "SecretService", "Lockbox"], swiftSettings: strict),
         .executableTarget(
-            name: "DockerCredentialHelper", dependencies: ["CredentialHelpers", "SecretService"], swiftSettings: strict),
+            name: "DockerCredentialHelper", dependencies: ["CredentialHelpers", "SecretService", "Lockbox"], swiftSettings: strict),
 
         // The OAuth 2.0 credential lifecycle, over the small TokenStore interface.
         .target(name: "LockboxAuth", dependencies: ["LockboxCore"], swiftSettings: strict),

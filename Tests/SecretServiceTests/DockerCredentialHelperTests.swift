@@ -61,7 +61,7 @@ struct DockerCredentialHelperTests {
         let directory = URL(fileURLWithPath: helper).deletingLastPathComponent().path
         let path = directory + ":" + ProcessInfo.processInfo.environment["PATH", default: "/usr/bin:/bin"]
         return try Python.run(
-            Self.client, ["lockbox"] + arguments, input: Array(input.utf8), environment: environment(["PATH": path]))
+            Self.client, ["lockbox"] + arguments, input: Array(input.utf8), environment: helperEnvironment(["PATH": path]))
     }
 
     @Test func storeGetListErase_throughDockersOwnClient() throws {
@@ -94,7 +94,7 @@ struct DockerCredentialHelperTests {
         _ = try TestBus.address()
         let url = "https://\(TestBus.unique("absent")).example"
         for operation in ["get", "erase"] {
-            let output = try runProcess(helper, [operation], input: Array((url + "\n").utf8))
+            let output = try runProcess(helper, [operation], input: Array((url + "\n").utf8), environment: helperEnvironment())
             #expect(output.status == 1)
             #expect(output.stdout == "credentials not found in native keychain\n")
             #expect(output.stderr.isEmpty)
@@ -105,10 +105,13 @@ struct DockerCredentialHelperTests {
     @Test func storeWithoutServerURLOrUsername_printsDockersErrors() throws {
         let helper = try Paths.product("docker-credential-lockbox")
         _ = try TestBus.address()
-        let noURL = try runProcess(helper, ["store"], input: Array(#"{"ServerURL":"","Username":"a","Secret":"s"}"#.utf8))
+        let noURL = try runProcess(
+            helper, ["store"], input: Array(#"{"ServerURL":"","Username":"a","Secret":"s"}"#.utf8), environment: helperEnvironment())
         #expect(noURL.status == 1)
         #expect(noURL.stdout == "no credentials server URL\n")
-        let noUser = try runProcess(helper, ["store"], input: Array(#"{"ServerURL":"https://x","Username":"","Secret":"s"}"#.utf8))
+        let noUser = try runProcess(
+            helper, ["store"], input: Array(#"{"ServerURL":"https://x","Username":"","Secret":"s"}"#.utf8),
+            environment: helperEnvironment())
         #expect(noUser.status == 1)
         #expect(noUser.stdout == "no credentials username\n")
     }

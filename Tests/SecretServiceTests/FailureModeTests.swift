@@ -58,7 +58,7 @@ struct FailureModeTests {
         let helper = try Paths.product("docker-credential-lockbox")
         let output = try runProcess(
             helper, ["list"],
-            environment: environment(["DBUS_SESSION_BUS_ADDRESS": nil, "XDG_RUNTIME_DIR": "/nonexistent"]),
+            environment: helperEnvironment(["DBUS_SESSION_BUS_ADDRESS": nil, "XDG_RUNTIME_DIR": "/nonexistent"]),
             timeout: 10)
         #expect(output.status == 1)
         #expect(output.stdout.contains("No D-Bus session bus"))
@@ -69,7 +69,7 @@ struct FailureModeTests {
         let helper = try Paths.product("docker-credential-lockbox")
         let output = try runProcess(
             helper, ["list"],
-            environment: environment(["DBUS_SESSION_BUS_ADDRESS": "unix:path=/nonexistent/lockbox-bus"]),
+            environment: helperEnvironment(["DBUS_SESSION_BUS_ADDRESS": "unix:path=/nonexistent/lockbox-bus"]),
             timeout: 10)
         #expect(output.status == 1)
         #expect(output.stdout.contains("No D-Bus session bus at unix:path=/nonexistent/lockbox-bus"), "\(output.combined)")
@@ -81,7 +81,7 @@ struct FailureModeTests {
         let started = Date()
         let output = try runProcess(
             helper, ["get"], input: Array("protocol=https\nhost=example.com\n\n".utf8),
-            environment: environment(["DBUS_SESSION_BUS_ADDRESS": "unix:path=\(silent.path)"]), timeout: 30)
+            environment: helperEnvironment(["DBUS_SESSION_BUS_ADDRESS": "unix:path=\(silent.path)"]), timeout: 30)
         let elapsed = Date().timeIntervalSince(started)
         #expect(output.status == 1)
         #expect(output.stderr.contains("did not answer within 5 s"), "\(output.combined)")

@@ -188,7 +188,7 @@ struct Git {
     }
 
     var environment: [String: String] {
-        SecretServiceTests.environment([
+        helperEnvironment([
             "GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": nil, "SSH_ASKPASS": nil, "GIT_CONFIG_NOSYSTEM": "1",
             "GIT_CONFIG_GLOBAL": "/dev/null",
         ])

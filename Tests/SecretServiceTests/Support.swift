@@ -189,3 +189,10 @@ final class FreshCollection {
         _ = try? runProcess(Paths.secretServiceScript, ["delete-collection", path])
     }
 }
+
+/// The environment for running the built helpers: this one, on the Secret Service backend.
+func helperEnvironment(_ changes: [String: String?] = [:]) -> [String: String] {
+    var changes = changes
+    changes["LOCKBOX_BACKEND"] = "secret-service"
+    return environment(changes)
+}
