@@ -64,7 +64,7 @@ struct DockerCredentialHelperTests {
             Self.client, ["lockbox"] + arguments, input: Array(input.utf8), environment: helperEnvironment(["PATH": path]))
     }
 
-    @Test func storeGetListErase_throughDockersOwnClient() throws {
+    @Test func dockersOwnClient_storeGetListErase_roundTrip() throws {
         let url = "https://\(TestBus.unique("registry")).example:5000/v2/"
         let canary = TestBus.canary() + "\"\\<&>"
         let stored = try client(["store", url, "alice"], input: canary)
@@ -116,7 +116,7 @@ struct DockerCredentialHelperTests {
         #expect(noUser.stdout == "no credentials username\n")
     }
 
-    @Test func version_printsTheHelperVersion() throws {
+    @Test func versionOperation_printsTheHelperVersion() throws {
         let output = try runProcess(try Paths.product("docker-credential-lockbox"), ["version"])
         #expect(output.status == 0)
         #expect(output.stdout.hasPrefix("docker-credential-lockbox (lockbox) "))

@@ -93,7 +93,7 @@ struct GitCredentialHelperTests {
         #expect(outcome.standardOutput.isEmpty)
     }
 
-    @Test func gitApproveFillReject_roundTripThroughTheHelper() throws {
+    @Test func gitApproveFillReject_throughTheHelper_storeAnswerAndErase() throws {
         let git = try Git()
         let host = TestBus.unique("approve") + ".example"
         let canary = TestBus.canary()
@@ -126,7 +126,7 @@ struct GitCredentialHelperTests {
         #expect(!approve.combined.contains(canary) && !reject.combined.contains(canary))
     }
 
-    @Test func gitOwnLibsecretHelper_andLockbox_readEachOthersItems() throws {
+    @Test func gitsOwnLibsecretHelper_andLockbox_readEachOthersItems() throws {
         let git = try Git()
         let libsecretHelper = try Git.buildLibsecretHelper()
         let host = TestBus.unique("libsecret") + ".example"

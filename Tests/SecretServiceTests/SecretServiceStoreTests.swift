@@ -62,7 +62,7 @@ struct SecretServiceStoreTests {
         #expect(try store.data(matching: query).utf8String == "8443")
     }
 
-    @Test func limitAllAndLimitOne_returnEveryMatchOrOne() throws {
+    @Test func limitAll_returnsEveryMatch_limitOne_returnsOne() throws {
         let store = try TestBus.store()
         let service = TestBus.unique("limit")
         for account in ["a", "b", "c"] {
@@ -78,7 +78,7 @@ struct SecretServiceStoreTests {
         #expect(try store.items(matching: query).count == 1)
     }
 
-    @Test func returningAttributesOnly_hasNoData_andDataOnly_hasNoAttributes() throws {
+    @Test func returningAttributesOnly_hasNoData_returningDataOnly_hasNoAttributes() throws {
         let store = try TestBus.store()
         let service = TestBus.unique("ret")
         try store.add(.genericPassword(service: service, account: "alice", data: SecretBytes(utf8: "v")))
@@ -166,7 +166,7 @@ struct SecretServiceStoreTests {
         #expect(try store.data(matching: .genericPassword(service: service, account: "bob")).utf8String == "b")
     }
 
-    @Test func internetPassword_roundTripsEveryKeyAttribute() throws {
+    @Test func internetPassword_withEveryKeyAttribute_roundTrips() throws {
         let store = try TestBus.store()
         let server = TestBus.unique("web")
         let attributes = ItemAttributes.internet(
@@ -183,7 +183,7 @@ struct SecretServiceStoreTests {
         #expect(item.data?.utf8String == "pw")
     }
 
-    @Test func keyAndCertificate_roundTripBinaryAttributes() throws {
+    @Test func keyAndCertificate_withBinaryAttributes_roundTripAndStayApart() throws {
         let store = try TestBus.store()
         let tag = Data(TestBus.unique("tag").utf8) + Data([0, 255, 10])
         var key = ItemAttributes()
@@ -231,7 +231,7 @@ struct SecretServiceStoreTests {
         try store.add(.genericPassword(service: service, account: "alice", data: SecretBytes(utf8: "local")))
     }
 
-    @Test func persistentReference_findsExactlyThatItem() throws {
+    @Test func persistentReference_inAQuery_findsExactlyThatItem() throws {
         let store = try TestBus.store()
         let service = TestBus.unique("ref")
         try store.add(.genericPassword(service: service, account: "a", data: SecretBytes(utf8: "1")))
@@ -246,7 +246,7 @@ struct SecretServiceStoreTests {
         #expect(found.first?.data?.utf8String == "2")
     }
 
-    @Test func vaultKey_storeReadReplaceDelete() throws {
+    @Test func vaultKey_storedThenReplaced_readsTheLatest_andDeleteRemovesIt() throws {
         let store = try TestBus.store()
         let vault = TestBus.unique("vault")
         let first = SecretBytes(copying: (0..<32).map { _ in UInt8.random(in: 0...255) })
