@@ -149,27 +149,33 @@ struct GitCredentialHelperTests {
         #expect(fill.stdout.contains("password=\(canary)\n"))
     }
 
-    @Test func gitCloneOverHTTPWithBasicAuth_isAnsweredFromTheStore() throws {
-        let git = try Git()
+    @Test(arguments: [false, true])
+    func gitCloneWithBasicAuth_overHTTPAndHTTPS_isAnsweredFromTheStore(tls: Bool) throws {
+        var git = try Git()
         let canary = TestBus.canary()
-        let server = try GitHTTPServer(username: "alice", password: canary)
+        let server = try GitHTTPServer(username: "alice", password: canary, tls: tls)
         defer { server.stop() }
+        if let certificate = server.certificate { git.trustedCertificate = certificate }
+        let scheme = tls ? "https" : "http"
 
         // The credential is in the keychain before git ever asks.
-        var attributes = ItemAttributes.internet(server: "127.0.0.1", account: "alice", protocol: .http, port: server.port)
+        var attributes = ItemAttributes.internet(
+            server: "127.0.0.1", account: "alice", protocol: InternetProtocol(name: scheme), port: server.port)
         attributes.label = "test server"
         try TestBus.store().add(Item(.internetPassword, attributes: attributes, data: SecretBytes(utf8: canary)))
 
         let destination = git.directory + "/clone"
-        let clone = try git.run(["clone", "http://127.0.0.1:\(server.port)/repo.git", destination])
+        let clone = try git.run(["clone", "\(scheme)://127.0.0.1:\(server.port)/repo.git", destination])
         #expect(clone.status == 0, "\(clone.stderr)")
         #expect(FileManager.default.fileExists(atPath: destination + "/README"))
         #expect(!clone.combined.contains(canary))
 
         // Without the credential the same clone fails rather than prompting.
         try TestBus.store().delete(matching: Query(.internetPassword, attributes: attributes))
-        let denied = try git.run(["clone", "http://127.0.0.1:\(server.port)/repo.git", git.directory + "/denied"])
+        let denied = try git.run(["clone", "\(scheme)://127.0.0.1:\(server.port)/repo.git", git.directory + "/denied"])
         #expect(denied.status != 0)
+        #expect(denied.stderr.contains("401") || denied.stderr.contains("Authentication failed")
+            || denied.stderr.contains("could not read Username"), "\(denied.stderr)")
     }
 }
 
@@ -178,6 +184,8 @@ struct Git {
     let executable: String
     let helper: String
     let directory: String
+    /// A PEM certificate git should trust (the test HTTPS server's), instead of the system's.
+    var trustedCertificate: String?
 
     init(sourceLocation: SourceLocation = #_sourceLocation) throws {
         _ = try TestBus.address(sourceLocation: sourceLocation)
@@ -188,10 +196,12 @@ struct Git {
     }
 
     var environment: [String: String] {
-        helperEnvironment([
+        var changes: [String: String?] = [
             "GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": nil, "SSH_ASKPASS": nil, "GIT_CONFIG_NOSYSTEM": "1",
             "GIT_CONFIG_GLOBAL": "/dev/null",
-        ])
+        ]
+        if let trustedCertificate { changes["GIT_SSL_CAINFO"] = trustedCertificate }
+        return helperEnvironment(changes)
     }
 
     func run(_ arguments: [String], input: String = "") throws -> ProcessOutput {
@@ -223,14 +233,17 @@ struct Git {
 }
 
 /// git's smart HTTP (git-http-backend) behind HTTP basic auth, served by Python's http.server
-/// on 127.0.0.1: a real server git must authenticate to.
+/// on 127.0.0.1, over TLS with a fresh self-signed certificate when asked: a real server git
+/// must authenticate to.
 final class GitHTTPServer {
     let port: Int
+    /// The server's certificate (PEM path) when it speaks TLS.
+    let certificate: String?
     private let process: Process
 
     private static let script = #"""
-        import base64, http.server, os, subprocess, sys
-        root, user = sys.argv[1], sys.argv[2]
+        import base64, http.server, os, ssl, subprocess, sys
+        root, user, certificate, key = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
         password = sys.stdin.readline().rstrip('\n')
         expected = 'Basic ' + base64.b64encode(f'{user}:{password}'.encode()).decode()
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -273,11 +286,15 @@ final class GitHTTPServer {
                 self.end_headers()
                 self.wfile.write(payload)
         server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+        if certificate:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(certificate, key)
+            server.socket = context.wrap_socket(server.socket, server_side=True)
         print(server.server_address[1], flush=True)
         server.serve_forever()
         """#
 
-    init(username: String, password: String, sourceLocation: SourceLocation = #_sourceLocation) throws {
+    init(username: String, password: String, tls: Bool = false, sourceLocation: SourceLocation = #_sourceLocation) throws {
         let python = try Paths.tool("python3", package: "python3", sourceLocation: sourceLocation)
         let git = try Paths.tool("git", package: "git", sourceLocation: sourceLocation)
         let root = NSTemporaryDirectory() + "lockbox-git-server-" + UUID().uuidString.prefix(8)
@@ -295,9 +312,22 @@ final class GitHTTPServer {
             let result = try runProcess(git, arguments, environment: quiet, directory: root)
             try #require(result.status == 0, "git \(arguments) failed: \(result.stderr)", sourceLocation: sourceLocation)
         }
+        var key = ""
+        if tls {
+            let openssl = try Paths.tool("openssl", package: "openssl", sourceLocation: sourceLocation)
+            let made = try runProcess(
+                openssl,
+                ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                 "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", root + "/key.pem", "-out", root + "/cert.pem"])
+            try #require(made.status == 0, "openssl could not make a certificate: \(made.stderr)", sourceLocation: sourceLocation)
+            certificate = root + "/cert.pem"
+            key = root + "/key.pem"
+        } else {
+            certificate = nil
+        }
         process = Process()
         process.executableURL = URL(fileURLWithPath: python)
-        process.arguments = ["-c", Self.script, root, username]
+        process.arguments = ["-c", Self.script, root, username, certificate ?? "", key]
         let input = Pipe()
         let output = Pipe()
         process.standardInput = input
