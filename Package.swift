@@ -12,6 +12,8 @@ let package = Package(
         .executable(name: "lockbox", targets: ["LockboxCLI"]),
         .executable(name: "lockbox-bench", targets: ["LockboxBenchmark"]),
         .executable(name: "lockbox-stress", targets: ["LockboxStress"]),
+        .executable(name: "git-credential-lockbox", targets: ["GitCredentialHelper"]),
+        .executable(name: "docker-credential-lockbox", targets: ["DockerCredentialHelper"]),
     ],
     targets: [
         // C libraries from Debian's -dev packages; each is imported by exactly one Swift target.
@@ -37,6 +39,10 @@ let package = Package(
         .target(name: "SecretService", dependencies: ["CLibSecret", "LockboxCore"], swiftSettings: strict),
         // git and docker credential-helper protocols over any ItemStore.
         .target(name: "CredentialHelpers", dependencies: ["LockboxCore"], swiftSettings: strict),
+        .executableTarget(
+            name: "GitCredentialHelper", dependencies: ["CredentialHelpers", "SecretService", "Lockbox"], swiftSettings: strict),
+        .executableTarget(
+            name: "DockerCredentialHelper", dependencies: ["CredentialHelpers", "SecretService", "Lockbox"], swiftSettings: strict),
 
         // The OAuth 2.0 credential lifecycle, over the small TokenStore interface.
         .target(name: "LockboxAuth", dependencies: ["LockboxCore"], swiftSettings: strict),

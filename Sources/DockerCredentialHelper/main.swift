@@ -1,0 +1,40 @@
+// docker-credential-lockbox: docker's credential helper protocol over the Lockbox keychain.
+//   ~/.docker/config.json: { "credsStore": "lockbox" }
+import CredentialHelpers
+import Foundation
+import Lockbox
+import LockboxCore
+import SecretService
+
+/// The keychain: LOCKBOX_BACKEND=secret-service selects the desktop keyring; anything else
+/// is Keychain.open()'s choice (the vault by default).
+func openStore() -> any ItemStore {
+    if ProcessInfo.processInfo.environment["LOCKBOX_BACKEND"] == "secret-service" {
+        return SecretServiceStore()
+    }
+    do {
+        return try Keychain.open().store
+    } catch {
+        HelperProcess.finish(HelperOutcome(standardOutput: Array("\(error)\n".utf8), exitStatus: 1))
+    }
+}
+
+HelperProcess.hardenProcess()
+let arguments = CommandLine.arguments
+guard arguments.count == 2 else {
+    HelperProcess.finish(
+        HelperOutcome(
+            standardOutput: Array("Usage: docker-credential-lockbox <store|get|erase|list|version>\n".utf8),
+            exitStatus: 1))
+}
+let operation = arguments[1]
+if operation == "version" {
+    HelperProcess.finish(
+        HelperOutcome(standardOutput: Array("docker-credential-lockbox (lockbox) \(DockerCredentialHelper.version)\n".utf8)))
+}
+// list and version take no input; docker leaves stdin attached to the caller for them.
+var input = ["store", "get", "erase"].contains(operation) ? HelperProcess.readStandardInput() : []
+let helper = DockerCredentialHelper(store: openStore())
+let outcome = helper.run(operation: operation, input: input)
+input.wipe()
+HelperProcess.finish(outcome)

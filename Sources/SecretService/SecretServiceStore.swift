@@ -1,0 +1,374 @@
+import Foundation
+import LockboxCore
+
+/// Keychain items in the desktop keychain: GNOME Keyring, KWallet or KeePassXC behind the
+/// freedesktop Secret Service, through libsecret.
+///
+/// Each Keychain item is one Secret Service item whose attributes carry the Keychain
+/// attributes (docs/SECRET-SERVICE.md has the table). Generic passwords are shared with
+/// `secret-tool` and Python `keyring`; internet passwords with git's libsecret helper.
+///
+/// Every call is bounded by ``Configuration/timeout``: a bus that does not answer becomes
+/// `notAvailable`, never a hang. A locked collection is `interactionNotAllowed`, never
+/// "not found"; Lockbox never raises an unlock prompt itself.
+///
+/// ```swift
+/// let store = SecretServiceStore()
+/// try store.add(.genericPassword(service: "api.example.com", account: "alice",
+///                                data: SecretBytes(utf8: token)))
+/// ```
+public final class SecretServiceStore: ItemStore {
+    /// Where and how the store talks to the Secret Service.
+    public struct Configuration: Sendable {
+        /// The session bus address, as found in the environment; nil means there is none and
+        /// every call fails with `notAvailable` at once. libsecret itself always uses GLib's
+        /// session bus, which GLib finds the same way.
+        public var busAddress: String?
+        /// The collection: an alias (`default`, the login keyring; `session`, in memory only)
+        /// or an object path (`/org/freedesktop/secrets/collection/login`).
+        public var collection: String
+        /// How long one call may take before it fails with `notAvailable`.
+        public var timeout: Duration
+        /// The access group of items added without one, and of items other tools wrote
+        /// (which have none); nil leaves them without.
+        public var defaultAccessGroup: String?
+        /// The largest value accepted, in bytes; larger ones are `param`.
+        public var maximumValueSize: Int
+
+        public init(
+            busAddress: String? = Configuration.sessionBusAddress(),
+            collection: String = "default",
+            timeout: Duration = .seconds(5),
+            defaultAccessGroup: String? = nil,
+            maximumValueSize: Int = 64 * 1024
+        ) {
+            self.busAddress = busAddress
+            self.collection = collection
+            self.timeout = timeout
+            self.defaultAccessGroup = defaultAccessGroup
+            self.maximumValueSize = maximumValueSize
+        }
+
+        /// The session bus as D-Bus clients find it: `DBUS_SESSION_BUS_ADDRESS`, else the
+        /// systemd user bus at `$XDG_RUNTIME_DIR/bus`; nil when neither exists.
+        public static func sessionBusAddress(
+            environment: [String: String] = ProcessInfo.processInfo.environment
+        ) -> String? {
+            if let address = environment["DBUS_SESSION_BUS_ADDRESS"], !address.isEmpty {
+                return address
+            }
+            if let runtime = environment["XDG_RUNTIME_DIR"], !runtime.isEmpty {
+                let socket = runtime + "/bus"
+                var status = stat()
+                if stat(socket, &status) == 0, (status.st_mode & S_IFMT) == S_IFSOCK {
+                    return "unix:path=" + socket
+                }
+            }
+            return nil
+        }
+    }
+
+    public let configuration: Configuration
+    private let worker = SerialWorker()
+
+    public init(configuration: Configuration = Configuration()) {
+        self.configuration = configuration
+    }
+
+    // MARK: ItemStore
+
+    public func add(_ item: Item) throws(LockboxError) {
+        var attributes = item.attributes
+        if attributes.accessGroup == nil { attributes.accessGroup = configuration.defaultAccessGroup }
+        if attributes.accessibility == nil { attributes.accessibility = .default }
+        let itemClass = item.itemClass
+        let data = item.data ?? .empty
+        try checkSize(data)
+        let newAttributes = attributes
+        try withCollection("add an item") { connection, collection, cancellation throws(LockboxError) in
+            let attributes = newAttributes
+            let key = PrimaryKey.encode(itemClass, attributes)
+            let existing = try self.candidates(itemClass, attributes, in: collection, cancellation)
+            if existing.contains(where: { PrimaryKey.encode(itemClass, $0.attributes) == key }) {
+                throw LockboxError(.duplicateItem, "An item with the same primary key already exists in the keychain.")
+            }
+            try Self.translate("add an item") { () throws(GLibFailure) in
+                try connection.createItem(
+                    in: collection, attributes: SecretServiceSchema.encode(itemClass, attributes),
+                    label: SecretServiceSchema.displayLabel(itemClass, attributes), secret: data,
+                    replacing: false, cancellable: cancellation)
+            }
+        }
+    }
+
+    public func items(matching query: Query) throws(LockboxError) -> [Item] {
+        try withCollection("search") { _, collection, cancellation throws(LockboxError) in
+            var matches = try self.matches(query, in: collection, cancellation)
+            if query.limit == .one, let first = matches.first { matches = [first] }
+            guard !matches.isEmpty else {
+                throw LockboxError(.itemNotFound, "No matching item was found in the keychain.")
+            }
+            return try matches.map { match throws(LockboxError) in
+                var item = Item(
+                    query.itemClass,
+                    attributes: query.returning.contains(.attributes) ? match.attributes : ItemAttributes())
+                if query.returning.contains(.data) {
+                    item.data = try Self.translate("read an item's secret") { () throws(GLibFailure) in
+                        try match.stored.loadSecret(cancellable: cancellation)
+                    }
+                }
+                item.persistentReference = Data(match.stored.path.utf8)
+                return item
+            }
+        }
+    }
+
+    public func update(matching query: Query, to update: ItemUpdate) throws(LockboxError) {
+        if let data = update.data { try checkSize(data) }
+        try withCollection("update items") { _, collection, cancellation throws(LockboxError) in
+            let targets = try self.matches(query, in: collection, cancellation)
+            guard !targets.isEmpty else {
+                throw LockboxError(.itemNotFound, "No matching item was found in the keychain.")
+            }
+            let itemClass = query.itemClass
+            let changed = targets.map { target in
+                var attributes = target.attributes
+                attributes.apply(update.attributes)
+                return attributes
+            }
+            // Apple's rule: no change may leave two items with one primary key.
+            let newKeys = changed.map { PrimaryKey.encode(itemClass, $0) }
+            if Set(newKeys).count != newKeys.count {
+                throw LockboxError(.duplicateItem, "The update would give two items the same primary key.")
+            }
+            let targetPaths = Set(targets.map(\.stored.path))
+            for attributes in changed {
+                let others = try self.candidates(itemClass, attributes, in: collection, cancellation)
+                    .filter { !targetPaths.contains($0.stored.path) }
+                if others.contains(where: { PrimaryKey.encode(itemClass, $0.attributes) == PrimaryKey.encode(itemClass, attributes) }) {
+                    throw LockboxError(.duplicateItem, "The update would give two items the same primary key.")
+                }
+            }
+            for (target, attributes) in zip(targets, changed) {
+                try Self.translate("update an item") { () throws(GLibFailure) in
+                    var stored = SecretServiceSchema.encode(itemClass, attributes)
+                    // Keep what another tool stored next to our attributes (keyring's `application`).
+                    for (name, value) in target.stored.attributes where stored[name] == nil && !name.hasPrefix("lockbox:") {
+                        stored[name] = value
+                    }
+                    try target.stored.setAttributes(stored, cancellable: cancellation)
+                    if update.attributes.label != nil {
+                        try target.stored.setLabel(
+                            SecretServiceSchema.displayLabel(itemClass, attributes), cancellable: cancellation)
+                    }
+                    if let data = update.data {
+                        try target.stored.setSecret(data, cancellable: cancellation)
+                    }
+                }
+            }
+        }
+    }
+
+    public func delete(matching query: Query) throws(LockboxError) {
+        try withCollection("delete items") { _, collection, cancellation throws(LockboxError) in
+            let targets = try self.matches(query, in: collection, cancellation)
+            guard !targets.isEmpty else {
+                throw LockboxError(.itemNotFound, "No matching item was found in the keychain.")
+            }
+            for target in targets {
+                try Self.translate("delete an item") { () throws(GLibFailure) in
+                    try target.stored.delete(cancellable: cancellation)
+                }
+            }
+        }
+    }
+
+    private func checkSize(_ data: SecretBytes) throws(LockboxError) {
+        guard data.count <= configuration.maximumValueSize else {
+            throw LockboxError(
+                .param, "The value is \(data.count) bytes; this keychain takes at most \(configuration.maximumValueSize).")
+        }
+    }
+
+    // MARK: Matching
+
+    struct Match {
+        let stored: StoredItem
+        let itemClass: ItemClass
+        let attributes: ItemAttributes
+    }
+
+    /// Stored items of `itemClass` that may share `attributes`' primary key.
+    private func candidates(
+        _ itemClass: ItemClass, _ attributes: ItemAttributes, in collection: StoredCollection,
+        _ cancellation: Cancellation
+    ) throws(LockboxError) -> [Match] {
+        var query = Query(itemClass, synchronizable: .any)
+        // Search on the key's searchable attributes only; PrimaryKey decides exactly.
+        switch itemClass {
+        case .genericPassword:
+            query.attributes.service = attributes.service
+            query.attributes.account = attributes.account
+        case .internetPassword:
+            query.attributes.server = attributes.server
+        case .key, .certificate:
+            break
+        }
+        return try matches(query, in: collection, cancellation)
+    }
+
+    /// Every stored item that matches `query` exactly, in the Secret Service's order.
+    private func matches(
+        _ query: Query, in collection: StoredCollection, _ cancellation: Cancellation
+    ) throws(LockboxError) -> [Match] {
+        var seen = Set<String>()
+        var result: [Match] = []
+        let persistentPath = query.persistentReference.flatMap { String(data: $0, encoding: .utf8) }
+        for search in SecretServiceSchema.searches(for: query.itemClass, query.attributes) {
+            let found = try Self.translate("search") { () throws(GLibFailure) in
+                try collection.search(search, cancellable: cancellation)
+            }
+            for stored in found {
+                let path = stored.path
+                guard seen.insert(path).inserted else { continue }
+                if let persistentPath, path != persistentPath { continue }
+                if stored.isLocked {
+                    throw LockboxError.locked(
+                        "A matching item in the Secret Service is locked. Unlock it in the desktop keyring and try again.")
+                }
+                guard
+                    let (itemClass, decoded) = SecretServiceSchema.decode(
+                        stored.attributes, label: stored.label, created: stored.created, modified: stored.modified),
+                    itemClass == query.itemClass
+                else { continue }
+                var attributes = decoded
+                // What other tools wrote belongs to the default group, readable while unlocked.
+                if attributes.accessGroup == nil { attributes.accessGroup = configuration.defaultAccessGroup }
+                if attributes.accessibility == nil { attributes.accessibility = .default }
+                guard
+                    attributes.matches(query.attributes),
+                    query.synchronizable.matches(attributes.synchronizable)
+                else { continue }
+                result.append(Match(stored: stored, itemClass: itemClass, attributes: attributes))
+            }
+        }
+        return result
+    }
+
+    // MARK: Plumbing
+
+    /// Runs `body` on the worker with an open, unlocked collection.
+    func withCollection<Result: Sendable>(
+        _ what: String,
+        _ body: @escaping @Sendable (SecretServiceConnection, StoredCollection, Cancellation) throws(LockboxError) -> Result
+    ) throws(LockboxError) -> Result {
+        let configuration = self.configuration
+        guard let address = configuration.busAddress else {
+            throw LockboxError(
+                .notAvailable,
+                "No D-Bus session bus: DBUS_SESSION_BUS_ADDRESS is not set and $XDG_RUNTIME_DIR/bus does not exist. "
+                    + "The Secret Service needs a desktop session (or run the program inside `dbus-run-session`), "
+                    + "or choose the vault backend.")
+        }
+        let seconds = Self.describe(configuration.timeout)
+        return try worker.perform(
+            timeout: configuration.timeout,
+            onTimeout: {
+                LockboxError(
+                    .notAvailable,
+                    "The Secret Service did not answer within \(seconds) (while trying to \(what); D-Bus at \(address)). "
+                        + "The bus or the keyring daemon is not responding.")
+            }
+        ) { slot, cancellation throws(LockboxError) in
+            if slot?.isClosed == true { slot = nil }
+            let connection: SecretServiceConnection
+            if let open = slot {
+                connection = open
+            } else {
+                do throws(GLibFailure) {
+                    connection = try SecretServiceConnection(cancellable: cancellation)
+                } catch {
+                    throw Self.connectionError(error, address: address)
+                }
+                slot = connection
+            }
+            let collection = try Self.openCollection(configuration.collection, connection, cancellation)
+            if collection.isLocked {
+                let label = collection.label
+                throw LockboxError.locked(
+                    "The Secret Service collection \"\(label.isEmpty ? configuration.collection : label)\" is locked. "
+                        + "Unlock it (log in to the desktop session, or unlock it in Seahorse) and try again.")
+            }
+            return try body(connection, collection, cancellation)
+        }
+    }
+
+    private static func openCollection(
+        _ name: String, _ connection: SecretServiceConnection, _ cancellation: Cancellation
+    ) throws(LockboxError) -> StoredCollection {
+        let path = try translate("find the keyring") { () throws(GLibFailure) in
+            try connection.collectionPath(name, cancellable: cancellation)
+        }
+        guard let path else {
+            throw LockboxError(
+                .notAvailable,
+                "The Secret Service has no \"\(name)\" collection. Create a login keyring (log in to the desktop, "
+                    + "or start gnome-keyring-daemon with --unlock), or name an existing collection.")
+        }
+        do throws(GLibFailure) {
+            return try connection.collection(at: path, cancellable: cancellation)
+        } catch where error.kind == .noSuchObject {
+            throw LockboxError(.notAvailable, "The Secret Service has no collection at \(path).")
+        } catch {
+            throw translateFailure(error, "open the keyring")
+        }
+    }
+
+    static func translate<Result>(
+        _ what: String, _ body: () throws(GLibFailure) -> Result
+    ) throws(LockboxError) -> Result {
+        do {
+            return try body()
+        } catch {
+            throw translateFailure(error, what)
+        }
+    }
+
+    static func translateFailure(_ failure: GLibFailure, _ what: String) -> LockboxError {
+        switch failure.kind {
+        case .locked:
+            return LockboxError.locked("The Secret Service refused to \(what) because the item or keyring is locked.")
+        case .noSuchObject:
+            return LockboxError(.itemNotFound, "The item was removed from the Secret Service while trying to \(what).")
+        case .serviceUnknown:
+            return LockboxError(
+                .notAvailable,
+                "No Secret Service provider is running on the session bus (install and start gnome-keyring, "
+                    + "KeePassXC or KWallet), or choose the vault backend.")
+        case .cancelled, .timedOut:
+            return LockboxError(.notAvailable, "The Secret Service did not answer in time while trying to \(what).")
+        case .connectionRefused, .noSuchFile, .closed:
+            return LockboxError(.notAvailable, "The D-Bus session bus went away while trying to \(what): \(failure.message)")
+        case .other:
+            return LockboxError(.io, "The Secret Service failed to \(what): \(failure.message)")
+        }
+    }
+
+    private static func connectionError(_ failure: GLibFailure, address: String) -> LockboxError {
+        switch failure.kind {
+        case .connectionRefused, .noSuchFile:
+            return LockboxError(
+                .notAvailable,
+                "No D-Bus session bus at \(address): \(failure.message). The Secret Service needs a running "
+                    + "session bus (a desktop session, or `dbus-run-session`), or choose the vault backend.")
+        default:
+            return translateFailure(failure, "connect to the D-Bus session bus at \(address)")
+        }
+    }
+
+    private static func describe(_ duration: Duration) -> String {
+        let (seconds, attoseconds) = duration.components
+        let milliseconds = seconds * 1000 + attoseconds / 1_000_000_000_000_000
+        return milliseconds % 1000 == 0 ? "\(milliseconds / 1000) s" : "\(milliseconds) ms"
+    }
+}

@@ -1,0 +1,360 @@
+import CredentialHelpers
+import Foundation
+import LockboxCore
+import SecretService
+import Testing
+
+/// The git credential protocol as a pure parser.
+@Suite("git credential protocol: parsing")
+struct GitCredentialParsingTests {
+    @Test func parse_keyValueLines_fillsTheCredential_andIgnoresUnknownKeys() throws {
+        let input = Array("protocol=https\nhost=example.com:8443\npath=a/b.git\nusername=alice\npassword=pw=with=equals\ncapability[]=authtype\nfuture_key=x\n\nhost=ignored\n".utf8)
+        let credential = try GitCredential.parse(input)
+        #expect(credential.protocol == "https")
+        #expect(credential.host == "example.com:8443")
+        #expect(credential.path == "a/b.git")
+        #expect(credential.username == "alice")
+        #expect(credential.password?.utf8String == "pw=with=equals")
+    }
+
+    @Test func parse_lineOf65535Bytes_isAccepted_andOneByteMore_isRefused() throws {
+        let prefix = "password="
+        let longest = Array((prefix + String(repeating: "x", count: 65535 - prefix.count) + "\n").utf8)
+        #expect(try GitCredential.parse(longest).password?.count == 65535 - prefix.count)
+        let tooLong = Array((prefix + String(repeating: "x", count: 65536 - prefix.count) + "\n").utf8)
+        #expect(throws: GitCredential.ParseError.self) { try GitCredential.parse(tooLong) }
+    }
+
+    @Test func parse_lineWithoutEquals_isRefusedWithoutQuotingIt() {
+        let canary = TestBus.canary()
+        do {
+            _ = try GitCredential.parse(Array("protocol=https\n\(canary)\n".utf8))
+            Issue.record("a line without '=' was accepted")
+        } catch {
+            #expect(!"\(error)".contains(canary))
+        }
+    }
+
+    @Test func parse_url_isSplitIntoItsParts() throws {
+        let credential = try GitCredential.parse(Array("url=https://bob:s%40cret@git.example.com:8080/team/repo.git\n".utf8))
+        #expect(credential.protocol == "https")
+        #expect(credential.host == "git.example.com:8080")
+        #expect(credential.path == "team/repo.git")
+        #expect(credential.username == "bob")
+        #expect(credential.password?.utf8String == "s@cret")
+    }
+
+    @Test func parse_crlfLines_andEmptyInput_areAccepted() throws {
+        #expect(try GitCredential.parse(Array("host=a\r\nusername=b\r\n".utf8)).username == "b")
+        #expect(try GitCredential.parse([]).host == nil)
+    }
+}
+
+/// The helper over the real Secret Service, driven in-process and by real `git`.
+@Suite("git credential helper against gnome-keyring")
+struct GitCredentialHelperTests {
+    @Test func store_thenGet_returnsPasswordExpiryAndRefreshToken() throws {
+        let helper = GitCredentialHelper(store: try TestBus.store())
+        let host = TestBus.unique("git") + ".example"
+        let canary = TestBus.canary()
+        let stored = helper.run(
+            operation: "store",
+            input: Array("protocol=https\nhost=\(host)\nusername=alice\npassword=\(canary)\npassword_expiry_utc=4102444800\noauth_refresh_token=refresh-\(canary)\n\n".utf8))
+        #expect(stored.exitStatus == 0, "\(stored.standardError)")
+        let answer = helper.run(operation: "get", input: Array("protocol=https\nhost=\(host)\n\n".utf8))
+        let text = String(decoding: answer.standardOutput, as: UTF8.self)
+        #expect(text == "username=alice\npassword=\(canary)\npassword_expiry_utc=4102444800\noauth_refresh_token=refresh-\(canary)\n")
+    }
+
+    @Test func get_expiredPassword_returnsNothing() throws {
+        let helper = GitCredentialHelper(store: try TestBus.store())
+        let host = TestBus.unique("expired") + ".example"
+        _ = helper.run(
+            operation: "store",
+            input: Array("protocol=https\nhost=\(host)\nusername=alice\npassword=old\npassword_expiry_utc=1000\n".utf8))
+        let answer = helper.run(operation: "get", input: Array("protocol=https\nhost=\(host)\n".utf8))
+        #expect(answer.exitStatus == 0)
+        #expect(answer.standardOutput.isEmpty)
+    }
+
+    @Test func get_otherPortOrProtocol_returnsNothing() throws {
+        let helper = GitCredentialHelper(store: try TestBus.store())
+        let host = TestBus.unique("port") + ".example"
+        _ = helper.run(operation: "store", input: Array("protocol=https\nhost=\(host):8443\nusername=a\npassword=p\n".utf8))
+        #expect(helper.run(operation: "get", input: Array("protocol=https\nhost=\(host)\n".utf8)).standardOutput.isEmpty)
+        #expect(helper.run(operation: "get", input: Array("protocol=http\nhost=\(host):8443\n".utf8)).standardOutput.isEmpty)
+        #expect(!helper.run(operation: "get", input: Array("protocol=https\nhost=\(host):8443\n".utf8)).standardOutput.isEmpty)
+    }
+
+    @Test func unknownOperation_isIgnored() throws {
+        let helper = GitCredentialHelper(store: try TestBus.store())
+        let outcome = helper.run(operation: "capability", input: Array("protocol=https\n".utf8))
+        #expect(outcome.exitStatus == 0)
+        #expect(outcome.standardOutput.isEmpty)
+    }
+
+    @Test func gitApproveFillReject_throughTheHelper_storeAnswerAndErase() throws {
+        let git = try Git()
+        let host = TestBus.unique("approve") + ".example"
+        let canary = TestBus.canary()
+        let approve = try git.credential("approve", "protocol=https\nhost=\(host)\nusername=alice\npassword=\(canary)\n\n")
+        #expect(approve.status == 0, "\(approve.stderr)")
+
+        let fill = try git.credential("fill", "protocol=https\nhost=\(host)\n\n")
+        #expect(fill.status == 0, "\(fill.stderr)")
+        #expect(fill.stdout.contains("username=alice\n"))
+        #expect(fill.stdout.contains("password=\(canary)\n"))
+
+        // Stored as an internet password under git-credential-libsecret's attributes.
+        let item = try TestBus.store().item(matching: Query(.internetPassword, attributes: .internet(server: host)))
+        #expect(item.attributes.protocol == .https)
+        #expect(item.attributes.account == "alice")
+        let secretTool = try Paths.tool("secret-tool", package: "libsecret-tools")
+        let lookup = try runProcess(secretTool, ["lookup", "protocol", "https", "server", host, "user", "alice"])
+        #expect(lookup.stdout == canary)
+
+        // reject with a password that is no longer the stored one leaves the item alone...
+        let staleReject = try git.credential("reject", "protocol=https\nhost=\(host)\nusername=alice\npassword=stale\n\n")
+        #expect(staleReject.status == 0)
+        #expect(try git.credential("fill", "protocol=https\nhost=\(host)\n\n").stdout.contains(canary))
+        // ...and with the stored password, erases it.
+        let reject = try git.credential("reject", "protocol=https\nhost=\(host)\nusername=alice\npassword=\(canary)\n\n")
+        #expect(reject.status == 0)
+        let afterReject = try git.credential("fill", "protocol=https\nhost=\(host)\n\n")
+        #expect(afterReject.status != 0, "fill must find nothing (and may not prompt)")
+        #expect(!afterReject.combined.contains(canary))
+        #expect(!approve.combined.contains(canary) && !reject.combined.contains(canary))
+    }
+
+    @Test func gitsOwnLibsecretHelper_andLockbox_readEachOthersItems() throws {
+        let git = try Git()
+        let libsecretHelper = try Git.buildLibsecretHelper()
+        let host = TestBus.unique("libsecret") + ".example"
+        let canary = TestBus.canary()
+
+        // Lockbox stores, git-credential-libsecret answers.
+        #expect(try git.credential("approve", "protocol=https\nhost=\(host)\nusername=alice\npassword=\(canary)\n\n").status == 0)
+        let theirs = try runProcess(libsecretHelper, ["get"], input: Array("protocol=https\nhost=\(host)\n\n".utf8))
+        #expect(theirs.stdout.contains("username=alice"))
+        #expect(theirs.stdout.contains("password=\(canary)"))
+
+        // git-credential-libsecret stores, Lockbox answers.
+        let otherHost = TestBus.unique("from-libsecret") + ".example"
+        let stored = try runProcess(
+            libsecretHelper, ["store"],
+            input: Array("protocol=https\nhost=\(otherHost):8443\nusername=bob\npassword=\(canary)\n\n".utf8))
+        #expect(stored.status == 0, "\(stored.stderr)")
+        let fill = try git.credential("fill", "protocol=https\nhost=\(otherHost):8443\n\n")
+        #expect(fill.stdout.contains("username=bob\n"))
+        #expect(fill.stdout.contains("password=\(canary)\n"))
+    }
+
+    @Test(arguments: [false, true])
+    func gitCloneWithBasicAuth_overHTTPAndHTTPS_isAnsweredFromTheStore(tls: Bool) throws {
+        var git = try Git()
+        let canary = TestBus.canary()
+        let server = try GitHTTPServer(username: "alice", password: canary, tls: tls)
+        defer { server.stop() }
+        if let certificate = server.certificate { git.trustedCertificate = certificate }
+        let scheme = tls ? "https" : "http"
+
+        // The credential is in the keychain before git ever asks.
+        var attributes = ItemAttributes.internet(
+            server: "127.0.0.1", account: "alice", protocol: InternetProtocol(name: scheme), port: server.port)
+        attributes.label = "test server"
+        try TestBus.store().add(Item(.internetPassword, attributes: attributes, data: SecretBytes(utf8: canary)))
+
+        let destination = git.directory + "/clone"
+        let clone = try git.run(["clone", "\(scheme)://127.0.0.1:\(server.port)/repo.git", destination])
+        #expect(clone.status == 0, "\(clone.stderr)")
+        #expect(FileManager.default.fileExists(atPath: destination + "/README"))
+        #expect(!clone.combined.contains(canary))
+
+        // Without the credential the same clone fails rather than prompting.
+        try TestBus.store().delete(matching: Query(.internetPassword, attributes: attributes))
+        let denied = try git.run(["clone", "\(scheme)://127.0.0.1:\(server.port)/repo.git", git.directory + "/denied"])
+        #expect(denied.status != 0)
+        #expect(denied.stderr.contains("401") || denied.stderr.contains("Authentication failed")
+            || denied.stderr.contains("could not read Username"), "\(denied.stderr)")
+    }
+}
+
+/// Real git, configured to use only the built git-credential-lockbox and never to prompt.
+struct Git {
+    let executable: String
+    let helper: String
+    let directory: String
+    /// A PEM certificate git should trust (the test HTTPS server's), instead of the system's.
+    var trustedCertificate: String?
+
+    init(sourceLocation: SourceLocation = #_sourceLocation) throws {
+        _ = try TestBus.address(sourceLocation: sourceLocation)
+        executable = try Paths.tool("git", package: "git", sourceLocation: sourceLocation)
+        helper = try Paths.product("git-credential-lockbox", sourceLocation: sourceLocation)
+        directory = NSTemporaryDirectory() + "lockbox-git-" + UUID().uuidString.prefix(8)
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+    }
+
+    var environment: [String: String] {
+        var changes: [String: String?] = [
+            "GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": nil, "SSH_ASKPASS": nil, "GIT_CONFIG_NOSYSTEM": "1",
+            "GIT_CONFIG_GLOBAL": "/dev/null",
+        ]
+        if let trustedCertificate { changes["GIT_SSL_CAINFO"] = trustedCertificate }
+        return helperEnvironment(changes)
+    }
+
+    func run(_ arguments: [String], input: String = "") throws -> ProcessOutput {
+        try runProcess(
+            executable,
+            ["-c", "credential.helper=", "-c", "credential.helper=\(helper)"] + arguments,
+            input: Array(input.utf8), environment: environment, directory: directory, timeout: 60)
+    }
+
+    func credential(_ operation: String, _ input: String) throws -> ProcessOutput {
+        try run(["credential", operation], input: input)
+    }
+
+    /// Builds git's own contrib/credential/libsecret helper from the git package's sources.
+    static func buildLibsecretHelper(sourceLocation: SourceLocation = #_sourceLocation) throws -> String {
+        let source = "/usr/share/doc/git/contrib/credential/libsecret/git-credential-libsecret.c"
+        try #require(
+            FileManager.default.fileExists(atPath: source), "\(source) is missing: apt-get install git",
+            sourceLocation: sourceLocation)
+        let output = NSTemporaryDirectory() + "git-credential-libsecret-\(UUID().uuidString.prefix(8))"
+        let shell = try Paths.tool("sh", package: "dash", sourceLocation: sourceLocation)
+        let build = try runProcess(
+            shell, ["-c", "cc -o \"$1\" \"$2\" $(pkg-config --cflags --libs libsecret-1 glib-2.0)", "sh", output, source])
+        try #require(
+            build.status == 0, "could not build git-credential-libsecret (needs cc, libsecret-1-dev): \(build.stderr)",
+            sourceLocation: sourceLocation)
+        return output
+    }
+}
+
+/// git's smart HTTP (git-http-backend) behind HTTP basic auth, served by Python's http.server
+/// on 127.0.0.1, over TLS with a fresh self-signed certificate when asked: a real server git
+/// must authenticate to.
+final class GitHTTPServer {
+    let port: Int
+    /// The server's certificate (PEM path) when it speaks TLS.
+    let certificate: String?
+    private let process: Process
+
+    private static let script = #"""
+        import base64, http.server, os, ssl, subprocess, sys
+        root, user, certificate, key = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+        password = sys.stdin.readline().rstrip('\n')
+        expected = 'Basic ' + base64.b64encode(f'{user}:{password}'.encode()).decode()
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = 'HTTP/1.1'
+            def do_GET(self): self.serve()
+            def do_POST(self): self.serve()
+            def log_message(self, *args): pass
+            def serve(self):
+                length = int(self.headers.get('Content-Length') or 0)
+                body = self.rfile.read(length) if length else b''
+                if self.headers.get('Authorization') != expected:
+                    self.send_response(401)
+                    self.send_header('WWW-Authenticate', 'Basic realm="lockbox-test"')
+                    self.send_header('Content-Length', '0')
+                    self.end_headers()
+                    return
+                path, _, query = self.path.partition('?')
+                env = dict(os.environ, GIT_PROJECT_ROOT=root, GIT_HTTP_EXPORT_ALL='1', PATH_INFO=path,
+                           QUERY_STRING=query, REQUEST_METHOD=self.command, REMOTE_USER=user,
+                           REMOTE_ADDR='127.0.0.1', CONTENT_LENGTH=str(len(body)),
+                           CONTENT_TYPE=self.headers.get('Content-Type', ''),
+                           GIT_PROTOCOL=self.headers.get('Git-Protocol', ''))
+                if self.headers.get('Content-Encoding'):
+                    env['HTTP_CONTENT_ENCODING'] = self.headers['Content-Encoding']
+                out = subprocess.run(['/usr/lib/git-core/git-http-backend'], input=body, env=env,
+                                     capture_output=True).stdout
+                separator = b'\r\n\r\n' if b'\r\n\r\n' in out else b'\n\n'
+                head, _, payload = out.partition(separator)
+                status, headers = 200, []
+                for line in head.splitlines():
+                    name, _, value = line.decode().partition(':')
+                    if name.lower() == 'status':
+                        status = int(value.split()[0])
+                    elif name:
+                        headers.append((name, value.strip()))
+                self.send_response(status)
+                for name, value in headers:
+                    self.send_header(name, value)
+                self.send_header('Content-Length', str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+        server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+        if certificate:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(certificate, key)
+            server.socket = context.wrap_socket(server.socket, server_side=True)
+        print(server.server_address[1], flush=True)
+        server.serve_forever()
+        """#
+
+    init(username: String, password: String, tls: Bool = false, sourceLocation: SourceLocation = #_sourceLocation) throws {
+        let python = try Paths.tool("python3", package: "python3", sourceLocation: sourceLocation)
+        let git = try Paths.tool("git", package: "git", sourceLocation: sourceLocation)
+        let root = NSTemporaryDirectory() + "lockbox-git-server-" + UUID().uuidString.prefix(8)
+        try FileManager.default.createDirectory(atPath: root + "/work", withIntermediateDirectories: true)
+        try "hello\n".write(toFile: root + "/work/README", atomically: true, encoding: .utf8)
+        let quiet = SecretServiceTests.environment([
+            "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null",
+            "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
+            "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com",
+        ])
+        for arguments in [
+            ["init", "-q", "work"], ["-C", "work", "add", "README"], ["-C", "work", "commit", "-qm", "initial"],
+            ["clone", "-q", "--bare", "work", "repo.git"],
+        ] {
+            let result = try runProcess(git, arguments, environment: quiet, directory: root)
+            try #require(result.status == 0, "git \(arguments) failed: \(result.stderr)", sourceLocation: sourceLocation)
+        }
+        var key = ""
+        if tls {
+            let openssl = try Paths.tool("openssl", package: "openssl", sourceLocation: sourceLocation)
+            let made = try runProcess(
+                openssl,
+                ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                 "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", root + "/key.pem", "-out", root + "/cert.pem"])
+            try #require(made.status == 0, "openssl could not make a certificate: \(made.stderr)", sourceLocation: sourceLocation)
+            certificate = root + "/cert.pem"
+            key = root + "/key.pem"
+        } else {
+            certificate = nil
+        }
+        process = Process()
+        process.executableURL = URL(fileURLWithPath: python)
+        process.arguments = ["-c", Self.script, root, username, certificate ?? "", key]
+        let input = Pipe()
+        let output = Pipe()
+        process.standardInput = input
+        process.standardOutput = output
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        // The password goes over stdin, never argv.
+        input.fileHandleForWriting.write(Data((password + "\n").utf8))
+        try input.fileHandleForWriting.close()
+        var line = Data()
+        let deadline = Date().addingTimeInterval(10)
+        while !line.contains(UInt8(ascii: "\n")) && Date() < deadline {
+            let chunk = output.fileHandleForReading.availableData
+            if chunk.isEmpty { break }
+            line.append(chunk)
+        }
+        let parsed = Int(String(decoding: line, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines))
+        port = try #require(parsed, "the Python git HTTP server did not start", sourceLocation: sourceLocation)
+    }
+
+    func stop() {
+        if process.isRunning {
+            // SIGKILL: the test runner may pass SIGTERM down as ignored.
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+        }
+    }
+
+    deinit { stop() }
+}

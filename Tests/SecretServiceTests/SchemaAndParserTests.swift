@@ -1,0 +1,150 @@
+import CredentialHelpers
+import Foundation
+import LockboxCore
+@testable import SecretService
+import Testing
+
+/// The attribute mapping, without a bus.
+@Suite("Secret Service schema mapping")
+struct SecretServiceSchemaTests {
+    @Test func genericPassword_writesAccountAndUsername_andTheGenericSchema() {
+        let stored = SecretServiceSchema.encode(.genericPassword, ItemAttributes(service: "S", account: "A"))
+        #expect(stored["service"] == "S")
+        #expect(stored["account"] == "A")
+        #expect(stored["username"] == "A")
+        #expect(stored["xdg:schema"] == "org.freedesktop.Secret.Generic")
+        #expect(SecretServiceSchema.searches(for: .genericPassword, ItemAttributes(service: "S", account: "A")).count == 2)
+    }
+
+    @Test func internetPassword_usesGitLibsecretNames_andSchemeNames() {
+        let attributes = ItemAttributes.internet(server: "h", account: "u", protocol: .https, port: 8443, path: "p")
+        let stored = SecretServiceSchema.encode(.internetPassword, attributes)
+        #expect(stored["server"] == "h" && stored["user"] == "u" && stored["protocol"] == "https")
+        #expect(stored["port"] == "8443" && stored["object"] == "p")
+        #expect(stored["xdg:schema"] == "org.gnome.keyring.NetworkPassword")
+        let decoded = SecretServiceSchema.decode(stored, label: "x", created: nil, modified: nil)
+        #expect(decoded?.0 == .internetPassword)
+        #expect(decoded?.1.protocol == .https)
+    }
+
+    @Test(arguments: ItemClass.allCases)
+    func encodeThenDecode_roundTripsEveryAttribute(itemClass: ItemClass) {
+        var attributes = ItemAttributes(service: "svc", account: "acct", label: "L", accessibility: .afterFirstUnlock, accessGroup: "g")
+        attributes.comment = "c"
+        attributes.itemDescription = "d"
+        attributes.generic = Data([0, 1, 2])
+        attributes.synchronizable = true
+        switch itemClass {
+        case .genericPassword: break
+        case .internetPassword:
+            attributes.service = nil
+            attributes.server = "server"
+            attributes.protocol = InternetProtocol(rawValue: "gophr")
+            attributes.port = 70
+            attributes.path = "/p"
+            attributes.securityDomain = "realm"
+            attributes.authenticationType = .httpDigest
+        case .key:
+            attributes.service = nil
+            attributes.account = nil
+            attributes.keyClass = .private
+            attributes.keyType = .ecSECPrimeRandom
+            attributes.keySizeInBits = 256
+            attributes.effectiveKeySize = 256
+            attributes.applicationTag = Data("tag".utf8)
+            attributes.applicationLabel = Data([9, 9])
+        case .certificate:
+            attributes.service = nil
+            attributes.account = nil
+            attributes.certificateType = 3
+            attributes.subject = Data([1])
+            attributes.issuer = Data([2])
+            attributes.serialNumber = Data([3])
+        }
+        let stored = SecretServiceSchema.encode(itemClass, attributes)
+        let decoded = SecretServiceSchema.decode(stored, label: "L", created: nil, modified: nil)
+        #expect(decoded?.0 == itemClass)
+        #expect(decoded?.1 == attributes)
+    }
+
+    @Test func foreignItems_areClassifiedByTheirAttributes_orIgnored() {
+        #expect(SecretServiceSchema.itemClass(of: ["service": "S", "username": "u", "application": "Python keyring library"]) == .genericPassword)
+        #expect(SecretServiceSchema.itemClass(of: ["server": "h", "protocol": "https", "user": "u"]) == .internetPassword)
+        #expect(SecretServiceSchema.itemClass(of: ["lockbox-vault-id": "v", "xdg:schema": "io.lockbox.VaultKey"]) == nil)
+        let keyring = SecretServiceSchema.decode(["service": "S", "username": "u"], label: "Password for 'u' on 'S'", created: nil, modified: nil)
+        #expect(keyring?.1.account == "u")
+        #expect(keyring?.1.label == "Password for 'u' on 'S'")
+    }
+}
+
+/// Any bytes in: the parsers answer or throw, never crash.
+@Suite("credential parsers under random input")
+struct ParserRobustnessTests {
+    @Test func randomBytes_neverCrashTheParsers_andWhatParsesReencodesFaithfully() {
+        var generator = SystemRandomNumberGenerator()
+        let alphabet = Array("{}\":,\\u0123456789abcdefABCDEF=\n\r []protocol=host=password=url=https://@".utf8) + [0, 0xFF, 0xC3, 0xA9]
+        var refused = 0
+        for round in 0..<3000 {
+            let length = Int.random(in: 0...64, using: &generator)
+            let input: [UInt8] = (0..<length).map { _ in
+                round.isMultiple(of: 3) ? UInt8.random(in: 0...255, using: &generator) : alphabet.randomElement(using: &generator)!
+            }
+            if let credential = try? GitCredential.parse(input) {
+                // What was accepted serializes to lines that parse back to the same fields.
+                let again = try? GitCredential.parse(credential.serialized())
+                #expect(again?.username == credential.username || credential.username?.contains("\n") == true)
+            } else {
+                refused += 1
+            }
+            if let object = try? FlatJSON.parseObject(input) {
+                let encoded = FlatJSON.encodeObject(object.sorted { $0.key < $1.key }.map { ($0.key, $0.value) })
+                #expect((try? FlatJSON.parseObject(encoded)) == object)
+            } else {
+                refused += 1
+            }
+        }
+        #expect(refused > 0, "random bytes should not all be valid")
+    }
+
+    @Test func everyFlatJSONEncoding_parsesBackToTheSameBytes() throws {
+        var generator = SystemRandomNumberGenerator()
+        for _ in 0..<500 {
+            let value: [UInt8] = Array(String(decoding: (0..<Int.random(in: 0...40, using: &generator)).map { _ in
+                UInt8.random(in: 0...127, using: &generator)
+            }, as: UTF8.self).utf8)
+            let encoded = FlatJSON.encodeObject([("k", value)])
+            #expect(try FlatJSON.parseObject(encoded)["k"] == value)
+        }
+    }
+}
+
+/// One store used from many threads at once, as a server would.
+@Suite("SecretServiceStore under concurrency")
+struct ConcurrencyTests {
+    @Test func manyThreadsAddingAndReading_allSucceed() throws {
+        let store = try TestBus.store()
+        let service = TestBus.unique("threads")
+        let failures = Failures()
+        DispatchQueue.concurrentPerform(iterations: 16) { index in
+            do {
+                try store.add(.genericPassword(service: service, account: "a\(index)", data: SecretBytes(utf8: "v\(index)")))
+                let value = try store.data(matching: .genericPassword(service: service, account: "a\(index)"))
+                if value.utf8String != "v\(index)" { failures.add("wrong value for \(index)") }
+            } catch {
+                failures.add("\(index): \(error)")
+            }
+        }
+        #expect(failures.messages.isEmpty, "\(failures.messages)")
+        var all = Query.genericPassword(service: service)
+        all.limit = .all
+        #expect(try store.items(matching: all).count == 16)
+    }
+}
+
+final class Failures: @unchecked Sendable {
+    // Guarded by `lock`.
+    private let lock = NSLock()
+    private var list: [String] = []
+    func add(_ message: String) { lock.withLock { list.append(message) } }
+    var messages: [String] { lock.withLock { list } }
+}
