@@ -1,5 +1,6 @@
 #if !canImport(Security)
-import Foundation
+// Keychain code uses Data and friends after `import Security` alone; so it may here.
+@_exported import Foundation
 
 // Foundation on Linux does not export CoreFoundation's types, and Swift on Linux has no
 // toll-free bridging. These aliases name the Swift types that Apple's overlay bridges the CF
