@@ -28,6 +28,7 @@ public func SecItemAdd(_ attributes: CFDictionary, _ result: UnsafeMutablePointe
     return status { () throws(LockboxError) in
         let request = try SecItemRequest(attributes, role: .add)
         let store = try SecItemStore.current()
+        // An add dictionary without kSecClass was rejected above: it cannot use a persistent reference.
         var item = Item(request.itemClass!, attributes: request.attributes)
         item.data = request.data.map { SecretBytes(copying: $0) }
         try store.add(item)

@@ -140,6 +140,20 @@ import Testing
         }
     }
 
+    @Test func matchLimitAsNSNumber_isACount() throws {
+        let fixture = try VaultFixture()
+        SecItemStore.withStore(fixture.vault) {
+            for account in ["a", "b", "c"] { #expect(addPassword(account: account) == errSecSuccess) }
+            var result: CFTypeRef?
+            let query: [String: Any] = [
+                kSecClass as String: kSecClassGenericPassword, kSecReturnAttributes as String: NSNumber(value: true),
+                kSecMatchLimit as String: NSNumber(value: 2),
+            ]
+            #expect(SecItemCopyMatching(query as CFDictionary, &result) == errSecSuccess)
+            #expect((result as? [[String: Any]])?.count == 2)
+        }
+    }
+
     // MARK: The store
 
     @Test func setDefault_outsideWithStore_sendsCallsToThatStore() throws {

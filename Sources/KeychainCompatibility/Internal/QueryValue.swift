@@ -24,7 +24,8 @@ enum QueryValue {
 
     static func integer(_ value: Any) -> Int? {
         guard let value = unwrapped(value) else { return nil }
-        if value is Bool { return nil }
+        // A Swift `true` is not a number here; an NSNumber is, whatever it holds.
+        if type(of: value) == Bool.self { return nil }
         if let number = value as? any BinaryInteger { return Int(exactly: number) }
         if let number = value as? NSNumber { return number.intValue }
         if let text = value as? String { return Int(text) }
