@@ -77,7 +77,7 @@ public func SecItemCopyMatching(_ query: CFDictionary, _ result: UnsafeMutablePo
 public func SecItemUpdate(_ query: CFDictionary, _ attributesToUpdate: CFDictionary) -> OSStatus {
     status { () throws(LockboxError) in
         let request = try SecItemRequest(query, role: .updateQuery)
-        let changes = try SecItemRequest(attributesToUpdate, role: .updateAttributes)
+        let changes = try SecItemRequest(attributesToUpdate, role: .updateAttributes, attributesOf: request.itemClass)
         let store = try SecItemStore.current()
         let update = ItemUpdate(attributes: changes.attributes, data: changes.data.map { SecretBytes(copying: $0) })
         try forEachClass(of: request) { (query) throws(LockboxError) in

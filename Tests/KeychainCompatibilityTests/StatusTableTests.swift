@@ -302,6 +302,11 @@ extension StatusCase {
             setup: [{ password() }],
             call: .update({ search() }, { [kSecReturnData as String: true] }), status: errSecParam),
         StatusCase(
+            name: "update setting an attribute of another class -> errSecNoSuchAttr",
+            reference: "/documentation/security/errsecnosuchattr",
+            setup: [{ password() }],
+            call: .update({ search() }, { [kSecAttrServer as String: "example.com"] }), status: errSecNoSuchAttr),
+        StatusCase(
             name: "update giving an item another's primary key -> errSecDuplicateItem",
             reference: "/documentation/security/errsecduplicateitem",
             setup: [{ password("s", "a") }, { password("s", "b") }],

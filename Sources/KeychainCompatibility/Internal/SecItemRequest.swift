@@ -37,7 +37,10 @@ struct SecItemRequest {
     /// `kSecUseAuthenticationUI`.
     var authenticationUI: String?
 
-    init(_ dictionary: CFDictionary, role: Role) throws(LockboxError) {
+    /// Reads `dictionary` for `role`. `queriedClass` is the class of the items SecItemUpdate's
+    /// query matched, which decides the attributes `attributesToUpdate` may name.
+    init(_ dictionary: CFDictionary, role: Role, attributesOf queriedClass: ItemClass? = nil) throws(LockboxError) {
+        if role == .updateAttributes { itemClass = queriedClass }
         if let value = dictionary[kSecClass] {
             guard role != .updateAttributes else {
                 throw Self.failure(errSecParam, "kSecClass cannot be changed by SecItemUpdate.")
