@@ -199,6 +199,8 @@ struct SecItemRequest {
                 "This access control needs biometry (or a paired watch), which Linux does not have. "
                     + "Use .userPresence or .devicePasscode, or add .or with one of them.")
         case .userVerification:
+            // Once the item model carries access control and the vault gates reads on it, keep
+            // `accessControl` in the item here instead of refusing it.
             throw Self.failure(
                 errSecUnimplemented,
                 "This store cannot yet require the passphrase to read an item (.userPresence, .devicePasscode, "
