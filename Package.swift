@@ -9,6 +9,7 @@ let package = Package(
     products: [
         .library(name: "Lockbox", targets: ["Lockbox"]),
         .library(name: "LockboxCore", targets: ["LockboxCore"]),
+        .library(name: "KeychainCompatibility", targets: ["KeychainCompatibility"]),
         .executable(name: "lockbox", targets: ["LockboxCLI"]),
         .executable(name: "lockbox-bench", targets: ["LockboxBenchmark"]),
         .executable(name: "lockbox-stress", targets: ["LockboxStress"]),
@@ -50,6 +51,9 @@ let package = Package(
         // The facade applications import.
         .target(name: "Lockbox", dependencies: ["LockboxCore", "LockboxVault"], swiftSettings: strict),
 
+        // Apple's SecItem API (SecItemAdd, kSec* keys, errSec* codes) on Linux, over any ItemStore.
+        .target(name: "KeychainCompatibility", dependencies: ["Lockbox"], swiftSettings: strict),
+
         // prctl(2) is variadic and cannot be called from Swift: a few lines of C do it.
         .target(name: "CProcessHardening"),
         .executableTarget(name: "LockboxCLI", dependencies: ["Lockbox", "CProcessHardening"], swiftSettings: strict),
@@ -77,6 +81,10 @@ let package = Package(
             dependencies: ["SecretService", "CredentialHelpers", "Lockbox"],
             swiftSettings: strict),
         .testTarget(name: "LockboxAuthTests", dependencies: ["LockboxAuth", "Lockbox", "LockboxTestSupport"], swiftSettings: strict),
+        .testTarget(
+            name: "KeychainCompatibilityTests",
+            dependencies: ["KeychainCompatibility", "Lockbox", "LockboxTestSupport"],
+            swiftSettings: strict),
         .testTarget(
             name: "LockboxCLITests",
             dependencies: ["LockboxCLI", "Lockbox", "LockboxTestSupport"],

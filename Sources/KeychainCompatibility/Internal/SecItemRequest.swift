@@ -1,0 +1,328 @@
+#if !canImport(Security)
+import Foundation
+import LockboxCore
+
+/// A query or attribute dictionary, read and checked the way the iOS data-protection keychain
+/// reads it. Every rejection carries Apple's status for it.
+struct SecItemRequest {
+    /// Which SecItem call the dictionary was given to: each accepts different keys.
+    enum Role {
+        case add
+        case search
+        case updateQuery
+        case updateAttributes
+        case delete
+
+        var isQuery: Bool { self == .search || self == .updateQuery || self == .delete }
+    }
+
+    enum Limit: Equatable {
+        case one
+        case all
+        case count(Int)
+    }
+
+    var itemClass: ItemClass?
+    var attributes = ItemAttributes()
+    /// `kSecAttrSynchronizable` as a query reads it: absent means non-synchronizable only.
+    var synchronizable: Query.SynchronizableMatch = .no
+    var limit: Limit = .one
+    var returning: Query.ReturnOptions = []
+    var returnsReference = false
+    var data: Data?
+    var persistentReference: Data?
+    var accessControl: SecAccessControl?
+    /// `kSecUseAuthenticationContext`, kept for the vault's user verification.
+    var authenticationContext: Any?
+    /// `kSecUseAuthenticationUI`.
+    var authenticationUI: String?
+
+    /// Reads `dictionary` for `role`. `queriedClass` is the class of the items SecItemUpdate's
+    /// query matched, which decides the attributes `attributesToUpdate` may name.
+    init(_ dictionary: CFDictionary, role: Role, attributesOf queriedClass: ItemClass? = nil) throws(LockboxError) {
+        if role == .updateAttributes { itemClass = queriedClass }
+        if let value = dictionary[kSecClass] {
+            guard role != .updateAttributes else {
+                throw Self.failure(errSecParam, "kSecClass cannot be changed by SecItemUpdate.")
+            }
+            guard let code = QueryValue.string(value) else {
+                throw Self.failure(errSecParam, "The value of kSecClass must be a kSecClass* string.")
+            }
+            if code == kSecClassIdentity {
+                throw Self.failure(errSecUnimplemented, "Identities (kSecClassIdentity) are not supported on Linux.")
+            }
+            guard let itemClass = ItemClassCode.itemClass(for: code) else {
+                throw Self.failure(errSecNoSuchClass, "\(code) is not a keychain item class.")
+            }
+            self.itemClass = itemClass
+        }
+        if dictionary[kSecValuePersistentRef] != nil, role == .add || role == .updateAttributes {
+            throw Self.failure(errSecParam, "kSecValuePersistentRef names an existing item; it cannot be set.")
+        }
+        if let value = dictionary[kSecValuePersistentRef] {
+            guard let reference = QueryValue.data(value) else {
+                throw Self.failure(errSecParam, "The value of kSecValuePersistentRef must be Data.")
+            }
+            persistentReference = reference
+        }
+        if itemClass == nil, role != .updateAttributes, persistentReference == nil {
+            throw Self.failure(errSecParam, "The dictionary has no kSecClass; every SecItem call needs one.")
+        }
+        var sawSynchronizable = false
+        for (key, value) in dictionary where key != kSecClass && key != kSecValuePersistentRef {
+            if key == kSecAttrSynchronizable { sawSynchronizable = true }
+            try read(key, value, role: role)
+        }
+        if role == .add || role == .updateAttributes {
+            try checkAccessControl(role: role)
+            if sawSynchronizable, attributes.synchronizable == true, attributes.accessibility?.isThisDeviceOnly == true {
+                throw Self.failure(
+                    errSecParam, "A synchronizable item cannot use a ThisDeviceOnly kSecAttrAccessible value.")
+            }
+        }
+    }
+
+    // MARK: Keys
+
+    private mutating func read(_ key: String, _ value: Any, role: Role) throws(LockboxError) {
+        let isMeta = key.hasPrefix("m_") || key.hasPrefix("r_") || key.hasPrefix("u_") || key == kSecUseDataProtectionKeychain
+        if isMeta, role == .updateAttributes {
+            throw Self.failure(errSecParam, "\(key) is a search or return key; SecItemUpdate's attributes take item attributes only.")
+        }
+        switch key {
+        case kSecValueData:
+            // A query's data is ignored, as Apple does: `SecItemDelete(query)` with the dictionary
+            // just used for `SecItemAdd` is the usual "replace" idiom.
+            guard let data = QueryValue.data(value) else {
+                throw Self.failure(errSecParam, "The value of kSecValueData must be Data.")
+            }
+            if !role.isQuery { self.data = data }
+        case kSecValueRef:
+            throw Self.failure(errSecUnimplemented, "kSecValueRef: item references do not exist on Linux.")
+        case kSecMatchLimit:
+            try readLimit(value)
+        case kSecMatchCaseInsensitive:
+            if QueryValue.bool(value) == true {
+                throw Self.failure(errSecUnimplemented, "kSecMatchCaseInsensitive is not supported.")
+            }
+        case kSecMatchPolicy, kSecMatchItemList, kSecMatchSearchList, kSecMatchIssuers, kSecMatchEmailAddressIfPresent,
+            kSecMatchSubjectContains, kSecMatchTrustedOnly, kSecMatchValidOnDate:
+            throw Self.failure(errSecUnimplemented, "\(key) is not supported on Linux.")
+        case kSecReturnData: try readReturn(value, .data, key)
+        case kSecReturnAttributes: try readReturn(value, .attributes, key)
+        case kSecReturnPersistentRef: try readReturn(value, .persistentReference, key)
+        case kSecReturnRef:
+            guard let flag = QueryValue.bool(value) else {
+                throw Self.failure(errSecParam, "The value of kSecReturnRef must be a Boolean.")
+            }
+            returnsReference = flag
+            if flag, itemClass == .key || itemClass == .certificate {
+                throw Self.failure(
+                    errSecUnimplemented, "kSecReturnRef: Linux has no SecKey or SecCertificate; use kSecReturnData.")
+            }
+        case kSecUseAuthenticationContext:
+            authenticationContext = QueryValue.unwrapped(value)
+        case kSecUseAuthenticationUI:
+            guard let mode = QueryValue.string(value),
+                [kSecUseAuthenticationUIAllow, kSecUseAuthenticationUIFail, kSecUseAuthenticationUISkip].contains(mode)
+            else {
+                throw Self.failure(errSecParam, "The value of kSecUseAuthenticationUI must be a kSecUseAuthenticationUI* value.")
+            }
+            authenticationUI = mode
+        case kSecUseNoAuthenticationUI:
+            if QueryValue.bool(value) == true { authenticationUI = kSecUseAuthenticationUIFail }
+        case kSecUseOperationPrompt, kSecUseDataProtectionKeychain:
+            break
+        case kSecAttrAccessControl:
+            guard let control = QueryValue.unwrapped(value) as? SecAccessControl else {
+                throw Self.failure(errSecParam, "The value of kSecAttrAccessControl must come from SecAccessControlCreateWithFlags.")
+            }
+            // In a query it selects nothing: Apple does not match on access control.
+            if !role.isQuery { accessControl = control }
+        case kSecAttrSynchronizable:
+            try readSynchronizable(value, role: role)
+        default:
+            try readAttribute(key, value)
+        }
+    }
+
+    private mutating func readLimit(_ value: Any) throws(LockboxError) {
+        if let code = QueryValue.string(value), code == kSecMatchLimitOne || code == kSecMatchLimitAll {
+            limit = code == kSecMatchLimitOne ? .one : .all
+        } else if let count = QueryValue.integer(value), count > 0 {
+            limit = count == 1 ? .one : .count(count)
+        } else {
+            throw Self.failure(errSecParam, "kSecMatchLimit must be kSecMatchLimitOne, kSecMatchLimitAll or a positive number.")
+        }
+    }
+
+    private mutating func readReturn(_ value: Any, _ option: Query.ReturnOptions, _ key: String) throws(LockboxError) {
+        guard let flag = QueryValue.bool(value) else {
+            throw Self.failure(errSecParam, "The value of \(key) must be a Boolean.")
+        }
+        if flag { returning.insert(option) } else { returning.remove(option) }
+    }
+
+    private mutating func readSynchronizable(_ value: Any, role: Role) throws(LockboxError) {
+        if let code = QueryValue.string(value), code == kSecAttrSynchronizableAny {
+            guard role.isQuery else {
+                throw Self.failure(errSecParam, "kSecAttrSynchronizableAny is for queries; an item is synchronizable or not.")
+            }
+            synchronizable = .any
+            return
+        }
+        guard let flag = QueryValue.bool(value) else {
+            throw Self.failure(errSecParam, "kSecAttrSynchronizable must be a Boolean or kSecAttrSynchronizableAny.")
+        }
+        if role.isQuery {
+            synchronizable = flag ? .yes : .no
+        } else {
+            attributes.synchronizable = flag
+        }
+    }
+
+    /// The access control of an added or updated item, checked against what Linux can honour.
+    private mutating func checkAccessControl(role: Role) throws(LockboxError) {
+        guard let accessControl else { return }
+        if let accessibility = attributes.accessibility, accessibility != accessControl.protection {
+            throw Self.failure(
+                errSecParam, "kSecAttrAccessible and the protection of kSecAttrAccessControl disagree; give one of them.")
+        }
+        attributes.accessibility = accessControl.protection
+        switch accessControl.linuxRequirement {
+        case .none:
+            break
+        case .unavailableHardware:
+            // Apple's status on a device without enrolled biometry: docs/SECITEM.md#biometry.
+            throw Self.failure(
+                errSecAuthFailed,
+                "This access control needs biometry (or a paired watch), which Linux does not have. "
+                    + "Use .userPresence or .devicePasscode, or add .or with one of them.")
+        case .userVerification:
+            // Once the item model carries access control and the vault gates reads on it, keep
+            // `accessControl` in the item here instead of refusing it.
+            throw Self.failure(
+                errSecUnimplemented,
+                "This store cannot yet require the passphrase to read an item (.userPresence, .devicePasscode, "
+                    + ".applicationPassword); the item was not added rather than added unprotected.")
+        }
+    }
+
+    // MARK: Attributes
+
+    /// Attributes that belong to each class, as Apple's "Item attribute keys and values" lists
+    /// them. A key outside its class's list is `errSecNoSuchAttr`.
+    private static let common: Set<String> = [
+        kSecAttrAccessible, kSecAttrAccessGroup, kSecAttrCreationDate, kSecAttrModificationDate, kSecAttrLabel,
+    ]
+    private static let password: Set<String> = [
+        kSecAttrDescription, kSecAttrComment, kSecAttrCreator, kSecAttrType, kSecAttrIsInvisible, kSecAttrIsNegative,
+        kSecAttrAccount,
+    ]
+    private static let keysByClass: [ItemClass: Set<String>] = [
+        .genericPassword: common.union(password).union([kSecAttrService, kSecAttrGeneric]),
+        .internetPassword: common.union(password).union([
+            kSecAttrSecurityDomain, kSecAttrServer, kSecAttrProtocol, kSecAttrAuthenticationType, kSecAttrPort,
+            kSecAttrPath,
+        ]),
+        .certificate: common.union([
+            kSecAttrCertificateType, kSecAttrCertificateEncoding, kSecAttrSubject, kSecAttrIssuer,
+            kSecAttrSerialNumber, kSecAttrSubjectKeyID, kSecAttrPublicKeyHash,
+        ]),
+        .key: common.union([
+            kSecAttrKeyClass, kSecAttrApplicationLabel, kSecAttrIsPermanent, kSecAttrApplicationTag, kSecAttrKeyType,
+            kSecAttrKeySizeInBits, kSecAttrEffectiveKeySize, kSecAttrCanEncrypt, kSecAttrCanDecrypt,
+            kSecAttrCanDerive, kSecAttrCanSign, kSecAttrCanVerify, kSecAttrCanWrap, kSecAttrCanUnwrap,
+            kSecAttrTokenID,
+        ]),
+    ]
+    private static let allAttributeKeys = keysByClass.values.reduce(into: Set<String>()) { $0.formUnion($1) }
+
+    private mutating func readAttribute(_ key: String, _ value: Any) throws(LockboxError) {
+        let known = itemClass.map { Self.keysByClass[$0]!.contains(key) } ?? Self.allAttributeKeys.contains(key)
+        guard known else {
+            let owner = itemClass.map(ItemClassCode.code(for:)) ?? "any class"
+            throw Self.failure(errSecNoSuchAttr, "\(key) is not an attribute of \(owner).")
+        }
+        func string() throws(LockboxError) -> String {
+            guard let text = QueryValue.string(value) else {
+                throw Self.failure(errSecParam, "The value of \(key) must be a string.")
+            }
+            return text
+        }
+        func bytes() throws(LockboxError) -> Data {
+            guard let data = QueryValue.data(value) else {
+                throw Self.failure(errSecParam, "The value of \(key) must be Data.")
+            }
+            return data
+        }
+        func integer() throws(LockboxError) -> Int {
+            guard let number = QueryValue.integer(value) else {
+                throw Self.failure(errSecParam, "The value of \(key) must be a number.")
+            }
+            return number
+        }
+        func code() throws(LockboxError) -> String {
+            // Apple's codes for key classes and types are numbers written as strings.
+            if let number = QueryValue.integer(value) { return String(number) }
+            return try string()
+        }
+        func date() throws(LockboxError) -> Date {
+            guard let date = QueryValue.date(value) else {
+                throw Self.failure(errSecParam, "The value of \(key) must be a Date.")
+            }
+            return date
+        }
+        switch key {
+        case kSecAttrAccessible:
+            guard let accessibility = AccessibilityCode.accessibility(for: try string()) else {
+                throw Self.failure(errSecParam, "The value of kSecAttrAccessible must be a kSecAttrAccessible* value.")
+            }
+            attributes.accessibility = accessibility
+        case kSecAttrAccessGroup: attributes.accessGroup = try string()
+        case kSecAttrCreationDate: attributes.creationDate = try date()
+        case kSecAttrModificationDate: attributes.modificationDate = try date()
+        case kSecAttrLabel: attributes.label = try string()
+        case kSecAttrDescription: attributes.itemDescription = try string()
+        case kSecAttrComment: attributes.comment = try string()
+        case kSecAttrAccount: attributes.account = try string()
+        case kSecAttrService: attributes.service = try string()
+        case kSecAttrGeneric: attributes.generic = try bytes()
+        case kSecAttrSecurityDomain: attributes.securityDomain = try string()
+        case kSecAttrServer: attributes.server = try string()
+        case kSecAttrProtocol: attributes.protocol = InternetProtocol(rawValue: try string())
+        case kSecAttrAuthenticationType: attributes.authenticationType = AuthenticationType(rawValue: try string())
+        case kSecAttrPort: attributes.port = try integer()
+        case kSecAttrPath: attributes.path = try string()
+        case kSecAttrCertificateType: attributes.certificateType = try integer()
+        case kSecAttrSubject: attributes.subject = try bytes()
+        case kSecAttrIssuer: attributes.issuer = try bytes()
+        case kSecAttrSerialNumber: attributes.serialNumber = try bytes()
+        case kSecAttrKeyClass:
+            guard let keyClass = KeyClassCode.keyClass(for: try code()) else {
+                throw Self.failure(errSecParam, "The value of kSecAttrKeyClass must be a kSecAttrKeyClass* value.")
+            }
+            attributes.keyClass = keyClass
+        case kSecAttrApplicationLabel: attributes.applicationLabel = try bytes()
+        case kSecAttrApplicationTag:
+            // Apple takes a string tag too and stores its UTF-8 bytes.
+            if let tag = QueryValue.data(value) {
+                attributes.applicationTag = tag
+            } else {
+                attributes.applicationTag = Data(try string().utf8)
+            }
+        case kSecAttrKeyType where itemClass == .key:
+            attributes.keyType = KeyType(rawValue: try code())
+        case kSecAttrKeySizeInBits: attributes.keySizeInBits = try integer()
+        case kSecAttrEffectiveKeySize: attributes.effectiveKeySize = try integer()
+        default:
+            throw Self.failure(
+                errSecUnimplemented, "\(key) is an Apple keychain attribute that Lockbox does not store.")
+        }
+    }
+
+    static func failure(_ status: OSStatus, _ message: String) -> LockboxError {
+        LockboxError(LockboxError.Code(rawValue: status), message)
+    }
+}
+#endif
