@@ -41,22 +41,22 @@ let package = Package(
         // git and docker credential-helper protocols over any ItemStore.
         .target(name: "CredentialHelpers", dependencies: ["LockboxCore"], swiftSettings: strict),
         .executableTarget(
-            name: "GitCredentialHelper", dependencies: ["CredentialHelpers", "SecretService", "Lockbox"], swiftSettings: strict),
+            name: "GitCredentialHelper", dependencies: ["CredentialHelpers", "Lockbox"], swiftSettings: strict),
         .executableTarget(
-            name: "DockerCredentialHelper", dependencies: ["CredentialHelpers", "SecretService", "Lockbox"], swiftSettings: strict),
+            name: "DockerCredentialHelper", dependencies: ["CredentialHelpers", "Lockbox"], swiftSettings: strict),
 
         // The OAuth 2.0 credential lifecycle, over the small TokenStore interface.
         .target(name: "LockboxAuth", dependencies: ["LockboxCore"], swiftSettings: strict),
 
         // The facade applications import.
-        .target(name: "Lockbox", dependencies: ["LockboxCore", "LockboxVault"], swiftSettings: strict),
+        .target(name: "Lockbox", dependencies: ["LockboxCore", "LockboxVault", "SecretService"], swiftSettings: strict),
 
         // Apple's SecItem API (SecItemAdd, kSec* keys, errSec* codes) on Linux, over any ItemStore.
         .target(name: "KeychainCompatibility", dependencies: ["Lockbox"], swiftSettings: strict),
 
         // prctl(2) is variadic and cannot be called from Swift: a few lines of C do it.
         .target(name: "CProcessHardening"),
-        .executableTarget(name: "LockboxCLI", dependencies: ["Lockbox", "CProcessHardening"], swiftSettings: strict),
+        .executableTarget(name: "LockboxCLI", dependencies: ["Lockbox", "LockboxAuth", "CProcessHardening"], swiftSettings: strict),
         .executableTarget(
             name: "LockboxBenchmark",
             dependencies: ["Lockbox", "VaultCrypto", "VaultStorage"],
@@ -80,7 +80,9 @@ let package = Package(
             name: "SecretServiceTests",
             dependencies: ["SecretService", "CredentialHelpers", "Lockbox"],
             swiftSettings: strict),
-        .testTarget(name: "LockboxAuthTests", dependencies: ["LockboxAuth", "Lockbox", "LockboxTestSupport"], swiftSettings: strict),
+        .testTarget(
+            name: "LockboxAuthTests", dependencies: ["LockboxAuth", "Lockbox", "LockboxTestSupport", "LockboxCLI", "lockbox-auth-worker"],
+            swiftSettings: strict),
         .testTarget(
             name: "KeychainCompatibilityTests",
             dependencies: ["KeychainCompatibility", "Lockbox", "LockboxTestSupport"],

@@ -4,14 +4,10 @@ import CredentialHelpers
 import Foundation
 import Lockbox
 import LockboxCore
-import SecretService
 
-/// The keychain: LOCKBOX_BACKEND=secret-service selects the desktop keyring; anything else
-/// is Keychain.open()'s choice (the vault by default).
+/// The keychain Keychain.open() chooses: the vault by default, the desktop keyring with
+/// LOCKBOX_BACKEND=secret-service.
 func openStore() -> any ItemStore {
-    if ProcessInfo.processInfo.environment["LOCKBOX_BACKEND"] == "secret-service" {
-        return SecretServiceStore()
-    }
     do {
         return try Keychain.open().store
     } catch {

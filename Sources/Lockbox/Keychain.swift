@@ -1,4 +1,5 @@
 import Foundation
+import SecretService
 
 /// The entry point: opens the keychain an application should use.
 ///
@@ -9,13 +10,17 @@ import Foundation
 /// ```
 ///
 /// An explicit choice wins (the `backend` option, then `LOCKBOX_BACKEND`); otherwise the
-/// embedded vault. There is no plain-text backend and no silent fallback: when the chosen
-/// backend cannot be used, `open` throws an error that says how to enable it.
+/// embedded vault, which needs no daemon and no desktop session. There is no plain-text backend
+/// and no silent fallback: when the chosen backend cannot be used, `open` throws an error that
+/// says how to enable it, and never opens a different one instead.
 public enum Keychain {
     /// The backends Lockbox can use.
     public enum Backend: String, Sendable, CaseIterable {
         /// The embedded encrypted vault (the default).
         case vault
+        /// The desktop keychain behind the freedesktop Secret Service (GNOME Keyring,
+        /// KWallet, KeePassXC), over D-Bus.
+        case secretService = "secret-service"
     }
 
     /// How to open the keychain.
@@ -26,6 +31,8 @@ public enum Keychain {
         public var path: String?
         /// The vault's configuration.
         public var vault = Vault.Configuration()
+        /// The Secret Service backend's configuration.
+        public var secretService = SecretServiceStore.Configuration()
 
         public init(backend: Backend? = nil, path: String? = nil) {
             self.backend = backend
@@ -64,22 +71,34 @@ public enum Keychain {
                 throw LockboxError(.param, "LOCKBOX_UNLOCK_CACHE must be `keyring` or `process`, not `\(cache)`.")
             }
         }
+        let backend: Backend
         let reason: String
-        if let backend = options.backend {
-            reason = "chosen by the application (\(backend.rawValue))"
+        if let chosen = options.backend {
+            backend = chosen
+            reason = "chosen by the application"
         } else if let name = environment["LOCKBOX_BACKEND"], !name.isEmpty {
-            guard Backend(rawValue: name) != nil else {
+            guard let chosen = Backend(rawValue: name) else {
                 throw LockboxError(
                     .param,
                     "LOCKBOX_BACKEND=\(name) is not a backend; use one of: "
                         + Backend.allCases.map(\.rawValue).joined(separator: ", ") + ".")
             }
+            backend = chosen
             reason = "chosen by LOCKBOX_BACKEND"
         } else {
+            backend = .vault
             reason = "the default: the embedded vault needs no daemon or desktop session"
         }
-        let path = vaultPath(explicit: options.path)
-        let vault = try Vault.open(at: path, configuration: configuration)
-        return Opened(store: vault, backend: .vault, reason: reason, vault: vault)
+        switch backend {
+        case .vault:
+            let path = vaultPath(explicit: options.path)
+            let vault = try Vault.open(at: path, configuration: configuration)
+            return Opened(store: vault, backend: .vault, reason: reason, vault: vault)
+        case .secretService:
+            let store = SecretServiceStore(configuration: options.secretService)
+            // Fail now, with the backend's own message, rather than at the first item.
+            try store.checkAvailable()
+            return Opened(store: store, backend: .secretService, reason: reason, vault: nil)
+        }
     }
 }

@@ -20,6 +20,11 @@ enum Help {
           find-internet-password
           delete-internet-password
           dump                       list every item's attributes (never secrets)
+        OAuth 2.0:
+          login                      sign in with the device flow (RFC 8628)
+          token                      print a fresh access token (for scripts)
+          logout                     revoke the tokens and forget the session
+          auth status                who is signed in (never a token)
 
         The keychain is PATH, else $LOCKBOX_KEYCHAIN, else $XDG_DATA_HOME/lockbox/default.lockbox.
         Secrets are read from standard input or asked on the terminal, never from arguments.
@@ -97,6 +102,35 @@ enum Help {
                 usage: lockbox [--keychain PATH] \(verb) [-s NAME] [-a ACCOUNT]
 
                 Deletes every matching item. Exit status 44 when nothing matches.
+                """
+        case "login":
+            return """
+                usage: lockbox [--keychain PATH] login --issuer URL --client-id ID [--scope SCOPE]...
+
+                Signs in with the OAuth 2.0 device flow: discovers the issuer (RFC 8414), shows
+                the verification address and code, waits for approval, and keeps the refresh
+                token in the keychain (afterFirstUnlockThisDeviceOnly).
+                """
+        case "token":
+            return """
+                usage: lockbox [--keychain PATH] token [--issuer URL] [--client-id ID]
+
+                Prints a fresh access token and a newline, refreshing (and rotating) the refresh
+                token when needed. For scripts: `curl -H "Authorization: Bearer $(lockbox token)"`.
+                """
+        case "logout":
+            return """
+                usage: lockbox [--keychain PATH] logout [--issuer URL] [--client-id ID] [--retry]
+
+                Revokes the refresh and access tokens (RFC 7009) and forgets the session, also when
+                the server cannot be reached: the revocation then waits in the keychain's outbox.
+                --retry sends the revocations still waiting.
+                """
+        case "auth":
+            return """
+                usage: lockbox [--keychain PATH] auth status [--json]
+
+                Lists the signed-in sessions and pending revocations. Never prints a token.
                 """
         case "dump", "dump-keychain":
             return """

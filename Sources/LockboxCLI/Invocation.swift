@@ -18,6 +18,18 @@ enum Command {
     case findPassword(PasswordOptions)
     case deletePassword(PasswordOptions)
     case dump(json: Bool)
+    case login(issuer: String, clientID: String, scopes: [String])
+    case token(issuer: String?, clientID: String?)
+    case logout(issuer: String?, clientID: String?, retry: Bool)
+    case authStatus(json: Bool)
+
+    /// Commands that talk to an authorization server (run asynchronously).
+    var isAuthentication: Bool {
+        switch self {
+        case .login, .token, .logout, .authStatus: true
+        default: false
+        }
+    }
 }
 
 struct PasswordOptions {
@@ -130,6 +142,43 @@ enum Parser {
                 fromStandardInput = true
             }
             return .changePassphrase(fromStandardInput: fromStandardInput)
+        case "login":
+            var issuer: String?
+            var clientID: String?
+            var scopes: [String] = []
+            while let option = reader.next() {
+                switch option {
+                case "--issuer": issuer = try reader.value(for: option)
+                case "--client-id": clientID = try reader.value(for: option)
+                case "--scope": scopes += try reader.value(for: option).split(separator: " ").map(String.init)
+                default: throw reader.unknown(option)
+                }
+            }
+            guard let issuer, let clientID else {
+                throw UsageError(message: "login needs --issuer URL and --client-id ID", verb: verb)
+            }
+            return .login(issuer: issuer, clientID: clientID, scopes: scopes)
+        case "token", "logout":
+            var issuer: String?
+            var clientID: String?
+            var retry = false
+            while let option = reader.next() {
+                switch option {
+                case "--issuer": issuer = try reader.value(for: option)
+                case "--client-id": clientID = try reader.value(for: option)
+                case "--retry" where verb == "logout": retry = true
+                default: throw reader.unknown(option)
+                }
+            }
+            return verb == "token" ? .token(issuer: issuer, clientID: clientID) : .logout(issuer: issuer, clientID: clientID, retry: retry)
+        case "auth":
+            guard reader.next() == "status" else { throw UsageError(message: "usage: lockbox auth status [--json]", verb: verb) }
+            var json = false
+            while let option = reader.next() {
+                guard option == "--json" else { throw reader.unknown(option) }
+                json = true
+            }
+            return .authStatus(json: json)
         case "dump", "dump-keychain":
             var json = false
             while let option = reader.next() {

@@ -55,7 +55,10 @@ struct Runner {
             return .success
         case .status(let json):
             let opened = try Keychain.open(Keychain.Options(path: invocation.keychain))
-            guard let vault = opened.vault else { return .failure }
+            guard let vault = opened.vault else {
+                output.print("backend: \(opened.backend.rawValue) (\(opened.reason))\nstate: available")
+                return .success
+            }
             let status = try vault.status()
             if json {
                 output.print(Self.json(StatusReport(backend: opened.backend.rawValue, reason: opened.reason, vault: status)))
@@ -91,6 +94,8 @@ struct Runner {
             return .success
         case .dump(let json):
             return try dump(json: json)
+        case .login, .token, .logout, .authStatus:
+            preconditionFailure("OAuth commands run through AuthCommands")
         }
     }
 

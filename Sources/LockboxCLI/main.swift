@@ -13,7 +13,11 @@ let status: ExitStatus
 do {
     let invocation = try Parser.parse(Array(CommandLine.arguments.dropFirst()))
     do {
-        status = try Runner(invocation: invocation).run()
+        if invocation.command.isAuthentication {
+            status = await AuthCommands(invocation: invocation).run()
+        } else {
+            status = try Runner(invocation: invocation).run()
+        }
     } catch {
         streams.error("lockbox: \(error.description)")
         status = error.code == .itemNotFound ? .itemNotFound : .failure

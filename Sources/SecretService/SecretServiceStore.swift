@@ -255,6 +255,16 @@ public final class SecretServiceStore: ItemStore {
         return result
     }
 
+    /// Throws the reason the Secret Service cannot be used (no bus, no daemon, no
+    /// collection, no answer in time). A locked collection is available: it is just locked.
+    public func checkAvailable() throws(LockboxError) {
+        do {
+            try withCollection("connect to the keyring") { _, _, _ throws(LockboxError) in () }
+        } catch LockboxError.interactionNotAllowed {
+            return
+        }
+    }
+
     // MARK: Plumbing
 
     /// Runs `body` on the worker with an open, unlocked collection.

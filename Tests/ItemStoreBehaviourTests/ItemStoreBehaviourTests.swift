@@ -1,12 +1,14 @@
 import Foundation
 import Lockbox
 import LockboxTestSupport
+import SecretService
 import Testing
 
 /// The backends the behaviour suite runs against. Every `ItemStore` joins this list.
 enum Backend: String, CaseIterable, CustomTestStringConvertible {
     case vaultWithKernelKeyring
     case vaultWithProcessMemory
+    case secretService
 
     var testDescription: String { rawValue }
 
@@ -19,7 +21,49 @@ enum Backend: String, CaseIterable, CustomTestStringConvertible {
                 configuration.maximumValueSize = maximumValueSize
             }
             return (fixture.vault, fixture)
+        case .secretService:
+            let collection = try SecretServiceCollection(maximumValueSize: maximumValueSize)
+            return (collection.store, collection)
         }
+    }
+}
+
+/// A fresh, empty, unlocked collection in the test session's gnome-keyring (the suite expects
+/// an empty store), deleted afterwards. Needs `scripts/secret-service run -- swift test`.
+final class SecretServiceCollection {
+    static let script = URL(fileURLWithPath: #filePath)
+        .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        .appendingPathComponent("scripts/secret-service").path
+    let path: String
+    let store: SecretServiceStore
+
+    struct NoBus: Error, CustomStringConvertible {
+        var description: String {
+            "No D-Bus session bus (DBUS_SESSION_BUS_ADDRESS is unset): run the tests inside "
+                + "`scripts/secret-service run -- swift test` (scripts/test does)."
+        }
+    }
+
+    struct CreateFailed: Error, CustomStringConvertible {
+        var description: String
+    }
+
+    init(maximumValueSize: Int) throws {
+        guard let address = ProcessInfo.processInfo.environment["DBUS_SESSION_BUS_ADDRESS"], !address.isEmpty else {
+            throw NoBus()
+        }
+        let suffix = UUID().uuidString.prefix(8).lowercased()
+        let created = try run(Self.script, ["create-collection", "suite-\(suffix)", "password-\(suffix)"])
+        guard created.status == 0 else { throw CreateFailed(description: "create-collection failed: \(created.standardError)") }
+        path = created.standardOutput.trimmingCharacters(in: .whitespacesAndNewlines)
+        store = SecretServiceStore(
+            configuration: .init(
+                busAddress: address, collection: path, defaultAccessGroup: Vault.defaultAccessGroup,
+                maximumValueSize: maximumValueSize))
+    }
+
+    deinit {
+        _ = try? run(Self.script, ["delete-collection", path])
     }
 }
 
