@@ -31,6 +31,7 @@ public func SecItemAdd(_ attributes: CFDictionary, _ result: UnsafeMutablePointe
         // An add dictionary without kSecClass was rejected above: it cannot use a persistent reference.
         var item = Item(request.itemClass!, attributes: request.attributes)
         item.data = request.data.map { SecretBytes(copying: $0) }
+        item.accessControl = request.itemAccessControl
         try store.add(item)
         guard let result, !request.returning.isEmpty else { return }
         result.pointee = try addedItem(request, in: store)
@@ -116,6 +117,7 @@ private func query(_ request: SecItemRequest, _ itemClass: ItemClass, limit: Que
         itemClass, attributes: request.attributes, limit: limit, returning: request.returning,
         synchronizable: request.synchronizable)
     query.persistentReference = request.persistentReference
+    query.authenticationContext = request.authenticationContext as? AuthenticationContext
     return query
 }
 

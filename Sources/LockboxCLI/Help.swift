@@ -12,6 +12,10 @@ enum Help {
           lock                       lock it: whenUnlocked items become unreadable
           status                     lock state, readable classes, unlock methods
           change-passphrase          replace the passphrase
+          remove-passphrase          unlock without one on this machine (deletes passcode-bound items)
+          set-passphrase             set one again
+          backup FILE                write the portable items to a sealed backup file
+          restore FILE               merge a backup into this keychain (newer copy wins)
         Items:
           add-generic-password       store a secret under a service and account
           find-generic-password      find one; -w prints only the secret
@@ -89,6 +93,8 @@ enum Help {
                                        whenUnlockedThisDeviceOnly, afterFirstUnlockThisDeviceOnly,
                                        whenPasscodeSetThisDeviceOnly, always, alwaysThisDeviceOnly
                   --access-group G     the access group (a namespace, not an isolation boundary)
+                  --access-control C   userPresence or devicePasscode: every read asks for the
+                                       passphrase again (on the terminal)
                 """
         case "find-generic-password", "find-internet-password":
             return """
@@ -102,6 +108,30 @@ enum Help {
                 usage: lockbox [--keychain PATH] \(verb) [-s NAME] [-a ACCOUNT]
 
                 Deletes every matching item. Exit status 44 when nothing matches.
+                """
+        case "backup":
+            return """
+                usage: lockbox [--keychain PATH] backup FILE [--passphrase-stdin]
+
+                Writes the portable items (whenUnlocked, afterFirstUnlock, always) to FILE, sealed
+                with a key from the backup passphrase (Argon2id). ThisDeviceOnly and
+                access-controlled items never leave this machine. Consistent while other
+                processes write. --passphrase-stdin reads the backup passphrase from stdin.
+                """
+        case "restore":
+            return """
+                usage: lockbox [--keychain PATH] restore FILE [--passphrase-stdin]
+
+                Merges a backup into this keychain: new items are added; for an item that exists,
+                the more recently modified copy wins, and on a tie the existing one stays.
+                """
+        case "remove-passphrase", "set-passphrase":
+            return """
+                usage: lockbox [--keychain PATH] \(verb) [--passphrase-stdin]
+
+                remove-passphrase: the keychain then unlocks on this machine without a passphrase
+                (like a phone without a passcode); whenPasscodeSetThisDeviceOnly and
+                access-controlled items are deleted. set-passphrase sets one again.
                 """
         case "login":
             return """

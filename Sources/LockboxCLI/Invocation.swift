@@ -18,6 +18,10 @@ enum Command {
     case findPassword(PasswordOptions)
     case deletePassword(PasswordOptions)
     case dump(json: Bool)
+    case backup(file: String, passphraseFromStandardInput: Bool)
+    case restore(file: String, passphraseFromStandardInput: Bool)
+    case removePassphrase(fromStandardInput: Bool)
+    case setPassphrase(fromStandardInput: Bool)
     case login(issuer: String, clientID: String, scopes: [String])
     case token(issuer: String?, clientID: String?)
     case logout(issuer: String?, clientID: String?, retry: Bool)
@@ -39,6 +43,8 @@ struct PasswordOptions {
     var printSecretOnly = false
     /// `-U`: update the item when it exists (add).
     var updateIfExists = false
+    /// `--access-control` (add).
+    var accessControl: AccessControl?
     var json = false
 }
 
@@ -142,6 +148,28 @@ enum Parser {
                 fromStandardInput = true
             }
             return .changePassphrase(fromStandardInput: fromStandardInput)
+        case "backup", "restore":
+            var file: String?
+            var fromStandardInput = false
+            while let option = reader.next() {
+                switch option {
+                case "--passphrase-stdin": fromStandardInput = true
+                default:
+                    guard !option.hasPrefix("-"), file == nil else { throw reader.unknown(option) }
+                    file = option
+                }
+            }
+            guard let file else { throw UsageError(message: "\(verb) needs a FILE", verb: verb) }
+            return verb == "backup"
+                ? .backup(file: file, passphraseFromStandardInput: fromStandardInput)
+                : .restore(file: file, passphraseFromStandardInput: fromStandardInput)
+        case "remove-passphrase", "set-passphrase":
+            var fromStandardInput = false
+            while let option = reader.next() {
+                guard option == "--passphrase-stdin" else { throw reader.unknown(option) }
+                fromStandardInput = true
+            }
+            return verb == "set-passphrase" ? .setPassphrase(fromStandardInput: fromStandardInput) : .removePassphrase(fromStandardInput: fromStandardInput)
         case "login":
             var issuer: String?
             var clientID: String?
@@ -232,6 +260,15 @@ enum Parser {
                 }
                 parsed.attributes.accessibility = accessibility
             case "-U" where isAdd: parsed.updateIfExists = true
+            case "--access-control" where isAdd:
+                let text = try reader.value(for: option)
+                guard let control = AccessControl(parsing: text.replacingOccurrences(of: ",", with: "|")) else {
+                    throw UsageError(
+                        message: "--access-control takes userPresence, devicePasscode, or several joined with | "
+                            + "(biometryAny, biometryCurrentSet, or, and)",
+                        verb: verb)
+                }
+                parsed.accessControl = control
             case "-w":
                 if isAdd {
                     // `security add-generic-password -w SECRET` puts the secret in argv, where

@@ -43,9 +43,14 @@ struct Runner {
             output.print("Created the keychain \(path) (unlocked).")
             return .success
         case .unlock(let fromStandardInput, let timeout):
-            var options = Keychain.Options(path: invocation.keychain)
+            var options = keychainOptions()
             if let timeout { options.vault.idleTimeout = timeout }
             let vault = try openVault(options)
+            guard try vault.status().hasPassphrase else {
+                // No passphrase (removed on purpose): this machine's device secret unlocks.
+                try vault.unlock()
+                return .success
+            }
             let passphrase = try existingPassphrase(fromStandardInput: fromStandardInput, prompt: "Passphrase for \(vault.path): ")
             try vault.unlock(passphrase: passphrase)
             return .success
@@ -54,7 +59,7 @@ struct Runner {
             if all { vault.lockAll() } else { vault.lock() }
             return .success
         case .status(let json):
-            let opened = try Keychain.open(Keychain.Options(path: invocation.keychain))
+            let opened = try Keychain.open(keychainOptions())
             guard let vault = opened.vault else {
                 output.print("backend: \(opened.backend.rawValue) (\(opened.reason))\nstate: available")
                 return .success
@@ -87,13 +92,42 @@ struct Runner {
         case .findPassword(let options):
             return try findPassword(options)
         case .deletePassword(let options):
-            let store = try Keychain.open(Keychain.Options(path: invocation.keychain)).store
+            let store = try Keychain.open(keychainOptions()).store
             var query = Query(options.itemClass, attributes: options.attributes, limit: .all, returning: [])
             query.synchronizable = .any
             try store.delete(matching: query)
             return .success
         case .dump(let json):
             return try dump(json: json)
+        case .backup(let file, let fromStandardInput):
+            let vault = try openVault()
+            let passphrase = try newPassphrase(fromStandardInput: fromStandardInput, prompt: "Backup passphrase: ")
+            let summary = try vault.backup(to: file, passphrase: passphrase)
+            output.error(
+                "Backed up \(summary.exported) item(s) to \(file). Left out by design: \(summary.skippedThisDeviceOnly) "
+                    + "ThisDeviceOnly, \(summary.skippedAccessControlled) access-controlled.")
+            return .success
+        case .restore(let file, let fromStandardInput):
+            let vault = try openVault()
+            let passphrase = try existingPassphrase(fromStandardInput: fromStandardInput, prompt: "Backup passphrase: ")
+            let summary = try vault.restore(from: file, passphrase: passphrase)
+            output.error(
+                "Restored from \(file): \(summary.added) added, \(summary.replaced) replaced by a newer copy, "
+                    + "\(summary.kept) kept (the existing copy was as new or newer).")
+            return .success
+        case .removePassphrase(let fromStandardInput):
+            let vault = try openVault()
+            let passphrase = try existingPassphrase(fromStandardInput: fromStandardInput, prompt: "Current passphrase: ")
+            let deleted = try vault.removePassphrase(passphrase)
+            output.error(
+                "The passphrase is removed: this keychain now unlocks on this machine without one. "
+                    + "\(deleted) whenPasscodeSetThisDeviceOnly or access-controlled item(s) were deleted.")
+            return .success
+        case .setPassphrase(let fromStandardInput):
+            let vault = try openVault()
+            try vault.setPassphrase(try newPassphrase(fromStandardInput: fromStandardInput))
+            output.error("Passphrase set.")
+            return .success
         case .login, .token, .logout, .authStatus:
             preconditionFailure("OAuth commands run through AuthCommands")
         }
@@ -102,14 +136,15 @@ struct Runner {
     // MARK: Items
 
     private func addPassword(_ options: PasswordOptions) throws(LockboxError) -> ExitStatus {
-        let store = try Keychain.open(Keychain.Options(path: invocation.keychain)).store
+        let store = try Keychain.open(keychainOptions()).store
         let secret: SecretBytes
         if SecretInput.standardInputIsTerminal {
             secret = try SecretInput.prompt("Secret for \(options.attributes.service ?? options.attributes.server ?? "the item"): ")
         } else {
             secret = SecretInput.trimmingTrailingNewline(try SecretInput.readAll(limit: Self.secretLimit + 2))
         }
-        let item = Item(options.itemClass, attributes: options.attributes, data: secret)
+        var item = Item(options.itemClass, attributes: options.attributes, data: secret)
+        item.accessControl = options.accessControl
         do {
             try store.add(item)
         } catch LockboxError.duplicateItem where options.updateIfExists {
@@ -129,7 +164,7 @@ struct Runner {
     }
 
     private func findPassword(_ options: PasswordOptions) throws(LockboxError) -> ExitStatus {
-        let store = try Keychain.open(Keychain.Options(path: invocation.keychain)).store
+        let store = try Keychain.open(keychainOptions()).store
         var query = Query(
             options.itemClass, attributes: options.attributes, limit: .one,
             returning: options.printSecretOnly ? [.data] : [.attributes])
@@ -149,7 +184,7 @@ struct Runner {
     }
 
     private func dump(json: Bool) throws(LockboxError) -> ExitStatus {
-        let store = try Keychain.open(Keychain.Options(path: invocation.keychain)).store
+        let store = try Keychain.open(keychainOptions()).store
         var summaries: [ItemSummary] = []
         for itemClass in ItemClass.allCases {
             var query = Query(itemClass, limit: .all, returning: [.attributes])
@@ -170,12 +205,12 @@ struct Runner {
 
     // MARK: Passphrases
 
-    private func newPassphrase(fromStandardInput: Bool) throws(LockboxError) -> SecretBytes {
+    private func newPassphrase(fromStandardInput: Bool, prompt: String = "New passphrase: ") throws(LockboxError) -> SecretBytes {
         if fromStandardInput {
             return SecretInput.splitLine(try SecretInput.readAll(limit: Self.passphraseLimit)).line
         }
         guard SecretInput.standardInputIsTerminal else { throw Self.noPassphraseSource }
-        let first = try SecretInput.prompt("New passphrase: ", limit: Self.passphraseLimit)
+        let first = try SecretInput.prompt(prompt, limit: Self.passphraseLimit)
         let second = try SecretInput.prompt("Repeat it: ", limit: Self.passphraseLimit)
         guard first == second else {
             throw LockboxError(.param, "The two passphrases differ; nothing was changed.")
@@ -198,8 +233,16 @@ struct Runner {
 
     // MARK: Helpers
 
+    /// The keychain options for this invocation: the path, and a terminal prompt for items
+    /// protected by access control.
+    func keychainOptions() -> Keychain.Options {
+        var options = Keychain.Options(path: invocation.keychain)
+        options.vault.authenticationContext = AuthenticationContext(verifier: TerminalVerifier())
+        return options
+    }
+
     private func openVault(_ options: Keychain.Options? = nil) throws(LockboxError) -> Vault {
-        let opened = try Keychain.open(options ?? Keychain.Options(path: invocation.keychain))
+        let opened = try Keychain.open(options ?? keychainOptions())
         guard let vault = opened.vault else {
             throw LockboxError(.unimplemented, "This command needs the vault backend.")
         }
@@ -232,6 +275,14 @@ struct Runner {
             "unlock methods: " + status.unlockMethods.joined(separator: ", "),
             "unlock cache: \(status.unlockCache.rawValue)",
         ]
+        if !status.hasPassphrase {
+            lines.append("passphrase: none (removed; unlocks on this machine without one)")
+        }
+        if status.itemsBoundToOtherMachines > 0 {
+            lines.append(
+                "unavailable here: \(status.itemsBoundToOtherMachines) ThisDeviceOnly item(s) from another machine "
+                    + "(the file was copied; they never open elsewhere)")
+        }
         if status.failedUnlockAttempts > 0 {
             lines.append("failed unlock attempts: \(status.failedUnlockAttempts)")
         }
@@ -260,6 +311,23 @@ struct Runner {
         add("created", item.created.map { ISO8601DateFormatter().string(from: $0) })
         add("modified", item.modified.map { ISO8601DateFormatter().string(from: $0) })
         return lines.joined(separator: "\n")
+    }
+}
+
+/// Asks for the passphrase on the terminal when an access-controlled item is used.
+struct TerminalVerifier: PresenceVerifier {
+    func passphrase(for request: AuthenticationRequest) throws(LockboxError) -> SecretBytes {
+        let passphrase: SecretBytes
+        do {
+            passphrase = try SecretInput.prompt("Passphrase to \(request.reason) (empty to cancel): ", limit: Runner.passphraseLimit)
+        } catch LockboxError.notAvailable {
+            throw LockboxError(
+                .interactionNotAllowed, "This item needs the passphrase re-entered, and there is no terminal to ask on.")
+        }
+        guard !passphrase.isEmpty else {
+            throw LockboxError(.userCanceled, "Cancelled: the passphrase was not given.")
+        }
+        return passphrase
     }
 }
 

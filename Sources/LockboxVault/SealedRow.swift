@@ -78,7 +78,10 @@ struct SealedRow {
             // A second lock: only the user's verification (the presence secret key) opens it.
             row.wrappedKey = Crypto.seal(row.wrappedKey, toPublicKey: presencePublicKey)
         }
-        row.metadata = Crypto.seal(attributes.encoded(), key: itemKey, associatedData: row.associatedData(prefix: prefix, .metadata))
+        // Attributes are sealed with the class key, not the item key: like iOS's metadata key,
+        // they can be searched whenever the class is unlocked, without asking the user for an
+        // access-controlled item's key.
+        row.metadata = Crypto.seal(attributes.encoded(), key: classKey, associatedData: row.associatedData(prefix: prefix, .metadata))
         row.secret = Crypto.seal(data, key: itemKey, associatedData: row.associatedData(prefix: prefix, .data))
         return row
     }
@@ -100,8 +103,8 @@ struct SealedRow {
         return key
     }
 
-    func openAttributes(itemKey: SecretBytes, prefix: FieldEncoder) throws(LockboxError) -> ItemAttributes {
-        guard let bytes = try? Crypto.openBytes(metadata, key: itemKey, associatedData: associatedData(prefix: prefix, .metadata)),
+    func openAttributes(classKey: SecretBytes, prefix: FieldEncoder) throws(LockboxError) -> ItemAttributes {
+        guard let bytes = try? Crypto.openBytes(metadata, key: classKey, associatedData: associatedData(prefix: prefix, .metadata)),
             var attributes = try? ItemAttributes(decoding: bytes)
         else { throw LockboxError.integrity() }
         // The plain columns were authenticated as associated data; they are the truth.

@@ -60,27 +60,22 @@ extension Vault {
             let rows = try candidates(plan, state: state)
             var results: [Item] = []
             var lockedCandidate = false
-            // An existence check opens nothing: it needs neither an item key nor the user.
-            let opensItems = plan.readsMetadata || query.returning.contains(.data)
             for row in rows {
                 var item = Item(query.itemClass, attributes: ItemAttributes())
-                if opensItems {
-                    let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
-                    guard let itemKey = try itemKey(of: row, prefix: prefix, query: query, action: "read", state: state) else {
-                        lockedCandidate = true
-                        continue
-                    }
-                    if plan.readsMetadata {
-                        let opened = try row.openAttributes(itemKey: itemKey, prefix: prefix)
-                        guard opened.matches(plan.residual) else { continue }
-                        if query.returning.contains(.attributes) { item.attributes = opened }
-                    }
-                    if query.returning.contains(.data) {
-                        item.data = try row.openData(itemKey: itemKey, prefix: prefix)
-                    }
-                } else if try state.keys.classKey(for: row.accessibility, header: state.header) == nil {
+                guard let classKey = try state.keys.classKey(for: row.accessibility, header: state.header) else {
                     lockedCandidate = true
                     continue
+                }
+                let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
+                if plan.readsMetadata {
+                    let opened = try row.openAttributes(classKey: classKey, prefix: prefix)
+                    guard opened.matches(plan.residual) else { continue }
+                    if query.returning.contains(.attributes) { item.attributes = opened }
+                }
+                // Only the value needs the item key, and so, for an access-controlled item, the user.
+                if query.returning.contains(.data) {
+                    let itemKey = try itemKey(of: row, classKey: classKey, prefix: prefix, query: query, action: "read", state: state)
+                    item.data = try row.openData(itemKey: itemKey, prefix: prefix)
                 }
                 item.persistentReference = Data(row.id)
                 if !row.accessControl.isEmpty { item.accessControl = AccessControl(parsing: row.accessControl) }
@@ -108,13 +103,14 @@ extension Vault {
                 var matched = 0
                 var lockedCandidate = false
                 for row in rows {
-                    let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
-                    guard let itemKey = try itemKey(of: row, prefix: prefix, query: query, action: "update", state: state) else {
+                    guard let classKey = try state.keys.classKey(for: row.accessibility, header: state.header) else {
                         lockedCandidate = true
                         continue
                     }
-                    var attributes = try row.openAttributes(itemKey: itemKey, prefix: prefix)
+                    let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
+                    var attributes = try row.openAttributes(classKey: classKey, prefix: prefix)
                     guard attributes.matches(plan.residual) else { continue }
+                    let itemKey = try itemKey(of: row, classKey: classKey, prefix: prefix, query: query, action: "update", state: state)
                     let data: SecretBytes
                     if let replacement = update.data {
                         data = replacement
@@ -156,15 +152,17 @@ extension Vault {
                     // and plain columns does not, so a locked item can still be deleted by
                     // name. An access-controlled item always needs the user.
                     if plan.needsMetadata || !row.accessControl.isEmpty {
-                        let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
-                        guard let itemKey = try itemKey(of: row, prefix: prefix, query: query, action: "delete", state: state) else {
+                        guard let classKey = try state.keys.classKey(for: row.accessibility, header: state.header) else {
                             lockedCandidate = true
                             continue
                         }
+                        let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
                         if plan.needsMetadata {
-                            let attributes = try row.openAttributes(itemKey: itemKey, prefix: prefix)
+                            let attributes = try row.openAttributes(classKey: classKey, prefix: prefix)
                             guard attributes.matches(plan.residual) else { continue }
                         }
+                        // Deleting an access-controlled item needs the user, as reading it does.
+                        _ = try itemKey(of: row, classKey: classKey, prefix: prefix, query: query, action: "delete", state: state)
                     }
                     doomed.append(row.rowID)
                 }
@@ -182,11 +180,12 @@ extension Vault {
 
     // MARK: Opening rows
 
-    /// The item key of `row`, or nil when its class is locked now. Access-controlled rows
-    /// first ask the user (through the query's authentication context): the verification
-    /// yields the key that opens the row, it is not a flag.
-    func itemKey(of row: SealedRow, prefix: FieldEncoder, query: Query, action: String, state: State) throws(LockboxError) -> SecretBytes? {
-        guard let classKey = try state.keys.classKey(for: row.accessibility, header: state.header) else { return nil }
+    /// The item key of `row`. Access-controlled rows first ask the user (through the
+    /// query's authentication context): the verification yields the key that opens the row,
+    /// it is not a flag.
+    func itemKey(
+        of row: SealedRow, classKey: SecretBytes, prefix: FieldEncoder, query: Query, action: String, state: State
+    ) throws(LockboxError) -> SecretBytes {
         var presence: (publicKey: [UInt8], secretKey: SecretBytes)?
         if !row.accessControl.isEmpty {
             presence = try presenceKeys(for: row, query: query, action: action, state: state)
@@ -404,7 +403,7 @@ extension Vault {
 
     // MARK: Writing
 
-    private func insert(_ row: SealedRow, into database: Database, itemClass: ItemClass) throws(LockboxError) {
+    func insert(_ row: SealedRow, into database: Database, itemClass: ItemClass) throws(LockboxError) {
         let statement = try database.statement(
             """
             INSERT INTO items (id, item_class, accessibility, access_group, synchronizable, primary_digest,
@@ -419,7 +418,7 @@ extension Vault {
         }
     }
 
-    private func replace(rowID: Int, with row: SealedRow, in database: Database, itemClass: ItemClass) throws(LockboxError) {
+    func replace(rowID: Int, with row: SealedRow, in database: Database, itemClass: ItemClass) throws(LockboxError) {
         let statement = try database.statement(
             """
             UPDATE items SET id = ?, item_class = ?, accessibility = ?, access_group = ?, synchronizable = ?,
@@ -436,7 +435,7 @@ extension Vault {
         }
     }
 
-    private func keysForWriting(
+    func keysForWriting(
         _ itemClass: ItemClass, _ accessibility: Accessibility, state: State
     ) throws(LockboxError) -> (classKey: SecretBytes, indexKey: SecretBytes) {
         if accessibility == .whenPasscodeSetThisDeviceOnly && !state.header.hasPassphrase {

@@ -370,11 +370,15 @@ public final class Vault: ItemStore, Sendable {
             where (try? state.keys.classKey(for: accessibility, header: state.header)) != nil {
                 readable.append(accessibility)
             }
+            let foreign = try state.database.statement("SELECT count(*) FROM items WHERE device_id NOT IN ('', ?)")
+            foreign.bind(1, state.device.identifier)
+            _ = try foreign.step()
             return VaultStatus(
                 path: path, isUnlocked: unlocked, wasUnlockedSinceBoot: afterFirstUnlock,
                 readableClasses: readable, itemCount: count.integer(0) ?? 0,
                 unlockMethods: state.header.slots.map(\.kind.rawValue), unlockCache: configuration.unlockCache,
-                failedUnlockAttempts: failed, schemaVersion: VaultSchema.current)
+                failedUnlockAttempts: failed, schemaVersion: VaultSchema.current,
+                itemsBoundToOtherMachines: foreign.integer(0) ?? 0, hasPassphrase: state.header.hasPassphrase)
         }
     }
 
@@ -491,6 +495,11 @@ public struct VaultStatus: Sendable, Codable {
     public var unlockCache: UnlockCache
     public var failedUnlockAttempts: Int
     public var schemaVersion: Int
+    /// `*ThisDeviceOnly` items made on another machine (the file was copied here): they
+    /// cannot be opened here and do not appear in queries.
+    public var itemsBoundToOtherMachines: Int
+    /// False after ``Vault/removePassphrase(_:)``.
+    public var hasPassphrase: Bool
 }
 
 extension UnlockCache: Codable {}

@@ -141,12 +141,18 @@ import Testing
         }
     }
 
-    @Test func saveWithUserPresence_beforeTheVaultEnforcesIt_storesNothingReadableUnverified() throws {
+    @Test func saveWithUserPresence_storesTheItem_andAReadWithoutVerificationCannotOpenIt() throws {
         let fixture = try VaultFixture()
         SecItemStore.withStore(fixture.vault) {
             saveWithUserPresence(tokenData: Data("t".utf8), account: "alice")
+            // Without an authentication context nobody can give the passphrase: the read fails
+            // (errSecInteractionNotAllowed) and the sample's reader returns nil.
             #expect(retrieveToken(forAccount: "alice") == nil)
         }
+        var query = Query(.genericPassword)
+        query.attributes.account = "alice"
+        #expect(try fixture.vault.contains(query))
+        #expect(throws: LockboxError.self) { _ = try fixture.vault.data(matching: query) }
     }
 
     // MARK: Seed 002/003: updateToken(_:forAccount:) and deleteItem(forAccount:)

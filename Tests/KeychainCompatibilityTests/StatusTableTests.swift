@@ -137,16 +137,16 @@ extension StatusCase {
             call: .add({ password("a", "b", [kSecAttrAccessControl as String: accessControl(.biometryAny) as Any]) }),
             status: errSecAuthFailed),
         StatusCase(
-            name: "add with .userPresence before the vault enforces it -> errSecUnimplemented",
+            name: "add with .userPresence -> stored; reads then need the passphrase re-entered",
             reference: "/documentation/security/secaccesscontrolcreateflags/userpresence",
             call: .add({ password("a", "b", [kSecAttrAccessControl as String: accessControl(.userPresence) as Any]) }),
-            status: errSecUnimplemented),
+            status: errSecSuccess),
         StatusCase(
-            name: "add with [.biometryAny, .or, .devicePasscode] -> the passcode branch: errSecUnimplemented",
+            name: "add with [.biometryAny, .or, .devicePasscode] -> the passcode branch: stored",
             reference: "/documentation/security/secaccesscontrolcreateflags/or",
             call: .add({
                 password("a", "b", [kSecAttrAccessControl as String: accessControl([.biometryAny, .or, .devicePasscode]) as Any])
-            }), status: errSecUnimplemented),
+            }), status: errSecSuccess),
         StatusCase(
             name: "add with an access control without constraints -> success, its protection class kept",
             reference: "/documentation/security/secaccesscontrolcreatewithflags(_:_:_:_:)",

@@ -34,6 +34,8 @@ struct SecItemRequest {
     var accessControl: SecAccessControl?
     /// `kSecUseAuthenticationContext`, kept for the vault's user verification.
     var authenticationContext: Any?
+    /// The access control the vault enforces for an added item.
+    var itemAccessControl: AccessControl?
     /// `kSecUseAuthenticationUI`.
     var authenticationUI: String?
 
@@ -199,12 +201,22 @@ struct SecItemRequest {
                 "This access control needs biometry (or a paired watch), which Linux does not have. "
                     + "Use .userPresence or .devicePasscode, or add .or with one of them.")
         case .userVerification:
-            // Once the item model carries access control and the vault gates reads on it, keep
-            // `accessControl` in the item here instead of refusing it.
-            throw Self.failure(
-                errSecUnimplemented,
-                "This store cannot yet require the passphrase to read an item (.userPresence, .devicePasscode, "
-                    + ".applicationPassword); the item was not added rather than added unprotected.")
+            guard !accessControl.flags.contains(.applicationPassword) else {
+                throw Self.failure(
+                    errSecUnimplemented,
+                    "An application password (.applicationPassword) is not supported; the item was not added "
+                        + "rather than added unprotected.")
+            }
+            // The vault seals the item key to the presence key: every read, update and delete
+            // asks through the query's AuthenticationContext.
+            var flags: AccessControl.Flags = []
+            if accessControl.flags.contains(.userPresence) { flags.insert(.userPresence) }
+            if accessControl.flags.contains(.devicePasscode) { flags.insert(.devicePasscode) }
+            if accessControl.flags.contains(.biometryAny) { flags.insert(.biometryAny) }
+            if accessControl.flags.contains(.biometryCurrentSet) { flags.insert(.biometryCurrentSet) }
+            if accessControl.flags.contains(.or) { flags.insert(.or) }
+            if accessControl.flags.contains(.and) { flags.insert(.and) }
+            itemAccessControl = AccessControl(flags)
         }
     }
 

@@ -1,0 +1,284 @@
+import Foundation
+import LockboxCore
+import VaultCrypto
+import VaultStorage
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Backups: a file of its own, sealed with a key derived from a backup passphrase.
+///
+/// A backup holds the portable items only (`whenUnlocked`, `afterFirstUnlock`, `always`),
+/// as an iOS backup does: `*ThisDeviceOnly` items (including `whenPasscodeSetThisDeviceOnly`)
+/// and access-controlled items never leave the machine. It is taken in one read transaction,
+/// so it is consistent while other processes write.
+///
+/// Restoring merges: an item whose primary key is new is added; when an item with the same
+/// primary key exists, the one modified more recently wins, and on a tie the existing one stays.
+extension Vault {
+    /// What a backup contains and what it left out.
+    public struct BackupSummary: Sendable, Equatable {
+        public var exported: Int
+        /// `*ThisDeviceOnly` items, left out by design.
+        public var skippedThisDeviceOnly: Int
+        /// Access-controlled items, left out: their key needs this vault's passphrase.
+        public var skippedAccessControlled: Int
+
+        public init(exported: Int, skippedThisDeviceOnly: Int, skippedAccessControlled: Int) {
+            self.exported = exported
+            self.skippedThisDeviceOnly = skippedThisDeviceOnly
+            self.skippedAccessControlled = skippedAccessControlled
+        }
+    }
+
+    /// What a restore did.
+    public struct RestoreSummary: Sendable, Equatable {
+        public var added: Int
+        /// Existing items replaced by a more recently modified one from the backup.
+        public var replaced: Int
+        /// Existing items kept because they were as new or newer.
+        public var kept: Int
+
+        public init(added: Int, replaced: Int, kept: Int) {
+            self.added = added
+            self.replaced = replaced
+            self.kept = kept
+        }
+    }
+
+    static let backupMagic = Array("LOCKBOX-BACKUP\n".utf8)
+    static let backupVersion: UInt8 = 1
+
+    /// Writes a backup of the portable items to `path` (mode 0600, replaced atomically).
+    /// The vault must be unlocked.
+    public func backup(to path: String, passphrase: SecretBytes) throws(LockboxError) -> BackupSummary {
+        guard !passphrase.isEmpty else { throw LockboxError(.param, "The backup passphrase is empty.") }
+        var summary = BackupSummary(exported: 0, skippedThisDeviceOnly: 0, skippedAccessControlled: 0)
+        let items: [(ItemClass, [UInt8], SecretBytes)] = try withState { state throws(LockboxError) in
+            guard try state.keys.currentMaster() != nil else { throw lockedError() }
+            return try state.database.readTransaction { () throws(LockboxError) -> [(ItemClass, [UInt8], SecretBytes)] in
+                let statement = try state.database.statement(
+                    """
+                    SELECT rowid, id, item_class, accessibility, access_group, synchronizable, wrapped_key, metadata,
+                           secret, device_id, access_control FROM items ORDER BY rowid
+                    """)
+                var exported: [(ItemClass, [UInt8], SecretBytes)] = []
+                while try statement.step() {
+                    guard let rowID = statement.integer(0), let id = statement.blob(1),
+                        let itemClass = statement.text(2).flatMap(ItemClass.init(rawValue:)),
+                        let accessibility = statement.text(3).flatMap(Accessibility.init(rawValue:)),
+                        let group = statement.text(4), let synchronizable = statement.integer(5),
+                        let wrappedKey = statement.blob(6), let metadata = statement.blob(7), let secret = statement.blob(8),
+                        let deviceID = statement.text(9), let accessControl = statement.text(10)
+                    else { throw LockboxError.integrity() }
+                    if accessibility.isThisDeviceOnly {
+                        summary.skippedThisDeviceOnly += 1
+                        continue
+                    }
+                    if !accessControl.isEmpty {
+                        summary.skippedAccessControlled += 1
+                        continue
+                    }
+                    let row = SealedRow(
+                        rowID: rowID, id: id, itemClass: itemClass, accessibility: accessibility, accessGroup: group,
+                        synchronizable: synchronizable != 0, deviceID: deviceID, accessControl: accessControl,
+                        primaryDigest: [], lookupDigest: [], nameDigest: nil, wrappedKey: wrappedKey, metadata: metadata,
+                        secret: secret)
+                    guard let classKey = try state.keys.classKey(for: accessibility, header: state.header) else {
+                        throw lockedError()
+                    }
+                    let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
+                    let itemKey = try row.openItemKey(classKey: classKey, prefix: prefix)
+                    let attributes = try row.openAttributes(classKey: classKey, prefix: prefix)
+                    exported.append((itemClass, attributes.encoded(), try row.openData(itemKey: itemKey, prefix: prefix)))
+                }
+                return exported
+            }
+        }
+        summary.exported = items.count
+
+        // The plaintext is assembled in guarded memory and never touches the disk.
+        var encodedSize = 8
+        for (itemClass, attributes, data) in items {
+            encodedSize += 3 * 5 + itemClass.rawValue.utf8.count + attributes.count + data.count
+        }
+        let plaintext = SecretBytes(capacity: encodedSize) { buffer in
+            var offset = 0
+            func append(_ bytes: UnsafeRawBufferPointer) {
+                var length = UInt32(bytes.count).littleEndian
+                withUnsafeBytes(of: &length) { UnsafeMutableRawBufferPointer(rebasing: buffer[offset..<offset + 4]).copyMemory(from: $0) }
+                offset += 4
+                if bytes.count > 0 {
+                    UnsafeMutableRawBufferPointer(rebasing: buffer[offset..<offset + bytes.count]).copyMemory(from: bytes)
+                }
+                offset += bytes.count
+            }
+            var count = UInt64(items.count).littleEndian
+            withUnsafeBytes(of: &count) { UnsafeMutableRawBufferPointer(rebasing: buffer[0..<8]).copyMemory(from: $0) }
+            offset = 8
+            for (itemClass, attributes, data) in items {
+                Array(itemClass.rawValue.utf8).withUnsafeBytes { append($0) }
+                attributes.withUnsafeBytes { append($0) }
+                data.withUnsafeBytes { append($0) }
+            }
+            return offset
+        }
+        let derivation = configuration.keyDerivation.parameters
+        guard let key = derivation.deriveKey(from: passphrase) else {
+            throw LockboxError(.io, "Not enough memory to derive the backup key (Argon2id).")
+        }
+        let header = Self.backupMagic + [Self.backupVersion] + derivation.encoded()
+        var file = header
+        var length = UInt32(derivation.encoded().count).littleEndian
+        file.insert(contentsOf: withUnsafeBytes(of: &length) { Array($0) }, at: Self.backupMagic.count + 1)
+        file += Crypto.seal(plaintext, key: key, associatedData: file)
+        try Self.writeAtomically(file, to: path)
+        return summary
+    }
+
+    /// Restores a backup made by ``backup(to:passphrase:)`` into this vault (unlocked).
+    /// - Throws: `authFailed` for a wrong backup passphrase; `decode` for a damaged file.
+    public func restore(from path: String, passphrase: SecretBytes) throws(LockboxError) -> RestoreSummary {
+        guard let file = FileManager.default.contents(atPath: path).map(Array.init) else {
+            throw LockboxError(.noSuchKeychain, "Cannot read the backup \(path).")
+        }
+        let items = try Self.openBackup(file, passphrase: passphrase)
+        var summary = RestoreSummary(added: 0, replaced: 0, kept: 0)
+        try withState { state throws(LockboxError) in
+            guard try state.keys.currentMaster() != nil else { throw lockedError() }
+            try state.database.writeTransaction { () throws(LockboxError) in
+                for (itemClass, attributes, data) in items {
+                    guard let accessibility = attributes.accessibility, !accessibility.isThisDeviceOnly else {
+                        throw LockboxError.integrity("The backup \(path)")
+                    }
+                    let keys = try keysForWriting(itemClass, accessibility, state: state)
+                    let digest = Crypto.keyedDigest(PrimaryKey.encode(itemClass, attributes), key: keys.indexKey)
+                    let existing = try state.database.statement(
+                        """
+                        SELECT rowid, id, accessibility, access_group, synchronizable, wrapped_key, metadata, secret,
+                               device_id, access_control FROM items WHERE primary_digest = ?
+                        """)
+                    existing.bind(1, digest)
+                    if try existing.step() {
+                        guard let rowID = existing.integer(0), let id = existing.blob(1),
+                            let rowAccessibility = existing.text(2).flatMap(Accessibility.init(rawValue:)),
+                            let group = existing.text(3), let synchronizable = existing.integer(4),
+                            let wrappedKey = existing.blob(5), let metadata = existing.blob(6), let secret = existing.blob(7),
+                            let deviceID = existing.text(8), let accessControl = existing.text(9)
+                        else { throw LockboxError.integrity() }
+                        let row = SealedRow(
+                            rowID: rowID, id: id, itemClass: itemClass, accessibility: rowAccessibility, accessGroup: group,
+                            synchronizable: synchronizable != 0, deviceID: deviceID, accessControl: accessControl,
+                            primaryDigest: [], lookupDigest: [], nameDigest: nil, wrappedKey: wrappedKey,
+                            metadata: metadata, secret: secret)
+                        state.database.resetStatements()
+                        var current: Date?
+                        if accessControl.isEmpty,
+                            let classKey = try state.keys.classKey(for: rowAccessibility, header: state.header)
+                        {
+                            let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
+                            current = try row.openAttributes(classKey: classKey, prefix: prefix).modificationDate
+                        }
+                        // Access-controlled or unreadable existing items are never overwritten.
+                        guard accessControl.isEmpty, let current,
+                            let incoming = attributes.modificationDate, incoming > current
+                        else {
+                            summary.kept += 1
+                            continue
+                        }
+                        let sealed = SealedRow.seal(
+                            id: id, itemClass: itemClass, attributes: attributes, data: data, classKey: keys.classKey,
+                            indexKey: keys.indexKey, vaultID: state.header.vaultID, deviceID: state.device.identifier,
+                            accessControl: nil, presencePublicKey: nil)
+                        try replace(rowID: rowID, with: sealed, in: state.database, itemClass: itemClass)
+                        summary.replaced += 1
+                    } else {
+                        state.database.resetStatements()
+                        let sealed = SealedRow.seal(
+                            id: Crypto.randomBytes(16), itemClass: itemClass, attributes: attributes, data: data,
+                            classKey: keys.classKey, indexKey: keys.indexKey, vaultID: state.header.vaultID,
+                            deviceID: state.device.identifier, accessControl: nil, presencePublicKey: nil)
+                        try insert(sealed, into: state.database, itemClass: itemClass)
+                        summary.added += 1
+                    }
+                }
+            }
+        }
+        return summary
+    }
+
+    /// Parses and opens a backup file. Any damage is `errSecDecode`; a wrong passphrase is
+    /// `errSecAuthFailed`.
+    static func openBackup(_ file: [UInt8], passphrase: SecretBytes) throws(LockboxError) -> [(ItemClass, ItemAttributes, SecretBytes)] {
+        let damaged = LockboxError.integrity("The backup file")
+        let magic = backupMagic.count
+        guard file.count > magic + 5, Array(file[0..<magic]) == backupMagic, file[magic] == backupVersion else {
+            throw LockboxError(.decode, "This is not a Lockbox backup file (or one from a newer Lockbox).")
+        }
+        let lengthBytes = file[(magic + 1)..<(magic + 5)]
+        let length = lengthBytes.enumerated().reduce(0) { $0 | Int($1.element) << (8 * $1.offset) }
+        let parametersEnd = magic + 5 + length
+        guard length > 0, parametersEnd < file.count,
+            let derivation = PassphraseKeyDerivation(decoding: Array(file[(magic + 5)..<parametersEnd]))
+        else { throw damaged }
+        guard derivation.meetsMinimum else {
+            throw LockboxError(.decode, "The backup's key-derivation parameters are below Lockbox's minimum: the file was modified.")
+        }
+        guard let key = derivation.deriveKey(from: passphrase) else {
+            throw LockboxError(.io, "Not enough memory to derive the backup key (Argon2id).")
+        }
+        guard let plaintext = try? Crypto.open(Array(file[parametersEnd...]), key: key, associatedData: Array(file[0..<parametersEnd])) else {
+            throw LockboxError(.authFailed, "The backup passphrase is wrong, or the backup file is damaged.")
+        }
+        return try plaintext.withUnsafeBytes { (bytes: UnsafeRawBufferPointer) throws(LockboxError) -> [(ItemClass, ItemAttributes, SecretBytes)] in
+            guard bytes.count >= 8 else { throw damaged }
+            var count = 0
+            for index in 0..<8 { count |= Int(bytes[index]) << (8 * index) }
+            var offset = 8
+            func field() throws(LockboxError) -> UnsafeRawBufferPointer {
+                guard bytes.count - offset >= 4 else { throw damaged }
+                var length = 0
+                for index in 0..<4 { length |= Int(bytes[offset + index]) << (8 * index) }
+                offset += 4
+                guard length <= bytes.count - offset else { throw damaged }
+                defer { offset += length }
+                return UnsafeRawBufferPointer(rebasing: bytes[offset..<offset + length])
+            }
+            var items: [(ItemClass, ItemAttributes, SecretBytes)] = []
+            for _ in 0..<count {
+                guard let itemClass = ItemClass(rawValue: String(decoding: try field(), as: UTF8.self)),
+                    let attributes = try? ItemAttributes(decoding: Array(try field()))
+                else { throw damaged }
+                items.append((itemClass, attributes, SecretBytes(copying: try field())))
+            }
+            guard offset == bytes.count else { throw damaged }
+            return items
+        }
+    }
+
+    private static func writeAtomically(_ bytes: [UInt8], to path: String) throws(LockboxError) {
+        let temporary = path + ".partial-\(getpid())"
+        let descriptor = Glibc.open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        guard descriptor >= 0 else {
+            throw LockboxError(.io, "Cannot write the backup \(path): \(String(cString: strerror(errno))).")
+        }
+        var offset = 0
+        while offset < bytes.count {
+            let written = bytes.withUnsafeBytes { write(descriptor, $0.baseAddress! + offset, bytes.count - offset) }
+            if written < 0 && errno == EINTR { continue }
+            guard written > 0 else {
+                close(descriptor)
+                unlink(temporary)
+                throw LockboxError(.io, "Writing the backup \(path) failed (disk full?); nothing was written.")
+            }
+            offset += written
+        }
+        fsync(descriptor)
+        close(descriptor)
+        guard rename(temporary, path) == 0 else {
+            unlink(temporary)
+            throw LockboxError(.io, "Cannot move the backup into place at \(path).")
+        }
+    }
+}
