@@ -214,4 +214,79 @@ struct CommandLineTests {
         #expect(items?.contains { $0["service"] as? String == "one" } == true)
         #expect(items?.allSatisfy { $0["data"] == nil } == true)
     }
+
+    @Test("accessibility, access control and access groups are set from the command line")
+    func protectionOptions_workAsWritten() throws {
+        let cli = try initialized()
+        defer { try? cli.cleanUp() }
+        let add = try lockbox(
+            ["--keychain", keychain, "add-generic-password", "-s", "svc", "-a", "bg", "--accessibility", "afterFirstUnlockThisDeviceOnly",
+             "--access-group", "team.shared"], input: "background")
+        #expect(add.status == 0, "\(add.standardError)")
+        _ = try lockbox(["--keychain", keychain, "add-generic-password", "-s", "svc", "-a", "fg"], input: "foreground")
+        _ = try lockbox(["--keychain", keychain, "lock"])
+        // afterFirstUnlock survives the lock; whenUnlocked does not.
+        #expect(try lockbox(["--keychain", keychain, "find-generic-password", "-s", "svc", "-a", "bg", "-w"]).standardOutput == "background\n")
+        #expect(try lockbox(["--keychain", keychain, "find-generic-password", "-s", "svc", "-a", "fg", "-w"]).status == 1)
+        let json = try lockbox(["--keychain", keychain, "find-generic-password", "-s", "svc", "-a", "bg", "--json"])
+        #expect(json.standardOutput.contains("\"accessGroup\" : \"team.shared\""))
+        #expect(json.standardOutput.contains("afterFirstUnlockThisDeviceOnly"))
+        let bad = try lockbox(["--keychain", keychain, "add-generic-password", "-s", "svc", "-a", "x", "--accessibility", "sometimes"], input: "x")
+        #expect(bad.status == 64)
+
+        _ = try run(binary, ["--keychain", keychain, "unlock", "--passphrase-stdin"], input: Self.passphrase)
+        let controlled = try lockbox(
+            ["--keychain", keychain, "add-generic-password", "-s", "bank", "-a", "alice", "--access-control", "userPresence"], input: "pin")
+        #expect(controlled.status == 0, "\(controlled.standardError)")
+        // No terminal to ask for the passphrase on: the value is not released.
+        let read = try lockbox(["--keychain", keychain, "find-generic-password", "-s", "bank", "-a", "alice", "-w"])
+        #expect(read.status == 1)
+        #expect(read.standardError.contains("(OSStatus -25308)"))
+        #expect(read.standardOutput.isEmpty)
+        // Its attributes, and so its existence, are still visible.
+        #expect(try lockbox(["--keychain", keychain, "find-generic-password", "-s", "bank", "-a", "alice"]).status == 0)
+    }
+
+    @Test("backup and restore with the backup passphrase on stdin")
+    func backupAndRestore_fromStandardInput() throws {
+        let cli = try initialized()
+        defer { try? cli.cleanUp() }
+        _ = try lockbox(["--keychain", keychain, "add-generic-password", "-s", "svc", "-a", "portable"], input: "p-value")
+        _ = try lockbox(
+            ["--keychain", keychain, "add-generic-password", "-s", "svc", "-a", "bound", "--accessibility", "whenUnlockedThisDeviceOnly"],
+            input: "b-value")
+        let file = directory.file("backup.lbx")
+        let backup = try lockbox(["--keychain", keychain, "backup", file, "--passphrase-stdin"], input: "backup words\n")
+        #expect(backup.status == 0, "\(backup.standardError)")
+        #expect(backup.standardError.contains("Backed up 1 item"))
+        _ = try lockbox(["--keychain", keychain, "delete-generic-password", "-s", "svc", "-a", "portable"])
+        let wrong = try lockbox(["--keychain", keychain, "restore", file, "--passphrase-stdin"], input: "other words\n")
+        #expect(wrong.status == 1)
+        #expect(wrong.standardError.contains("(OSStatus -25293)"))
+        let restore = try lockbox(["--keychain", keychain, "restore", file, "--passphrase-stdin"], input: "backup words\n")
+        #expect(restore.status == 0, "\(restore.standardError)")
+        #expect(restore.standardError.contains("1 added"))
+        #expect(try lockbox(["--keychain", keychain, "find-generic-password", "-s", "svc", "-a", "portable", "-w"]).standardOutput == "p-value\n")
+        #expect(filesContaining("p-value", in: directory.path).isEmpty)
+    }
+
+    @Test("remove-passphrase: the keychain unlocks without one on this machine; set-passphrase restores it")
+    func removeAndSetPassphrase() throws {
+        var environment = ProcessInfo.processInfo.environment
+        environment["XDG_STATE_HOME"] = directory.file("state")
+        let result = try run(binary, ["--keychain", keychain, "init", "--passphrase-stdin", "--kdf", "interactive"], input: Self.passphrase, environment: environment)
+        #expect(result.status == 0)
+        defer { _ = try? run(binary, ["--keychain", keychain, "lock", "--all"], environment: environment) }
+        _ = try run(binary, ["--keychain", keychain, "add-generic-password", "-s", "p", "-a", "a", "--accessibility", "whenPasscodeSetThisDeviceOnly"], input: Array("x".utf8), environment: environment)
+        let removed = try run(binary, ["--keychain", keychain, "remove-passphrase", "--passphrase-stdin"], input: Self.passphrase, environment: environment)
+        #expect(removed.status == 0, "\(removed.standardError)")
+        #expect(removed.standardError.contains("1 whenPasscodeSetThisDeviceOnly"))
+        _ = try run(binary, ["--keychain", keychain, "lock"], environment: environment)
+        #expect(try run(binary, ["--keychain", keychain, "unlock"], environment: environment).status == 0)
+        #expect(try run(binary, ["--keychain", keychain, "status"], environment: environment).standardOutput.contains("passphrase: none"))
+        let set = try run(binary, ["--keychain", keychain, "set-passphrase", "--passphrase-stdin"], input: Array("again\n".utf8), environment: environment)
+        #expect(set.status == 0, "\(set.standardError)")
+        _ = try run(binary, ["--keychain", keychain, "lock"], environment: environment)
+        #expect(try run(binary, ["--keychain", keychain, "unlock", "--passphrase-stdin"], input: Array("again\n".utf8), environment: environment).status == 0)
+    }
 }
