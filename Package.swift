@@ -56,7 +56,7 @@ let package = Package(
 
         // prctl(2) is variadic and cannot be called from Swift: a few lines of C do it.
         .target(name: "CProcessHardening"),
-        .executableTarget(name: "LockboxCLI", dependencies: ["Lockbox", "LockboxAuth", "CProcessHardening"], swiftSettings: strict),
+        .executableTarget(name: "LockboxCLI", dependencies: ["Lockbox", "LockboxAuth", "SecretService", "CProcessHardening"], swiftSettings: strict),
         .executableTarget(
             name: "LockboxBenchmark",
             dependencies: ["Lockbox", "VaultCrypto", "VaultStorage"],
@@ -78,7 +78,7 @@ let package = Package(
             swiftSettings: strict),
         .testTarget(
             name: "SecretServiceTests",
-            dependencies: ["SecretService", "CredentialHelpers", "Lockbox"],
+            dependencies: ["SecretService", "CredentialHelpers", "Lockbox", "LockboxTestSupport"],
             swiftSettings: strict),
         .testTarget(
             name: "LockboxAuthTests", dependencies: ["LockboxAuth", "Lockbox", "LockboxTestSupport", "LockboxCLI", "lockbox-auth-worker"],

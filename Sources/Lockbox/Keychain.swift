@@ -93,7 +93,18 @@ public enum Keychain {
         case .vault:
             let path = vaultPath(explicit: options.path)
             let vault = try Vault.open(at: path, configuration: configuration)
-            return Opened(store: vault, backend: .vault, reason: reason, vault: vault)
+            var note = ""
+            // The first available unlock method: a key in the desktop keyring opens a locked
+            // vault with the login session.
+            if vault.enrolledKeepers.contains("secret-service"), (try? vault.status().isUnlocked) == false {
+                do {
+                    try vault.unlock(with: SecretServiceStore(configuration: options.secretService))
+                    note = "; unlocked with its key in the desktop keyring (Secret Service)"
+                } catch {
+                    note = "; the desktop keyring could not unlock it (\(error.message))"
+                }
+            }
+            return Opened(store: vault, backend: .vault, reason: reason + note, vault: vault)
         case .secretService:
             let store = SecretServiceStore(configuration: options.secretService)
             // Fail now, with the backend's own message, rather than at the first item.

@@ -14,6 +14,7 @@ enum Help {
           change-passphrase          replace the passphrase
           remove-passphrase          unlock without one on this machine (deletes passcode-bound items)
           set-passphrase             set one again
+          enroll secret-service      let the desktop keyring unlock it with your login session
           backup FILE                write the portable items to a sealed backup file
           restore FILE               merge a backup into this keychain (newer copy wins)
         Items:
@@ -124,6 +125,14 @@ enum Help {
 
                 Merges a backup into this keychain: new items are added; for an item that exists,
                 the more recently modified copy wins, and on a tie the existing one stays.
+                """
+        case "enroll", "unenroll":
+            return """
+                usage: lockbox [--keychain PATH] \(verb) secret-service
+
+                enroll: keeps a key that unlocks this keychain in the desktop keyring (GNOME
+                Keyring, KWallet, KeePassXC over the Secret Service), so it opens with your login
+                session; the passphrase keeps working. unenroll removes that key and slot.
                 """
         case "remove-passphrase", "set-passphrase":
             return """

@@ -21,6 +21,7 @@ enum Command {
     case backup(file: String, passphraseFromStandardInput: Bool)
     case restore(file: String, passphraseFromStandardInput: Bool)
     case removePassphrase(fromStandardInput: Bool)
+    case enroll(keeper: String, remove: Bool)
     case setPassphrase(fromStandardInput: Bool)
     case login(issuer: String, clientID: String, scopes: [String])
     case token(issuer: String?, clientID: String?)
@@ -163,6 +164,11 @@ enum Parser {
             return verb == "backup"
                 ? .backup(file: file, passphraseFromStandardInput: fromStandardInput)
                 : .restore(file: file, passphraseFromStandardInput: fromStandardInput)
+        case "enroll", "unenroll":
+            guard let keeper = reader.next(), keeper == "secret-service", reader.next() == nil else {
+                throw UsageError(message: "usage: lockbox \(verb) secret-service", verb: verb)
+            }
+            return .enroll(keeper: keeper, remove: verb == "unenroll")
         case "remove-passphrase", "set-passphrase":
             var fromStandardInput = false
             while let option = reader.next() {

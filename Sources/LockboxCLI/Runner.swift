@@ -1,5 +1,6 @@
 import Foundation
 import Lockbox
+import SecretService
 
 /// Exit statuses, as macOS `security` uses them.
 enum ExitStatus: Int32 {
@@ -122,6 +123,17 @@ struct Runner {
             output.error(
                 "The passphrase is removed: this keychain now unlocks on this machine without one. "
                     + "\(deleted) whenPasscodeSetThisDeviceOnly or access-controlled item(s) were deleted.")
+            return .success
+        case .enroll(_, let remove):
+            let vault = try openVault()
+            let keyring = SecretServiceStore()
+            if remove {
+                try vault.unenroll(keyring)
+                output.error("The desktop keyring no longer unlocks this keychain.")
+            } else {
+                try vault.enroll(keyring)
+                output.error("The desktop keyring (Secret Service) now unlocks this keychain with your login session.")
+            }
             return .success
         case .setPassphrase(let fromStandardInput):
             let vault = try openVault()
@@ -272,7 +284,7 @@ struct Runner {
             "state: \(state)",
             "readable now: " + (status.readableClasses.isEmpty ? "none" : status.readableClasses.map(\.rawValue).joined(separator: ", ")),
             "items: \(status.itemCount)",
-            "unlock methods: " + status.unlockMethods.joined(separator: ", "),
+            "unlock methods: " + status.unlockMethods.map { $0 == "device" ? "none needed on this machine" : $0 }.joined(separator: ", "),
             "unlock cache: \(status.unlockCache.rawValue)",
         ]
         if !status.hasPassphrase {

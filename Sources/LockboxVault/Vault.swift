@@ -210,7 +210,7 @@ public final class Vault: ItemStore, Sendable {
     }
 
     /// After a slot opened: check the header, give this machine its class keys, cache.
-    private func finishUnlock(master: SecretBytes, state: State) throws(LockboxError) {
+    func finishUnlock(master: SecretBytes, state: State) throws(LockboxError) {
         guard state.header.verify(master: master) else {
             throw LockboxError.integrity("The keychain header")
         }
@@ -376,7 +376,8 @@ public final class Vault: ItemStore, Sendable {
             return VaultStatus(
                 path: path, isUnlocked: unlocked, wasUnlockedSinceBoot: afterFirstUnlock,
                 readableClasses: readable, itemCount: count.integer(0) ?? 0,
-                unlockMethods: state.header.slots.map(\.kind.rawValue), unlockCache: configuration.unlockCache,
+                unlockMethods: state.header.slots.map { $0.kind == .external ? String(decoding: $0.parameters, as: UTF8.self) : $0.kind.rawValue },
+                unlockCache: configuration.unlockCache,
                 failedUnlockAttempts: failed, schemaVersion: VaultSchema.current,
                 itemsBoundToOtherMachines: foreign.integer(0) ?? 0, hasPassphrase: state.header.hasPassphrase)
         }

@@ -38,6 +38,8 @@ struct VaultHeader {
             case passphrase
             /// No passphrase: the device secret alone (like an iPhone without a passcode).
             case device
+            /// A key kept outside the file (the desktop keyring); `parameters` names the keeper.
+            case external
         }
 
         var id: Int

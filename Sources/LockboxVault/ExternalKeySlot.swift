@@ -1,0 +1,99 @@
+import LockboxCore
+import VaultCrypto
+
+/// An outside keeper of a key that opens one of the vault's slots: the desktop keyring (the
+/// Secret Service), later a TPM. The vault wraps its master key with a random slot key and
+/// hands that slot key to the keeper; unlocking asks the keeper for it back.
+public protocol ExternalKeyKeeper: Sendable {
+    /// The slot kind recorded in the vault header (`secret-service`).
+    var slotKind: String { get }
+    /// Keeps `key` for the vault `vaultIdentifier`, replacing any earlier one.
+    func storeSlotKey(_ key: SecretBytes, vaultIdentifier: String) throws(LockboxError)
+    /// The key kept for `vaultIdentifier`. Throws `interactionNotAllowed` when the keeper is
+    /// locked and `notAvailable` when it cannot be reached: never "not found" for those.
+    func slotKey(vaultIdentifier: String) throws(LockboxError) -> SecretBytes
+    /// Forgets the key kept for `vaultIdentifier`.
+    func deleteSlotKey(vaultIdentifier: String) throws(LockboxError)
+}
+
+extension Vault {
+    /// Adds a slot whose key lives with `keeper` (the vault must be unlocked), so the vault
+    /// opens without its passphrase where the keeper is available: on a desktop, with the
+    /// login session. The passphrase slot stays.
+    public func enroll(_ keeper: some ExternalKeyKeeper) throws(LockboxError) {
+        try withState { state throws(LockboxError) in
+            guard let master = try state.keys.currentMaster() else { throw lockedError() }
+            let slotKey = Crypto.generateKey()
+            try keeper.storeSlotKey(slotKey, vaultIdentifier: identifierHex(state))
+            try state.database.writeTransaction { () throws(LockboxError) in
+                var header = try VaultHeader.load(from: state.database)
+                guard header.verify(master: master) else { throw LockboxError.integrity("The keychain header") }
+                header.slots.removeAll { $0.kind == .external && $0.parameters == Array(keeper.slotKind.utf8) }
+                let nextID = (header.slots.map(\.id).max() ?? 0) + 1
+                var slot = VaultHeader.KeySlot(
+                    id: nextID, kind: .external, parameters: Array(keeper.slotKind.utf8), wrappedMasterKey: [])
+                slot.wrappedMasterKey = Crypto.seal(master, key: slotKey, associatedData: header.slotAssociatedData(slot))
+                header.slots.append(slot)
+                header.seal(master: master)
+                try header.save(to: state.database)
+                state.header = header
+            }
+        }
+    }
+
+    /// Removes `keeper`'s slot and the key it keeps.
+    public func unenroll(_ keeper: some ExternalKeyKeeper) throws(LockboxError) {
+        try withState { state throws(LockboxError) in
+            guard let master = try state.keys.currentMaster() else { throw lockedError() }
+            try state.database.writeTransaction { () throws(LockboxError) in
+                var header = try VaultHeader.load(from: state.database)
+                guard header.verify(master: master) else { throw LockboxError.integrity("The keychain header") }
+                header.slots.removeAll { $0.kind == .external && $0.parameters == Array(keeper.slotKind.utf8) }
+                header.seal(master: master)
+                try header.save(to: state.database)
+                state.header = header
+            }
+            try? keeper.deleteSlotKey(vaultIdentifier: identifierHex(state))
+        }
+    }
+
+    /// The kinds of outside keepers enrolled (`secret-service`).
+    public var enrolledKeepers: [String] {
+        withState { state in
+            state.header.slots.filter { $0.kind == .external }.map { String(decoding: $0.parameters, as: UTF8.self) }
+        }
+    }
+
+    /// Unlocks with the key `keeper` holds.
+    /// - Throws: `notAvailable` when no such slot is enrolled or the keeper cannot be reached;
+    ///   `interactionNotAllowed` when the keeper is locked; `authFailed` when its key does not
+    ///   open the slot.
+    public func unlock(with keeper: some ExternalKeyKeeper) throws(LockboxError) {
+        try withState { state throws(LockboxError) in
+            state.header = try VaultHeader.load(from: state.database)
+            guard let slot = state.header.slots.first(where: { $0.kind == .external && $0.parameters == Array(keeper.slotKind.utf8) })
+            else {
+                throw LockboxError(
+                    .notAvailable,
+                    "This keychain has no \(keeper.slotKind) unlock method. Enroll one with `lockbox enroll \(keeper.slotKind)`.")
+            }
+            let slotKey: SecretBytes
+            do throws(LockboxError) {
+                slotKey = try keeper.slotKey(vaultIdentifier: identifierHex(state))
+            } catch {
+                guard error.code == .itemNotFound else { throw error }
+                throw LockboxError(
+                    .authFailed, "The \(keeper.slotKind) holds no key for this keychain any more; unlock with the passphrase.")
+            }
+            guard let master = try? Crypto.open(slot.wrappedMasterKey, key: slotKey, associatedData: state.header.slotAssociatedData(slot))
+            else {
+                throw LockboxError(.authFailed, "The key in the \(keeper.slotKind) does not open this keychain.")
+            }
+            try finishUnlock(master: master, state: state)
+        }
+    }
+
+    private func identifierHex(_ state: State) -> String {
+        state.header.vaultID.map { String(format: "%02x", $0) }.joined()
+    }
+}
