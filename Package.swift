@@ -78,7 +78,7 @@ let package = Package(
             swiftSettings: strict),
         .testTarget(
             name: "SecretServiceTests",
-            dependencies: ["SecretService", "CredentialHelpers", "Lockbox", "LockboxTestSupport"],
+            dependencies: ["SecretService", "CredentialHelpers", "Lockbox", "LockboxTestSupport", "LockboxCLI"],
             swiftSettings: strict),
         .testTarget(
             name: "LockboxAuthTests", dependencies: ["LockboxAuth", "Lockbox", "LockboxTestSupport", "LockboxCLI", "lockbox-auth-worker"],

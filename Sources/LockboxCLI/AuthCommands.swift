@@ -11,7 +11,9 @@ struct AuthCommands {
     func run() async -> ExitStatus {
         let session: CommandLineSession
         do {
-            let opened = try Keychain.open(Keychain.Options(path: invocation.keychain))
+            var options = Keychain.Options(backend: invocation.backend, path: invocation.keychain)
+            options.vault.authenticationContext = AuthenticationContext(verifier: TerminalVerifier())
+            let opened = try Keychain.open(options)
             let lockDirectory = (opened.vault?.path ?? Keychain.vaultPath(explicit: invocation.keychain)) + ".oauth-locks"
             session = CommandLineSession(store: opened.store, lockDirectory: lockDirectory)
         } catch {

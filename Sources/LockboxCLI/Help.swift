@@ -1,7 +1,7 @@
 /// Help text for `lockbox --help` and `lockbox VERB --help`.
 enum Help {
     static let overview = """
-        usage: lockbox [--keychain PATH] COMMAND [OPTIONS]
+        usage: lockbox [--keychain PATH] [--backend vault|secret-service] COMMAND [OPTIONS]
 
         A keychain for Linux: secrets encrypted at rest, with the Keychain's item classes,
         accessibility classes and status codes.
@@ -32,6 +32,7 @@ enum Help {
           auth status                who is signed in (never a token)
 
         The keychain is PATH, else $LOCKBOX_KEYCHAIN, else $XDG_DATA_HOME/lockbox/default.lockbox.
+        The backend is --backend, else $LOCKBOX_BACKEND, else the vault (`lockbox status` says why).
         Secrets are read from standard input or asked on the terminal, never from arguments.
         Exit status: 0 ok, 1 failure, 44 item not found, 64 usage error.
         `lockbox COMMAND --help` describes a command.

@@ -3,6 +3,8 @@ import Lockbox
 /// A parsed command line: global options and one verb with its options. Parsing does no I/O.
 struct Invocation {
     var keychain: String?
+    /// `--backend NAME`: overrides LOCKBOX_BACKEND and the default.
+    var backend: Keychain.Backend? = nil
     var command: Command
 }
 
@@ -65,6 +67,7 @@ enum Parser {
     static func parse(_ arguments: [String]) throws(UsageError) -> Invocation {
         var remaining = arguments[...]
         var keychain: String?
+        var backend: Keychain.Backend?
         // Global options come before the verb.
         while let first = remaining.first, first.hasPrefix("-") {
             remaining = remaining.dropFirst()
@@ -72,6 +75,13 @@ enum Parser {
             case "--keychain", "-k":
                 guard let path = remaining.popFirst() else { throw UsageError(message: "--keychain needs a path", verb: nil) }
                 keychain = path
+            case "--backend":
+                guard let name = remaining.popFirst(), let chosen = Keychain.Backend(rawValue: name) else {
+                    throw UsageError(
+                        message: "--backend takes one of: " + Keychain.Backend.allCases.map(\.rawValue).joined(separator: ", "),
+                        verb: nil)
+                }
+                backend = chosen
             case "--help", "-h":
                 return Invocation(keychain: keychain, command: .help(verb: nil))
             case "--version":
@@ -88,7 +98,7 @@ enum Parser {
             return Invocation(keychain: keychain, command: .help(verb: verb))
         }
         let command = try parseVerb(verb, options)
-        return Invocation(keychain: keychain, command: command)
+        return Invocation(keychain: keychain, backend: backend, command: command)
     }
 
     private static func parseVerb(_ verb: String, _ options: [String]) throws(UsageError) -> Command {

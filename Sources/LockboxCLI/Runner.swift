@@ -248,7 +248,7 @@ struct Runner {
     /// The keychain options for this invocation: the path, and a terminal prompt for items
     /// protected by access control.
     func keychainOptions() -> Keychain.Options {
-        var options = Keychain.Options(path: invocation.keychain)
+        var options = Keychain.Options(backend: invocation.backend, path: invocation.keychain)
         options.vault.authenticationContext = AuthenticationContext(verifier: TerminalVerifier())
         return options
     }

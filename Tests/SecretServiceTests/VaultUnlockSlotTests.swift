@@ -52,3 +52,28 @@ struct VaultUnlockSlotTests {
         #expect(try fixture.vault.status().isUnlocked == false)
     }
 }
+
+/// `lockbox --backend secret-service` stores in and reads from the desktop keyring.
+@Suite("lockbox on the Secret Service backend")
+struct CommandLineBackendTests {
+    @Test func backendOption_choosesTheSecretService_andStatusSaysWhy() throws {
+        _ = try TestBus.address()
+        let lockbox = try Paths.product("lockbox")
+        let service = TestBus.unique("cli-backend")
+        let canary = TestBus.canary()
+        let add = try runProcess(lockbox, ["--backend", "secret-service", "add-generic-password", "-s", service, "-a", "alice"], input: Array(canary.utf8))
+        #expect(add.status == 0, "add: \(add.stderr)")
+        let find = try runProcess(lockbox, ["--backend", "secret-service", "find-generic-password", "-s", service, "-a", "alice", "-w"])
+        #expect(find.stdout == canary + "\n")
+        // secret-tool, which nobody here wrote, finds what lockbox stored.
+        let lookup = try runProcess("/usr/bin/secret-tool", ["lookup", "service", service, "account", "alice"])
+        #expect(lookup.stdout.trimmingCharacters(in: .newlines) == canary)
+        let status = try runProcess(lockbox, ["--backend", "secret-service", "status"])
+        #expect(status.stdout.contains("backend: secret-service (chosen by the application)"))
+        #expect(!status.stdout.contains(canary))
+        let delete = try runProcess(lockbox, ["--backend", "secret-service", "delete-generic-password", "-s", service, "-a", "alice"])
+        #expect(delete.status == 0)
+        let bad = try runProcess(lockbox, ["--backend", "plaintext", "status"])
+        #expect(bad.status == 64)
+    }
+}
