@@ -121,6 +121,30 @@ struct SealedRow {
         return data
     }
 
+    /// The columns ``read(from:)`` expects, in order. Queries that need no metadata or value
+    /// select NULL in their place and so copy nothing.
+    static func columns(metadata: Bool = true, secret: Bool = true) -> String {
+        "rowid, id, item_class, accessibility, access_group, synchronizable, wrapped_key, "
+            + (metadata ? "metadata" : "NULL") + ", " + (secret ? "secret" : "NULL") + ", device_id, access_control"
+    }
+
+    /// A row selected with ``columns(metadata:secret:)``. A malformed row is `errSecDecode`.
+    static func read(from statement: Statement) throws(LockboxError) -> SealedRow {
+        guard let rowID = statement.integer(0), let id = statement.blob(1),
+            let itemClass = statement.text(2).flatMap(ItemClass.init(rawValue:)),
+            let accessibility = statement.text(3).flatMap(Accessibility.init(rawValue:)),
+            let group = statement.text(4), let synchronizable = statement.integer(5),
+            let wrappedKey = statement.blob(6), let deviceID = statement.text(9), let accessControl = statement.text(10)
+        else {
+            throw LockboxError.integrity()
+        }
+        return SealedRow(
+            rowID: rowID, id: id, itemClass: itemClass, accessibility: accessibility, accessGroup: group,
+            synchronizable: synchronizable != 0, deviceID: deviceID, accessControl: accessControl,
+            primaryDigest: [], lookupDigest: [], nameDigest: nil, wrappedKey: wrappedKey,
+            metadata: statement.blob(7) ?? [], secret: statement.blob(8) ?? [])
+    }
+
     func bindColumns(to statement: Statement) {
         statement.bind(1, id)
         statement.bind(2, itemClass.rawValue)

@@ -58,40 +58,25 @@ extension Vault {
         let items: [(ItemClass, [UInt8], SecretBytes)] = try withState { state throws(LockboxError) in
             guard try state.keys.currentMaster() != nil else { throw lockedError() }
             return try state.database.readTransaction { () throws(LockboxError) -> [(ItemClass, [UInt8], SecretBytes)] in
-                let statement = try state.database.statement(
-                    """
-                    SELECT rowid, id, item_class, accessibility, access_group, synchronizable, wrapped_key, metadata,
-                           secret, device_id, access_control FROM items ORDER BY rowid
-                    """)
+                let statement = try state.database.statement("SELECT \(SealedRow.columns()) FROM items ORDER BY rowid")
                 var exported: [(ItemClass, [UInt8], SecretBytes)] = []
                 while try statement.step() {
-                    guard let rowID = statement.integer(0), let id = statement.blob(1),
-                        let itemClass = statement.text(2).flatMap(ItemClass.init(rawValue:)),
-                        let accessibility = statement.text(3).flatMap(Accessibility.init(rawValue:)),
-                        let group = statement.text(4), let synchronizable = statement.integer(5),
-                        let wrappedKey = statement.blob(6), let metadata = statement.blob(7), let secret = statement.blob(8),
-                        let deviceID = statement.text(9), let accessControl = statement.text(10)
-                    else { throw LockboxError.integrity() }
-                    if accessibility.isThisDeviceOnly {
+                    let row = try SealedRow.read(from: statement)
+                    if row.accessibility.isThisDeviceOnly {
                         summary.skippedThisDeviceOnly += 1
                         continue
                     }
-                    if !accessControl.isEmpty {
+                    if !row.accessControl.isEmpty {
                         summary.skippedAccessControlled += 1
                         continue
                     }
-                    let row = SealedRow(
-                        rowID: rowID, id: id, itemClass: itemClass, accessibility: accessibility, accessGroup: group,
-                        synchronizable: synchronizable != 0, deviceID: deviceID, accessControl: accessControl,
-                        primaryDigest: [], lookupDigest: [], nameDigest: nil, wrappedKey: wrappedKey, metadata: metadata,
-                        secret: secret)
-                    guard let classKey = try state.keys.classKey(for: accessibility, header: state.header) else {
+                    guard let classKey = try state.keys.classKey(for: row.accessibility, header: state.header) else {
                         throw lockedError()
                     }
                     let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
                     let itemKey = try row.openItemKey(classKey: classKey, prefix: prefix)
                     let attributes = try row.openAttributes(classKey: classKey, prefix: prefix)
-                    exported.append((itemClass, attributes.encoded(), try row.openData(itemKey: itemKey, prefix: prefix)))
+                    exported.append((row.itemClass, attributes.encoded(), try row.openData(itemKey: itemKey, prefix: prefix)))
                 }
                 return exported
             }
@@ -154,44 +139,30 @@ extension Vault {
                     }
                     let keys = try keysForWriting(itemClass, accessibility, state: state)
                     let digest = Crypto.keyedDigest(PrimaryKey.encode(itemClass, attributes), key: keys.indexKey)
-                    let existing = try state.database.statement(
-                        """
-                        SELECT rowid, id, accessibility, access_group, synchronizable, wrapped_key, metadata, secret,
-                               device_id, access_control FROM items WHERE primary_digest = ?
-                        """)
+                    let existing = try state.database.statement("SELECT \(SealedRow.columns()) FROM items WHERE primary_digest = ?")
                     existing.bind(1, digest)
                     if try existing.step() {
-                        guard let rowID = existing.integer(0), let id = existing.blob(1),
-                            let rowAccessibility = existing.text(2).flatMap(Accessibility.init(rawValue:)),
-                            let group = existing.text(3), let synchronizable = existing.integer(4),
-                            let wrappedKey = existing.blob(5), let metadata = existing.blob(6), let secret = existing.blob(7),
-                            let deviceID = existing.text(8), let accessControl = existing.text(9)
-                        else { throw LockboxError.integrity() }
-                        let row = SealedRow(
-                            rowID: rowID, id: id, itemClass: itemClass, accessibility: rowAccessibility, accessGroup: group,
-                            synchronizable: synchronizable != 0, deviceID: deviceID, accessControl: accessControl,
-                            primaryDigest: [], lookupDigest: [], nameDigest: nil, wrappedKey: wrappedKey,
-                            metadata: metadata, secret: secret)
+                        let row = try SealedRow.read(from: existing)
                         state.database.resetStatements()
                         var current: Date?
-                        if accessControl.isEmpty,
-                            let classKey = try state.keys.classKey(for: rowAccessibility, header: state.header)
+                        if row.accessControl.isEmpty,
+                            let classKey = try state.keys.classKey(for: row.accessibility, header: state.header)
                         {
                             let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
                             current = try row.openAttributes(classKey: classKey, prefix: prefix).modificationDate
                         }
                         // Access-controlled or unreadable existing items are never overwritten.
-                        guard accessControl.isEmpty, let current,
+                        guard row.accessControl.isEmpty, let current,
                             let incoming = attributes.modificationDate, incoming > current
                         else {
                             summary.kept += 1
                             continue
                         }
                         let sealed = SealedRow.seal(
-                            id: id, itemClass: itemClass, attributes: attributes, data: data, classKey: keys.classKey,
+                            id: row.id, itemClass: itemClass, attributes: attributes, data: data, classKey: keys.classKey,
                             indexKey: keys.indexKey, vaultID: state.header.vaultID, deviceID: state.device.identifier,
                             accessControl: nil, presencePublicKey: nil)
-                        try replace(rowID: rowID, with: sealed, in: state.database, itemClass: itemClass)
+                        try replace(rowID: row.rowID, with: sealed, in: state.database, itemClass: itemClass)
                         summary.replaced += 1
                     } else {
                         state.database.resetStatements()

@@ -358,10 +358,8 @@ extension Vault {
         if shape.contains(.onlyNotSynchronizable) { conditions.append("synchronizable = 0") }
         if shape.contains(.onlySynchronizable) { conditions.append("synchronizable = 1") }
         if shape.contains(.nothing) { conditions.append("0") }
-        let metadata = shape.contains(.metadataColumn) ? "metadata" : "NULL"
-        let secret = shape.contains(.secretColumn) ? "secret" : "NULL"
-        return "SELECT rowid, id, accessibility, access_group, synchronizable, wrapped_key, \(metadata), \(secret), "
-            + "device_id, access_control FROM items WHERE "
+        let columns = SealedRow.columns(metadata: shape.contains(.metadataColumn), secret: shape.contains(.secretColumn))
+        return "SELECT \(columns) FROM items WHERE "
             + conditions.joined(separator: " AND ") + " ORDER BY rowid"
     }
 
@@ -383,20 +381,7 @@ extension Vault {
         }
         var rows: [SealedRow] = []
         while try statement.step() {
-            guard let rowID = statement.integer(0), let id = statement.blob(1),
-                let accessibilityName = statement.text(2), let accessibility = Accessibility(rawValue: accessibilityName),
-                let group = statement.text(3), let synchronizable = statement.integer(4),
-                let wrappedKey = statement.blob(5), let deviceID = statement.text(8), let accessControl = statement.text(9)
-            else {
-                throw LockboxError.integrity()
-            }
-            rows.append(
-                SealedRow(
-                    rowID: rowID, id: id, itemClass: plan.itemClass,
-                    accessibility: accessibility, accessGroup: group, synchronizable: synchronizable != 0,
-                    deviceID: deviceID, accessControl: accessControl,
-                    primaryDigest: [], lookupDigest: [], nameDigest: nil,
-                    wrappedKey: wrappedKey, metadata: statement.blob(6) ?? [], secret: statement.blob(7) ?? []))
+            rows.append(try SealedRow.read(from: statement))
         }
         return rows
     }

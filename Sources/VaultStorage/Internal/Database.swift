@@ -88,20 +88,16 @@ package final class Database {
     /// Runs `body` in a write transaction (`BEGIN IMMEDIATE`): committed when it returns,
     /// rolled back when it throws.
     package func writeTransaction<T>(_ body: () throws(LockboxError) -> T) throws(LockboxError) -> T {
-        try execute("BEGIN IMMEDIATE")
-        do {
-            let value = try body()
-            try execute("COMMIT")
-            return value
-        } catch {
-            _ = sqlite3_exec(handle, "ROLLBACK", nil, nil, nil)
-            throw error
-        }
+        try transaction("BEGIN IMMEDIATE", body)
     }
 
     /// Runs `body` in a read transaction: one consistent snapshot across its statements.
     package func readTransaction<T>(_ body: () throws(LockboxError) -> T) throws(LockboxError) -> T {
-        try execute("BEGIN DEFERRED")
+        try transaction("BEGIN DEFERRED", body)
+    }
+
+    private func transaction<T>(_ begin: String, _ body: () throws(LockboxError) -> T) throws(LockboxError) -> T {
+        try execute(begin)
         do {
             let value = try body()
             try execute("COMMIT")
