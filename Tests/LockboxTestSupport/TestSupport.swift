@@ -45,8 +45,8 @@ public final class VaultFixture: @unchecked Sendable {
         passphrase = SecretBytes(utf8: Self.passphraseText)
         var configuration = Vault.Configuration()
         configuration.keyDerivation = .interactive
-        // This machine's device key lives in the test's own directory.
-        configuration.device = DeviceIdentity(keyPath: directory.file("state/device-key"))
+        // The device key stays the user's default, as for every other process of this user
+        // (worker processes open the same vault); "another machine" tests set their own.
         configure(&configuration)
         vault = try Vault.create(at: path, passphrase: passphrase, configuration: configuration)
     }
