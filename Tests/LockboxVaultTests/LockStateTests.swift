@@ -111,12 +111,16 @@ struct LockStateTests {
 
     @Test("after the idle timeout a whenUnlocked item is locked again")
     func idleTimeout_locksWhenUnlockedItems() throws {
-        let fixture = try VaultFixture { $0.idleTimeout = 1 }
+        let fixture = try VaultFixture()
         try fixture.vault.add(.genericPassword(service: "svc", account: "alice", data: SecretBytes(utf8: "v")))
+        // The idle timeout is set by the unlock that starts it.
+        let short = try fixture.reopen { $0.idleTimeout = 1 }
+        try short.unlock(passphrase: fixture.passphrase)
         Thread.sleep(forTimeInterval: 2.5)
+        #expect(status { _ = try short.data(matching: query) } == -25308)
         #expect(status { _ = try fixture.vault.data(matching: query) } == -25308)
         // The lookup keys stay: this is "locked", and never "not found".
-        #expect(try fixture.vault.status().wasUnlockedSinceBoot)
+        #expect(try short.status().wasUnlockedSinceBoot)
     }
 
     @Test("afterFirstUnlock items stay readable after lock and lock at reboot")
