@@ -1,0 +1,1 @@
+package enum LeakCampaign { package struct Report { package var hits: [String] = []; package var failures: [String] = []; package var summary: String { "" } }; package static func run(lockbox: String, directory: String) throws -> Report { Report() } }
