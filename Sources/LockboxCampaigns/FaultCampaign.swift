@@ -98,6 +98,9 @@ package struct FaultCampaign {
                 }
             }
             vault.injectFaults(nil)
+            if ProcessInfo.processInfo.environment["LOCKBOX_CAMPAIGN_TRACE"] != nil {
+                FileHandle.standardError.write(Data("\(name) N=\(failing) failed: \(failed.map(\.rawValue).sorted()) t=\(Date().timeIntervalSince(start))\n".utf8))
+            }
             report.runs += 1
             let fired = faults.operations >= failing
             if fired { report.faultsInjected += 1 }
@@ -167,7 +170,9 @@ package struct FaultCampaign {
             if steps.contains(.passphrase) { passphrase = "fp-\(run)" }
             base = steps.contains(.update) ? "u-\(run)" : base
             token = steps.contains(.rotate) ? "rt-\(run)" : token
-            if steps.contains(.delete) == false { try? vault.delete(matching: .genericPassword(service: "faults", account: "del-\(run)")) }
+            // Back to the same items, so every run of the scenario takes the same operations.
+            if !steps.contains(.delete) { try vault.delete(matching: .genericPassword(service: "faults", account: "del-\(run)")) }
+            if steps.contains(.add) { try vault.delete(matching: .genericPassword(service: "faults", account: "add-\(run)")) }
             if !fired {
                 report.operationsPerScenario[name] = faults.operations
                 break
