@@ -58,9 +58,10 @@ package struct FaultCampaign {
         return report
     }
 
-    /// One kind, once or persistent, for N = 1, 2, ... until the scenario runs without reaching N.
+    /// One kind, once or persistent, for N = 1, 2, ... until the scenario runs without reaching N
+    /// (or for the first `maximumRuns` values of N).
     package static func run(
-        kind: StorageFaults.Kind, persistent: Bool, steps: [Step], directory: String
+        kind: StorageFaults.Kind, persistent: Bool, steps: [Step], directory: String, maximumRuns: Int = .max
     ) throws -> Report {
         let start = Date()
         var report = Report()
@@ -177,6 +178,7 @@ package struct FaultCampaign {
                 report.operationsPerScenario[name] = faults.operations
                 break
             }
+            if report.runs >= maximumRuns { break }
             failing += 1
         }
         report.seconds = Date().timeIntervalSince(start)
