@@ -152,7 +152,10 @@ package enum LeakCampaign {
         let child = try Child(
             lockbox, ["--keychain", keychain, "add-generic-password", "-s", "leaks", "-a", "alice"], environment: environment)
         child.write(Array(secret.utf8))
-        usleep(300_000)
+        // Once it runs lockbox (not a loader), give it time to read the half secret.
+        let executable = URL(fileURLWithPath: lockbox).resolvingSymlinksInPath().path
+        child.waitUntil { (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(child.pid)/exe")) == executable }
+        usleep(200_000)
         report.search("argv of a running lockbox (/proc/PID/cmdline)", child.procFile("cmdline"), for: canaries)
         report.search("environment of a running lockbox (/proc/PID/environ)", child.procFile("environ"), for: canaries)
         child.closeInput()
@@ -221,14 +224,21 @@ package enum LeakCampaign {
             "core_pattern \(pattern); control (sleep, same wrapper, SIGSEGV): core dumped \(controlResult.coreDumped), core files \(controlCores.count)")
         for file in controlCores { unlink(directory + "/" + file) }
 
-        for signal in [SIGSEGV, SIGABRT] {
-            let name = signal == SIGSEGV ? "SIGSEGV" : "SIGABRT"
+        // Swift's runtime catches crash signals to print a backtrace; a signal sent from outside
+        // then does not always end the process. With the backtracer off, the signal's default
+        // action (terminate and dump core) applies, and only the hardening stops the dump.
+        for (signal, backtracer) in [(SIGSEGV, true), (SIGABRT, true), (SIGSEGV, false), (SIGABRT, false)] {
+            let name = (signal == SIGSEGV ? "SIGSEGV" : "SIGABRT") + (backtracer ? "" : " (Swift backtracer off)")
+            var childEnvironment = environment
+            if !backtracer { childEnvironment["SWIFT_BACKTRACE"] = "enable=no" }
             let child = try Child(
-                wrapper[0], Array(wrapper.dropFirst()) + [lockbox, "--keychain", directory + "/data/dump.lockbox", "init",
-                    "--kdf", "interactive", "--passphrase-stdin"], environment: environment)
+                wrapper[0], Array(wrapper.dropFirst()) + [lockbox, "--keychain", directory + "/data/dump-\(signal)-\(backtracer).lockbox",
+                    "init", "--kdf", "interactive", "--passphrase-stdin"], environment: childEnvironment)
             child.write(Array(passphrase.utf8))  // no newline: it waits for the rest
-            usleep(400_000)
+            // It hardens itself first thing in main; under load that can take a moment.
             var info = stat()
+            child.waitUntil { stat("/proc/\(child.pid)/mem", &info) == 0 && info.st_uid == 0 }
+            usleep(200_000)
             let status = child.procFile("status")
             let uidLine = String(decoding: status, as: UTF8.self).split(separator: "\n").first { $0.hasPrefix("Uid:") } ?? ""
             report.checks.append("lockbox (as nobody, waiting on stdin, \(name)) is non-dumpable: /proc/PID/mem owned by root")
@@ -307,6 +317,11 @@ final class Child {
     func closeInput() {
         if input >= 0 { close(input) }
         input = -1
+    }
+
+    /// Polls `condition` every 10 ms for up to 20 s.
+    func waitUntil(_ condition: () -> Bool) {
+        for _ in 0..<2_000 where !condition() { usleep(10_000) }
     }
 
     func procFile(_ name: String) -> [UInt8] {
