@@ -204,6 +204,10 @@ package enum LeakCampaign {
         let nobody: UInt32 = 65534
         let wrapper = ["/usr/bin/setpriv", "--reuid=\(nobody)", "--regid=\(nobody)", "--clear-groups", "/bin/sh", "-c",
             "ulimit -c unlimited; cd \"$0\"; exec \"$@\"", directory]
+        // A copy nobody can run wherever the build lives (a checkout under /root is not).
+        let executable = directory + "/lockbox"
+        try FileManager.default.copyItem(atPath: lockbox, toPath: executable)
+        chmod(executable, 0o755)
         let passphrase = canary("dump-passphrase")
         var environment = ["HOME": directory, "XDG_STATE_HOME": directory + "/state", "LOCKBOX_UNLOCK_CACHE": "process",
             "PATH": "/usr/bin:/bin"]
@@ -232,7 +236,7 @@ package enum LeakCampaign {
             var childEnvironment = environment
             if !backtracer { childEnvironment["SWIFT_BACKTRACE"] = "enable=no" }
             let child = try Child(
-                wrapper[0], Array(wrapper.dropFirst()) + [lockbox, "--keychain", directory + "/data/dump-\(signal)-\(backtracer).lockbox",
+                wrapper[0], Array(wrapper.dropFirst()) + [executable, "--keychain", directory + "/data/dump-\(signal)-\(backtracer).lockbox",
                     "init", "--kdf", "interactive", "--passphrase-stdin"], environment: childEnvironment)
             child.write(Array(passphrase.utf8))  // no newline: it waits for the rest
             // It hardens itself first thing in main; under load that can take a moment.
@@ -262,7 +266,7 @@ package enum LeakCampaign {
             if result.coreDumped || !cores().isEmpty {
                 report.failures.append("lockbox killed by \(name) dumped core (\(cores()))")
             }
-            report.searchFiles("files left after lockbox was killed by \(name)", in: directory, for: [passphrase])
+            report.searchFiles("vault and state files left after lockbox was sent \(name)", in: directory + "/data", for: [passphrase])
         }
     }
 }
@@ -321,7 +325,14 @@ final class Child {
 
     /// Polls `condition` every 10 ms for up to 20 s.
     func waitUntil(_ condition: () -> Bool) {
-        for _ in 0..<2_000 where !condition() { usleep(10_000) }
+        for _ in 0..<2_000 where !condition() && !hasExited { usleep(10_000) }
+    }
+
+    /// True once the process is a zombie (it ended; not yet waited for).
+    var hasExited: Bool {
+        let stat = String(decoding: procFile("stat"), as: UTF8.self)
+        guard let close = stat.lastIndex(of: ")") else { return true }
+        return stat[stat.index(after: close)...].trimmingCharacters(in: .whitespaces).hasPrefix("Z")
     }
 
     func procFile(_ name: String) -> [UInt8] {
