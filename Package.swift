@@ -13,6 +13,7 @@ let package = Package(
         .executable(name: "lockbox", targets: ["LockboxCLI"]),
         .executable(name: "lockbox-bench", targets: ["LockboxBenchmark"]),
         .executable(name: "lockbox-stress", targets: ["LockboxStress"]),
+        .executable(name: "lockbox-campaign", targets: ["LockboxCampaign"]),
         .executable(name: "git-credential-lockbox", targets: ["GitCredentialHelper"]),
         .executable(name: "docker-credential-lockbox", targets: ["DockerCredentialHelper"]),
     ],
@@ -61,7 +62,11 @@ let package = Package(
             name: "LockboxBenchmark",
             dependencies: ["Lockbox", "VaultCrypto", "VaultStorage"],
             swiftSettings: strict),
-        .executableTarget(name: "LockboxStress", dependencies: ["Lockbox"], swiftSettings: strict),
+        .executableTarget(name: "LockboxStress", dependencies: ["Lockbox", "LockboxAuth"], swiftSettings: strict),
+        // The crash, fault-injection and leak campaigns (docs/RELIABILITY.md), and their driver.
+        .target(
+            name: "LockboxCampaigns", dependencies: ["Lockbox", "LockboxAuth", "VaultStorage"], swiftSettings: strict),
+        .executableTarget(name: "LockboxCampaign", dependencies: ["LockboxCampaigns"], swiftSettings: strict),
         .executableTarget(
             name: "lockbox-auth-worker", dependencies: ["LockboxAuth", "Lockbox"], path: "Sources/LockboxAuthWorker",
             swiftSettings: strict),
@@ -86,6 +91,10 @@ let package = Package(
         .testTarget(
             name: "KeychainCompatibilityTests",
             dependencies: ["KeychainCompatibility", "Lockbox", "LockboxTestSupport"],
+            swiftSettings: strict),
+        .testTarget(
+            name: "ReliabilityTests",
+            dependencies: ["LockboxCampaigns", "LockboxTestSupport", "LockboxStress", "LockboxCLI", "VaultStorage"],
             swiftSettings: strict),
         .testTarget(
             name: "LockboxCLITests",

@@ -6,6 +6,7 @@ import Lockbox
 // kills it knows exactly which writes were acknowledged.
 //
 //   lockbox-stress write --keychain PATH --prefix P --count N [--update-every K]
+//   lockbox-stress churn ...   (the crash campaign's writer: Churn.swift)
 
 func fail(_ message: String) -> Never {
     FileHandle.standardError.write(Data("lockbox-stress: \(message)\n".utf8))
@@ -13,6 +14,12 @@ func fail(_ message: String) -> Never {
 }
 
 var arguments = Array(CommandLine.arguments.dropFirst())
+if arguments.first == "churn" {
+    var churnOptions: [String: String] = [:]
+    for index in stride(from: 1, to: arguments.count - 1, by: 2) { churnOptions[arguments[index]] = arguments[index + 1] }
+    do { try churn(churnOptions) } catch { fail(error.description) }
+    exit(0)
+}
 guard arguments.first == "write" else { fail("usage: lockbox-stress write --keychain PATH --prefix P --count N") }
 arguments.removeFirst()
 var options: [String: String] = [:]

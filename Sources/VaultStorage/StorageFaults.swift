@@ -27,9 +27,12 @@ package final class StorageFaults {
         let hit = persistent ? operations >= failingOperation : operations == failingOperation
         guard hit else { return }
         switch kind {
-        case .diskFull: throw LockboxError(.io, "The disk is full (injected fault). Nothing was changed.")
-        case .ioError: throw LockboxError(.io, "I/O error (injected fault). Nothing was changed.")
-        case .busy: throw LockboxError(.io, "The keychain is busy (injected fault). Try again.")
+        case .diskFull:
+            throw LockboxError(.io, "The disk is full (injected fault). Free space, then try again; nothing was changed.")
+        case .ioError:
+            throw LockboxError(.io, "I/O error (injected fault). Check the disk, then try again; nothing was changed.")
+        case .busy:
+            throw LockboxError(.io, "The keychain is busy (injected fault): another process holds it. Try again.")
         }
     }
 }

@@ -1,0 +1,60 @@
+import Foundation
+import LockboxCampaigns
+
+// The reliability campaigns' driver (docs/RELIABILITY.md is written by scripts/campaign).
+//
+//   lockbox-campaign crash --iterations N --writer PATH/lockbox-stress [--directory DIR]
+//   lockbox-campaign faults
+//   lockbox-campaign leaks --lockbox PATH/lockbox
+//
+// Prints a summary; exits 1 when any check failed.
+
+func usage() -> Never {
+    FileHandle.standardError.write(
+        Data("usage: lockbox-campaign crash --iterations N --writer PATH | faults | leaks --lockbox PATH\n".utf8))
+    exit(64)
+}
+
+var arguments = Array(CommandLine.arguments.dropFirst())
+guard let verb = arguments.first else { usage() }
+var options: [String: String] = [:]
+for index in stride(from: 1, to: arguments.count - 1, by: 2) { options[arguments[index]] = arguments[index + 1] }
+
+func temporaryDirectory() -> String {
+    var template = Array("/tmp/lockbox-campaign-XXXXXX".utf8CString)
+    let created = template.withUnsafeMutableBufferPointer { mkdtemp($0.baseAddress!) }
+    guard created != nil else { usage() }
+    return String(cString: template.withUnsafeBufferPointer { $0.baseAddress! })
+}
+
+do {
+    switch verb {
+    case "crash":
+        guard let iterations = options["--iterations"].flatMap(Int.init), let writer = options["--writer"] else { usage() }
+        let directory = options["--directory"] ?? temporaryDirectory()
+        defer { if options["--directory"] == nil { try? FileManager.default.removeItem(atPath: directory) } }
+        let report = try CrashCampaign.run(CrashCampaign.Options(iterations: iterations, writer: writer, directory: directory)) {
+            FileHandle.standardError.write(Data("  \($0)\n".utf8))
+        }
+        print(report.summary)
+        exit(report.violations.isEmpty ? 0 : 1)
+    case "faults":
+        let directory = temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let report = try FaultCampaign.run(directory: directory)
+        print(report.summary)
+        exit(report.violations.isEmpty ? 0 : 1)
+    case "leaks":
+        guard let lockbox = options["--lockbox"] else { usage() }
+        let directory = temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let report = try LeakCampaign.run(lockbox: lockbox, directory: directory)
+        print(report.summary)
+        exit(report.hits.isEmpty && report.failures.isEmpty ? 0 : 1)
+    default:
+        usage()
+    }
+} catch {
+    FileHandle.standardError.write(Data("lockbox-campaign: \(error)\n".utf8))
+    exit(1)
+}

@@ -1,0 +1,83 @@
+import Foundation
+import Lockbox
+import LockboxCampaigns
+import LockboxTestSupport
+import Testing
+import VaultStorage
+
+// Short runs of the reliability campaigns (docs/RELIABILITY.md has the long ones, written by
+// scripts/campaign), so the instruments are tested on every change.
+
+@Suite("Crash campaign")
+struct CrashCampaignTests {
+    @Test("writers SIGKILLed 12 times during every kind of write -> no lost, torn or undecryptable item")
+    func killedWriters_loseNothing() throws {
+        let directory = TemporaryDirectory("lockbox-crash")
+        let writer = builtProduct("lockbox-stress")
+        try #require(FileManager.default.isExecutableFile(atPath: writer), "lockbox-stress is not built at \(writer)")
+        let report = try CrashCampaign.run(CrashCampaign.Options(iterations: 12, writer: writer, directory: directory.path))
+        #expect(report.violations.isEmpty, "\(report.summary)")
+        #expect(report.kills == 12)
+        #expect(report.integrityChecks == 12)
+        #expect(report.acknowledgedWrites > 0)
+        #expect(report.itemChecks > 12)
+    }
+}
+
+@Suite("Fault injection")
+struct FaultInjectionTests {
+    @Test("a full disk on the first write operation -> io error that says what to do, nothing written, then the write succeeds")
+    func diskFullOnAdd_throwsIOAndWritesNothing() throws {
+        let fixture = try VaultFixture()
+        let item = Item.genericPassword(service: "faults", account: "alice", data: SecretBytes(utf8: "v1"))
+        fixture.vault.injectFaults(StorageFaults(kind: .diskFull, failingOperation: 1, persistent: false))
+        #expect {
+            try fixture.vault.add(item)
+        } throws: { error in
+            guard let error = error as? LockboxError else { return false }
+            return error.code == .io && error.message.contains("Free space")
+        }
+        fixture.vault.injectFaults(nil)
+        #expect(throws: LockboxError.self) { try fixture.vault.data(matching: .genericPassword(service: "faults", account: "alice")) }
+        try fixture.vault.add(item)
+        #expect(try fixture.vault.data(matching: .genericPassword(service: "faults", account: "alice")) == SecretBytes(utf8: "v1"))
+    }
+
+    @Test(
+        "every storage operation of add+update+delete+rotate failing, once or for good -> clear errors, consistent vault",
+        arguments: FaultCampaign.kinds, [false, true])
+    func everyOperationFailing_leavesVaultConsistent(kind: StorageFaults.Kind, persistent: Bool) throws {
+        let directory = TemporaryDirectory("lockbox-faults")
+        let report = try FaultCampaign.run(
+            kind: kind, persistent: persistent, steps: [.add, .update, .delete, .rotate], directory: directory.path)
+        #expect(report.violations.isEmpty, "\(report.summary)")
+        #expect(report.faultsInjected >= 10)
+        #expect(report.errorsSeen >= report.faultsInjected)
+        #expect(report.runs == report.faultsInjected + 1)
+    }
+
+    // Every N of passphrase changes and backups is in the full campaign (scripts/campaign
+    // faults): each run costs several Argon2id derivations, too slow for the suite.
+    @Test("the first 4 storage operations of a passphrase change failing once -> the old passphrase still unlocks, then the change succeeds")
+    func passphraseChangeFailing_keepsOldPassphrase() throws {
+        let directory = TemporaryDirectory("lockbox-faults")
+        let report = try FaultCampaign.run(
+            kind: .ioError, persistent: false, steps: [.passphrase], directory: directory.path, maximumRuns: 4)
+        #expect(report.violations.isEmpty, "\(report.summary)")
+        #expect(report.faultsInjected == 4)
+    }
+}
+
+@Suite("Leak campaign")
+struct LeakCampaignTests {
+    @Test("canaries through the lifecycle, the CLI and a crashing CLI -> zero hits, non-dumpable, no core")
+    func canariesEverywhere_neverSurface() throws {
+        let directory = TemporaryDirectory("lockbox-leaks")
+        let lockbox = builtProduct("lockbox")
+        try #require(FileManager.default.isExecutableFile(atPath: lockbox), "lockbox is not built at \(lockbox)")
+        let report = try LeakCampaign.run(lockbox: lockbox, directory: directory.path)
+        #expect(report.hits.isEmpty, "\(report.summary)")
+        #expect(report.failures.isEmpty, "\(report.summary)")
+        #expect(report.checks.count >= 28)
+    }
+}
