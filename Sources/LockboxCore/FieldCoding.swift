@@ -21,7 +21,15 @@ package struct FieldEncoder {
     }
 
     package mutating func string(_ value: String?) {
-        bytes(value.map { Array($0.utf8) })
+        guard let value else {
+            bytes.append(0)
+            return
+        }
+        // Appends the UTF-8 directly: no intermediate array (this runs on every lookup).
+        bytes.append(1)
+        let length = UInt32(value.utf8.count)
+        withUnsafeBytes(of: length.littleEndian) { bytes.append(contentsOf: $0) }
+        bytes.append(contentsOf: value.utf8)
     }
 
     package mutating func integer(_ value: Int?) {

@@ -225,11 +225,23 @@ final class KeyCache {
         case .processMemory:
             return afterFirstUnlock
         case .kernelKeyring:
-            if let serial = afterFirstUnlockSerial, let keys = afterFirstUnlock,
-                afterFirstUnlockCheckedThisOperation || KernelKeyring.isValid(serial)
-            {
-                afterFirstUnlockCheckedThisOperation = true
-                return keys
+            if let keys = afterFirstUnlock {
+                // While the master key is in the keyring, so are the after-first-unlock keys
+                // (unlock stores both; lock removes only the master key): one check covers both.
+                if afterFirstUnlockCheckedThisOperation || masterCheckedThisOperation {
+                    afterFirstUnlockCheckedThisOperation = true
+                    return keys
+                }
+                if master != nil, let serial = masterSerial, KernelKeyring.isValid(serial) {
+                    masterCheckedThisOperation = true
+                    afterFirstUnlockCheckedThisOperation = true
+                    refreshIdleTimeout(serial)
+                    return keys
+                }
+                if let serial = afterFirstUnlockSerial, KernelKeyring.isValid(serial) {
+                    afterFirstUnlockCheckedThisOperation = true
+                    return keys
+                }
             }
             afterFirstUnlock = nil
             afterFirstUnlockSerial = nil

@@ -50,6 +50,7 @@ package final class Database {
     }
 
     deinit {
+        stepped.removeAll()
         statements.removeAll()
         sqlite3_close_v2(handle)
     }
@@ -80,10 +81,15 @@ package final class Database {
         return statement
     }
 
-    /// Resets every cached statement, ending any read snapshot a partly stepped one holds.
+    /// Resets every statement stepped since the last reset, ending any read snapshot a partly
+    /// stepped one holds.
     package func resetStatements() {
-        for statement in statements.values { statement.reset() }
+        for statement in stepped { statement.reset() }
+        stepped.removeAll(keepingCapacity: true)
     }
+
+    /// Statements stepped since the last ``resetStatements()``.
+    fileprivate var stepped: [Statement] = []
 
     /// Runs `body` in a write transaction (`BEGIN IMMEDIATE`): committed when it returns,
     /// rolled back when it throws.
@@ -170,9 +176,13 @@ package final class Statement {
 
     deinit { sqlite3_finalize(handle) }
 
+    /// Stepped since its last reset (so it may hold a read snapshot).
+    fileprivate var isStepped = false
+
     func reset() {
         sqlite3_reset(handle)
         sqlite3_clear_bindings(handle)
+        isStepped = false
     }
 
     // SQLITE_TRANSIENT: SQLite copies the bound bytes before the call returns.
@@ -219,6 +229,10 @@ package final class Statement {
     @discardableResult
     package func step() throws(LockboxError) -> Bool {
         try database.faults?.check(nil)
+        if !isStepped {
+            isStepped = true
+            database.stepped.append(self)
+        }
         let result = sqlite3_step(handle)
         switch result {
         case SQLITE_ROW: return true
