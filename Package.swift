@@ -56,7 +56,11 @@ let package = Package(
 
         // prctl(2) is variadic and cannot be called from Swift: a few lines of C do it.
         .target(name: "CProcessHardening"),
-        .executableTarget(name: "LockboxCLI", dependencies: ["Lockbox", "LockboxAuth", "CProcessHardening"], swiftSettings: strict),
+        // The CLI's argument parser, apart from the executable so the fuzzer can link it.
+        .target(name: "LockboxCommandLine", dependencies: ["Lockbox"], swiftSettings: strict),
+        .executableTarget(
+            name: "LockboxCLI", dependencies: ["Lockbox", "LockboxCommandLine", "LockboxAuth", "CProcessHardening"],
+            swiftSettings: strict),
         .executableTarget(
             name: "LockboxBenchmark",
             dependencies: ["Lockbox", "VaultCrypto", "VaultStorage"],
@@ -93,3 +97,15 @@ let package = Package(
             swiftSettings: strict),
     ]
 )
+
+// The libFuzzer harness (Fuzz/, docs/FUZZING.md) exists only in the instrumented build that
+// scripts/fuzz makes with LOCKBOX_FUZZ=1 and `-sanitize=fuzzer`: libFuzzer supplies `main`,
+// so the harness cannot link in an ordinary build, and it imports internals with @testable.
+if Context.environment["LOCKBOX_FUZZ"] == "1" {
+    package.products.append(.executable(name: "lockbox-fuzz", targets: ["LockboxFuzz"]))
+    package.targets.append(
+        .executableTarget(
+            name: "LockboxFuzz",
+            dependencies: ["LockboxCore", "LockboxVault", "VaultCrypto", "CredentialHelpers", "LockboxAuth", "LockboxCommandLine"],
+            path: "Fuzz/Sources"))
+}

@@ -1,5 +1,6 @@
 import Foundation
 import Lockbox
+import LockboxCommandLine
 
 /// Exit statuses, as macOS `security` uses them.
 enum ExitStatus: Int32 {

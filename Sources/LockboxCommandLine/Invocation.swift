@@ -1,12 +1,13 @@
 import Lockbox
 
 /// A parsed command line: global options and one verb with its options. Parsing does no I/O.
-struct Invocation {
-    var keychain: String?
-    var command: Command
+/// Its own target so that the fuzzer (Fuzz/) can link the parser without the executable.
+package struct Invocation {
+    package var keychain: String?
+    package var command: Command
 }
 
-enum Command {
+package enum Command {
     case help(verb: String?)
     case version
     case initialize(passphraseFromStandardInput: Bool, keyDerivation: Vault.KeyDerivationStrength)
@@ -28,7 +29,7 @@ enum Command {
     case authStatus(json: Bool)
 
     /// Commands that talk to an authorization server (run asynchronously).
-    var isAuthentication: Bool {
+    package var isAuthentication: Bool {
         switch self {
         case .login, .token, .logout, .authStatus: true
         default: false
@@ -36,32 +37,32 @@ enum Command {
     }
 }
 
-struct PasswordOptions {
-    var itemClass: ItemClass
-    var attributes = ItemAttributes()
+package struct PasswordOptions {
+    package var itemClass: ItemClass
+    package var attributes = ItemAttributes()
     /// `-w`: print only the secret (find).
-    var printSecretOnly = false
+    package var printSecretOnly = false
     /// `-U`: update the item when it exists (add).
-    var updateIfExists = false
+    package var updateIfExists = false
     /// `--access-control` (add).
-    var accessControl: AccessControl?
-    var json = false
+    package var accessControl: AccessControl?
+    package var json = false
 }
 
 /// A usage error: exit status 64 with the verb's help.
-struct UsageError: Error {
-    var message: String
-    var verb: String?
+package struct UsageError: Error {
+    package var message: String
+    package var verb: String?
 }
 
-enum Parser {
-    static let passwordVerbs: [String: ItemClass] = [
+package enum Parser {
+    package static let passwordVerbs: [String: ItemClass] = [
         "add-generic-password": .genericPassword, "find-generic-password": .genericPassword,
         "delete-generic-password": .genericPassword, "add-internet-password": .internetPassword,
         "find-internet-password": .internetPassword, "delete-internet-password": .internetPassword,
     ]
 
-    static func parse(_ arguments: [String]) throws(UsageError) -> Invocation {
+    package static func parse(_ arguments: [String]) throws(UsageError) -> Invocation {
         var remaining = arguments[...]
         var keychain: String?
         // Global options come before the verb.
