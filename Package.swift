@@ -13,6 +13,7 @@ let package = Package(
         .executable(name: "lockbox", targets: ["LockboxCLI"]),
         .executable(name: "lockbox-bench", targets: ["LockboxBenchmark"]),
         .executable(name: "lockbox-stress", targets: ["LockboxStress"]),
+        .executable(name: "lockbox-peer-bench", targets: ["LockboxPeerBenchmark"]),
         .executable(name: "git-credential-lockbox", targets: ["GitCredentialHelper"]),
         .executable(name: "docker-credential-lockbox", targets: ["DockerCredentialHelper"]),
     ],
@@ -66,6 +67,8 @@ let package = Package(
             dependencies: ["Lockbox", "VaultCrypto", "VaultStorage"],
             swiftSettings: strict),
         .executableTarget(name: "LockboxStress", dependencies: ["Lockbox"], swiftSettings: strict),
+        // The in-process side of scripts/compare-peers (docs/PERFORMANCE.md).
+        .executableTarget(name: "LockboxPeerBenchmark", dependencies: ["Lockbox"], swiftSettings: strict),
         .executableTarget(
             name: "lockbox-auth-worker", dependencies: ["LockboxAuth", "Lockbox"], path: "Sources/LockboxAuthWorker",
             swiftSettings: strict),
