@@ -47,6 +47,10 @@ def section(data, command, machine):
               f"{libsecret / inproc:.0f}x | {'yes' if libsecret / inproc >= 50 else 'no'} |",
               f"| `lockbox find-generic-password -w` (new process) at least 3x faster than `secret-tool lookup` | "
               f"{fmt(cli)} vs {fmt(tool)}: {tool / cli:.1f}x | {'yes' if tool / cli >= 3 else 'no'} |", "",
+              "",
+              f"A new `lockbox` process costs {fmt(data['lockbox_version_process_us'])} before it does anything "
+              f"(`lockbox --version`, median of {data['count']:,}): the dynamic loader, the Swift runtime and Foundation. "
+              f"`find-generic-password -w` adds {fmt(cli - data['lockbox_version_process_us'])} to that.", "",
               "![Latency per operation, log scale](peers.png)", "", END]
     return "\n".join(lines)
 
