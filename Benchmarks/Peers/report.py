@@ -94,7 +94,7 @@ def main():
     args = parser.parse_args()
     data = json.load(open(args.json))
     text = open(args.markdown).read()
-    new = section(data, args.command, args.machine)
+    new = section(data, args.command.strip(), args.machine)
     if BEGIN in text:
         text = re.sub(re.escape(BEGIN) + ".*" + re.escape(END), lambda _: new, text, flags=re.S)
     else:
