@@ -112,7 +112,7 @@ def main():
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--slow-count", type=int, default=100, help="operations for peers that start a Python interpreter per process")
     parser.add_argument("--cryptfile-count", type=int, default=20,
-                        help="operations for keyrings.cryptfile, which runs Argon2id on every operation (about 1.5 s here)")
+                        help="operations for keyrings.cryptfile, which runs Argon2id on every operation (about a second here)")
     parser.add_argument("--json", required=True)
     args = parser.parse_args()
     n, slow, cryptfile = args.count, args.slow_count, args.cryptfile_count

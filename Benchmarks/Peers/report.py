@@ -23,7 +23,7 @@ def section(data, command, machine):
              "the ratio is the peer's median over Lockbox vault's in the same mode (above 1: Lockbox is faster). "
              f"Fewer operations where a peer is very slow (the operations column): Python keyring per process "
              f"starts an interpreter each time ({data['slow_count']} operations), and keyrings.cryptfile runs Argon2id "
-             f"on every operation, about 1.5 s here ({data['cryptfile_count']} operations in both modes). The Secret Service is gnome-keyring-daemon with an unlocked login collection "
+             f"on every operation, about a second here ({data['cryptfile_count']} operations in both modes). The Secret Service is gnome-keyring-daemon with an unlocked login collection "
              "on a private D-Bus session.", ""]
     for mode in ["in-process", "per process"]:
         base = rows[("Lockbox vault", mode)]
@@ -71,15 +71,16 @@ def chart(data, path):
                 if value:
                     axis.text(value * 1.08, bar.get_y() + bar.get_height() / 2, fmt(value), va="center", fontsize=8)
         axis.set_xscale("log")
-        axis.set_xlim(1, 3e6)
+        axis.set_xlim(1, 2e7)
         axis.set_yticks(list(y))
         axis.set_yticklabels(peers)
-        axis.invert_yaxis()
         axis.set_xlabel("median latency per operation (µs, log scale)")
-        axis.set_title(f"{mode} ({data['count']:,} operations each)")
+        axis.set_title({"in-process": "in-process", "per process": "one new process per operation"}[mode])
         axis.grid(axis="x", which="major", alpha=0.3)
         axis.legend(loc="lower right")
-    fig.suptitle("Store and read a small secret: Lockbox and its peers (lower is better)")
+    axes[0].invert_yaxis()  # shared y axis: inverting once puts Lockbox on top in both panels
+    fig.suptitle(f"Store and read a small secret: Lockbox and its peers (lower is better; medians of "
+                 f"{data['count']:,} operations, fewer for the slowest peers: see docs/PERFORMANCE.md)", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
