@@ -102,8 +102,8 @@ let package = Package(
 )
 
 // The libFuzzer harness (Fuzz/, docs/FUZZING.md) exists only in the instrumented build that
-// scripts/fuzz makes with LOCKBOX_FUZZ=1 and `-sanitize=fuzzer`: libFuzzer supplies `main`,
-// so the harness cannot link in an ordinary build, and it imports internals with @testable.
+// scripts/fuzz makes with LOCKBOX_FUZZ=1 and `-sanitize=fuzzer`: its `main` calls libFuzzer's
+// driver, which only that build links, and it imports internals with @testable (debug only).
 if Context.environment["LOCKBOX_FUZZ"] == "1" {
     package.products.append(.executable(name: "lockbox-fuzz", targets: ["LockboxFuzz"]))
     package.targets.append(
