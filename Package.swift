@@ -14,6 +14,7 @@ let package = Package(
         .executable(name: "lockbox-bench", targets: ["LockboxBenchmark"]),
         .executable(name: "lockbox-stress", targets: ["LockboxStress"]),
         .executable(name: "lockbox-campaign", targets: ["LockboxCampaign"]),
+        .executable(name: "lockbox-peer-bench", targets: ["LockboxPeerBenchmark"]),
         .executable(name: "git-credential-lockbox", targets: ["GitCredentialHelper"]),
         .executable(name: "docker-credential-lockbox", targets: ["DockerCredentialHelper"]),
     ],
@@ -57,7 +58,11 @@ let package = Package(
 
         // prctl(2) is variadic and cannot be called from Swift: a few lines of C do it.
         .target(name: "CProcessHardening"),
-        .executableTarget(name: "LockboxCLI", dependencies: ["Lockbox", "LockboxAuth", "SecretService", "CProcessHardening"], swiftSettings: strict),
+        // The CLI's argument parser, apart from the executable so the fuzzer can link it.
+        .target(name: "LockboxCommandLine", dependencies: ["Lockbox"], swiftSettings: strict),
+        .executableTarget(
+            name: "LockboxCLI", dependencies: ["Lockbox", "LockboxCommandLine", "LockboxAuth", "SecretService", "CProcessHardening"],
+            swiftSettings: strict),
         .executableTarget(
             name: "LockboxBenchmark",
             dependencies: ["Lockbox", "VaultCrypto", "VaultStorage"],
@@ -67,6 +72,8 @@ let package = Package(
         .target(
             name: "LockboxCampaigns", dependencies: ["Lockbox", "LockboxAuth", "VaultStorage"], swiftSettings: strict),
         .executableTarget(name: "LockboxCampaign", dependencies: ["LockboxCampaigns"], swiftSettings: strict),
+        // The in-process side of scripts/compare-peers (docs/PERFORMANCE.md).
+        .executableTarget(name: "LockboxPeerBenchmark", dependencies: ["Lockbox"], swiftSettings: strict),
         .executableTarget(
             name: "lockbox-auth-worker", dependencies: ["LockboxAuth", "Lockbox"], path: "Sources/LockboxAuthWorker",
             swiftSettings: strict),
@@ -102,3 +109,15 @@ let package = Package(
             swiftSettings: strict),
     ]
 )
+
+// The libFuzzer harness (Fuzz/, docs/FUZZING.md) exists only in the instrumented build that
+// scripts/fuzz makes with LOCKBOX_FUZZ=1 and `-sanitize=fuzzer`: its `main` calls libFuzzer's
+// driver, which only that build links, and it imports internals with @testable (debug only).
+if Context.environment["LOCKBOX_FUZZ"] == "1" {
+    package.products.append(.executable(name: "lockbox-fuzz", targets: ["LockboxFuzz"]))
+    package.targets.append(
+        .executableTarget(
+            name: "LockboxFuzz",
+            dependencies: ["LockboxCore", "LockboxVault", "VaultCrypto", "CredentialHelpers", "LockboxAuth", "LockboxCommandLine"],
+            path: "Fuzz/Sources"))
+}

@@ -108,11 +108,12 @@ public struct GitCredential: Sendable {
     }
 
     /// The reply to `get`: `username`, `password` and the optional fields, one per line.
-    /// Values that contain a newline are left out (the protocol cannot carry them).
+    /// Values that contain a newline or end in a carriage return are left out (the protocol
+    /// cannot carry them: readers, ``parse(_:)`` and git among them, strip a CR before the LF).
     public func serialized() -> [UInt8] {
         var output: [UInt8] = []
         func line(_ key: String, _ value: [UInt8]) {
-            guard !value.contains(UInt8(ascii: "\n")), !value.contains(0) else { return }
+            guard !value.contains(UInt8(ascii: "\n")), !value.contains(0), value.last != UInt8(ascii: "\r") else { return }
             output.append(contentsOf: Array(key.utf8))
             output.append(UInt8(ascii: "="))
             output.append(contentsOf: value)

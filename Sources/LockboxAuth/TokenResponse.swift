@@ -85,7 +85,11 @@ enum TokenEndpoint {
         return String(code.filter { allowed.contains($0) }.prefix(64))
     }
 
-    private static func httpDate(_ text: String) -> Date? {
+    /// An HTTP date (`Sun, 06 Nov 1994 08:49:37 GMT`). Anything but short printable ASCII is
+    /// refused first: Foundation's DateFormatter on Linux traps on some non-ASCII input (found by
+    /// fuzzing), and a server's `Date` header must not be able to crash the client.
+    static func httpDate(_ text: String) -> Date? {
+        guard text.utf8.count <= 64, text.utf8.allSatisfy({ $0 >= 0x20 && $0 < 0x7F }) else { return nil }
         let formatter = DateFormatter()
         formatter.locale = Locale(identifier: "en_US_POSIX")
         formatter.timeZone = TimeZone(identifier: "GMT")

@@ -1,5 +1,6 @@
 import Foundation
 import Lockbox
+import LockboxCommandLine
 import LockboxAuth
 
 /// The OAuth verbs: `login`, `token`, `logout`, `auth status`. They run asynchronously (the

@@ -1,5 +1,6 @@
 import Foundation
 import Lockbox
+import LockboxCommandLine
 import SecretService
 
 /// Exit statuses, as macOS `security` uses them.

@@ -1,4 +1,5 @@
 import Lockbox
+import LockboxCommandLine
 
 #if canImport(Glibc)
 import Glibc

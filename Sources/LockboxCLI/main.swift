@@ -1,5 +1,6 @@
 import CProcessHardening
 import Lockbox
+import LockboxCommandLine
 
 #if canImport(Glibc)
 import Glibc

@@ -202,30 +202,36 @@ extension Vault {
         guard let plaintext = try? Crypto.open(Array(file[parametersEnd...]), key: key, associatedData: Array(file[0..<parametersEnd])) else {
             throw LockboxError(.authFailed, "The backup passphrase is wrong, or the backup file is damaged.")
         }
-        return try plaintext.withUnsafeBytes { (bytes: UnsafeRawBufferPointer) throws(LockboxError) -> [(ItemClass, ItemAttributes, SecretBytes)] in
-            guard bytes.count >= 8 else { throw damaged }
-            var count = 0
-            for index in 0..<8 { count |= Int(bytes[index]) << (8 * index) }
-            var offset = 8
-            func field() throws(LockboxError) -> UnsafeRawBufferPointer {
-                guard bytes.count - offset >= 4 else { throw damaged }
-                var length = 0
-                for index in 0..<4 { length |= Int(bytes[offset + index]) << (8 * index) }
-                offset += 4
-                guard length <= bytes.count - offset else { throw damaged }
-                defer { offset += length }
-                return UnsafeRawBufferPointer(rebasing: bytes[offset..<offset + length])
-            }
-            var items: [(ItemClass, ItemAttributes, SecretBytes)] = []
-            for _ in 0..<count {
-                guard let itemClass = ItemClass(rawValue: String(decoding: try field(), as: UTF8.self)),
-                    let attributes = try? ItemAttributes(decoding: Array(try field()))
-                else { throw damaged }
-                items.append((itemClass, attributes, SecretBytes(copying: try field())))
-            }
-            guard offset == bytes.count else { throw damaged }
-            return items
+        return try plaintext.withUnsafeBytes { (bytes: UnsafeRawBufferPointer) throws(LockboxError) in try decodeBackupItems(bytes) }
+    }
+
+    /// The items of an opened (authenticated) backup payload. Any damage is `errSecDecode`.
+    static func decodeBackupItems(_ bytes: UnsafeRawBufferPointer) throws(LockboxError) -> [(ItemClass, ItemAttributes, SecretBytes)] {
+        let damaged = LockboxError.integrity("The backup file")
+        guard bytes.count >= 8 else { throw damaged }
+        var count = 0
+        for index in 0..<8 { count |= Int(bytes[index]) << (8 * index) }
+        // The top bit makes the count negative, and `0..<count` would trap (found by fuzzing).
+        guard count >= 0 else { throw damaged }
+        var offset = 8
+        func field() throws(LockboxError) -> UnsafeRawBufferPointer {
+            guard bytes.count - offset >= 4 else { throw damaged }
+            var length = 0
+            for index in 0..<4 { length |= Int(bytes[offset + index]) << (8 * index) }
+            offset += 4
+            guard length <= bytes.count - offset else { throw damaged }
+            defer { offset += length }
+            return UnsafeRawBufferPointer(rebasing: bytes[offset..<offset + length])
         }
+        var items: [(ItemClass, ItemAttributes, SecretBytes)] = []
+        for _ in 0..<count {
+            guard let itemClass = ItemClass(rawValue: String(decoding: try field(), as: UTF8.self)),
+                let attributes = try? ItemAttributes(decoding: Array(try field()))
+            else { throw damaged }
+            items.append((itemClass, attributes, SecretBytes(copying: try field())))
+        }
+        guard offset == bytes.count else { throw damaged }
+        return items
     }
 
     private static func writeAtomically(_ bytes: [UInt8], to path: String) throws(LockboxError) {

@@ -106,6 +106,16 @@ struct ParserRobustnessTests {
         #expect(refused > 0, "random bytes should not all be valid")
     }
 
+    /// Found by fuzzing (docs/FUZZING.md, target `git-credential`): `url=https://a%0D@host`
+    /// gave the username "a\r", written as `username=a\r\n` and read back (by git too) as "a".
+    @Test func usernameEndingInCarriageReturn_isLeftOutOfTheReply_notChangedInTransit() throws {
+        let credential = try GitCredential.parse(Array("url=https://a%0D@example.com/\n".utf8))
+        #expect(credential.username == "a\r")
+        let reply = credential.serialized()
+        #expect(!reply.contains(UInt8(ascii: "\r")))
+        #expect(try GitCredential.parse(reply).username == nil)
+    }
+
     @Test func everyFlatJSONEncoding_parsesBackToTheSameBytes() throws {
         var generator = SystemRandomNumberGenerator()
         for _ in 0..<500 {

@@ -67,12 +67,12 @@ final class LoopbackListener: Sendable {
             var timeoutValue = timeval(tv_sec: 5, tv_usec: 0)
             setsockopt(connection, SOL_SOCKET, SO_RCVTIMEO, &timeoutValue, socklen_t(MemoryLayout<timeval>.size))
             guard let target = readRequestTarget(connection) else { continue }
-            guard let components = URLComponents(string: "http://127.0.0.1" + target), components.path == path else {
+            guard let queryItems = Self.redirectQuery(target: target, path: path) else {
                 respond(connection, status: "404 Not Found", body: "Not found.")
                 continue
             }
             respond(connection, status: "200 OK", body: "Signed in. You can close this window and return to the application.")
-            return .success(components.queryItems ?? [])
+            return .success(queryItems)
         }
     }
 
@@ -88,10 +88,21 @@ final class LoopbackListener: Sendable {
             if let text = String(bytes: buffer, encoding: .utf8), text.contains("\r\n\r\n") { break }
         }
         defer { buffer.wipe() }
-        guard let line = String(decoding: buffer, as: UTF8.self).split(separator: "\r\n").first else { return nil }
+        return Self.requestTarget(of: buffer)
+    }
+
+    /// The request target of a request head (`GET <target> HTTP/1.1` ...). Pure: any bytes in.
+    static func requestTarget(of requestHead: [UInt8]) -> String? {
+        guard let line = String(decoding: requestHead, as: UTF8.self).split(separator: "\r\n").first else { return nil }
         let parts = line.split(separator: " ")
         guard parts.count == 3, parts[0] == "GET" else { return nil }
         return String(parts[1])
+    }
+
+    /// The query items of a redirect whose target is for `path`; nil for any other target.
+    static func redirectQuery(target: String, path: String) -> [URLQueryItem]? {
+        guard let components = URLComponents(string: "http://127.0.0.1" + target), components.path == path else { return nil }
+        return components.queryItems ?? []
     }
 
     private func respond(_ connection: Int32, status: String, body: String) {

@@ -1,14 +1,15 @@
 import Lockbox
 
 /// A parsed command line: global options and one verb with its options. Parsing does no I/O.
-struct Invocation {
-    var keychain: String?
+/// Its own target so that the fuzzer (Fuzz/) can link the parser without the executable.
+package struct Invocation {
+    package var keychain: String?
     /// `--backend NAME`: overrides LOCKBOX_BACKEND and the default.
-    var backend: Keychain.Backend? = nil
-    var command: Command
+    package var backend: Keychain.Backend? = nil
+    package var command: Command
 }
 
-enum Command {
+package enum Command {
     case help(verb: String?)
     case version
     case initialize(passphraseFromStandardInput: Bool, keyDerivation: Vault.KeyDerivationStrength)
@@ -31,7 +32,7 @@ enum Command {
     case authStatus(json: Bool)
 
     /// Commands that talk to an authorization server (run asynchronously).
-    var isAuthentication: Bool {
+    package var isAuthentication: Bool {
         switch self {
         case .login, .token, .logout, .authStatus: true
         default: false
@@ -39,32 +40,32 @@ enum Command {
     }
 }
 
-struct PasswordOptions {
-    var itemClass: ItemClass
-    var attributes = ItemAttributes()
+package struct PasswordOptions {
+    package var itemClass: ItemClass
+    package var attributes = ItemAttributes()
     /// `-w`: print only the secret (find).
-    var printSecretOnly = false
+    package var printSecretOnly = false
     /// `-U`: update the item when it exists (add).
-    var updateIfExists = false
+    package var updateIfExists = false
     /// `--access-control` (add).
-    var accessControl: AccessControl?
-    var json = false
+    package var accessControl: AccessControl?
+    package var json = false
 }
 
 /// A usage error: exit status 64 with the verb's help.
-struct UsageError: Error {
-    var message: String
-    var verb: String?
+package struct UsageError: Error {
+    package var message: String
+    package var verb: String?
 }
 
-enum Parser {
-    static let passwordVerbs: [String: ItemClass] = [
+package enum Parser {
+    package static let passwordVerbs: [String: ItemClass] = [
         "add-generic-password": .genericPassword, "find-generic-password": .genericPassword,
         "delete-generic-password": .genericPassword, "add-internet-password": .internetPassword,
         "find-internet-password": .internetPassword, "delete-internet-password": .internetPassword,
     ]
 
-    static func parse(_ arguments: [String]) throws(UsageError) -> Invocation {
+    package static func parse(_ arguments: [String]) throws(UsageError) -> Invocation {
         var remaining = arguments[...]
         var keychain: String?
         var backend: Keychain.Backend?

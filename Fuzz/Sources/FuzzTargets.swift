@@ -1,0 +1,205 @@
+// libFuzzer entry point for every parser of outside input. One binary, many targets: the
+// target is chosen with LOCKBOX_FUZZ_TARGET (scripts/fuzz sets it). Built only by scripts/fuzz
+// (LOCKBOX_FUZZ=1, -sanitize=fuzzer); see docs/FUZZING.md.
+//
+// A target may only crash on a real bug: a trap, a precondition, an out-of-bounds access or a
+// broken round trip (something the parser accepted and then could not read back).
+
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+@testable import CredentialHelpers
+@testable import LockboxAuth
+import LockboxCommandLine
+@testable import LockboxCore
+@testable import LockboxVault
+@testable import VaultCrypto
+
+enum FuzzTarget: String, CaseIterable {
+    /// A vault file made of the input: SQLite, schema migration, header, key slots, class keys.
+    case vaultFile = "vault-file"
+    /// A vault record: the field encoding of sealed attributes (`ItemAttributes(decoding:)`).
+    case vaultRecord = "vault-record"
+    /// A backup file: envelope and Argon2id parameters, and the item list of an opened payload.
+    case backup
+    /// git's credential-helper protocol (gitcredentials(7)) on stdin.
+    case gitCredential = "git-credential"
+    /// docker's credential-helper protocol: flat JSON and the server URL on stdin.
+    case dockerCredential = "docker-credential"
+    /// `lockbox` command-line arguments, NUL-separated.
+    case cliArguments = "cli-arguments"
+    /// Token endpoint and discovery responses: status selector, header lines, blank line, body.
+    case tokenResponse = "token-response"
+    /// The request head a browser sends to the loopback redirect listener.
+    case loopbackRedirect = "loopback-redirect"
+}
+
+nonisolated(unsafe) var selectedTarget: FuzzTarget = .vaultRecord
+nonisolated(unsafe) var scratchDirectory = ""
+
+@_cdecl("LLVMFuzzerInitialize")
+func fuzzInitialize(_ argc: UnsafeMutablePointer<Int32>, _ argv: UnsafeMutablePointer<UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?>) -> Int32 {
+    let name = ProcessInfo.processInfo.environment["LOCKBOX_FUZZ_TARGET"] ?? ""
+    guard let target = FuzzTarget(rawValue: name) else {
+        let names = FuzzTarget.allCases.map(\.rawValue).joined(separator: ", ")
+        FileHandle.standardError.write(Data("lockbox-fuzz: set LOCKBOX_FUZZ_TARGET to one of: \(names)\n".utf8))
+        exit(64)
+    }
+    selectedTarget = target
+    // A private HOME/XDG tree so the vault target never touches a real keychain or device key.
+    var template = Array("/tmp/lockbox-fuzz-XXXXXX".utf8CString)
+    guard let directory = mkdtemp(&template) else { exit(70) }
+    scratchDirectory = String(cString: directory)
+    for name in ["HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR"] {
+        setenv(name, scratchDirectory, 1)
+    }
+    atexit { _ = try? FileManager.default.removeItem(atPath: scratchDirectory) }
+    return 0
+}
+
+@_cdecl("LLVMFuzzerTestOneInput")
+func fuzzOneInput(_ data: UnsafePointer<UInt8>?, _ size: Int) -> Int32 {
+    let input = size == 0 ? [] : Array(UnsafeBufferPointer(start: data, count: size))
+    switch selectedTarget {
+    case .vaultFile: fuzzVaultFile(input)
+    case .vaultRecord: fuzzVaultRecord(input)
+    case .backup: fuzzBackup(input)
+    case .gitCredential: fuzzGitCredential(input)
+    case .dockerCredential: fuzzDockerCredential(input)
+    case .cliArguments: fuzzCommandLine(input)
+    case .tokenResponse: fuzzTokenResponse(input)
+    case .loopbackRedirect: fuzzLoopbackRedirect(input)
+    }
+    return 0
+}
+
+func roundTripFailed(_ what: String) -> Never {
+    fatalError("round trip failed: \(what)")
+}
+
+// MARK: Vault
+
+func fuzzVaultFile(_ input: [UInt8]) {
+    let path = scratchDirectory + "/fuzz.lockbox"
+    for suffix in ["", "-wal", "-shm", "-journal"] { unlink(path + suffix) }
+    let descriptor = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
+    guard descriptor >= 0 else { fatalError("cannot write \(path)") }
+    _ = input.withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
+    close(descriptor)
+    var configuration = Vault.Configuration()
+    configuration.unlockCache = .processMemory
+    configuration.busyTimeoutMilliseconds = 0
+    guard let vault = try? Vault.open(at: path, configuration: configuration) else { return }
+    // A vault that opens may still be anything: a device-slot unlock reads the whole header.
+    _ = try? vault.unlock()
+    _ = try? vault.items(matching: Query(.genericPassword, limit: .all))
+}
+
+func fuzzVaultRecord(_ input: [UInt8]) {
+    var decoder = FieldDecoder(input)
+    while !decoder.isAtEnd {
+        guard (try? decoder.bytes()) != nil else { break }
+    }
+    guard let attributes = try? ItemAttributes(decoding: input) else { return }
+    let again = attributes.encoded()
+    // Dates go through Double and Date, so re-encoding may differ in the last bit: only
+    // require that what was accepted reads back.
+    guard (try? ItemAttributes(decoding: again)) != nil else { roundTripFailed("ItemAttributes") }
+}
+
+func fuzzBackup(_ input: [UInt8]) {
+    // The envelope as Vault.openBackup reads it. Inputs whose Argon2id parameters pass the
+    // floor would spend most of a second in libsodium per run (not a parser): those stop there.
+    let magic = Vault.backupMagic.count
+    if input.count > magic + 5 {
+        let length = input[(magic + 1)..<(magic + 5)].enumerated().reduce(0) { $0 | Int($1.element) << (8 * $1.offset) }
+        if length > 0, magic + 5 + length < input.count,
+            let derivation = PassphraseKeyDerivation(decoding: Array(input[(magic + 5)..<(magic + 5 + length)])),
+            derivation.meetsMinimum
+        {
+            return
+        }
+    }
+    _ = try? Vault.openBackup(input, passphrase: SecretBytes(utf8: "fuzz"))
+    // The payload of an authenticated backup (what a backup made with a known passphrase holds).
+    _ = input.withUnsafeBytes { try? Vault.decodeBackupItems($0) }
+}
+
+// MARK: Credential helpers
+
+func fuzzGitCredential(_ input: [UInt8]) {
+    guard let credential = try? GitCredential.parse(input) else { return }
+    let serialized = credential.serialized()
+    guard let reread = try? GitCredential.parse(serialized) else { roundTripFailed("GitCredential") }
+    guard reread.serialized() == serialized else { roundTripFailed("GitCredential is not stable") }
+}
+
+func fuzzDockerCredential(_ input: [UInt8]) {
+    if let object = try? FlatJSON.parseObject(input) {
+        let encoded = FlatJSON.encodeObject(object.sorted { $0.key < $1.key }.map { ($0.key, $0.value) })
+        guard let reread = try? FlatJSON.parseObject(encoded), reread == object else { roundTripFailed("FlatJSON") }
+    }
+    guard let serverURL = try? DockerCredentialHelper.serverURL(input) else { return }
+    _ = DockerCredentialHelper.attributes(serverURL).encoded()
+    _ = DockerCredentialHelper.query(serverURL)
+}
+
+// MARK: Command line
+
+func fuzzCommandLine(_ input: [UInt8]) {
+    let arguments = input.split(separator: 0, omittingEmptySubsequences: false).map { String(decoding: $0, as: UTF8.self) }
+    _ = try? Parser.parse(input.isEmpty ? [] : arguments)
+}
+
+// MARK: OAuth
+
+/// A transport that answers every request with the fuzz input.
+struct CannedTransport: HTTPTransport {
+    let body: Data
+    let response: HTTPURLResponse
+
+    func send(_ request: URLRequest) async throws -> (Data, HTTPURLResponse) { (body, response) }
+}
+
+let statusCodes = [200, 200, 200, 400, 401, 429, 500, 503]
+
+func fuzzTokenResponse(_ input: [UInt8]) {
+    guard let selector = input.first else { return }
+    let rest = input.dropFirst()
+    // Header lines (`Name: value`), a blank line, then the body.
+    var headers: [String: String] = [:]
+    var body = Data(rest)
+    if let blank = rest.firstRange(of: [10, 10]) {
+        for line in String(decoding: rest[..<blank.lowerBound], as: UTF8.self).split(separator: "\n") {
+            guard let colon = line.firstIndex(of: ":") else { continue }
+            headers[String(line[..<colon])] = String(line[line.index(after: colon)...])
+        }
+        body = Data(rest[blank.upperBound...])
+    }
+    let issuer = URL(string: "https://auth.example.com")!
+    guard
+        let response = HTTPURLResponse(
+            url: issuer, statusCode: statusCodes[Int(selector) % statusCodes.count], httpVersion: "HTTP/1.1", headerFields: headers)
+    else { return }
+    let transport = CannedTransport(body: body, response: response)
+    var request = URLRequest(url: issuer.appendingPathComponent("token"))
+    request.httpMethod = "POST"
+    let done = DispatchSemaphore(value: 0)
+    let discovery = selector & 0x80 != 0
+    Task { [request] in
+        if discovery {
+            _ = try? await AuthorizationServerMetadata.discover(issuer: issuer, transport: transport)
+        } else if case .success(let tokens)? = try? await TokenEndpoint.call(request, transport: transport, now: { Date() }) {
+            _ = tokens.description
+            _ = tokens.expiresAt
+        }
+        done.signal()
+    }
+    done.wait()
+}
+
+func fuzzLoopbackRedirect(_ input: [UInt8]) {
+    guard let target = LoopbackListener.requestTarget(of: input) else { return }
+    _ = LoopbackListener.redirectQuery(target: target, path: "/callback")
+}
