@@ -1,4 +1,14 @@
 extension ItemAttributes {
+    /// True when no attribute is set (a query that matches every item of its class).
+    public var isEmpty: Bool {
+        label == nil && comment == nil && itemDescription == nil && generic == nil && creationDate == nil
+            && modificationDate == nil && accessGroup == nil && synchronizable == nil && accessibility == nil
+            && service == nil && account == nil && server == nil && `protocol` == nil && port == nil && path == nil
+            && securityDomain == nil && authenticationType == nil && keyClass == nil && keyType == nil
+            && keySizeInBits == nil && effectiveKeySize == nil && applicationTag == nil && applicationLabel == nil
+            && certificateType == nil && subject == nil && issuer == nil && serialNumber == nil
+    }
+
     /// True when every attribute set in `predicate` equals this item's. `synchronizable` is not
     /// compared here: queries match it through ``Query/SynchronizableMatch``.
     public func matches(_ predicate: ItemAttributes) -> Bool {

@@ -328,7 +328,7 @@ extension Vault {
         case .yes: shape.insert(.onlySynchronizable)
         case .any: break
         }
-        let needsMetadata = residual != ItemAttributes()
+        let needsMetadata = !residual.isEmpty
         if needsMetadata || readingMetadata { shape.insert(.metadataColumn) }
         if readingData { shape.insert(.secretColumn) }
         let sql: String

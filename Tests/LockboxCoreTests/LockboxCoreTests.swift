@@ -130,6 +130,18 @@ struct ModelTests {
         }
     }
 
+    @Test("isEmpty is true only when no attribute is set")
+    func isEmpty_onlyWithoutAttributes() {
+        #expect(ItemAttributes().isEmpty)
+        #expect(!ItemAttributes(service: "s").isEmpty)
+        var attributes = ItemAttributes()
+        attributes.serialNumber = Data()
+        #expect(!attributes.isEmpty)
+        attributes = ItemAttributes()
+        attributes.synchronizable = false
+        #expect(!attributes.isEmpty)
+    }
+
     @Test("attribute matching: set fields must be equal, nil fields match anything")
     func matching_onSetFieldsOnly() {
         var item = ItemAttributes(service: "s", account: "a", label: "l")
