@@ -96,7 +96,7 @@ public enum Keychain {
             var note = ""
             // The first available unlock method: a key in the desktop keyring opens a locked
             // vault with the login session.
-            if vault.enrolledKeepers.contains("secret-service"), (try? vault.status().isUnlocked) == false {
+            if vault.enrolledKeepers.contains("secret-service"), (try? vault.isUnlocked) == false {
                 do {
                     try vault.unlock(with: SecretServiceStore(configuration: options.secretService))
                     note = "; unlocked with its key in the desktop keyring (Secret Service)"

@@ -48,7 +48,7 @@ struct Runner {
             var options = keychainOptions()
             if let timeout { options.vault.idleTimeout = timeout }
             let vault = try openVault(options)
-            guard try vault.status().hasPassphrase else {
+            guard vault.hasPassphrase else {
                 // No passphrase (removed on purpose): this machine's device secret unlocks.
                 try vault.unlock()
                 return .success

@@ -356,6 +356,17 @@ public final class Vault: ItemStore, Sendable {
         }
     }
 
+    /// Whether the master key is available now (`whenUnlocked*` items are readable). One
+    /// kernel-keyring check, no I/O on the file.
+    public var isUnlocked: Bool {
+        get throws(LockboxError) { try withState { state throws(LockboxError) in try state.keys.currentMaster() != nil } }
+    }
+
+    /// Whether a passphrase slot exists (false after ``removePassphrase(_:)``).
+    public var hasPassphrase: Bool {
+        withState { state in state.header.hasPassphrase }
+    }
+
     /// Where the vault stands now.
     public func status() throws(LockboxError) -> VaultStatus {
         try withState { state throws(LockboxError) in

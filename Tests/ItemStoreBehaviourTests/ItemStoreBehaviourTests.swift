@@ -103,17 +103,6 @@ func query(for item: Item, returning: Query.ReturnOptions = [.data, .attributes]
     return Query(item.itemClass, attributes: attributes, limit: .one, returning: returning)
 }
 
-func status(of body: () throws -> Void) -> Int32? {
-    do {
-        try body()
-        return nil
-    } catch let error as LockboxError {
-        return error.status
-    } catch {
-        return 1
-    }
-}
-
 @Suite("ItemStore behaviour, every backend")
 struct ItemStoreBehaviourTests {
     static let classes = ItemClass.allCases

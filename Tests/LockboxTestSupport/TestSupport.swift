@@ -63,6 +63,18 @@ public final class VaultFixture: @unchecked Sendable {
     }
 }
 
+/// The OSStatus `body` throws (nil when it succeeds; 1 for an error that is not a LockboxError).
+public func status(_ body: () throws -> Void) -> Int32? {
+    do {
+        try body()
+        return nil
+    } catch let error as LockboxError {
+        return error.status
+    } catch {
+        return 1
+    }
+}
+
 /// The result of running a program.
 public struct ProcessResult: Sendable {
     public var status: Int32

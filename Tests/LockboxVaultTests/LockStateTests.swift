@@ -8,17 +8,6 @@ import Testing
 struct LockStateTests {
     let query = Query.genericPassword(service: "svc", account: "alice")
 
-    func status(_ body: () throws -> Void) -> Int32? {
-        do {
-            try body()
-            return nil
-        } catch let error as LockboxError {
-            return error.status
-        } catch {
-            return 1
-        }
-    }
-
     @Test("after lock a whenUnlocked item is errSecInteractionNotAllowed and the key leaves the kernel keyring")
     func lock_makesWhenUnlockedItemUnreadableAndRemovesKey() throws {
         let fixture = try VaultFixture()

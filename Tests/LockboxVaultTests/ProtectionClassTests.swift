@@ -440,9 +440,6 @@ struct AccessControlTests {
         let onlyA = try fixture.reopen { $0.accessGroups = ["group.a"] }
         #expect(try onlyA.data(matching: .genericPassword(service: "s", account: "a")) == SecretBytes(utf8: "A"))
         let other = Query.genericPassword(service: "s", account: "b")
-        func status(_ body: () throws -> Void) -> Int32? {
-            do { try body(); return nil } catch let error as LockboxError { return error.status } catch { return 1 }
-        }
         #expect(status { _ = try onlyA.data(matching: other) } == -25300)
         #expect(status { _ = try onlyA.data(matching: .genericPassword(service: "s", account: "b", accessGroup: "group.b")) } == -25300)
         #expect(try onlyA.items(matching: Query(.genericPassword, limit: .all)).count == 1)
