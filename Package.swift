@@ -11,6 +11,7 @@ let package = Package(
         .library(name: "LockboxCore", targets: ["LockboxCore"]),
         .library(name: "KeychainCompatibility", targets: ["KeychainCompatibility"]),
         .executable(name: "lockbox", targets: ["LockboxCLI"]),
+        .executable(name: "lockbox-oauth", targets: ["LockboxOAuthCLI"]),
         .executable(name: "lockbox-bench", targets: ["LockboxBenchmark"]),
         .executable(name: "lockbox-stress", targets: ["LockboxStress"]),
         .executable(name: "lockbox-campaign", targets: ["LockboxCampaign"]),
@@ -60,8 +61,16 @@ let package = Package(
         .target(name: "CProcessHardening"),
         // The CLI's argument parser, apart from the executable so the fuzzer can link it.
         .target(name: "LockboxCommandLine", dependencies: ["Lockbox"], swiftSettings: strict),
+        // `lockbox` starts for every secret a script or helper reads, so it links the Swift
+        // runtime and Foundation statically and leaves the HTTP stack to `lockbox-oauth`, which
+        // it runs for the OAuth verbs (docs/PERFORMANCE.md, "Process start"). Tests run the built
+        // binaries (`swift build` makes them) rather than depend on these targets: a test target
+        // that depends on an executable target links its objects, and so its link flags.
         .executableTarget(
-            name: "LockboxCLI", dependencies: ["Lockbox", "LockboxCommandLine", "LockboxAuth", "SecretService", "CProcessHardening"],
+            name: "LockboxCLI", dependencies: ["Lockbox", "LockboxCommandLine", "SecretService", "CProcessHardening"],
+            swiftSettings: strict + [.unsafeFlags(["-static-stdlib"])], linkerSettings: [.unsafeFlags(["-static-stdlib"])]),
+        .executableTarget(
+            name: "LockboxOAuthCLI", dependencies: ["Lockbox", "LockboxCommandLine", "LockboxAuth", "CProcessHardening"],
             swiftSettings: strict),
         .executableTarget(
             name: "LockboxBenchmark",
@@ -90,10 +99,10 @@ let package = Package(
             swiftSettings: strict),
         .testTarget(
             name: "SecretServiceTests",
-            dependencies: ["SecretService", "CredentialHelpers", "Lockbox", "LockboxTestSupport", "LockboxCLI"],
+            dependencies: ["SecretService", "CredentialHelpers", "Lockbox", "LockboxTestSupport"],
             swiftSettings: strict),
         .testTarget(
-            name: "LockboxAuthTests", dependencies: ["LockboxAuth", "Lockbox", "LockboxTestSupport", "LockboxCLI", "lockbox-auth-worker"],
+            name: "LockboxAuthTests", dependencies: ["LockboxAuth", "Lockbox", "LockboxTestSupport", "lockbox-auth-worker"],
             swiftSettings: strict),
         .testTarget(
             name: "KeychainCompatibilityTests",
@@ -101,11 +110,11 @@ let package = Package(
             swiftSettings: strict),
         .testTarget(
             name: "ReliabilityTests",
-            dependencies: ["LockboxCampaigns", "LockboxTestSupport", "LockboxStress", "LockboxCLI", "VaultStorage"],
+            dependencies: ["LockboxCampaigns", "LockboxTestSupport", "LockboxStress", "VaultStorage"],
             swiftSettings: strict),
         .testTarget(
             name: "LockboxCLITests",
-            dependencies: ["LockboxCLI", "Lockbox", "LockboxTestSupport"],
+            dependencies: ["Lockbox", "LockboxTestSupport"],
             swiftSettings: strict),
     ]
 )

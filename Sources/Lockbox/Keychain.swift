@@ -53,7 +53,7 @@ public enum Keychain {
     /// The vault path from an explicit option, `LOCKBOX_KEYCHAIN`, or the XDG default.
     public static func vaultPath(explicit: String? = nil) -> String {
         if let explicit { return explicit }
-        if let fromEnvironment = ProcessInfo.processInfo.environment["LOCKBOX_KEYCHAIN"], !fromEnvironment.isEmpty {
+        if let fromEnvironment = ProcessEnvironment.nonEmpty("LOCKBOX_KEYCHAIN") {
             return fromEnvironment
         }
         return Vault.defaultPath
@@ -61,9 +61,8 @@ public enum Keychain {
 
     /// Opens the keychain. See the type's documentation for how the backend is chosen.
     public static func open(_ options: Options = Options()) throws(LockboxError) -> Opened {
-        let environment = ProcessInfo.processInfo.environment
         var configuration = options.vault
-        if let cache = environment["LOCKBOX_UNLOCK_CACHE"] {
+        if let cache = ProcessEnvironment.value("LOCKBOX_UNLOCK_CACHE") {
             switch cache {
             case "process": configuration.unlockCache = .processMemory
             case "keyring": configuration.unlockCache = .kernelKeyring
@@ -76,7 +75,7 @@ public enum Keychain {
         if let chosen = options.backend {
             backend = chosen
             reason = "chosen by the application"
-        } else if let name = environment["LOCKBOX_BACKEND"], !name.isEmpty {
+        } else if let name = ProcessEnvironment.nonEmpty("LOCKBOX_BACKEND") {
             guard let chosen = Backend(rawValue: name) else {
                 throw LockboxError(
                     .param,

@@ -3,21 +3,13 @@ import Lockbox
 import LockboxCommandLine
 import SecretService
 
-/// Exit statuses, as macOS `security` uses them.
-enum ExitStatus: Int32 {
-    case success = 0
-    case failure = 1
-    case itemNotFound = 44
-    case usage = 64
-}
-
 /// Runs a parsed invocation.
 struct Runner {
     let invocation: Invocation
     var output = StandardStreams()
 
     static let secretLimit = 64 * 1024
-    static let passphraseLimit = 4096
+    static let passphraseLimit = SecretInput.passphraseLimit
 
     func run() throws(LockboxError) -> ExitStatus {
         switch invocation.command {
@@ -263,7 +255,7 @@ struct Runner {
     }
 
     private func applyEnvironment(to configuration: inout Vault.Configuration) throws(LockboxError) {
-        if ProcessInfo.processInfo.environment["LOCKBOX_UNLOCK_CACHE"] == "process" {
+        if ProcessEnvironment.value("LOCKBOX_UNLOCK_CACHE") == "process" {
             configuration.unlockCache = .processMemory
         }
     }
@@ -327,23 +319,6 @@ struct Runner {
     }
 }
 
-/// Asks for the passphrase on the terminal when an access-controlled item is used.
-struct TerminalVerifier: PresenceVerifier {
-    func passphrase(for request: AuthenticationRequest) throws(LockboxError) -> SecretBytes {
-        let passphrase: SecretBytes
-        do {
-            passphrase = try SecretInput.prompt("Passphrase to \(request.reason) (empty to cancel): ", limit: Runner.passphraseLimit)
-        } catch LockboxError.notAvailable {
-            throw LockboxError(
-                .interactionNotAllowed, "This item needs the passphrase re-entered, and there is no terminal to ask on.")
-        }
-        guard !passphrase.isEmpty else {
-            throw LockboxError(.userCanceled, "Cancelled: the passphrase was not given.")
-        }
-        return passphrase
-    }
-}
-
 struct StatusReport: Encodable {
     var backend: String
     var reason: String
@@ -378,16 +353,5 @@ struct ItemSummary: Encodable {
         synchronizable = attributes.synchronizable
         created = attributes.creationDate
         modified = attributes.modificationDate
-    }
-}
-
-/// stdout and stderr, for text that is never secret.
-struct StandardStreams {
-    func print(_ text: String) {
-        FileHandle.standardOutput.write(Data((text + "\n").utf8))
-    }
-
-    func error(_ text: String) {
-        FileHandle.standardError.write(Data((text + "\n").utf8))
     }
 }

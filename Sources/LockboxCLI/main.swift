@@ -10,18 +10,20 @@ import Glibc
 _ = lockbox_harden_process()
 
 let streams = StandardStreams()
+let arguments = Array(CommandLine.arguments.dropFirst())
 let status: ExitStatus
 do {
-    let invocation = try Parser.parse(Array(CommandLine.arguments.dropFirst()))
-    do {
-        if invocation.command.isAuthentication {
-            status = await AuthCommands(invocation: invocation).run()
-        } else {
+    let invocation = try Parser.parse(arguments)
+    if invocation.command.isAuthentication {
+        streams.error("lockbox: \(OAuthHelper.exec(arguments: arguments))")
+        status = .failure
+    } else {
+        do {
             status = try Runner(invocation: invocation).run()
+        } catch {
+            streams.error("lockbox: \(error.description)")
+            status = error.code == .itemNotFound ? .itemNotFound : .failure
         }
-    } catch {
-        streams.error("lockbox: \(error.description)")
-        status = error.code == .itemNotFound ? .itemNotFound : .failure
     }
 } catch {
     streams.error("lockbox: \(error.message)")

@@ -26,11 +26,10 @@ public struct DeviceIdentity: Sendable, Hashable {
 
     var resolvedKeyPath: String {
         if let keyPath { return keyPath }
-        let environment = ProcessInfo.processInfo.environment
-        if let state = environment["XDG_STATE_HOME"], state.hasPrefix("/") {
+        if let state = ProcessEnvironment.value("XDG_STATE_HOME"), state.hasPrefix("/") {
             return state + "/lockbox/device-key"
         }
-        return (environment["HOME"] ?? NSHomeDirectory()) + "/.local/state/lockbox/device-key"
+        return ProcessEnvironment.home + "/.local/state/lockbox/device-key"
     }
 }
 
@@ -43,7 +42,7 @@ final class DeviceSecret: Sendable {
     init(secret: SecretBytes) {
         self.secret = secret
         let digest = Crypto.keyedDigest(Array("lockbox.device-id.v1".utf8), key: secret)
-        identifier = digest.prefix(8).map { String(format: "%02x", $0) }.joined()
+        identifier = Array(digest.prefix(8)).hexString
     }
 
     /// Reads the device key file, creating it (0600, in a 0700 directory) on first use.
@@ -67,9 +66,26 @@ final class DeviceSecret: Sendable {
             key = try readKeyFile(path)
         }
         guard let key else { throw LockboxError(.io, "Cannot create the device key \(path).") }
-        let machineID = (try? String(contentsOfFile: identity.machineIDPath, encoding: .utf8))?
-            .trimmingCharacters(in: .whitespacesAndNewlines) ?? ""
+        let machineID = machineIdentity(identity.machineIDPath)
         return DeviceSecret(secret: Crypto.combine(key, with: SecretBytes(utf8: machineID), context: "lockbox.device.v1"))
+    }
+
+    /// The machine identity file's first line without surrounding white space; empty when the
+    /// file is missing (a container without /etc/machine-id still has its device key).
+    static func machineIdentity(_ path: String) -> String {
+        let descriptor = open(path, O_RDONLY | O_CLOEXEC)
+        guard descriptor >= 0 else { return "" }
+        defer { close(descriptor) }
+        var bytes = [UInt8](repeating: 0, count: 256)
+        let count = bytes.withUnsafeMutableBytes { read(descriptor, $0.baseAddress, $0.count) }
+        guard count > 0 else { return "" }
+        func isSpace(_ byte: UInt8) -> Bool { byte == 0x20 || (byte >= 0x09 && byte <= 0x0d) }
+        var start = 0
+        var end = 0
+        while end < count && bytes[end] != 0x0a { end += 1 }
+        while start < end && isSpace(bytes[start]) { start += 1 }
+        while end > start && isSpace(bytes[end - 1]) { end -= 1 }
+        return String(decoding: bytes[start..<end], as: UTF8.self)
     }
 
     private static func readKeyFile(_ path: String) throws(LockboxError) -> SecretBytes? {

@@ -94,6 +94,6 @@ extension Vault {
     }
 
     private func identifierHex(_ state: State) -> String {
-        state.header.vaultID.map { String(format: "%02x", $0) }.joined()
+        state.header.vaultID.hexString
     }
 }

@@ -22,7 +22,7 @@ struct AfterFirstUnlockKeys {
     static let classes: [Accessibility] = [.afterFirstUnlock, .afterFirstUnlockThisDeviceOnly]
 
     let indexRoot: SecretBytes
-    let classKeys: [Accessibility: SecretBytes]
+    let classKeys: SmallMap<Accessibility, SecretBytes>
 
     /// Fixed-size layout for the kernel keyring: index root, then the class keys in
     /// ``classes`` order, 32 bytes each.
@@ -40,7 +40,7 @@ struct AfterFirstUnlockKeys {
         }
     }
 
-    init(indexRoot: SecretBytes, classKeys: [Accessibility: SecretBytes]) {
+    init(indexRoot: SecretBytes, classKeys: SmallMap<Accessibility, SecretBytes>) {
         self.indexRoot = indexRoot
         self.classKeys = classKeys
     }
@@ -54,7 +54,7 @@ struct AfterFirstUnlockKeys {
             }
         }
         indexRoot = slice(0)
-        var keys: [Accessibility: SecretBytes] = [:]
+        var keys = SmallMap<Accessibility, SecretBytes>()
         for (offset, accessibility) in Self.classes.enumerated() {
             keys[accessibility] = slice(offset + 1)
         }
@@ -79,9 +79,9 @@ final class KeyCache {
     private var idleTimeout: UInt32 = 0
     private var lastUse: timespec = timespec()
     private var afterFirstUnlock: AfterFirstUnlockKeys?
-    private var whileUnlockedClassKeys: [Accessibility: SecretBytes] = [:]
-    private var indexKeys: [ItemClass: SecretBytes] = [:]
-    private var alwaysClassKeys: [Accessibility: SecretBytes] = [:]
+    private var whileUnlockedClassKeys = SmallMap<Accessibility, SecretBytes>()
+    private var indexKeys = SmallMap<ItemClass, SecretBytes>()
+    private var alwaysClassKeys = SmallMap<Accessibility, SecretBytes>()
     /// Keys already checked against the kernel keyring during the current operation: one
     /// system call per key and operation is enough.
     private var masterCheckedThisOperation = false
@@ -91,10 +91,7 @@ final class KeyCache {
         self.mode = mode
         self.device = device
         self.vaultID = vaultID
-        let identity = vaultID.map { byte in
-            let hex = String(byte, radix: 16)
-            return byte < 16 ? "0" + hex : hex
-        }.joined()
+        let identity = vaultID.hexString
         masterDescription = "lockbox:v1:\(identity):unlocked"
         afterFirstUnlockDescription = "lockbox:v1:\(identity):after-first-unlock"
     }
@@ -166,12 +163,12 @@ final class KeyCache {
         }
         afterFirstUnlockSerial = nil
         afterFirstUnlock = nil
-        indexKeys = [:]
+        indexKeys.removeAll()
     }
 
     private func dropWhileUnlocked() {
         master = nil
-        whileUnlockedClassKeys = [:]
+        whileUnlockedClassKeys.removeAll()
     }
 
     // MARK: Current keys
@@ -245,7 +242,7 @@ final class KeyCache {
             }
             afterFirstUnlock = nil
             afterFirstUnlockSerial = nil
-            indexKeys = [:]
+            indexKeys.removeAll()
             do throws(KernelKeyring.Absence) {
                 let serial = try KernelKeyring.find(afterFirstUnlockDescription)
                 guard let keys = AfterFirstUnlockKeys(unpacking: try KernelKeyring.read(serial)) else { return nil }

@@ -206,7 +206,7 @@ extension Vault {
             throw LockboxError(.authFailed, "This keychain has no passphrase to verify the user with.")
         }
         let context = query.authenticationContext ?? configuration.authenticationContext
-        let realm = state.header.vaultID.map { String(format: "%02x", $0) }.joined()
+        let realm = state.header.vaultID.hexString
         if let proof = context?.rememberedProof(realm: realm) {
             return (publicKey, proof)
         }

@@ -77,8 +77,8 @@ public final class Vault: ItemStore, Sendable {
         let keys: KeyCache
         var device: DeviceSecret { keys.device }
         /// SQL text per query shape (see `PlanShape`).
-        var sqlByShape: [PlanShape: String] = [:]
-        var statementByShape: [PlanShape: Statement] = [:]
+        var sqlByShape = SmallMap<PlanShape, String>()
+        var statementByShape = SmallMap<PlanShape, Statement>()
 
         init(database: Database, header: VaultHeader, keys: KeyCache) {
             self.database = database
@@ -96,12 +96,10 @@ public final class Vault: ItemStore, Sendable {
     /// The default location: `$XDG_DATA_HOME/lockbox/default.lockbox`
     /// (`~/.local/share/lockbox/default.lockbox`).
     public static var defaultPath: String {
-        let environment = ProcessInfo.processInfo.environment
-        if let data = environment["XDG_DATA_HOME"], data.hasPrefix("/") {
+        if let data = ProcessEnvironment.value("XDG_DATA_HOME"), data.hasPrefix("/") {
             return data + "/lockbox/default.lockbox"
         }
-        let home = environment["HOME"] ?? NSHomeDirectory()
-        return home + "/.local/share/lockbox/default.lockbox"
+        return ProcessEnvironment.home + "/.local/share/lockbox/default.lockbox"
     }
 
     // MARK: Create and open
@@ -130,7 +128,7 @@ public final class Vault: ItemStore, Sendable {
         let master = Crypto.generateKey()
         let presence = Crypto.generateKeyPair()
         var header = VaultHeader(
-            vaultID: Crypto.randomBytes(16), slots: [], wrappedClassKeys: [:], presencePublicKey: presence.publicKey, mac: [])
+            vaultID: Crypto.randomBytes(16), slots: [], wrappedClassKeys: SmallMap(), presencePublicKey: presence.publicKey, mac: [])
         header.slots.append(
             makePassphraseSlot(
                 id: 1, header: header, passphrase: passphrase, master: master, presenceKey: presence.secretKey,
@@ -317,7 +315,7 @@ public final class Vault: ItemStore, Sendable {
                     master, key: Self.deviceSlotKey(state.device), associatedData: header.slotAssociatedData(slot))
                 header.slots.removeAll { $0.kind == .device }
                 header.slots.append(slot)
-                header.wrappedClassKeys = header.wrappedClassKeys.filter { $0.key.accessibility != .whenPasscodeSetThisDeviceOnly }
+                header.wrappedClassKeys = header.wrappedClassKeys.filter { $0.accessibility != .whenPasscodeSetThisDeviceOnly }
                 header.presencePublicKey = nil
                 header.seal(master: master)
                 try header.save(to: state.database)
@@ -414,7 +412,7 @@ public final class Vault: ItemStore, Sendable {
 
     /// The vault's random identity (hex), which names its kernel-keyring entries.
     package var identifier: String {
-        withState { state in state.header.vaultID.map { String(format: "%02x", $0) }.joined() }
+        withState { state in state.header.vaultID.hexString }
     }
 
     /// Runs `body` on the vault's SQLite connection, for tests and maintenance tools.
@@ -444,7 +442,7 @@ public final class Vault: ItemStore, Sendable {
     }
 
     private func cacheUnlockedKeys(master: SecretBytes, state: State) throws(LockboxError) {
-        var classKeys: [Accessibility: SecretBytes] = [:]
+        var classKeys = SmallMap<Accessibility, SecretBytes>()
         for accessibility in AfterFirstUnlockKeys.classes {
             guard let key = try KeyCache.unwrapClassKey(accessibility, header: state.header, master: master, device: state.device) else {
                 throw LockboxError.integrity("The \(accessibility.rawValue) class key")

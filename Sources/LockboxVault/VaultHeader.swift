@@ -13,7 +13,7 @@ struct VaultHeader {
 
     var vaultID: [UInt8]
     var slots: [KeySlot]
-    var wrappedClassKeys: [ClassKeyID: [UInt8]]
+    var wrappedClassKeys: SmallMap<ClassKeyID, [UInt8]>
     /// The public half of the presence key pair: access-controlled items are sealed to it,
     /// and only a passphrase re-entry releases the secret half. Nil without a passphrase.
     var presencePublicKey: [UInt8]?
@@ -21,7 +21,7 @@ struct VaultHeader {
 
     /// A class key's place: portable classes have one (device ""), `*ThisDeviceOnly` classes
     /// one per machine that has unlocked the vault.
-    struct ClassKeyID: Hashable, Comparable {
+    struct ClassKeyID: Equatable, Comparable {
         var accessibility: Accessibility
         var device: String
 
@@ -136,7 +136,7 @@ struct VaultHeader {
             slots.append(
                 KeySlot(id: id, kind: kind, parameters: parameters, wrappedMasterKey: wrapped, wrappedPresenceKey: slotRows.blob(4)))
         }
-        var classKeys: [ClassKeyID: [UInt8]] = [:]
+        var classKeys = SmallMap<ClassKeyID, [UInt8]>()
         let classRows = try database.statement("SELECT accessibility, device_id, wrapped_key FROM class_keys")
         while try classRows.step() {
             guard let name = classRows.text(0), let accessibility = Accessibility(rawValue: name),
@@ -171,7 +171,7 @@ struct VaultHeader {
             statement.bind(5, slot.wrappedPresenceKey)
             try statement.run()
         }
-        for (id, wrapped) in wrappedClassKeys {
+        for (id, wrapped) in wrappedClassKeys.entries {
             let statement = try database.statement(
                 "INSERT INTO class_keys (accessibility, device_id, wrapped_key) VALUES (?, ?, ?)")
             statement.bind(1, id.accessibility.rawValue)

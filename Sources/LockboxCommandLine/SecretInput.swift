@@ -1,5 +1,4 @@
 import Lockbox
-import LockboxCommandLine
 
 #if canImport(Glibc)
 import Glibc
@@ -7,9 +6,12 @@ import Glibc
 
 /// Reads secrets from stdin or the terminal straight into guarded memory. Secrets never come
 /// from argv or the environment.
-enum SecretInput {
+package enum SecretInput {
+    /// The longest passphrase accepted, in bytes.
+    package static let passphraseLimit = 4096
+
     /// Reads all of `descriptor` (up to `limit` bytes).
-    static func readAll(_ descriptor: Int32 = STDIN_FILENO, limit: Int) throws(LockboxError) -> SecretBytes {
+    package static func readAll(_ descriptor: Int32 = STDIN_FILENO, limit: Int) throws(LockboxError) -> SecretBytes {
         var failure: LockboxError?
         let bytes = SecretBytes(capacity: limit + 1) { buffer in
             var filled = 0
@@ -33,7 +35,7 @@ enum SecretInput {
     }
 
     /// The bytes before the first newline of `input`, and the rest. A trailing `\r` is dropped.
-    static func splitLine(_ input: SecretBytes) -> (line: SecretBytes, rest: SecretBytes) {
+    package static func splitLine(_ input: SecretBytes) -> (line: SecretBytes, rest: SecretBytes) {
         input.withUnsafeBytes { bytes in
             let newline = bytes.firstIndex(of: 0x0A)
             var end = newline ?? bytes.count
@@ -46,7 +48,7 @@ enum SecretInput {
     }
 
     /// `input` without one trailing newline (`\n` or `\r\n`): what `echo secret |` adds.
-    static func trimmingTrailingNewline(_ input: SecretBytes) -> SecretBytes {
+    package static func trimmingTrailingNewline(_ input: SecretBytes) -> SecretBytes {
         input.withUnsafeBytes { bytes in
             var end = bytes.count
             if end > 0 && bytes[end - 1] == 0x0A { end -= 1 }
@@ -56,10 +58,10 @@ enum SecretInput {
         }
     }
 
-    static var standardInputIsTerminal: Bool { isatty(STDIN_FILENO) == 1 }
+    package static var standardInputIsTerminal: Bool { isatty(STDIN_FILENO) == 1 }
 
     /// Asks on the controlling terminal with echo off.
-    static func prompt(_ text: String, limit: Int = 64 * 1024) throws(LockboxError) -> SecretBytes {
+    package static func prompt(_ text: String, limit: Int = 64 * 1024) throws(LockboxError) -> SecretBytes {
         let terminal = open("/dev/tty", O_RDWR | O_CLOEXEC)
         guard terminal >= 0 else {
             throw LockboxError(
@@ -94,7 +96,7 @@ enum SecretInput {
     }
 
     /// Writes a secret and a newline to stdout without making a `String` of it.
-    static func writeToStandardOutput(_ secret: SecretBytes) {
+    package static func writeToStandardOutput(_ secret: SecretBytes) {
         secret.withUnsafeBytes { bytes in
             var offset = 0
             while offset < bytes.count {

@@ -1,6 +1,6 @@
 /// Help text for `lockbox --help` and `lockbox VERB --help`.
-enum Help {
-    static let overview = """
+package enum Help {
+    package static let overview = """
         usage: lockbox [--keychain PATH] [--backend vault|secret-service] COMMAND [OPTIONS]
 
         A keychain for Linux: secrets encrypted at rest, with the Keychain's item classes,
@@ -38,7 +38,7 @@ enum Help {
         `lockbox COMMAND --help` describes a command.
         """
 
-    static func text(for verb: String) -> String? {
+    package static func text(for verb: String) -> String? {
         switch verb {
         case "init":
             return """

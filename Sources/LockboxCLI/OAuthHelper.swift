@@ -1,0 +1,36 @@
+import Foundation
+import LockboxCommandLine
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The OAuth verbs (`login`, `token`, `logout`, `auth status`) run in `lockbox-oauth`, installed
+/// beside `lockbox`. Keeping the HTTP stack (FoundationNetworking, libcurl, its TLS library) out
+/// of this binary spares every keychain command the time to load it, which is most of a
+/// process's start.
+enum OAuthHelper {
+    static let name = "lockbox-oauth"
+
+    /// Replaces this process with `lockbox-oauth` and the same arguments. Returns only when that
+    /// fails, with the reason.
+    static func exec(arguments: [String]) -> String {
+        let directory: String
+        if let executable = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe") {
+            directory = (executable as NSString).deletingLastPathComponent
+        } else {
+            directory = (CommandLine.arguments[0] as NSString).deletingLastPathComponent
+        }
+        let helper = directory + "/" + name
+        guard access(helper, X_OK) == 0 else {
+            return "The OAuth commands run \(name), which is not installed beside this lockbox (\(helper)). "
+                + "Build it with `swift build -c release --product \(name)` and copy it next to lockbox."
+        }
+        var argv: [UnsafeMutablePointer<CChar>?] = ([helper] + arguments).map { strdup($0) }
+        argv.append(nil)
+        execv(helper, argv)
+        let reason = String(cString: strerror(errno))
+        for pointer in argv { free(pointer) }
+        return "Starting \(helper) failed: \(reason)."
+    }
+}

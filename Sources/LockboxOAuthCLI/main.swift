@@ -1,0 +1,37 @@
+import CProcessHardening
+import LockboxCommandLine
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+// `lockbox login`, `token`, `logout` and `auth status` run here: `lockbox` hands them over with
+// the same arguments, so that only these verbs load the HTTP stack. Calling it directly works too.
+
+// No core dumps and no same-user ptrace: this process holds tokens.
+_ = lockbox_harden_process()
+
+let streams = StandardStreams()
+let status: ExitStatus
+do {
+    let invocation = try Parser.parse(Array(CommandLine.arguments.dropFirst()))
+    switch invocation.command {
+    case .help(let verb):
+        streams.print(verb.flatMap(Help.text(for:)) ?? Help.overview)
+        status = .success
+    case .version:
+        streams.print("lockbox-oauth 0.1.0")
+        status = .success
+    case let command where command.isAuthentication:
+        status = await AuthCommands(invocation: invocation).run()
+    default:
+        streams.error("lockbox-oauth: this program runs only the OAuth commands (login, token, logout, auth status); run the others with `lockbox`.")
+        status = .usage
+    }
+} catch {
+    streams.error("lockbox: \(error.message)")
+    streams.error("")
+    streams.error(error.verb.flatMap(Help.text(for:)) ?? Help.overview)
+    status = .usage
+}
+exit(status.rawValue)
