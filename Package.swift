@@ -2,6 +2,11 @@
 import PackageDescription
 
 let strict: [SwiftSetting] = [.treatAllWarnings(as: .error)]
+// The Swift runtime and Foundation linked into the binary: for programs started once per secret
+// (`lockbox`, the git and docker credential helpers), loading them as shared libraries is most
+// of the start. The compile needs the flag too, so that the modules autolink the static archives.
+let staticRuntime: [SwiftSetting] = strict + [.unsafeFlags(["-static-stdlib"])]
+let staticRuntimeLink: [LinkerSetting] = [.unsafeFlags(["-static-stdlib"])]
 
 let package = Package(
     name: "Lockbox",
@@ -44,9 +49,11 @@ let package = Package(
         // git and docker credential-helper protocols over any ItemStore.
         .target(name: "CredentialHelpers", dependencies: ["LockboxCore"], swiftSettings: strict),
         .executableTarget(
-            name: "GitCredentialHelper", dependencies: ["CredentialHelpers", "Lockbox"], swiftSettings: strict),
+            name: "GitCredentialHelper", dependencies: ["CredentialHelpers", "Lockbox"],
+            swiftSettings: staticRuntime, linkerSettings: staticRuntimeLink),
         .executableTarget(
-            name: "DockerCredentialHelper", dependencies: ["CredentialHelpers", "Lockbox"], swiftSettings: strict),
+            name: "DockerCredentialHelper", dependencies: ["CredentialHelpers", "Lockbox"],
+            swiftSettings: staticRuntime, linkerSettings: staticRuntimeLink),
 
         // The OAuth 2.0 credential lifecycle, over the small TokenStore interface.
         .target(name: "LockboxAuth", dependencies: ["LockboxCore"], swiftSettings: strict),
@@ -68,7 +75,7 @@ let package = Package(
         // that depends on an executable target links its objects, and so its link flags.
         .executableTarget(
             name: "LockboxCLI", dependencies: ["Lockbox", "LockboxCommandLine", "SecretService", "CProcessHardening"],
-            swiftSettings: strict + [.unsafeFlags(["-static-stdlib"])], linkerSettings: [.unsafeFlags(["-static-stdlib"])]),
+            swiftSettings: staticRuntime, linkerSettings: staticRuntimeLink),
         .executableTarget(
             name: "LockboxOAuthCLI", dependencies: ["Lockbox", "LockboxCommandLine", "LockboxAuth", "CProcessHardening"],
             swiftSettings: strict),

@@ -48,9 +48,9 @@ final class DeviceSecret: Sendable {
     /// Reads the device key file, creating it (0600, in a 0700 directory) on first use.
     static func load(_ identity: DeviceIdentity) throws(LockboxError) -> DeviceSecret {
         let path = identity.resolvedKeyPath
-        try FilePermissions.createPrivateDirectory(FilePermissions.directory(of: path))
         var key = try readKeyFile(path)
         if key == nil {
+            try FilePermissions.createPrivateDirectory(FilePermissions.directory(of: path))
             let fresh = Crypto.generateKey()
             let descriptor = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
             if descriptor >= 0 {

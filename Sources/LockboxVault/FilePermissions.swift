@@ -8,12 +8,14 @@ import Glibc
 enum FilePermissions {
     /// Creates `directory` (and its parents) with mode 0700 where missing.
     static func createPrivateDirectory(_ directory: String) throws(LockboxError) {
-        var path = ""
-        for component in directory.split(separator: "/", omittingEmptySubsequences: true) {
-            path += "/" + component
-            if mkdir(path, 0o700) != 0 && errno != EEXIST {
-                throw LockboxError(.io, "Cannot create the directory \(path): \(String(cString: strerror(errno))).")
-            }
+        if mkdir(directory, 0o700) == 0 || errno == EEXIST { return }
+        guard errno == ENOENT else {
+            throw LockboxError(.io, "Cannot create the directory \(directory): \(String(cString: strerror(errno))).")
+        }
+        let parent = Self.directory(of: directory)
+        if parent != directory && parent != "." { try createPrivateDirectory(parent) }
+        if mkdir(directory, 0o700) != 0 && errno != EEXIST {
+            throw LockboxError(.io, "Cannot create the directory \(directory): \(String(cString: strerror(errno))).")
         }
     }
 
@@ -25,7 +27,9 @@ enum FilePermissions {
         }
     }
 
-    private static func checkOne(_ path: String, maximumMode: mode_t, fix: String, mustExist: Bool) throws(LockboxError) {
+    private static func checkOne(
+        _ path: String, maximumMode: mode_t, fix: @autoclosure () -> String, mustExist: Bool
+    ) throws(LockboxError) {
         var info = stat()
         guard stat(path, &info) == 0 else {
             if !mustExist && errno == ENOENT { return }
@@ -39,7 +43,7 @@ enum FilePermissions {
         guard mode & ~maximumMode == 0 else {
             throw LockboxError(
                 .io,
-                "\(path) is readable or writable by other users (mode \(String(mode, radix: 8))). Fix it with: \(fix)")
+                "\(path) is readable or writable by other users (mode \(String(mode, radix: 8))). Fix it with: \(fix())")
         }
     }
 

@@ -20,14 +20,19 @@ struct ProcessStartTests {
         }
     }
 
-    @Test("lockbox loads neither Foundation, the HTTP stack nor the Swift runtime as shared libraries")
-    func lockbox_linksNoNetworkingAndNoSharedSwiftRuntime() throws {
-        let libraries = try sharedLibraries(binary)
+    @Test(
+        "lockbox and the credential helpers load neither Foundation, the HTTP stack nor the Swift runtime as shared libraries",
+        arguments: ["lockbox", "git-credential-lockbox", "docker-credential-lockbox"])
+    func startsLean(_ product: String) throws {
+        let libraries = try sharedLibraries(builtProduct(product))
         #expect(libraries.contains { $0.hasPrefix("libsqlite3") }, "ldd output not understood: \(libraries)")
         for unwanted in ["libcurl", "libFoundationNetworking", "libFoundation.so", "libswiftCore", "libgnutls", "lib_FoundationICU"] {
-            #expect(!libraries.contains { $0.hasPrefix(unwanted) }, "lockbox links \(unwanted): \(libraries)")
+            #expect(!libraries.contains { $0.hasPrefix(unwanted) }, "\(product) links \(unwanted): \(libraries)")
         }
-        // The OAuth side does use the HTTP stack: the split is where it should be.
+    }
+
+    @Test("lockbox-oauth is where the HTTP stack is")
+    func oauthHelper_hasTheHTTPStack() throws {
         #expect(try sharedLibraries(oauthBinary).contains { $0.hasPrefix("libFoundationNetworking") })
     }
 
