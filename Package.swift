@@ -29,7 +29,6 @@ let package = Package(
         .systemLibrary(name: "CSodium", pkgConfig: "libsodium", providers: [.apt(["libsodium-dev"])]),
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
         .systemLibrary(name: "CKeyutils", providers: [.apt(["libkeyutils-dev"])]),
-        .systemLibrary(name: "CLibSecret", pkgConfig: "libsecret-1", providers: [.apt(["libsecret-1-dev"])]),
 
         // The model and the backend SPI. No C imports.
         .target(name: "LockboxCore", swiftSettings: strict),
@@ -44,8 +43,11 @@ let package = Package(
             dependencies: ["LockboxCore", "VaultCrypto", "VaultStorage", "KeyProviders"],
             swiftSettings: strict),
 
-        // The desktop keychain backend (the only CLibSecret importer).
-        .target(name: "SecretService", dependencies: ["CLibSecret", "LockboxCore"], swiftSettings: strict),
+        // libsecret's functions, declared from its documented ABI and opened with dlopen on first
+        // use: nothing links libsecret or GLib, so binaries start without them.
+        .target(name: "CLibSecretLoader", linkerSettings: [.linkedLibrary("dl")]),
+        // The desktop keychain backend (the only CLibSecretLoader importer).
+        .target(name: "SecretService", dependencies: ["CLibSecretLoader", "LockboxCore"], swiftSettings: strict),
         // git and docker credential-helper protocols over any ItemStore.
         .target(name: "CredentialHelpers", dependencies: ["LockboxCore"], swiftSettings: strict),
         .executableTarget(

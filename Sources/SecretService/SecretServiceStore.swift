@@ -70,9 +70,19 @@ public final class SecretServiceStore: ItemStore {
 
     public let configuration: Configuration
     private let worker = SerialWorker()
+    private let loadLibrary: @Sendable () throws(LockboxError) -> LibSecret
 
-    public init(configuration: Configuration = Configuration()) {
+    /// A store on the Secret Service that `configuration` names. Nothing is loaded or
+    /// connected until the first call: libsecret itself is opened then (see
+    /// docs/SECRET-SERVICE.md), and its absence is `notAvailable` from every call.
+    public convenience init(configuration: Configuration = Configuration()) {
+        self.init(configuration: configuration, library: LibSecret.load)
+    }
+
+    /// A store that reaches libsecret through `library` rather than the process's table.
+    init(configuration: Configuration, library: @escaping @Sendable () throws(LockboxError) -> LibSecret) {
         self.configuration = configuration
+        self.loadLibrary = library
     }
 
     // MARK: ItemStore
@@ -273,6 +283,8 @@ public final class SecretServiceStore: ItemStore {
         _ body: @escaping @Sendable (SecretServiceConnection, StoredCollection, Cancellation) throws(LockboxError) -> Result
     ) throws(LockboxError) -> Result {
         let configuration = self.configuration
+        // Loaded here, on first use, rather than linked: see LibSecret.
+        let library = try loadLibrary()
         guard let address = configuration.busAddress else {
             throw LockboxError(
                 .notAvailable,
@@ -282,6 +294,7 @@ public final class SecretServiceStore: ItemStore {
         }
         let seconds = Self.describe(configuration.timeout)
         return try worker.perform(
+            library: library,
             timeout: configuration.timeout,
             onTimeout: {
                 LockboxError(
@@ -296,7 +309,7 @@ public final class SecretServiceStore: ItemStore {
                 connection = open
             } else {
                 do throws(GLibFailure) {
-                    connection = try SecretServiceConnection(cancellable: cancellation)
+                    connection = try SecretServiceConnection(library: library, cancellable: cancellation)
                 } catch {
                     throw Self.connectionError(error, address: address)
                 }

@@ -1,71 +1,72 @@
-internal import CLibSecret
+internal import CLibSecretLoader
 import LockboxCore
 
 /// A GObject reference this process owns; dropped in `deinit`.
-final class GObjectReference<Object>: @unchecked Sendable {
+final class GObjectReference: @unchecked Sendable {
     // Used only on the store's serial queue (see ``SerialWorker``); GObject's reference
     // counting itself is thread-safe, so `deinit` may run anywhere.
-    let raw: UnsafeMutableRawPointer
+    let pointer: OpaquePointer
+    let library: LibSecret
 
     /// Takes over a reference the caller owns (a "transfer full" return value).
-    init(taking pointer: UnsafeMutableRawPointer) {
-        self.raw = pointer
+    init(taking pointer: OpaquePointer, library: LibSecret) {
+        self.pointer = pointer
+        self.library = library
     }
 
-    /// The object as its C type, for libsecret's typed signatures.
-    var pointer: UnsafeMutablePointer<Object> { raw.assumingMemoryBound(to: Object.self) }
-
-    /// The object for GLib signatures that take an opaque (incomplete) type.
-    var opaque: OpaquePointer { OpaquePointer(raw) }
-
     deinit {
-        g_object_unref(raw)
+        library.g_object_unref(UnsafeMutableRawPointer(pointer))
     }
 }
 
 /// A `GCancellable`: the store cancels it when a call outlives its timeout.
 final class Cancellation: @unchecked Sendable {
     // GCancellable is documented as thread-safe: cancel from one thread, check from another.
-    let pointer: UnsafeMutablePointer<GCancellable>
+    let pointer: OpaquePointer
+    private let library: LibSecret
 
-    init() {
-        pointer = g_cancellable_new()
+    init(library: LibSecret) {
+        self.library = library
+        pointer = library.g_cancellable_new()
     }
 
     func cancel() {
-        g_cancellable_cancel(pointer)
+        library.g_cancellable_cancel(pointer)
     }
 
-    var isCancelled: Bool { g_cancellable_is_cancelled(pointer) != 0 }
+    var isCancelled: Bool { library.g_cancellable_is_cancelled(pointer) != 0 }
 
     deinit {
-        g_object_unref(UnsafeMutableRawPointer(pointer))
+        library.g_object_unref(UnsafeMutableRawPointer(pointer))
     }
 }
 
 /// A `GHashTable` of strings, as libsecret takes attributes.
 final class AttributeTable {
     let pointer: OpaquePointer
+    private let library: LibSecret
 
-    init(_ attributes: [String: String]) {
-        pointer = g_hash_table_new_full(g_str_hash, g_str_equal, g_free, g_free)
+    init(_ attributes: [String: String], library: LibSecret) {
+        self.library = library
+        pointer = library.g_hash_table_new_full(library.g_str_hash, library.g_str_equal, library.g_free, library.g_free)
         for (name, value) in attributes {
-            g_hash_table_insert(pointer, g_strdup(name), g_strdup(value))
+            _ = library.g_hash_table_insert(pointer, library.g_strdup(name), library.g_strdup(value))
         }
     }
 
     /// Takes over a table the caller owns.
-    init(taking pointer: OpaquePointer) {
+    init(taking pointer: OpaquePointer, library: LibSecret) {
         self.pointer = pointer
+        self.library = library
     }
 
     var dictionary: [String: String] {
         var result: [String: String] = [:]
         var iterator = GHashTableIter()
-        g_hash_table_iter_init(&iterator, pointer)
-        var key: gpointer? = nil
-        var value: gpointer? = nil
-        while g_hash_table_iter_next(&iterator, &key, &value) != 0 {
+        library.g_hash_table_iter_init(&iterator, pointer)
+        var key: UnsafeMutableRawPointer? = nil
+        var value: UnsafeMutableRawPointer? = nil
+        while library.g_hash_table_iter_next(&iterator, &key, &value) != 0 {
             guard let key, let value else { continue }
             result[String(cString: key.assumingMemoryBound(to: CChar.self))] =
                 String(cString: value.assumingMemoryBound(to: CChar.self))
@@ -74,7 +75,7 @@ final class AttributeTable {
     }
 
     deinit {
-        g_hash_table_unref(pointer)
+        library.g_hash_table_unref(pointer)
     }
 }
 
@@ -98,13 +99,13 @@ struct GLibFailure: Error {
 
     /// Runs `body` with a `GError **`; returns its result, or throws what it reported.
     static func check<Result>(
-        _ body: (UnsafeMutablePointer<UnsafeMutablePointer<GError>?>) -> Result
+        _ library: LibSecret, _ body: (UnsafeMutablePointer<UnsafeMutablePointer<GError>?>) -> Result
     ) throws(GLibFailure) -> Result {
         var error: UnsafeMutablePointer<GError>? = nil
         let result = body(&error)
         if let error {
-            defer { g_error_free(error) }
-            throw GLibFailure(error)
+            defer { library.g_error_free(error) }
+            throw GLibFailure(error, library: library)
         }
         return result
     }
@@ -115,17 +116,17 @@ struct GLibFailure: Error {
         self.remoteName = nil
     }
 
-    init(_ error: UnsafeMutablePointer<GError>) {
+    init(_ error: UnsafeMutablePointer<GError>, library: LibSecret) {
         let domain = error.pointee.domain
         let code = error.pointee.code
         var remote: String? = nil
-        if let name = g_dbus_error_get_remote_error(error) {
+        if let name = library.g_dbus_error_get_remote_error(error) {
             remote = String(cString: name)
-            g_free(name)
+            library.g_free(name)
         }
         remoteName = remote
         message = error.pointee.message.map { String(cString: $0) } ?? "unknown error"
-        if domain == g_io_error_quark() {
+        if domain == library.g_io_error_quark() {
             switch GIOErrorEnum(rawValue: UInt32(code)) {
             case G_IO_ERROR_CANCELLED: kind = .cancelled
             case G_IO_ERROR_TIMED_OUT: kind = .timedOut
@@ -134,7 +135,7 @@ struct GLibFailure: Error {
             case G_IO_ERROR_CLOSED, G_IO_ERROR_BROKEN_PIPE, G_IO_ERROR_CONNECTION_CLOSED: kind = .closed
             default: kind = Self.kind(remoteName: remote)
             }
-        } else if domain == secret_error_get_quark() {
+        } else if domain == library.secret_error_get_quark() {
             switch SecretError(rawValue: UInt32(code)) {
             case SECRET_ERROR_IS_LOCKED: kind = .locked
             case SECRET_ERROR_NO_SUCH_OBJECT: kind = .noSuchObject

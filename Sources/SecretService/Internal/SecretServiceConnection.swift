@@ -1,4 +1,4 @@
-internal import CLibSecret
+internal import CLibSecretLoader
 import struct Foundation.Date
 import LockboxCore
 
@@ -8,49 +8,52 @@ import LockboxCore
 /// `DBUS_SESSION_BUS_ADDRESS`, else `$XDG_RUNTIME_DIR/bus`, once per process). Every method
 /// runs on the owning store's serial queue and takes that call's cancellable.
 final class SecretServiceConnection {
-    private let service: GObjectReference<SecretService>
+    private let service: GObjectReference
+    private let library: LibSecret
 
-    init(cancellable: Cancellation) throws(GLibFailure) {
-        let raw = try GLibFailure.check { error in
-            secret_service_open_sync(secret_service_get_type(), nil, SECRET_SERVICE_NONE, cancellable.pointer, error)
+    init(library: LibSecret, cancellable: Cancellation) throws(GLibFailure) {
+        self.library = library
+        let raw = try GLibFailure.check(library) { error in
+            library.secret_service_open_sync(
+                library.secret_service_get_type(), nil, SECRET_SERVICE_NONE, cancellable.pointer, error)
         }
         guard let raw else {
             throw GLibFailure(kind: .other, message: "could not open the Secret Service")
         }
-        service = GObjectReference(taking: UnsafeMutableRawPointer(raw))
+        service = GObjectReference(taking: raw, library: library)
         // GLib's shared session connection exits the process when the bus goes away; a
         // keychain library must report that as an error instead.
-        if let connection = g_dbus_proxy_get_connection(service.raw.assumingMemoryBound(to: GDBusProxy.self)) {
-            g_dbus_connection_set_exit_on_close(connection, 0)
+        if let connection = library.g_dbus_proxy_get_connection(service.pointer) {
+            library.g_dbus_connection_set_exit_on_close(connection, 0)
         }
     }
 
     var isClosed: Bool {
-        guard let connection = g_dbus_proxy_get_connection(service.raw.assumingMemoryBound(to: GDBusProxy.self)) else {
+        guard let connection = library.g_dbus_proxy_get_connection(service.pointer) else {
             return true
         }
-        return g_dbus_connection_is_closed(connection) != 0
+        return library.g_dbus_connection_is_closed(connection) != 0
     }
 
     /// The object path of `collection`: an alias (`default`, `login`, `session`) is resolved;
     /// a path is returned as it is. Nil when the alias is not set.
     func collectionPath(_ collection: String, cancellable: Cancellation) throws(GLibFailure) -> String? {
         if collection.hasPrefix("/") { return collection }
-        let path = try GLibFailure.check { error in
-            secret_service_read_alias_dbus_path_sync(service.pointer, collection, cancellable.pointer, error)
+        let path = try GLibFailure.check(library) { error in
+            library.secret_service_read_alias_dbus_path_sync(service.pointer, collection, cancellable.pointer, error)
         }
         guard let path else { return nil }
-        defer { g_free(path) }
+        defer { library.g_free(path) }
         return String(cString: path)
     }
 
     func collection(at path: String, cancellable: Cancellation) throws(GLibFailure) -> StoredCollection {
-        let raw = try GLibFailure.check { error in
-            secret_collection_new_for_dbus_path_sync(
+        let raw = try GLibFailure.check(library) { error in
+            library.secret_collection_new_for_dbus_path_sync(
                 service.pointer, path, SECRET_COLLECTION_NONE, cancellable.pointer, error)
         }
         guard let raw else { throw GLibFailure(kind: .noSuchObject, message: "no collection at \(path)") }
-        return StoredCollection(GObjectReference(taking: UnsafeMutableRawPointer(raw)))
+        return StoredCollection(GObjectReference(taking: raw, library: library))
     }
 
     /// Creates or replaces the item whose attributes are exactly `attributes`.
@@ -58,39 +61,40 @@ final class SecretServiceConnection {
         in collection: StoredCollection, attributes: [String: String], label: String,
         secret: SecretBytes, replacing: Bool, cancellable: Cancellation
     ) throws(GLibFailure) {
-        let value = SecretValueReference(secret)
-        let table = AttributeTable(attributes)
+        let value = SecretValueReference(secret, library: library)
+        let table = AttributeTable(attributes, library: library)
         let flags = replacing ? SECRET_ITEM_CREATE_REPLACE : SECRET_ITEM_CREATE_NONE
-        let item = try GLibFailure.check { error in
-            secret_item_create_sync(
+        let item = try GLibFailure.check(library) { error in
+            library.secret_item_create_sync(
                 collection.reference.pointer, nil, table.pointer, label, value.pointer, flags,
                 cancellable.pointer, error)
         }
-        if let item { g_object_unref(UnsafeMutableRawPointer(item)) }
+        if let item { library.g_object_unref(UnsafeMutableRawPointer(item)) }
     }
 }
 
 /// A collection proxy, with its properties as loaded when it was opened.
 final class StoredCollection {
-    let reference: GObjectReference<SecretCollection>
+    let reference: GObjectReference
+    private var library: LibSecret { reference.library }
 
-    init(_ reference: GObjectReference<SecretCollection>) {
+    init(_ reference: GObjectReference) {
         self.reference = reference
     }
 
-    var isLocked: Bool { secret_collection_get_locked(reference.pointer) != 0 }
+    var isLocked: Bool { library.secret_collection_get_locked(reference.pointer) != 0 }
 
     var label: String {
-        guard let label = secret_collection_get_label(reference.pointer) else { return "" }
-        defer { g_free(label) }
+        guard let label = library.secret_collection_get_label(reference.pointer) else { return "" }
+        defer { library.g_free(label) }
         return String(cString: label)
     }
 
     /// Items whose attributes include all of `attributes`, locked ones too.
     func search(_ attributes: [String: String], cancellable: Cancellation) throws(GLibFailure) -> [StoredItem] {
-        let table = AttributeTable(attributes)
-        let list = try GLibFailure.check { error in
-            secret_collection_search_sync(
+        let table = AttributeTable(attributes, library: library)
+        let list = try GLibFailure.check(library) { error in
+            library.secret_collection_search_sync(
                 reference.pointer, nil, table.pointer, SECRET_SEARCH_ALL, cancellable.pointer, error)
         }
         var items: [StoredItem] = []
@@ -98,11 +102,11 @@ final class StoredCollection {
         while let current = node {
             if let data = current.pointee.data {
                 // The list owns one reference per item: take it over.
-                items.append(StoredItem(GObjectReference(taking: data)))
+                items.append(StoredItem(GObjectReference(taking: OpaquePointer(data), library: library)))
             }
             node = current.pointee.next
         }
-        g_list_free(list)
+        library.g_list_free(list)
         return items
     }
 }
@@ -110,75 +114,76 @@ final class StoredCollection {
 /// An item proxy. Attributes, label and dates are its loaded properties; the secret is
 /// fetched on demand.
 final class StoredItem {
-    let reference: GObjectReference<SecretItem>
+    let reference: GObjectReference
+    private var library: LibSecret { reference.library }
 
-    init(_ reference: GObjectReference<SecretItem>) {
+    init(_ reference: GObjectReference) {
         self.reference = reference
     }
 
     var path: String {
-        String(cString: g_dbus_proxy_get_object_path(reference.raw.assumingMemoryBound(to: GDBusProxy.self)))
+        String(cString: library.g_dbus_proxy_get_object_path(reference.pointer))
     }
 
-    var isLocked: Bool { secret_item_get_locked(reference.pointer) != 0 }
+    var isLocked: Bool { library.secret_item_get_locked(reference.pointer) != 0 }
 
     var attributes: [String: String] {
-        guard let table = secret_item_get_attributes(reference.pointer) else { return [:] }
-        return AttributeTable(taking: table).dictionary
+        guard let table = library.secret_item_get_attributes(reference.pointer) else { return [:] }
+        return AttributeTable(taking: table, library: library).dictionary
     }
 
     var label: String? {
-        guard let label = secret_item_get_label(reference.pointer) else { return nil }
-        defer { g_free(label) }
+        guard let label = library.secret_item_get_label(reference.pointer) else { return nil }
+        defer { library.g_free(label) }
         return String(cString: label)
     }
 
     var created: Date? {
-        let seconds = secret_item_get_created(reference.pointer)
+        let seconds = library.secret_item_get_created(reference.pointer)
         return seconds == 0 ? nil : Date(timeIntervalSince1970: Double(seconds))
     }
 
     var modified: Date? {
-        let seconds = secret_item_get_modified(reference.pointer)
+        let seconds = library.secret_item_get_modified(reference.pointer)
         return seconds == 0 ? nil : Date(timeIntervalSince1970: Double(seconds))
     }
 
     /// The item's secret, copied straight from libsecret's non-pageable buffer into guarded
     /// memory.
     func loadSecret(cancellable: Cancellation) throws(GLibFailure) -> SecretBytes {
-        _ = try GLibFailure.check { error in
-            secret_item_load_secret_sync(reference.pointer, cancellable.pointer, error)
+        _ = try GLibFailure.check(library) { error in
+            library.secret_item_load_secret_sync(reference.pointer, cancellable.pointer, error)
         }
-        guard let value = secret_item_get_secret(reference.pointer) else { return .empty }
-        defer { secret_value_unref(UnsafeMutableRawPointer(value)) }
+        guard let value = library.secret_item_get_secret(reference.pointer) else { return .empty }
+        defer { library.secret_value_unref(UnsafeMutableRawPointer(value)) }
         var length = 0
-        guard let bytes = secret_value_get(value, &length), length > 0 else { return .empty }
+        guard let bytes = library.secret_value_get(value, &length), length > 0 else { return .empty }
         return SecretBytes(copying: UnsafeRawBufferPointer(start: bytes, count: length))
     }
 
     func setAttributes(_ attributes: [String: String], cancellable: Cancellation) throws(GLibFailure) {
-        let table = AttributeTable(attributes)
-        _ = try GLibFailure.check { error in
-            secret_item_set_attributes_sync(reference.pointer, nil, table.pointer, cancellable.pointer, error)
+        let table = AttributeTable(attributes, library: library)
+        _ = try GLibFailure.check(library) { error in
+            library.secret_item_set_attributes_sync(reference.pointer, nil, table.pointer, cancellable.pointer, error)
         }
     }
 
     func setLabel(_ label: String, cancellable: Cancellation) throws(GLibFailure) {
-        _ = try GLibFailure.check { error in
-            secret_item_set_label_sync(reference.pointer, label, cancellable.pointer, error)
+        _ = try GLibFailure.check(library) { error in
+            library.secret_item_set_label_sync(reference.pointer, label, cancellable.pointer, error)
         }
     }
 
     func setSecret(_ secret: SecretBytes, cancellable: Cancellation) throws(GLibFailure) {
-        let value = SecretValueReference(secret)
-        _ = try GLibFailure.check { error in
-            secret_item_set_secret_sync(reference.pointer, value.pointer, cancellable.pointer, error)
+        let value = SecretValueReference(secret, library: library)
+        _ = try GLibFailure.check(library) { error in
+            library.secret_item_set_secret_sync(reference.pointer, value.pointer, cancellable.pointer, error)
         }
     }
 
     func delete(cancellable: Cancellation) throws(GLibFailure) {
-        _ = try GLibFailure.check { error in
-            secret_item_delete_sync(reference.pointer, cancellable.pointer, error)
+        _ = try GLibFailure.check(library) { error in
+            library.secret_item_delete_sync(reference.pointer, cancellable.pointer, error)
         }
     }
 }
@@ -186,20 +191,22 @@ final class StoredItem {
 /// A `SecretValue` (libsecret keeps its bytes in non-pageable memory and wipes them).
 final class SecretValueReference {
     let pointer: OpaquePointer
+    private let library: LibSecret
 
-    init(_ secret: SecretBytes) {
+    init(_ secret: SecretBytes, library: LibSecret) {
+        self.library = library
         // Text when it is UTF-8 (what keyring and secret-tool expect to read back), else bytes.
         let isText = secret.withUnsafeBytes { String(validating: $0, as: UTF8.self) != nil }
         let contentType = isText ? "text/plain" : "application/octet-stream"
         pointer = secret.withUnsafeBytes { bytes in
             if let base = bytes.baseAddress, bytes.count > 0 {
-                return secret_value_new(base.assumingMemoryBound(to: CChar.self), bytes.count, contentType)
+                return library.secret_value_new(base.assumingMemoryBound(to: CChar.self), bytes.count, contentType)
             }
-            return secret_value_new("", 0, contentType)
+            return library.secret_value_new("", 0, contentType)
         }
     }
 
     deinit {
-        secret_value_unref(UnsafeMutableRawPointer(pointer))
+        library.secret_value_unref(UnsafeMutableRawPointer(pointer))
     }
 }

@@ -22,11 +22,12 @@ final class SerialWorker: Sendable {
 
     /// Runs `body` on the queue with the current connection slot and a fresh cancellable.
     func perform<Result: Sendable>(
+        library: LibSecret,
         timeout: Duration,
         onTimeout: @escaping @Sendable () -> LockboxError,
         _ body: @escaping @Sendable (inout SecretServiceConnection?, Cancellation) throws(LockboxError) -> Result
     ) throws(LockboxError) -> Result {
-        let cancellation = Cancellation()
+        let cancellation = Cancellation(library: library)
         let outcome = Mutex<Swift.Result<Result, LockboxError>?>(nil)
         let done = DispatchSemaphore(value: 0)
         let state = self.state
