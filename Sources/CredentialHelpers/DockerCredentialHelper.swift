@@ -138,7 +138,7 @@ public struct DockerCredentialHelper: Sendable {
     static func attributes(_ serverURL: String) -> ItemAttributes {
         var rest = Substring(serverURL)
         var scheme: String? = nil
-        if let range = rest.range(of: "://") {
+        if let range = rest.firstRange(of: "://") {
             scheme = String(rest[..<range.lowerBound])
             rest = rest[range.upperBound...]
         }

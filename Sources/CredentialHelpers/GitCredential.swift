@@ -81,7 +81,7 @@ public struct GitCredential: Sendable {
         guard let url = String(validating: bytes, as: UTF8.self) else {
             throw ParseError(description: "the url is not UTF-8")
         }
-        guard let schemeEnd = url.range(of: "://") else {
+        guard let schemeEnd = url.firstRange(of: "://") else {
             throw ParseError(description: "the url has no scheme")
         }
         `protocol` = String(url[..<schemeEnd.lowerBound])
@@ -138,7 +138,7 @@ public struct GitCredential: Sendable {
     var hostAndPort: (host: String, port: Int?)? {
         guard let host, !host.isEmpty else { return nil }
         // IPv6 literals are bracketed: "[::1]:8080".
-        if let colon = host.lastIndex(of: ":"), !host[colon...].contains("]"),
+        if let colon = host.lastIndex(of: ":"), !host[colon...].contains("]" as Character),
             let port = Int(host[host.index(after: colon)...]), port > 0, port < 65536
         {
             return (String(host[..<colon]), port)
@@ -149,7 +149,7 @@ public struct GitCredential: Sendable {
 
 extension String {
     var removingPercentEncodingIfPossible: String {
-        guard contains("%") else { return self }
+        guard contains("%" as Character) else { return self }
         var bytes: [UInt8] = []
         var index = utf8.startIndex
         while index < utf8.endIndex {

@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import LockboxCore
 
 /// git's credential-helper protocol over any ``ItemStore``: `get`, `store` and `erase`.

@@ -1,7 +1,6 @@
 // docker-credential-lockbox: docker's credential helper protocol over the Lockbox keychain.
 //   ~/.docker/config.json: { "credsStore": "lockbox" }
 import CredentialHelpers
-import Foundation
 import Lockbox
 import LockboxCore
 

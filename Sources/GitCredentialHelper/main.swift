@@ -1,7 +1,6 @@
 // git-credential-lockbox: git's credential helper protocol over the Lockbox keychain.
 //   git config --global credential.helper lockbox
 import CredentialHelpers
-import Foundation
 import Lockbox
 import LockboxCore
 

@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import SecretService
 
 /// The entry point: opens the keychain an application should use.

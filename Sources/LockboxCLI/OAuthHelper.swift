@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import LockboxCommandLine
 
 #if canImport(Glibc)
@@ -15,13 +15,9 @@ enum OAuthHelper {
     /// Replaces this process with `lockbox-oauth` and the same arguments. Returns only when that
     /// fails, with the reason.
     static func exec(arguments: [String]) -> String {
-        let directory: String
-        if let executable = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe") {
-            directory = (executable as NSString).deletingLastPathComponent
-        } else {
-            directory = (CommandLine.arguments[0] as NSString).deletingLastPathComponent
-        }
-        let helper = directory + "/" + name
+        let executable = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+        let directory = executable.lastIndex(of: "/").map { String(executable[..<$0]) } ?? "."
+        let helper = (directory.isEmpty ? "" : directory) + "/" + name
         guard access(helper, X_OK) == 0 else {
             return "The OAuth commands run \(name), which is not installed beside this lockbox (\(helper)). "
                 + "Build it with `swift build -c release --product \(name)` and copy it next to lockbox."

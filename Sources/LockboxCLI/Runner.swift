@@ -1,4 +1,4 @@
-import Foundation
+import FoundationEssentials
 import Lockbox
 import LockboxCommandLine
 import SecretService
@@ -313,8 +313,8 @@ struct Runner {
         add("accessibility", item.accessibility)
         add("accessGroup", item.accessGroup)
         add("synchronizable", item.synchronizable.map { $0 ? "yes" : "no" })
-        add("created", item.created.map { ISO8601DateFormatter().string(from: $0) })
-        add("modified", item.modified.map { ISO8601DateFormatter().string(from: $0) })
+        add("created", item.created.map { $0.formatted(.iso8601) })
+        add("modified", item.modified.map { $0.formatted(.iso8601) })
         return lines.joined(separator: "\n")
     }
 }

@@ -83,14 +83,14 @@ package enum Help {
                 """
         case "add-generic-password", "add-internet-password":
             return """
-                usage: lockbox [--keychain PATH] \(verb) -s \(verb.contains("internet") ? "SERVER" : "SERVICE") -a ACCOUNT [OPTIONS]
+                usage: lockbox [--keychain PATH] \(verb) -s \(verb.hasSuffix("internet-password") ? "SERVER" : "SERVICE") -a ACCOUNT [OPTIONS]
 
                 Stores a secret read from standard input (one trailing newline is removed) or, on
                 a terminal, asked without echo. The secret is never accepted as an argument.
                   -a ACCOUNT           account name
-                  -s \(verb.contains("internet") ? "SERVER    " : "SERVICE   ")        \(verb.contains("internet") ? "server name" : "service name")
+                  -s \(verb.hasSuffix("internet-password") ? "SERVER    " : "SERVICE   ")        \(verb.hasSuffix("internet-password") ? "server name" : "service name")
                   -l LABEL             label;  -j COMMENT  comment;  -D KIND  description
-                \(verb.contains("internet") ? "  -r PROTOCOL -P PORT -p PATH -d DOMAIN -t AUTHTYPE\n" : "")  -U                   update the item if it already exists
+                \(verb.hasSuffix("internet-password") ? "  -r PROTOCOL -P PORT -p PATH -d DOMAIN -t AUTHTYPE\n" : "")  -U                   update the item if it already exists
                   --accessibility A    when it can be read: whenUnlocked (default), afterFirstUnlock,
                                        whenUnlockedThisDeviceOnly, afterFirstUnlockThisDeviceOnly,
                                        whenPasscodeSetThisDeviceOnly, always, alwaysThisDeviceOnly

@@ -279,7 +279,7 @@ package enum Parser {
             case "-U" where isAdd: parsed.updateIfExists = true
             case "--access-control" where isAdd:
                 let text = try reader.value(for: option)
-                guard let control = AccessControl(parsing: text.replacingOccurrences(of: ",", with: "|")) else {
+                guard let control = AccessControl(parsing: String(text.map { $0 == "," ? "|" : $0 })) else {
                     throw UsageError(
                         message: "--access-control takes userPresence, devicePasscode, or several joined with | "
                             + "(biometryAny, biometryCurrentSet, or, and)",

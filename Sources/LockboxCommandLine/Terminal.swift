@@ -1,5 +1,8 @@
-import Foundation
 import Lockbox
+
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// Exit statuses, as macOS `security` uses them.
 package enum ExitStatus: Int32 {
@@ -33,10 +36,23 @@ package struct StandardStreams {
     package init() {}
 
     package func print(_ text: String) {
-        FileHandle.standardOutput.write(Data((text + "\n").utf8))
+        Self.write(text + "\n", to: STDOUT_FILENO)
     }
 
     package func error(_ text: String) {
-        FileHandle.standardError.write(Data((text + "\n").utf8))
+        Self.write(text + "\n", to: STDERR_FILENO)
+    }
+
+    private static func write(_ text: String, to descriptor: Int32) {
+        var text = text
+        text.withUTF8 { bytes in
+            var offset = 0
+            while offset < bytes.count {
+                let written = Glibc.write(descriptor, bytes.baseAddress! + offset, bytes.count - offset)
+                if written < 0 && errno == EINTR { continue }
+                guard written > 0 else { return }
+                offset += written
+            }
+        }
     }
 }

@@ -1,8 +1,12 @@
-import Foundation
+import FoundationEssentials
 import LockboxCore
 import Synchronization
 import VaultCrypto
 import VaultStorage
+
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// Lockbox's embedded keychain: one encrypted SQLite file, unlocked by a passphrase, shared
 /// safely by several processes.
@@ -463,7 +467,10 @@ public final class Vault: ItemStore, Sendable {
         guard try statement.step(), let failures = statement.integer(0), let last = statement.double(1) else { return }
         let wait = Double(Self.delay(afterFailures: failures)) - (Date().timeIntervalSince1970 - last)
         if wait > 0 {
-            Thread.sleep(forTimeInterval: min(wait, 30))
+            let seconds = min(wait, 30)
+            var interval = timespec(tv_sec: Int(seconds), tv_nsec: Int((seconds - seconds.rounded(.down)) * 1e9))
+            var remaining = timespec()
+            while nanosleep(&interval, &remaining) != 0 && errno == EINTR { interval = remaining }
         }
     }
 

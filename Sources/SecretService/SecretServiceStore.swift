@@ -1,4 +1,8 @@
-import Foundation
+import FoundationEssentials
+
+#if canImport(Glibc)
+import Glibc
+#endif
 import LockboxCore
 
 /// Keychain items in the desktop keychain: GNOME Keyring, KWallet or KeePassXC behind the
@@ -50,14 +54,18 @@ public final class SecretServiceStore: ItemStore {
         }
 
         /// The session bus as D-Bus clients find it: `DBUS_SESSION_BUS_ADDRESS`, else the
-        /// systemd user bus at `$XDG_RUNTIME_DIR/bus`; nil when neither exists.
-        public static func sessionBusAddress(
-            environment: [String: String] = ProcessInfo.processInfo.environment
-        ) -> String? {
-            if let address = environment["DBUS_SESSION_BUS_ADDRESS"], !address.isEmpty {
+        /// systemd user bus at `$XDG_RUNTIME_DIR/bus`; nil when neither exists. `environment`: nil
+        /// for this process's own.
+        public static func sessionBusAddress(environment: [String: String]? = nil) -> String? {
+            // One getenv per name unless a whole environment is given.
+            let lookup: (String) -> String? = { name in
+                guard let environment else { return ProcessEnvironment.nonEmpty(name) }
+                return environment[name].flatMap { $0.isEmpty ? nil : $0 }
+            }
+            if let address = lookup("DBUS_SESSION_BUS_ADDRESS") {
                 return address
             }
-            if let runtime = environment["XDG_RUNTIME_DIR"], !runtime.isEmpty {
+            if let runtime = lookup("XDG_RUNTIME_DIR") {
                 let socket = runtime + "/bus"
                 var status = stat()
                 if stat(socket, &status) == 0, (status.st_mode & S_IFMT) == S_IFSOCK {

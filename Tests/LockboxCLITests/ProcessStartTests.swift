@@ -31,6 +31,20 @@ struct ProcessStartTests {
         }
     }
 
+    @Test(
+        "lockbox and the credential helpers link FoundationEssentials only, not CoreFoundation and its ICU data",
+        arguments: ["lockbox", "git-credential-lockbox", "docker-credential-lockbox"])
+    func linksNoCoreFoundation(_ product: String) throws {
+        // Static linking takes only the archive members something refers to: one call into
+        // swift-corelibs-foundation (an NSString method, FileHandle, a DateFormatter) brings in
+        // CoreFoundation, its start-up initialiser and 30 MB of ICU data.
+        let symbols = try run("/usr/bin/nm", ["--defined-only", builtProduct(product)])
+        #expect(symbols.status == 0, "nm: \(symbols.standardError)")
+        #expect(symbols.standardOutput.contains("FoundationEssentials"), "nm output not understood")
+        let linksCoreFoundation = symbols.standardOutput.contains("__CFInitialize")
+        #expect(!linksCoreFoundation, "\(product) links CoreFoundation")
+    }
+
     @Test("lockbox-oauth is where the HTTP stack is")
     func oauthHelper_hasTheHTTPStack() throws {
         #expect(try sharedLibraries(oauthBinary).contains { $0.hasPrefix("libFoundationNetworking") })

@@ -100,7 +100,8 @@ public func run(
     try process.run()
     let writer = stdin.fileHandleForWriting
     DispatchQueue.global().async {
-        writer.write(Data(input))
+        // The child may exit without reading all of it (EPIPE): that is its business.
+        try? writer.write(contentsOf: Data(input))
         try? writer.close()
     }
     // Read both pipes concurrently so neither fills up and blocks the child.

@@ -335,7 +335,7 @@ final class GitHTTPServer {
         process.standardError = FileHandle.nullDevice
         try process.run()
         // The password goes over stdin, never argv.
-        input.fileHandleForWriting.write(Data((password + "\n").utf8))
+        try input.fileHandleForWriting.write(contentsOf: Data((password + "\n").utf8))
         try input.fileHandleForWriting.close()
         var line = Data()
         let deadline = Date().addingTimeInterval(10)

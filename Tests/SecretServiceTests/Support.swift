@@ -117,7 +117,7 @@ func runProcess(
         collected.setErr(stderr.fileHandleForReading.readDataToEndOfFile())
         group.leave()
     }
-    if !input.isEmpty { stdin.fileHandleForWriting.write(Data(input)) }
+    if !input.isEmpty { try? stdin.fileHandleForWriting.write(contentsOf: Data(input)) }
     try? stdin.fileHandleForWriting.close()
     let deadline = Date().addingTimeInterval(timeout)
     while process.isRunning && Date() < deadline { usleep(10_000) }
