@@ -7,6 +7,13 @@ let strict: [SwiftSetting] = [.treatAllWarnings(as: .error)]
 // of the start. The compile needs the flag too, so that the modules autolink the static archives.
 let staticRuntime: [SwiftSetting] = strict + [.unsafeFlags(["-static-stdlib"])]
 let staticRuntimeLink: [LinkerSetting] = [.unsafeFlags(["-static-stdlib"])]
+// libsodium, SQLite and libkeyutils are linked from their static archives (Debian's -dev
+// packages ship them): as shared libraries, relocating and binding them (SQLite alone binds
+// 1,600 symbols at load) costs each short-lived process more than its whole read. The price: a
+// security update of one of them needs a rebuild of Lockbox, like any statically linked program.
+func staticArchive(_ library: String) -> [LinkerSetting] {
+    [.unsafeFlags(["-Xlinker", "-l:lib\(library).a"])]
+}
 
 let package = Package(
     name: "Lockbox",
@@ -25,9 +32,10 @@ let package = Package(
         .executable(name: "docker-credential-lockbox", targets: ["DockerCredentialHelper"]),
     ],
     targets: [
-        // C libraries from Debian's -dev packages; each is imported by exactly one Swift target.
-        .systemLibrary(name: "CSodium", pkgConfig: "libsodium", providers: [.apt(["libsodium-dev"])]),
-        .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
+        // C libraries from Debian's -dev packages; each is imported by exactly one Swift target,
+        // which links the package's static archive (see `staticArchive`).
+        .systemLibrary(name: "CSodium", providers: [.apt(["libsodium-dev"])]),
+        .systemLibrary(name: "CSQLite", providers: [.apt(["libsqlite3-dev"])]),
         .systemLibrary(name: "CKeyutils", providers: [.apt(["libkeyutils-dev"])]),
 
         // The model and the backend SPI. No C imports.
@@ -35,9 +43,15 @@ let package = Package(
 
         // The vault's parts: crypto (the only CSodium importer), storage (the only CSQLite
         // importer), key providers (the only CKeyutils importer), and the store itself.
-        .target(name: "VaultCrypto", dependencies: ["CSodium", "LockboxCore"], swiftSettings: strict),
-        .target(name: "VaultStorage", dependencies: ["CSQLite", "LockboxCore"], swiftSettings: strict),
-        .target(name: "KeyProviders", dependencies: ["CKeyutils", "LockboxCore", "VaultCrypto"], swiftSettings: strict),
+        .target(
+            name: "VaultCrypto", dependencies: ["CSodium", "LockboxCore"], swiftSettings: strict,
+            linkerSettings: staticArchive("sodium")),
+        .target(
+            name: "VaultStorage", dependencies: ["CSQLite", "LockboxCore"], swiftSettings: strict,
+            linkerSettings: staticArchive("sqlite3")),
+        .target(
+            name: "KeyProviders", dependencies: ["CKeyutils", "LockboxCore", "VaultCrypto"], swiftSettings: strict,
+            linkerSettings: staticArchive("keyutils")),
         .target(
             name: "LockboxVault",
             dependencies: ["LockboxCore", "VaultCrypto", "VaultStorage", "KeyProviders"],

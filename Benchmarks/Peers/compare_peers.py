@@ -157,7 +157,7 @@ def main():
         record("raw SQLite (floor)", "in-process", json_child([python, "-c", PYTHON_IN_PROCESS, str(n), "sq", "sqlite"], env), n)
 
         print("one process per operation:", file=sys.stderr)
-        # What any Swift program on Linux pays before main: the loader, the Swift runtime, Foundation.
+        # What a lockbox process pays before main: exec, the loader, the Swift runtime.
         startup = timed_processes([([args.lockbox, "--version"], None) for _ in range(n)], env)
         print(f"  lockbox --version              {median_us(startup):10.1f} us", file=sys.stderr)
         secret = lambda i: SECRET.format(i).encode()

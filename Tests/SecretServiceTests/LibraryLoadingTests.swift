@@ -45,7 +45,7 @@ struct LibraryLoadingTests {
                 environment: loaderTrace)
             #expect(output.status == 0, "lockbox \(step.arguments.joined(separator: " ")): \(output.stderr)")
             // The trace sees the libraries the vault does load; it would see libsecret too.
-            #expect(output.stderr.contains("file=libsodium.so"), "no loader trace: \(output.stderr.prefix(500))")
+            #expect(output.stderr.contains("file=libc.so"), "no loader trace: \(output.stderr.prefix(500))")
             let loaded = Self.loadedLibraries(output.stderr).filter { Self.desktopLibraries.contains(where: $0.hasPrefix) }
             #expect(loaded.isEmpty, "lockbox \(step.arguments[0]) loaded \(loaded)")
         }
