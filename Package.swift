@@ -8,11 +8,12 @@ let strict: [SwiftSetting] = [.treatAllWarnings(as: .error)]
 let staticRuntime: [SwiftSetting] = strict + [.unsafeFlags(["-static-stdlib"])]
 let staticRuntimeLink: [LinkerSetting] = [.unsafeFlags(["-static-stdlib"])]
 // libsodium, SQLite and libkeyutils are linked from their static archives (Debian's -dev
-// packages ship them): as shared libraries, relocating and binding them (SQLite alone binds
-// 1,600 symbols at load) costs each short-lived process more than its whole read. The price: a
-// security update of one of them needs a rebuild of Lockbox, like any statically linked program.
+// packages ship them; `-l:libNAME.a` names the archive): as shared libraries, relocating and
+// binding them (SQLite alone binds 1,600 symbols at load) costs each short-lived process more
+// than its whole read. The price: a security update of one of them needs a rebuild of Lockbox,
+// like any statically linked program. Not an unsafe flag, so packages can depend on Lockbox.
 func staticArchive(_ library: String) -> [LinkerSetting] {
-    [.unsafeFlags(["-Xlinker", "-l:lib\(library).a"])]
+    [.linkedLibrary(":lib\(library).a")]
 }
 
 let package = Package(
