@@ -113,7 +113,7 @@ public final class SecretServiceStore: ItemStore {
                 if existing.contains(where: { PrimaryKey.encode(itemClass, $0.attributes) == key }) {
                     throw LockboxError(.duplicateItem, "An item with the same primary key already exists in the keychain.")
                 }
-                // The search found nothing, so nothing said whether the collection is locked.
+                // Asked before creating: in a locked collection some providers prompt on create.
                 try self.ensureUnlocked(collection, cancellation)
                 let created = try Self.translate("add an item") { () throws(GLibFailure) in
                     try collection.createItem(
