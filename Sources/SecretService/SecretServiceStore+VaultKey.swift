@@ -20,10 +20,11 @@ extension SecretServiceStore {
             throw LockboxError(.param, "A vault key is \(Self.vaultKeyLength) bytes long.")
         }
         let attributes = Self.vaultKeyAttributes(vaultIdentifier)
-        try withCollection("store the vault key") { connection, collection, cancellation throws(LockboxError) in
-            try Self.translate("store the vault key") { () throws(GLibFailure) in
-                try connection.createItem(
-                    in: collection, attributes: attributes, label: "Lockbox vault key (\(vaultIdentifier))",
+        try withCollection("store the vault key") { collection, cancellation throws(LockboxError) in
+            try self.ensureUnlocked(collection, cancellation)
+            _ = try Self.translate("store the vault key") { () throws(GLibFailure) in
+                try collection.createItem(
+                    attributes: attributes, label: "Lockbox vault key (\(vaultIdentifier))",
                     secret: key, replacing: true, cancellable: cancellation)
             }
         }
@@ -34,17 +35,18 @@ extension SecretServiceStore {
     ///   vault key; `interactionNotAllowed` when the keyring is locked.
     public func vaultKey(vaultIdentifier: String) throws(LockboxError) -> SecretBytes {
         let attributes = Self.vaultKeyAttributes(vaultIdentifier)
-        return try withCollection("read the vault key") { _, collection, cancellation throws(LockboxError) in
+        return try withCollection("read the vault key") { collection, cancellation throws(LockboxError) in
             let found = try Self.translate("read the vault key") { () throws(GLibFailure) in
                 try collection.search(attributes, cancellable: cancellation)
             }
             guard let item = found.first else {
+                try self.ensureUnlocked(collection, cancellation)
                 throw LockboxError(.itemNotFound, "The desktop keyring holds no key for this vault.")
             }
-            let key = try Self.translate("read the vault key") { () throws(GLibFailure) in
-                try item.loadSecret(cancellable: cancellation)
+            let secrets = try Self.translate("read the vault key") { () throws(GLibFailure) in
+                try collection.secrets(ofItems: [item], cancellable: cancellation)
             }
-            guard key.count == Self.vaultKeyLength else {
+            guard let key = secrets[item], key.count == Self.vaultKeyLength else {
                 throw LockboxError.integrity("The vault key in the desktop keyring")
             }
             return key
@@ -55,7 +57,8 @@ extension SecretServiceStore {
     /// - Throws: `itemNotFound` when there is none.
     public func deleteVaultKey(vaultIdentifier: String) throws(LockboxError) {
         let attributes = Self.vaultKeyAttributes(vaultIdentifier)
-        try withCollection("delete the vault key") { _, collection, cancellation throws(LockboxError) in
+        try withCollection("delete the vault key") { collection, cancellation throws(LockboxError) in
+            try self.ensureUnlocked(collection, cancellation)
             let found = try Self.translate("delete the vault key") { () throws(GLibFailure) in
                 try collection.search(attributes, cancellable: cancellation)
             }
@@ -64,7 +67,7 @@ extension SecretServiceStore {
             }
             for item in found {
                 try Self.translate("delete the vault key") { () throws(GLibFailure) in
-                    try item.delete(cancellable: cancellation)
+                    try collection.deleteItem(item, cancellable: cancellation)
                 }
             }
         }

@@ -103,39 +103,72 @@ public final class SecretServiceStore: ItemStore {
         let data = item.data ?? .empty
         try checkSize(data)
         let newAttributes = attributes
-        try withCollection("add an item") { connection, collection, cancellation throws(LockboxError) in
-            let attributes = newAttributes
-            let key = PrimaryKey.encode(itemClass, attributes)
-            let existing = try self.candidates(itemClass, attributes, in: collection, cancellation)
-            if existing.contains(where: { PrimaryKey.encode(itemClass, $0.attributes) == key }) {
-                throw LockboxError(.duplicateItem, "An item with the same primary key already exists in the keychain.")
-            }
-            try Self.translate("add an item") { () throws(GLibFailure) in
-                try connection.createItem(
-                    in: collection, attributes: SecretServiceSchema.encode(itemClass, attributes),
-                    label: SecretServiceSchema.displayLabel(itemClass, attributes), secret: data,
-                    replacing: false, cancellable: cancellation)
+        try withCollection("add an item") { collection, cancellation throws(LockboxError) in
+            // Search, create and check under the write lock: another Lockbox process adding
+            // the same key waits here instead of finding nothing and creating a second item.
+            try WriteLock.holding(cancellation) { () throws(LockboxError) in
+                let attributes = newAttributes
+                let key = PrimaryKey.encode(itemClass, attributes)
+                let existing = try self.candidates(itemClass, attributes, in: collection, cancellation)
+                if existing.contains(where: { PrimaryKey.encode(itemClass, $0.attributes) == key }) {
+                    throw LockboxError(.duplicateItem, "An item with the same primary key already exists in the keychain.")
+                }
+                // Asked before creating: in a locked collection some providers prompt on create.
+                try self.ensureUnlocked(collection, cancellation)
+                let created = try Self.translate("add an item") { () throws(GLibFailure) in
+                    try collection.createItem(
+                        attributes: SecretServiceSchema.encode(itemClass, attributes),
+                        label: SecretServiceSchema.displayLabel(itemClass, attributes), secret: data,
+                        replacing: false, cancellable: cancellation)
+                }
+                try self.withdrawIfDuplicated(created, itemClass, attributes, in: collection, cancellation)
             }
         }
     }
 
+    /// The check after a create, for writers that do not take the write lock (other tools,
+    /// older Lockbox versions): when an item with the same primary key appeared meanwhile, the
+    /// one just created is removed again and the add fails as a duplicate, so one item stays.
+    func withdrawIfDuplicated(
+        _ created: String, _ itemClass: ItemClass, _ attributes: ItemAttributes, in collection: StoredCollection,
+        _ cancellation: Cancellation
+    ) throws(LockboxError) {
+        let key = PrimaryKey.encode(itemClass, attributes)
+        let others: [Match]
+        do {
+            others = try candidates(itemClass, attributes, in: collection, cancellation, excluding: created)
+        } catch LockboxError.interactionNotAllowed {
+            // Locked since the create: nothing can be compared, and the new item stays.
+            return
+        }
+        guard others.contains(where: { PrimaryKey.encode(itemClass, $0.attributes) == key }) else { return }
+        try Self.translate("remove the item that duplicates another") { () throws(GLibFailure) in
+            try collection.deleteItem(created, cancellable: cancellation)
+        }
+        throw LockboxError(
+            .duplicateItem, "Another program added an item with the same primary key to the keychain at the same time.")
+    }
+
     public func items(matching query: Query) throws(LockboxError) -> [Item] {
-        try withCollection("search") { _, collection, cancellation throws(LockboxError) in
-            var matches = try self.matches(query, in: collection, cancellation)
-            if query.limit == .one, let first = matches.first { matches = [first] }
+        try withCollection("search") { collection, cancellation throws(LockboxError) in
+            let matches = try self.matches(query, in: collection, cancellation, firstOnly: query.limit == .one)
             guard !matches.isEmpty else {
+                try self.ensureUnlocked(collection, cancellation)
                 throw LockboxError(.itemNotFound, "No matching item was found in the keychain.")
             }
-            return try matches.map { match throws(LockboxError) in
+            // One call for every secret, and only for the items returned.
+            var secrets: [String: SecretBytes] = [:]
+            if query.returning.contains(.data) {
+                secrets = try Self.translate("read an item's secret") { () throws(GLibFailure) in
+                    try collection.secrets(ofItems: matches.map(\.path), cancellable: cancellation)
+                }
+            }
+            return matches.map { match in
                 var item = Item(
                     query.itemClass,
                     attributes: query.returning.contains(.attributes) ? match.attributes : ItemAttributes())
-                if query.returning.contains(.data) {
-                    item.data = try Self.translate("read an item's secret") { () throws(GLibFailure) in
-                        try match.stored.loadSecret(cancellable: cancellation)
-                    }
-                }
-                item.persistentReference = Data(match.stored.path.utf8)
+                if query.returning.contains(.data) { item.data = secrets[match.path] ?? .empty }
+                item.persistentReference = Data(match.path.utf8)
                 return item
             }
         }
@@ -143,44 +176,50 @@ public final class SecretServiceStore: ItemStore {
 
     public func update(matching query: Query, to update: ItemUpdate) throws(LockboxError) {
         if let data = update.data { try checkSize(data) }
-        try withCollection("update items") { _, collection, cancellation throws(LockboxError) in
-            let targets = try self.matches(query, in: collection, cancellation)
-            guard !targets.isEmpty else {
-                throw LockboxError(.itemNotFound, "No matching item was found in the keychain.")
-            }
-            let itemClass = query.itemClass
-            let changed = targets.map { target in
-                var attributes = target.attributes
-                attributes.apply(update.attributes)
-                return attributes
-            }
-            // Apple's rule: no change may leave two items with one primary key.
-            let newKeys = changed.map { PrimaryKey.encode(itemClass, $0) }
-            if Set(newKeys).count != newKeys.count {
-                throw LockboxError(.duplicateItem, "The update would give two items the same primary key.")
-            }
-            let targetPaths = Set(targets.map(\.stored.path))
-            for attributes in changed {
-                let others = try self.candidates(itemClass, attributes, in: collection, cancellation)
-                    .filter { !targetPaths.contains($0.stored.path) }
-                if others.contains(where: { PrimaryKey.encode(itemClass, $0.attributes) == PrimaryKey.encode(itemClass, attributes) }) {
+        try withCollection("update items") { collection, cancellation throws(LockboxError) in
+            // Under the write lock, as for add: the duplicate check and the writes are one step
+            // for every Lockbox process.
+            try WriteLock.holding(cancellation) { () throws(LockboxError) in
+                let targets = try self.matches(query, in: collection, cancellation)
+                guard !targets.isEmpty else {
+                    try self.ensureUnlocked(collection, cancellation)
+                    throw LockboxError(.itemNotFound, "No matching item was found in the keychain.")
+                }
+                let itemClass = query.itemClass
+                let changed = targets.map { target in
+                    var attributes = target.attributes
+                    attributes.apply(update.attributes)
+                    return attributes
+                }
+                // Apple's rule: no change may leave two items with one primary key.
+                let newKeys = changed.map { PrimaryKey.encode(itemClass, $0) }
+                if Set(newKeys).count != newKeys.count {
                     throw LockboxError(.duplicateItem, "The update would give two items the same primary key.")
                 }
-            }
-            for (target, attributes) in zip(targets, changed) {
-                try Self.translate("update an item") { () throws(GLibFailure) in
-                    var stored = SecretServiceSchema.encode(itemClass, attributes)
-                    // Keep what another tool stored next to our attributes (keyring's `application`).
-                    for (name, value) in target.stored.attributes where stored[name] == nil && !name.hasPrefix("lockbox:") {
-                        stored[name] = value
+                let targetPaths = Set(targets.map(\.path))
+                for attributes in changed {
+                    let others = try self.candidates(itemClass, attributes, in: collection, cancellation)
+                        .filter { !targetPaths.contains($0.path) }
+                    if others.contains(where: { PrimaryKey.encode(itemClass, $0.attributes) == PrimaryKey.encode(itemClass, attributes) }) {
+                        throw LockboxError(.duplicateItem, "The update would give two items the same primary key.")
                     }
-                    try target.stored.setAttributes(stored, cancellable: cancellation)
-                    if update.attributes.label != nil {
-                        try target.stored.setLabel(
-                            SecretServiceSchema.displayLabel(itemClass, attributes), cancellable: cancellation)
-                    }
-                    if let data = update.data {
-                        try target.stored.setSecret(data, cancellable: cancellation)
+                }
+                for (target, attributes) in zip(targets, changed) {
+                    try Self.translate("update an item") { () throws(GLibFailure) in
+                        var stored = SecretServiceSchema.encode(itemClass, attributes)
+                        // Keep what another tool stored next to our attributes (keyring's `application`).
+                        for (name, value) in target.storedAttributes where stored[name] == nil && !name.hasPrefix("lockbox:") {
+                            stored[name] = value
+                        }
+                        try collection.setAttributes(stored, ofItem: target.path, cancellable: cancellation)
+                        if update.attributes.label != nil {
+                            try collection.setLabel(
+                                SecretServiceSchema.displayLabel(itemClass, attributes), ofItem: target.path,
+                                cancellable: cancellation)
+                        }
+                        if let data = update.data {
+                            try collection.setSecret(data, ofItem: target.path, cancellable: cancellation)
+                        }
                     }
                 }
             }
@@ -188,14 +227,15 @@ public final class SecretServiceStore: ItemStore {
     }
 
     public func delete(matching query: Query) throws(LockboxError) {
-        try withCollection("delete items") { _, collection, cancellation throws(LockboxError) in
+        try withCollection("delete items") { collection, cancellation throws(LockboxError) in
             let targets = try self.matches(query, in: collection, cancellation)
             guard !targets.isEmpty else {
+                try self.ensureUnlocked(collection, cancellation)
                 throw LockboxError(.itemNotFound, "No matching item was found in the keychain.")
             }
             for target in targets {
                 try Self.translate("delete an item") { () throws(GLibFailure) in
-                    try target.stored.delete(cancellable: cancellation)
+                    try collection.deleteItem(target.path, cancellable: cancellation)
                 }
             }
         }
@@ -211,7 +251,9 @@ public final class SecretServiceStore: ItemStore {
     // MARK: Matching
 
     struct Match {
-        let stored: StoredItem
+        let path: String
+        /// The item's Secret Service attributes, as stored.
+        let storedAttributes: [String: String]
         let itemClass: ItemClass
         let attributes: ItemAttributes
     }
@@ -219,7 +261,7 @@ public final class SecretServiceStore: ItemStore {
     /// Stored items of `itemClass` that may share `attributes`' primary key.
     private func candidates(
         _ itemClass: ItemClass, _ attributes: ItemAttributes, in collection: StoredCollection,
-        _ cancellation: Cancellation
+        _ cancellation: Cancellation, excluding excluded: String? = nil
     ) throws(LockboxError) -> [Match] {
         var query = Query(itemClass, synchronizable: .any)
         // Search on the key's searchable attributes only; PrimaryKey decides exactly.
@@ -232,31 +274,39 @@ public final class SecretServiceStore: ItemStore {
         case .key, .certificate:
             break
         }
-        return try matches(query, in: collection, cancellation)
+        return try matches(query, in: collection, cancellation, excluding: excluded)
     }
 
-    /// Every stored item that matches `query` exactly, in the Secret Service's order.
+    /// The stored items that match `query` exactly, in the Secret Service's order; with
+    /// `firstOnly`, just the first of them (and no more searches or reads than that takes).
+    /// A matching item that is locked is `interactionNotAllowed`.
     private func matches(
-        _ query: Query, in collection: StoredCollection, _ cancellation: Cancellation
+        _ query: Query, in collection: StoredCollection, _ cancellation: Cancellation,
+        firstOnly: Bool = false, excluding excluded: String? = nil
     ) throws(LockboxError) -> [Match] {
-        var seen = Set<String>()
+        var seen = Set<String>(excluded.map { [$0] } ?? [])
         var result: [Match] = []
         let persistentPath = query.persistentReference.flatMap { String(data: $0, encoding: .utf8) }
         for search in SecretServiceSchema.searches(for: query.itemClass, query.attributes) {
             let found = try Self.translate("search") { () throws(GLibFailure) in
                 try collection.search(search, cancellable: cancellation)
             }
-            for stored in found {
-                let path = stored.path
+            for path in found {
                 guard seen.insert(path).inserted else { continue }
                 if let persistentPath, path != persistentPath { continue }
-                if stored.isLocked {
+                let properties = try Self.translate("read an item") { () throws(GLibFailure) in
+                    try collection.properties(ofItem: path, cancellable: cancellation)
+                }
+                // Deleted since the search.
+                guard let properties else { continue }
+                if properties.isLocked {
                     throw LockboxError.locked(
                         "A matching item in the Secret Service is locked. Unlock it in the desktop keyring and try again.")
                 }
                 guard
                     let (itemClass, decoded) = SecretServiceSchema.decode(
-                        stored.attributes, label: stored.label, created: stored.created, modified: stored.modified),
+                        properties.attributes, label: properties.label, created: properties.created,
+                        modified: properties.modified),
                     itemClass == query.itemClass
                 else { continue }
                 var attributes = decoded
@@ -267,17 +317,34 @@ public final class SecretServiceStore: ItemStore {
                     attributes.matches(query.attributes),
                     query.synchronizable.matches(attributes.synchronizable)
                 else { continue }
-                result.append(Match(stored: stored, itemClass: itemClass, attributes: attributes))
+                result.append(
+                    Match(path: path, storedAttributes: properties.attributes, itemClass: itemClass, attributes: attributes))
+                if firstOnly { return result }
             }
         }
         return result
+    }
+
+    /// Throws `interactionNotAllowed` when the collection is locked. Asked only where no item
+    /// answered it: a found item carries its own lock state, which is the collection's.
+    func ensureUnlocked(_ collection: StoredCollection, _ cancellation: Cancellation) throws(LockboxError) {
+        let locked = try Self.translate("read the keyring's lock state") { () throws(GLibFailure) in
+            try collection.isLocked(cancellable: cancellation)
+        }
+        guard locked else { return }
+        let label = collection.label(cancellable: cancellation)
+        throw LockboxError.locked(
+            "The Secret Service collection \"\(label.isEmpty ? configuration.collection : label)\" is locked. "
+                + "Unlock it (log in to the desktop session, or unlock it in Seahorse) and try again.")
     }
 
     /// Throws the reason the Secret Service cannot be used (no bus, no daemon, no
     /// collection, no answer in time). A locked collection is available: it is just locked.
     public func checkAvailable() throws(LockboxError) {
         do {
-            try withCollection("connect to the keyring") { _, _, _ throws(LockboxError) in () }
+            try withCollection("connect to the keyring") { collection, cancellation throws(LockboxError) in
+                try self.ensureUnlocked(collection, cancellation)
+            }
         } catch LockboxError.interactionNotAllowed {
             return
         }
@@ -285,10 +352,15 @@ public final class SecretServiceStore: ItemStore {
 
     // MARK: Plumbing
 
-    /// Runs `body` on the worker with an open, unlocked collection.
+    /// Runs `body` on the worker with the store's collection.
+    ///
+    /// The connection and the collection's path are kept between calls: a call costs only
+    /// its own D-Bus requests. They are opened again when the bus connection has closed, or
+    /// when the collection has vanished (deleted, or an alias that now names another one).
+    /// Whether the collection is locked is the body's question (``ensureUnlocked(_:_:)``).
     func withCollection<Result: Sendable>(
         _ what: String,
-        _ body: @escaping @Sendable (SecretServiceConnection, StoredCollection, Cancellation) throws(LockboxError) -> Result
+        _ body: @escaping @Sendable (StoredCollection, Cancellation) throws(LockboxError) -> Result
     ) throws(LockboxError) -> Result {
         let configuration = self.configuration
         // Loaded here, on first use, rather than linked: see LibSecret.
@@ -323,20 +395,32 @@ public final class SecretServiceStore: ItemStore {
                 }
                 slot = connection
             }
-            let collection = try Self.openCollection(configuration.collection, connection, cancellation)
-            if collection.isLocked {
-                let label = collection.label
-                throw LockboxError.locked(
-                    "The Secret Service collection \"\(label.isEmpty ? configuration.collection : label)\" is locked. "
-                        + "Unlock it (log in to the desktop session, or unlock it in Seahorse) and try again.")
+            var resolvedAgain = false
+            while true {
+                let collection = try Self.openCollection(configuration.collection, connection, cancellation)
+                do throws(LockboxError) {
+                    return try body(collection, cancellation)
+                } catch {
+                    guard collection.vanished else { throw error }
+                    connection.collection = nil
+                    // An alias may name another collection now. Whatever the body wrote went with
+                    // the collection that is gone: run it once more on what the alias names today.
+                    if !configuration.collection.hasPrefix("/"), !resolvedAgain {
+                        resolvedAgain = true
+                        continue
+                    }
+                    throw LockboxError(.notAvailable, "The Secret Service has no collection at \(collection.path).")
+                }
             }
-            return try body(connection, collection, cancellation)
         }
     }
 
+    /// The collection the connection already resolved, or `name` resolved now. Whether it
+    /// exists is learnt from the first call on it.
     private static func openCollection(
         _ name: String, _ connection: SecretServiceConnection, _ cancellation: Cancellation
     ) throws(LockboxError) -> StoredCollection {
+        if let open = connection.collection { return open }
         let path = try translate("find the keyring") { () throws(GLibFailure) in
             try connection.collectionPath(name, cancellable: cancellation)
         }
@@ -346,13 +430,9 @@ public final class SecretServiceStore: ItemStore {
                 "The Secret Service has no \"\(name)\" collection. Create a login keyring (log in to the desktop, "
                     + "or start gnome-keyring-daemon with --unlock), or name an existing collection.")
         }
-        do throws(GLibFailure) {
-            return try connection.collection(at: path, cancellable: cancellation)
-        } catch where error.kind == .noSuchObject {
-            throw LockboxError(.notAvailable, "The Secret Service has no collection at \(path).")
-        } catch {
-            throw translateFailure(error, "open the keyring")
-        }
+        let collection = StoredCollection(connection: connection, path: path)
+        connection.collection = collection
+        return collection
     }
 
     static func translate<Result>(

@@ -86,7 +86,14 @@ struct LibraryLoadingTests {
         cancellation.cancel()
         #expect(cancellation.isCancelled)
         let attributes = ["service": "on-demand", "account": "alice", "xdg:schema": "org.freedesktop.Secret.Generic"]
-        #expect(AttributeTable(attributes, library: library).dictionary == attributes)
+        let dictionary = VariantValue.stringDictionary(attributes, library: library)
+        #expect(dictionary.typeString == "a{ss}")
+        #expect(dictionary.stringDictionary == attributes)
+        let arguments = VariantValue.tuple([dictionary, .string("label", library: library)], library: library)
+        #expect(arguments.typeString == "(a{ss}s)")
+        #expect(arguments.children.last?.string == "label")
+        #expect(VariantValue.boxed(.string("x", library: library), library: library).unboxed?.string == "x")
+        #expect(dictionary.bool == nil && dictionary.objectPaths == nil)
         // The process's own table is the same library.
         #expect(try LibSecret.load().secret_service_get_type() == library.secret_service_get_type())
     }

@@ -4,7 +4,7 @@
 //
 // The declarations follow libsecret's and GLib's documented, stable ABI (libsecret-1.so.0,
 // GLib 2.x on LP64 Linux). Only what Lockbox uses is declared: the object types are opaque,
-// the structs are the three whose fields GLib documents as public, and each enum lists only
+// the one struct is GError, whose fields GLib documents as public, and each enum lists only
 // the values Lockbox compares against or passes.
 #ifndef LOCKBOX_LIBSECRET_LOADER_H
 #define LOCKBOX_LIBSECRET_LOADER_H
@@ -39,9 +39,12 @@ typedef struct _GDBusProxy GDBusProxy;
 typedef struct _GDBusConnection GDBusConnection;
 typedef struct _SecretSchema SecretSchema;
 typedef struct _SecretService SecretService;
-typedef struct _SecretCollection SecretCollection;
 typedef struct _SecretItem SecretItem;
 typedef struct _SecretValue SecretValue;
+typedef struct _GVariant GVariant;
+/// A GVariant type string such as "(a{sv})", passed as GLib's G_VARIANT_TYPE macro does: the
+/// string's address, cast.
+typedef struct _GVariantType GVariantType;
 
 /// A failure report (gerror.h); freed with g_error_free.
 typedef struct _GError {
@@ -49,22 +52,6 @@ typedef struct _GError {
     gint code;
     gchar *_Nullable message;
 } GError;
-
-/// A doubly linked list node (glist.h).
-typedef struct _GList {
-    gpointer _Nullable data;
-    struct _GList *_Nullable next;
-    struct _GList *_Nullable prev;
-} GList;
-
-/// An iterator over a GHashTable, allocated by the caller (ghash.h). Its fields are private;
-/// only the size and alignment are the ABI.
-typedef struct _GHashTableIter {
-    gpointer _Nullable reserved_pointers[3];
-    int reserved_int;
-    gboolean reserved_boolean;
-    gpointer _Nullable reserved_pointer;
-} GHashTableIter;
 
 /// Codes of the G_IO_ERROR domain (gioenums.h) that Lockbox tells apart.
 typedef enum {
@@ -88,12 +75,12 @@ typedef enum {
 } SecretServiceFlags;
 
 typedef enum {
-    SECRET_COLLECTION_NONE = 0,
-} SecretCollectionFlags;
+    SECRET_ITEM_NONE = 0,
+} SecretItemFlags;
 
 typedef enum {
-    SECRET_SEARCH_ALL = 1 << 1,
-} SecretSearchFlags;
+    G_DBUS_CALL_FLAGS_NONE = 0,
+} GDBusCallFlags;
 
 typedef enum {
     SECRET_ITEM_CREATE_NONE = 0,
@@ -114,37 +101,21 @@ struct lockbox_libsecret {
         GError *_Nullable *_Nullable error);
     GQuark (*_Nonnull secret_error_get_quark)(void);
 
-    // libsecret: collections (secret-collection.h, secret-paths.h)
-    SecretCollection *_Nullable (*_Nonnull secret_collection_new_for_dbus_path_sync)(
-        SecretService *_Nullable service, const gchar *collection_path, SecretCollectionFlags flags,
+    // libsecret: items by object path, without a proxy per item (secret-paths.h)
+    gchar *_Nullable (*_Nonnull secret_service_create_item_dbus_path_sync)(
+        SecretService *self, const gchar *collection_path, GHashTable *properties, SecretValue *value,
+        SecretItemCreateFlags flags, GCancellable *_Nullable cancellable, GError *_Nullable *_Nullable error);
+    GHashTable *_Nullable (*_Nonnull secret_service_get_secrets_for_dbus_paths_sync)(
+        SecretService *self, const gchar *_Nullable const *_Nonnull item_paths,
         GCancellable *_Nullable cancellable, GError *_Nullable *_Nullable error);
-    gboolean (*_Nonnull secret_collection_get_locked)(SecretCollection *self);
-    gchar *_Nullable (*_Nonnull secret_collection_get_label)(SecretCollection *self);
-    GList *_Nullable (*_Nonnull secret_collection_search_sync)(
-        SecretCollection *self, const SecretSchema *_Nullable schema, GHashTable *attributes,
-        SecretSearchFlags flags, GCancellable *_Nullable cancellable, GError *_Nullable *_Nullable error);
-
-    // libsecret: items (secret-item.h)
-    SecretItem *_Nullable (*_Nonnull secret_item_create_sync)(
-        SecretCollection *collection, const SecretSchema *_Nullable schema, GHashTable *attributes,
-        const gchar *label, SecretValue *value, SecretItemCreateFlags flags,
-        GCancellable *_Nullable cancellable, GError *_Nullable *_Nullable error);
-    gboolean (*_Nonnull secret_item_delete_sync)(
-        SecretItem *self, GCancellable *_Nullable cancellable, GError *_Nullable *_Nullable error);
-    gboolean (*_Nonnull secret_item_get_locked)(SecretItem *self);
-    GHashTable *_Nullable (*_Nonnull secret_item_get_attributes)(SecretItem *self);
-    gchar *_Nullable (*_Nonnull secret_item_get_label)(SecretItem *self);
-    guint64 (*_Nonnull secret_item_get_created)(SecretItem *self);
-    guint64 (*_Nonnull secret_item_get_modified)(SecretItem *self);
-    gboolean (*_Nonnull secret_item_load_secret_sync)(
-        SecretItem *self, GCancellable *_Nullable cancellable, GError *_Nullable *_Nullable error);
-    SecretValue *_Nullable (*_Nonnull secret_item_get_secret)(SecretItem *self);
-    gboolean (*_Nonnull secret_item_set_attributes_sync)(
-        SecretItem *self, const SecretSchema *_Nullable schema, GHashTable *attributes,
-        GCancellable *_Nullable cancellable, GError *_Nullable *_Nullable error);
-    gboolean (*_Nonnull secret_item_set_label_sync)(
-        SecretItem *self, const gchar *label, GCancellable *_Nullable cancellable,
+    gboolean (*_Nonnull secret_service_delete_item_dbus_path_sync)(
+        SecretService *self, const gchar *item_path, GCancellable *_Nullable cancellable,
         GError *_Nullable *_Nullable error);
+
+    // libsecret: item proxies, for updates (secret-item.h, secret-paths.h)
+    SecretItem *_Nullable (*_Nonnull secret_item_new_for_dbus_path_sync)(
+        SecretService *_Nullable service, const gchar *item_path, SecretItemFlags flags,
+        GCancellable *_Nullable cancellable, GError *_Nullable *_Nullable error);
     gboolean (*_Nonnull secret_item_set_secret_sync)(
         SecretItem *self, SecretValue *value, GCancellable *_Nullable cancellable,
         GError *_Nullable *_Nullable error);
@@ -159,16 +130,39 @@ struct lockbox_libsecret {
     void (*_Nonnull g_cancellable_cancel)(GCancellable *_Nullable cancellable);
     gboolean (*_Nonnull g_cancellable_is_cancelled)(GCancellable *_Nullable cancellable);
     GDBusConnection *_Nullable (*_Nonnull g_dbus_proxy_get_connection)(GDBusProxy *proxy);
-    const gchar *_Nonnull (*_Nonnull g_dbus_proxy_get_object_path)(GDBusProxy *proxy);
     void (*_Nonnull g_dbus_connection_set_exit_on_close)(GDBusConnection *connection, gboolean exit_on_close);
     gboolean (*_Nonnull g_dbus_connection_is_closed)(GDBusConnection *connection);
+    GVariant *_Nullable (*_Nonnull g_dbus_connection_call_sync)(
+        GDBusConnection *connection, const gchar *_Nullable bus_name, const gchar *object_path,
+        const gchar *interface_name, const gchar *method_name, GVariant *_Nullable parameters,
+        const GVariantType *_Nullable reply_type, GDBusCallFlags flags, gint timeout_msec,
+        GCancellable *_Nullable cancellable, GError *_Nullable *_Nullable error);
     gchar *_Nullable (*_Nonnull g_dbus_error_get_remote_error)(const GError *error);
     GQuark (*_Nonnull g_io_error_quark)(void);
 
     // GObject
     void (*_Nonnull g_object_unref)(gpointer object);
 
-    // GLib: memory, strings, hash tables, lists, errors
+    // GLib: variants (gvariant.h), the values of D-Bus messages
+    GVariant *_Nonnull (*_Nonnull g_variant_new_string)(const gchar *string);
+    GVariant *_Nonnull (*_Nonnull g_variant_new_variant)(GVariant *value);
+    GVariant *_Nonnull (*_Nonnull g_variant_new_dict_entry)(GVariant *key, GVariant *value);
+    GVariant *_Nonnull (*_Nonnull g_variant_new_array)(
+        const GVariantType *_Nullable child_type, GVariant *_Nonnull const *_Nullable children, gsize count);
+    GVariant *_Nonnull (*_Nonnull g_variant_new_tuple)(GVariant *_Nonnull const *_Nullable children, gsize count);
+    GVariant *_Nonnull (*_Nonnull g_variant_ref)(GVariant *value);
+    GVariant *_Nonnull (*_Nonnull g_variant_ref_sink)(GVariant *value);
+    // Declared with a nullable argument so that it also serves as a GDestroyNotify.
+    void (*_Nonnull g_variant_unref)(gpointer _Nullable value);
+    const gchar *_Nonnull (*_Nonnull g_variant_get_type_string)(GVariant *value);
+    gsize (*_Nonnull g_variant_n_children)(GVariant *value);
+    GVariant *_Nonnull (*_Nonnull g_variant_get_child_value)(GVariant *value, gsize index);
+    GVariant *_Nonnull (*_Nonnull g_variant_get_variant)(GVariant *value);
+    const gchar *_Nonnull (*_Nonnull g_variant_get_string)(GVariant *value, gsize *_Nullable length);
+    gboolean (*_Nonnull g_variant_get_boolean)(GVariant *value);
+    guint64 (*_Nonnull g_variant_get_uint64)(GVariant *value);
+
+    // GLib: memory, strings, hash tables, errors
     void (*_Nonnull g_free)(gpointer _Nullable memory);
     gchar *_Nullable (*_Nonnull g_strdup)(const gchar *_Nullable string);
     guint (*_Nonnull g_str_hash)(gconstpointer string);
@@ -177,11 +171,8 @@ struct lockbox_libsecret {
         GHashFunc hash, GEqualFunc equal, GDestroyNotify _Nullable destroy_key,
         GDestroyNotify _Nullable destroy_value);
     gboolean (*_Nonnull g_hash_table_insert)(GHashTable *table, gpointer _Nullable key, gpointer _Nullable value);
+    gpointer _Nullable (*_Nonnull g_hash_table_lookup)(GHashTable *table, gconstpointer key);
     void (*_Nonnull g_hash_table_unref)(GHashTable *table);
-    void (*_Nonnull g_hash_table_iter_init)(GHashTableIter *iterator, GHashTable *table);
-    gboolean (*_Nonnull g_hash_table_iter_next)(
-        GHashTableIter *iterator, gpointer _Nullable *_Nullable key, gpointer _Nullable *_Nullable value);
-    void (*_Nonnull g_list_free)(GList *_Nullable list);
     void (*_Nonnull g_error_free)(GError *error);
 };
 

@@ -41,41 +41,124 @@ final class Cancellation: @unchecked Sendable {
     }
 }
 
-/// A `GHashTable` of strings, as libsecret takes attributes.
-final class AttributeTable {
+/// A `GVariant` this process holds one reference to: the arguments and replies of D-Bus calls.
+/// The reference is dropped in `deinit`; a function that keeps the value (a tuple, a call's
+/// message) takes its own.
+final class VariantValue {
     let pointer: OpaquePointer
     private let library: LibSecret
 
-    init(_ attributes: [String: String], library: LibSecret) {
-        self.library = library
-        pointer = library.g_hash_table_new_full(library.g_str_hash, library.g_str_equal, library.g_free, library.g_free)
-        for (name, value) in attributes {
-            _ = library.g_hash_table_insert(pointer, library.g_strdup(name), library.g_strdup(value))
-        }
-    }
-
-    /// Takes over a table the caller owns.
-    init(taking pointer: OpaquePointer, library: LibSecret) {
+    /// Takes over a reference the caller owns (a reply, a child value: "transfer full").
+    init(owning pointer: OpaquePointer, library: LibSecret) {
         self.pointer = pointer
         self.library = library
     }
 
-    var dictionary: [String: String] {
-        var result: [String: String] = [:]
-        var iterator = GHashTableIter()
-        library.g_hash_table_iter_init(&iterator, pointer)
-        var key: UnsafeMutableRawPointer? = nil
-        var value: UnsafeMutableRawPointer? = nil
-        while library.g_hash_table_iter_next(&iterator, &key, &value) != 0 {
-            guard let key, let value else { continue }
-            result[String(cString: key.assumingMemoryBound(to: CChar.self))] =
-                String(cString: value.assumingMemoryBound(to: CChar.self))
+    /// Takes over a newly made, floating value by sinking it.
+    private init(floating pointer: OpaquePointer, library: LibSecret) {
+        self.pointer = library.g_variant_ref_sink(pointer)
+        self.library = library
+    }
+
+    deinit {
+        library.g_variant_unref(UnsafeMutableRawPointer(pointer))
+    }
+
+    // MARK: Making values
+
+    static func string(_ value: String, library: LibSecret) -> VariantValue {
+        VariantValue(floating: library.g_variant_new_string(value), library: library)
+    }
+
+    /// `v`: `value` boxed, as D-Bus property values travel.
+    static func boxed(_ value: VariantValue, library: LibSecret) -> VariantValue {
+        VariantValue(floating: library.g_variant_new_variant(value.pointer), library: library)
+    }
+
+    static func tuple(_ values: [VariantValue], library: LibSecret) -> VariantValue {
+        let pointers = values.map(\.pointer)
+        let tuple = pointers.withUnsafeBufferPointer { buffer in
+            library.g_variant_new_tuple(buffer.baseAddress, buffer.count)
+        }
+        return withExtendedLifetime(values) { VariantValue(floating: tuple, library: library) }
+    }
+
+    /// `a{ss}`: the Secret Service's attribute dictionaries.
+    static func stringDictionary(_ dictionary: [String: String], library: LibSecret) -> VariantValue {
+        let entries = dictionary.sorted { $0.key < $1.key }.map { name, value in
+            let key = string(name, library: library)
+            let value = string(value, library: library)
+            return VariantValue(floating: library.g_variant_new_dict_entry(key.pointer, value.pointer), library: library)
+        }
+        let pointers = entries.map(\.pointer)
+        let array = "{ss}".withCString { entryType in
+            pointers.withUnsafeBufferPointer { buffer in
+                library.g_variant_new_array(OpaquePointer(entryType), buffer.baseAddress, buffer.count)
+            }
+        }
+        return withExtendedLifetime(entries) { VariantValue(floating: array, library: library) }
+    }
+
+    // MARK: Reading values
+
+    /// The D-Bus type signature, such as `a{sv}`.
+    var typeString: String { String(cString: library.g_variant_get_type_string(pointer)) }
+
+    /// The children of a container (tuple, array, dictionary entry).
+    var children: [VariantValue] {
+        (0..<library.g_variant_n_children(pointer)).map { index in
+            VariantValue(owning: library.g_variant_get_child_value(pointer, index), library: library)
+        }
+    }
+
+    /// The value inside a `v`, or nil when this is not one.
+    var unboxed: VariantValue? {
+        guard typeString == "v" else { return nil }
+        return VariantValue(owning: library.g_variant_get_variant(pointer), library: library)
+    }
+
+    /// An `s` or `o` as a string; nil for any other type.
+    var string: String? {
+        let type = typeString
+        guard type == "s" || type == "o" else { return nil }
+        return String(cString: library.g_variant_get_string(pointer, nil))
+    }
+
+    /// A `b`; nil for any other type.
+    var bool: Bool? {
+        guard typeString == "b" else { return nil }
+        return library.g_variant_get_boolean(pointer) != 0
+    }
+
+    /// A `t`; nil for any other type.
+    var uint64: UInt64? {
+        guard typeString == "t" else { return nil }
+        return UInt64(library.g_variant_get_uint64(pointer))
+    }
+
+    /// The entries of a dictionary with string keys (`a{sv}`, `a{ss}`), by key; empty for any
+    /// other type.
+    var entries: [String: VariantValue] {
+        guard typeString.hasPrefix("a{s") else { return [:] }
+        var result: [String: VariantValue] = [:]
+        for entry in children {
+            let parts = entry.children
+            guard parts.count == 2, let key = parts[0].string else { continue }
+            result[key] = parts[1]
         }
         return result
     }
 
-    deinit {
-        library.g_hash_table_unref(pointer)
+    /// An `a{ss}` as a dictionary; nil for any other type.
+    var stringDictionary: [String: String]? {
+        guard typeString == "a{ss}" else { return nil }
+        return entries.compactMapValues(\.string)
+    }
+
+    /// An `ao` as paths; nil for any other type.
+    var objectPaths: [String]? {
+        guard typeString == "ao" else { return nil }
+        return children.compactMap(\.string)
     }
 }
 
