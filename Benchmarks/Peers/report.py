@@ -49,8 +49,9 @@ def section(data, command, machine):
               f"{fmt(cli)} vs {fmt(tool)}: {tool / cli:.1f}x | {'yes' if tool / cli >= 3 else 'no'} |", "",
               "",
               f"A new `lockbox` process costs {fmt(data['lockbox_version_process_us'])} before it does anything "
-              f"(`lockbox --version`, median of {data['count']:,}): exec, the dynamic loader (libsqlite3, libsodium, "
-              f"libkeyutils, and libstdc++ for the statically linked Swift runtime) and the runtime's start. "
+              f"(`lockbox --version`, median of {data['count']:,}): exec, mapping the binary, the dynamic loader (libc, "
+              f"libm and libstdc++, which the statically linked Swift runtime needs) and the runtime's start "
+              f"(docs/PERFORMANCE.md, \"Process start\"). "
               f"`find-generic-password -w` adds {fmt(cli - data['lockbox_version_process_us'])} to that.", "",
               "![Latency per operation, log scale](peers.png)", "", END]
     return "\n".join(lines)
