@@ -26,9 +26,7 @@ do {
         }
     }
 } catch {
-    streams.error("lockbox: \(error.message)")
-    streams.error("")
-    streams.error(error.verb.flatMap(Help.text(for:)) ?? Help.overview)
+    error.report(to: streams)
     status = .usage
 }
 exit(status.rawValue)

@@ -31,6 +31,16 @@ package struct TerminalVerifier: PresenceVerifier {
     }
 }
 
+extension UsageError {
+    /// Prints the mistake and the help of the verb (or the overview) to stderr; the caller
+    /// exits with ``ExitStatus/usage``.
+    package func report(to streams: StandardStreams) {
+        streams.error("lockbox: \(message)")
+        streams.error("")
+        streams.error(verb.flatMap(Help.text(for:)) ?? Help.overview)
+    }
+}
+
 /// stdout and stderr, for text that is never secret.
 package struct StandardStreams {
     package init() {}

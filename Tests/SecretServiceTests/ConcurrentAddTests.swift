@@ -28,13 +28,18 @@ struct ConcurrentAddTests {
         }
     }
 
+    /// Adds alice's "ours" under `service`; returns the item and its object path.
+    private func addOurs(_ service: String, to store: SecretServiceStore) throws -> (item: Item, path: String) {
+        try store.add(.genericPassword(service: service, account: "alice", data: SecretBytes(utf8: "ours")))
+        let ours = try store.item(matching: .genericPassword(service: service, account: "alice"))
+        return (ours, try #require(ours.persistentReference.map { String(decoding: $0, as: UTF8.self) }))
+    }
+
     @Test func duplicateFromAWriterWithoutTheLock_afterOurCreate_removesOurItem_andThrowsDuplicateItem() throws {
         let fresh = try FreshCollection()
         let store = fresh.store
         let service = TestBus.unique("late-duplicate")
-        try store.add(.genericPassword(service: service, account: "alice", data: SecretBytes(utf8: "ours")))
-        let ours = try store.item(matching: .genericPassword(service: service, account: "alice"))
-        let oursPath = try #require(ours.persistentReference.map { String(decoding: $0, as: UTF8.self) })
+        let (ours, oursPath) = try addOurs(service, to: store)
         // A plain create, without the lock or any check, stands in for a writer that created the
         // same key between our search and our create (another tool, or an older Lockbox).
         let theirs = ours.attributes
@@ -67,9 +72,7 @@ struct ConcurrentAddTests {
         let fresh = try FreshCollection()
         let store = fresh.store
         let service = TestBus.unique("alone")
-        try store.add(.genericPassword(service: service, account: "alice", data: SecretBytes(utf8: "ours")))
-        let ours = try store.item(matching: .genericPassword(service: service, account: "alice"))
-        let oursPath = try #require(ours.persistentReference.map { String(decoding: $0, as: UTF8.self) })
+        let (ours, oursPath) = try addOurs(service, to: store)
         let added = ours.attributes
         try store.withCollection("check") { collection, cancellation throws(LockboxError) in
             try store.withdrawIfDuplicated(oursPath, .genericPassword, added, in: collection, cancellation)
