@@ -5,15 +5,15 @@ let strict: [SwiftSetting] = [.treatAllWarnings(as: .error)]
 // The Swift runtime and Foundation linked into the binary: for programs started once per secret
 // (`lockbox`, the git and docker credential helpers), loading them as shared libraries is most
 // of the start. The compile needs the flag too, so that the modules autolink the static archives.
-let staticRuntime: [SwiftSetting] = strict + [.unsafeFlags(["-static-stdlib"])]
-let staticRuntimeLink: [LinkerSetting] = [.unsafeFlags(["-static-stdlib"])]
+let staticRuntime: [SwiftSetting] = strict + [.unsafeFlags(["-static-stdlib"], .when(platforms: [.linux]))]
+let staticRuntimeLink: [LinkerSetting] = [.unsafeFlags(["-static-stdlib"], .when(platforms: [.linux]))]
 // libsodium, SQLite and libkeyutils are linked from their static archives (Debian's -dev
 // packages ship them; `-l:libNAME.a` names the archive): as shared libraries, relocating and
 // binding them (SQLite alone binds 1,600 symbols at load) costs each short-lived process more
 // than its whole read. The price: a security update of one of them needs a rebuild of Lockbox,
 // like any statically linked program. Not an unsafe flag, so packages can depend on Lockbox.
 func staticArchive(_ library: String) -> [LinkerSetting] {
-    [.linkedLibrary(":lib\(library).a")]
+    [.linkedLibrary(":lib\(library).a", .when(platforms: [.linux]))]
 }
 
 let package = Package(
