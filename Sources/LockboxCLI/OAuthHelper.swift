@@ -17,7 +17,7 @@ enum OAuthHelper {
     static func exec(arguments: [String]) -> String {
         let executable = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
         let directory = executable.lastIndex(of: "/").map { String(executable[..<$0]) } ?? "."
-        let helper = (directory.isEmpty ? "" : directory) + "/" + name
+        let helper = directory + "/" + name
         guard access(helper, X_OK) == 0 else {
             return "The OAuth commands run \(name), which is not installed beside this lockbox (\(helper)). "
                 + "Build it with `swift build -c release --product \(name)` and copy it next to lockbox."

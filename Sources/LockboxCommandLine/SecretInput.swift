@@ -97,15 +97,7 @@ package enum SecretInput {
 
     /// Writes a secret and a newline to stdout without making a `String` of it.
     package static func writeToStandardOutput(_ secret: SecretBytes) {
-        secret.withUnsafeBytes { bytes in
-            var offset = 0
-            while offset < bytes.count {
-                let written = write(STDOUT_FILENO, bytes.baseAddress! + offset, bytes.count - offset)
-                if written < 0 && errno == EINTR { continue }
-                if written <= 0 { return }
-                offset += written
-            }
-        }
+        secret.withUnsafeBytes { writeAll($0, to: STDOUT_FILENO) }
         _ = write(STDOUT_FILENO, "\n", 1)
     }
 }

@@ -55,14 +55,19 @@ package struct StandardStreams {
 
     private static func write(_ text: String, to descriptor: Int32) {
         var text = text
-        text.withUTF8 { bytes in
-            var offset = 0
-            while offset < bytes.count {
-                let written = Glibc.write(descriptor, bytes.baseAddress! + offset, bytes.count - offset)
-                if written < 0 && errno == EINTR { continue }
-                guard written > 0 else { return }
-                offset += written
-            }
-        }
+        text.withUTF8 { writeAll(UnsafeRawBufferPointer($0), to: descriptor) }
+    }
+}
+
+/// Writes all of `bytes` to `descriptor`, retrying after signals; stops quietly when the reader
+/// has gone (a closed pipe), as the standard streams do.
+package func writeAll(_ bytes: UnsafeRawBufferPointer, to descriptor: Int32) {
+    guard let base = bytes.baseAddress else { return }
+    var offset = 0
+    while offset < bytes.count {
+        let written = write(descriptor, base + offset, bytes.count - offset)
+        if written < 0 && errno == EINTR { continue }
+        guard written > 0 else { return }
+        offset += written
     }
 }
