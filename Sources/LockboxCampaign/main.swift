@@ -15,6 +15,9 @@ func usage() -> Never {
     exit(64)
 }
 
+// Children are killed on purpose: a write to one that is gone must fail, not kill the driver.
+signal(SIGPIPE, SIG_IGN)
+
 var arguments = Array(CommandLine.arguments.dropFirst())
 guard let verb = arguments.first else { usage() }
 var options: [String: String] = [:]

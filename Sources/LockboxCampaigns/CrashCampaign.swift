@@ -241,7 +241,9 @@ package struct CrashCampaign {
         process.standardOutput = output
         process.standardError = errors
         try process.run()
-        input.fileHandleForWriting.write(Data((passphrase + "\n").utf8))
+        // A writer that fails before reading its passphrase shows up in its output; the write
+        // itself may then meet a closed pipe.
+        try? input.fileHandleForWriting.write(contentsOf: Data((passphrase + "\n").utf8))
         try? input.fileHandleForWriting.close()
 
         let collected = Mutex<(text: String, finished: Bool)>(("", false))

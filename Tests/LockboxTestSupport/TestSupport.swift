@@ -83,10 +83,22 @@ public struct ProcessResult: Sendable {
     public var standardOutputBytes: [UInt8]
 }
 
+/// Makes a write to a pipe whose reader has exited fail with EPIPE instead of killing the test
+/// process with SIGPIPE: a child may exit before reading the input it was given.
+public func ignoreBrokenPipes() {
+    _ = brokenPipesIgnored
+}
+
+private let brokenPipesIgnored: Bool = {
+    signal(SIGPIPE, SIG_IGN)
+    return true
+}()
+
 /// Runs `executable` with `arguments`, feeding `input` on stdin, and waits for it.
 public func run(
     _ executable: String, _ arguments: [String], input: [UInt8] = [], environment: [String: String]? = nil
 ) throws -> ProcessResult {
+    ignoreBrokenPipes()
     let process = Process()
     process.executableURL = URL(fileURLWithPath: executable)
     process.arguments = arguments

@@ -1,6 +1,7 @@
 import CredentialHelpers
 import Foundation
 import LockboxCore
+import LockboxTestSupport
 import SecretService
 import Testing
 
@@ -325,6 +326,7 @@ final class GitHTTPServer {
         } else {
             certificate = nil
         }
+        ignoreBrokenPipes()
         process = Process()
         process.executableURL = URL(fileURLWithPath: python)
         process.arguments = ["-c", Self.script, root, username, certificate ?? "", key]

@@ -1,5 +1,6 @@
 import Foundation
 import LockboxCore
+import LockboxTestSupport
 import SecretService
 import Testing
 
@@ -93,6 +94,7 @@ func runProcess(
     _ executable: String, _ arguments: [String], input: [UInt8] = [],
     environment: [String: String]? = nil, directory: String? = nil, timeout: TimeInterval = 60
 ) throws -> ProcessOutput {
+    ignoreBrokenPipes()
     let process = Process()
     process.executableURL = URL(fileURLWithPath: executable)
     process.arguments = arguments
