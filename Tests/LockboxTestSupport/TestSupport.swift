@@ -78,9 +78,11 @@ public func status(_ body: () throws -> Void) -> Int32? {
 /// The result of running a program.
 public struct ProcessResult: Sendable {
     public var status: Int32
-    public var standardOutput: String
-    public var standardError: String
     public var standardOutputBytes: [UInt8]
+    public var standardErrorBytes: [UInt8]
+
+    public var standardOutput: String { String(decoding: standardOutputBytes, as: UTF8.self) }
+    public var standardError: String { String(decoding: standardErrorBytes, as: UTF8.self) }
 }
 
 /// Makes a write to a pipe whose reader has exited fail with EPIPE instead of killing the test
@@ -94,15 +96,18 @@ private let brokenPipesIgnored: Bool = {
     return true
 }()
 
-/// Runs `executable` with `arguments`, feeding `input` on stdin, and waits for it.
+/// Runs `executable` with `arguments`, feeding `input` on stdin, and waits for it; with a
+/// `timeout`, kills it with SIGKILL when it outlives that many seconds.
 public func run(
-    _ executable: String, _ arguments: [String], input: [UInt8] = [], environment: [String: String]? = nil
+    _ executable: String, _ arguments: [String], input: [UInt8] = [], environment: [String: String]? = nil,
+    directory: String? = nil, timeout: Double? = nil
 ) throws -> ProcessResult {
     ignoreBrokenPipes()
     let process = Process()
     process.executableURL = URL(fileURLWithPath: executable)
     process.arguments = arguments
     if let environment { process.environment = environment }
+    if let directory { process.currentDirectoryURL = URL(fileURLWithPath: directory) }
     let stdin = Pipe()
     let stdout = Pipe()
     let stderr = Pipe()
@@ -110,6 +115,9 @@ public func run(
     process.standardOutput = stdout
     process.standardError = stderr
     try process.run()
+    let pid = process.processIdentifier
+    let watchdog = DispatchWorkItem { kill(pid, SIGKILL) }
+    if let timeout { DispatchQueue.global().asyncAfter(deadline: .now() + timeout, execute: watchdog) }
     let writer = stdin.fileHandleForWriting
     DispatchQueue.global().async {
         // The child may exit without reading all of it (EPIPE): that is its business.
@@ -128,12 +136,10 @@ public func run(
     let outputData = stdout.fileHandleForReading.readDataToEndOfFile()
     group.wait()
     process.waitUntilExit()
-    let errorBytes = errorData.withLock { $0 }
+    watchdog.cancel()
     return ProcessResult(
-        status: process.terminationStatus,
-        standardOutput: String(decoding: outputData, as: UTF8.self),
-        standardError: String(decoding: errorBytes, as: UTF8.self),
-        standardOutputBytes: Array(outputData))
+        status: process.terminationStatus, standardOutputBytes: Array(outputData),
+        standardErrorBytes: Array(errorData.withLock { $0 }))
 }
 
 /// The path of a product built beside the test bundle (`.build/debug/NAME`).

@@ -94,51 +94,10 @@ func runProcess(
     _ executable: String, _ arguments: [String], input: [UInt8] = [],
     environment: [String: String]? = nil, directory: String? = nil, timeout: TimeInterval = 60
 ) throws -> ProcessOutput {
-    ignoreBrokenPipes()
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: executable)
-    process.arguments = arguments
-    if let environment { process.environment = environment }
-    if let directory { process.currentDirectoryURL = URL(fileURLWithPath: directory) }
-    let stdin = Pipe()
-    let stdout = Pipe()
-    let stderr = Pipe()
-    process.standardInput = stdin
-    process.standardOutput = stdout
-    process.standardError = stderr
-    try process.run()
-    let collected = OutputCollector()
-    let group = DispatchGroup()
-    group.enter()
-    DispatchQueue.global().async {
-        collected.setOut(stdout.fileHandleForReading.readDataToEndOfFile())
-        group.leave()
-    }
-    group.enter()
-    DispatchQueue.global().async {
-        collected.setErr(stderr.fileHandleForReading.readDataToEndOfFile())
-        group.leave()
-    }
-    if !input.isEmpty { try? stdin.fileHandleForWriting.write(contentsOf: Data(input)) }
-    try? stdin.fileHandleForWriting.close()
-    let deadline = Date().addingTimeInterval(timeout)
-    while process.isRunning && Date() < deadline { usleep(10_000) }
-    if process.isRunning {
-        process.terminate()
-        kill(process.processIdentifier, SIGKILL)
-    }
-    group.wait()
-    process.waitUntilExit()
+    let result = try run(
+        executable, arguments, input: input, environment: environment, directory: directory, timeout: timeout)
     return ProcessOutput(
-        status: process.terminationStatus, standardOutput: Array(collected.out), standardError: Array(collected.err))
-}
-
-private final class OutputCollector: @unchecked Sendable {
-    // Each field is written once by its own reader before group.wait() returns.
-    var out = Data()
-    var err = Data()
-    func setOut(_ data: Data) { out = data }
-    func setErr(_ data: Data) { err = data }
+        status: result.status, standardOutput: result.standardOutputBytes, standardError: result.standardErrorBytes)
 }
 
 extension SecretBytes {
