@@ -9,7 +9,6 @@ struct Runner {
     var output = StandardStreams()
 
     static let secretLimit = 64 * 1024
-    static let passphraseLimit = SecretInput.passphraseLimit
 
     func run() throws(LockboxError) -> ExitStatus {
         switch invocation.command {
@@ -70,7 +69,7 @@ struct Runner {
             let old: SecretBytes
             let new: SecretBytes
             if fromStandardInput {
-                let input = try SecretInput.readAll(limit: 2 * Self.passphraseLimit)
+                let input = try SecretInput.readAll(limit: 2 * SecretInput.passphraseLimit)
                 let first = SecretInput.splitLine(input)
                 old = first.line
                 new = SecretInput.splitLine(first.rest).line
@@ -212,11 +211,11 @@ struct Runner {
 
     private func newPassphrase(fromStandardInput: Bool, prompt: String = "New passphrase: ") throws(LockboxError) -> SecretBytes {
         if fromStandardInput {
-            return SecretInput.splitLine(try SecretInput.readAll(limit: Self.passphraseLimit)).line
+            return SecretInput.splitLine(try SecretInput.readAll(limit: SecretInput.passphraseLimit)).line
         }
         guard SecretInput.standardInputIsTerminal else { throw Self.noPassphraseSource }
-        let first = try SecretInput.prompt(prompt, limit: Self.passphraseLimit)
-        let second = try SecretInput.prompt("Repeat it: ", limit: Self.passphraseLimit)
+        let first = try SecretInput.prompt(prompt, limit: SecretInput.passphraseLimit)
+        let second = try SecretInput.prompt("Repeat it: ", limit: SecretInput.passphraseLimit)
         guard first == second else {
             throw LockboxError(.param, "The two passphrases differ; nothing was changed.")
         }
@@ -225,10 +224,10 @@ struct Runner {
 
     private func existingPassphrase(fromStandardInput: Bool, prompt: String) throws(LockboxError) -> SecretBytes {
         if fromStandardInput {
-            return SecretInput.splitLine(try SecretInput.readAll(limit: Self.passphraseLimit)).line
+            return SecretInput.splitLine(try SecretInput.readAll(limit: SecretInput.passphraseLimit)).line
         }
         guard SecretInput.standardInputIsTerminal else { throw Self.noPassphraseSource }
-        return try SecretInput.prompt(prompt, limit: Self.passphraseLimit)
+        return try SecretInput.prompt(prompt, limit: SecretInput.passphraseLimit)
     }
 
     static let noPassphraseSource = LockboxError(
