@@ -70,7 +70,7 @@ public struct RevocationOutbox: Sendable {
     }
 
     func remove(_ id: String) {
-        try? store.delete(matching: .genericPassword(service: Self.service, account: id))
+        _ = try? store.delete(matching: .genericPassword(service: Self.service, account: id))
     }
 
     /// How many revocations wait for delivery.

@@ -25,9 +25,13 @@ public protocol ItemStore: Sendable {
     ///   make two items share a primary key.
     func update(matching query: Query, to update: ItemUpdate) throws(LockboxError)
 
-    /// Deletes every item matching `query`.
-    /// - Throws: `itemNotFound` when nothing matches.
-    func delete(matching query: Query) throws(LockboxError)
+    /// Deletes every item matching `query`, as `SecItemDelete` does: a query that names no
+    /// attribute deletes every item of its class (in the store's access groups).
+    /// - Returns: how many items were deleted (at least one).
+    /// - Throws: `itemNotFound` when nothing matches; `interactionNotAllowed` when the store is
+    ///   locked: a locked store deletes nothing, since it cannot read what it would delete.
+    @discardableResult
+    func delete(matching query: Query) throws(LockboxError) -> Int
 }
 
 extension ItemStore {

@@ -138,9 +138,10 @@ extension Vault {
         }
     }
 
-    public func delete(matching query: Query) throws(LockboxError) {
-        try withState { state throws(LockboxError) in
-            try state.database.writeTransaction { () throws(LockboxError) in
+    @discardableResult
+    public func delete(matching query: Query) throws(LockboxError) -> Int {
+        try withState { state throws(LockboxError) -> Int in
+            try state.database.writeTransaction { () throws(LockboxError) -> Int in
                 var query = query
                 query.limit = .all
                 let plan = try plan(for: query, readingMetadata: false, readingData: false, state: state)
@@ -174,6 +175,7 @@ extension Vault {
                     statement.bind(1, rowID)
                     try statement.run()
                 }
+                return doomed.count
             }
         }
     }

@@ -226,8 +226,9 @@ public final class SecretServiceStore: ItemStore {
         }
     }
 
-    public func delete(matching query: Query) throws(LockboxError) {
-        try withCollection("delete items") { collection, cancellation throws(LockboxError) in
+    @discardableResult
+    public func delete(matching query: Query) throws(LockboxError) -> Int {
+        try withCollection("delete items") { collection, cancellation throws(LockboxError) -> Int in
             let targets = try self.matches(query, in: collection, cancellation)
             guard !targets.isEmpty else {
                 try self.ensureUnlocked(collection, cancellation)
@@ -238,6 +239,7 @@ public final class SecretServiceStore: ItemStore {
                     try collection.deleteItem(target.path, cancellable: cancellation)
                 }
             }
+            return targets.count
         }
     }
 
