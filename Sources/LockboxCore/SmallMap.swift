@@ -43,3 +43,5 @@ extension SmallMap where Key: Equatable {
         return result
     }
 }
+
+extension SmallMap: Sendable where Key: Sendable, Value: Sendable {}

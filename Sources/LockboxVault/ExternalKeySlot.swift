@@ -21,40 +21,36 @@ extension Vault {
     /// opens without its passphrase where the keeper is available: on a desktop, with the
     /// login session. The passphrase slot stays.
     public func enroll(_ keeper: some ExternalKeyKeeper) throws(LockboxError) {
+        // The keeper is reached outside the vault's lock (a D-Bus call may take seconds).
+        let identifier: String = try withState { state throws(LockboxError) in
+            guard try state.keys.currentMaster() != nil else { throw lockedError() }
+            return identifierHex(state)
+        }
+        let slotKey = Crypto.generateKey()
+        try keeper.storeSlotKey(slotKey, vaultIdentifier: identifier)
         try withState { state throws(LockboxError) in
             guard let master = try state.keys.currentMaster() else { throw lockedError() }
-            let slotKey = Crypto.generateKey()
-            try keeper.storeSlotKey(slotKey, vaultIdentifier: identifierHex(state))
-            try state.database.writeTransaction { () throws(LockboxError) in
-                var header = try VaultHeader.load(from: state.database)
-                guard header.verify(master: master) else { throw LockboxError.integrity("The keychain header") }
+            try commitHeaderChange(state, master: master) { header throws(LockboxError) in
                 header.slots.removeAll { $0.kind == .external && $0.parameters == Array(keeper.slotKind.utf8) }
                 let nextID = (header.slots.map(\.id).max() ?? 0) + 1
                 var slot = VaultHeader.KeySlot(
                     id: nextID, kind: .external, parameters: Array(keeper.slotKind.utf8), wrappedMasterKey: [])
                 slot.wrappedMasterKey = Crypto.seal(master, key: slotKey, associatedData: header.slotAssociatedData(slot))
                 header.slots.append(slot)
-                header.seal(master: master)
-                try header.save(to: state.database)
-                state.header = header
             }
         }
     }
 
     /// Removes `keeper`'s slot and the key it keeps.
     public func unenroll(_ keeper: some ExternalKeyKeeper) throws(LockboxError) {
-        try withState { state throws(LockboxError) in
+        let identifier: String = try withState { state throws(LockboxError) in
             guard let master = try state.keys.currentMaster() else { throw lockedError() }
-            try state.database.writeTransaction { () throws(LockboxError) in
-                var header = try VaultHeader.load(from: state.database)
-                guard header.verify(master: master) else { throw LockboxError.integrity("The keychain header") }
+            try commitHeaderChange(state, master: master) { header throws(LockboxError) in
                 header.slots.removeAll { $0.kind == .external && $0.parameters == Array(keeper.slotKind.utf8) }
-                header.seal(master: master)
-                try header.save(to: state.database)
-                state.header = header
             }
-            try? keeper.deleteSlotKey(vaultIdentifier: identifierHex(state))
+            return identifierHex(state)
         }
+        try? keeper.deleteSlotKey(vaultIdentifier: identifier)
     }
 
     /// The kinds of outside keepers enrolled (`secret-service`).
@@ -69,6 +65,25 @@ extension Vault {
     ///   `interactionNotAllowed` when the keeper is locked; `authFailed` when its key does not
     ///   open the slot.
     public func unlock(with keeper: some ExternalKeyKeeper) throws(LockboxError) {
+        // The keeper is asked outside the vault's lock.
+        let (identifier, hasSlot): (String, Bool) = try withState { state throws(LockboxError) in
+            state.header = try VaultHeader.load(from: state.database)
+            let hasSlot = state.header.slots.contains { $0.kind == .external && $0.parameters == Array(keeper.slotKind.utf8) }
+            return (identifierHex(state), hasSlot)
+        }
+        guard hasSlot else {
+            throw LockboxError(
+                .notAvailable,
+                "This keychain has no \(keeper.slotKind) unlock method. Enroll one with `lockbox enroll \(keeper.slotKind)`.")
+        }
+        let slotKey: SecretBytes
+        do throws(LockboxError) {
+            slotKey = try keeper.slotKey(vaultIdentifier: identifier)
+        } catch {
+            guard error.code == .itemNotFound else { throw error }
+            throw LockboxError(
+                .authFailed, "The \(keeper.slotKind) holds no key for this keychain any more; unlock with the passphrase.")
+        }
         try withState { state throws(LockboxError) in
             state.header = try VaultHeader.load(from: state.database)
             guard let slot = state.header.slots.first(where: { $0.kind == .external && $0.parameters == Array(keeper.slotKind.utf8) })
@@ -77,19 +92,11 @@ extension Vault {
                     .notAvailable,
                     "This keychain has no \(keeper.slotKind) unlock method. Enroll one with `lockbox enroll \(keeper.slotKind)`.")
             }
-            let slotKey: SecretBytes
-            do throws(LockboxError) {
-                slotKey = try keeper.slotKey(vaultIdentifier: identifierHex(state))
-            } catch {
-                guard error.code == .itemNotFound else { throw error }
-                throw LockboxError(
-                    .authFailed, "The \(keeper.slotKind) holds no key for this keychain any more; unlock with the passphrase.")
-            }
             guard let master = try? Crypto.open(slot.wrappedMasterKey, key: slotKey, associatedData: state.header.slotAssociatedData(slot))
             else {
                 throw LockboxError(.authFailed, "The key in the \(keeper.slotKind) does not open this keychain.")
             }
-            try finishUnlock(master: master, state: state)
+            try finishUnlock(master: master, presenceSecretKey: nil, state: state)
         }
     }
 

@@ -166,6 +166,14 @@ final class KeyCache {
         indexKeys.removeAll()
     }
 
+    /// Forgets the class and index keys derived from the header, after the header's keys
+    /// were replaced (a format upgrade, a passphrase change).
+    func forgetDerivedKeys() {
+        whileUnlockedClassKeys.removeAll()
+        alwaysClassKeys.removeAll()
+        indexKeys.removeAll()
+    }
+
     private func dropWhileUnlocked() {
         master = nil
         whileUnlockedClassKeys.removeAll()
@@ -284,70 +292,6 @@ final class KeyCache {
             whileUnlockedClassKeys[accessibility] = key
             return key
         }
-    }
-
-    /// Where a class key lives in the header: one portable slot, or one per machine.
-    static func classKeyID(_ accessibility: Accessibility, device: DeviceSecret) -> VaultHeader.ClassKeyID {
-        VaultHeader.ClassKeyID(accessibility: accessibility, device: accessibility.isThisDeviceOnly ? device.identifier : "")
-    }
-
-    /// The key that wraps a class key. The master key for portable classes; the master key
-    /// bound to the device secret for `*ThisDeviceOnly`; for the deprecated `always*` classes
-    /// no secret at all but the vault's identity (and the device secret): they are readable
-    /// whenever the file is, as on iOS, which is why they are the weakest.
-    static func wrappingKey(
-        for accessibility: Accessibility, master: SecretBytes?, device: DeviceSecret, vaultID: [UInt8]
-    ) -> SecretBytes? {
-        let base: SecretBytes
-        if accessibility.availability == .always {
-            var identity = vaultID
-            identity += [UInt8](repeating: 0, count: max(0, Crypto.keyByteCount - identity.count))
-            base = Crypto.deriveKey(from: SecretBytes(copying: identity), context: "lbxalway", identifier: 1)
-        } else {
-            guard let master else { return nil }
-            base = master
-        }
-        guard accessibility.isThisDeviceOnly else { return base }
-        return Crypto.combine(base, with: device.secret, context: "lockbox.this-device-only.v1")
-    }
-
-    /// Unwraps a class key: nil when its wrapping key is unavailable or when this machine has
-    /// no key of that class yet; `errSecDecode` when the stored key fails to open.
-    static func unwrapClassKey(
-        _ accessibility: Accessibility, header: VaultHeader, master: SecretBytes?, device: DeviceSecret
-    ) throws(LockboxError) -> SecretBytes? {
-        let id = classKeyID(accessibility, device: device)
-        guard let wrapped = header.wrappedClassKeys[id],
-            let wrappingKey = wrappingKey(for: accessibility, master: master, device: device, vaultID: header.vaultID)
-        else { return nil }
-        guard let key = try? Crypto.open(wrapped, key: wrappingKey, associatedData: header.classKeyAssociatedData(id)),
-            key.count == Crypto.keyByteCount
-        else {
-            throw LockboxError.integrity("The \(accessibility.rawValue) class key")
-        }
-        return key
-    }
-
-    /// Adds fresh class keys for every class this machine lacks (all of them for a new vault;
-    /// the `*ThisDeviceOnly` ones when a vault is first unlocked on another machine).
-    /// `whenPasscodeSetThisDeviceOnly` exists only while a passphrase does.
-    static func addMissingClassKeys(to header: inout VaultHeader, master: SecretBytes, device: DeviceSecret) -> Bool {
-        var added = false
-        for accessibility in Accessibility.allCases {
-            if accessibility == .whenPasscodeSetThisDeviceOnly && !header.hasPassphrase { continue }
-            let id = classKeyID(accessibility, device: device)
-            guard header.wrappedClassKeys[id] == nil,
-                let wrappingKey = wrappingKey(for: accessibility, master: master, device: device, vaultID: header.vaultID)
-            else { continue }
-            header.wrappedClassKeys[id] = Crypto.seal(
-                Crypto.generateKey(), key: wrappingKey, associatedData: header.classKeyAssociatedData(id))
-            added = true
-        }
-        return added
-    }
-
-    static func indexRoot(master: SecretBytes) -> SecretBytes {
-        Crypto.deriveKey(from: master, context: "lbxindex", identifier: 0)
     }
 
     private func refreshIdleTimeout(_ serial: KernelKeyring.Serial) {

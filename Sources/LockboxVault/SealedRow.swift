@@ -5,8 +5,11 @@ import VaultStorage
 /// One item as stored: plain columns for what queries filter on, sealed blobs for the rest.
 ///
 /// Every blob is bound (as associated data) to the vault, the item's id, class,
-/// accessibility, access group and sync flag, and the schema version, so a blob copied to
-/// another row, or a row whose plain columns were edited, fails to open.
+/// accessibility, access group, sync flag, device and access control, and (from row format 2)
+/// to the digests that select the row and to the row's version. A blob copied to another row,
+/// a row whose plain or digest columns were edited, or a row whose version was changed fails
+/// to open. Whether a row is the *current* one (not a replayed older copy, not deleted) is the
+/// integrity state's job (``IntegrityState``).
 struct SealedRow {
     var rowID: Int = 0
     var id: [UInt8]
@@ -21,9 +24,23 @@ struct SealedRow {
     var primaryDigest: [UInt8]
     var lookupDigest: [UInt8]
     var nameDigest: [UInt8]?
+    /// 1: the first release's rows (no digest binding, no padding, no version); 2: current.
+    var format: Int = SealedRow.currentFormat
+    /// The vault generation that wrote this row (0 for format-1 rows): unique per write.
+    var version: Int = 0
     var wrappedKey: [UInt8]
     var metadata: [UInt8]
     var secret: [UInt8]
+
+    static let currentFormat = 2
+
+    /// The integrity bucket: the first byte of the lookup digest, so a query that names a full
+    /// primary key knows which bucket to check even when it finds nothing (a deleted row).
+    var bucket: Int { Self.bucket(ofLookupDigest: lookupDigest) }
+
+    static func bucket(ofLookupDigest digest: [UInt8]) -> Int {
+        digest.isEmpty ? 0 : Int(digest[0])
+    }
 
     enum Purpose: String {
         case itemKey = "key"
@@ -35,7 +52,7 @@ struct SealedRow {
     func associatedDataPrefix(vaultID: [UInt8]) -> FieldEncoder {
         var encoder = FieldEncoder()
         encoder.string("lockbox.item")
-        encoder.integer(VaultSchema.current)
+        encoder.integer(format)
         encoder.bytes(vaultID)
         encoder.bytes(id)
         encoder.string(itemClass.rawValue)
@@ -44,6 +61,15 @@ struct SealedRow {
         encoder.integer(synchronizable ? 1 : 0)
         encoder.string(deviceID)
         encoder.string(accessControl)
+        if format >= 2 {
+            // Everything that selects the row is authenticated with it: swapping digests
+            // between rows makes both fail to open instead of answering one name with
+            // another item's value.
+            encoder.bytes(primaryDigest)
+            encoder.bytes(lookupDigest)
+            encoder.bytes(nameDigest)
+            encoder.integer(version)
+        }
         return encoder
     }
 
@@ -58,7 +84,7 @@ struct SealedRow {
     static func seal(
         id: [UInt8], itemClass: ItemClass, attributes: ItemAttributes, data: SecretBytes,
         classKey: SecretBytes, indexKey: SecretBytes, vaultID: [UInt8], deviceID: String,
-        accessControl: AccessControl?, presencePublicKey: [UInt8]?
+        accessControl: AccessControl?, presencePublicKey: [UInt8]?, version: Int
     ) -> SealedRow {
         let accessibility = attributes.accessibility ?? .default
         var row = SealedRow(
@@ -70,20 +96,36 @@ struct SealedRow {
             primaryDigest: Crypto.keyedDigest(PrimaryKey.encode(itemClass, attributes), key: indexKey),
             lookupDigest: Crypto.keyedDigest(PrimaryKey.encode(itemClass, attributes, includingGroup: false), key: indexKey),
             nameDigest: PrimaryKey.encodeName(itemClass, attributes).map { Crypto.keyedDigest($0, key: indexKey) },
-            wrappedKey: [], metadata: [], secret: [])
+            format: currentFormat, version: version, wrappedKey: [], metadata: [], secret: [])
         let itemKey = Crypto.generateKey()
-        let prefix = row.associatedDataPrefix(vaultID: vaultID)
-        row.wrappedKey = Crypto.seal(itemKey, key: classKey, associatedData: row.associatedData(prefix: prefix, .itemKey))
-        if accessControl != nil, let presencePublicKey {
+        row.sealContents(itemKey: itemKey, classKey: classKey, attributes: attributes, data: data, vaultID: vaultID,
+                         presencePublicKey: accessControl != nil ? presencePublicKey : nil)
+        return row
+    }
+
+    /// Seals the three blobs of a row whose columns are set. A format-2 row's value and
+    /// attributes are padded (``Padding``) so the file does not show their exact lengths.
+    mutating func sealContents(
+        itemKey: SecretBytes, classKey: SecretBytes, attributes: ItemAttributes, data: SecretBytes, vaultID: [UInt8],
+        presencePublicKey: [UInt8]?
+    ) {
+        let prefix = associatedDataPrefix(vaultID: vaultID)
+        wrappedKey = Crypto.seal(itemKey, key: classKey, associatedData: associatedData(prefix: prefix, .itemKey))
+        if !accessControl.isEmpty, let presencePublicKey {
             // A second lock: only the user's verification (the presence secret key) opens it.
-            row.wrappedKey = Crypto.seal(row.wrappedKey, toPublicKey: presencePublicKey)
+            wrappedKey = Crypto.seal(wrappedKey, toPublicKey: presencePublicKey)
         }
         // Attributes are sealed with the class key, not the item key: like iOS's metadata key,
         // they can be searched whenever the class is unlocked, without asking the user for an
         // access-controlled item's key.
-        row.metadata = Crypto.seal(attributes.encoded(), key: classKey, associatedData: row.associatedData(prefix: prefix, .metadata))
-        row.secret = Crypto.seal(data, key: itemKey, associatedData: row.associatedData(prefix: prefix, .data))
-        return row
+        let encoded = attributes.encoded()
+        metadata = Crypto.seal(
+            format >= 2 ? Padding.padded(encoded) : encoded, key: classKey, associatedData: associatedData(prefix: prefix, .metadata))
+        if format >= 2 {
+            secret = Crypto.seal(Padding.padded(data), key: itemKey, associatedData: associatedData(prefix: prefix, .data))
+        } else {
+            secret = Crypto.seal(data, key: itemKey, associatedData: associatedData(prefix: prefix, .data))
+        }
     }
 
     /// Opens the item key. Access-controlled rows need the presence key pair as well.
@@ -104,7 +146,8 @@ struct SealedRow {
     }
 
     func openAttributes(classKey: SecretBytes, prefix: FieldEncoder) throws(LockboxError) -> ItemAttributes {
-        guard let bytes = try? Crypto.openBytes(metadata, key: classKey, associatedData: associatedData(prefix: prefix, .metadata)),
+        guard let opened = try? Crypto.openBytes(metadata, key: classKey, associatedData: associatedData(prefix: prefix, .metadata)),
+            let bytes = format >= 2 ? Padding.unpadded(opened) : opened,
             var attributes = try? ItemAttributes(decoding: bytes)
         else { throw LockboxError.integrity() }
         // The plain columns were authenticated as associated data; they are the truth.
@@ -118,14 +161,17 @@ struct SealedRow {
         guard let data = try? Crypto.open(secret, key: itemKey, associatedData: associatedData(prefix: prefix, .data)) else {
             throw LockboxError.integrity()
         }
-        return data
+        guard format >= 2 else { return data }
+        guard let unpadded = Padding.unpadded(data) else { throw LockboxError.integrity() }
+        return unpadded
     }
 
     /// The columns ``read(from:)`` expects, in order. Queries that need no metadata or value
     /// select NULL in their place and so copy nothing.
     static func columns(metadata: Bool = true, secret: Bool = true) -> String {
         "rowid, id, item_class, accessibility, access_group, synchronizable, wrapped_key, "
-            + (metadata ? "metadata" : "NULL") + ", " + (secret ? "secret" : "NULL") + ", device_id, access_control"
+            + (metadata ? "metadata" : "NULL") + ", " + (secret ? "secret" : "NULL")
+            + ", device_id, access_control, primary_digest, lookup_digest, name_digest, format, version"
     }
 
     /// A row selected with ``columns(metadata:secret:)``. A malformed row is `errSecDecode`.
@@ -134,14 +180,17 @@ struct SealedRow {
             let itemClass = statement.text(2).flatMap(ItemClass.init(rawValue:)),
             let accessibility = statement.text(3).flatMap(Accessibility.init(rawValue:)),
             let group = statement.text(4), let synchronizable = statement.integer(5),
-            let wrappedKey = statement.blob(6), let deviceID = statement.text(9), let accessControl = statement.text(10)
+            let wrappedKey = statement.blob(6), let deviceID = statement.text(9), let accessControl = statement.text(10),
+            let primaryDigest = statement.blob(11), let lookupDigest = statement.blob(12),
+            let format = statement.integer(14), format == 1 || format == currentFormat, let version = statement.integer(15)
         else {
             throw LockboxError.integrity()
         }
         return SealedRow(
             rowID: rowID, id: id, itemClass: itemClass, accessibility: accessibility, accessGroup: group,
             synchronizable: synchronizable != 0, deviceID: deviceID, accessControl: accessControl,
-            primaryDigest: [], lookupDigest: [], nameDigest: nil, wrappedKey: wrappedKey,
+            primaryDigest: primaryDigest, lookupDigest: lookupDigest, nameDigest: statement.blob(13),
+            format: format, version: version, wrappedKey: wrappedKey,
             metadata: statement.blob(7) ?? [], secret: statement.blob(8) ?? [])
     }
 
@@ -159,5 +208,64 @@ struct SealedRow {
         statement.bind(11, secret)
         statement.bind(12, deviceID)
         statement.bind(13, accessControl)
+        statement.bind(14, format)
+        statement.bind(15, version)
+        statement.bind(16, bucket)
+    }
+}
+
+/// Length hiding for sealed values and attributes: a 4-byte length, the bytes, then zeros up
+/// to the bucket size. Buckets are 32, 64, 128 ... 4096 bytes, then multiples of 4096, so the
+/// file shows a value's size class, not its length.
+enum Padding {
+    static func paddedSize(_ count: Int) -> Int {
+        let needed = count + 4
+        guard needed > 32 else { return 32 }
+        guard needed > 4096 else { return 1 << (Int.bitWidth - (needed - 1).leadingZeroBitCount) }
+        return (needed + 4095) / 4096 * 4096
+    }
+
+    static func padded(_ data: SecretBytes) -> SecretBytes {
+        let size = paddedSize(data.count)
+        return SecretBytes(capacity: size) { buffer in
+            buffer.initializeMemory(as: UInt8.self, repeating: 0)
+            var length = UInt32(data.count).littleEndian
+            withUnsafeBytes(of: &length) { UnsafeMutableRawBufferPointer(rebasing: buffer[0..<4]).copyMemory(from: $0) }
+            data.withUnsafeBytes { bytes in
+                if bytes.count > 0 { UnsafeMutableRawBufferPointer(rebasing: buffer[4..<4 + bytes.count]).copyMemory(from: bytes) }
+            }
+            return size
+        }
+    }
+
+    static func padded(_ bytes: [UInt8]) -> [UInt8] {
+        var output = [UInt8](repeating: 0, count: paddedSize(bytes.count))
+        let length = UInt32(bytes.count)
+        for index in 0..<4 { output[index] = UInt8(truncatingIfNeeded: length >> (8 * UInt32(index))) }
+        output.replaceSubrange(4..<4 + bytes.count, with: bytes)
+        return output
+    }
+
+    /// The bytes of a padded buffer; nil when its length field or padding is malformed.
+    static func unpadded(_ bytes: UnsafeRawBufferPointer) -> Range<Int>? {
+        guard bytes.count >= 4 else { return nil }
+        let length = (0..<4).reduce(0) { $0 | Int(bytes[$1]) << (8 * $1) }
+        guard length <= bytes.count - 4, bytes.count == paddedSize(length) else { return nil }
+        var nonzero: UInt8 = 0
+        for index in (4 + length)..<bytes.count { nonzero |= bytes[index] }
+        guard nonzero == 0 else { return nil }
+        return 4..<4 + length
+    }
+
+    static func unpadded(_ bytes: [UInt8]) -> [UInt8]? {
+        guard let range = bytes.withUnsafeBytes({ unpadded($0) }) else { return nil }
+        return Array(bytes[range])
+    }
+
+    static func unpadded(_ data: SecretBytes) -> SecretBytes? {
+        data.withUnsafeBytes { bytes in
+            guard let range = unpadded(bytes) else { return nil }
+            return SecretBytes(copying: UnsafeRawBufferPointer(rebasing: bytes[range]))
+        }
     }
 }

@@ -58,6 +58,9 @@ extension Vault {
         let items: [(ItemClass, [UInt8], SecretBytes)] = try withState { state throws(LockboxError) in
             guard try state.keys.currentMaster() != nil else { throw lockedError() }
             return try state.database.readTransaction { () throws(LockboxError) -> [(ItemClass, [UInt8], SecretBytes)] in
+                // A backup carries only rows that check out.
+                _ = try currentIntegrity(state)
+                try verifyAllBuckets(state: state)
                 let statement = try state.database.statement("SELECT \(SealedRow.columns()) FROM items ORDER BY rowid")
                 var exported: [(ItemClass, [UInt8], SecretBytes)] = []
                 while try statement.step() {
@@ -132,7 +135,7 @@ extension Vault {
         var summary = RestoreSummary(added: 0, replaced: 0, kept: 0)
         try withState { state throws(LockboxError) in
             guard try state.keys.currentMaster() != nil else { throw lockedError() }
-            try state.database.writeTransaction { () throws(LockboxError) in
+            try writeRows(state) { writer throws(LockboxError) in
                 for (itemClass, attributes, data) in items {
                     guard let accessibility = attributes.accessibility, !accessibility.isThisDeviceOnly else {
                         throw LockboxError.integrity("The backup \(path)")
@@ -143,13 +146,19 @@ extension Vault {
                     existing.bind(1, digest)
                     if try existing.step() {
                         let row = try SealedRow.read(from: existing)
-                        state.database.resetStatements()
+                        existing.reset()
+                        try verifyBuckets([row.bucket], state: state)
                         var current: Date?
                         if row.accessControl.isEmpty,
                             let classKey = try state.keys.classKey(for: row.accessibility, header: state.header)
                         {
                             let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
-                            current = try row.openAttributes(classKey: classKey, prefix: prefix).modificationDate
+                            let opened = try row.openAttributes(classKey: classKey, prefix: prefix)
+                            // The row's digest must stand for the backup item's primary key.
+                            guard opened.primaryKeyOnly(of: itemClass) == attributes.primaryKeyOnly(of: itemClass),
+                                row.itemClass == itemClass
+                            else { throw LockboxError.integrity() }
+                            current = opened.modificationDate
                         }
                         // Access-controlled or unreadable existing items are never overwritten.
                         guard row.accessControl.isEmpty, let current,
@@ -161,16 +170,16 @@ extension Vault {
                         let sealed = SealedRow.seal(
                             id: row.id, itemClass: itemClass, attributes: attributes, data: data, classKey: keys.classKey,
                             indexKey: keys.indexKey, vaultID: state.header.vaultID, deviceID: state.device.identifier,
-                            accessControl: nil, presencePublicKey: nil)
-                        try replace(rowID: row.rowID, with: sealed, in: state.database, itemClass: itemClass)
+                            accessControl: nil, presencePublicKey: nil, version: writer.generation)
+                        try writer.replace(row, with: sealed)
                         summary.replaced += 1
                     } else {
-                        state.database.resetStatements()
+                        existing.reset()
                         let sealed = SealedRow.seal(
                             id: Crypto.randomBytes(16), itemClass: itemClass, attributes: attributes, data: data,
                             classKey: keys.classKey, indexKey: keys.indexKey, vaultID: state.header.vaultID,
-                            deviceID: state.device.identifier, accessControl: nil, presencePublicKey: nil)
-                        try insert(sealed, into: state.database, itemClass: itemClass)
+                            deviceID: state.device.identifier, accessControl: nil, presencePublicKey: nil, version: writer.generation)
+                        try writer.insert(sealed)
                         summary.added += 1
                     }
                 }
@@ -234,9 +243,12 @@ extension Vault {
         return items
     }
 
+    /// Writes `bytes` to a new file beside `path` and renames it into place. The temporary
+    /// file has an unpredictable name and is created exclusively without following links
+    /// (`O_EXCL | O_NOFOLLOW`), so nobody can plant it or a symlink in its place beforehand.
     private static func writeAtomically(_ bytes: [UInt8], to path: String) throws(LockboxError) {
-        let temporary = path + ".partial-\(getpid())"
-        let descriptor = Glibc.open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        let temporary = path + ".partial-" + Crypto.randomBytes(8).hexString
+        let descriptor = Glibc.open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
         guard descriptor >= 0 else {
             throw LockboxError(.io, "Cannot write the backup \(path): \(String(cString: strerror(errno))).")
         }
@@ -251,7 +263,11 @@ extension Vault {
             }
             offset += written
         }
-        fsync(descriptor)
+        guard fsync(descriptor) == 0 else {
+            close(descriptor)
+            unlink(temporary)
+            throw LockboxError(.io, "Writing the backup \(path) failed (fsync: \(String(cString: strerror(errno)))); nothing was written.")
+        }
         close(descriptor)
         guard rename(temporary, path) == 0 else {
             unlink(temporary)

@@ -27,26 +27,25 @@ extension Vault {
             prepared.append((item.itemClass, attributes, data, item.accessControl))
         }
         try withState { state throws(LockboxError) in
-            var rows: [SealedRow] = []
-            rows.reserveCapacity(prepared.count)
-            for (itemClass, attributes, data, accessControl) in prepared {
-                let keys = try keysForWriting(itemClass, attributes.accessibility!, state: state)
-                if accessControl != nil && state.header.presencePublicKey == nil {
-                    throw LockboxError(
-                        .notAvailable,
-                        "Access control needs a passphrase to verify the user, and this keychain has none. "
-                            + "Set one with `lockbox set-passphrase`.")
-                }
-                rows.append(
-                    SealedRow.seal(
+            try writeRows(state) { writer throws(LockboxError) in
+                for (itemClass, attributes, data, accessControl) in prepared {
+                    let keys = try keysForWriting(itemClass, attributes.accessibility!, state: state)
+                    if accessControl != nil && state.header.presencePublicKey == nil {
+                        throw LockboxError(
+                            .notAvailable,
+                            "Access control needs a passphrase to verify the user, and this keychain has none. "
+                                + "Set one with `lockbox set-passphrase`.")
+                    }
+                    let row = SealedRow.seal(
                         id: Crypto.randomBytes(16), itemClass: itemClass, attributes: attributes, data: data,
                         classKey: keys.classKey, indexKey: keys.indexKey, vaultID: state.header.vaultID,
                         deviceID: state.device.identifier, accessControl: accessControl,
-                        presencePublicKey: state.header.presencePublicKey))
-            }
-            try state.database.writeTransaction { () throws(LockboxError) in
-                for row in rows {
-                    try insert(row, into: state.database, itemClass: row.itemClass)
+                        presencePublicKey: state.header.presencePublicKey, version: writer.generation)
+                    do throws(LockboxError) {
+                        try writer.insert(row)
+                    } catch {
+                        throw error.code == .duplicateItem ? duplicate(itemClass) : error
+                    }
                 }
             }
         }
@@ -54,38 +53,38 @@ extension Vault {
 
     public func items(matching query: Query) throws(LockboxError) -> [Item] {
         try withState { state throws(LockboxError) in
-            let plan = try plan(
-                for: query, readingMetadata: query.returning.contains(.attributes),
-                readingData: query.returning.contains(.data), state: state)
-            let rows = try candidates(plan, state: state)
-            var results: [Item] = []
-            var lockedCandidate = false
-            for row in rows {
-                var item = Item(query.itemClass, attributes: ItemAttributes())
-                guard let classKey = try state.keys.classKey(for: row.accessibility, header: state.header) else {
-                    lockedCandidate = true
-                    continue
-                }
-                let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
-                if plan.readsMetadata {
-                    let opened = try row.openAttributes(classKey: classKey, prefix: prefix)
-                    guard opened.matches(plan.residual) else { continue }
+            // One snapshot for the integrity state and the rows.
+            try state.database.readTransaction { () throws(LockboxError) -> [Item] in
+                _ = try currentIntegrity(state)
+                let plan = try plan(for: query, readingData: query.returning.contains(.data), state: state)
+                let rows = try candidates(plan, state: state)
+                try verifyIntegrity(of: rows, plan: plan, state: state)
+                var results: [Item] = []
+                var lockedCandidate = false
+                for row in rows {
+                    var item = Item(query.itemClass, attributes: ItemAttributes())
+                    guard let classKey = try state.keys.classKey(for: row.accessibility, header: state.header) else {
+                        lockedCandidate = true
+                        continue
+                    }
+                    let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
+                    guard let opened = try openMatching(row, plan: plan, classKey: classKey, prefix: prefix) else { continue }
                     if query.returning.contains(.attributes) { item.attributes = opened }
+                    // Only the value needs the item key, and so, for an access-controlled item, the user.
+                    if query.returning.contains(.data) {
+                        let itemKey = try itemKey(of: row, classKey: classKey, prefix: prefix, query: query, action: "read", state: state)
+                        item.data = try row.openData(itemKey: itemKey, prefix: prefix)
+                    }
+                    item.persistentReference = Data(row.id)
+                    if !row.accessControl.isEmpty { item.accessControl = AccessControl(parsing: row.accessControl) }
+                    results.append(item)
+                    if query.limit == .one { break }
                 }
-                // Only the value needs the item key, and so, for an access-controlled item, the user.
-                if query.returning.contains(.data) {
-                    let itemKey = try itemKey(of: row, classKey: classKey, prefix: prefix, query: query, action: "read", state: state)
-                    item.data = try row.openData(itemKey: itemKey, prefix: prefix)
+                if results.isEmpty {
+                    throw try noMatch(lockedCandidate: lockedCandidate, plan: plan, state: state)
                 }
-                item.persistentReference = Data(row.id)
-                if !row.accessControl.isEmpty { item.accessControl = AccessControl(parsing: row.accessControl) }
-                results.append(item)
-                if query.limit == .one { break }
+                return results
             }
-            if results.isEmpty {
-                throw try noMatch(lockedCandidate: lockedCandidate, plan: plan, state: state)
-            }
-            return results
         }
     }
 
@@ -95,11 +94,12 @@ extension Vault {
             _ = try resolvedGroupForWriting(update.attributes.accessGroup)
         }
         try withState { state throws(LockboxError) in
-            try state.database.writeTransaction { () throws(LockboxError) in
+            try writeRows(state) { writer throws(LockboxError) in
                 var query = query
                 query.limit = .all
-                let plan = try plan(for: query, readingMetadata: true, readingData: true, state: state)
+                let plan = try plan(for: query, readingData: true, state: state)
                 let rows = try candidates(plan, state: state)
+                try verifyIntegrity(of: rows, plan: plan, state: state)
                 var matched = 0
                 var lockedCandidate = false
                 for row in rows {
@@ -108,8 +108,7 @@ extension Vault {
                         continue
                     }
                     let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
-                    var attributes = try row.openAttributes(classKey: classKey, prefix: prefix)
-                    guard attributes.matches(plan.residual) else { continue }
+                    guard var attributes = try openMatching(row, plan: plan, classKey: classKey, prefix: prefix) else { continue }
                     let itemKey = try itemKey(of: row, classKey: classKey, prefix: prefix, query: query, action: "update", state: state)
                     let data: SecretBytes
                     if let replacement = update.data {
@@ -127,57 +126,86 @@ extension Vault {
                         id: row.id, itemClass: query.itemClass, attributes: attributes, data: data,
                         classKey: keys.classKey, indexKey: keys.indexKey, vaultID: state.header.vaultID,
                         deviceID: state.device.identifier, accessControl: AccessControl(parsing: row.accessControl),
-                        presencePublicKey: state.header.presencePublicKey)
-                    try replace(rowID: row.rowID, with: sealed, in: state.database, itemClass: query.itemClass)
+                        presencePublicKey: state.header.presencePublicKey, version: writer.generation)
+                    do throws(LockboxError) {
+                        try writer.replace(row, with: sealed)
+                    } catch {
+                        throw error.code == .duplicateItem ? duplicate(query.itemClass) : error
+                    }
                     matched += 1
                 }
                 if matched == 0 {
                     throw try noMatch(lockedCandidate: lockedCandidate, plan: plan, state: state)
                 }
             }
+            // The replaced values must not linger in the write-ahead log.
+            state.database.truncateWriteAheadLog()
         }
     }
 
+    /// Deletes the matching items. The rule is the one reads follow: every candidate is opened
+    /// and checked against the query, so a locked keychain deletes nothing and answers
+    /// `errSecInteractionNotAllowed`, never deleting what it cannot read.
     @discardableResult
     public func delete(matching query: Query) throws(LockboxError) -> Int {
         try withState { state throws(LockboxError) -> Int in
-            try state.database.writeTransaction { () throws(LockboxError) -> Int in
+            let count = try writeRows(state) { writer throws(LockboxError) -> Int in
                 var query = query
                 query.limit = .all
-                let plan = try plan(for: query, readingMetadata: false, readingData: false, state: state)
+                let plan = try plan(for: query, readingData: false, state: state)
                 let rows = try candidates(plan, state: state)
-                var doomed: [Int] = []
-                var lockedCandidate = false
+                try verifyIntegrity(of: rows, plan: plan, state: state)
+                var doomed: [SealedRow] = []
                 for row in rows {
-                    // Matching on sealed attributes needs the item's key; matching on digests
-                    // and plain columns does not, so a locked item can still be deleted by
-                    // name. An access-controlled item always needs the user.
-                    if plan.needsMetadata || !row.accessControl.isEmpty {
-                        guard let classKey = try state.keys.classKey(for: row.accessibility, header: state.header) else {
-                            lockedCandidate = true
-                            continue
-                        }
-                        let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
-                        if plan.needsMetadata {
-                            let attributes = try row.openAttributes(classKey: classKey, prefix: prefix)
-                            guard attributes.matches(plan.residual) else { continue }
-                        }
-                        // Deleting an access-controlled item needs the user, as reading it does.
+                    guard let classKey = try state.keys.classKey(for: row.accessibility, header: state.header) else {
+                        throw lockedError()
+                    }
+                    let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
+                    guard try openMatching(row, plan: plan, classKey: classKey, prefix: prefix) != nil else { continue }
+                    // Deleting an access-controlled item needs the user, as reading it does.
+                    if !row.accessControl.isEmpty {
                         _ = try itemKey(of: row, classKey: classKey, prefix: prefix, query: query, action: "delete", state: state)
                     }
-                    doomed.append(row.rowID)
+                    doomed.append(row)
                 }
                 if doomed.isEmpty {
-                    throw try noMatch(lockedCandidate: lockedCandidate, plan: plan, state: state)
+                    throw try noMatch(lockedCandidate: false, plan: plan, state: state)
                 }
-                for rowID in doomed {
-                    let statement = try state.database.statement("DELETE FROM items WHERE rowid = ?")
-                    statement.bind(1, rowID)
-                    try statement.run()
-                }
+                for row in doomed { try writer.delete(row) }
                 return doomed.count
             }
+            // Deleted values must not linger in the write-ahead log.
+            state.database.truncateWriteAheadLog()
+            return count
         }
+    }
+
+    // MARK: Integrity on every read
+
+    /// Checks the integrity buckets a query depends on: the bucket its lookup digest names
+    /// (so a deleted row is noticed even when nothing is found), the buckets of every row found,
+    /// and every bucket for a query that scans its class.
+    func verifyIntegrity(of rows: [SealedRow], plan: QueryPlan, state: State) throws(LockboxError) {
+        if plan.shape.contains(.lookupDigest) || plan.shape.contains(.nameDigest) {
+            var buckets = Set(rows.map(\.bucket))
+            if let digest = plan.lookupDigest { buckets.insert(SealedRow.bucket(ofLookupDigest: digest)) }
+            try verifyBuckets(buckets, state: state)
+        } else if plan.shape.contains(.persistentReference) && !rows.isEmpty {
+            try verifyBuckets(Set(rows.map(\.bucket)), state: state)
+        } else {
+            try verifyAllBuckets(state: state)
+        }
+    }
+
+    /// Opens a candidate's attributes and compares them with the query. The attributes its
+    /// digest stood for must match, or the row is not what its columns claim (`errSecDecode`);
+    /// the rest decide whether it matches. Nil when it does not.
+    func openMatching(_ row: SealedRow, plan: QueryPlan, classKey: SecretBytes, prefix: FieldEncoder) throws(LockboxError) -> ItemAttributes? {
+        guard row.itemClass == plan.itemClass else { throw LockboxError.integrity() }
+        let opened = try row.openAttributes(classKey: classKey, prefix: prefix)
+        guard opened.matches(plan.covered) else { throw LockboxError.integrity() }
+        if let group = plan.group, group != row.accessGroup { throw LockboxError.integrity() }
+        return opened.matches(plan.residual) ? opened : nil
     }
 
     // MARK: Opening rows
@@ -221,7 +249,8 @@ extension Vault {
         let name = query.attributes.service ?? query.attributes.server ?? query.itemClass.rawValue
         let passphrase = try verifier.passphrase(
             for: AuthenticationRequest(reason: "\(action) the keychain item \(name)", accessControl: control))
-        guard let (_, secretKey) = try Self.openPassphraseSlot(state.header, passphrase: passphrase), let secretKey else {
+        let verified = try checkPassphraseHoldingState(passphrase, state: state, failure: "User verification failed: the passphrase is wrong")
+        guard let secretKey = verified.presence else {
             throw LockboxError(.authFailed, "User verification failed: the passphrase is wrong.")
         }
         context.remember(secretKey, realm: realm)
@@ -251,6 +280,12 @@ extension Vault {
         var arguments: [Argument]
         /// Attributes still to compare after decryption.
         var residual: ItemAttributes
+        /// Attributes the digest stood for: an opened row must carry exactly these.
+        var covered: ItemAttributes
+        /// The lookup digest searched for, when the query names a full primary key.
+        var lookupDigest: [UInt8]?
+        /// The access group the SQL selected on, when one.
+        var group: String?
         /// True when `residual` is not empty: candidates must be decrypted to match.
         var needsMetadata: Bool
         /// True when the metadata column is read (to match or to return attributes).
@@ -282,11 +317,14 @@ extension Vault {
         static let alwaysOnly = PlanShape(rawValue: 1 << 11)
     }
 
-    func plan(for query: Query, readingMetadata: Bool, readingData: Bool, state: State) throws(LockboxError) -> QueryPlan {
+    func plan(for query: Query, readingData: Bool, state: State) throws(LockboxError) -> QueryPlan {
         var shape: PlanShape = []
         var arguments: [QueryPlan.Argument] = [.text(query.itemClass.rawValue), .text(state.device.identifier)]
         var residual = query.attributes
         residual.synchronizable = nil
+        var covered = ItemAttributes()
+        var lookupDigest: [UInt8]?
+        var selectedGroup: String?
 
         if let reference = query.persistentReference {
             shape.insert(.persistentReference)
@@ -300,17 +338,22 @@ extension Vault {
             shape.insert(.alwaysOnly)
         } else if let indexKey, PrimaryKey.isComplete(query.itemClass, residual) {
             shape.insert(.lookupDigest)
-            arguments.append(.blob(Crypto.keyedDigest(PrimaryKey.encode(query.itemClass, residual, includingGroup: false), key: indexKey)))
+            let digest = Crypto.keyedDigest(PrimaryKey.encode(query.itemClass, residual, includingGroup: false), key: indexKey)
+            arguments.append(.blob(digest))
+            lookupDigest = digest
+            covered = residual.primaryKeyOnly(of: query.itemClass)
             residual.clearPrimaryKey(of: query.itemClass)
         } else if let indexKey, let name = PrimaryKey.encodeName(query.itemClass, residual) {
             shape.insert(.nameDigest)
             arguments.append(.blob(Crypto.keyedDigest(name, key: indexKey)))
+            covered = residual.nameOnly(of: query.itemClass)
             residual.clearName(of: query.itemClass)
         }
         if let group = residual.accessGroup {
             if isVisible(group) {
                 shape.insert(.groupEquals)
                 arguments.append(.text(group))
+                selectedGroup = group
             } else {
                 // Another group's items behave exactly as absent ones.
                 shape.insert(.nothing)
@@ -331,7 +374,8 @@ extension Vault {
         case .any: break
         }
         let needsMetadata = !residual.isEmpty
-        if needsMetadata || readingMetadata { shape.insert(.metadataColumn) }
+        // Every row read is opened and checked against the query.
+        shape.insert(.metadataColumn)
         if readingData { shape.insert(.secretColumn) }
         let sql: String
         if let cached = state.sqlByShape[shape] {
@@ -341,7 +385,8 @@ extension Vault {
             state.sqlByShape[shape] = sql
         }
         return QueryPlan(
-            sql: sql, arguments: arguments, residual: residual, needsMetadata: needsMetadata,
+            sql: sql, arguments: arguments, residual: residual, covered: covered, lookupDigest: lookupDigest,
+            group: selectedGroup, needsMetadata: needsMetadata,
             readsMetadata: shape.contains(.metadataColumn), itemClass: query.itemClass, shape: shape)
     }
 
@@ -389,38 +434,6 @@ extension Vault {
     }
 
     // MARK: Writing
-
-    func insert(_ row: SealedRow, into database: Database, itemClass: ItemClass) throws(LockboxError) {
-        let statement = try database.statement(
-            """
-            INSERT INTO items (id, item_class, accessibility, access_group, synchronizable, primary_digest,
-                               lookup_digest, name_digest, wrapped_key, metadata, secret, device_id, access_control)
-            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-            """)
-        row.bindColumns(to: statement)
-        do {
-            try statement.run()
-        } catch LockboxError.duplicateItem {
-            throw duplicate(itemClass)
-        }
-    }
-
-    func replace(rowID: Int, with row: SealedRow, in database: Database, itemClass: ItemClass) throws(LockboxError) {
-        let statement = try database.statement(
-            """
-            UPDATE items SET id = ?, item_class = ?, accessibility = ?, access_group = ?, synchronizable = ?,
-                             primary_digest = ?, lookup_digest = ?, name_digest = ?, wrapped_key = ?,
-                             metadata = ?, secret = ?, device_id = ?, access_control = ?
-            WHERE rowid = ?
-            """)
-        row.bindColumns(to: statement)
-        statement.bind(14, rowID)
-        do {
-            try statement.run()
-        } catch LockboxError.duplicateItem {
-            throw duplicate(itemClass)
-        }
-    }
 
     func keysForWriting(
         _ itemClass: ItemClass, _ accessibility: Accessibility, state: State
@@ -477,7 +490,7 @@ extension Vault {
         LockboxError(.itemNotFound, "No item matches the query in the keychain.")
     }
 
-    private func duplicate(_ itemClass: ItemClass) -> LockboxError {
+    func duplicate(_ itemClass: ItemClass) -> LockboxError {
         let key =
             switch itemClass {
             case .genericPassword: "service and account"
@@ -518,6 +531,48 @@ extension ItemAttributes {
             issuer = nil
             serialNumber = nil
         }
+    }
+
+    /// Only the attributes of `itemClass`'s primary key (what a lookup digest stands for).
+    func primaryKeyOnly(of itemClass: ItemClass) -> ItemAttributes {
+        var kept = ItemAttributes()
+        switch itemClass {
+        case .genericPassword:
+            kept.service = service
+            kept.account = account
+        case .internetPassword:
+            kept.server = server
+            kept.protocol = `protocol`
+            kept.port = port
+            kept.path = path
+            kept.account = account
+            kept.authenticationType = authenticationType
+            kept.securityDomain = securityDomain
+        case .key:
+            kept.keyClass = keyClass
+            kept.keyType = keyType
+            kept.keySizeInBits = keySizeInBits
+            kept.effectiveKeySize = effectiveKeySize
+            kept.applicationLabel = applicationLabel
+            kept.applicationTag = applicationTag
+        case .certificate:
+            kept.certificateType = certificateType
+            kept.issuer = issuer
+            kept.serialNumber = serialNumber
+        }
+        return kept
+    }
+
+    /// Only the attribute a name digest stands for.
+    func nameOnly(of itemClass: ItemClass) -> ItemAttributes {
+        var kept = ItemAttributes()
+        switch itemClass {
+        case .genericPassword: kept.service = service
+        case .internetPassword: kept.server = server
+        case .key: kept.applicationTag = applicationTag
+        case .certificate: kept.issuer = issuer
+        }
+        return kept
     }
 
     /// Clears the attribute a name digest already matched.

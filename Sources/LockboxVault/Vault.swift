@@ -83,11 +83,18 @@ public final class Vault: ItemStore, Sendable {
         /// SQL text per query shape (see `PlanShape`).
         var sqlByShape = SmallMap<PlanShape, String>()
         var statementByShape = SmallMap<PlanShape, Statement>()
+        /// What this connection verified of the integrity state (see ``IntegrityState``).
+        var integrity: IntegrityCache?
+        let rememberedGeneration: RememberedGeneration
+        /// A passphrase check inside a read: true to clear the attempt count, false to count a
+        /// failure, recorded when the operation's transaction is over.
+        var pendingAttemptOutcome: Bool?
 
-        init(database: Database, header: VaultHeader, keys: KeyCache) {
+        init(database: Database, header: VaultHeader, keys: KeyCache, rememberedGeneration: RememberedGeneration) {
             self.database = database
             self.header = header
             self.keys = keys
+            self.rememberedGeneration = rememberedGeneration
         }
     }
 
@@ -133,17 +140,33 @@ public final class Vault: ItemStore, Sendable {
         let presence = Crypto.generateKeyPair()
         var header = VaultHeader(
             vaultID: Crypto.randomBytes(16), slots: [], wrappedClassKeys: SmallMap(), presencePublicKey: presence.publicKey, mac: [])
-        header.slots.append(
-            makePassphraseSlot(
-                id: 1, header: header, passphrase: passphrase, master: master, presenceKey: presence.secretKey,
-                strength: configuration.keyDerivation))
-        _ = KeyCache.addMissingClassKeys(to: &header, master: master, device: device)
+        let indexRoot = Crypto.generateKey()
+        header.wrappedIndexRoot = Crypto.seal(indexRoot, key: master, associatedData: header.indexRootAssociatedData())
+        let strength = configuration.keyDerivation
+        let slot = VaultHeader.KeySlot(id: 1, kind: .passphrase, parameters: strength.parameters.encoded(), wrappedMasterKey: [])
+        let slotKey = try Self.deriveSlotKey(slot, passphrase: passphrase)
+        header.slots.append(Self.wrap(slot, master: master, presenceKey: presence.secretKey, slotKey: slotKey, header: header))
+        _ = try KeyCache.addMissingClassKeys(to: &header, master: master, device: device)
         header.seal(master: master)
-        try database.writeTransaction { () throws(LockboxError) in try header.save(to: database) }
+        guard let always = try KeyCache.unwrapClassKey(.always, header: header, master: master, device: device) else {
+            preconditionFailure("a new vault has an always class key")
+        }
+        var integrity = IntegrityState.empty()
+        integrity.generation = 1
+        integrity.seal(header: header, keys: IntegrityState.Keys(indexRoot: indexRoot, alwaysClassKey: always))
+        try database.writeTransaction { () throws(LockboxError) in
+            try header.save(to: database)
+            try integrity.save(to: database)
+        }
 
         let keys = KeyCache(vaultID: header.vaultID, mode: configuration.unlockCache, device: device)
-        let vault = Vault(path: path, configuration: configuration, state: State(database: database, header: header, keys: keys))
+        let remembered = RememberedGeneration(vaultID: header.vaultID, vaultPath: path, device: configuration.device)
+        remembered.write(1)
+        let vault = Vault(
+            path: path, configuration: configuration,
+            state: State(database: database, header: header, keys: keys, rememberedGeneration: remembered))
         try vault.withState { state throws(LockboxError) in
+            try vault.writeAttempts(Attempts(failures: 0, lastFailure: 0), state: state)
             try vault.cacheUnlockedKeys(master: master, state: state)
         }
         return vault
@@ -165,7 +188,16 @@ public final class Vault: ItemStore, Sendable {
         try VaultSchema.migrate(database)
         let header = try VaultHeader.load(from: database)
         let keys = KeyCache(vaultID: header.vaultID, mode: configuration.unlockCache, device: try DeviceSecret.load(configuration.device))
-        return Vault(path: path, configuration: configuration, state: State(database: database, header: header, keys: keys))
+        let remembered = RememberedGeneration(vaultID: header.vaultID, vaultPath: path, device: configuration.device)
+        let vault = Vault(
+            path: path, configuration: configuration,
+            state: State(database: database, header: header, keys: keys, rememberedGeneration: remembered))
+        // The header and the integrity state are checked on every open, with whatever keys
+        // this machine holds now (none before its first unlock: then at the first read).
+        try vault.withState { state throws(LockboxError) in
+            try state.database.readTransaction { () throws(LockboxError) in _ = try vault.currentIntegrity(state) }
+        }
+        return vault
     }
 
     // MARK: Lock state
@@ -176,18 +208,9 @@ public final class Vault: ItemStore, Sendable {
     /// 2 s, 4 s ... up to 30 s, counted in the vault file so every process shares the count.
     /// - Throws: `authFailed` for a wrong passphrase; `decode` when the header was modified.
     public func unlock(passphrase: SecretBytes) throws(LockboxError) {
+        let verified = try checkPassphrase(passphrase, failure: "The passphrase is wrong")
         try withState { state throws(LockboxError) in
-            try waitOutFailedAttempts(state.database)
-            state.header = try VaultHeader.load(from: state.database)
-            guard let (master, _) = try Self.openPassphraseSlot(state.header, passphrase: passphrase) else {
-                let failures = try recordFailedAttempt(state.database)
-                let wait = Self.delay(afterFailures: failures)
-                throw LockboxError(
-                    .authFailed,
-                    "The passphrase is wrong (failed attempt \(failures)"
-                        + (wait > 0 ? "; the next attempt waits \(wait) s)." : ")."))
-            }
-            try finishUnlock(master: master, state: state)
+            try finishUnlock(master: verified.master, presenceSecretKey: verified.presence, state: state)
         }
     }
 
@@ -207,38 +230,133 @@ public final class Vault: ItemStore, Sendable {
                 throw LockboxError(
                     .authFailed, "This keychain's passphrase-free unlock belongs to another machine; it cannot be unlocked here.")
             }
-            try finishUnlock(master: master, state: state)
+            try finishUnlock(master: master, presenceSecretKey: nil, state: state)
         }
     }
 
-    /// After a slot opened: check the header, give this machine its class keys, cache.
-    func finishUnlock(master: SecretBytes, state: State) throws(LockboxError) {
+    /// After a slot opened: check the header, bring an older file up to date, give this
+    /// machine its class keys, cache.
+    func finishUnlock(master: SecretBytes, presenceSecretKey: SecretBytes?, state: State) throws(LockboxError) {
+        state.header = try VaultHeader.load(from: state.database)
         guard state.header.verify(master: master) else {
             throw LockboxError.integrity("The keychain header")
         }
+        try upgradeRows(state, master: master, presenceSecretKey: presenceSecretKey)
+        let previous = try state.header.openPreviousMasters(master: master)
         var header = state.header
-        if KeyCache.addMissingClassKeys(to: &header, master: master, device: state.device) {
-            // First unlock on this machine: its ThisDeviceOnly classes get fresh keys.
-            header.seal(master: master)
-            try state.database.writeTransaction { () throws(LockboxError) in try header.save(to: state.database) }
-            state.header = header
+        let rewrapped = try Self.rewrapFromPreviousMasters(&header, master: master, previous: previous, device: state.device)
+        let added = try KeyCache.addMissingClassKeys(to: &header, master: master, device: state.device)
+        if added || rewrapped {
+            // First unlock on this machine: its ThisDeviceOnly classes and its copy of the
+            // `always` key; or its class keys were still wrapped by an earlier master key.
+            try commitHeaderChange(state, master: master) { current throws(LockboxError) in
+                _ = try Self.rewrapFromPreviousMasters(&current, master: master, previous: previous, device: state.device)
+                _ = try KeyCache.addMissingClassKeys(to: &current, master: master, device: state.device)
+            }
         }
-        try clearFailedAttempts(state.database)
         try cacheUnlockedKeys(master: master, state: state)
+        try clearFailedAttempts(state)
+        try releaseExplicitLock(state)
     }
 
-    /// The master and presence keys from the first passphrase slot that `passphrase` opens.
-    static func openPassphraseSlot(_ header: VaultHeader, passphrase: SecretBytes) throws(LockboxError) -> (SecretBytes, SecretBytes?)? {
+    /// This machine's `*ThisDeviceOnly` class keys still wrapped by an earlier master key (the
+    /// passphrase was changed on another machine sharing the file) are wrapped by the current one.
+    static func rewrapFromPreviousMasters(
+        _ header: inout VaultHeader, master: SecretBytes, previous: [SecretBytes], device: DeviceSecret
+    ) throws(LockboxError) -> Bool {
+        guard !previous.isEmpty else { return false }
+        var changed = false
+        for accessibility in Accessibility.allCases where accessibility.isThisDeviceOnly {
+            guard let id = KeyCache.masterEntry(accessibility, device: device, header: header), header.wrappedClassKeys[id] != nil,
+                let current = KeyCache.wrappingKey(for: id, master: master, device: device, header: header),
+                KeyCache.open(id, header: header, wrappingKey: current) == nil,
+                let key = try KeyCache.unwrapClassKey(accessibility, header: header, master: master, device: device, previousMasters: previous)
+            else { continue }
+            KeyCache.seal(key, as: id, in: &header, master: master, device: device)
+            changed = true
+        }
+        return changed
+    }
+
+    // MARK: Passphrase checks
+
+    /// What a correct passphrase opens.
+    struct VerifiedPassphrase: Sendable {
+        let master: SecretBytes
+        let presence: SecretBytes?
+        let header: VaultHeader
+    }
+
+    /// Checks `passphrase` against the passphrase slots, throttled by the shared attempt
+    /// counter. The wait and Argon2id run outside the vault's lock, so a `lock()` from another
+    /// thread never waits behind them; the lock is taken only to read the header and to record
+    /// the outcome.
+    func checkPassphrase(_ passphrase: SecretBytes, failure: String) throws(LockboxError) -> VerifiedPassphrase {
+        for _ in 0..<3 {
+            let (header, wait): (VaultHeader, Double) = try withState { state throws(LockboxError) in
+                let header = try VaultHeader.load(from: state.database)
+                state.header = header
+                return (header, try secondsToWait(state))
+            }
+            Self.sleep(seconds: wait)
+            let derived = try Self.deriveSlotKeys(header, passphrase: passphrase)
+            let outcome: VerifiedPassphrase? = try withState { state throws(LockboxError) -> VerifiedPassphrase? in
+                let current = try VaultHeader.load(from: state.database)
+                // Another process changed the slots meanwhile: derive again.
+                guard current.authenticatedBytes() == header.authenticatedBytes() else { return nil }
+                state.header = current
+                if let (master, presence) = Self.openPassphraseSlot(current, slotKeys: derived) {
+                    try clearFailedAttempts(state)
+                    return VerifiedPassphrase(master: master, presence: presence, header: current)
+                }
+                throw wrongPassphrase(failures: try recordFailedAttempt(state), failure)
+            }
+            if let outcome { return outcome }
+        }
+        throw LockboxError(.io, "The keychain's passphrase changed while it was being checked. Try again.")
+    }
+
+    /// The same check for callers that already hold the vault's lock (user verification
+    /// inside a read): the wait happens under the lock.
+    func checkPassphraseHoldingState(_ passphrase: SecretBytes, state: State, failure: String) throws(LockboxError) -> VerifiedPassphrase {
+        Self.sleep(seconds: try secondsToWait(state))
+        let header = try VaultHeader.load(from: state.database)
+        let derived = try Self.deriveSlotKeys(header, passphrase: passphrase)
+        guard let (master, presence) = Self.openPassphraseSlot(header, slotKeys: derived) else {
+            state.pendingAttemptOutcome = false
+            throw wrongPassphrase(failures: try readAttempts(state).failures + 1, failure)
+        }
+        state.pendingAttemptOutcome = true
+        return VerifiedPassphrase(master: master, presence: presence, header: header)
+    }
+
+    /// Argon2id for every passphrase slot (there is one). Refuses parameters below the floor:
+    /// they can only come from an edited file.
+    static func deriveSlotKeys(_ header: VaultHeader, passphrase: SecretBytes) throws(LockboxError) -> [(Int, SecretBytes)] {
+        var keys: [(Int, SecretBytes)] = []
         for slot in header.slots where slot.kind == .passphrase {
-            guard let derivation = PassphraseKeyDerivation(decoding: slot.parameters), derivation.meetsMinimum else {
-                throw LockboxError(
-                    .decode,
-                    "The keychain header's key-derivation parameters are missing or below Lockbox's minimum: "
-                        + "the file was modified outside Lockbox. Restore it from a backup.")
-            }
-            guard let slotKey = derivation.deriveKey(from: passphrase) else {
-                throw LockboxError(.io, "Not enough memory to derive the key from the passphrase (Argon2id).")
-            }
+            keys.append((slot.id, try deriveSlotKey(slot, passphrase: passphrase)))
+        }
+        return keys
+    }
+
+    static func deriveSlotKey(_ slot: VaultHeader.KeySlot, passphrase: SecretBytes) throws(LockboxError) -> SecretBytes {
+        guard let derivation = PassphraseKeyDerivation(decoding: slot.parameters), derivation.meetsMinimum else {
+            throw LockboxError(
+                .decode,
+                "The keychain header's key-derivation parameters are missing or below Lockbox's minimum: "
+                    + "the file was modified outside Lockbox. Restore it from a backup.")
+        }
+        guard let slotKey = derivation.deriveKey(from: passphrase) else {
+            throw LockboxError(.io, "Not enough memory to derive the key from the passphrase (Argon2id).")
+        }
+        return slotKey
+    }
+
+    /// The master and presence keys from the first passphrase slot its derived key opens.
+    static func openPassphraseSlot(_ header: VaultHeader, slotKeys: [(Int, SecretBytes)]) -> (SecretBytes, SecretBytes?)? {
+        for slot in header.slots where slot.kind == .passphrase {
+            guard let slotKey = slotKeys.first(where: { $0.0 == slot.id })?.1 else { continue }
             if let master = try? Crypto.open(slot.wrappedMasterKey, key: slotKey, associatedData: header.slotAssociatedData(slot)),
                 master.count == Crypto.keyByteCount
             {
@@ -256,41 +374,68 @@ public final class Vault: ItemStore, Sendable {
     }
 
     /// Locks: `whenUnlocked*` items become unreadable (-25308) in every process until the
-    /// next unlock. `afterFirstUnlock*` items stay readable until reboot, as on iOS.
+    /// next unlock. `afterFirstUnlock*` items stay readable until reboot, as on iOS. An explicit
+    /// lock holds: no unlock method opens the vault again by itself (see
+    /// ``mayUnlockAutomatically``) until an explicit unlock.
     public func lock() {
-        withState { state in state.keys.lock() }
+        withState { state in
+            state.keys.lock()
+            markExplicitLock(state)
+        }
     }
 
     /// Forgets every cached key, as a reboot does (`afterFirstUnlock*` items lock too).
     public func lockAll() {
-        withState { state in state.keys.forgetAll() }
+        withState { state in
+            state.keys.forgetAll()
+            markExplicitLock(state)
+        }
     }
 
-    /// Replaces the passphrase. Rewraps the master key in its slot only: no item is touched.
+    /// What a passphrase change did.
+    public struct PassphraseChange: Sendable, Equatable {
+        /// Items resealed under the new keys.
+        public var resealedItems: Int
+        /// Unlock methods that wrapped the old master key and were removed (enroll them again).
+        public var removedUnlockMethods: [String]
+    }
+
+    /// Replaces the passphrase and rotates the keys: a new master key and new class keys, and
+    /// every item this machine can open is resealed, so an old copy of the header with the old
+    /// passphrase opens nothing written afterwards. Other machines' `*ThisDeviceOnly` class
+    /// keys cannot be rewrapped here: the old master key is kept, sealed with the new one, only
+    /// for them. An outside unlock method (the desktop keyring) held the old master key's
+    /// wrapping key and is removed: enroll it again.
     /// - Throws: `authFailed` when `old` is wrong.
-    public func changePassphrase(from old: SecretBytes, to new: SecretBytes) throws(LockboxError) {
+    @discardableResult
+    public func changePassphrase(from old: SecretBytes, to new: SecretBytes) throws(LockboxError) -> PassphraseChange {
         guard !new.isEmpty else {
             throw LockboxError(.param, "The new passphrase is empty.")
         }
-        try withState { state throws(LockboxError) in
-            try state.database.writeTransaction { () throws(LockboxError) in
-                var header = try VaultHeader.load(from: state.database)
-                guard let (master, presence) = try Self.openPassphraseSlot(header, passphrase: old) else {
-                    throw LockboxError(.authFailed, "The current passphrase is wrong; nothing was changed.")
+        let verified = try checkPassphrase(old, failure: "The current passphrase is wrong; nothing was changed")
+        guard let presence = verified.presence else { throw LockboxError.integrity("The keychain's presence key") }
+        guard let slotIndex = verified.header.slots.firstIndex(where: { $0.kind == .passphrase }) else {
+            throw LockboxError(.notAvailable, "This keychain has no passphrase slot to change.")
+        }
+        // Argon2id for the new slot, outside the lock.
+        let newMaster = Crypto.generateKey()
+        let slot = VaultHeader.KeySlot(
+            id: verified.header.slots[slotIndex].id, kind: .passphrase,
+            parameters: configuration.keyDerivation.parameters.encoded(), wrappedMasterKey: [])
+        let slotKey = try Self.deriveSlotKey(slot, passphrase: new)
+        return try withState { state throws(LockboxError) -> PassphraseChange in
+            try upgradeRows(state, master: verified.master, presenceSecretKey: presence)
+            let change = try rotateKeys(
+                state, oldMaster: verified.master, newMaster: newMaster, presence: presence, expected: verified.header
+            ) { header throws(LockboxError) in
+                guard let index = header.slots.firstIndex(where: { $0.id == slot.id && $0.kind == .passphrase }) else {
+                    throw LockboxError(.io, "The keychain's passphrase changed while it was being changed. Try again.")
                 }
-                guard header.verify(master: master) else { throw LockboxError.integrity("The keychain header") }
-                guard let index = header.slots.firstIndex(where: { $0.kind == .passphrase }) else {
-                    throw LockboxError(.notAvailable, "This keychain has no passphrase slot to change.")
-                }
-                guard let presence else { throw LockboxError.integrity("The keychain's presence key") }
-                header.slots[index] = Self.makePassphraseSlot(
-                    id: header.slots[index].id, header: header, passphrase: new, master: master,
-                    presenceKey: presence, strength: configuration.keyDerivation)
-                header.seal(master: master)
-                try header.save(to: state.database)
-                state.header = header
-                try cacheUnlockedKeys(master: master, state: state)
+                header.slots[index] = Self.wrap(slot, master: newMaster, presenceKey: presence, slotKey: slotKey, header: header)
             }
+            try cacheUnlockedKeys(master: newMaster, state: state)
+            try releaseExplicitLock(state)
+            return change
         }
     }
 
@@ -301,17 +446,19 @@ public final class Vault: ItemStore, Sendable {
     /// - Returns: the number of items deleted.
     @discardableResult
     public func removePassphrase(_ current: SecretBytes) throws(LockboxError) -> Int {
-        try withState { state throws(LockboxError) -> Int in
-            try state.database.writeTransaction { () throws(LockboxError) -> Int in
+        let verified = try checkPassphrase(current, failure: "The passphrase is wrong; nothing was changed")
+        return try withState { state throws(LockboxError) -> Int in
+            let master = verified.master
+            try upgradeRows(state, master: master, presenceSecretKey: verified.presence)
+            try cacheUnlockedKeys(master: master, state: state)
+            let count = try writeRows(state) { writer throws(LockboxError) -> Int in
                 var header = try VaultHeader.load(from: state.database)
-                guard let (master, _) = try Self.openPassphraseSlot(header, passphrase: current) else {
-                    throw LockboxError(.authFailed, "The passphrase is wrong; nothing was changed.")
+                guard header.authenticatedBytes() == verified.header.authenticatedBytes() || header.verify(master: master) else {
+                    throw LockboxError.integrity("The keychain header")
                 }
-                guard header.verify(master: master) else { throw LockboxError.integrity("The keychain header") }
-                let deleted = try state.database.statement(
-                    "DELETE FROM items WHERE accessibility = 'whenPasscodeSetThisDeviceOnly' OR access_control != ''")
-                try deleted.run()
-                let count = state.database.changes
+                let doomed = try rows(
+                    state, where: "accessibility = 'whenPasscodeSetThisDeviceOnly' OR access_control != ''")
+                for row in doomed { try writer.delete(row) }
                 header.slots.removeAll { $0.kind == .passphrase }
                 let nextID = (header.slots.map(\.id).max() ?? 0) + 1
                 var slot = VaultHeader.KeySlot(id: nextID, kind: .device, parameters: [], wrappedMasterKey: [])
@@ -324,9 +471,21 @@ public final class Vault: ItemStore, Sendable {
                 header.seal(master: master)
                 try header.save(to: state.database)
                 state.header = header
-                try cacheUnlockedKeys(master: master, state: state)
-                return count
+                return doomed.count
             }
+            state.keys.forgetDerivedKeys()
+            try cacheUnlockedKeys(master: master, state: state)
+            state.database.truncateWriteAheadLog()
+            return count
+        }
+    }
+
+    /// How many items ``removePassphrase(_:)`` would delete (for a confirmation prompt).
+    public func itemsDeletedByRemovingPassphrase() throws(LockboxError) -> Int {
+        try withState { state throws(LockboxError) -> Int in
+            try state.database.firstRow(
+                "SELECT count(*) FROM items WHERE accessibility = 'whenPasscodeSetThisDeviceOnly' OR access_control != ''"
+            ) { $0.integer(0) ?? 0 } ?? 0
         }
     }
 
@@ -334,26 +493,27 @@ public final class Vault: ItemStore, Sendable {
     /// must be unlocked. `whenPasscodeSetThisDeviceOnly` becomes usable again.
     public func setPassphrase(_ new: SecretBytes) throws(LockboxError) {
         guard !new.isEmpty else { throw LockboxError(.param, "The new passphrase is empty.") }
+        let (hasPassphrase, nextID): (Bool, Int) = withState { state in
+            (state.header.hasPassphrase, (state.header.slots.map(\.id).max() ?? 0) + 1)
+        }
+        guard !hasPassphrase else {
+            throw LockboxError(.param, "This keychain already has a passphrase; use change-passphrase.")
+        }
+        // Argon2id outside the lock.
+        let slot = VaultHeader.KeySlot(
+            id: nextID, kind: .passphrase, parameters: configuration.keyDerivation.parameters.encoded(), wrappedMasterKey: [])
+        let slotKey = try Self.deriveSlotKey(slot, passphrase: new)
         try withState { state throws(LockboxError) in
             guard let master = try state.keys.currentMaster() else { throw lockedError() }
-            try state.database.writeTransaction { () throws(LockboxError) in
-                var header = try VaultHeader.load(from: state.database)
-                guard header.verify(master: master) else { throw LockboxError.integrity("The keychain header") }
+            try commitHeaderChange(state, master: master) { header throws(LockboxError) in
                 guard !header.hasPassphrase else {
-                    throw LockboxError(.duplicateItem, "This keychain already has a passphrase; use change-passphrase.")
+                    throw LockboxError(.param, "This keychain already has a passphrase; use change-passphrase.")
                 }
                 header.slots.removeAll { $0.kind == .device }
-                let nextID = (header.slots.map(\.id).max() ?? 0) + 1
                 let presence = Crypto.generateKeyPair()
                 header.presencePublicKey = presence.publicKey
-                header.slots.append(
-                    Self.makePassphraseSlot(
-                        id: nextID, header: header, passphrase: new, master: master, presenceKey: presence.secretKey,
-                        strength: configuration.keyDerivation))
-                _ = KeyCache.addMissingClassKeys(to: &header, master: master, device: state.device)
-                header.seal(master: master)
-                try header.save(to: state.database)
-                state.header = header
+                header.slots.append(Self.wrap(slot, master: master, presenceKey: presence.secretKey, slotKey: slotKey, header: header))
+                _ = try KeyCache.addMissingClassKeys(to: &header, master: master, device: state.device)
             }
         }
     }
@@ -376,8 +536,8 @@ public final class Vault: ItemStore, Sendable {
             let afterFirstUnlock = try state.keys.currentAfterFirstUnlockKeys() != nil
             let count = try state.database.statement("SELECT count(*) FROM items")
             _ = try count.step()
-            let failures = try state.database.statement("SELECT failures FROM unlock_attempts WHERE id = 1")
-            let failed = try failures.step() ? failures.integer(0) ?? 0 : 0
+            let failed = try readAttempts(state).failures
+            let generation = try IntegrityState.load(from: state.database)?.generation
             var readable: [Accessibility] = []
             for accessibility in Accessibility.allCases
             where (try? state.keys.classKey(for: accessibility, header: state.header)) != nil {
@@ -392,7 +552,8 @@ public final class Vault: ItemStore, Sendable {
                 unlockMethods: state.header.slots.map { $0.kind == .external ? String(decoding: $0.parameters, as: UTF8.self) : $0.kind.rawValue },
                 unlockCache: configuration.unlockCache,
                 failedUnlockAttempts: failed, schemaVersion: VaultSchema.current,
-                itemsBoundToOtherMachines: foreign.integer(0) ?? 0, hasPassphrase: state.header.hasPassphrase)
+                itemsBoundToOtherMachines: foreign.integer(0) ?? 0, hasPassphrase: state.header.hasPassphrase,
+                generation: generation, explicitlyLocked: isExplicitlyLocked(state))
         }
     }
 
@@ -402,7 +563,14 @@ public final class Vault: ItemStore, Sendable {
         try state.withLock { state throws(LockboxError) -> sending T in
             state.keys.beginOperation()
             defer { state.database.resetStatements() }
-            return try body(state)
+            do throws(LockboxError) {
+                let value = try body(state)
+                try settleAttempts(state)
+                return value
+            } catch {
+                try settleAttempts(state)
+                throw error
+            }
         }
     }
 
@@ -411,6 +579,19 @@ public final class Vault: ItemStore, Sendable {
             state.keys.beginOperation()
             defer { state.database.resetStatements() }
             return body(state)
+        }
+    }
+
+    /// Records the outcome of a passphrase check made inside a read (user verification), once
+    /// the read's transaction is over.
+    private func settleAttempts(_ state: State) throws(LockboxError) {
+        guard let outcome = state.pendingAttemptOutcome else { return }
+        state.pendingAttemptOutcome = nil
+        state.database.resetStatements()
+        if outcome {
+            try clearFailedAttempts(state)
+        } else {
+            _ = try recordFailedAttempt(state)
         }
     }
 
@@ -430,22 +611,18 @@ public final class Vault: ItemStore, Sendable {
 
     // MARK: Internals
 
-    static func makePassphraseSlot(
-        id: Int, header: VaultHeader, passphrase: SecretBytes, master: SecretBytes, presenceKey: SecretBytes,
-        strength: KeyDerivationStrength
+    /// A passphrase slot wrapping `master` and the presence key with a derived slot key.
+    static func wrap(
+        _ slot: VaultHeader.KeySlot, master: SecretBytes, presenceKey: SecretBytes, slotKey: SecretBytes, header: VaultHeader
     ) -> VaultHeader.KeySlot {
-        let derivation = strength.parameters
-        var slot = VaultHeader.KeySlot(id: id, kind: .passphrase, parameters: derivation.encoded(), wrappedMasterKey: [])
-        guard let slotKey = derivation.deriveKey(from: passphrase) else {
-            fatalError("Argon2id could not allocate its memory")
-        }
+        var slot = slot
         slot.wrappedMasterKey = Crypto.seal(master, key: slotKey, associatedData: header.slotAssociatedData(slot))
         slot.wrappedPresenceKey = Crypto.seal(
             presenceKey, key: slotKey, associatedData: header.slotAssociatedData(slot, purpose: "presence"))
         return slot
     }
 
-    private func cacheUnlockedKeys(master: SecretBytes, state: State) throws(LockboxError) {
+    func cacheUnlockedKeys(master: SecretBytes, state: State) throws(LockboxError) {
         var classKeys = SmallMap<Accessibility, SecretBytes>()
         for accessibility in AfterFirstUnlockKeys.classes {
             guard let key = try KeyCache.unwrapClassKey(accessibility, header: state.header, master: master, device: state.device) else {
@@ -453,7 +630,7 @@ public final class Vault: ItemStore, Sendable {
             }
             classKeys[accessibility] = key
         }
-        let afterFirstUnlock = AfterFirstUnlockKeys(indexRoot: KeyCache.indexRoot(master: master), classKeys: classKeys)
+        let afterFirstUnlock = AfterFirstUnlockKeys(indexRoot: try state.header.indexRoot(master: master), classKeys: classKeys)
         try state.keys.store(master: master, afterFirstUnlock: afterFirstUnlock, idleTimeout: configuration.idleTimeout)
     }
 
@@ -462,40 +639,6 @@ public final class Vault: ItemStore, Sendable {
         return min(30, 1 << min(failures - 3, 5))
     }
 
-    private func waitOutFailedAttempts(_ database: Database) throws(LockboxError) {
-        let statement = try database.statement("SELECT failures, last_failure FROM unlock_attempts WHERE id = 1")
-        guard try statement.step(), let failures = statement.integer(0), let last = statement.double(1) else { return }
-        let wait = Double(Self.delay(afterFailures: failures)) - (Date().timeIntervalSince1970 - last)
-        if wait > 0 {
-            let seconds = min(wait, 30)
-            var interval = timespec(tv_sec: Int(seconds), tv_nsec: Int((seconds - seconds.rounded(.down)) * 1e9))
-            var remaining = timespec()
-            while nanosleep(&interval, &remaining) != 0 && errno == EINTR { interval = remaining }
-        }
-    }
-
-    private func recordFailedAttempt(_ database: Database) throws(LockboxError) -> Int {
-        try database.writeTransaction { () throws(LockboxError) -> Int in
-            let update = try database.statement(
-                """
-                INSERT INTO unlock_attempts (id, failures, last_failure) VALUES (1, 1, ?)
-                ON CONFLICT(id) DO UPDATE SET failures = failures + 1, last_failure = excluded.last_failure
-                """)
-            update.bind(1, Date().timeIntervalSince1970)
-            try update.run()
-            let read = try database.statement("SELECT failures FROM unlock_attempts WHERE id = 1")
-            _ = try read.step()
-            return read.integer(0) ?? 1
-        }
-    }
-
-    private func clearFailedAttempts(_ database: Database) throws(LockboxError) {
-        let check = try database.statement("SELECT failures FROM unlock_attempts WHERE id = 1")
-        guard try check.step() else { return }
-        try database.writeTransaction { () throws(LockboxError) in
-            try database.execute("DELETE FROM unlock_attempts")
-        }
-    }
 }
 
 /// What `lockbox status` shows.
@@ -517,6 +660,10 @@ public struct VaultStatus: Sendable, Codable {
     public var itemsBoundToOtherMachines: Int
     /// False after ``Vault/removePassphrase(_:)``.
     public var hasPassphrase: Bool
+    /// The vault's write generation (nil for a file from before schema 2 not yet upgraded).
+    public var generation: Int?
+    /// Locked on purpose (`lock`): no unlock method reopens it by itself.
+    public var explicitlyLocked: Bool
 }
 
 extension UnlockCache: Codable {}

@@ -8,20 +8,31 @@ import VaultStorage
 /// Everything here is covered by a MAC keyed from the master key, checked at every unlock,
 /// so an edit to any field (weaker Argon2id parameters, a swapped class key, another vault's
 /// identity) is detected as soon as the vault is opened.
-struct VaultHeader {
+struct VaultHeader: Sendable {
     static let format = "lockbox-vault"
 
     var vaultID: [UInt8]
+    /// 1: the first release's header; 2: the index root is a wrapped key of its own (so the
+    /// master key can rotate without changing every lookup digest), the `always` class keys
+    /// are wrapped by the master key and by each machine's device key instead of the vault's
+    /// identity, and earlier master keys are kept for other machines' class keys.
+    var version: Int = 2
     var slots: [KeySlot]
     var wrappedClassKeys: SmallMap<ClassKeyID, [UInt8]>
     /// The public half of the presence key pair: access-controlled items are sealed to it,
     /// and only a passphrase re-entry releases the secret half. Nil without a passphrase.
     var presencePublicKey: [UInt8]?
+    /// Version 2: the lookup-index root, sealed with the master key.
+    var wrappedIndexRoot: [UInt8]?
+    /// Version 2: earlier master keys, sealed with the current one, kept only while another
+    /// machine's `*ThisDeviceOnly` class keys are still wrapped by them (that machine rewraps
+    /// them at its next unlock).
+    var previousMasters: [[UInt8]] = []
     var mac: [UInt8]
 
     /// A class key's place: portable classes have one (device ""), `*ThisDeviceOnly` classes
     /// one per machine that has unlocked the vault.
-    struct ClassKeyID: Equatable, Comparable {
+    struct ClassKeyID: Equatable, Comparable, Sendable {
         var accessibility: Accessibility
         var device: String
 
@@ -32,8 +43,8 @@ struct VaultHeader {
         }
     }
 
-    struct KeySlot {
-        enum Kind: String {
+    struct KeySlot: Sendable {
+        enum Kind: String, Sendable {
             /// Argon2id of a passphrase. Also wraps the presence key for access control.
             case passphrase
             /// No passphrase: the device secret alone (like an iPhone without a passcode).
@@ -78,7 +89,7 @@ struct VaultHeader {
     func authenticatedBytes() -> [UInt8] {
         var encoder = FieldEncoder()
         encoder.string(Self.format)
-        encoder.integer(VaultSchema.current)
+        encoder.integer(version)
         encoder.bytes(vaultID)
         for slot in slots.sorted(by: { $0.id < $1.id }) {
             encoder.integer(slot.id)
@@ -94,7 +105,49 @@ struct VaultHeader {
             encoder.string(id.device)
             encoder.bytes(wrappedClassKeys[id])
         }
+        if version >= 2 {
+            encoder.bytes(wrappedIndexRoot)
+            encoder.integer(previousMasters.count)
+            for wrapped in previousMasters { encoder.bytes(wrapped) }
+        }
         return encoder.bytes
+    }
+
+    /// The lookup-index root: sealed in a version-2 header, derived from the master key in a
+    /// version-1 one.
+    func indexRoot(master: SecretBytes) throws(LockboxError) -> SecretBytes {
+        guard version >= 2 else { return Crypto.deriveKey(from: master, context: "lbxindex", identifier: 0) }
+        guard let wrappedIndexRoot,
+            let root = try? Crypto.open(wrappedIndexRoot, key: master, associatedData: indexRootAssociatedData()),
+            root.count == Crypto.keyByteCount
+        else { throw LockboxError.integrity("The keychain's index key") }
+        return root
+    }
+
+    func indexRootAssociatedData() -> [UInt8] {
+        var encoder = FieldEncoder()
+        encoder.string("lockbox.index-root.v2")
+        encoder.bytes(vaultID)
+        return encoder.bytes
+    }
+
+    func previousMasterAssociatedData() -> [UInt8] {
+        var encoder = FieldEncoder()
+        encoder.string("lockbox.previous-master.v2")
+        encoder.bytes(vaultID)
+        return encoder.bytes
+    }
+
+    /// The earlier master keys, newest first.
+    func openPreviousMasters(master: SecretBytes) throws(LockboxError) -> [SecretBytes] {
+        var keys: [SecretBytes] = []
+        for wrapped in previousMasters {
+            guard let key = try? Crypto.open(wrapped, key: master, associatedData: previousMasterAssociatedData()) else {
+                throw LockboxError.integrity("The keychain header")
+            }
+            keys.append(key)
+        }
+        return keys
     }
 
     static func macKey(master: SecretBytes) -> SecretBytes {
@@ -146,8 +199,26 @@ struct VaultHeader {
             }
             classKeys[ClassKeyID(accessibility: accessibility, device: device)] = wrapped
         }
+        var version = 1
+        if let stored = values["version"] {
+            guard stored.count == 1, stored[0] == 2 else { throw LockboxError.integrity("The keychain header in \(database.path)") }
+            version = 2
+        }
+        var previousMasters: [[UInt8]] = []
+        if let stored = values["previous_masters"] {
+            var decoder = FieldDecoder(stored)
+            while !decoder.isAtEnd {
+                guard let wrapped = try? decoder.bytes() else { throw LockboxError.integrity("The keychain header in \(database.path)") }
+                previousMasters.append(wrapped)
+            }
+        }
+        guard version == 2 || (values["index_root"] == nil && previousMasters.isEmpty) else {
+            throw LockboxError.integrity("The keychain header in \(database.path)")
+        }
         return VaultHeader(
-            vaultID: vaultID, slots: slots, wrappedClassKeys: classKeys, presencePublicKey: values["presence_public_key"], mac: mac)
+            vaultID: vaultID, version: version, slots: slots, wrappedClassKeys: classKeys,
+            presencePublicKey: values["presence_public_key"], wrappedIndexRoot: values["index_root"],
+            previousMasters: previousMasters, mac: mac)
     }
 
     /// Writes the whole header. Call inside a write transaction.
@@ -155,6 +226,13 @@ struct VaultHeader {
         try database.execute("DELETE FROM header; DELETE FROM key_slots; DELETE FROM class_keys;")
         var values = [("format", Array(Self.format.utf8)), ("vault_id", vaultID), ("mac", mac)]
         if let presencePublicKey { values.append(("presence_public_key", presencePublicKey)) }
+        if version >= 2 { values.append(("version", [UInt8(version)])) }
+        if let wrappedIndexRoot { values.append(("index_root", wrappedIndexRoot)) }
+        if !previousMasters.isEmpty {
+            var encoder = FieldEncoder()
+            for wrapped in previousMasters { encoder.bytes(wrapped) }
+            values.append(("previous_masters", encoder.bytes))
+        }
         for (name, value) in values {
             let statement = try database.statement("INSERT INTO header (name, value) VALUES (?, ?)")
             statement.bind(1, name)

@@ -8,12 +8,20 @@ import VaultStorage
 /// the file as it was. A file from a newer Lockbox is refused rather than guessed at.
 enum VaultSchema {
     /// The version this build writes.
-    static let current = 1
+    ///
+    /// - 1: the first release.
+    /// - 2: rows bind their lookup digests and a version into their authenticated data and are
+    ///   padded; an authenticated integrity state (a generation and one accumulator per bucket
+    ///   of rows) detects replayed, deleted and rolled-back rows; the attempt counter is
+    ///   authenticated. The schema step adds the columns; the rows are resealed at the first
+    ///   unlock (``Vault/upgradeRows``), which needs the keys.
+    static let current = 2
 
     /// Takes a vault from `version` to `version + 1`. A later schema adds a case here.
     static func migrate(_ database: Database, from version: Int) throws(LockboxError) {
         switch version {
         case 0: try createVersion1(database)
+        case 1: try addVersion2(database)
         default: throw LockboxError(.param, "No migration from keychain schema version \(version).")
         }
     }
@@ -37,6 +45,24 @@ enum VaultSchema {
                 try database.execute("PRAGMA user_version = \(version)")
             }
         }
+    }
+
+    private static func addVersion2(_ database: Database) throws(LockboxError) {
+        try database.execute(
+            """
+            ALTER TABLE items ADD COLUMN format INTEGER NOT NULL DEFAULT 1;
+            ALTER TABLE items ADD COLUMN version INTEGER NOT NULL DEFAULT 0;
+            ALTER TABLE items ADD COLUMN bucket INTEGER NOT NULL DEFAULT 0;
+            CREATE INDEX items_by_bucket ON items(bucket, id, version);
+            CREATE TABLE vault_state (
+                id INTEGER PRIMARY KEY CHECK (id = 1),
+                generation INTEGER NOT NULL,
+                accumulators BLOB NOT NULL,
+                mac BLOB NOT NULL,
+                always_mac BLOB NOT NULL
+            );
+            ALTER TABLE unlock_attempts ADD COLUMN mac BLOB;
+            """)
     }
 
     private static func createVersion1(_ database: Database) throws(LockboxError) {

@@ -125,7 +125,7 @@ struct LockStateTests {
         #expect(try fixture.vault.data(matching: query) == SecretBytes(utf8: "v"))
     }
 
-    @Test("changing the passphrase rewraps one slot: the old one fails, the new one opens every item")
+    @Test("changing the passphrase rotates the keys: every row is resealed, the old passphrase fails, the new one opens every item")
     func changePassphrase_rewrapsSlot() throws {
         let fixture = try VaultFixture()
         for index in 0..<20 {
@@ -143,7 +143,7 @@ struct LockStateTests {
             _ = try statement.step()
             return statement.text(0)
         }
-        #expect(before == after)
+        #expect(before != after)
         fixture.vault.lockAll()
         #expect(status { try fixture.vault.unlock(passphrase: fixture.passphrase) } == -25293)
         try fixture.vault.unlock(passphrase: newPassphrase)
@@ -156,14 +156,18 @@ struct LockStateTests {
         #expect(status { try fixture.vault.changePassphrase(from: SecretBytes(utf8: "nope"), to: SecretBytes(utf8: "new")) } == -25293)
     }
 
-    @Test("a locked item can still be deleted by its primary key")
-    func lockedItem_canBeDeletedByName() throws {
+    @Test("a locked keychain deletes nothing: delete is errSecInteractionNotAllowed, as find is")
+    func lockedItem_deleteIsRefused() throws {
         let fixture = try VaultFixture()
         try fixture.vault.add(.genericPassword(service: "svc", account: "alice", data: SecretBytes(utf8: "v")))
+        try fixture.vault.add(.genericPassword(service: "svc", account: "bob", data: SecretBytes(utf8: "w"), accessibility: .afterFirstUnlock))
         fixture.vault.lock()
-        try fixture.vault.delete(matching: query)
+        #expect(status { try fixture.vault.delete(matching: query) } == -25308)
+        // A query that also matches a readable item deletes nothing either.
+        #expect(status { try fixture.vault.delete(matching: .genericPassword(service: "svc")) } == -25308)
         try fixture.vault.unlock(passphrase: fixture.passphrase)
-        #expect(status { _ = try fixture.vault.data(matching: query) } == -25300)
+        #expect(try fixture.vault.data(matching: query) == SecretBytes(utf8: "v"))
+        #expect(try fixture.vault.delete(matching: .genericPassword(service: "svc")) == 2)
     }
 
     @Test("before the first unlock every lookup is errSecInteractionNotAllowed")

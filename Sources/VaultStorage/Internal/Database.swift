@@ -179,7 +179,7 @@ package final class Statement {
     /// Stepped since its last reset (so it may hold a read snapshot).
     fileprivate var isStepped = false
 
-    func reset() {
+    package func reset() {
         sqlite3_reset(handle)
         sqlite3_clear_bindings(handle)
         isStepped = false

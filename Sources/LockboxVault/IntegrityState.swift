@@ -1,0 +1,196 @@
+import LockboxCore
+import VaultCrypto
+import VaultStorage
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The vault's authenticated view of which rows are current.
+///
+/// Rows fall into 256 buckets (the first byte of their lookup digest). Each bucket has an
+/// accumulator: the XOR of a keyed pseudo-random value of every row's `(id, version)` in it
+/// (an XOR-MAC: without the key nobody can produce a matching set). The accumulators, a
+/// generation counted up by every write, and the header are covered by two MACs: one keyed
+/// from the lookup-index root (available from the first unlock), one from the `always` class
+/// key (available before it, from the device key). So:
+/// - a row replayed from an older copy carries an older version: its bucket no longer adds up;
+/// - a deleted or inserted row changes its bucket's set the same way;
+/// - an older copy of the whole file (or a lost WAL) has an older generation than the one this
+///   machine remembers outside the file (``RememberedGeneration``).
+///
+/// Verifying a bucket reads the ids and versions of its rows (an index-only scan); results are
+/// cached until another connection writes (`PRAGMA data_version`).
+struct IntegrityState {
+    static let bucketCount = 256
+    static let accumulatorSize = 32
+
+    var generation: Int
+    var accumulators: [UInt8]
+    var mac: [UInt8] = []
+    var alwaysMAC: [UInt8] = []
+
+    static func empty() -> IntegrityState {
+        IntegrityState(generation: 0, accumulators: [UInt8](repeating: 0, count: bucketCount * accumulatorSize))
+    }
+
+    /// The keys: `state` from the index root (nil before the first unlock), `always` from the
+    /// `always` class key, which also keys the row elements.
+    struct Keys {
+        var state: SecretBytes?
+        var always: SecretBytes
+        var element: SecretBytes
+
+        init(indexRoot: SecretBytes?, alwaysClassKey: SecretBytes) {
+            state = indexRoot.map { Crypto.deriveKey(from: $0, context: "lbxstate", identifier: 1) }
+            always = Crypto.deriveKey(from: alwaysClassKey, context: "lbxstate", identifier: 2)
+            element = Crypto.deriveKey(from: alwaysClassKey, context: "lbxelemt", identifier: 1)
+        }
+    }
+
+    static func element(id: [UInt8], version: Int, key: SecretBytes) -> [UInt8] {
+        var encoder = FieldEncoder()
+        encoder.bytes(id)
+        encoder.integer(version)
+        return Crypto.keyedDigest(encoder.bytes, key: key)
+    }
+
+    mutating func toggle(bucket: Int, id: [UInt8], version: Int, key: SecretBytes) {
+        let value = Self.element(id: id, version: version, key: key)
+        let start = bucket * Self.accumulatorSize
+        for index in 0..<Self.accumulatorSize { accumulators[start + index] ^= value[index] }
+    }
+
+    func accumulator(_ bucket: Int) -> ArraySlice<UInt8> {
+        accumulators[bucket * Self.accumulatorSize..<(bucket + 1) * Self.accumulatorSize]
+    }
+
+    private func authenticatedBytes(vaultID: [UInt8], header: VaultHeader) -> [UInt8] {
+        var encoder = FieldEncoder()
+        encoder.string("lockbox.state.v2")
+        encoder.bytes(vaultID)
+        encoder.integer(generation)
+        encoder.bytes(accumulators)
+        encoder.bytes(header.authenticatedBytes())
+        encoder.bytes(header.mac)
+        return encoder.bytes
+    }
+
+    mutating func seal(header: VaultHeader, keys: Keys) {
+        guard let stateKey = keys.state else { preconditionFailure("writing the integrity state needs the index root") }
+        let bytes = authenticatedBytes(vaultID: header.vaultID, header: header)
+        mac = Crypto.keyedDigest(bytes, key: stateKey)
+        alwaysMAC = Crypto.keyedDigest(bytes, key: keys.always)
+    }
+
+    /// Checks the MAC the available keys allow: the index-root one when present, otherwise the
+    /// `always` one.
+    func verify(header: VaultHeader, keys: Keys) -> Bool {
+        let bytes = authenticatedBytes(vaultID: header.vaultID, header: header)
+        if let stateKey = keys.state {
+            return Self.equal(Crypto.keyedDigest(bytes, key: stateKey), mac)
+        }
+        return Self.equal(Crypto.keyedDigest(bytes, key: keys.always), alwaysMAC)
+    }
+
+    static func equal(_ left: [UInt8], _ right: [UInt8]) -> Bool {
+        guard left.count == right.count else { return false }
+        return left.withUnsafeBytes { a in right.withUnsafeBytes { b in constantTimeEquals(a, b) } }
+    }
+
+    // MARK: Storage
+
+    /// The stored state, or nil when the vault has none yet (a file from before schema 2 that
+    /// has not been unlocked since). A malformed state is `errSecDecode`.
+    static func load(from database: Database) throws(LockboxError) -> IntegrityState? {
+        let statement = try database.statement("SELECT generation, accumulators, mac, always_mac FROM vault_state WHERE id = 1")
+        defer { statement.reset() }
+        guard try statement.step() else { return nil }
+        guard let generation = statement.integer(0), generation >= 0, let accumulators = statement.blob(1),
+            accumulators.count == bucketCount * accumulatorSize, let mac = statement.blob(2), let alwaysMAC = statement.blob(3)
+        else {
+            throw LockboxError.integrity("The keychain's integrity record")
+        }
+        return IntegrityState(generation: generation, accumulators: accumulators, mac: mac, alwaysMAC: alwaysMAC)
+    }
+
+    func save(to database: Database) throws(LockboxError) {
+        let statement = try database.statement(
+            "INSERT OR REPLACE INTO vault_state (id, generation, accumulators, mac, always_mac) VALUES (1, ?, ?, ?, ?)")
+        statement.bind(1, generation)
+        statement.bind(2, accumulators)
+        statement.bind(3, mac)
+        statement.bind(4, alwaysMAC)
+        try statement.run()
+    }
+
+    /// The accumulator of `bucket` recomputed from the rows in the file.
+    static func computeAccumulator(bucket: Int, database: Database, key: SecretBytes) throws(LockboxError) -> [UInt8] {
+        let statement = try database.statement("SELECT id, version FROM items WHERE bucket = ?")
+        defer { statement.reset() }
+        statement.bind(1, bucket)
+        var accumulator = [UInt8](repeating: 0, count: accumulatorSize)
+        while try statement.step() {
+            guard let id = statement.blob(0), let version = statement.integer(1) else {
+                throw LockboxError.integrity()
+            }
+            let value = element(id: id, version: version, key: key)
+            for index in 0..<accumulatorSize { accumulator[index] ^= value[index] }
+        }
+        return accumulator
+    }
+}
+
+/// The highest generation this machine has seen of a vault, kept outside the vault file (in
+/// `$XDG_STATE_HOME/lockbox/generations/`), so that an older copy of the whole file, or a
+/// deleted WAL, is noticed. Written after each commit without a sync of its own: after a crash
+/// it can only lag behind the file (a missed detection), never run ahead (a false alarm).
+final class RememberedGeneration {
+    let path: String
+    /// Kept open once the file exists: a read is then one `pread`.
+    private var descriptor: Int32 = -1
+
+    init(vaultID: [UInt8], vaultPath: String, device: DeviceIdentity) {
+        let directory = FilePermissions.directory(of: device.resolvedKeyPath) + "/generations"
+        // One record per vault and location: a deliberate copy of a vault elsewhere is another vault.
+        let location = Crypto.keyedDigest(Array(vaultPath.utf8), key: SecretBytes(copying: vaultID + [UInt8](repeating: 0, count: 16)))
+        path = directory + "/" + vaultID.hexString + "-" + Array(location.prefix(8)).hexString
+    }
+
+    deinit {
+        if descriptor >= 0 { close(descriptor) }
+    }
+
+    private func openIfNeeded() -> Bool {
+        if descriptor >= 0 { return true }
+        descriptor = Glibc.open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW)
+        return descriptor >= 0
+    }
+
+    /// The remembered generation; 0 when there is none.
+    func read() -> Int {
+        guard openIfNeeded() else { return 0 }
+        var bytes = [UInt8](repeating: 0, count: 8)
+        let count = bytes.withUnsafeMutableBytes { pread(descriptor, $0.baseAddress, 8, 0) }
+        guard count == 8 else { return 0 }
+        return Int(truncatingIfNeeded: bytes.enumerated().reduce(UInt64(0)) { $0 | UInt64($1.element) << (8 * UInt64($1.offset)) })
+    }
+
+    /// Remembers `generation` when it is higher than what is remembered.
+    func advance(to generation: Int) {
+        guard generation > read() else { return }
+        write(generation)
+    }
+
+    /// Remembers exactly `generation` (accepting an older file on purpose).
+    func write(_ generation: Int) {
+        if !openIfNeeded() {
+            let directory = FilePermissions.directory(of: path)
+            if (try? FilePermissions.createPrivateDirectory(directory)) == nil { return }
+            descriptor = Glibc.open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
+            guard descriptor >= 0 else { return }
+        }
+        var value = UInt64(generation).littleEndian
+        _ = withUnsafeBytes(of: &value) { pwrite(descriptor, $0.baseAddress, 8, 0) }
+    }
+}

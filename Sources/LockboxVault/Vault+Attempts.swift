@@ -1,0 +1,110 @@
+import FoundationEssentials
+import LockboxCore
+import VaultCrypto
+import VaultStorage
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The failed-passphrase counter: one throttle for every passphrase check (unlock, change and
+/// removal of the passphrase, user verification for access-controlled items), shared by every
+/// process through the vault file.
+///
+/// The record is authenticated with a key from this machine's device secret, so editing or
+/// deleting it in the file does not reset it: on a machine that has unlocked the vault before,
+/// a record that fails its check counts as the longest delay until the next successful check.
+extension Vault {
+    struct Attempts {
+        var failures: Int
+        var lastFailure: Double
+    }
+
+    static let tamperedFailureCount = 8
+
+    private static func attemptsKey(_ state: State) -> SecretBytes {
+        Crypto.combine(state.device.secret, with: SecretBytes(copying: state.header.vaultID), context: "lockbox.attempts.v2")
+    }
+
+    private static func attemptsMAC(_ attempts: Attempts, state: State) -> [UInt8] {
+        var encoder = FieldEncoder()
+        encoder.string("lockbox.attempts.v2")
+        encoder.bytes(state.header.vaultID)
+        encoder.integer(attempts.failures)
+        encoder.double(attempts.lastFailure)
+        return Crypto.keyedDigest(encoder.bytes, key: attemptsKey(state))
+    }
+
+    /// Whether this machine has unlocked the vault before (it then holds a device-wrapped key
+    /// in the header, which only the master key can add): an unauthenticated counter here is
+    /// tampering, not a file brought from elsewhere.
+    private static func hasUnlockedHere(_ state: State) -> Bool {
+        guard let id = KeyCache.deviceEntry(.always, device: state.device, header: state.header) else { return false }
+        return state.header.wrappedClassKeys[id] != nil
+    }
+
+    func readAttempts(_ state: State) throws(LockboxError) -> Attempts {
+        let stored = try state.database.firstRow("SELECT failures, last_failure, mac FROM unlock_attempts WHERE id = 1") { row in
+            (Attempts(failures: row.integer(0) ?? 0, lastFailure: row.double(1) ?? 0), row.blob(2))
+        }
+        if let (attempts, mac) = stored, let mac, IntegrityState.equal(mac, Self.attemptsMAC(attempts, state: state)) {
+            return attempts
+        }
+        if Self.hasUnlockedHere(state) {
+            return Attempts(
+                failures: max(stored?.0.failures ?? 0, Self.tamperedFailureCount), lastFailure: Date().timeIntervalSince1970)
+        }
+        return stored?.0 ?? Attempts(failures: 0, lastFailure: 0)
+    }
+
+    func writeAttempts(_ attempts: Attempts, state: State) throws(LockboxError) {
+        let statement = try state.database.statement(
+            "INSERT OR REPLACE INTO unlock_attempts (id, failures, last_failure, mac) VALUES (1, ?, ?, ?)")
+        statement.bind(1, attempts.failures)
+        statement.bind(2, attempts.lastFailure)
+        statement.bind(3, Self.attemptsMAC(attempts, state: state))
+        try statement.run()
+    }
+
+    /// Seconds to wait before the next passphrase check.
+    func secondsToWait(_ state: State) throws(LockboxError) -> Double {
+        let attempts = try readAttempts(state)
+        let wait = Double(Self.delay(afterFailures: attempts.failures)) - (Date().timeIntervalSince1970 - attempts.lastFailure)
+        return min(max(wait, 0), 30)
+    }
+
+    /// Counts a failed check; returns the new count.
+    func recordFailedAttempt(_ state: State) throws(LockboxError) -> Int {
+        try state.database.writeTransaction { () throws(LockboxError) -> Int in
+            var attempts = try readAttempts(state)
+            attempts.failures += 1
+            attempts.lastFailure = Date().timeIntervalSince1970
+            try writeAttempts(attempts, state: state)
+            return attempts.failures
+        }
+    }
+
+    /// Resets the count after a successful check.
+    func clearFailedAttempts(_ state: State) throws(LockboxError) {
+        let current = try readAttempts(state)
+        let stored = try state.database.firstRow("SELECT mac FROM unlock_attempts WHERE id = 1") { $0.blob(0) }
+        guard current.failures != 0 || stored == nil || stored! == nil else { return }
+        try state.database.writeTransaction { () throws(LockboxError) in
+            try writeAttempts(Attempts(failures: 0, lastFailure: 0), state: state)
+        }
+    }
+
+    static func sleep(seconds: Double) {
+        guard seconds > 0 else { return }
+        var interval = timespec(tv_sec: Int(seconds), tv_nsec: Int((seconds - seconds.rounded(.down)) * 1e9))
+        var remaining = timespec()
+        while nanosleep(&interval, &remaining) != 0 && errno == EINTR { interval = remaining }
+    }
+
+    func wrongPassphrase(failures: Int, _ what: String) -> LockboxError {
+        let wait = Self.delay(afterFailures: failures)
+        return LockboxError(
+            .authFailed,
+            "\(what) (failed attempt \(failures)" + (wait > 0 ? "; the next attempt waits \(wait) s)." : ")."))
+    }
+}

@@ -1,0 +1,400 @@
+import FoundationEssentials
+import LockboxCore
+import VaultCrypto
+import VaultStorage
+
+/// What this connection has verified of the integrity state, valid while no other connection
+/// writes (`PRAGMA data_version` unchanged).
+struct IntegrityCache {
+    var dataVersion: Int
+    /// Nil for a vault from before schema 2 that has not been upgraded yet.
+    var state: IntegrityState?
+    var keys: IntegrityState.Keys?
+    var verifiedBuckets: [Bool]
+}
+
+extension Vault {
+    // MARK: Verifying
+
+    /// The integrity state, verified, for an operation that reads rows. Call inside the
+    /// operation's transaction so the state and the rows come from one snapshot.
+    ///
+    /// Call it first in a transaction, before any other statement: the remembered generation is
+    /// read before the snapshot starts, so the snapshot holds at least every write it counts.
+    func currentIntegrity(_ state: State) throws(LockboxError) -> IntegrityCache {
+        let remembered = state.rememberedGeneration.read()
+        let dataVersion = try state.database.dataVersion
+        if let cached = state.integrity, cached.dataVersion == dataVersion { return cached }
+        // Another connection wrote: the header may have changed too.
+        let header = try VaultHeader.load(from: state.database)
+        state.header = header
+        guard let stored = try IntegrityState.load(from: state.database) else {
+            guard header.version == 1, remembered == 0, try !hasCurrentFormatRows(state.database) else {
+                throw LockboxError.integrity("The keychain's integrity record (it is missing)")
+            }
+            let cache = IntegrityCache(dataVersion: dataVersion, state: nil, keys: nil, verifiedBuckets: [])
+            state.integrity = cache
+            return cache
+        }
+        let keys = try integrityKeys(state)
+        if let keys {
+            guard stored.verify(header: header, keys: keys) else {
+                throw LockboxError.integrity("The keychain's integrity record")
+            }
+            // Only a verified generation can be compared or remembered.
+            guard stored.generation >= remembered else { throw rolledBack(found: stored.generation, remembered: remembered) }
+            state.rememberedGeneration.advance(to: stored.generation)
+        }
+        let cache = IntegrityCache(
+            dataVersion: dataVersion, state: stored, keys: keys,
+            verifiedBuckets: [Bool](repeating: false, count: IntegrityState.bucketCount))
+        state.integrity = cache
+        return cache
+    }
+
+    /// Checks that the rows of `buckets` are exactly the current ones.
+    func verifyBuckets(_ buckets: some Sequence<Int>, state: State) throws(LockboxError) {
+        var cache = try currentIntegrity(state)
+        guard let stored = cache.state else { return }
+        guard let keys = cache.keys else {
+            // Neither the index root nor this machine's `always` key: nothing can be read.
+            throw lockedError()
+        }
+        var changed = false
+        for bucket in buckets where !cache.verifiedBuckets[bucket] {
+            let computed = try IntegrityState.computeAccumulator(bucket: bucket, database: state.database, key: keys.element)
+            guard IntegrityState.equal(computed, Array(stored.accumulator(bucket))) else {
+                throw LockboxError(
+                    .decode,
+                    "The keychain file does not hold the rows it last wrote (a row was replayed from an older copy, "
+                        + "added or removed outside Lockbox). Nothing was read. Check it with `lockbox verify`; "
+                        + "restore it from a backup.")
+            }
+            cache.verifiedBuckets[bucket] = true
+            changed = true
+        }
+        if changed { state.integrity = cache }
+    }
+
+    func verifyAllBuckets(state: State) throws(LockboxError) {
+        try verifyBuckets(0..<IntegrityState.bucketCount, state: state)
+    }
+
+    /// The integrity keys available now; nil when neither is (before the first unlock on this
+    /// machine).
+    func integrityKeys(_ state: State) throws(LockboxError) -> IntegrityState.Keys? {
+        guard let always = try state.keys.classKey(for: .always, header: state.header) else { return nil }
+        let indexRoot = try state.keys.currentAfterFirstUnlockKeys()?.indexRoot
+        return IntegrityState.Keys(indexRoot: indexRoot, alwaysClassKey: always)
+    }
+
+    private func hasCurrentFormatRows(_ database: Database) throws(LockboxError) -> Bool {
+        try database.firstRow("SELECT 1 FROM items WHERE format >= 2 LIMIT 1") { _ in true } ?? false
+    }
+
+    func rolledBack(found: Int, remembered: Int) -> LockboxError {
+        LockboxError(
+            .decode,
+            "The keychain file is older than the one this machine last wrote (generation \(found), expected at least "
+                + "\(remembered)): it was replaced by an older copy, or its write-ahead log was lost. Nothing was read. "
+                + "If you restored an older copy on purpose, accept it with `lockbox verify --accept-older`.")
+    }
+
+    /// Changes the header (a new class key, an enrolled unlock method, a passphrase slot) and
+    /// reseals the integrity state for it, in one transaction. Works from the master key alone,
+    /// before the unlocked keys are cached.
+    func commitHeaderChange(
+        _ state: State, master: SecretBytes, _ edit: (inout VaultHeader) throws(LockboxError) -> Void
+    ) throws(LockboxError) {
+        let device = state.device
+        let generation = try state.database.writeTransaction { () throws(LockboxError) -> Int? in
+            var header = try VaultHeader.load(from: state.database)
+            guard header.verify(master: master) else { throw LockboxError.integrity("The keychain header") }
+            let stored = try IntegrityState.load(from: state.database)
+            var keys: IntegrityState.Keys?
+            if let stored {
+                guard let always = try KeyCache.unwrapClassKey(.always, header: header, master: master, device: device) else {
+                    throw LockboxError.integrity("The always class key")
+                }
+                let current = IntegrityState.Keys(indexRoot: try header.indexRoot(master: master), alwaysClassKey: always)
+                guard stored.verify(header: header, keys: current) else { throw LockboxError.integrity("The keychain's integrity record") }
+                let remembered = state.rememberedGeneration.read()
+                guard stored.generation >= remembered else { throw rolledBack(found: stored.generation, remembered: remembered) }
+                keys = current
+            }
+            try edit(&header)
+            header.seal(master: master)
+            try header.save(to: state.database)
+            state.header = header
+            guard var next = stored, let keys else { return nil }
+            // The `always` key is the same (a new machine's copy of it at most), so the row
+            // elements keep their values.
+            next.generation += 1
+            next.seal(header: header, keys: keys)
+            try next.save(to: state.database)
+            return next.generation
+        }
+        if let generation { state.rememberedGeneration.advance(to: generation) }
+        state.integrity = nil
+        state.keys.forgetDerivedKeys()
+    }
+
+    // MARK: Writing
+
+    /// Applies row changes inside a write transaction and keeps the integrity state in step:
+    /// every row written gets the new generation as its version.
+    final class RowWriter {
+        let database: Database
+        var integrity: IntegrityState
+        let keys: IntegrityState.Keys
+        let generation: Int
+        private(set) var touchedBuckets: Set<Int> = []
+
+        fileprivate init(database: Database, integrity: IntegrityState, keys: IntegrityState.Keys) {
+            self.database = database
+            self.integrity = integrity
+            self.keys = keys
+            generation = integrity.generation + 1
+        }
+
+        func insert(_ row: SealedRow) throws(LockboxError) {
+            precondition(row.version == generation, "a new row carries the writing generation")
+            let statement = try database.statement(
+                """
+                INSERT INTO items (id, item_class, accessibility, access_group, synchronizable, primary_digest,
+                                   lookup_digest, name_digest, wrapped_key, metadata, secret, device_id, access_control,
+                                   format, version, bucket)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                """)
+            row.bindColumns(to: statement)
+            try statement.run()
+            integrity.toggle(bucket: row.bucket, id: row.id, version: row.version, key: keys.element)
+            touchedBuckets.insert(row.bucket)
+        }
+
+        func replace(_ old: SealedRow, with row: SealedRow) throws(LockboxError) {
+            let statement = try database.statement(
+                """
+                UPDATE items SET id = ?, item_class = ?, accessibility = ?, access_group = ?, synchronizable = ?,
+                                 primary_digest = ?, lookup_digest = ?, name_digest = ?, wrapped_key = ?,
+                                 metadata = ?, secret = ?, device_id = ?, access_control = ?, format = ?, version = ?,
+                                 bucket = ?
+                WHERE rowid = ?
+                """)
+            row.bindColumns(to: statement)
+            statement.bind(17, old.rowID)
+            try statement.run()
+            integrity.toggle(bucket: old.bucket, id: old.id, version: old.version, key: keys.element)
+            integrity.toggle(bucket: row.bucket, id: row.id, version: row.version, key: keys.element)
+            touchedBuckets.formUnion([old.bucket, row.bucket])
+        }
+
+        func delete(_ old: SealedRow) throws(LockboxError) {
+            let statement = try database.statement("DELETE FROM items WHERE rowid = ?")
+            statement.bind(1, old.rowID)
+            try statement.run()
+            integrity.toggle(bucket: old.bucket, id: old.id, version: old.version, key: keys.element)
+            touchedBuckets.insert(old.bucket)
+        }
+
+        fileprivate func finish(header: VaultHeader) throws(LockboxError) {
+            integrity.generation = generation
+            integrity.seal(header: header, keys: keys)
+            try integrity.save(to: database)
+        }
+    }
+
+    /// Runs `body` in a write transaction with a ``RowWriter`` over the verified integrity
+    /// state; commits the rows and the new state together.
+    func writeRows<T>(_ state: State, _ body: (RowWriter) throws(LockboxError) -> T) throws(LockboxError) -> T {
+        try ensureUpgraded(state)
+        var committed: IntegrityState?
+        let value = try state.database.writeTransaction { () throws(LockboxError) -> T in
+            let writer = try rowWriter(state)
+            let value = try body(writer)
+            try writer.finish(header: state.header)
+            committed = writer.integrity
+            return value
+        }
+        if let committed {
+            state.rememberedGeneration.advance(to: committed.generation)
+            if var cache = state.integrity {
+                // Buckets verified before stay verified: this connection applied exact changes.
+                cache.state = committed
+                if cache.verifiedBuckets.isEmpty { cache.verifiedBuckets = [Bool](repeating: false, count: IntegrityState.bucketCount) }
+                cache.dataVersion = (try? state.database.dataVersion) ?? -1
+                state.integrity = cache
+            }
+        }
+        return value
+    }
+
+    /// A writer over the state as stored now (inside the write transaction), verified.
+    private func rowWriter(_ state: State) throws(LockboxError) -> RowWriter {
+        state.integrity = nil
+        let cache = try currentIntegrity(state)
+        guard let stored = cache.state, let keys = cache.keys, keys.state != nil else { throw lockedError() }
+        var refreshed = cache
+        refreshed.keys = keys
+        state.integrity = refreshed
+        return RowWriter(database: state.database, integrity: stored, keys: keys)
+    }
+
+    // MARK: Upgrading rows
+
+    /// A vault file from before schema 2 gets its integrity state, its new `always` keys and
+    /// resealed rows at the first chance that has the master key. Until then writes wait for
+    /// it (`errSecInteractionNotAllowed`, "unlock once").
+    func ensureUpgraded(_ state: State) throws(LockboxError) {
+        if try IntegrityState.load(from: state.database) != nil { return }
+        guard let master = try state.keys.currentMaster() else {
+            throw LockboxError.locked(
+                "This keychain file was written by an earlier Lockbox and is upgraded at its next unlock: "
+                    + "unlock it with `lockbox unlock` (or `unlock(passphrase:)`), then try again.")
+        }
+        try upgradeRows(state, master: master, presenceSecretKey: nil)
+    }
+
+    /// Brings the header to version 2 and every row this machine can open to the current row
+    /// format, in one transaction (a crash leaves the file as it was). Rows it cannot open yet
+    /// stay as they are and are counted in the integrity state: another machine's
+    /// `*ThisDeviceOnly` rows, and access-controlled rows when the unlock did not bring the
+    /// passphrase (they follow at the next passphrase unlock).
+    /// - Returns: whether anything was written.
+    @discardableResult
+    func upgradeRows(_ state: State, master: SecretBytes, presenceSecretKey: SecretBytes?) throws(LockboxError) -> Bool {
+        let device = state.device
+        let wrote = try state.database.writeTransaction { () throws(LockboxError) -> Int? in
+            var header = try VaultHeader.load(from: state.database)
+            guard header.verify(master: master) else { throw LockboxError.integrity("The keychain header") }
+            let existing = try IntegrityState.load(from: state.database)
+            let legacyTDO = VaultHeader.ClassKeyID(accessibility: .alwaysThisDeviceOnly, device: device.identifier)
+            let pending = try state.database.firstRow(
+                "SELECT count(*) FROM items WHERE format = 1 AND device_id IN ('', ?)" + (presenceSecretKey == nil ? " AND access_control = ''" : ""),
+                bind: { $0.bind(1, device.identifier) }, read: { $0.integer(0) ?? 0 }) ?? 0
+            let needsHeader = header.version == 1 || header.wrappedClassKeys[legacyTDO] != nil
+            guard existing == nil || needsHeader || pending > 0 else { return nil }
+            if let existing {
+                // What is there must check out before the rows are resealed and recounted.
+                try verifyBeforeRebuilding(existing, header: header, master: master, state: state)
+            }
+
+            // Old keys for the rows, then the header's new ones.
+            var oldClassKeys = SmallMap<Accessibility, SecretBytes>()
+            for accessibility in Accessibility.allCases {
+                if let key = try KeyCache.unwrapClassKey(accessibility, header: header, master: master, device: device) {
+                    oldClassKeys[accessibility] = key
+                }
+            }
+            if header.version == 1 {
+                let indexRoot = try header.indexRoot(master: master)
+                header.version = 2
+                header.wrappedIndexRoot = Crypto.seal(indexRoot, key: master, associatedData: header.indexRootAssociatedData())
+                // The version-1 `always` key could be computed from the file: replace it.
+                KeyCache.seal(
+                    Crypto.generateKey(), as: VaultHeader.ClassKeyID(accessibility: .always, device: ""), in: &header,
+                    master: master, device: device)
+            }
+            if header.wrappedClassKeys[legacyTDO] != nil {
+                header.wrappedClassKeys[legacyTDO] = nil
+                KeyCache.seal(
+                    Crypto.generateKey(),
+                    as: VaultHeader.ClassKeyID(accessibility: .alwaysThisDeviceOnly, device: KeyCache.deviceEntryPrefix + device.identifier),
+                    in: &header, master: master, device: device)
+            }
+            _ = try KeyCache.addMissingClassKeys(to: &header, master: master, device: device)
+            header.seal(master: master)
+            try header.save(to: state.database)
+            state.header = header
+
+            let indexRoot = try header.indexRoot(master: master)
+            guard let always = try KeyCache.unwrapClassKey(.always, header: header, master: master, device: device) else {
+                throw LockboxError.integrity("The always class key")
+            }
+            let keys = IntegrityState.Keys(indexRoot: indexRoot, alwaysClassKey: always)
+            let generation = max(existing?.generation ?? 0, state.rememberedGeneration.read()) + 1
+
+            // Reseal what can be opened here.
+            let select = try state.database.statement(
+                "SELECT \(SealedRow.columns()) FROM items WHERE format = 1 AND device_id IN ('', ?) ORDER BY rowid")
+            select.bind(1, device.identifier)
+            var legacyRows: [SealedRow] = []
+            while try select.step() { legacyRows.append(try SealedRow.read(from: select)) }
+            select.reset()
+            let presence = presenceSecretKey.flatMap { key in header.presencePublicKey.map { (publicKey: $0, secretKey: key) } }
+            for row in legacyRows {
+                if !row.accessControl.isEmpty && presence == nil { continue }
+                guard let oldKey = oldClassKeys[row.accessibility],
+                    let newKey = try KeyCache.unwrapClassKey(row.accessibility, header: header, master: master, device: device)
+                else { continue }
+                let prefix = row.associatedDataPrefix(vaultID: header.vaultID)
+                let itemKey = try row.openItemKey(classKey: oldKey, prefix: prefix, presence: presence)
+                let attributes = try row.openAttributes(classKey: oldKey, prefix: prefix)
+                let data = try row.openData(itemKey: itemKey, prefix: prefix)
+                var upgraded = row
+                upgraded.format = SealedRow.currentFormat
+                upgraded.version = generation
+                upgraded.sealContents(
+                    itemKey: Crypto.generateKey(), classKey: newKey, attributes: attributes, data: data, vaultID: header.vaultID,
+                    presencePublicKey: row.accessControl.isEmpty ? nil : header.presencePublicKey)
+                let update = try state.database.statement(
+                    "UPDATE items SET wrapped_key = ?, metadata = ?, secret = ?, format = ?, version = ?, bucket = ? WHERE rowid = ?")
+                update.bind(1, upgraded.wrappedKey)
+                update.bind(2, upgraded.metadata)
+                update.bind(3, upgraded.secret)
+                update.bind(4, upgraded.format)
+                update.bind(5, upgraded.version)
+                update.bind(6, upgraded.bucket)
+                update.bind(7, row.rowID)
+                try update.run()
+            }
+
+            // Every row is counted, including the ones left as they were.
+            var integrity = IntegrityState.empty()
+            let all = try state.database.statement("SELECT rowid, id, version, lookup_digest, bucket FROM items")
+            var misplaced: [(Int, Int)] = []
+            while try all.step() {
+                guard let rowID = all.integer(0), let id = all.blob(1), let version = all.integer(2), let lookup = all.blob(3) else {
+                    throw LockboxError.integrity()
+                }
+                let bucket = SealedRow.bucket(ofLookupDigest: lookup)
+                if all.integer(4) != bucket { misplaced.append((rowID, bucket)) }
+                integrity.toggle(bucket: bucket, id: id, version: version, key: keys.element)
+            }
+            all.reset()
+            for (rowID, bucket) in misplaced {
+                let update = try state.database.statement("UPDATE items SET bucket = ? WHERE rowid = ?")
+                update.bind(1, bucket)
+                update.bind(2, rowID)
+                try update.run()
+            }
+            integrity.generation = generation
+            integrity.seal(header: header, keys: keys)
+            try integrity.save(to: state.database)
+            return generation
+        }
+        guard let wrote else { return false }
+        state.rememberedGeneration.advance(to: wrote)
+        state.integrity = nil
+        state.keys.forgetDerivedKeys()
+        return true
+    }
+
+    /// Verifies a stored integrity state and every bucket with the keys `header` and `master`
+    /// give, and the generation against the remembered one.
+    func verifyBeforeRebuilding(_ stored: IntegrityState, header: VaultHeader, master: SecretBytes, state: State) throws(LockboxError) {
+        guard let always = try KeyCache.unwrapClassKey(.always, header: header, master: master, device: state.device) else {
+            throw LockboxError.integrity("The always class key")
+        }
+        let keys = IntegrityState.Keys(indexRoot: try header.indexRoot(master: master), alwaysClassKey: always)
+        guard stored.verify(header: header, keys: keys) else { throw LockboxError.integrity("The keychain's integrity record") }
+        let remembered = state.rememberedGeneration.read()
+        guard stored.generation >= remembered else { throw rolledBack(found: stored.generation, remembered: remembered) }
+        for bucket in 0..<IntegrityState.bucketCount {
+            let computed = try IntegrityState.computeAccumulator(bucket: bucket, database: state.database, key: keys.element)
+            guard IntegrityState.equal(computed, Array(stored.accumulator(bucket))) else {
+                throw LockboxError.integrity("The keychain's rows")
+            }
+        }
+    }
+}

@@ -1,0 +1,146 @@
+import FoundationEssentials
+import LockboxCore
+import VaultCrypto
+import VaultStorage
+
+extension Vault {
+    /// The rows selected by `condition` (SQL over the plain columns), without their sealed
+    /// attributes and value.
+    func rows(_ state: State, where condition: String) throws(LockboxError) -> [SealedRow] {
+        let statement = try state.database.statement(
+            "SELECT \(SealedRow.columns(metadata: false, secret: false)) FROM items WHERE \(condition) ORDER BY rowid")
+        defer { statement.reset() }
+        var rows: [SealedRow] = []
+        while try statement.step() { rows.append(try SealedRow.read(from: statement)) }
+        return rows
+    }
+
+    /// Replaces the master key and every class key this machine holds, reseals every row this
+    /// machine can open under the new keys, and rebuilds the integrity state, in one
+    /// transaction. The integrity of the file is verified in full first, so a replayed row is
+    /// never blessed by the rebuild. `editHeader` replaces the slot that wraps the new master.
+    func rotateKeys(
+        _ state: State, oldMaster: SecretBytes, newMaster: SecretBytes, presence: SecretBytes, expected: VaultHeader,
+        editHeader: (inout VaultHeader) throws(LockboxError) -> Void
+    ) throws(LockboxError) -> PassphraseChange {
+        let device = state.device
+        let change = try state.database.writeTransaction { () throws(LockboxError) -> (PassphraseChange, Int) in
+            state.integrity = nil
+            var header = try VaultHeader.load(from: state.database)
+            guard header.verify(master: oldMaster) else { throw LockboxError.integrity("The keychain header") }
+            guard header.authenticatedBytes() == expected.authenticatedBytes() else {
+                throw LockboxError(.io, "The keychain's passphrase changed while it was being changed. Try again.")
+            }
+            state.header = header
+            // Everything as it stands must check out before it is resealed.
+            guard let stored = try IntegrityState.load(from: state.database),
+                let oldAlways = try KeyCache.unwrapClassKey(.always, header: header, master: oldMaster, device: device)
+            else { throw LockboxError.integrity("The keychain's integrity record") }
+            let indexRoot = try header.indexRoot(master: oldMaster)
+            _ = oldAlways
+            try verifyBeforeRebuilding(stored, header: header, master: oldMaster, state: state)
+            let remembered = state.rememberedGeneration.read()
+            let previousMasters = try header.openPreviousMasters(master: oldMaster)
+            var oldClassKeys = SmallMap<Accessibility, SecretBytes>()
+            for accessibility in Accessibility.allCases {
+                if let key = try KeyCache.unwrapClassKey(
+                    accessibility, header: header, master: oldMaster, device: device, previousMasters: previousMasters)
+                {
+                    oldClassKeys[accessibility] = key
+                }
+            }
+
+            // The new header: this machine's and the portable class keys are replaced; other
+            // machines' *ThisDeviceOnly keys stay, with the old master kept for them.
+            var removedMethods: [String] = []
+            for slot in header.slots where slot.kind == .external {
+                removedMethods.append(String(decoding: slot.parameters, as: UTF8.self))
+            }
+            header.slots.removeAll { $0.kind == .external }
+            let mine: Set<String> = ["", device.identifier, KeyCache.deviceEntryPrefix + device.identifier]
+            var othersRemain = false
+            for id in header.wrappedClassKeys.keys {
+                if mine.contains(id.device) {
+                    header.wrappedClassKeys[id] = nil
+                } else if id.device.hasPrefix(KeyCache.deviceEntryPrefix) && id.accessibility == .always {
+                    // Another machine's copy of the old `always` key: it makes a new one from
+                    // the master-wrapped key at its next unlock.
+                    header.wrappedClassKeys[id] = nil
+                } else if !id.device.hasPrefix(KeyCache.deviceEntryPrefix) {
+                    othersRemain = true
+                }
+            }
+            header.previousMasters = []
+            if othersRemain {
+                for key in [oldMaster] + previousMasters {
+                    header.previousMasters.append(Crypto.seal(key, key: newMaster, associatedData: header.previousMasterAssociatedData()))
+                }
+            }
+            header.wrappedIndexRoot = Crypto.seal(indexRoot, key: newMaster, associatedData: header.indexRootAssociatedData())
+            try editHeader(&header)
+            _ = try KeyCache.addMissingClassKeys(to: &header, master: newMaster, device: device)
+            header.seal(master: newMaster)
+            try header.save(to: state.database)
+            state.header = header
+            guard let newAlways = try KeyCache.unwrapClassKey(.always, header: header, master: newMaster, device: device) else {
+                throw LockboxError.integrity("The always class key")
+            }
+            let newKeys = IntegrityState.Keys(indexRoot: indexRoot, alwaysClassKey: newAlways)
+            let generation = max(stored.generation, remembered) + 1
+
+            // Reseal every row this machine can open.
+            let select = try state.database.statement(
+                "SELECT \(SealedRow.columns()) FROM items WHERE device_id IN ('', ?) ORDER BY rowid")
+            select.bind(1, device.identifier)
+            var mineRows: [SealedRow] = []
+            while try select.step() { mineRows.append(try SealedRow.read(from: select)) }
+            select.reset()
+            let presencePair = header.presencePublicKey.map { (publicKey: $0, secretKey: presence) }
+            var resealed = 0
+            for row in mineRows {
+                guard let oldKey = oldClassKeys[row.accessibility],
+                    let newKey = try KeyCache.unwrapClassKey(row.accessibility, header: header, master: newMaster, device: device)
+                else { continue }
+                let prefix = row.associatedDataPrefix(vaultID: header.vaultID)
+                let itemKey = try row.openItemKey(classKey: oldKey, prefix: prefix, presence: presencePair)
+                let attributes = try row.openAttributes(classKey: oldKey, prefix: prefix)
+                let data = try row.openData(itemKey: itemKey, prefix: prefix)
+                var next = row
+                next.format = SealedRow.currentFormat
+                next.version = generation
+                next.sealContents(
+                    itemKey: Crypto.generateKey(), classKey: newKey, attributes: attributes, data: data, vaultID: header.vaultID,
+                    presencePublicKey: row.accessControl.isEmpty ? nil : header.presencePublicKey)
+                let update = try state.database.statement(
+                    "UPDATE items SET wrapped_key = ?, metadata = ?, secret = ?, format = ?, version = ?, bucket = ? WHERE rowid = ?")
+                update.bind(1, next.wrappedKey)
+                update.bind(2, next.metadata)
+                update.bind(3, next.secret)
+                update.bind(4, next.format)
+                update.bind(5, next.version)
+                update.bind(6, next.bucket)
+                update.bind(7, row.rowID)
+                try update.run()
+                resealed += 1
+            }
+            var integrity = IntegrityState.empty()
+            let all = try state.database.statement("SELECT id, version, bucket FROM items")
+            while try all.step() {
+                guard let id = all.blob(0), let version = all.integer(1), let bucket = all.integer(2),
+                    (0..<IntegrityState.bucketCount).contains(bucket)
+                else { throw LockboxError.integrity() }
+                integrity.toggle(bucket: bucket, id: id, version: version, key: newKeys.element)
+            }
+            all.reset()
+            integrity.generation = generation
+            integrity.seal(header: header, keys: newKeys)
+            try integrity.save(to: state.database)
+            return (PassphraseChange(resealedItems: resealed, removedUnlockMethods: removedMethods), generation)
+        }
+        state.rememberedGeneration.advance(to: change.1)
+        state.integrity = nil
+        state.keys.forgetDerivedKeys()
+        state.database.truncateWriteAheadLog()
+        return change.0
+    }
+}
