@@ -48,15 +48,51 @@ struct IntegrityState {
         }
     }
 
-    static func element(id: [UInt8], version: Int, key: SecretBytes) -> [UInt8] {
+    /// A row's element: its id and version, and the digests that select it, so that editing a
+    /// digest (which would make a query miss the row) is noticed like a deletion.
+    static func element(_ row: RowIdentity, key: SecretBytes) -> [UInt8] {
         var encoder = FieldEncoder()
-        encoder.bytes(id)
-        encoder.integer(version)
+        encoder.bytes(row.id)
+        encoder.integer(row.version)
+        encoder.bytes(row.primaryDigest)
+        encoder.bytes(row.lookupDigest)
+        encoder.bytes(row.nameDigest)
         return Crypto.keyedDigest(encoder.bytes, key: key)
     }
 
-    mutating func toggle(bucket: Int, id: [UInt8], version: Int, key: SecretBytes) {
-        let value = Self.element(id: id, version: version, key: key)
+    /// What the integrity state counts of a row.
+    struct RowIdentity {
+        var id: [UInt8]
+        var version: Int
+        var primaryDigest: [UInt8]
+        var lookupDigest: [UInt8]
+        var nameDigest: [UInt8]?
+
+        init(id: [UInt8], version: Int, primaryDigest: [UInt8], lookupDigest: [UInt8], nameDigest: [UInt8]?) {
+            self.id = id
+            self.version = version
+            self.primaryDigest = primaryDigest
+            self.lookupDigest = lookupDigest
+            self.nameDigest = nameDigest
+        }
+
+        init(_ row: SealedRow) {
+            self.init(id: row.id, version: row.version, primaryDigest: row.primaryDigest, lookupDigest: row.lookupDigest, nameDigest: row.nameDigest)
+        }
+
+        /// Reads `id, version, primary_digest, lookup_digest, name_digest` from `statement` at `first`.
+        init(_ statement: Statement, first: Int32) throws(LockboxError) {
+            guard let id = statement.blob(first), let version = statement.integer(first + 1),
+                let primary = statement.blob(first + 2), let lookup = statement.blob(first + 3)
+            else { throw LockboxError.integrity() }
+            self.init(id: id, version: version, primaryDigest: primary, lookupDigest: lookup, nameDigest: statement.blob(first + 4))
+        }
+
+        static let columns = "id, version, primary_digest, lookup_digest, name_digest"
+    }
+
+    mutating func toggle(bucket: Int, _ row: RowIdentity, key: SecretBytes) {
+        let value = Self.element(row, key: key)
         let start = bucket * Self.accumulatorSize
         for index in 0..<Self.accumulatorSize { accumulators[start + index] ^= value[index] }
     }
@@ -126,15 +162,12 @@ struct IntegrityState {
 
     /// The accumulator of `bucket` recomputed from the rows in the file.
     static func computeAccumulator(bucket: Int, database: Database, key: SecretBytes) throws(LockboxError) -> [UInt8] {
-        let statement = try database.statement("SELECT id, version FROM items WHERE bucket = ?")
+        let statement = try database.statement("SELECT \(RowIdentity.columns) FROM items WHERE bucket = ?")
         defer { statement.reset() }
         statement.bind(1, bucket)
         var accumulator = [UInt8](repeating: 0, count: accumulatorSize)
         while try statement.step() {
-            guard let id = statement.blob(0), let version = statement.integer(1) else {
-                throw LockboxError.integrity()
-            }
-            let value = element(id: id, version: version, key: key)
+            let value = element(try RowIdentity(statement, first: 0), key: key)
             for index in 0..<accumulatorSize { accumulator[index] ^= value[index] }
         }
         return accumulator

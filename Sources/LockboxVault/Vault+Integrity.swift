@@ -168,7 +168,7 @@ extension Vault {
                 """)
             row.bindColumns(to: statement)
             try statement.run()
-            integrity.toggle(bucket: row.bucket, id: row.id, version: row.version, key: keys.element)
+            integrity.toggle(bucket: row.bucket, .init(row), key: keys.element)
             touchedBuckets.insert(row.bucket)
         }
 
@@ -184,8 +184,8 @@ extension Vault {
             row.bindColumns(to: statement)
             statement.bind(17, old.rowID)
             try statement.run()
-            integrity.toggle(bucket: old.bucket, id: old.id, version: old.version, key: keys.element)
-            integrity.toggle(bucket: row.bucket, id: row.id, version: row.version, key: keys.element)
+            integrity.toggle(bucket: old.bucket, .init(old), key: keys.element)
+            integrity.toggle(bucket: row.bucket, .init(row), key: keys.element)
             touchedBuckets.formUnion([old.bucket, row.bucket])
         }
 
@@ -193,7 +193,7 @@ extension Vault {
             let statement = try database.statement("DELETE FROM items WHERE rowid = ?")
             statement.bind(1, old.rowID)
             try statement.run()
-            integrity.toggle(bucket: old.bucket, id: old.id, version: old.version, key: keys.element)
+            integrity.toggle(bucket: old.bucket, .init(old), key: keys.element)
             touchedBuckets.insert(old.bucket)
         }
 
@@ -351,15 +351,14 @@ extension Vault {
 
             // Every row is counted, including the ones left as they were.
             var integrity = IntegrityState.empty()
-            let all = try state.database.statement("SELECT rowid, id, version, lookup_digest, bucket FROM items")
+            let all = try state.database.statement("SELECT rowid, bucket, \(IntegrityState.RowIdentity.columns) FROM items")
             var misplaced: [(Int, Int)] = []
             while try all.step() {
-                guard let rowID = all.integer(0), let id = all.blob(1), let version = all.integer(2), let lookup = all.blob(3) else {
-                    throw LockboxError.integrity()
-                }
-                let bucket = SealedRow.bucket(ofLookupDigest: lookup)
-                if all.integer(4) != bucket { misplaced.append((rowID, bucket)) }
-                integrity.toggle(bucket: bucket, id: id, version: version, key: keys.element)
+                guard let rowID = all.integer(0) else { throw LockboxError.integrity() }
+                let identity = try IntegrityState.RowIdentity(all, first: 2)
+                let bucket = SealedRow.bucket(ofLookupDigest: identity.lookupDigest)
+                if all.integer(1) != bucket { misplaced.append((rowID, bucket)) }
+                integrity.toggle(bucket: bucket, identity, key: keys.element)
             }
             all.reset()
             for (rowID, bucket) in misplaced {

@@ -124,12 +124,10 @@ extension Vault {
                 resealed += 1
             }
             var integrity = IntegrityState.empty()
-            let all = try state.database.statement("SELECT id, version, bucket FROM items")
+            let all = try state.database.statement("SELECT bucket, \(IntegrityState.RowIdentity.columns) FROM items")
             while try all.step() {
-                guard let id = all.blob(0), let version = all.integer(1), let bucket = all.integer(2),
-                    (0..<IntegrityState.bucketCount).contains(bucket)
-                else { throw LockboxError.integrity() }
-                integrity.toggle(bucket: bucket, id: id, version: version, key: newKeys.element)
+                guard let bucket = all.integer(0), (0..<IntegrityState.bucketCount).contains(bucket) else { throw LockboxError.integrity() }
+                integrity.toggle(bucket: bucket, try IntegrityState.RowIdentity(all, first: 1), key: newKeys.element)
             }
             all.reset()
             integrity.generation = generation

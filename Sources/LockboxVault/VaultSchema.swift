@@ -53,7 +53,7 @@ enum VaultSchema {
             ALTER TABLE items ADD COLUMN format INTEGER NOT NULL DEFAULT 1;
             ALTER TABLE items ADD COLUMN version INTEGER NOT NULL DEFAULT 0;
             ALTER TABLE items ADD COLUMN bucket INTEGER NOT NULL DEFAULT 0;
-            CREATE INDEX items_by_bucket ON items(bucket, id, version);
+            CREATE INDEX items_by_bucket ON items(bucket, id, version, primary_digest, lookup_digest, name_digest);
             CREATE TABLE vault_state (
                 id INTEGER PRIMARY KEY CHECK (id = 1),
                 generation INTEGER NOT NULL,

@@ -1,0 +1,102 @@
+import LockboxCore
+import VaultCrypto
+import VaultStorage
+
+extension Vault {
+    /// What ``verify(at:configuration:acceptOlder:)`` found.
+    public struct VerificationReport: Sendable, Codable, Equatable {
+        /// The file's write generation (nil for a file from before schema 2 not yet upgraded).
+        public var generation: Int?
+        /// The highest generation this machine remembers for the file.
+        public var rememberedGeneration: Int
+        public var items: Int
+        /// Items whose attributes were opened and checked (the others are locked now or belong
+        /// to another machine).
+        public var checkedItems: Int
+        /// Items bound to another machine, which only it can check.
+        public var otherMachinesItems: Int
+        /// What failed; empty when the file is sound.
+        public var problems: [String]
+        /// The file was older than remembered and was accepted on purpose.
+        public var acceptedOlderGeneration: Bool
+
+        public var isSound: Bool { problems.isEmpty }
+    }
+
+    /// Checks the whole file: the integrity record and its MAC, every row against it, every
+    /// readable row's attributes, and the generation against the one this machine remembers.
+    /// With `acceptOlder`, a file that is sound but older than remembered (an older copy
+    /// restored on purpose) is accepted: the remembered generation is set back to the file's.
+    /// Needs at least the first unlock since boot (the integrity keys).
+    public static func verify(
+        at path: String, configuration: Configuration = Configuration(), acceptOlder: Bool = false
+    ) throws(LockboxError) -> VerificationReport {
+        let vault = try open(at: path, configuration: configuration, checked: false)
+        return try vault.withState { state throws(LockboxError) -> VerificationReport in
+            let remembered = state.rememberedGeneration.read()
+            return try state.database.readTransaction { () throws(LockboxError) -> VerificationReport in
+                state.integrity = nil
+                let header = try VaultHeader.load(from: state.database)
+                state.header = header
+                var report = VerificationReport(
+                    generation: nil, rememberedGeneration: remembered, items: 0, checkedItems: 0, otherMachinesItems: 0,
+                    problems: [], acceptedOlderGeneration: false)
+                report.items = try state.database.firstRow("SELECT count(*) FROM items") { $0.integer(0) ?? 0 } ?? 0
+                guard let keys = try vault.integrityKeys(state) else {
+                    throw LockboxError.locked("Unlock it once (`lockbox unlock`) so that it can be verified.")
+                }
+                let stored = try IntegrityState.load(from: state.database)
+                if let stored {
+                    report.generation = stored.generation
+                    if !stored.verify(header: header, keys: keys) {
+                        report.problems.append("The integrity record or the header was modified.")
+                    }
+                    var bad = 0
+                    for bucket in 0..<IntegrityState.bucketCount {
+                        let computed = try IntegrityState.computeAccumulator(bucket: bucket, database: state.database, key: keys.element)
+                        if !IntegrityState.equal(computed, Array(stored.accumulator(bucket))) { bad += 1 }
+                    }
+                    if bad > 0 {
+                        report.problems.append("\(bad) of \(IntegrityState.bucketCount) groups of rows differ from what Lockbox wrote (rows replayed, added or removed).")
+                    }
+                } else if header.version >= 2 || remembered > 0 {
+                    report.problems.append("The integrity record is missing.")
+                }
+                // Every row this machine can open now.
+                let statement = try state.database.statement("SELECT \(SealedRow.columns(secret: false)) FROM items ORDER BY rowid")
+                var failed = 0
+                while try statement.step() {
+                    let row = try SealedRow.read(from: statement)
+                    if !row.deviceID.isEmpty && row.deviceID != state.device.identifier {
+                        report.otherMachinesItems += 1
+                        continue
+                    }
+                    guard let classKey = try state.keys.classKey(for: row.accessibility, header: header) else { continue }
+                    do throws(LockboxError) {
+                        let attributes = try row.openAttributes(classKey: classKey, prefix: row.associatedDataPrefix(vaultID: header.vaultID))
+                        if let indexKey = try state.keys.indexKey(for: row.itemClass),
+                            Crypto.keyedDigest(PrimaryKey.encode(row.itemClass, attributes, includingGroup: false), key: indexKey)
+                                != row.lookupDigest
+                        {
+                            failed += 1
+                        }
+                        report.checkedItems += 1
+                    } catch {
+                        failed += 1
+                    }
+                }
+                statement.reset()
+                if failed > 0 { report.problems.append("\(failed) item(s) fail to open or do not match their lookup digest.") }
+                let older = (report.generation ?? remembered) < remembered
+                if older && report.problems.isEmpty && acceptOlder, let generation = report.generation {
+                    state.rememberedGeneration.write(generation)
+                    report.acceptedOlderGeneration = true
+                } else if older {
+                    report.problems.append(
+                        "The file is older than the one this machine last wrote (generation \(report.generation ?? 0) < \(remembered)).")
+                }
+                return report
+            }
+        }
+    }
+}
