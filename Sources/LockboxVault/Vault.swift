@@ -141,7 +141,7 @@ public final class Vault: ItemStore, Sendable {
         header.seal(master: master)
         try database.writeTransaction { () throws(LockboxError) in try header.save(to: database) }
 
-        let keys = KeyCache(vaultID: header.vaultID, mode: configuration.unlockCache, device: device)
+        let keys = KeyCache(vaultID: header.vaultID, mode: configuration.unlockCache, device: device, path: path)
         let vault = Vault(path: path, configuration: configuration, state: State(database: database, header: header, keys: keys))
         try vault.withState { state throws(LockboxError) in
             try vault.cacheUnlockedKeys(master: master, state: state)
@@ -164,7 +164,8 @@ public final class Vault: ItemStore, Sendable {
         let database = try Database(path: path, create: false, busyTimeoutMilliseconds: configuration.busyTimeoutMilliseconds)
         try VaultSchema.migrate(database)
         let header = try VaultHeader.load(from: database)
-        let keys = KeyCache(vaultID: header.vaultID, mode: configuration.unlockCache, device: try DeviceSecret.load(configuration.device))
+        let keys = KeyCache(
+            vaultID: header.vaultID, mode: configuration.unlockCache, device: try DeviceSecret.load(configuration.device), path: path)
         return Vault(path: path, configuration: configuration, state: State(database: database, header: header, keys: keys))
     }
 
