@@ -398,10 +398,10 @@ extension Vault {
             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
             """)
         row.bindColumns(to: statement)
-        do {
+        do throws(LockboxError) {
             try statement.run()
-        } catch LockboxError.duplicateItem {
-            throw duplicate(itemClass)
+        } catch where error.code == .duplicateItem {
+            throw duplicate(itemClass, cause: error.cause)
         }
     }
 
@@ -415,10 +415,10 @@ extension Vault {
             """)
         row.bindColumns(to: statement)
         statement.bind(14, rowID)
-        do {
+        do throws(LockboxError) {
             try statement.run()
-        } catch LockboxError.duplicateItem {
-            throw duplicate(itemClass)
+        } catch where error.code == .duplicateItem {
+            throw duplicate(itemClass, cause: error.cause)
         }
     }
 
@@ -477,7 +477,7 @@ extension Vault {
         LockboxError(.itemNotFound, "No item matches the query in the keychain.")
     }
 
-    private func duplicate(_ itemClass: ItemClass) -> LockboxError {
+    private func duplicate(_ itemClass: ItemClass, cause: LockboxError.Cause?) -> LockboxError {
         let key =
             switch itemClass {
             case .genericPassword: "service and account"
@@ -487,7 +487,8 @@ extension Vault {
             }
         return LockboxError(
             .duplicateItem,
-            "An item with the same \(key) already exists in this access group. Update it instead (`-U` on the command line).")
+            "An item with the same \(key) already exists in this access group. Update it instead (`-U` on the command line).",
+            cause: cause)
     }
 }
 
