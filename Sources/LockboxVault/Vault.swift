@@ -134,7 +134,7 @@ public final class Vault: ItemStore, Sendable {
         var header = VaultHeader(
             vaultID: Crypto.randomBytes(16), slots: [], wrappedClassKeys: SmallMap(), presencePublicKey: presence.publicKey, mac: [])
         header.slots.append(
-            makePassphraseSlot(
+            try makePassphraseSlot(
                 id: 1, header: header, passphrase: passphrase, master: master, presenceKey: presence.secretKey,
                 strength: configuration.keyDerivation))
         _ = KeyCache.addMissingClassKeys(to: &header, master: master, device: device)
@@ -237,7 +237,7 @@ public final class Vault: ItemStore, Sendable {
                     "The keychain header's key-derivation parameters are missing or below Lockbox's minimum: "
                         + "the file was modified outside Lockbox. Restore it from a backup.")
             }
-            guard let slotKey = derivation.deriveKey(from: passphrase) else {
+            guard let slotKey = try derivation.deriveKey(from: passphrase) else {
                 throw LockboxError(.io, "Not enough memory to derive the key from the passphrase (Argon2id).")
             }
             if let master = try? Crypto.open(slot.wrappedMasterKey, key: slotKey, associatedData: header.slotAssociatedData(slot)),
@@ -284,7 +284,7 @@ public final class Vault: ItemStore, Sendable {
                     throw LockboxError(.notAvailable, "This keychain has no passphrase slot to change.")
                 }
                 guard let presence else { throw LockboxError.integrity("The keychain's presence key") }
-                header.slots[index] = Self.makePassphraseSlot(
+                header.slots[index] = try Self.makePassphraseSlot(
                     id: header.slots[index].id, header: header, passphrase: new, master: master,
                     presenceKey: presence, strength: configuration.keyDerivation)
                 header.seal(master: master)
@@ -348,7 +348,7 @@ public final class Vault: ItemStore, Sendable {
                 let presence = Crypto.generateKeyPair()
                 header.presencePublicKey = presence.publicKey
                 header.slots.append(
-                    Self.makePassphraseSlot(
+                    try Self.makePassphraseSlot(
                         id: nextID, header: header, passphrase: new, master: master, presenceKey: presence.secretKey,
                         strength: configuration.keyDerivation))
                 _ = KeyCache.addMissingClassKeys(to: &header, master: master, device: state.device)
@@ -434,11 +434,11 @@ public final class Vault: ItemStore, Sendable {
     static func makePassphraseSlot(
         id: Int, header: VaultHeader, passphrase: SecretBytes, master: SecretBytes, presenceKey: SecretBytes,
         strength: KeyDerivationStrength
-    ) -> VaultHeader.KeySlot {
+    ) throws(LockboxError) -> VaultHeader.KeySlot {
         let derivation = strength.parameters
         var slot = VaultHeader.KeySlot(id: id, kind: .passphrase, parameters: derivation.encoded(), wrappedMasterKey: [])
-        guard let slotKey = derivation.deriveKey(from: passphrase) else {
-            fatalError("Argon2id could not allocate its memory")
+        guard let slotKey = try derivation.deriveKey(from: passphrase) else {
+            throw LockboxError(.allocate, "Not enough memory to derive the key from the passphrase (Argon2id).")
         }
         slot.wrappedMasterKey = Crypto.seal(master, key: slotKey, associatedData: header.slotAssociatedData(slot))
         slot.wrappedPresenceKey = Crypto.seal(
