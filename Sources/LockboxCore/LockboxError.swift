@@ -20,8 +20,6 @@ public struct LockboxError: Error, Sendable, Hashable, CustomStringConvertible {
         public let rawValue: Int32
         public init(rawValue: Int32) { self.rawValue = rawValue }
 
-        /// `errSecSuccess` is not an error; it exists for the SecItem layer's tables.
-        public static let success = Code(rawValue: 0)
         /// `errSecUserCanceled`: the user cancelled an authentication prompt.
         public static let userCanceled = Code(rawValue: -128)
         /// `errSecParam`: a malformed query or value (missing class, value too large, ...).
@@ -48,6 +46,9 @@ public struct LockboxError: Error, Sendable, Hashable, CustomStringConvertible {
         public static let decode = Code(rawValue: -26275)
         /// `errSecMissingEntitlement`: the access group is not one this store may use.
         public static let missingEntitlement = Code(rawValue: -34018)
+        /// `errSecAllocate`: not enough memory (for example for Argon2id under a container's
+        /// memory limit).
+        public static let allocate = Code(rawValue: -108)
 
         public var description: String { "OSStatus \(rawValue)" }
 
@@ -61,14 +62,50 @@ public struct LockboxError: Error, Sendable, Hashable, CustomStringConvertible {
         }
     }
 
+    /// What the operating system or SQLite reported, when the error comes from one of them.
+    ///
+    /// Only numbers and the name of the failed call: never data, never a secret.
+    public struct Cause: Sendable, Hashable, CustomStringConvertible {
+        /// The system call or library function that failed (`add_key`, `sqlite3_step`, ...).
+        public let operation: String
+        /// SQLite's extended result code (`SQLITE_CONSTRAINT_UNIQUE` is 2067), when SQLite failed.
+        public let sqliteExtendedCode: Int32?
+        /// The C `errno` value, when a system call failed.
+        public let errno: Int32?
+
+        /// A failed SQLite call and its extended result code.
+        public static func sqlite(_ operation: String, extendedCode: Int32) -> Cause {
+            Cause(operation: operation, sqliteExtendedCode: extendedCode, errno: nil)
+        }
+
+        /// A failed system call and its `errno`.
+        public static func systemCall(_ operation: String, errno: Int32) -> Cause {
+            Cause(operation: operation, sqliteExtendedCode: nil, errno: errno)
+        }
+
+        public var description: String {
+            if let sqliteExtendedCode { return "\(operation): SQLite result \(sqliteExtendedCode)" }
+            return "\(operation): errno \(errno ?? 0)"
+        }
+    }
+
     public let code: Code
     /// The human-readable message. It never contains a secret.
     public let message: String
+    /// The underlying failure, for callers and tests that match codes rather than text.
+    public let cause: Cause?
 
-    public init(_ code: Code, _ message: String) {
+    public init(_ code: Code, _ message: String, cause: Cause? = nil) {
         self.code = code
         self.message = message
+        self.cause = cause
     }
+
+    /// SQLite's extended result code, when SQLite reported this error.
+    public var sqliteExtendedCode: Int32? { cause?.sqliteExtendedCode }
+
+    /// The C `errno` value, when a system call reported this error.
+    public var errno: Int32? { cause?.errno }
 
     /// Apple's `OSStatus` value.
     public var status: Int32 { code.rawValue }
@@ -89,6 +126,7 @@ public struct LockboxError: Error, Sendable, Hashable, CustomStringConvertible {
     public static let noSuchKeychain = Code.noSuchKeychain
     public static let duplicateKeychain = Code.duplicateKeychain
     public static let unimplemented = Code.unimplemented
+    public static let allocate = Code.allocate
 }
 
 extension LockboxError {

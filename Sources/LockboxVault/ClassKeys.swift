@@ -63,7 +63,7 @@ extension KeyCache {
         return Crypto.combine(base, with: device.secret, context: "lockbox.this-device-only.v1")
     }
 
-    static func open(_ id: VaultHeader.ClassKeyID, header: VaultHeader, wrappingKey: SecretBytes) -> SecretBytes? {
+    static func openEntry(_ id: VaultHeader.ClassKeyID, header: VaultHeader, wrappingKey: SecretBytes) -> SecretBytes? {
         guard let wrapped = header.wrappedClassKeys[id],
             let key = try? Crypto.open(wrapped, key: wrappingKey, associatedData: header.classKeyAssociatedData(id)),
             key.count == Crypto.keyByteCount
@@ -91,12 +91,12 @@ extension KeyCache {
         }
         for id in candidates {
             guard let wrappingKey = wrappingKey(for: id, master: master, device: device, header: header) else { continue }
-            if let key = open(id, header: header, wrappingKey: wrappingKey) { return key }
+            if let key = openEntry(id, header: header, wrappingKey: wrappingKey) { return key }
             // Wrapped by an earlier master key (the passphrase changed on another machine).
             if !id.device.hasPrefix(deviceEntryPrefix), !isLegacyAlways(id, header: header) {
                 for previous in previousMasters {
                     if let older = Self.wrappingKey(for: id, master: previous, device: device, header: header),
-                        let key = open(id, header: header, wrappingKey: older)
+                        let key = openEntry(id, header: header, wrappingKey: older)
                     {
                         return key
                     }

@@ -20,14 +20,18 @@ public enum UnlockCache: String, Sendable, Hashable, CaseIterable {
 /// and the class keys of the `afterFirstUnlock*` classes.
 struct AfterFirstUnlockKeys {
     static let classes: [Accessibility] = [.afterFirstUnlock, .afterFirstUnlockThisDeviceOnly]
+    static let keysByteCount = Crypto.keyByteCount * (1 + classes.count)
 
     let indexRoot: SecretBytes
     let classKeys: SmallMap<Accessibility, SecretBytes>
 
-    /// Fixed-size layout for the kernel keyring: index root, then the class keys in
-    /// ``classes`` order, 32 bytes each.
-    func packed() -> SecretBytes {
-        let size = Crypto.keyByteCount * (1 + Self.classes.count)
+    /// Layout for the kernel keyring: index root, then the class keys in ``classes`` order,
+    /// 32 bytes each; then the entry's bookkeeping, which is not secret: the unlock time
+    /// (seconds since 1970, 8 bytes little-endian) and the vault file's path (UTF-8), by which
+    /// stale entries are found and freed.
+    func packed(unlockedAt time: Int64, path: String) -> SecretBytes {
+        let pathBytes = Array(path.utf8.prefix(KeyCache.maximumStoredPathByteCount))
+        let size = Self.keysByteCount + 8 + pathBytes.count
         return SecretBytes(capacity: size) { buffer in
             var offset = 0
             for key in [indexRoot] + Self.classes.map({ classKeys[$0]! }) {
@@ -35,6 +39,13 @@ struct AfterFirstUnlockKeys {
                     UnsafeMutableRawBufferPointer(rebasing: buffer[offset..<offset + bytes.count]).copyMemory(from: bytes)
                 }
                 offset += Crypto.keyByteCount
+            }
+            withUnsafeBytes(of: time.littleEndian) { bytes in
+                UnsafeMutableRawBufferPointer(rebasing: buffer[offset..<offset + 8]).copyMemory(from: bytes)
+            }
+            offset += 8
+            pathBytes.withUnsafeBytes { bytes in
+                UnsafeMutableRawBufferPointer(rebasing: buffer[offset..<offset + bytes.count]).copyMemory(from: bytes)
             }
             return size
         }
@@ -45,9 +56,11 @@ struct AfterFirstUnlockKeys {
         self.classKeys = classKeys
     }
 
+    /// The keys of a payload made by ``packed(unlockedAt:path:)`` (or by earlier releases,
+    /// which stored the keys alone).
     init?(unpacking payload: SecretBytes) {
         let size = Crypto.keyByteCount
-        guard payload.count == size * (1 + Self.classes.count) else { return nil }
+        guard payload.count == Self.keysByteCount || payload.count >= Self.keysByteCount + 8 else { return nil }
         func slice(_ index: Int) -> SecretBytes {
             payload.withUnsafeBytes { bytes in
                 SecretBytes(copying: UnsafeRawBufferPointer(rebasing: bytes[index * size..<(index + 1) * size]))
@@ -60,16 +73,42 @@ struct AfterFirstUnlockKeys {
         }
         classKeys = keys
     }
+
+    /// The unlock time and vault path of a packed payload; (0, nil) for an entry of an earlier
+    /// release, which makes it the first to go.
+    static func bookkeeping(of payload: SecretBytes) -> (unlockedAt: Int64, path: String?) {
+        guard payload.count >= keysByteCount + 8 else { return (0, nil) }
+        return payload.withUnsafeBytes { bytes in
+            let time = (0..<8).reduce(Int64(0)) { $0 | Int64(bytes[keysByteCount + $1]) << (8 * Int64($1)) }
+            let path = String(decoding: bytes[(keysByteCount + 8)...], as: UTF8.self)
+            return (time, path.isEmpty ? nil : path)
+        }
+    }
 }
 
 /// The unlocked keys of one vault handle, and where they are shared with other processes.
 ///
 /// In kernel-keyring mode every operation checks (one system call) that the cached key is
 /// still in the keyring, so a `lock` from any process takes effect in all of them at once.
+///
+/// Each unlocked vault holds two entries in the `lockbox` keyring (see ``KernelKeyring``): the
+/// master key, with the idle timeout as its kernel timeout, and the after-first-unlock keys,
+/// kept until reboot or `lock --all`. An ordinary user may hold 200 keys and 20,000 bytes in
+/// all, so every unlock first frees what is stale: the entries of vaults whose file is gone,
+/// and the least recently unlocked vaults' entries beyond ``maximumCachedVaults``. A vault
+/// whose entries were freed reads as locked (never as empty) until it is unlocked again.
 final class KeyCache {
+    /// Vaults whose keys stay in the kernel keyring at once: 2 keys and about 350 bytes each,
+    /// so at most 48 keys and about 8,500 bytes of the user's quota.
+    static let maximumCachedVaults = 24
+    /// Longer paths are not stored: such an entry is freed by age only, never as stale.
+    static let maximumStoredPathByteCount = 160
+
     let mode: UnlockCache
     let device: DeviceSecret
     let vaultID: [UInt8]
+    /// The vault file, stored with the keys so that entries of deleted vaults can be freed.
+    let path: String
     private let masterDescription: String
     private let afterFirstUnlockDescription: String
 
@@ -87,22 +126,64 @@ final class KeyCache {
     private var masterCheckedThisOperation = false
     private var afterFirstUnlockCheckedThisOperation = false
 
-    init(vaultID: [UInt8], mode: UnlockCache, device: DeviceSecret) {
+    init(vaultID: [UInt8], mode: UnlockCache, device: DeviceSecret, path: String) {
         self.mode = mode
         self.device = device
         self.vaultID = vaultID
-        let identity = vaultID.hexString
-        masterDescription = "lockbox:v1:\(identity):unlocked"
-        afterFirstUnlockDescription = "lockbox:v1:\(identity):after-first-unlock"
+        self.path = path
+        masterDescription = Self.description(vaultID: vaultID.hexString, kind: .master)
+        afterFirstUnlockDescription = Self.description(vaultID: vaultID.hexString, kind: .afterFirstUnlock)
     }
 
-    /// The message for a cache that cannot be used, naming the alternative.
-    static func unavailableError(_ reason: String) -> LockboxError {
-        LockboxError(
+    enum EntryKind: String, CaseIterable {
+        case master = "unlocked"
+        case afterFirstUnlock = "after-first-unlock"
+    }
+
+    static let descriptionPrefix = "lockbox:v1:"
+
+    /// `lockbox:v1:<vault id>:unlocked` and `lockbox:v1:<vault id>:after-first-unlock`.
+    static func description(vaultID: String, kind: EntryKind) -> String {
+        "\(descriptionPrefix)\(vaultID):\(kind.rawValue)"
+    }
+
+    /// The message for a cache that cannot be used, naming the alternative (and for a full
+    /// quota, the quota and how to make room).
+    static func unavailableError(_ failure: KernelKeyring.Failure) -> LockboxError {
+        if failure.isQuotaExceeded {
+            let keys = Self.kernelSetting("maxkeys").map { "\($0) keys" } ?? "a number of keys"
+            let bytes = Self.kernelSetting("maxbytes").map { "\($0) bytes" } ?? "a number of bytes"
+            return LockboxError(
+                .notAvailable,
+                "The kernel keyring quota of user \(getuid()) is full (\(failure.reason)): each user may keep \(keys) "
+                    + "and \(bytes) (/proc/sys/kernel/keys/maxkeys and /proc/sys/kernel/keys/maxbytes), shared with "
+                    + "every other program, and Lockbox has already freed its own stale entries. Make room with "
+                    + "`lockbox lock --all` on vaults you are not using, or free other programs' keys (`keyctl show @u`); "
+                    + "or raise the quota as root (`sysctl kernel.keys.maxbytes=100000 kernel.keys.maxkeys=1000`); or "
+                    + "keep unlocked keys in this process only (LOCKBOX_UNLOCK_CACHE=process).",
+                cause: failure.cause)
+        }
+        return LockboxError(
             .notAvailable,
-            "The kernel keyring is not available here (\(reason)). Unlocked keys cannot be shared between "
+            "The kernel keyring is not available here (\(failure.reason)). Unlocked keys cannot be shared between "
                 + "processes; open the vault with `unlockCache: .processMemory` (LOCKBOX_UNLOCK_CACHE=process) "
-                + "to keep them in this process only.")
+                + "to keep them in this process only.",
+            cause: failure.cause)
+    }
+
+    private static func kernelSetting(_ name: String) -> Int? {
+        let descriptor = open("/proc/sys/kernel/keys/\(name)", O_RDONLY | O_CLOEXEC)
+        guard descriptor >= 0 else { return nil }
+        defer { close(descriptor) }
+        var buffer = [UInt8](repeating: 0, count: 32)
+        let count = buffer.withUnsafeMutableBytes { read(descriptor, $0.baseAddress, $0.count) }
+        guard count > 0 else { return nil }
+        return Int(String(decoding: buffer[..<count].filter { $0 != UInt8(ascii: "\n") }, as: UTF8.self))
+    }
+
+    private static func unavailableError(_ absence: KernelKeyring.Absence) -> LockboxError? {
+        guard case .unavailable(let failure) = absence else { return nil }
+        return unavailableError(failure)
     }
 
     /// Starts an operation: the next use of each key checks the kernel keyring again.
@@ -120,20 +201,25 @@ final class KeyCache {
         self.idleTimeout = idleTimeout
         switch mode {
         case .kernelKeyring:
-            do throws(KernelKeyring.Absence) {
-                let payload = SecretBytes(capacity: Crypto.keyByteCount + 4) { buffer in
-                    master.withUnsafeBytes { buffer.copyMemory(from: $0) }
-                    withUnsafeBytes(of: idleTimeout.littleEndian) { timeout in
-                        UnsafeMutableRawBufferPointer(rebasing: buffer[Crypto.keyByteCount...]).copyMemory(from: timeout)
-                    }
-                    return Crypto.keyByteCount + 4
+            let masterPayload = SecretBytes(capacity: Crypto.keyByteCount + 4) { buffer in
+                master.withUnsafeBytes { buffer.copyMemory(from: $0) }
+                withUnsafeBytes(of: idleTimeout.littleEndian) { timeout in
+                    UnsafeMutableRawBufferPointer(rebasing: buffer[Crypto.keyByteCount...]).copyMemory(from: timeout)
                 }
-                afterFirstUnlockSerial = try KernelKeyring.store(
-                    keys.packed(), description: afterFirstUnlockDescription, timeout: nil)
-                masterSerial = try KernelKeyring.store(
-                    payload, description: masterDescription, timeout: idleTimeout == 0 ? nil : idleTimeout)
+                return Crypto.keyByteCount + 4
+            }
+            let afterFirstUnlockPayload = keys.packed(unlockedAt: Int64(time(nil)), path: Self.absolute(path))
+            do throws(KernelKeyring.Failure) {
+                try Self.freeStaleEntries(keeping: vaultID.hexString, bound: Self.maximumCachedVaults)
+                do throws(KernelKeyring.Failure) {
+                    try storeEntries(master: masterPayload, afterFirstUnlock: afterFirstUnlockPayload)
+                } catch where error.isQuotaExceeded {
+                    // Other programs filled the quota: make room from our own entries only.
+                    try Self.freeStaleEntries(keeping: vaultID.hexString, bound: 1)
+                    try storeEntries(master: masterPayload, afterFirstUnlock: afterFirstUnlockPayload)
+                }
             } catch {
-                throw Self.unavailableError(Self.reason(error))
+                throw Self.unavailableError(error)
             }
         case .processMemory:
             break
@@ -143,12 +229,61 @@ final class KeyCache {
         clock_gettime(CLOCK_MONOTONIC, &lastUse)
     }
 
+    private func storeEntries(master: SecretBytes, afterFirstUnlock: SecretBytes) throws(KernelKeyring.Failure) {
+        afterFirstUnlockSerial = try KernelKeyring.store(afterFirstUnlock, description: afterFirstUnlockDescription, timeout: nil)
+        masterSerial = try KernelKeyring.store(master, description: masterDescription, timeout: idleTimeout == 0 ? nil : idleTimeout)
+    }
+
+    /// Frees the `lockbox` keyring's entries of vaults whose file no longer exists, then those
+    /// of the least recently unlocked vaults until fewer than `bound` other vaults remain.
+    /// The vault `current` is never touched.
+    static func freeStaleEntries(keeping current: String, bound: Int) throws(KernelKeyring.Failure) {
+        struct CachedVault {
+            var serials: [KernelKeyring.Serial] = []
+            var unlockedAt: Int64 = 0
+        }
+        var vaults: [String: CachedVault] = [:]
+        for entry in try KernelKeyring.entries() where entry.description.hasPrefix(descriptionPrefix) {
+            let parts = entry.description.dropFirst(descriptionPrefix.count).split(separator: ":")
+            guard parts.count == 2, let kind = EntryKind(rawValue: String(parts[1])) else { continue }
+            let vaultID = String(parts[0])
+            guard vaultID != current else { continue }
+            vaults[vaultID, default: CachedVault()].serials.append(entry.serial)
+            guard kind == .afterFirstUnlock, let payload = try? KernelKeyring.read(entry.serial) else { continue }
+            let (unlockedAt, path) = AfterFirstUnlockKeys.bookkeeping(of: payload)
+            if let path, !fileMayExist(path) {
+                vaults[vaultID]!.unlockedAt = -1  // stale: freed below whatever the bound
+            } else {
+                vaults[vaultID]!.unlockedAt = unlockedAt
+            }
+        }
+        let oldestFirst = vaults.values.sorted { $0.unlockedAt < $1.unlockedAt }
+        var remaining = oldestFirst.count
+        for vault in oldestFirst where vault.unlockedAt < 0 || remaining >= bound {
+            for serial in vault.serials { try KernelKeyring.remove(serial) }
+            remaining -= 1
+        }
+    }
+
+    /// False only when the file certainly does not exist (a permission error keeps it).
+    private static func fileMayExist(_ path: String) -> Bool {
+        var info = stat()
+        if stat(path, &info) == 0 { return true }
+        return errno != ENOENT && errno != ENOTDIR
+    }
+
+    private static func absolute(_ path: String) -> String {
+        guard !path.hasPrefix("/") else { return path }
+        guard let directory = getcwd(nil, 0) else { return path }
+        defer { free(directory) }
+        return String(cString: directory) + "/" + path
+    }
+
     /// Forgets the master key everywhere (this process and the kernel keyring). The
     /// after-first-unlock keys stay, as on iOS after the device locks.
     func lock() {
         if mode == .kernelKeyring {
-            if let masterSerial { KernelKeyring.remove(masterSerial) }
-            KernelKeyring.remove(description: masterDescription)
+            Self.removeOrCrash(masterSerial, description: masterDescription)
         }
         masterSerial = nil
         dropWhileUnlocked()
@@ -158,8 +293,7 @@ final class KeyCache {
     func forgetAll() {
         lock()
         if mode == .kernelKeyring {
-            if let afterFirstUnlockSerial { KernelKeyring.remove(afterFirstUnlockSerial) }
-            KernelKeyring.remove(description: afterFirstUnlockDescription)
+            Self.removeOrCrash(afterFirstUnlockSerial, description: afterFirstUnlockDescription)
         }
         afterFirstUnlockSerial = nil
         afterFirstUnlock = nil
@@ -172,6 +306,18 @@ final class KeyCache {
         whileUnlockedClassKeys.removeAll()
         alwaysClassKeys.removeAll()
         indexKeys.removeAll()
+    }
+
+    /// Removes a key from the kernel keyring. `lock` promises the key is gone from every
+    /// process; when the kernel refuses both invalidating and revoking a key this user owns,
+    /// that promise cannot be kept, and going on as if locked would be a silent failure.
+    private static func removeOrCrash(_ serial: KernelKeyring.Serial?, description: String) {
+        do throws(KernelKeyring.Failure) {
+            if let serial { try KernelKeyring.remove(serial) }
+            try KernelKeyring.remove(description: description)
+        } catch {
+            fatalError("Lockbox could not remove an unlocked key from the kernel keyring (\(error.reason)); it stays readable until it times out.")
+        }
     }
 
     private func dropWhileUnlocked() {
@@ -196,16 +342,20 @@ final class KeyCache {
             }
             return master
         case .kernelKeyring:
-            if let serial = masterSerial, master != nil,
-                masterCheckedThisOperation || KernelKeyring.isValid(serial)
-            {
-                if !masterCheckedThisOperation { refreshIdleTimeout(serial) }
-                masterCheckedThisOperation = true
-                return master
-            }
-            dropWhileUnlocked()
-            masterSerial = nil
             do throws(KernelKeyring.Absence) {
+                let stillStored: Bool
+                if let serial = masterSerial, master != nil {
+                    stillStored = masterCheckedThisOperation ? true : try KernelKeyring.isValid(serial)
+                } else {
+                    stillStored = false
+                }
+                if stillStored, let serial = masterSerial {
+                    if !masterCheckedThisOperation { try refreshIdleTimeout(serial) }
+                    masterCheckedThisOperation = true
+                    return master
+                }
+                dropWhileUnlocked()
+                masterSerial = nil
                 let serial = try KernelKeyring.find(masterDescription)
                 let payload = try KernelKeyring.read(serial)
                 guard payload.count == Crypto.keyByteCount + 4 else { return nil }
@@ -215,11 +365,13 @@ final class KeyCache {
                 }
                 masterSerial = serial
                 master = key
-                refreshIdleTimeout(serial)
+                try refreshIdleTimeout(serial)
                 return key
             } catch {
-                guard case .unavailable(let reason) = error else { return nil }
-                throw Self.unavailableError(reason)
+                dropWhileUnlocked()
+                masterSerial = nil
+                if let failure = Self.unavailableError(error) { throw failure }
+                return nil
             }
         }
     }
@@ -230,36 +382,39 @@ final class KeyCache {
         case .processMemory:
             return afterFirstUnlock
         case .kernelKeyring:
-            if let keys = afterFirstUnlock {
-                // While the master key is in the keyring, so are the after-first-unlock keys
-                // (unlock stores both; lock removes only the master key): one check covers both.
-                if afterFirstUnlockCheckedThisOperation || masterCheckedThisOperation {
-                    afterFirstUnlockCheckedThisOperation = true
-                    return keys
-                }
-                if master != nil, let serial = masterSerial, KernelKeyring.isValid(serial) {
-                    masterCheckedThisOperation = true
-                    afterFirstUnlockCheckedThisOperation = true
-                    refreshIdleTimeout(serial)
-                    return keys
-                }
-                if let serial = afterFirstUnlockSerial, KernelKeyring.isValid(serial) {
-                    afterFirstUnlockCheckedThisOperation = true
-                    return keys
-                }
-            }
-            afterFirstUnlock = nil
-            afterFirstUnlockSerial = nil
-            indexKeys.removeAll()
             do throws(KernelKeyring.Absence) {
+                if let keys = afterFirstUnlock {
+                    // While the master key is in the keyring, so are the after-first-unlock keys
+                    // (unlock stores both; lock removes only the master key): one check covers both.
+                    if afterFirstUnlockCheckedThisOperation || masterCheckedThisOperation {
+                        afterFirstUnlockCheckedThisOperation = true
+                        return keys
+                    }
+                    if master != nil, let serial = masterSerial, try KernelKeyring.isValid(serial) {
+                        masterCheckedThisOperation = true
+                        afterFirstUnlockCheckedThisOperation = true
+                        try refreshIdleTimeout(serial)
+                        return keys
+                    }
+                    if let serial = afterFirstUnlockSerial, try KernelKeyring.isValid(serial) {
+                        afterFirstUnlockCheckedThisOperation = true
+                        return keys
+                    }
+                }
+                afterFirstUnlock = nil
+                afterFirstUnlockSerial = nil
+                indexKeys.removeAll()
                 let serial = try KernelKeyring.find(afterFirstUnlockDescription)
                 guard let keys = AfterFirstUnlockKeys(unpacking: try KernelKeyring.read(serial)) else { return nil }
                 afterFirstUnlockSerial = serial
                 afterFirstUnlock = keys
                 return keys
             } catch {
-                guard case .unavailable(let reason) = error else { return nil }
-                throw Self.unavailableError(reason)
+                afterFirstUnlock = nil
+                afterFirstUnlockSerial = nil
+                indexKeys.removeAll()
+                if let failure = Self.unavailableError(error) { throw failure }
+                return nil
             }
         }
     }
@@ -294,21 +449,21 @@ final class KeyCache {
         }
     }
 
-    private func refreshIdleTimeout(_ serial: KernelKeyring.Serial) {
+    /// Restarts the master key's kernel countdown. A key that timed out meanwhile reads as
+    /// missing (locked); any other failure is thrown, so an idle timeout never silently stops
+    /// applying.
+    private func refreshIdleTimeout(_ serial: KernelKeyring.Serial) throws(KernelKeyring.Absence) {
         guard idleTimeout > 0 else { return }
         var now = timespec()
         clock_gettime(CLOCK_MONOTONIC, &now)
         // One system call per second at most: the timeout is measured in seconds anyway.
         if now.tv_sec != lastUse.tv_sec {
-            KernelKeyring.setTimeout(serial, seconds: idleTimeout)
+            do {
+                try KernelKeyring.setTimeout(serial, seconds: idleTimeout)
+            } catch {
+                throw error.isMissing ? .missing : .unavailable(error)
+            }
             lastUse = now
-        }
-    }
-
-    private static func reason(_ absence: KernelKeyring.Absence) -> String {
-        switch absence {
-        case .missing: "the key vanished while being stored"
-        case .unavailable(let reason): reason
         }
     }
 }

@@ -113,7 +113,7 @@ extension Vault {
             return offset
         }
         let derivation = configuration.keyDerivation.parameters
-        guard let key = derivation.deriveKey(from: passphrase) else {
+        guard let key = try derivation.deriveKey(from: passphrase) else {
             throw LockboxError(.io, "Not enough memory to derive the backup key (Argon2id).")
         }
         let header = Self.backupMagic + [Self.backupVersion] + derivation.encoded()
@@ -205,7 +205,7 @@ extension Vault {
         guard derivation.meetsMinimum else {
             throw LockboxError(.decode, "The backup's key-derivation parameters are below Lockbox's minimum: the file was modified.")
         }
-        guard let key = derivation.deriveKey(from: passphrase) else {
+        guard let key = try derivation.deriveKey(from: passphrase) else {
             throw LockboxError(.io, "Not enough memory to derive the backup key (Argon2id).")
         }
         guard let plaintext = try? Crypto.open(Array(file[parametersEnd...]), key: key, associatedData: Array(file[0..<parametersEnd])) else {

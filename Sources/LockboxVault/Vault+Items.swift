@@ -44,7 +44,7 @@ extension Vault {
                     do throws(LockboxError) {
                         try writer.insert(row)
                     } catch {
-                        throw error.code == .duplicateItem ? duplicate(itemClass) : error
+                        throw error.code == .duplicateItem ? duplicate(itemClass, cause: error.cause) : error
                     }
                 }
             }
@@ -130,7 +130,7 @@ extension Vault {
                     do throws(LockboxError) {
                         try writer.replace(row, with: sealed)
                     } catch {
-                        throw error.code == .duplicateItem ? duplicate(query.itemClass) : error
+                        throw error.code == .duplicateItem ? duplicate(query.itemClass, cause: error.cause) : error
                     }
                     matched += 1
                 }
@@ -490,7 +490,7 @@ extension Vault {
         LockboxError(.itemNotFound, "No item matches the query in the keychain.")
     }
 
-    func duplicate(_ itemClass: ItemClass) -> LockboxError {
+    func duplicate(_ itemClass: ItemClass, cause: LockboxError.Cause?) -> LockboxError {
         let key =
             switch itemClass {
             case .genericPassword: "service and account"
@@ -500,7 +500,8 @@ extension Vault {
             }
         return LockboxError(
             .duplicateItem,
-            "An item with the same \(key) already exists in this access group. Update it instead (`-U` on the command line).")
+            "An item with the same \(key) already exists in this access group. Update it instead (`-U` on the command line).",
+            cause: cause)
     }
 }
 

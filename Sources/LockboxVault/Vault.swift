@@ -159,7 +159,7 @@ public final class Vault: ItemStore, Sendable {
             try integrity.save(to: database)
         }
 
-        let keys = KeyCache(vaultID: header.vaultID, mode: configuration.unlockCache, device: device)
+        let keys = KeyCache(vaultID: header.vaultID, mode: configuration.unlockCache, device: device, path: path)
         let remembered = RememberedGeneration(vaultID: header.vaultID, vaultPath: path, device: configuration.device)
         remembered.write(1)
         let vault = Vault(
@@ -191,7 +191,8 @@ public final class Vault: ItemStore, Sendable {
         let database = try Database(path: path, create: false, busyTimeoutMilliseconds: configuration.busyTimeoutMilliseconds)
         try VaultSchema.migrate(database)
         let header = try VaultHeader.load(from: database)
-        let keys = KeyCache(vaultID: header.vaultID, mode: configuration.unlockCache, device: try DeviceSecret.load(configuration.device))
+        let keys = KeyCache(
+            vaultID: header.vaultID, mode: configuration.unlockCache, device: try DeviceSecret.load(configuration.device), path: path)
         let remembered = RememberedGeneration(vaultID: header.vaultID, vaultPath: path, device: configuration.device)
         let vault = Vault(
             path: path, configuration: configuration,
@@ -275,7 +276,7 @@ public final class Vault: ItemStore, Sendable {
         for accessibility in Accessibility.allCases where accessibility.isThisDeviceOnly {
             guard let id = KeyCache.masterEntry(accessibility, device: device, header: header), header.wrappedClassKeys[id] != nil,
                 let current = KeyCache.wrappingKey(for: id, master: master, device: device, header: header),
-                KeyCache.open(id, header: header, wrappingKey: current) == nil,
+                KeyCache.openEntry(id, header: header, wrappingKey: current) == nil,
                 let key = try KeyCache.unwrapClassKey(accessibility, header: header, master: master, device: device, previousMasters: previous)
             else { continue }
             KeyCache.seal(key, as: id, in: &header, master: master, device: device)
@@ -353,8 +354,8 @@ public final class Vault: ItemStore, Sendable {
                 "The keychain header's key-derivation parameters are missing or below Lockbox's minimum: "
                     + "the file was modified outside Lockbox. Restore it from a backup.")
         }
-        guard let slotKey = derivation.deriveKey(from: passphrase) else {
-            throw LockboxError(.io, "Not enough memory to derive the key from the passphrase (Argon2id).")
+        guard let slotKey = try derivation.deriveKey(from: passphrase) else {
+            throw LockboxError(.allocate, "Not enough memory to derive the key from the passphrase (Argon2id).")
         }
         return slotKey
     }

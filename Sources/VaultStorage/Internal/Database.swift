@@ -30,7 +30,7 @@ package final class Database {
             if result & 0xff == SQLITE_CANTOPEN {
                 throw LockboxError(.noSuchKeychain, "No keychain at \(path). Create one with `lockbox init`.")
             }
-            throw Database.error(code: result, message: "could not open", path: path)
+            throw Database.error(code: result, message: "could not open", path: path, operation: "sqlite3_open_v2")
         }
         handle = connection
         sqlite3_busy_timeout(handle, busyTimeoutMilliseconds)
@@ -62,7 +62,7 @@ package final class Database {
         let result = sqlite3_exec(handle, sql, nil, nil, &message)
         let text = message.map { String(cString: $0) } ?? ""
         sqlite3_free(message)
-        guard result == SQLITE_OK else { throw Database.error(code: result, message: text, path: path) }
+        guard result == SQLITE_OK else { throw Database.error(code: result, message: text, path: path, operation: "sqlite3_exec") }
     }
 
     /// A prepared statement, cached by its SQL text and reset for reuse.
@@ -74,7 +74,8 @@ package final class Database {
         var raw: OpaquePointer?
         let result = sqlite3_prepare_v3(handle, sql, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &raw, nil)
         guard result == SQLITE_OK, let raw else {
-            throw Database.error(code: result, message: String(cString: sqlite3_errmsg(handle)), path: path)
+            throw Database.error(
+                code: result, message: String(cString: sqlite3_errmsg(handle)), path: path, operation: "sqlite3_prepare_v3")
         }
         let statement = Statement(raw, database: self)
         statements[sql] = statement
@@ -132,15 +133,33 @@ package final class Database {
         return lines.joined(separator: "\n")
     }
 
+    /// Makes SQLite refuse any string or blob longer than `bytes` (its `SQLITE_LIMIT_LENGTH`),
+    /// at bind time.
+    package func limitValueLength(to bytes: Int32) {
+        sqlite3_limit(handle, SQLITE_LIMIT_LENGTH, bytes)
+    }
+
     /// Rows changed by the last statement.
     package var changes: Int { Int(sqlite3_changes(handle)) }
 
-    fileprivate func lastError(_ code: Int32) -> LockboxError {
-        Database.error(code: code, message: String(cString: sqlite3_errmsg(handle)), path: path)
+    fileprivate func lastError(_ code: Int32, operation: String) -> LockboxError {
+        Database.error(code: code, message: String(cString: sqlite3_errmsg(handle)), path: path, operation: operation)
     }
 
-    /// Maps SQLite's result codes to Lockbox's. The message never includes bound values.
-    static func error(code: Int32, message: String, path: String) -> LockboxError {
+    /// The items' primary-key digest, whose UNIQUE violation alone means "duplicate item".
+    private static let primaryDigestColumn = "items.primary_digest"
+    /// `SQLITE_CONSTRAINT_UNIQUE` (the C macro is not importable).
+    package static let constraintUniqueCode = SQLITE_CONSTRAINT | (8 << 8)
+
+    /// Maps SQLite's result codes to Lockbox's, keeping the extended result code as the
+    /// error's cause. The message never includes bound values (SQLite's own messages name
+    /// tables, columns and constraints, never values).
+    static func error(code: Int32, message: String, path: String, operation: String) -> LockboxError {
+        let error = mappedError(code: code, message: message, path: path)
+        return LockboxError(error.code, error.message, cause: .sqlite(operation, extendedCode: code))
+    }
+
+    private static func mappedError(code: Int32, message: String, path: String) -> LockboxError {
         switch code & 0xff {
         case SQLITE_BUSY, SQLITE_LOCKED:
             return LockboxError(
@@ -154,8 +173,14 @@ package final class Database {
             return LockboxError.integrity("The keychain file \(path)")
         case SQLITE_READONLY, SQLITE_PERM, SQLITE_AUTH:
             return LockboxError(.io, "The keychain at \(path) cannot be written: check its permissions.")
-        case SQLITE_CONSTRAINT:
+        case SQLITE_CONSTRAINT where code == constraintUniqueCode && message.hasSuffix(primaryDigestColumn):
             return LockboxError(.duplicateItem, "An item with the same primary key already exists in the keychain.")
+        case SQLITE_CONSTRAINT:
+            // Any other rule of the schema: a fault in Lockbox or a file edited outside it.
+            return LockboxError(
+                .io,
+                "A write to the keychain at \(path) broke a rule of its schema (\(message)); nothing was changed. "
+                    + "If the file was edited outside Lockbox, restore it from a backup; otherwise report this as a bug.")
         case SQLITE_CANTOPEN:
             return LockboxError(.io, "The keychain at \(path) cannot be opened: check the path and its permissions.")
         default:
@@ -180,54 +205,75 @@ package final class Statement {
     fileprivate var isStepped = false
 
     package func reset() {
+        // sqlite3_reset returns the last step's error, already thrown by step(); clearing
+        // bindings cannot fail.
         sqlite3_reset(handle)
         sqlite3_clear_bindings(handle)
+        bindFailure = nil
         isStepped = false
     }
 
     // SQLITE_TRANSIENT: SQLite copies the bound bytes before the call returns.
     private static let transient = unsafeBitCast(-1, to: sqlite3_destructor_type.self)
 
+    /// The first failed bind since the last reset, thrown by the next ``step()``: binding
+    /// never fails silently, and callers bind without a `try` per column.
+    private var bindFailure: LockboxError?
+
+    /// The funnel for `sqlite3_bind_*`: a wrong index or a misuse is a bug in Lockbox and
+    /// crashes; anything else (a value too big, no memory) is kept and thrown at `step()`.
+    private func checkBind(_ index: Int32, _ result: Int32) {
+        guard result != SQLITE_OK else { return }
+        precondition(
+            result != SQLITE_RANGE && result != SQLITE_MISUSE,
+            "sqlite3_bind_* parameter \(index) failed with \(result): the statement and its bindings disagree")
+        if bindFailure == nil {
+            bindFailure = database.lastError(result, operation: "sqlite3_bind")
+        }
+    }
+
     package func bind(_ index: Int32, _ value: [UInt8]?) {
         guard let value else {
-            sqlite3_bind_null(handle, index)
+            checkBind(index, sqlite3_bind_null(handle, index))
             return
         }
-        value.withUnsafeBytes { bytes in
+        let result = value.withUnsafeBytes { bytes in
             // A zero-length blob still needs a non-null pointer to stay a blob.
             var empty: UInt8 = 0
             let start = bytes.baseAddress ?? withUnsafeMutablePointer(to: &empty) { UnsafeRawPointer($0) }
-            _ = sqlite3_bind_blob(handle, index, start, Int32(bytes.count), Statement.transient)
+            return sqlite3_bind_blob64(handle, index, start, sqlite3_uint64(bytes.count), Statement.transient)
         }
+        checkBind(index, result)
     }
 
     package func bind(_ index: Int32, _ value: String?) {
         guard let value else {
-            sqlite3_bind_null(handle, index)
+            checkBind(index, sqlite3_bind_null(handle, index))
             return
         }
-        _ = sqlite3_bind_text(handle, index, value, -1, Statement.transient)
+        checkBind(index, sqlite3_bind_text(handle, index, value, -1, Statement.transient))
     }
 
     package func bind(_ index: Int32, _ value: Int?) {
         guard let value else {
-            sqlite3_bind_null(handle, index)
+            checkBind(index, sqlite3_bind_null(handle, index))
             return
         }
-        sqlite3_bind_int64(handle, index, Int64(value))
+        checkBind(index, sqlite3_bind_int64(handle, index, Int64(value)))
     }
 
     package func bind(_ index: Int32, _ value: Double?) {
         guard let value else {
-            sqlite3_bind_null(handle, index)
+            checkBind(index, sqlite3_bind_null(handle, index))
             return
         }
-        sqlite3_bind_double(handle, index, value)
+        checkBind(index, sqlite3_bind_double(handle, index, value))
     }
 
     /// Advances to the next row. Returns false when done.
     @discardableResult
     package func step() throws(LockboxError) -> Bool {
+        if let bindFailure { throw bindFailure }
         try database.faults?.check(nil)
         if !isStepped {
             isStepped = true
@@ -238,7 +284,7 @@ package final class Statement {
         case SQLITE_ROW: return true
         case SQLITE_DONE: return false
         default:
-            let error = database.lastError(result)
+            let error = database.lastError(result, operation: "sqlite3_step")
             sqlite3_reset(handle)
             throw error
         }

@@ -1,0 +1,148 @@
+import Glibc
+import LockboxTestSupport
+import Testing
+
+/// An ordinary user may keep 200 keys and 20,000 bytes in the kernel keyring (root's quota is
+/// far larger, so these tests run the built `lockbox` as an unprivileged user). Lockbox keeps
+/// a bounded number of vaults' keys and frees those of deleted vaults.
+@Suite("Kernel keyring quota of an ordinary user", .serialized)
+struct KeyringQuotaTests {
+    static let userName = "lockbox-quota"
+
+    /// The unprivileged test user, created when missing (the tests run as root here).
+    static func testUser() throws -> (uid: uid_t, gid: gid_t) {
+        if let entry = getpwnam(userName) { return (entry.pointee.pw_uid, entry.pointee.pw_gid) }
+        #expect(getuid() == 0, "creating the test user \(userName) needs root (useradd)")
+        let created = try run(
+            "/usr/sbin/useradd", ["--system", "--no-create-home", "--shell", "/usr/sbin/nologin", userName])
+        #expect(created.status == 0 || created.status == 9, "useradd failed: \(created.standardError)")
+        guard let entry = getpwnam(userName) else { throw QuotaTestError.noUser }
+        return (entry.pointee.pw_uid, entry.pointee.pw_gid)
+    }
+
+    enum QuotaTestError: Error { case noUser }
+
+    /// A directory the test user owns, holding a copy of the built `lockbox` it can run.
+    final class UserSandbox {
+        let directory: TemporaryDirectory
+        let user: (uid: uid_t, gid: gid_t)
+        var binary: String { directory.file("lockbox") }
+
+        init() throws {
+            user = try KeyringQuotaTests.testUser()
+            directory = TemporaryDirectory("lockbox-quota")
+            let copy = try run("/bin/cp", [builtProduct("lockbox"), directory.file("lockbox")])
+            #expect(copy.status == 0, "copying lockbox failed: \(copy.standardError)")
+            #expect(chown(directory.path, user.uid, user.gid) == 0)
+            // The temporary directory's parents must let the user in.
+            var parent = directory.path
+            while let slash = parent.lastIndex(of: "/"), slash != parent.startIndex {
+                parent = String(parent[..<slash])
+                var info = stat()
+                if stat(parent, &info) == 0, info.st_mode & 0o001 == 0 { chmod(parent, info.st_mode | 0o011) }
+            }
+        }
+
+        /// Runs a shell script as the test user, with HOME in the sandbox.
+        func runAsUser(_ script: String, timeout: Double = 600) throws -> ProcessResult {
+            try run(
+                "/usr/bin/setpriv",
+                [
+                    "--reuid=\(user.uid)", "--regid=\(user.gid)", "--clear-groups", "--reset-env", "--",
+                    "/bin/sh", "-c", script,
+                ],
+                environment: [:], directory: directory.path, timeout: timeout)
+        }
+
+        /// The user's kernel key quota use: (keys, bytes), from /proc/key-users.
+        func quotaUse() throws -> (keys: Int, bytes: Int) {
+            let table = try run("/bin/cat", ["/proc/key-users"]).standardOutput
+            for line in table.split(separator: "\n") {
+                let fields = line.split(whereSeparator: { $0 == " " || $0 == ":" })
+                guard fields.count >= 5, fields[0] == "\(user.uid)" else { continue }
+                let keys = fields[3].split(separator: "/")
+                let bytes = fields[4].split(separator: "/")
+                return (Int(keys[0]) ?? -1, Int(bytes[0]) ?? -1)
+            }
+            return (0, 0)
+        }
+    }
+
+    @Test("an ordinary user creates and unlocks 300 vaults in a row and stays far inside the key quota")
+    func threeHundredVaults_asOrdinaryUser_allUnlock_andQuotaStaysBounded() throws {
+        let sandbox = try UserSandbox()
+        let script = """
+            set -e
+            export HOME="$PWD"
+            i=1
+            while [ $i -le 300 ]; do
+                printf 'passphrase %s' $i | ./lockbox --keychain "$PWD/v$i.lockbox" init --passphrase-stdin --kdf interactive >/dev/null
+                i=$((i + 1))
+            done
+            # The first vault's keys were freed long ago: it is locked, and unlocks again.
+            ./lockbox --keychain "$PWD/v1.lockbox" status | grep -q 'state: locked'
+            printf 'passphrase 1' | ./lockbox --keychain "$PWD/v1.lockbox" unlock --passphrase-stdin >/dev/null
+            ./lockbox --keychain "$PWD/v1.lockbox" status | grep -q 'state: unlocked'
+            ./lockbox --keychain "$PWD/v300.lockbox" status | grep -q 'state: unlocked'
+            echo done
+            """
+        let result = try sandbox.runAsUser(script)
+        #expect(result.status == 0, "as \(Self.userName): \(result.standardError)")
+        #expect(result.standardOutput.contains("done"))
+        #expect(!result.standardError.contains("quota"), "\(result.standardError)")
+        let use = try sandbox.quotaUse()
+        // 24 vaults x 2 keys, the lockbox keyring and the user's own two keyrings.
+        #expect(use.keys <= 2 * 24 + 3, "the user holds \(use.keys) keys")
+        #expect(use.bytes <= 10_000, "the user holds \(use.bytes) bytes of keys")
+    }
+
+    @Test("the keys of vaults whose files were deleted are freed at the next unlock")
+    func deletedVaults_haveTheirKeysFreed_atTheNextUnlock() throws {
+        let sandbox = try UserSandbox()
+        let script = """
+            set -e
+            export HOME="$PWD"
+            for i in 1 2 3 4 5 6; do
+                printf 'pw' | ./lockbox --keychain "$PWD/gone$i.lockbox" init --passphrase-stdin --kdf interactive >/dev/null
+            done
+            rm -f "$PWD"/gone*
+            printf 'pw' | ./lockbox --keychain "$PWD/kept.lockbox" init --passphrase-stdin --kdf interactive >/dev/null
+            echo done
+            """
+        let before = try sandbox.quotaUse()
+        let result = try sandbox.runAsUser(script)
+        #expect(result.status == 0, "as \(Self.userName): \(result.standardError)")
+        let after = try sandbox.quotaUse()
+        // Whatever earlier runs left (their files are gone too) is freed; the six deleted
+        // vaults' keys are freed; only the kept vault's two keys (and the keyrings) remain.
+        #expect(after.keys <= 2 + 3, "before: \(before.keys) keys; after: \(after.keys) keys")
+        let listing = try sandbox.runAsUser("keyctl show @u 2>&1")
+        #expect(listing.standardOutput.split(separator: "\n").filter { $0.contains("lockbox:v1:") }.count == 2, "\(listing.standardOutput)")
+    }
+
+    @Test("a full quota is reported with the quota's files and what to do")
+    func fullQuota_errorNamesTheQuotaAndTheRemedy() throws {
+        let sandbox = try UserSandbox()
+        // Fill the user's quota with other keys, as another program could, then init a vault.
+        let script = """
+            export HOME="$PWD"
+            keyctl clear @u >/dev/null 2>&1
+            i=0
+            for size in 900 90 9 1; do
+                while keyctl add user "filler:$i" "$(head -c $size /dev/zero | tr '\\0' x)" @u >/dev/null 2>&1; do
+                    i=$((i + 1))
+                    [ $i -gt 400 ] && break
+                done
+            done
+            printf 'pw' | ./lockbox --keychain "$PWD/full.lockbox" init --passphrase-stdin --kdf interactive
+            status=$?
+            keyctl clear @u >/dev/null 2>&1
+            exit $status
+            """
+        let result = try sandbox.runAsUser(script)
+        #expect(result.status == 1, "init with a full quota: \(result.status) \(result.standardError)")
+        #expect(result.standardError.contains("/proc/sys/kernel/keys/maxbytes"), "\(result.standardError)")
+        #expect(result.standardError.contains("lockbox lock --all"), "\(result.standardError)")
+        #expect(result.standardError.contains("LOCKBOX_UNLOCK_CACHE=process"), "\(result.standardError)")
+    }
+}
