@@ -160,9 +160,7 @@ struct Runner {
             return .success
         case .setPassphrase(let fromStandardInput):
             let vault = try openVault()
-            let passphrase = try newPassphrase(fromStandardInput: fromStandardInput)
-            guard !passphrase.isEmpty else { throw Self.emptyPassphrase }
-            try vault.setPassphrase(passphrase)
+            try vault.setPassphrase(try newPassphrase(fromStandardInput: fromStandardInput))
             output.error("Passphrase set.")
             return .success
         case .login, .token, .logout, .authStatus:
