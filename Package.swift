@@ -23,6 +23,7 @@ let package = Package(
         .library(name: "Lockbox", targets: ["Lockbox"]),
         .library(name: "LockboxCore", targets: ["LockboxCore"]),
         .library(name: "KeychainCompatibility", targets: ["KeychainCompatibility"]),
+        .library(name: "LockboxAuth", targets: ["LockboxAuth"]),
         .executable(name: "lockbox", targets: ["LockboxCLI"]),
         .executable(name: "lockbox-oauth", targets: ["LockboxOAuthCLI"]),
         .executable(name: "lockbox-bench", targets: ["LockboxBenchmark"]),

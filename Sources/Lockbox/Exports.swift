@@ -1,3 +1,6 @@
 // The facade: applications `import Lockbox` and get the model and the default backend.
 @_exported import LockboxCore
 @_exported import LockboxVault
+// `Keychain.Options.secretService` is a `SecretServiceStore.Configuration`: a client that
+// imports Lockbox can name it, and use the backend directly.
+@_exported import SecretService

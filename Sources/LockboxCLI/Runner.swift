@@ -15,7 +15,8 @@ struct Runner {
         case .help(let verb):
             if let verb {
                 guard let text = Help.text(for: verb) else {
-                    output.error("lockbox: unknown command \(verb)\n\n\(Help.overview)")
+                    // Not echoed: a mistyped command line may have put a secret here.
+                    output.error("lockbox: no such command (not shown, in case it is a secret)\n\n\(Help.overview)")
                     return .usage
                 }
                 output.print(text)
@@ -44,9 +45,21 @@ struct Runner {
                 try vault.unlock()
                 return .success
             }
-            let passphrase = try existingPassphrase(fromStandardInput: fromStandardInput, prompt: "Passphrase for \(vault.path): ")
-            try vault.unlock(passphrase: passphrase)
-            return .success
+            if fromStandardInput {
+                try vault.unlock(passphrase: try existingPassphrase(fromStandardInput: true, prompt: ""))
+                return .success
+            }
+            // At the terminal a mistyped passphrase gets three tries, as sudo and gpg give.
+            for attempt in 1...Self.unlockAttempts {
+                let passphrase = try existingPassphrase(fromStandardInput: false, prompt: "Passphrase for \(vault.path): ")
+                do {
+                    try vault.unlock(passphrase: passphrase)
+                    return .success
+                } catch where error.code == .authFailed && attempt < Self.unlockAttempts {
+                    output.error("lockbox: \(error.description) Try again.")
+                }
+            }
+            preconditionFailure("the last attempt returns or throws")
         case .lock(let all):
             let vault = try openVault()
             if all { vault.lockAll() } else { vault.lock() }
@@ -77,6 +90,7 @@ struct Runner {
                 old = try existingPassphrase(fromStandardInput: false, prompt: "Current passphrase: ")
                 new = try newPassphrase(fromStandardInput: false)
             }
+            guard !new.isEmpty else { throw Self.emptyPassphrase }
             try vault.changePassphrase(from: old, to: new)
             output.print("Passphrase changed.")
             return .success
@@ -88,7 +102,8 @@ struct Runner {
             let store = try Keychain.open(keychainOptions()).store
             var query = Query(options.itemClass, attributes: options.attributes, limit: .all, returning: [])
             query.synchronizable = .any
-            try store.delete(matching: query)
+            let deleted = try store.delete(matching: query)
+            output.error("Deleted \(deleted) item\(deleted == 1 ? "" : "s").")
             return .success
         case .dump(let json):
             return try dump(json: json)
@@ -108,9 +123,25 @@ struct Runner {
                 "Restored from \(file): \(summary.added) added, \(summary.replaced) replaced by a newer copy, "
                     + "\(summary.kept) kept (the existing copy was as new or newer).")
             return .success
-        case .removePassphrase(let fromStandardInput):
+        case .removePassphrase(let fromStandardInput, let confirmed):
             let vault = try openVault()
             let passphrase = try existingPassphrase(fromStandardInput: fromStandardInput, prompt: "Current passphrase: ")
+            // Unlocking checks the passphrase and lets the items that would go be counted.
+            try vault.unlock(passphrase: passphrase)
+            let doomed = try passcodeBoundItemCount(vault)
+            let warning =
+                "Removing the passphrase deletes \(doomed) whenPasscodeSetThisDeviceOnly or access-controlled item(s), "
+                + "and the keychain then unlocks on this machine without a passphrase."
+            if !confirmed {
+                guard SecretInput.standardInputIsTerminal else {
+                    output.error("lockbox: \(warning) Nothing was changed: pass --yes to confirm.")
+                    return .usage
+                }
+                guard try SecretInput.confirm("\(warning)\nType yes to go on: ") else {
+                    output.error("lockbox: Cancelled; nothing was changed.")
+                    return .failure
+                }
+            }
             let deleted = try vault.removePassphrase(passphrase)
             output.error(
                 "The passphrase is removed: this keychain now unlocks on this machine without one. "
@@ -143,10 +174,21 @@ struct Runner {
         let store = try Keychain.open(keychainOptions()).store
         let secret: SecretBytes
         if SecretInput.standardInputIsTerminal {
-            secret = try SecretInput.prompt("Secret for \(options.attributes.service ?? options.attributes.server ?? "the item"): ")
+            guard !options.raw else {
+                throw LockboxError(.param, "--raw reads the secret's bytes from standard input: pipe them in instead of typing.")
+            }
+            // A new secret typed without echo is asked twice, so a typo is not stored.
+            let name = options.attributes.service ?? options.attributes.server ?? "the item"
+            secret = try SecretInput.prompt("Secret for \(name): ", limit: Self.secretLimit)
+            if !secret.isEmpty || !options.allowEmpty {
+                guard !secret.isEmpty else { throw Self.emptySecret }
+                let again = try SecretInput.prompt("Repeat it: ", limit: Self.secretLimit)
+                guard secret == again else { throw LockboxError(.param, "The two entries differ; nothing was stored.") }
+            }
         } else {
-            secret = SecretInput.trimmingTrailingNewline(try SecretInput.readAll(limit: Self.secretLimit + 2))
+            secret = try SecretInput.readSecret(raw: options.raw, limit: Self.secretLimit)
         }
+        guard !secret.isEmpty || options.allowEmpty else { throw Self.emptySecret }
         var item = Item(options.itemClass, attributes: options.attributes, data: secret)
         item.accessControl = options.accessControl
         do {
@@ -178,7 +220,7 @@ struct Runner {
         }
         if options.printSecretOnly {
             guard let data = item.data else { return .failure }
-            SecretInput.writeToStandardOutput(data)
+            SecretInput.writeToStandardOutput(data, newline: !options.raw)
         } else if options.json {
             output.print(Self.json(ItemSummary(item)))
         } else {
@@ -211,10 +253,13 @@ struct Runner {
 
     private func newPassphrase(fromStandardInput: Bool, prompt: String = "New passphrase: ") throws(LockboxError) -> SecretBytes {
         if fromStandardInput {
-            return SecretInput.splitLine(try SecretInput.readAll(limit: SecretInput.passphraseLimit)).line
+            let passphrase = SecretInput.splitLine(try SecretInput.readAll(limit: SecretInput.passphraseLimit)).line
+            guard !passphrase.isEmpty else { throw Self.emptyPassphrase }
+            return passphrase
         }
         guard SecretInput.standardInputIsTerminal else { throw Self.noPassphraseSource }
         let first = try SecretInput.prompt(prompt, limit: SecretInput.passphraseLimit)
+        guard !first.isEmpty else { throw Self.emptyPassphrase }
         let second = try SecretInput.prompt("Repeat it: ", limit: SecretInput.passphraseLimit)
         guard first == second else {
             throw LockboxError(.param, "The two passphrases differ; nothing was changed.")
@@ -228,6 +273,33 @@ struct Runner {
         }
         guard SecretInput.standardInputIsTerminal else { throw Self.noPassphraseSource }
         return try SecretInput.prompt(prompt, limit: SecretInput.passphraseLimit)
+    }
+
+    static let unlockAttempts = 3
+
+    static let emptyPassphrase = LockboxError(.param, "The new passphrase is empty; nothing was changed. Give a passphrase.")
+
+    static let emptySecret = LockboxError(
+        .param,
+        "The secret is empty (nothing on standard input, or Enter at the prompt); nothing was stored. "
+            + "Check the variable or file you piped in, or pass --allow-empty to store an empty secret.")
+
+    /// The items ``Vault/removePassphrase(_:)`` would delete: whenPasscodeSetThisDeviceOnly or
+    /// access-controlled. The vault must be unlocked.
+    private func passcodeBoundItemCount(_ vault: Vault) throws(LockboxError) -> Int {
+        var count = 0
+        for itemClass in ItemClass.allCases {
+            var query = Query(itemClass, limit: .all, returning: [.attributes])
+            query.synchronizable = .any
+            do {
+                count += try vault.items(matching: query).count {
+                    $0.attributes.accessibility == .whenPasscodeSetThisDeviceOnly || $0.accessControl != nil
+                }
+            } catch LockboxError.itemNotFound {
+                continue
+            }
+        }
+        return count
     }
 
     static let noPassphraseSource = LockboxError(

@@ -20,7 +20,7 @@ package enum Help {
         Items:
           add-generic-password       store a secret under a service and account
           find-generic-password      find one; -w prints only the secret
-          delete-generic-password    delete one
+          delete-generic-password    delete the matching items (--all when naming none)
           add-internet-password      the same for a server, protocol, port and path
           find-internet-password
           delete-internet-password
@@ -34,6 +34,8 @@ package enum Help {
         The keychain is PATH, else $LOCKBOX_KEYCHAIN, else $XDG_DATA_HOME/lockbox/default.lockbox.
         The backend is --backend, else $LOCKBOX_BACKEND, else the vault (`lockbox status` says why).
         Secrets are read from standard input or asked on the terminal, never from arguments.
+        Text on standard input loses one trailing newline (\\n or \\r\\n) and nothing else; --raw
+        (add, find -w) keeps the exact bytes in and out. Empty secrets are refused.
         Exit status: 0 ok, 1 failure, 44 item not found, 64 usage error.
         `lockbox COMMAND --help` describes a command.
         """
@@ -57,6 +59,7 @@ package enum Help {
                 Unlocks the keychain for this user's processes until `lockbox lock`, the idle
                 timeout, or reboot. Keys are kept in the kernel keyring, never on disk.
                   --passphrase-stdin   read the passphrase from the first line of standard input
+                                       (otherwise it is asked on the terminal, three tries)
                   --timeout SECONDS    lock again after this much inactivity (default 900; 0 never)
                 """
         case "lock":
@@ -85,8 +88,11 @@ package enum Help {
             return """
                 usage: lockbox [--keychain PATH] \(verb) -s \(verb.hasSuffix("internet-password") ? "SERVER" : "SERVICE") -a ACCOUNT [OPTIONS]
 
-                Stores a secret read from standard input (one trailing newline is removed) or, on
-                a terminal, asked without echo. The secret is never accepted as an argument.
+                Stores a secret read from standard input or, on a terminal, asked twice without
+                echo. The secret is never accepted as an argument. Standard input is text: exactly
+                one trailing "\\n" or "\\r\\n" is removed (what `echo` adds), nothing else.
+                  --raw                store standard input byte for byte (binary secrets, keys)
+                  --allow-empty        store an empty secret (otherwise refused)
                   -a ACCOUNT           account name
                   -s \(verb.hasSuffix("internet-password") ? "SERVER    " : "SERVICE   ")        \(verb.hasSuffix("internet-password") ? "server name" : "service name")
                   -l LABEL             label;  -j COMMENT  comment;  -D KIND  description
@@ -100,16 +106,20 @@ package enum Help {
                 """
         case "find-generic-password", "find-internet-password":
             return """
-                usage: lockbox [--keychain PATH] \(verb) [-s NAME] [-a ACCOUNT] [-w | --json]
+                usage: lockbox [--keychain PATH] \(verb) [-s NAME] [-a ACCOUNT] [-w [--raw] | --json]
 
                 Finds the first matching item. Prints its attributes, or with -w only the secret
-                followed by a newline. Exit status 44 when nothing matches.
+                followed by a newline; with -w --raw only the secret's bytes, no newline.
+                Exit status 44 when nothing matches.
                 """
         case "delete-generic-password", "delete-internet-password":
             return """
-                usage: lockbox [--keychain PATH] \(verb) [-s NAME] [-a ACCOUNT]
+                usage: lockbox [--keychain PATH] \(verb) [-s NAME] [-a ACCOUNT] [--all]
 
-                Deletes every matching item. Exit status 44 when nothing matches.
+                Deletes every matching item and says how many. A delete that names no attribute
+                would delete every item of the class: it is refused (status 64) unless --all is
+                given. A locked keychain deletes nothing (OSStatus -25308). Exit status 44 when
+                nothing matches.
                 """
         case "backup":
             return """
@@ -137,11 +147,12 @@ package enum Help {
                 """
         case "remove-passphrase", "set-passphrase":
             return """
-                usage: lockbox [--keychain PATH] \(verb) [--passphrase-stdin]
+                usage: lockbox [--keychain PATH] \(verb) [--passphrase-stdin]\(verb == "remove-passphrase" ? " [--yes]" : "")
 
                 remove-passphrase: the keychain then unlocks on this machine without a passphrase
                 (like a phone without a passcode); whenPasscodeSetThisDeviceOnly and
-                access-controlled items are deleted. set-passphrase sets one again.
+                access-controlled items are deleted. It says how many and asks to confirm on the
+                terminal; --yes confirms where there is none. set-passphrase sets one again.
                 """
         case "login":
             return """

@@ -23,7 +23,7 @@ package enum Command {
     case dump(json: Bool)
     case backup(file: String, passphraseFromStandardInput: Bool)
     case restore(file: String, passphraseFromStandardInput: Bool)
-    case removePassphrase(fromStandardInput: Bool)
+    case removePassphrase(fromStandardInput: Bool, confirmed: Bool)
     case enroll(keeper: String, remove: Bool)
     case setPassphrase(fromStandardInput: Bool)
     case login(issuer: String, clientID: String, scopes: [String])
@@ -50,6 +50,13 @@ package struct PasswordOptions {
     /// `--access-control` (add).
     package var accessControl: AccessControl?
     package var json = false
+    /// `--raw`: the secret's bytes exactly: add stores all of standard input (no newline is
+    /// removed); find -w prints the bytes with no newline after them.
+    package var raw = false
+    /// `--allow-empty` (add): store an empty secret instead of refusing it.
+    package var allowEmpty = false
+    /// `--all` (delete): delete every item of the class when no attribute is named.
+    package var all = false
 }
 
 /// A usage error: exit status 64 with the verb's help.
@@ -88,22 +95,23 @@ package enum Parser {
             case "--version":
                 return Invocation(keychain: keychain, command: .version)
             default:
-                throw UsageError(message: "unknown option \(first)", verb: nil)
+                throw UsageError.unexpected(at: arguments.count - remaining.count, verb: nil)
             }
         }
         guard let verb = remaining.popFirst() else {
             throw UsageError(message: "no command given", verb: nil)
         }
+        let verbPosition = arguments.count - remaining.count
         let options = Array(remaining)
         if options.contains("--help") || options.contains("-h") {
             return Invocation(keychain: keychain, command: .help(verb: verb))
         }
-        let command = try parseVerb(verb, options)
+        let command = try parseVerb(verb, options, position: verbPosition)
         return Invocation(keychain: keychain, backend: backend, command: command)
     }
 
-    private static func parseVerb(_ verb: String, _ options: [String]) throws(UsageError) -> Command {
-        var reader = OptionReader(verb: verb, options: options)
+    private static func parseVerb(_ verb: String, _ options: [String], position: Int) throws(UsageError) -> Command {
+        var reader = OptionReader(verb: verb, options: options, firstPosition: position + 1)
         switch verb {
         case "help":
             return .help(verb: reader.options.first)
@@ -182,11 +190,17 @@ package enum Parser {
             return .enroll(keeper: keeper, remove: verb == "unenroll")
         case "remove-passphrase", "set-passphrase":
             var fromStandardInput = false
+            var confirmed = false
             while let option = reader.next() {
-                guard option == "--passphrase-stdin" else { throw reader.unknown(option) }
-                fromStandardInput = true
+                switch option {
+                case "--passphrase-stdin": fromStandardInput = true
+                case "--yes" where verb == "remove-passphrase": confirmed = true
+                default: throw reader.unknown(option)
+                }
             }
-            return verb == "set-passphrase" ? .setPassphrase(fromStandardInput: fromStandardInput) : .removePassphrase(fromStandardInput: fromStandardInput)
+            return verb == "set-passphrase"
+                ? .setPassphrase(fromStandardInput: fromStandardInput)
+                : .removePassphrase(fromStandardInput: fromStandardInput, confirmed: confirmed)
         case "login":
             var issuer: String?
             var clientID: String?
@@ -233,11 +247,20 @@ package enum Parser {
             return .dump(json: json)
         default:
             guard let itemClass = passwordVerbs[verb] else {
-                throw UsageError(message: "unknown command \(verb)", verb: nil)
+                // Not echoed: a mistyped command line may have put a secret here.
+                throw UsageError(message: "argument \(position) is not a command (not shown, in case it is a secret)", verb: nil)
             }
             let parsed = try parsePassword(verb, itemClass: itemClass, reader: &reader)
             if verb.hasPrefix("add") { return .addPassword(parsed) }
             if verb.hasPrefix("find") { return .findPassword(parsed) }
+            // SecItemDelete's empty query deletes every item of the class: on the command line
+            // a forgotten -s or -a must not do that, so it takes --all to say so.
+            if parsed.attributes.isEmpty && !parsed.all {
+                throw UsageError(
+                    message: "\(verb) names no item: give -s, -a or another attribute, "
+                        + "or --all to delete every \(itemClass == .internetPassword ? "internet" : "generic") password",
+                    verb: verb)
+            }
             return .deletePassword(parsed)
         }
     }
@@ -245,6 +268,8 @@ package enum Parser {
     private static func parsePassword(_ verb: String, itemClass: ItemClass, reader: inout OptionReader) throws(UsageError) -> PasswordOptions {
         var parsed = PasswordOptions(itemClass: itemClass)
         let isAdd = verb.hasPrefix("add")
+        let isFind = verb.hasPrefix("find")
+        let isDelete = verb.hasPrefix("delete")
         let isInternet = itemClass == .internetPassword
         while let option = reader.next() {
             switch option {
@@ -286,11 +311,15 @@ package enum Parser {
                         verb: verb)
                 }
                 parsed.accessControl = control
+            case "--raw" where isAdd || isFind: parsed.raw = true
+            case "--allow-empty" where isAdd: parsed.allowEmpty = true
+            case "--all" where isDelete: parsed.all = true
             case "-w":
                 if isAdd {
                     // `security add-generic-password -w SECRET` puts the secret in argv, where
-                    // every user can read it in /proc. Lockbox refuses that form.
-                    if let next = reader.peek(), !next.hasPrefix("-") {
+                    // every user can read it in /proc. Lockbox refuses that form, also when the
+                    // secret starts with "-": whatever follows -w and is not an option is one.
+                    if let next = reader.peek(), !passwordOptions.contains(next) {
                         throw UsageError(
                             message: "secrets are never taken from the command line (other users can read it); "
                                 + "pipe the secret on standard input, or omit it to be asked on the terminal",
@@ -299,23 +328,32 @@ package enum Parser {
                 } else {
                     parsed.printSecretOnly = true
                 }
-            case "--json" where verb.hasPrefix("find"): parsed.json = true
+            case "--json" where isFind: parsed.json = true
             default: throw reader.unknown(option)
             }
         }
         return parsed
     }
+
+    /// Every option a password verb knows (some only for add, find or delete).
+    static let passwordOptions: Set<String> = [
+        "-a", "-s", "-l", "-j", "-D", "-r", "-P", "-p", "-d", "-t", "--access-group", "--accessibility", "-U",
+        "--access-control", "--raw", "--allow-empty", "--all", "-w", "--json", "--help", "-h",
+    ]
 }
 
 /// Walks a verb's options.
 struct OptionReader {
     let verb: String
     let options: [String]
+    /// The position of `options[0]` among all the arguments (counting from 1).
+    let firstPosition: Int
     private var index = 0
 
-    init(verb: String, options: [String]) {
+    init(verb: String, options: [String], firstPosition: Int) {
         self.verb = verb
         self.options = options
+        self.firstPosition = firstPosition
     }
 
     mutating func next() -> String? {
@@ -333,7 +371,19 @@ struct OptionReader {
         return value
     }
 
+    /// The error for the argument `next()` returned last. It names the argument's position,
+    /// never its text: a secret typed where an option was expected must not be echoed.
     func unknown(_ option: String) -> UsageError {
-        UsageError(message: "unknown option \(option) for \(verb)", verb: verb)
+        UsageError.unexpected(at: firstPosition + index - 1, verb: verb)
+    }
+}
+
+extension UsageError {
+    /// An argument that is not an option here, named by its position (counting from 1) only.
+    static func unexpected(at position: Int, verb: String?) -> UsageError {
+        UsageError(
+            message: "argument \(position) is not an option\(verb.map { " of \($0)" } ?? "") "
+                + "(not shown, in case it is a secret)",
+            verb: verb)
     }
 }

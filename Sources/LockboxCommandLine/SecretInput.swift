@@ -47,15 +47,29 @@ package enum SecretInput {
         }
     }
 
-    /// `input` without one trailing newline (`\n` or `\r\n`): what `echo secret |` adds.
+    /// `input` without one trailing newline, `\n` or `\r\n` (what `echo secret |` adds),
+    /// and nothing else: not a second newline, not a lone `\r`. The text rule for secrets on
+    /// standard input, as `docker login --password-stdin` has it; `--raw` skips it.
     package static func trimmingTrailingNewline(_ input: SecretBytes) -> SecretBytes {
         input.withUnsafeBytes { bytes in
             var end = bytes.count
-            if end > 0 && bytes[end - 1] == 0x0A { end -= 1 }
+            guard end > 0 && bytes[end - 1] == 0x0A else { return input }
+            end -= 1
             if end > 0 && bytes[end - 1] == 0x0D { end -= 1 }
-            if end == bytes.count { return input }
             return SecretBytes(copying: UnsafeRawBufferPointer(rebasing: bytes[0..<end]))
         }
+    }
+
+    /// A secret from standard input, at most `limit` bytes once read: as text (one trailing
+    /// `\n` or `\r\n` removed), or with `raw` every byte as it came.
+    package static func readSecret(raw: Bool, limit: Int) throws(LockboxError) -> SecretBytes {
+        // Text may carry the two newline bytes beyond the limit.
+        let input = try readAll(limit: raw ? limit : limit + 2)
+        let secret = raw ? input : trimmingTrailingNewline(input)
+        guard secret.count <= limit else {
+            throw LockboxError(.param, "The secret on standard input is over the limit of \(limit) bytes.")
+        }
+        return secret
     }
 
     package static var standardInputIsTerminal: Bool { isatty(STDIN_FILENO) == 1 }
@@ -69,7 +83,8 @@ package enum SecretInput {
                 "There is no terminal to ask for the secret on. Pipe it on standard input instead.")
         }
         defer { close(terminal) }
-        _ = text.withCString { write(terminal, $0, strlen($0)) }
+        // Echo goes off before the prompt shows: TCSAFLUSH drops input typed before it, so
+        // an answer typed after the prompt is never lost, nor echoed.
         var original = termios()
         let haveAttributes = tcgetattr(terminal, &original) == 0
         if haveAttributes {
@@ -77,6 +92,7 @@ package enum SecretInput {
             silent.c_lflag &= ~tcflag_t(ECHO)
             tcsetattr(terminal, TCSAFLUSH, &silent)
         }
+        _ = text.withCString { write(terminal, $0, strlen($0)) }
         defer {
             if haveAttributes { tcsetattr(terminal, TCSAFLUSH, &original) }
             _ = write(terminal, "\n", 1)
@@ -95,9 +111,30 @@ package enum SecretInput {
         }
     }
 
-    /// Writes a secret and a newline to stdout without making a `String` of it.
-    package static func writeToStandardOutput(_ secret: SecretBytes) {
+    /// Writes a secret, and unless `newline` is false a newline, to stdout without making a
+    /// `String` of it.
+    package static func writeToStandardOutput(_ secret: SecretBytes, newline: Bool = true) {
         secret.withUnsafeBytes { writeAll($0, to: STDOUT_FILENO) }
-        _ = write(STDOUT_FILENO, "\n", 1)
+        if newline { _ = write(STDOUT_FILENO, "\n", 1) }
+    }
+
+    /// Asks on the terminal whether to go on; true only for an answer of "yes".
+    package static func confirm(_ question: String) throws(LockboxError) -> Bool {
+        let terminal = open("/dev/tty", O_RDWR | O_CLOEXEC)
+        guard terminal >= 0 else {
+            throw LockboxError(.notAvailable, "There is no terminal to confirm on. Pass --yes to confirm.")
+        }
+        defer { close(terminal) }
+        _ = question.withCString { write(terminal, $0, strlen($0)) }
+        var answer: [UInt8] = []
+        while answer.count < 16 {
+            var byte: UInt8 = 0
+            let count = read(terminal, &byte, 1)
+            if count < 0 && errno == EINTR { continue }
+            if count <= 0 || byte == 0x0A { break }
+            answer.append(byte)
+        }
+        if answer.last == 0x0D { answer.removeLast() }
+        return answer == Array("yes".utf8)
     }
 }

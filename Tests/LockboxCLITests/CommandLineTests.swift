@@ -278,7 +278,7 @@ struct CommandLineTests {
         #expect(result.status == 0)
         defer { _ = try? run(binary, ["--keychain", keychain, "lock", "--all"], environment: environment) }
         _ = try run(binary, ["--keychain", keychain, "add-generic-password", "-s", "p", "-a", "a", "--accessibility", "whenPasscodeSetThisDeviceOnly"], input: Array("x".utf8), environment: environment)
-        let removed = try run(binary, ["--keychain", keychain, "remove-passphrase", "--passphrase-stdin"], input: Self.passphrase, environment: environment)
+        let removed = try run(binary, ["--keychain", keychain, "remove-passphrase", "--passphrase-stdin", "--yes"], input: Self.passphrase, environment: environment)
         #expect(removed.status == 0, "\(removed.standardError)")
         #expect(removed.standardError.contains("1 whenPasscodeSetThisDeviceOnly"))
         _ = try run(binary, ["--keychain", keychain, "lock"], environment: environment)

@@ -1,0 +1,32 @@
+// swift-tools-version: 6.2
+// A package outside Lockbox's own targets that depends on it as a client does (by path here;
+// `.package(url: "https://github.com/lockbox-swift/lockbox.git", from: "0.1.0")` elsewhere) and
+// builds the documented examples of every library product. scripts/consumer-package writes the
+// examples' sources from README.md, docs/AUTH.md and docs/SECITEM.md, builds and runs them.
+import PackageDescription
+
+let package = Package(
+    name: "LockboxConsumer",
+    platforms: [.macOS(.v15)],
+    dependencies: [.package(name: "Lockbox", path: "../..")],
+    targets: [
+        // README.md: reading a secret, with the three outcomes a program meets.
+        .executableTarget(name: "ReadmeRead", dependencies: [.product(name: "Lockbox", package: "Lockbox")]),
+        // README.md: add or update.
+        .executableTarget(name: "ReadmeStore", dependencies: [.product(name: "Lockbox", package: "Lockbox")]),
+        // docs/SECITEM.md: Apple's SecItem API.
+        .executableTarget(
+            name: "SecItemExample", dependencies: [.product(name: "KeychainCompatibility", package: "Lockbox")]),
+        // docs/AUTH.md: the OAuth 2.0 lifecycle (built; running it needs an authorization server).
+        .executableTarget(
+            name: "AuthExample",
+            dependencies: [.product(name: "Lockbox", package: "Lockbox"), .product(name: "LockboxAuth", package: "Lockbox")]),
+        // Every type a public API names can be named by a client: a library product imports it.
+        .executableTarget(
+            name: "PublicTypes",
+            dependencies: [
+                .product(name: "Lockbox", package: "Lockbox"), .product(name: "LockboxCore", package: "Lockbox"),
+                .product(name: "LockboxAuth", package: "Lockbox"),
+            ]),
+    ]
+)

@@ -1,0 +1,386 @@
+import Foundation
+import Lockbox
+import LockboxTestSupport
+import Testing
+
+/// The CLI's defaults that protect what a user stored: deletes that name nothing, exact bytes,
+/// secrets typed in the wrong place, empty secrets, and the terminal's prompts.
+@Suite("lockbox command line, safe defaults")
+struct SafeDefaultsTests {
+    let binary = builtProduct("lockbox")
+    let directory = TemporaryDirectory("lockbox-safe")
+    var keychain: String { directory.file("keychains/safe.lockbox") }
+    static let passphrase = "safe passphrase"
+
+    func lockbox(_ arguments: [String], input: [UInt8] = []) throws -> ProcessResult {
+        #expect(FileManager.default.isExecutableFile(atPath: binary), "the lockbox binary is not built at \(binary)")
+        return try run(binary, ["--keychain", keychain] + arguments, input: input)
+    }
+
+    func lockbox(_ arguments: [String], text: String) throws -> ProcessResult {
+        try lockbox(arguments, input: Array(text.utf8))
+    }
+
+    /// Creates the keychain, unlocked; `lockAll()` forgets its keys (as at reboot).
+    func initialize() throws {
+        let result = try lockbox(["init", "--passphrase-stdin", "--kdf", "interactive"], text: Self.passphrase + "\n")
+        try #require(result.status == 0, "init failed: \(result.standardError)")
+    }
+
+    func lockAll() {
+        _ = try? lockbox(["lock", "--all"])
+    }
+
+    func secret(_ service: String, _ account: String, raw: Bool = true) throws -> ProcessResult {
+        try lockbox(["find-generic-password", "-s", service, "-a", account, "-w"] + (raw ? ["--raw"] : []))
+    }
+
+    // MARK: Deletes
+
+    @Test(
+        "a delete that names no attribute is refused with 64 and deletes nothing",
+        arguments: ["delete-generic-password", "delete-internet-password"])
+    func deleteNamingNothing_isRefused_andDeletesNothing(verb: String) throws {
+        try initialize()
+        defer { lockAll() }
+        #expect(try lockbox(["add-generic-password", "-s", "one", "-a", "a"], text: "1").status == 0)
+        #expect(try lockbox(["add-internet-password", "-s", "host.example", "-a", "a"], text: "2").status == 0)
+        let refused = try lockbox([verb])
+        #expect(refused.status == 64)
+        #expect(refused.standardError.contains("names no item"))
+        #expect(refused.standardError.contains("--all"))
+        #expect(try lockbox(["find-generic-password", "-s", "one", "-a", "a"]).status == 0)
+        #expect(try lockbox(["find-internet-password", "-s", "host.example", "-a", "a"]).status == 0)
+    }
+
+    @Test("--all deletes every item of the class, no other class, and says how many")
+    func deleteAll_deletesTheClass_andSaysHowMany() throws {
+        try initialize()
+        defer { lockAll() }
+        for account in ["a", "b"] {
+            #expect(try lockbox(["add-generic-password", "-s", "svc", "-a", account], text: "x").status == 0)
+        }
+        #expect(try lockbox(["add-internet-password", "-s", "host.example", "-a", "a"], text: "y").status == 0)
+        let deleted = try lockbox(["delete-generic-password", "--all"])
+        #expect(deleted.status == 0, "\(deleted.standardError)")
+        #expect(deleted.standardError == "Deleted 2 items.\n")
+        #expect(try lockbox(["find-generic-password", "-s", "svc"]).status == 44)
+        #expect(try lockbox(["find-internet-password", "-s", "host.example", "-a", "a"]).status == 0)
+    }
+
+    @Test("every delete says how many items it removed; nothing matching exits 44")
+    func delete_saysHowMany() throws {
+        try initialize()
+        defer { lockAll() }
+        for account in ["a", "b", "c"] {
+            #expect(try lockbox(["add-generic-password", "-s", "svc", "-a", account], text: "x").status == 0)
+        }
+        let one = try lockbox(["delete-generic-password", "-s", "svc", "-a", "a"])
+        #expect(one.status == 0)
+        #expect(one.standardError == "Deleted 1 item.\n")
+        let two = try lockbox(["delete-generic-password", "-s", "svc"])
+        #expect(two.status == 0)
+        #expect(two.standardError == "Deleted 2 items.\n")
+        let none = try lockbox(["delete-generic-password", "-s", "svc"])
+        #expect(none.status == 44)
+        #expect(none.standardError.contains("(OSStatus -25300)"))
+    }
+
+    @Test("a delete on a locked keychain deletes nothing and says it is locked")
+    func deleteWhileLocked_deletesNothing() throws {
+        try initialize()
+        defer { lockAll() }
+        #expect(try lockbox(["add-generic-password", "-s", "svc", "-a", "a"], text: "x").status == 0)
+        #expect(try lockbox(["lock"]).status == 0)
+        for arguments in [["delete-generic-password", "-s", "svc", "-a", "a"], ["delete-generic-password", "--all"]] {
+            let refused = try lockbox(arguments)
+            #expect(refused.status == 1, "\(arguments): \(refused.standardError)")
+            #expect(refused.standardError.contains("(OSStatus -25308)"))
+            #expect(!refused.standardError.contains("Deleted"))
+        }
+        let unlock = try lockbox(["unlock", "--passphrase-stdin"], text: Self.passphrase + "\n")
+        #expect(unlock.status == 0)
+        #expect(try secret("svc", "a").standardOutput == "x")
+    }
+
+    @Test("remove-passphrase off a terminal without --yes says how many items it would delete and changes nothing")
+    func removePassphraseWithoutYes_isRefused() throws {
+        try initialize()
+        defer { lockAll() }
+        #expect(
+            try lockbox(
+                ["add-generic-password", "-s", "bound", "-a", "a", "--accessibility", "whenPasscodeSetThisDeviceOnly"], text: "x"
+            ).status == 0)
+        #expect(try lockbox(["add-generic-password", "-s", "kept", "-a", "a"], text: "y").status == 0)
+        let refused = try lockbox(["remove-passphrase", "--passphrase-stdin"], text: Self.passphrase + "\n")
+        #expect(refused.status == 64)
+        #expect(refused.standardError.contains("deletes 1 whenPasscodeSetThisDeviceOnly or access-controlled item(s)"))
+        #expect(refused.standardError.contains("--yes"))
+        #expect(try secret("bound", "a").standardOutput == "x")
+        #expect(!(try lockbox(["status"]).standardOutput.contains("passphrase: none")))
+
+        let removed = try lockbox(["remove-passphrase", "--passphrase-stdin", "--yes"], text: Self.passphrase + "\n")
+        #expect(removed.status == 0, "\(removed.standardError)")
+        #expect(removed.standardError.contains("1 whenPasscodeSetThisDeviceOnly"))
+        #expect(try secret("bound", "a").status == 44)
+        #expect(try secret("kept", "a").standardOutput == "y")
+    }
+
+    @Test("remove-passphrase on a terminal asks to confirm: anything but yes changes nothing")
+    func removePassphraseOnTerminal_asksToConfirm() throws {
+        try initialize()
+        defer { lockAll() }
+        #expect(
+            try lockbox(
+                ["add-generic-password", "-s", "bound", "-a", "a", "--accessibility", "whenPasscodeSetThisDeviceOnly"], text: "x"
+            ).status == 0)
+        let declined = try TerminalSession.run(
+            binary, ["--keychain", keychain, "remove-passphrase"],
+            steps: [.expect("Current passphrase: "), .type(Self.passphrase + "\n"), .expect("Type yes to go on: "), .type("no\n")])
+        #expect(declined.failure.isEmpty, "\(declined.failure): \(declined.transcript)")
+        #expect(declined.status == 1)
+        #expect(declined.transcript.contains("deletes 1 whenPasscodeSetThisDeviceOnly"))
+        #expect(declined.transcript.contains("nothing was changed"))
+        #expect(try secret("bound", "a").standardOutput == "x")
+
+        let accepted = try TerminalSession.run(
+            binary, ["--keychain", keychain, "remove-passphrase"],
+            steps: [.expect("Current passphrase: "), .type(Self.passphrase + "\n"), .expect("Type yes to go on: "), .type("yes\n")])
+        #expect(accepted.failure.isEmpty, "\(accepted.failure): \(accepted.transcript)")
+        #expect(accepted.status == 0, "\(accepted.transcript)")
+        #expect(!accepted.transcript.contains(Self.passphrase), "the passphrase was echoed")
+        #expect(try secret("bound", "a").status == 44)
+        #expect(try lockbox(["status"]).standardOutput.contains("passphrase: none"))
+    }
+
+    // MARK: Exact bytes
+
+    @Test("--raw stores and prints every byte value exactly, NUL, CR and LF included")
+    func raw_roundTripsAll256ByteValues() throws {
+        try initialize()
+        defer { lockAll() }
+        let values: [[UInt8]] = [
+            Array(0...255), Array((0...255).reversed()), [0x00], [0x0A], [0x0D, 0x0A], Array("key\n".utf8), Array("key\r\n".utf8),
+            Array("key\n\n".utf8), Array("key\r".utf8), [0x00, 0x00, 0x0A, 0x00], (0..<4096).map { _ in UInt8.random(in: 0...255) } + [0x0A],
+        ]
+        for (index, value) in values.enumerated() {
+            let add = try lockbox(["add-generic-password", "-s", "bin", "-a", "\(index)", "--raw"], input: value)
+            #expect(add.status == 0, "value \(index): \(add.standardError)")
+            let read = try secret("bin", "\(index)")
+            #expect(read.status == 0)
+            #expect(read.standardOutputBytes == value, "value \(index) came back different")
+        }
+    }
+
+    @Test("text on stdin loses exactly one trailing \\n or \\r\\n and nothing else; -w adds one \\n")
+    func text_losesOneTrailingNewlineOnly() throws {
+        try initialize()
+        defer { lockAll() }
+        let cases: [(input: [UInt8], stored: [UInt8])] = [
+            (Array("tok\n".utf8), Array("tok".utf8)),
+            (Array("tok\r\n".utf8), Array("tok".utf8)),
+            (Array("tok".utf8), Array("tok".utf8)),
+            (Array("tok\n\n".utf8), Array("tok\n".utf8)),
+            (Array("tok\r\n\r\n".utf8), Array("tok\r\n".utf8)),
+            (Array("tok\r".utf8), Array("tok\r".utf8)),
+            (Array("tok\n\r".utf8), Array("tok\n\r".utf8)),
+            ([0x61, 0x00, 0x62, 0x0A], [0x61, 0x00, 0x62]),
+            ([0x00, 0x0A], [0x00]),
+        ]
+        for (index, entry) in cases.enumerated() {
+            let add = try lockbox(["add-generic-password", "-s", "text", "-a", "\(index)"], input: entry.input)
+            #expect(add.status == 0, "case \(index): \(add.standardError)")
+            #expect(try secret("text", "\(index)").standardOutputBytes == entry.stored, "case \(index) stored different bytes")
+            #expect(try secret("text", "\(index)", raw: false).standardOutputBytes == entry.stored + [0x0A], "case \(index)")
+        }
+    }
+
+    @Test("the largest secret (64 KiB) is stored exactly in both modes; one byte more is refused and stores nothing")
+    func maximumSize_isExact_andOneMoreIsRefused() throws {
+        try initialize()
+        defer { lockAll() }
+        let limit = 64 * 1024
+        var largest = (0..<limit).map { _ in UInt8.random(in: 0...255) }
+        largest[limit - 1] = 0x0A
+        let raw = try lockbox(["add-generic-password", "-s", "big", "-a", "raw", "--raw"], input: largest)
+        #expect(raw.status == 0, "\(raw.standardError)")
+        #expect(try secret("big", "raw").standardOutputBytes == largest)
+
+        var text = largest
+        text[limit - 1] = 0x41
+        let textAdd = try lockbox(["add-generic-password", "-s", "big", "-a", "text"], input: text + [0x0D, 0x0A])
+        #expect(textAdd.status == 0, "\(textAdd.standardError)")
+        #expect(try secret("big", "text").standardOutputBytes == text)
+
+        for (account, arguments, input) in [
+            ("raw-over", ["--raw"], largest + [0x41]), ("text-over", [], text + [0x41, 0x0A]),
+        ] {
+            let over = try lockbox(["add-generic-password", "-s", "big", "-a", account] + arguments, input: input)
+            #expect(over.status == 1)
+            #expect(over.standardError.contains("over the limit of 65536 bytes"))
+            #expect(try secret("big", account).status == 44)
+        }
+    }
+
+    // MARK: Secrets in the wrong place
+
+    @Test(
+        "an argument that is not an option is named by its position, never echoed",
+        arguments: [
+            (["add-generic-password", "-s", "x", "-a", "y", "CANARY"], 8),
+            (["add-generic-password", "-s", "x", "-a", "y", "-w", "-CANARY"], 0),
+            (["add-generic-password", "-s", "x", "-a", "y", "-w", "CANARY"], 0),
+            (["find-generic-password", "-s", "x", "CANARY"], 6),
+            (["delete-generic-password", "-s", "x", "--CANARY"], 6),
+            (["unlock", "CANARY"], 4),
+            (["backup", "file", "CANARY"], 5),
+            (["CANARY"], 3),
+        ])
+    func unexpectedArgument_isNamedByPosition_neverEchoed(arguments: [String], position: Int) throws {
+        let canary = makeCanary("argument")
+        let substituted = arguments.map { $0.replacingOccurrences(of: "CANARY", with: canary) }
+        let result = try lockbox(substituted, text: "x")
+        #expect(result.status == 64)
+        #expect(!result.standardError.contains(canary), "the argument was echoed: \(result.standardError)")
+        #expect(!result.standardOutput.contains(canary))
+        if position > 0 {
+            #expect(result.standardError.contains("argument \(position) is not"), "\(result.standardError)")
+        } else {
+            #expect(result.standardError.contains("never taken from the command line"))
+        }
+    }
+
+    @Test("a mistyped global option or command asked for help is not echoed either")
+    func unexpectedGlobalArgument_isNotEchoed() throws {
+        let canary = makeCanary("global")
+        for arguments in [["--" + canary, "status"], ["help", canary], [canary, "--help"]] {
+            let result = try run(binary, arguments)
+            #expect(result.status == 64, "\(arguments)")
+            #expect(!result.standardError.contains(canary), "\(arguments) echoed: \(result.standardError)")
+            #expect(!result.standardOutput.contains(canary))
+        }
+    }
+
+    // MARK: Empty secrets
+
+    @Test("an empty secret on stdin is refused and stores nothing unless --allow-empty", arguments: [[], Array("\n".utf8), Array("\r\n".utf8)])
+    func emptySecret_isRefused(input: [UInt8]) throws {
+        try initialize()
+        defer { lockAll() }
+        let refused = try lockbox(["add-generic-password", "-s", "empty", "-a", "a"], input: input)
+        #expect(refused.status == 1)
+        #expect(refused.standardError.contains("The secret is empty"))
+        #expect(refused.standardError.contains("--allow-empty"))
+        #expect(try secret("empty", "a").status == 44)
+        let allowed = try lockbox(["add-generic-password", "-s", "empty", "-a", "a", "--allow-empty"], input: input)
+        #expect(allowed.status == 0, "\(allowed.standardError)")
+        let read = try secret("empty", "a")
+        #expect(read.status == 0)
+        #expect(read.standardOutputBytes.isEmpty)
+    }
+
+    @Test("an empty new passphrase on stdin is refused and creates no keychain")
+    func emptyPassphrase_isRefused() throws {
+        let result = try lockbox(["init", "--passphrase-stdin", "--kdf", "interactive"], text: "\n")
+        #expect(result.status == 1)
+        #expect(result.standardError.contains("passphrase is empty"))
+        #expect(!FileManager.default.fileExists(atPath: keychain))
+    }
+
+    // MARK: The terminal
+
+    @Test("on a terminal a new secret is asked twice, never echoed, and stored once both match")
+    func terminalSecret_isAskedTwice() throws {
+        try initialize()
+        defer { lockAll() }
+        let canary = makeCanary("typed")
+        let add = ["--keychain", keychain, "add-generic-password", "-s", "tty", "-a", "a"]
+        let differ = try TerminalSession.run(
+            binary, add, steps: [.expect("Secret for tty: "), .type(canary + "\n"), .expect("Repeat it: "), .type(canary + "x\n")])
+        #expect(differ.failure.isEmpty, "\(differ.failure): \(differ.transcript)")
+        #expect(differ.status == 1)
+        #expect(differ.transcript.contains("The two entries differ; nothing was stored."))
+        #expect(try secret("tty", "a").status == 44)
+
+        let same = try TerminalSession.run(
+            binary, add, steps: [.expect("Secret for tty: "), .type(canary + "\n"), .expect("Repeat it: "), .type(canary + "\n")])
+        #expect(same.failure.isEmpty, "\(same.failure): \(same.transcript)")
+        #expect(same.status == 0, "\(same.transcript)")
+        #expect(!differ.transcript.contains(canary) && !same.transcript.contains(canary), "the secret was echoed")
+        #expect(try secret("tty", "a").standardOutput == canary)
+    }
+
+    @Test("on a terminal Enter alone is refused unless --allow-empty")
+    func terminalEmptySecret_isRefused() throws {
+        try initialize()
+        defer { lockAll() }
+        let add = ["--keychain", keychain, "add-generic-password", "-s", "tty", "-a", "a"]
+        let refused = try TerminalSession.run(binary, add, steps: [.expect("Secret for tty: "), .type("\n")])
+        #expect(refused.failure.isEmpty, "\(refused.failure): \(refused.transcript)")
+        #expect(refused.status == 1)
+        #expect(refused.transcript.contains("The secret is empty"))
+        #expect(try secret("tty", "a").status == 44)
+
+        let allowed = try TerminalSession.run(binary, add + ["--allow-empty"], steps: [.expect("Secret for tty: "), .type("\n")])
+        #expect(allowed.failure.isEmpty, "\(allowed.failure): \(allowed.transcript)")
+        #expect(allowed.status == 0, "\(allowed.transcript)")
+        #expect(try secret("tty", "a").standardOutputBytes.isEmpty)
+    }
+
+    @Test("init on a terminal asks the new passphrase twice and refuses two that differ or an empty one")
+    func terminalInit_asksPassphraseTwice() throws {
+        let initialize = ["--keychain", keychain, "init", "--kdf", "interactive"]
+        let differ = try TerminalSession.run(
+            binary, initialize,
+            steps: [.expect("New passphrase: "), .type("first words\n"), .expect("Repeat it: "), .type("other words\n")])
+        #expect(differ.failure.isEmpty, "\(differ.failure): \(differ.transcript)")
+        #expect(differ.status == 1)
+        #expect(differ.transcript.contains("differ"))
+        #expect(!FileManager.default.fileExists(atPath: keychain))
+
+        let empty = try TerminalSession.run(binary, initialize, steps: [.expect("New passphrase: "), .type("\n")])
+        #expect(empty.status == 1)
+        #expect(empty.transcript.contains("passphrase is empty"))
+        #expect(!FileManager.default.fileExists(atPath: keychain))
+
+        let same = try TerminalSession.run(
+            binary, initialize,
+            steps: [.expect("New passphrase: "), .type("same words\n"), .expect("Repeat it: "), .type("same words\n")])
+        #expect(same.failure.isEmpty, "\(same.failure): \(same.transcript)")
+        #expect(same.status == 0, "\(same.transcript)")
+        _ = try lockbox(["lock", "--all"])
+        #expect(try lockbox(["unlock", "--passphrase-stdin"], text: "same words\n").status == 0)
+        _ = try lockbox(["lock", "--all"])
+    }
+
+    @Test("unlock on a terminal gives three tries: the third right one unlocks, three wrong ones fail with -25293")
+    func terminalUnlock_givesThreeTries() throws {
+        try initialize()
+        defer { lockAll() }
+        #expect(try lockbox(["add-generic-password", "-s", "svc", "-a", "a"], text: "x").status == 0)
+        #expect(try lockbox(["lock"]).status == 0)
+        let unlock = ["--keychain", keychain, "unlock"]
+        let prompt = "Passphrase for \(keychain): "
+        let third = try TerminalSession.run(
+            binary, unlock,
+            steps: [
+                .expect(prompt), .type("wrong one\n"), .expect("Try again."), .expect(prompt), .type("wrong two\n"),
+                .expect("Try again."), .expect(prompt), .type(Self.passphrase + "\n"),
+            ])
+        #expect(third.failure.isEmpty, "\(third.failure): \(third.transcript)")
+        #expect(third.status == 0, "\(third.transcript)")
+        #expect(try secret("svc", "a").standardOutput == "x")
+
+        #expect(try lockbox(["lock"]).status == 0)
+        let wrong = try TerminalSession.run(
+            binary, unlock,
+            steps: [
+                .expect(prompt), .type("wrong one\n"), .expect(prompt), .type("wrong two\n"), .expect(prompt), .type("wrong three\n"),
+            ])
+        #expect(wrong.failure.isEmpty, "\(wrong.failure): \(wrong.transcript)")
+        #expect(wrong.status == 1)
+        #expect(wrong.transcript.components(separatedBy: prompt).count == 4, "not three prompts: \(wrong.transcript)")
+        #expect(wrong.transcript.contains("(OSStatus -25293)"))
+        #expect(try secret("svc", "a").status == 1)
+    }
+}
