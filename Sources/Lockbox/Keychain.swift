@@ -94,8 +94,15 @@ public enum Keychain {
             let vault = try Vault.open(at: path, configuration: configuration)
             var note = ""
             // The first available unlock method: a key in the desktop keyring opens a locked
-            // vault with the login session.
+            // vault once per login session. After an explicit lock, or the idle timeout, in this
+            // session the vault stays locked until an explicit unlock.
             if vault.enrolledKeepers.contains("secret-service"), (try? vault.isUnlocked) == false {
+                guard vault.mayUnlockAutomatically else {
+                    return Opened(
+                        store: vault, backend: .vault,
+                        reason: reason + "; locked in this session (the desktop keyring unlocks it again with `lockbox unlock`)",
+                        vault: vault)
+                }
                 do {
                     try vault.unlock(with: SecretServiceStore(configuration: options.secretService))
                     note = "; unlocked with its key in the desktop keyring (Secret Service)"

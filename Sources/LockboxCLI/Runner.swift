@@ -49,6 +49,17 @@ struct Runner {
                 try vault.unlock(passphrase: try existingPassphrase(fromStandardInput: true, prompt: ""))
                 return .success
             }
+            // An explicit unlock uses the desktop keyring when it is enrolled (it does not reopen
+            // a vault by itself after a lock in the same session).
+            if vault.enrolledKeepers.contains("secret-service") {
+                do {
+                    try vault.unlock(with: SecretServiceStore())
+                    output.error("Unlocked with the desktop keyring.")
+                    return .success
+                } catch {
+                    output.error("lockbox: the desktop keyring could not unlock it (\(error.message)); asking for the passphrase.")
+                }
+            }
             // At the terminal a mistyped passphrase gets three tries, as sudo and gpg give.
             for attempt in 1...Self.unlockAttempts {
                 let passphrase = try existingPassphrase(fromStandardInput: false, prompt: "Passphrase for \(vault.path): ")
@@ -77,6 +88,20 @@ struct Runner {
                 output.print(Self.describe(status, backend: opened.backend.rawValue, reason: opened.reason))
             }
             return .success
+        case .verify(let acceptOlder, let json):
+            var options = keychainOptions()
+            try applyEnvironment(to: &options.vault)
+            let report = try Vault.verify(at: Keychain.vaultPath(explicit: options.path), configuration: options.vault, acceptOlder: acceptOlder)
+            if json {
+                output.print(Self.json(report))
+            } else {
+                output.print("generation: \(report.generation.map(String.init) ?? "none") (remembered \(report.rememberedGeneration))")
+                output.print("items: \(report.items), checked \(report.checkedItems), bound to other machines \(report.otherMachinesItems)")
+                if report.acceptedOlderGeneration { output.print("The older file was accepted on purpose.") }
+                for problem in report.problems { output.print("problem: \(problem)") }
+                output.print(report.isSound ? "The keychain file is sound." : "The keychain file does NOT check out.")
+            }
+            return report.isSound ? .success : .failure
         case .changePassphrase(let fromStandardInput):
             let vault = try openVault()
             let old: SecretBytes
@@ -91,8 +116,12 @@ struct Runner {
                 new = try newPassphrase(fromStandardInput: false)
             }
             guard !new.isEmpty else { throw Self.emptyPassphrase }
-            try vault.changePassphrase(from: old, to: new)
-            output.print("Passphrase changed.")
+            let change = try vault.changePassphrase(from: old, to: new)
+            output.print("Passphrase changed; the keys were rotated and \(change.resealedItems) item(s) resealed.")
+            for method in change.removedUnlockMethods {
+                output.error(
+                    "The \(method) unlock held the old key and was removed: enroll it again with `lockbox enroll \(method)`.")
+            }
             return .success
         case .addPassword(let options):
             return try addPassword(options)

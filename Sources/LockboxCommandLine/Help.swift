@@ -11,6 +11,7 @@ package enum Help {
           unlock                     unlock it (keys cached in the kernel keyring)
           lock                       lock it: whenUnlocked items become unreadable
           status                     lock state, readable classes, unlock methods
+          verify                     check the whole file against what Lockbox wrote
           change-passphrase          replace the passphrase
           remove-passphrase          unlock without one on this machine (deletes passcode-bound items)
           set-passphrase             set one again
@@ -68,6 +69,17 @@ package enum Help {
 
                 Locks the keychain: whenUnlocked items read as locked (OSStatus -25308) in every
                 process. afterFirstUnlock items stay readable until reboot, unless --all is given.
+                """
+        case "verify":
+            return """
+                usage: lockbox [--keychain PATH] verify [--accept-older] [--json]
+
+                Checks the whole keychain file: the integrity record, every row against it, every
+                readable item, and the file's write generation against the one this machine
+                remembers. Exit status 0 when sound, 1 otherwise, with what failed. A file older
+                than remembered (an older copy put in place, a lost write-ahead log) is refused by
+                every command; after restoring an older copy on purpose, `verify --accept-older`
+                accepts it when it is otherwise sound. Needs the first unlock since boot.
                 """
         case "status":
             return """

@@ -16,6 +16,7 @@ package enum Command {
     case unlock(passphraseFromStandardInput: Bool, timeout: UInt32?)
     case lock(all: Bool)
     case status(json: Bool)
+    case verify(acceptOlder: Bool, json: Bool)
     case changePassphrase(fromStandardInput: Bool)
     case addPassword(PasswordOptions)
     case findPassword(PasswordOptions)
@@ -154,6 +155,17 @@ package enum Parser {
                 all = true
             }
             return .lock(all: all)
+        case "verify":
+            var acceptOlder = false
+            var json = false
+            while let option = reader.next() {
+                switch option {
+                case "--accept-older": acceptOlder = true
+                case "--json": json = true
+                default: throw reader.unknown(option)
+                }
+            }
+            return .verify(acceptOlder: acceptOlder, json: json)
         case "status":
             var json = false
             while let option = reader.next() {

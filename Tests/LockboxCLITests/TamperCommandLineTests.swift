@@ -1,0 +1,68 @@
+import Foundation
+import Lockbox
+import LockboxTestSupport
+import Testing
+
+/// The attacks of the vault's integrity tests, through the programs users run: the file is
+/// edited with the sqlite3 command-line tool between two `lockbox` calls.
+@Suite("lockbox against an edited keychain file", .serialized)
+struct TamperCommandLineTests {
+    let binary = builtProduct("lockbox")
+    let directory = TemporaryDirectory("lockbox-cli-tamper")
+    var keychain: String { directory.file("keychains/t.lockbox") }
+
+    func lockbox(_ arguments: [String], input: String = "") throws -> ProcessResult {
+        try run(binary, ["--keychain", keychain] + arguments, input: Array(input.utf8))
+    }
+
+    func sqlite(_ sql: String) throws {
+        let result = try run("/usr/bin/sqlite3", [keychain, sql])
+        #expect(result.status == 0, "sqlite3 (Debian's sqlite3 package) failed: \(result.standardError)")
+    }
+
+    func prepared() throws {
+        #expect(try lockbox(["init", "--passphrase-stdin", "--kdf", "interactive"], input: "tamper passphrase\n").status == 0)
+        #expect(try lockbox(["add-generic-password", "-s", "svcA", "-a", "alice"], input: "alice-canary-1\n").status == 0)
+        #expect(try lockbox(["add-generic-password", "-s", "svcB", "-a", "bob"], input: "bob-canary-2\n").status == 0)
+    }
+
+    @Test("digests swapped with sqlite3: find -w exits 1 with -26275 and prints no one's secret; verify reports it")
+    func swappedDigests_findFailsClosed() throws {
+        try prepared()
+        defer { _ = try? lockbox(["lock", "--all"]) }
+        try sqlite(
+            """
+            CREATE TEMP TABLE s AS SELECT rowid r, lookup_digest l, primary_digest p FROM items;
+            UPDATE items SET lookup_digest = randomblob(32), primary_digest = randomblob(32) WHERE rowid = 1;
+            UPDATE items SET lookup_digest = (SELECT l FROM s WHERE r = 1), primary_digest = (SELECT p FROM s WHERE r = 1) WHERE rowid = 2;
+            UPDATE items SET lookup_digest = (SELECT l FROM s WHERE r = 2), primary_digest = (SELECT p FROM s WHERE r = 2) WHERE rowid = 1;
+            """)
+        let find = try lockbox(["find-generic-password", "-s", "svcA", "-a", "alice", "-w"])
+        #expect(find.status == 1)
+        #expect(find.standardError.contains("(OSStatus -26275)"))
+        #expect(!find.standardOutput.contains("canary") && !find.standardError.contains("canary"))
+        let verify = try lockbox(["verify"])
+        #expect(verify.status == 1)
+        #expect(verify.standardOutput.contains("does NOT check out"))
+    }
+
+    @Test("an older copy of the file put back: every command refuses it until verify --accept-older")
+    func olderFile_isRefusedUntilAccepted() throws {
+        try prepared()
+        defer { _ = try? lockbox(["lock", "--all"]) }
+        try sqlite("PRAGMA wal_checkpoint(TRUNCATE)")
+        let old = directory.file("old.lockbox")
+        try FileManager.default.copyItem(atPath: keychain, toPath: old)
+        #expect(try lockbox(["add-generic-password", "-U", "-s", "svcA", "-a", "alice"], input: "alice-rotated\n").status == 0)
+        for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: keychain + suffix) }
+        try FileManager.default.copyItem(atPath: old, toPath: keychain)
+        let find = try lockbox(["find-generic-password", "-s", "svcA", "-a", "alice", "-w"])
+        #expect(find.status == 1)
+        #expect(find.standardError.contains("older") && find.standardError.contains("(OSStatus -26275)"))
+        #expect(!find.standardOutput.contains("canary"))
+        #expect(try lockbox(["verify"]).status == 1)
+        let accepted = try lockbox(["verify", "--accept-older"])
+        #expect(accepted.status == 0, "\(accepted.standardOutput)\(accepted.standardError)")
+        #expect(try lockbox(["find-generic-password", "-s", "svcA", "-a", "alice", "-w"]).standardOutput == "alice-canary-1\n")
+    }
+}
