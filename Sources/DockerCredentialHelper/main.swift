@@ -14,7 +14,13 @@ func openStore() -> any ItemStore {
     }
 }
 
-HelperProcess.hardenProcess()
+guard HelperProcess.hardenProcess() else {
+    HelperProcess.finish(
+        HelperOutcome(
+            standardOutput: Array(
+                "could not make this process non-dumpable (prctl PR_SET_DUMPABLE); refusing to handle credentials\n".utf8),
+            exitStatus: 1))
+}
 let arguments = CommandLine.arguments
 guard arguments.count == 2 else {
     HelperProcess.finish(

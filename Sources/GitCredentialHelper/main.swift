@@ -14,7 +14,12 @@ func openStore() -> any ItemStore {
     }
 }
 
-HelperProcess.hardenProcess()
+guard HelperProcess.hardenProcess() else {
+    HelperProcess.finish(
+        HelperOutcome(
+            standardError: "git-credential-lockbox: could not make this process non-dumpable (prctl PR_SET_DUMPABLE); "
+                + "refusing to handle credentials", exitStatus: 1))
+}
 let arguments = CommandLine.arguments
 guard arguments.count == 2 else {
     HelperProcess.finish(
