@@ -43,25 +43,108 @@ public struct DockerCredentialHelper: Sendable {
         static let notFound = HelperFailure(message: DockerCredentialHelper.notFoundMessage)
         static let noServerURL = HelperFailure(message: "no credentials server URL")
         static let noUsername = HelperFailure(message: "no credentials username")
+        static let inputTooLarge = HelperFailure(
+            message: "the input is larger than 1 MiB, more than any registry credential needs; nothing was done")
     }
 
-    private func storeCredentials(_ input: [UInt8]) throws(HelperFailure) {
-        var object: [String: [UInt8]]
+    /// The largest input `store`, `get` and `erase` accept: 1 MiB.
+    public static let maximumInputSize = 1 << 20
+
+    /// The credentials `store` was given, read as docker-credential-helpers reads them.
+    struct Credentials {
+        var serverURL: String
+        var username: String
+        var secret: SecretBytes
+    }
+
+    /// Reads `store`'s input as docker-credential-helpers does: the lines of stdin joined
+    /// without their line ends (bufio.Scanner), then the first JSON value decoded by Go's
+    /// `encoding/json` into `{ServerURL, Username, Secret}`. So keys match case-insensitively
+    /// (`serverurl`, `SECRET`; the last of two spellings wins), unknown members of any type are
+    /// ignored, `null` leaves a field empty, and text after the object is not read. A member
+    /// of a wanted name whose value is not a string is refused, as Go refuses it.
+    static func credentials(_ input: [UInt8]) throws(HelperFailure) -> Credentials {
+        guard input.count <= maximumInputSize else { throw .inputTooLarge }
+        var joined = joinedLines(input)
+        defer { joined.wipe() }
+        var members: [FlatJSON.Member]
         do {
-            object = try FlatJSON.parseObject(input)
+            members = try FlatJSON.parseFirstObject(joined)
         } catch {
             throw HelperFailure(message: "invalid credentials JSON: \(error)")
         }
+        var fields: [String: [UInt8]] = [:]
         defer {
-            for key in object.keys { object[key]?.wipe() }
+            for key in fields.keys { fields[key]?.wipe() }
+            for index in members.indices {
+                if case .string(var bytes) = members[index].value {
+                    members[index].value = .null
+                    bytes.wipe()
+                }
+            }
         }
-        guard let urlBytes = object["ServerURL"], let serverURL = String(validating: urlBytes, as: UTF8.self),
-            !serverURL.isEmpty
-        else { throw .noServerURL }
-        guard let usernameBytes = object["Username"], let username = String(validating: usernameBytes, as: UTF8.self),
-            !username.isEmpty
-        else { throw .noUsername }
-        let secret = SecretBytes(copying: object["Secret"] ?? [])
+        for member in members {
+            guard let name = ["ServerURL", "Username", "Secret"].first(where: { goFold($0) == goFold(member.key) }) else {
+                continue
+            }
+            switch member.value {
+            case .string(let bytes): fields[name] = bytes
+            case .null: break
+            case .other: throw HelperFailure(message: "invalid credentials JSON: \(name) is not a string")
+            }
+        }
+        guard let urlBytes = fields["ServerURL"], !urlBytes.isEmpty else { throw .noServerURL }
+        guard let serverURL = String(validating: urlBytes, as: UTF8.self) else {
+            throw HelperFailure(message: "invalid credentials JSON: ServerURL is not UTF-8")
+        }
+        guard let usernameBytes = fields["Username"], !usernameBytes.isEmpty else { throw .noUsername }
+        guard let username = String(validating: usernameBytes, as: UTF8.self) else {
+            throw HelperFailure(message: "invalid credentials JSON: Username is not UTF-8")
+        }
+        return Credentials(serverURL: serverURL, username: username, secret: SecretBytes(copying: fields["Secret"] ?? []))
+    }
+
+    /// The input without its line ends, as bufio.Scanner's ScanLines splits it: LF ends a
+    /// line, and a CR just before it (or at the very end) goes with it.
+    static func joinedLines(_ input: [UInt8]) -> [UInt8] {
+        var output: [UInt8] = []
+        output.reserveCapacity(input.count)
+        var index = 0
+        while index < input.count {
+            let byte = input[index]
+            let endsLine = index + 1 == input.count || input[index + 1] == UInt8(ascii: "\n")
+            if byte == UInt8(ascii: "\n") || (byte == UInt8(ascii: "\r") && endsLine) {
+                index += 1
+                continue
+            }
+            output.append(byte)
+            index += 1
+        }
+        return output
+    }
+
+    /// A field name folded as Go's encoding/json folds names to match them: ASCII letters
+    /// to upper case, other characters through their simple lower- then upper-case mapping
+    /// (so `ſecret` is `SECRET`, as in Go).
+    static func goFold(_ name: String) -> [Unicode.Scalar] {
+        name.unicodeScalars.map { scalar in
+            if scalar.isASCII {
+                return (scalar >= "a" && scalar <= "z") ? Unicode.Scalar(UInt8(scalar.value) - 0x20) : scalar
+            }
+            func single(_ mapping: String) -> Unicode.Scalar? {
+                let scalars = mapping.unicodeScalars
+                return scalars.count == 1 ? scalars.first : nil
+            }
+            let lower = single(scalar.properties.lowercaseMapping) ?? scalar
+            return single(lower.properties.uppercaseMapping) ?? lower
+        }
+    }
+
+    private func storeCredentials(_ input: [UInt8]) throws(HelperFailure) {
+        let credentials = try Self.credentials(input)
+        let serverURL = credentials.serverURL
+        let username = credentials.username
+        let secret = credentials.secret
         var attributes = Self.attributes(serverURL)
         attributes.account = username
         attributes.label = "Docker credentials for \(serverURL)"
@@ -127,6 +210,7 @@ public struct DockerCredentialHelper: Sendable {
 
     /// docker sends the server URL as the whole of stdin, maybe with a newline.
     static func serverURL(_ input: [UInt8]) throws(HelperFailure) -> String {
+        guard input.count <= maximumInputSize else { throw .inputTooLarge }
         guard let text = String(validating: input, as: UTF8.self) else { throw .noServerURL }
         let trimmed = text.trimmingASCIIWhitespace
         guard !trimmed.isEmpty else { throw .noServerURL }

@@ -32,6 +32,13 @@ public struct GitCredentialHelper: Sendable {
             switch operation {
             case "get":
                 guard let found = try get(credential) else { return HelperOutcome() }
+                if let field = found.fieldWithControlCharacter {
+                    return HelperOutcome(
+                        standardError: "git-credential-lockbox: the stored \(field) for this host contains a control "
+                            + "character, which git's credential protocol cannot carry; nothing was returned. "
+                            + "Store the credential again without it.",
+                        exitStatus: 1)
+                }
                 return HelperOutcome(standardOutput: found.serialized())
             case "store":
                 try store(credential)

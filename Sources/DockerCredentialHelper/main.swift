@@ -34,7 +34,7 @@ if operation == "version" {
         HelperOutcome(standardOutput: Array("docker-credential-lockbox (lockbox) \(DockerCredentialHelper.version)\n".utf8)))
 }
 // list and version take no input; docker leaves stdin attached to the caller for them.
-var input = ["store", "get", "erase"].contains(operation) ? HelperProcess.readStandardInput() : []
+var input = ["store", "get", "erase"].contains(operation) ? HelperProcess.readStandardInput(limit: DockerCredentialHelper.maximumInputSize) : []
 let helper = DockerCredentialHelper(store: openStore())
 let outcome = helper.run(operation: operation, input: input)
 input.wipe()

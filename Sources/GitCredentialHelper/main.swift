@@ -25,7 +25,7 @@ guard arguments.count == 2 else {
     HelperProcess.finish(
         HelperOutcome(standardError: "usage: git-credential-lockbox <get|store|erase>", exitStatus: 64))
 }
-var input = HelperProcess.readStandardInput()
+var input = HelperProcess.readStandardInput(limit: GitCredential.maximumInputSize)
 let helper = GitCredentialHelper(store: openStore())
 let outcome = helper.run(operation: arguments[1], input: input)
 input.wipe()

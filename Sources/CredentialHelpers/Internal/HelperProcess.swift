@@ -7,13 +7,15 @@ import CProcessHardening
 
 /// Process plumbing shared by the helper executables.
 public enum HelperProcess {
-    /// Reads stdin to the end, retrying interrupted reads.
-    public static func readStandardInput() -> [UInt8] {
+    /// Reads stdin to the end, or to one byte past `limit` (so that the parser sees input
+    /// over its bound and refuses it, while memory stays bounded); retries interrupted reads.
+    public static func readStandardInput(limit: Int) -> [UInt8] {
         var input: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 65536)
         defer { chunk.wipe() }
-        while true {
-            let count = chunk.withUnsafeMutableBytes { read(STDIN_FILENO, $0.baseAddress, $0.count) }
+        while input.count <= limit {
+            let wanted = Swift.min(chunk.count, limit + 1 - input.count)
+            let count = chunk.withUnsafeMutableBytes { read(STDIN_FILENO, $0.baseAddress, wanted) }
             if count > 0 {
                 input.append(contentsOf: chunk[0..<count])
             } else if count < 0 && errno == EINTR {
