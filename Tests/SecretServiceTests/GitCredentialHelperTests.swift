@@ -192,6 +192,34 @@ struct GitCredentialHelperTests {
         #expect(fill.stdout.contains("password=\(canary)\n"))
     }
 
+    @Test func realGit_copyAddedBySecretTool_fillAnswersTheNewest_andApproveKeepsWorking() throws {
+        let git = try Git()
+        let host = TestBus.unique("dup-git") + ".example"
+        let first = TestBus.canary()
+        let approve = try git.credential("approve", "protocol=https\nhost=\(host)\nusername=alice\npassword=\(first)\n\n")
+        #expect(approve.status == 0, "\(approve.stderr)")
+        ForeignDuplicateTests.nextSecond()
+        // libsecret writes a second item for the same credential beside Lockbox's (with an
+        // attribute of its own, so gnome-keyring does not replace Lockbox's item instead).
+        let newer = TestBus.canary()
+        try ForeignDuplicateTests.secretToolStore(["protocol", "https", "server", host, "user", "alice", "source", "a script"], newer)
+        var all = Query(.internetPassword, attributes: .internet(server: host), limit: .all)
+        all.returning = [.attributes]
+        try #require(try TestBus.store().items(matching: all).count == 2, "secret-tool did not add a second item")
+
+        let fill = try git.credential("fill", "protocol=https\nhost=\(host)\n\n")
+        #expect(fill.stdout.contains("password=\(newer)\n"), "\(fill.combined)")
+
+        // approve changes no key attribute: it succeeds and every copy holds the new password.
+        let rotated = TestBus.canary()
+        let again = try git.credential("approve", "protocol=https\nhost=\(host)\nusername=alice\npassword=\(rotated)\n\n")
+        #expect(again.status == 0)
+        #expect(again.stderr.isEmpty, "\(again.stderr)")
+        #expect(try git.credential("fill", "protocol=https\nhost=\(host)\n\n").stdout.contains("password=\(rotated)\n"))
+        all.returning = [.data]
+        #expect(try TestBus.store().items(matching: all).map { $0.data?.utf8String } == [rotated, rotated])
+    }
+
     @Test func helper_urlThatInjectsFields_isRefusedOnStderr_andNothingIsStoredOrAnswered() throws {
         let helper = try Paths.product("git-credential-lockbox")
         _ = try TestBus.address()
