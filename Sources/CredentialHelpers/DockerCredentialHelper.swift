@@ -3,15 +3,20 @@ import LockboxCore
 /// docker's credential-helper protocol (docker-credential-helpers) over any ``ItemStore``:
 /// `store`, `get`, `erase`, `list` and `version`.
 ///
-/// Credentials are internet passwords for the registry's host, marked with the item
-/// description ``itemDescription`` and keyed by the exact server URL docker gave (kept in
-/// the comment), so `list` returns the URLs byte for byte. Errors go to stdout with exit
-/// status 1, as docker's client reads them; a missing credential is exactly
-/// ``notFoundMessage``.
+/// Credentials are internet passwords for the registry's host in the access group
+/// ``accessGroup``, marked with the item description ``itemDescription`` and keyed by the
+/// exact server URL docker gave (kept in the comment), so `list` returns the URLs byte for
+/// byte. The access group keeps them apart from git's credentials for the same host, which
+/// `git-credential-lockbox` never reads, overwrites or erases (docs/SECRET-SERVICE.md, "git and
+/// docker items"). Errors go to stdout with exit status 1, as docker's client reads them; a
+/// missing credential is exactly ``notFoundMessage``.
 public struct DockerCredentialHelper: Sendable {
     public let store: any ItemStore
     public static let notFoundMessage = "credentials not found in native keychain"
     public static let itemDescription = "Docker credentials"
+    /// The access group of docker's items: a primary key of their own, apart from the default
+    /// group that git's items, the CLI's and other tools' share.
+    public static let accessGroup = "io.lockbox.docker-credentials"
     public static let version = "0.1.0"
 
     public init(store: any ItemStore) {
@@ -160,11 +165,10 @@ public struct DockerCredentialHelper: Sendable {
 
     private func get(serverURL: String) throws(HelperFailure) -> [UInt8] {
         var query = Self.query(serverURL)
-        query.limit = .one
         query.returning = [.attributes, .data]
         let found: Item?
         do throws(LockboxError) {
-            found = try store.items(matching: query).first
+            found = Self.ownGroupFirst(Self.moveToOwnGroup(try store.items(matching: query), in: store)).first
         } catch LockboxError.itemNotFound {
             throw .notFound
         } catch {
@@ -193,19 +197,71 @@ public struct DockerCredentialHelper: Sendable {
     private func list() throws(HelperFailure) -> [UInt8] {
         var query = Query(.internetPassword, limit: .all)
         query.attributes.itemDescription = Self.itemDescription
+        query.returning = [.attributes]
         let items: [Item]
         do throws(LockboxError) {
-            items = try store.items(matching: query)
+            items = Self.ownGroupFirst(Self.moveToOwnGroup(try store.items(matching: query), in: store))
         } catch LockboxError.itemNotFound {
             items = []
         } catch {
             throw HelperFailure(message: error.description)
         }
-        let pairs = items.compactMap { item -> (String, [UInt8])? in
-            guard let url = item.attributes.comment else { return nil }
-            return (url, Array((item.attributes.account ?? "").utf8))
+        var accounts: [String: [UInt8]] = [:]
+        for item in items where Self.isDockerItem(item.attributes) {
+            guard let url = item.attributes.comment, accounts[url] == nil else { continue }
+            accounts[url] = Array((item.attributes.account ?? "").utf8)
         }
-        return FlatJSON.encodeObject(pairs.sorted { $0.0 < $1.0 })
+        return FlatJSON.encodeObject(accounts.sorted { $0.key < $1.key }.map { ($0.key, $0.value) })
+    }
+
+    // MARK: Keeping docker's items apart
+
+    /// True for an item of this helper's: in its access group, or written before the group
+    /// existed (``isLegacyDockerItem(_:)``).
+    static func isDockerItem(_ attributes: ItemAttributes) -> Bool {
+        attributes.accessGroup == accessGroup || isLegacyDockerItem(attributes)
+    }
+
+    /// An item this helper wrote before it kept its items in ``accessGroup``: its description
+    /// and the server URL in its comment, in another group (the default one).
+    static func isLegacyDockerItem(_ attributes: ItemAttributes) -> Bool {
+        attributes.accessGroup != accessGroup && attributes.itemDescription == itemDescription
+            && attributes.comment != nil
+    }
+
+    /// Moves the legacy items among `items` into ``accessGroup`` and returns `items` as they
+    /// now are. The move is an update of the one item's access group in place (same row or
+    /// Secret Service object, same value): nothing is copied or deleted, so no failure can lose
+    /// it. An item that cannot move (its key is taken in the group, the store is locked) stays
+    /// where it is, still recognised as docker's, and is tried again next time.
+    static func moveToOwnGroup(_ items: [Item], in store: any ItemStore) -> [Item] {
+        items.map { item in
+            guard isLegacyDockerItem(item.attributes), let reference = item.persistentReference else { return item }
+            let key = item.attributes
+            var exact = Query(
+                .internetPassword,
+                attributes: .internet(
+                    server: key.server ?? "", account: key.account, protocol: key.protocol, port: key.port, path: key.path),
+                limit: .all)
+            exact.attributes.comment = key.comment
+            exact.attributes.itemDescription = key.itemDescription
+            exact.attributes.accessGroup = key.accessGroup
+            exact.persistentReference = reference
+            do throws(LockboxError) {
+                try store.update(matching: exact, to: ItemUpdate(attributes: ItemAttributes(accessGroup: accessGroup)))
+            } catch {
+                return item
+            }
+            var moved = item
+            moved.attributes.accessGroup = accessGroup
+            return moved
+        }
+    }
+
+    /// `items` with those in ``accessGroup`` first (a legacy copy that could not move yields to
+    /// the current one), in their order otherwise.
+    static func ownGroupFirst(_ items: [Item]) -> [Item] {
+        items.filter { $0.attributes.accessGroup == accessGroup } + items.filter { $0.attributes.accessGroup != accessGroup }
     }
 
     /// docker sends the server URL as the whole of stdin, maybe with a newline.
@@ -243,9 +299,12 @@ public struct DockerCredentialHelper: Sendable {
             server: host, protocol: scheme.map(InternetProtocol.init(name:)), port: port, path: path)
         attributes.comment = serverURL
         attributes.itemDescription = itemDescription
+        attributes.accessGroup = accessGroup
         return attributes
     }
 
+    /// This helper's items for `serverURL`, in any access group: legacy items are found too,
+    /// so that `store` and `erase` replace and remove them as well.
     static func query(_ serverURL: String) -> Query {
         var query = Query(.internetPassword, limit: .all)
         query.attributes.server = attributes(serverURL).server

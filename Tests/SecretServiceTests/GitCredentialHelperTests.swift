@@ -328,6 +328,8 @@ struct Git {
     let directory: String
     /// A PEM certificate git should trust (the test HTTPS server's), instead of the system's.
     var trustedCertificate: String?
+    /// Changes to the helpers' environment, applied last (another backend, a vault path).
+    var overrides: [String: String?] = [:]
 
     init(sourceLocation: SourceLocation = #_sourceLocation) throws {
         _ = try TestBus.address(sourceLocation: sourceLocation)
@@ -343,7 +345,9 @@ struct Git {
             "GIT_CONFIG_GLOBAL": "/dev/null",
         ]
         if let trustedCertificate { changes["GIT_SSL_CAINFO"] = trustedCertificate }
-        return helperEnvironment(changes)
+        var result = helperEnvironment(changes)
+        for (name, value) in overrides { result[name] = value }
+        return result
     }
 
     func run(_ arguments: [String], input: String = "") throws -> ProcessOutput {
