@@ -1,4 +1,5 @@
 import Foundation
+import LockboxTestSupport
 import Testing
 
 #if canImport(Glibc)
@@ -17,7 +18,13 @@ struct HelperHardeningTests {
         "a helper waiting on stdin -> a same-user peer cannot read its memory, and no core is written",
         arguments: [("git-credential-lockbox", "get"), ("docker-credential-lockbox", "get")])
     func helperWaitingOnStandardInput_isNotReadableBySameUserPeer_andWritesNoCore(product: String, operation: String) throws {
-        let executable = try Paths.product(product)
+        let built = try Paths.product(product)
+        // A copy nobody can reach: the build directory may sit under a home only root enters.
+        let directory = TemporaryDirectory("lockbox-hardening")
+        chmod(directory.path, 0o755)
+        let executable = directory.file(product)
+        try FileManager.default.copyItem(atPath: built, toPath: executable)
+        chmod(executable, 0o755)
         let setpriv = try Paths.tool("setpriv", package: "util-linux")
         let dd = try Paths.tool("dd", package: "coreutils")
         try #require(getuid() == 0, "this test switches to the user nobody with setpriv, which needs root")
