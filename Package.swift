@@ -65,7 +65,7 @@ let package = Package(
         // The desktop keychain backend (the only CLibSecretLoader importer).
         .target(name: "SecretService", dependencies: ["CLibSecretLoader", "LockboxCore"], swiftSettings: strict),
         // git and docker credential-helper protocols over any ItemStore.
-        .target(name: "CredentialHelpers", dependencies: ["LockboxCore"], swiftSettings: strict),
+        .target(name: "CredentialHelpers", dependencies: ["LockboxCore", "CProcessHardening"], swiftSettings: strict),
         .executableTarget(
             name: "GitCredentialHelper", dependencies: ["CredentialHelpers", "Lockbox"],
             swiftSettings: staticRuntime, linkerSettings: staticRuntimeLink),

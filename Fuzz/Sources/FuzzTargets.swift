@@ -140,6 +140,17 @@ func fuzzDockerCredential(_ input: [UInt8]) {
         let encoded = FlatJSON.encodeObject(object.sorted { $0.key < $1.key }.map { ($0.key, $0.value) })
         guard let reread = try? FlatJSON.parseObject(encoded), reread == object else { roundTripFailed("FlatJSON") }
     }
+    // What `store` reads: Go's decoder's view of the first object, then the three fields.
+    let members = try? FlatJSON.parseFirstObject(input)
+    if let object = try? FlatJSON.parseObject(input) {
+        // A flat object is also what the lenient reader sees, member for member (last one wins).
+        var seen: [String: [UInt8]] = [:]
+        for member in members ?? [] {
+            if case .string(let value) = member.value { seen[member.key] = value }
+        }
+        guard members != nil, seen == object else { roundTripFailed("FlatJSON readers disagree") }
+    }
+    _ = try? DockerCredentialHelper.credentials(input)
     guard let serverURL = try? DockerCredentialHelper.serverURL(input) else { return }
     _ = DockerCredentialHelper.attributes(serverURL).encoded()
     _ = DockerCredentialHelper.query(serverURL)

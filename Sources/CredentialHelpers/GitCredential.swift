@@ -18,18 +18,35 @@ public struct GitCredential: Sendable {
 
     public init() {}
 
-    /// The longest line accepted, as git's own helpers accept.
-    public static let maximumLineLength = 65535
+    /// The largest input accepted, in bytes: 1 MiB. git and its helpers set no limit on a line
+    /// (`wwwauth[]` carries whole `WWW-Authenticate` headers), so lines may be of any length up
+    /// to this bound on the whole credential.
+    public static let maximumInputSize = 1 << 20
 
     /// Why input was refused. Messages never quote the input: it may hold a secret.
     public struct ParseError: Error, Sendable, Hashable, CustomStringConvertible {
         public let description: String
     }
 
+    /// The keys whose values Lockbox stores or answers with.
+    static let knownKeys: Set<String> = [
+        "protocol", "host", "path", "username", "password", "oauth_refresh_token", "password_expiry_utc", "url",
+    ]
+
     /// Parses a credential from helper input. Pure: no I/O, any bytes in.
-    /// - Throws: ``ParseError`` for a line over ``maximumLineLength`` bytes, a line without
-    ///   `=`, a NUL byte, or text that is not UTF-8.
+    ///
+    /// A control character (below 0x20, or DEL) in any key or value is refused, in `url=`
+    /// after percent-decoding: it could smuggle a line into what the helper stores or answers
+    /// (`url=https://host/%0Aoauth_refresh_token=...`). The one exception is a tab in the
+    /// value of a key Lockbox ignores (`wwwauth[]` carries HTTP header text, where tabs are
+    /// legal). A line may end in CRLF; a CR anywhere else is refused.
+    /// - Throws: ``ParseError`` for input over ``maximumInputSize`` bytes, a line without
+    ///   `=`, a control character, or text that is not UTF-8.
     public static func parse(_ input: [UInt8]) throws(ParseError) -> GitCredential {
+        guard input.count <= maximumInputSize else {
+            throw ParseError(
+                description: "the credential is \(input.count) bytes; at most \(maximumInputSize) (1 MiB) are accepted")
+        }
         var credential = GitCredential()
         var lineStart = 0
         while lineStart < input.count {
@@ -38,22 +55,33 @@ public struct GitCredential: Sendable {
             var contentEnd = lineEnd
             if contentEnd > lineStart && input[contentEnd - 1] == UInt8(ascii: "\r") { contentEnd -= 1 }
             defer { lineStart = lineEnd + 1 }
-            if contentEnd - lineStart > maximumLineLength {
-                throw ParseError(description: "a credential line is longer than \(maximumLineLength) bytes")
-            }
             if contentEnd == lineStart { break }  // a blank line ends the credential
             let line = input[lineStart..<contentEnd]
             guard let equals = line.firstIndex(of: UInt8(ascii: "=")) else {
                 throw ParseError(description: "a credential line has no '='")
             }
-            if line.contains(0) { throw ParseError(description: "a credential line contains a NUL byte") }
-            guard let key = String(validating: line[lineStart..<equals], as: UTF8.self) else {
-                throw ParseError(description: "a credential key is not UTF-8")
+            let keyBytes = line[lineStart..<equals]
+            guard !keyBytes.contains(where: isControl), let key = String(validating: keyBytes, as: UTF8.self) else {
+                throw ParseError(description: "a credential key contains a control character or is not UTF-8")
             }
             let valueBytes = line[(equals + 1)...]
+            let allowed: (UInt8) -> Bool = knownKeys.contains(key) ? { _ in false } : { $0 == 0x09 }
+            if valueBytes.contains(where: { isControl($0) && !allowed($0) }) {
+                throw ParseError(description: controlCharacterMessage(key))
+            }
             try credential.set(key, valueBytes)
         }
         return credential
+    }
+
+    /// C0 controls (NUL, CR, LF, ...) and DEL.
+    static func isControl(_ byte: UInt8) -> Bool {
+        byte < 0x20 || byte == 0x7F
+    }
+
+    static func controlCharacterMessage(_ key: String) -> String {
+        "the value of \(key) contains a control character (CR, LF, NUL, another byte below 0x20, or DEL), "
+            + "which git's credential protocol cannot carry safely; the credential was refused"
     }
 
     private mutating func set(_ key: String, _ value: ArraySlice<UInt8>) throws(ParseError) {
@@ -76,13 +104,28 @@ public struct GitCredential: Sendable {
         }
     }
 
-    /// `url=scheme://user:password@host:port/path` fills the parts it has, as git does.
+    /// `url=scheme://user:password@host:port/path` fills the parts it has, as git does:
+    /// user, password, host and path are percent-decoded, and each is then held to the same
+    /// rule as a plain value (no control character).
     private mutating func apply(url bytes: ArraySlice<UInt8>) throws(ParseError) {
         guard let url = String(validating: bytes, as: UTF8.self) else {
             throw ParseError(description: "the url is not UTF-8")
         }
-        guard let schemeEnd = url.firstRange(of: "://") else {
+        guard let schemeEnd = url.firstRange(of: "://"), schemeEnd.lowerBound > url.startIndex else {
             throw ParseError(description: "the url has no scheme")
+        }
+        func decoded(_ part: Substring, _ name: String) throws(ParseError) -> [UInt8] {
+            let bytes = Array(part.utf8).removingPercentEncoding
+            guard !bytes.contains(where: Self.isControl) else {
+                throw ParseError(description: Self.controlCharacterMessage("url (its \(name), percent-decoded)"))
+            }
+            return bytes
+        }
+        func decodedText(_ part: Substring, _ name: String) throws(ParseError) -> String {
+            guard let text = String(validating: try decoded(part, name), as: UTF8.self) else {
+                throw ParseError(description: "the url's \(name) is not UTF-8 once percent-decoded")
+            }
+            return text
         }
         `protocol` = String(url[..<schemeEnd.lowerBound])
         var rest = url[schemeEnd.upperBound...]
@@ -90,7 +133,7 @@ public struct GitCredential: Sendable {
         if let slash = rest.firstIndex(of: "/") {
             authority = rest[..<slash]
             rest = rest[rest.index(after: slash)...]
-            path = rest.isEmpty ? nil : String(rest).removingPercentEncodingIfPossible
+            path = rest.isEmpty ? nil : try decodedText(rest, "path")
         } else {
             path = nil
         }
@@ -98,22 +141,35 @@ public struct GitCredential: Sendable {
             let userInfo = authority[..<at]
             authority = authority[authority.index(after: at)...]
             if let colon = userInfo.firstIndex(of: ":") {
-                username = String(userInfo[..<colon]).removingPercentEncodingIfPossible
-                password = SecretBytes(utf8: String(userInfo[userInfo.index(after: colon)...]).removingPercentEncodingIfPossible)
+                username = try decodedText(userInfo[..<colon], "username")
+                var secret = try decoded(userInfo[userInfo.index(after: colon)...], "password")
+                password = SecretBytes(copying: secret)
+                secret.wipe()
             } else {
-                username = String(userInfo).removingPercentEncodingIfPossible
+                username = try decodedText(userInfo, "username")
             }
         }
-        host = authority.isEmpty ? nil : String(authority)
+        host = authority.isEmpty ? nil : try decodedText(authority, "host")
+    }
+
+    /// The name of the first field that holds a control character, which the protocol cannot
+    /// carry (a stored value another program wrote may); nil when every field is clean.
+    public var fieldWithControlCharacter: String? {
+        func dirty(_ bytes: some Sequence<UInt8>) -> Bool { bytes.contains(where: Self.isControl) }
+        if let username, dirty(username.utf8) { return "username" }
+        if let password, password.withUnsafeBytes({ dirty($0) }) { return "password" }
+        if let oauthRefreshToken, oauthRefreshToken.withUnsafeBytes({ dirty($0) }) { return "oauth_refresh_token" }
+        return nil
     }
 
     /// The reply to `get`: `username`, `password` and the optional fields, one per line.
-    /// Values that contain a newline or end in a carriage return are left out (the protocol
-    /// cannot carry them: readers, ``parse(_:)`` and git among them, strip a CR before the LF).
+    /// Values that contain a control character are left out (the protocol cannot carry a
+    /// newline, and readers, ``parse(_:)`` and git among them, strip a CR before the LF);
+    /// ``fieldWithControlCharacter`` tells beforehand.
     public func serialized() -> [UInt8] {
         var output: [UInt8] = []
         func line(_ key: String, _ value: [UInt8]) {
-            guard !value.contains(UInt8(ascii: "\n")), !value.contains(0), value.last != UInt8(ascii: "\r") else { return }
+            guard !value.contains(where: Self.isControl) else { return }
             output.append(contentsOf: Array(key.utf8))
             output.append(UInt8(ascii: "="))
             output.append(contentsOf: value)
@@ -147,25 +203,32 @@ public struct GitCredential: Sendable {
     }
 }
 
-extension String {
-    var removingPercentEncodingIfPossible: String {
-        guard contains("%" as Character) else { return self }
-        var bytes: [UInt8] = []
-        var index = utf8.startIndex
-        while index < utf8.endIndex {
-            let byte = utf8[index]
-            if byte == UInt8(ascii: "%"),
-                let high = utf8.index(index, offsetBy: 1, limitedBy: utf8.endIndex), high < utf8.endIndex,
-                let low = utf8.index(index, offsetBy: 2, limitedBy: utf8.endIndex), low < utf8.endIndex,
-                let value = UInt8(String(decoding: [utf8[high], utf8[low]], as: UTF8.self), radix: 16)
-            {
-                bytes.append(value)
-                index = utf8.index(index, offsetBy: 3)
-            } else {
-                bytes.append(byte)
-                index = utf8.index(after: index)
+extension Array where Element == UInt8 {
+    /// `%XX` replaced by its byte, as git's url_decode does; a `%` not followed by two hex
+    /// digits stays as it is.
+    var removingPercentEncoding: [UInt8] {
+        func hexValue(_ byte: UInt8) -> UInt8? {
+            switch byte {
+            case UInt8(ascii: "0")...UInt8(ascii: "9"): byte - UInt8(ascii: "0")
+            case UInt8(ascii: "a")...UInt8(ascii: "f"): byte - UInt8(ascii: "a") + 10
+            case UInt8(ascii: "A")...UInt8(ascii: "F"): byte - UInt8(ascii: "A") + 10
+            default: nil
             }
         }
-        return String(decoding: bytes, as: UTF8.self)
+        var result: [UInt8] = []
+        result.reserveCapacity(count)
+        var index = 0
+        while index < count {
+            if self[index] == UInt8(ascii: "%"), index + 2 < count,
+                let high = hexValue(self[index + 1]), let low = hexValue(self[index + 2])
+            {
+                result.append(high << 4 | low)
+                index += 3
+            } else {
+                result.append(self[index])
+                index += 1
+            }
+        }
+        return result
     }
 }

@@ -3,7 +3,11 @@ import LockboxCore
 
 /// git's credential-helper protocol over any ``ItemStore``: `get`, `store` and `erase`.
 ///
-/// Credentials are internet passwords keyed by protocol, host, port, path and username.
+/// Credentials are internet passwords keyed by protocol, host, port, path and username, in
+/// the store's default access group, shared with the CLI and git's libsecret helper. The
+/// docker helper's items for the same host (``DockerCredentialHelper/accessGroup``) are never
+/// answered, overwritten or erased; items it wrote before it had that group are moved there
+/// when met.
 /// The item's value is the password, followed by `\npassword_expiry_utc=...` and
 /// `\noauth_refresh_token=...` lines when git gave them: the layout git's own libsecret
 /// helper uses, so on the Secret Service either helper reads the other's items.
@@ -32,6 +36,13 @@ public struct GitCredentialHelper: Sendable {
             switch operation {
             case "get":
                 guard let found = try get(credential) else { return HelperOutcome() }
+                if let field = found.fieldWithControlCharacter {
+                    return HelperOutcome(
+                        standardError: "git-credential-lockbox: the stored \(field) for this host contains a control "
+                            + "character, which git's credential protocol cannot carry; nothing was returned. "
+                            + "Store the credential again without it.",
+                        exitStatus: 1)
+                }
                 return HelperOutcome(standardOutput: found.serialized())
             case "store":
                 try store(credential)
@@ -75,7 +86,7 @@ public struct GitCredentialHelper: Sendable {
         query.limit = .all
         let existing: [Item]
         do {
-            existing = try store.items(matching: query).filter { Self.sameKey($0.attributes, attributes) }
+            existing = try withoutDockerItems(store.items(matching: query)).filter { Self.sameKey($0.attributes, attributes) }
         } catch LockboxError.itemNotFound {
             existing = []
         }
@@ -114,10 +125,19 @@ public struct GitCredentialHelper: Sendable {
         query.returning = returningData ? [.attributes, .data] : [.attributes]
         do {
             // An absent port in the request means the default port, not "any port".
-            return try store.items(matching: query).filter { $0.attributes.port == port }
+            return try withoutDockerItems(store.items(matching: query)).filter { $0.attributes.port == port }
         } catch LockboxError.itemNotFound {
             return nil
         }
+    }
+
+    /// `items` less docker's. Docker items from before their access group are moved there
+    /// first, so that an item git then adds for the same key is no duplicate of one.
+    private func withoutDockerItems(_ items: [Item]) -> [Item] {
+        if items.contains(where: { DockerCredentialHelper.isLegacyDockerItem($0.attributes) }) {
+            _ = DockerCredentialHelper.moveToOwnGroup(items, in: store)
+        }
+        return items.filter { !DockerCredentialHelper.isDockerItem($0.attributes) }
     }
 
     /// A query for exactly `item`: its key attributes, and its reference where the store

@@ -14,7 +14,13 @@ func openStore() -> any ItemStore {
     }
 }
 
-HelperProcess.hardenProcess()
+guard HelperProcess.hardenProcess() else {
+    HelperProcess.finish(
+        HelperOutcome(
+            standardOutput: Array(
+                "could not make this process non-dumpable (prctl PR_SET_DUMPABLE); refusing to handle credentials\n".utf8),
+            exitStatus: 1))
+}
 let arguments = CommandLine.arguments
 guard arguments.count == 2 else {
     HelperProcess.finish(
@@ -28,7 +34,7 @@ if operation == "version" {
         HelperOutcome(standardOutput: Array("docker-credential-lockbox (lockbox) \(DockerCredentialHelper.version)\n".utf8)))
 }
 // list and version take no input; docker leaves stdin attached to the caller for them.
-var input = ["store", "get", "erase"].contains(operation) ? HelperProcess.readStandardInput() : []
+var input = ["store", "get", "erase"].contains(operation) ? HelperProcess.readStandardInput(limit: DockerCredentialHelper.maximumInputSize) : []
 let helper = DockerCredentialHelper(store: openStore())
 let outcome = helper.run(operation: operation, input: input)
 input.wipe()

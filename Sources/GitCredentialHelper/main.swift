@@ -14,13 +14,18 @@ func openStore() -> any ItemStore {
     }
 }
 
-HelperProcess.hardenProcess()
+guard HelperProcess.hardenProcess() else {
+    HelperProcess.finish(
+        HelperOutcome(
+            standardError: "git-credential-lockbox: could not make this process non-dumpable (prctl PR_SET_DUMPABLE); "
+                + "refusing to handle credentials", exitStatus: 1))
+}
 let arguments = CommandLine.arguments
 guard arguments.count == 2 else {
     HelperProcess.finish(
         HelperOutcome(standardError: "usage: git-credential-lockbox <get|store|erase>", exitStatus: 64))
 }
-var input = HelperProcess.readStandardInput()
+var input = HelperProcess.readStandardInput(limit: GitCredential.maximumInputSize)
 let helper = GitCredentialHelper(store: openStore())
 let outcome = helper.run(operation: arguments[1], input: input)
 input.wipe()

@@ -151,7 +151,10 @@ public final class SecretServiceStore: ItemStore {
 
     public func items(matching query: Query) throws(LockboxError) -> [Item] {
         try withCollection("search") { collection, cancellation throws(LockboxError) in
-            let matches = try self.matches(query, in: collection, cancellation, firstOnly: query.limit == .one)
+            // Every match, newest first: another client (secret-tool, Python keyring) may have
+            // added a copy beside Lockbox's, and the last one written is the one to answer with.
+            var matches = Self.newestFirst(try self.matches(query, in: collection, cancellation))
+            if query.limit == .one { matches = Array(matches.prefix(1)) }
             guard !matches.isEmpty else {
                 try self.ensureUnlocked(collection, cancellation)
                 throw LockboxError(.itemNotFound, "No matching item was found in the keychain.")
@@ -191,16 +194,19 @@ public final class SecretServiceStore: ItemStore {
                     attributes.apply(update.attributes)
                     return attributes
                 }
-                // Apple's rule: no change may leave two items with one primary key.
+                // Apple's rule: no change may make two items share a primary key. Copies that
+                // already share one (another client added an item beside Lockbox's) and keep it
+                // are no new collision: each of them is updated, so the copies stay alike.
+                let oldKeys = targets.map { PrimaryKey.encode(itemClass, $0.attributes) }
                 let newKeys = changed.map { PrimaryKey.encode(itemClass, $0) }
-                if Set(newKeys).count != newKeys.count {
-                    throw LockboxError(.duplicateItem, "The update would give two items the same primary key.")
-                }
                 let targetPaths = Set(targets.map(\.path))
-                for attributes in changed {
-                    let others = try self.candidates(itemClass, attributes, in: collection, cancellation)
+                for index in targets.indices where newKeys[index] != oldKeys[index] {
+                    if newKeys.indices.contains(where: { $0 != index && newKeys[$0] == newKeys[index] }) {
+                        throw LockboxError(.duplicateItem, "The update would give two items the same primary key.")
+                    }
+                    let others = try self.candidates(itemClass, changed[index], in: collection, cancellation)
                         .filter { !targetPaths.contains($0.path) }
-                    if others.contains(where: { PrimaryKey.encode(itemClass, $0.attributes) == PrimaryKey.encode(itemClass, attributes) }) {
+                    if others.contains(where: { PrimaryKey.encode(itemClass, $0.attributes) == newKeys[index] }) {
                         throw LockboxError(.duplicateItem, "The update would give two items the same primary key.")
                     }
                 }
@@ -279,12 +285,25 @@ public final class SecretServiceStore: ItemStore {
         return try matches(query, in: collection, cancellation, excluding: excluded)
     }
 
-    /// The stored items that match `query` exactly, in the Secret Service's order; with
-    /// `firstOnly`, just the first of them (and no more searches or reads than that takes).
+    /// `matches` with the most recently modified first (then the most recently created); the
+    /// Secret Service's order otherwise. Its times have whole seconds: copies written within
+    /// one second keep the service's order.
+    static func newestFirst(_ matches: [Match]) -> [Match] {
+        guard matches.count > 1 else { return matches }
+        let distantPast = Date(timeIntervalSince1970: 0)
+        return matches.enumerated().sorted { left, right in
+            let leftTimes = (left.element.attributes.modificationDate ?? distantPast, left.element.attributes.creationDate ?? distantPast)
+            let rightTimes = (right.element.attributes.modificationDate ?? distantPast, right.element.attributes.creationDate ?? distantPast)
+            if leftTimes != rightTimes { return leftTimes > rightTimes }
+            return left.offset < right.offset
+        }.map(\.element)
+    }
+
+    /// The stored items that match `query` exactly, in the Secret Service's order.
     /// A matching item that is locked is `interactionNotAllowed`.
     private func matches(
         _ query: Query, in collection: StoredCollection, _ cancellation: Cancellation,
-        firstOnly: Bool = false, excluding excluded: String? = nil
+        excluding excluded: String? = nil
     ) throws(LockboxError) -> [Match] {
         var seen = Set<String>(excluded.map { [$0] } ?? [])
         var result: [Match] = []
@@ -321,7 +340,6 @@ public final class SecretServiceStore: ItemStore {
                 else { continue }
                 result.append(
                     Match(path: path, storedAttributes: properties.attributes, itemClass: itemClass, attributes: attributes))
-                if firstOnly { return result }
             }
         }
         return result

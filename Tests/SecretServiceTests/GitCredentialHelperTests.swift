@@ -18,12 +18,54 @@ struct GitCredentialParsingTests {
         #expect(credential.password?.utf8String == "pw=with=equals")
     }
 
-    @Test func parse_lineOf65535Bytes_isAccepted_andOneByteMore_isRefused() throws {
-        let prefix = "password="
-        let longest = Array((prefix + String(repeating: "x", count: 65535 - prefix.count) + "\n").utf8)
-        #expect(try GitCredential.parse(longest).password?.count == 65535 - prefix.count)
-        let tooLong = Array((prefix + String(repeating: "x", count: 65536 - prefix.count) + "\n").utf8)
-        #expect(throws: GitCredential.ParseError.self) { try GitCredential.parse(tooLong) }
+    @Test func parse_linesOver64KiB_areAccepted_andInputOver1MiB_isRefused() throws {
+        // git >= 2.41 passes whole WWW-Authenticate headers as wwwauth[] lines; they can be long.
+        let header = "Bearer realm=\"x\", scope=\"" + String(repeating: "s", count: 200_000) + "\""
+        let long = Array("protocol=https\nhost=h.example\nwwwauth[]=\(header)\npath=\(String(repeating: "p", count: 70_000))\n\n".utf8)
+        let credential = try GitCredential.parse(long)
+        #expect(credential.host == "h.example")
+        #expect(credential.path?.utf8.count == 70_000)
+
+        let largest = Array("password=".utf8) + [UInt8](repeating: UInt8(ascii: "x"), count: GitCredential.maximumInputSize - 9)
+        #expect(try GitCredential.parse(largest).password?.count == GitCredential.maximumInputSize - 9)
+        do {
+            _ = try GitCredential.parse(largest + [UInt8(ascii: "x")])
+            Issue.record("input over 1 MiB was accepted")
+        } catch {
+            #expect(error.description.contains("1 MiB"), "\(error)")
+        }
+    }
+
+    @Test(arguments: [
+        "https://h.example/repo%0Aoauth_refresh_token=injected", "https://h.example/repo%0apassword_expiry_utc=1",
+        "https://h.example/repo%0Dx", "https://alice%0Apassword=injected@h.example/",
+        "https://alice:pw%0Aoauth_refresh_token=injected@h.example/", "https://h.example%0Apath=x/repo",
+        "https://h.example/a%00b", "https://h.example/a%7Fb", "https://h.example/a%09b", "https://h.example/a%1Bb",
+    ])
+    func parse_urlWithPercentEncodedControlCharacter_isRefused(url: String) {
+        do {
+            let credential = try GitCredential.parse(Array("url=\(url)\n\n".utf8))
+            Issue.record("accepted; password_expiry_utc=\(String(describing: credential.passwordExpiryUTC))")
+        } catch {
+            #expect(error.description.contains("control character"), "\(error)")
+            #expect(!error.description.contains("injected"))
+        }
+    }
+
+    @Test(arguments: [
+        "password=pw\rinjected", "password=pw\u{1B}[2J", "username=alice\rx", "host=h.example\u{7F}",
+        "protocol=ht\ttps", "path=a\u{0}b", "oauth_refresh_token=t\rinjected", "password_expiry_utc=1\r2",
+        "wwwauth[]=Basic\rrealm=x", "future_key=a\u{1}b",
+    ])
+    func parse_controlCharacterInsideAValue_isRefused(line: String) {
+        #expect(throws: GitCredential.ParseError.self) {
+            try GitCredential.parse(Array("protocol=https\nhost=h.example\n\(line)\n\n".utf8))
+        }
+    }
+
+    @Test func parse_tabInAnIgnoredHeaderLine_isAccepted_andCRLFLineEnds_stillAre() throws {
+        let credential = try GitCredential.parse(Array("protocol=https\r\nhost=h.example\r\nwwwauth[]=Basic\trealm=x\r\n\r\n".utf8))
+        #expect(credential.host == "h.example")
     }
 
     @Test func parse_lineWithoutEquals_isRefusedWithoutQuotingIt() {
@@ -150,6 +192,105 @@ struct GitCredentialHelperTests {
         #expect(fill.stdout.contains("password=\(canary)\n"))
     }
 
+    @Test func realGit_copyAddedBySecretTool_fillAnswersTheNewest_andApproveKeepsWorking() throws {
+        let git = try Git()
+        let host = TestBus.unique("dup-git") + ".example"
+        let first = TestBus.canary()
+        let approve = try git.credential("approve", "protocol=https\nhost=\(host)\nusername=alice\npassword=\(first)\n\n")
+        #expect(approve.status == 0, "\(approve.stderr)")
+        ForeignDuplicateTests.nextSecond()
+        // libsecret writes a second item for the same credential beside Lockbox's (with an
+        // attribute of its own, so gnome-keyring does not replace Lockbox's item instead).
+        let newer = TestBus.canary()
+        try ForeignDuplicateTests.secretToolStore(["protocol", "https", "server", host, "user", "alice", "source", "a script"], newer)
+        var all = Query(.internetPassword, attributes: .internet(server: host), limit: .all)
+        all.returning = [.attributes]
+        try #require(try TestBus.store().items(matching: all).count == 2, "secret-tool did not add a second item")
+
+        let fill = try git.credential("fill", "protocol=https\nhost=\(host)\n\n")
+        #expect(fill.stdout.contains("password=\(newer)\n"), "\(fill.combined)")
+
+        // approve changes no key attribute: it succeeds and every copy holds the new password.
+        let rotated = TestBus.canary()
+        let again = try git.credential("approve", "protocol=https\nhost=\(host)\nusername=alice\npassword=\(rotated)\n\n")
+        #expect(again.status == 0)
+        #expect(again.stderr.isEmpty, "\(again.stderr)")
+        #expect(try git.credential("fill", "protocol=https\nhost=\(host)\n\n").stdout.contains("password=\(rotated)\n"))
+        all.returning = [.data]
+        #expect(try TestBus.store().items(matching: all).map { $0.data?.utf8String } == [rotated, rotated])
+    }
+
+    @Test func helper_urlThatInjectsFields_isRefusedOnStderr_andNothingIsStoredOrAnswered() throws {
+        let helper = try Paths.product("git-credential-lockbox")
+        _ = try TestBus.address()
+        let host = TestBus.unique("inject") + ".example"
+        let canary = TestBus.canary()
+        for url in [
+            "https://\(host)/repo%0Aoauth_refresh_token=injected-\(canary)",
+            "https://\(host)/repo%0Apassword_expiry_utc=99%0D", "https://alice:\(canary)%0D@\(host)/repo",
+        ] {
+            let stored = try runProcess(
+                helper, ["store"], input: Array("url=\(url)\nusername=alice\npassword=\(canary)\n\n".utf8),
+                environment: helperEnvironment())
+            #expect(stored.status == 1)
+            #expect(stored.stderr.contains("control character"), "\(stored.stderr)")
+            #expect(!stored.combined.contains(canary))
+            let asked = try runProcess(helper, ["get"], input: Array("url=\(url)\n\n".utf8), environment: helperEnvironment())
+            #expect(asked.status == 1)
+            #expect(asked.standardOutput.isEmpty)
+        }
+        #expect(try !TestBus.store().contains(Query(.internetPassword, attributes: .internet(server: host))))
+    }
+
+    @Test func realGit_carriageReturnInAPassword_isNeitherStoredNorAnswered() throws {
+        let git = try Git()
+        let secretTool = try Paths.tool("secret-tool", package: "libsecret-tools")
+        let host = TestBus.unique("cr") + ".example"
+        // git itself refuses a CR unless told not to; told so, it hands it to the helper.
+        let approve = try git.run(
+            ["-c", "credential.protectProtocol=false", "credential", "approve"],
+            input: "protocol=https\nhost=\(host)\nusername=alice\npassword=pw\rinjected\n\n")
+        #expect(!approve.combined.contains("injected"))
+        #expect(try !TestBus.store().contains(Query(.internetPassword, attributes: .internet(server: host))))
+
+        // A CR that another program stored is not handed to git either.
+        let stored = try runProcess(
+            secretTool, ["store", "--label=with a CR", "protocol", "https", "server", host, "user", "bob"],
+            input: Array("pw\rinjected".utf8))
+        try #require(stored.status == 0, "secret-tool store failed: \(stored.stderr)")
+        let fill = try git.run(
+            ["-c", "credential.protectProtocol=false", "credential", "fill"], input: "protocol=https\nhost=\(host)\n\n")
+        #expect(!fill.stdout.contains("injected"))
+        #expect(fill.stderr.contains("control character"), "\(fill.stderr)")
+    }
+
+    @Test func realGit_pathOver64KiB_isStoredAndAnswered() throws {
+        let git = try Git()
+        let host = TestBus.unique("long") + ".example"
+        let canary = TestBus.canary()
+        let path = "team/" + String(repeating: "r", count: 70_000) + ".git"
+        let url = "https://\(host)/\(path)"
+        let approve = try git.run(
+            ["-c", "credential.useHttpPath=true", "credential", "approve"],
+            input: "url=\(url)\nusername=alice\npassword=\(canary)\n\n")
+        #expect(approve.status == 0, "\(approve.stderr)")
+        let fill = try git.run(["-c", "credential.useHttpPath=true", "credential", "fill"], input: "url=\(url)\n\n")
+        #expect(fill.status == 0, "\(fill.stderr)")
+        #expect(fill.stdout.contains("password=\(canary)\n"))
+    }
+
+    @Test func helper_inputOver1MiB_isRefusedWithTheLimitNamed() throws {
+        let helper = try Paths.product("git-credential-lockbox")
+        _ = try TestBus.address()
+        let header = String(repeating: "w", count: GitCredential.maximumInputSize)
+        let refused = try runProcess(
+            helper, ["get"], input: Array("protocol=https\nhost=h.example\nwwwauth[]=\(header)\n\n".utf8),
+            environment: helperEnvironment())
+        #expect(refused.status == 1)
+        #expect(refused.stderr.contains("1 MiB"), "\(refused.stderr)")
+        #expect(refused.standardOutput.isEmpty)
+    }
+
     @Test(arguments: [false, true])
     func gitCloneWithBasicAuth_overHTTPAndHTTPS_isAnsweredFromTheStore(tls: Bool) throws {
         var git = try Git()
@@ -187,6 +328,8 @@ struct Git {
     let directory: String
     /// A PEM certificate git should trust (the test HTTPS server's), instead of the system's.
     var trustedCertificate: String?
+    /// Changes to the helpers' environment, applied last (another backend, a vault path).
+    var overrides: [String: String?] = [:]
 
     init(sourceLocation: SourceLocation = #_sourceLocation) throws {
         _ = try TestBus.address(sourceLocation: sourceLocation)
@@ -202,7 +345,9 @@ struct Git {
             "GIT_CONFIG_GLOBAL": "/dev/null",
         ]
         if let trustedCertificate { changes["GIT_SSL_CAINFO"] = trustedCertificate }
-        return helperEnvironment(changes)
+        var result = helperEnvironment(changes)
+        for (name, value) in overrides { result[name] = value }
+        return result
     }
 
     func run(_ arguments: [String], input: String = "") throws -> ProcessOutput {

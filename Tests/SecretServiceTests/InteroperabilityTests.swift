@@ -90,3 +90,118 @@ enum Python {
             check.status == 0, "Python module \(module) is missing: pip install \(package)", sourceLocation: sourceLocation)
     }
 }
+
+/// libsecret's secret-tool and Python keyring take no lock, and gnome-keyring replaces only an
+/// item that has every attribute they give, so a writer with an attribute of its own
+/// (keyring's `application`, a script's tag) adds a second item beside Lockbox's. Lockbox then reads the
+/// newest copy and updates every copy.
+@Suite("Secret Service duplicates written by other clients")
+struct ForeignDuplicateTests {
+    /// The Secret Service keeps whole seconds: waits until the next one begins, so the next
+    /// write is strictly newer.
+    static func nextSecond() {
+        let now = Date().timeIntervalSince1970
+        usleep(useconds_t((now.rounded(.down) + 1.05 - now) * 1_000_000))
+    }
+
+    static func keyringSet(_ service: String, _ account: String, _ value: String) throws {
+        try Python.require("keyring", package: "keyring")
+        let stored = try Python.run(
+            "import keyring, sys\nkeyring.set_password(sys.argv[1], sys.argv[2], sys.stdin.read())", [service, account],
+            input: Array(value.utf8))
+        try #require(stored.status == 0, "keyring.set_password failed: \(stored.stderr)")
+    }
+
+    static func keyringGet(_ service: String, _ account: String) throws -> String {
+        try Python.run(
+            "import keyring, sys\nsys.stdout.write(str(keyring.get_password(sys.argv[1], sys.argv[2])))", [service, account]
+        ).stdout
+    }
+
+    static func secretToolStore(_ attributes: [String], _ value: String) throws {
+        let secretTool = try Paths.tool("secret-tool", package: "libsecret-tools")
+        let stored = try runProcess(secretTool, ["store", "--label=copy"] + attributes, input: Array(value.utf8))
+        try #require(stored.status == 0, "secret-tool store failed: \(stored.stderr)")
+    }
+
+    static func secretToolLookup(_ attributes: [String]) throws -> String {
+        try runProcess(try Paths.tool("secret-tool", package: "libsecret-tools"), ["lookup"] + attributes).stdout
+    }
+
+    static func values(_ store: SecretServiceStore, _ query: Query) throws -> [String] {
+        var query = query
+        query.limit = .all
+        query.returning = [.attributes, .data]
+        return try store.items(matching: query).map { $0.data?.utf8String ?? "" }
+    }
+
+    @Test func keyringCopyBesideLockboxsItem_readReturnsTheNewest_andUpdateChangesEveryCopy() throws {
+        let store = try TestBus.store()
+        let service = TestBus.unique("dup-keyring")
+        let query = Query.genericPassword(service: service, account: "alice")
+        try store.add(.genericPassword(service: service, account: "alice", data: SecretBytes(utf8: "lockbox-first")))
+        Self.nextSecond()
+        try Self.keyringSet(service, "alice", "keyring-newer")
+        try #require(try Self.values(store, query).count == 2, "keyring did not add a second item")
+
+        #expect(try store.data(matching: query).utf8String == "keyring-newer")
+        #expect(try Self.values(store, query).first == "keyring-newer")
+
+        // An update that changes no key attribute (add -U, git approve) updates both copies.
+        try store.update(matching: query, to: ItemUpdate(data: SecretBytes(utf8: "rotated")))
+        #expect(try Self.values(store, query) == ["rotated", "rotated"])
+        #expect(try Self.keyringGet(service, "alice") == "rotated")
+        #expect(try Self.secretToolLookup(["service", service, "account", "alice"]) == "rotated")
+    }
+
+    @Test func secretToolCopyBesideLockboxsItem_readReturnsTheNewest_andUpdateChangesEveryCopy() throws {
+        let store = try TestBus.store()
+        let service = TestBus.unique("dup-secret-tool")
+        let query = Query.genericPassword(service: service, account: "alice")
+        try store.add(.genericPassword(service: service, account: "alice", data: SecretBytes(utf8: "lockbox-first")))
+        Self.nextSecond()
+        // With an attribute of its own; with only a subset of the item's, gnome-keyring would
+        // replace Lockbox's item instead of adding one beside it.
+        try Self.secretToolStore(["service", service, "account", "alice", "source", "a script"], "secret-tool-newer")
+        try #require(try Self.values(store, query).count == 2, "secret-tool did not add a second item")
+        #expect(try store.data(matching: query).utf8String == "secret-tool-newer")
+
+        // One copy, pinned by its reference: its key does not change, so the other copy is no
+        // obstacle.
+        var lockboxCopy = query
+        lockboxCopy.limit = .all
+        lockboxCopy.returning = [.attributes, .data]
+        let pinned = try #require(try store.items(matching: lockboxCopy).first { $0.data?.utf8String == "lockbox-first" })
+        var exact = query
+        exact.persistentReference = pinned.persistentReference
+        try store.update(matching: exact, to: ItemUpdate(data: SecretBytes(utf8: "pinned")))
+        #expect(Set(try Self.values(store, query)) == ["pinned", "secret-tool-newer"])
+
+        // A change of a key attribute onto the copies' shared key is still a duplicate.
+        try store.add(.genericPassword(service: service, account: "bob", data: SecretBytes(utf8: "bob")))
+        var renamed = ItemUpdate()
+        renamed.attributes.account = "alice"
+        expectError(.duplicateItem) {
+            try store.update(matching: .genericPassword(service: service, account: "bob"), to: renamed)
+        }
+    }
+
+    @Test func twoForeignCopies_readReturnsTheNewest_whicheverToolWroteIt() throws {
+        let store = try TestBus.store()
+        for keyringFirst in [true, false] {
+            let service = TestBus.unique("dup-order")
+            if keyringFirst {
+                try Self.keyringSet(service, "alice", "older")
+                Self.nextSecond()
+                try Self.secretToolStore(["service", service, "account", "alice"], "newer")
+            } else {
+                try Self.secretToolStore(["service", service, "account", "alice"], "older")
+                Self.nextSecond()
+                try Self.keyringSet(service, "alice", "newer")
+            }
+            let query = Query.genericPassword(service: service, account: "alice")
+            try #require(try Self.values(store, query).count == 2)
+            #expect(try store.data(matching: query).utf8String == "newer", "keyring first: \(keyringFirst)")
+        }
+    }
+}

@@ -3,16 +3,19 @@ import Glibc
 #elseif canImport(Darwin)
 import Darwin
 #endif
+import CProcessHardening
 
 /// Process plumbing shared by the helper executables.
 public enum HelperProcess {
-    /// Reads stdin to the end, retrying interrupted reads.
-    public static func readStandardInput() -> [UInt8] {
+    /// Reads stdin to the end, or to one byte past `limit` (so that the parser sees input
+    /// over its bound and refuses it, while memory stays bounded); retries interrupted reads.
+    public static func readStandardInput(limit: Int) -> [UInt8] {
         var input: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 65536)
         defer { chunk.wipe() }
-        while true {
-            let count = chunk.withUnsafeMutableBytes { read(STDIN_FILENO, $0.baseAddress, $0.count) }
+        while input.count <= limit {
+            let wanted = Swift.min(chunk.count, limit + 1 - input.count)
+            let count = chunk.withUnsafeMutableBytes { read(STDIN_FILENO, $0.baseAddress, wanted) }
             if count > 0 {
                 input.append(contentsOf: chunk[0..<count])
             } else if count < 0 && errno == EINTR {
@@ -35,14 +38,12 @@ public enum HelperProcess {
         exit(outcome.exitStatus)
     }
 
-    /// Keeps secrets out of core dumps.
-    public static func hardenProcess() {
-        var limit = rlimit(rlim_cur: 0, rlim_max: 0)
-        #if canImport(Glibc)
-        _ = setrlimit(__rlimit_resource_t(RLIMIT_CORE.rawValue), &limit)
-        #else
-        _ = setrlimit(RLIMIT_CORE, &limit)
-        #endif
+    /// Keeps secrets out of core dumps and out of reach of same-user debuggers, as `lockbox`
+    /// does: `PR_SET_DUMPABLE` 0 (no ptrace attach, no `/proc/<pid>/mem` for peers of the same
+    /// user) and `RLIMIT_CORE` 0. Call it first, before any secret is read.
+    /// - Returns: false when the kernel refused either step; the helper must then not go on.
+    public static func hardenProcess() -> Bool {
+        lockbox_harden_process() == 0 && lockbox_process_is_dumpable() == 0
     }
 
     private static func writeAll(_ descriptor: Int32, _ bytes: [UInt8]) {
