@@ -52,7 +52,7 @@ final class DeviceSecret: Sendable {
         if key == nil {
             try FilePermissions.createPrivateDirectory(FilePermissions.directory(of: path))
             let fresh = Crypto.generateKey()
-            let descriptor = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+            let descriptor = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600)
             if descriptor >= 0 {
                 let written = fresh.withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
                 fsync(descriptor)
@@ -90,10 +90,16 @@ final class DeviceSecret: Sendable {
 
     private static func readKeyFile(_ path: String) throws(LockboxError) -> SecretBytes? {
         guard FilePermissions.exists(path) else { return nil }
-        try FilePermissions.check(directory: FilePermissions.directory(of: path), files: [path])
-        let descriptor = open(path, O_RDONLY | O_CLOEXEC)
+        guard let identity = try FilePermissions.check(directory: FilePermissions.directory(of: path), files: [path])[path] else {
+            return nil
+        }
+        let descriptor = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
         guard descriptor >= 0 else { throw LockboxError(.io, "Cannot read the device key \(path).") }
         defer { close(descriptor) }
+        var info = stat()
+        guard fstat(descriptor, &info) == 0, FilePermissions.Identity(info) == identity else {
+            throw LockboxError(.io, "The device key \(path) was replaced while it was being read.")
+        }
         let key = SecretBytes(capacity: Crypto.keyByteCount) { buffer in
             max(0, read(descriptor, buffer.baseAddress, buffer.count))
         }

@@ -5,7 +5,24 @@ import Glibc
 #endif
 
 /// The vault's file-system rules: directory 0700, file 0600, both owned by the caller.
+///
+/// Checks are made on opened descriptors, not on paths looked up again: the directory is
+/// opened and checked with `fstat`, each file in it is opened without following links
+/// (`openat`, `O_NOFOLLOW`) and checked the same way, and after SQLite opens the vault, its
+/// descriptor must be the very file that was checked (same device and inode), so a rename or a
+/// symlink planted between the check and the open is caught.
 enum FilePermissions {
+    /// A file's identity: what an opened descriptor refers to.
+    struct Identity: Hashable {
+        var device: UInt64
+        var inode: UInt64
+
+        init(_ info: stat) {
+            device = UInt64(info.st_dev)
+            inode = UInt64(info.st_ino)
+        }
+    }
+
     /// Creates `directory` (and its parents) with mode 0700 where missing.
     static func createPrivateDirectory(_ directory: String) throws(LockboxError) {
         if mkdir(directory, 0o700) == 0 || errno == EEXIST { return }
@@ -20,31 +37,101 @@ enum FilePermissions {
     }
 
     /// Refuses a directory or file that other users can reach, or that another user owns.
-    static func check(directory: String, files: [String]) throws(LockboxError) {
-        try checkOne(directory, maximumMode: 0o700, fix: "chmod 700 '\(directory)'", mustExist: true)
+    /// Checked on descriptors; returns the identities of the files that exist.
+    @discardableResult
+    static func check(directory: String, files: [String]) throws(LockboxError) -> [String: Identity] {
+        let directoryDescriptor = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard directoryDescriptor >= 0 else {
+            throw LockboxError(.noSuchKeychain, "Cannot open the directory \(directory): \(String(cString: strerror(errno))).")
+        }
+        defer { close(directoryDescriptor) }
+        var info = stat()
+        guard fstat(directoryDescriptor, &info) == 0 else {
+            throw LockboxError(.io, "Cannot read \(directory): \(String(cString: strerror(errno))).")
+        }
+        try checkDirectory(directory, info)
+        var identities: [String: Identity] = [:]
         for file in files {
-            try checkOne(file, maximumMode: 0o600, fix: "chmod 600 '\(file)'", mustExist: false)
+            let name = file.lastIndex(of: "/").map { String(file[file.index(after: $0)...]) } ?? file
+            let descriptor = openat(directoryDescriptor, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK)
+            guard descriptor >= 0 else {
+                if errno == ENOENT { continue }
+                if errno == ELOOP {
+                    throw LockboxError(.io, "\(file) is a symbolic link; Lockbox opens only a regular file of your own there.")
+                }
+                throw LockboxError(.io, "Cannot open \(file): \(String(cString: strerror(errno))).")
+            }
+            defer { close(descriptor) }
+            var fileInfo = stat()
+            guard fstat(descriptor, &fileInfo) == 0 else {
+                throw LockboxError(.io, "Cannot read \(file): \(String(cString: strerror(errno))).")
+            }
+            guard fileInfo.st_mode & S_IFMT == S_IFREG else {
+                throw LockboxError(.io, "\(file) is not a regular file; Lockbox opens only a regular file of your own there.")
+            }
+            guard fileInfo.st_uid == geteuid() else {
+                throw LockboxError(
+                    .io, "\(file) belongs to another user (uid \(fileInfo.st_uid)); Lockbox opens only your own keychain files.")
+            }
+            let mode = fileInfo.st_mode & 0o777
+            guard mode & ~0o600 == 0 else {
+                throw LockboxError(
+                    .io,
+                    "\(file) is readable or writable by other users (mode \(String(mode, radix: 8))). Fix it with: chmod 600 '\(file)'")
+            }
+            identities[file] = Identity(fileInfo)
+        }
+        return identities
+    }
+
+    /// The directory must be the caller's and private. The advice never widens or narrows a
+    /// directory shared with others (such as /tmp): it names a private directory instead.
+    private static func checkDirectory(_ directory: String, _ info: stat) throws(LockboxError) {
+        let mode = info.st_mode & 0o7777
+        let shared = info.st_uid != geteuid() || mode & S_ISVTX != 0
+        if shared {
+            throw LockboxError(
+                .io,
+                "\(directory) is a directory shared with other users"
+                    + (mode & S_ISVTX != 0 ? " (sticky, mode \(String(mode & 0o777, radix: 8)))" : " (owned by uid \(info.st_uid))")
+                    + ": other users could replace the keychain there. Keep the keychain in a private directory of your own, "
+                    + "for example: mkdir -m 700 '\(directory)/lockbox-$USER' and use --keychain '\(directory)/lockbox-$USER/NAME.lockbox'.")
+        }
+        guard mode & 0o077 == 0 else {
+            throw LockboxError(
+                .io,
+                "\(directory) is readable or writable by other users (mode \(String(mode & 0o777, radix: 8))). "
+                    + "Fix it with: chmod 700 '\(directory)'")
         }
     }
 
-    private static func checkOne(
-        _ path: String, maximumMode: mode_t, fix: @autoclosure () -> String, mustExist: Bool
-    ) throws(LockboxError) {
-        var info = stat()
-        guard stat(path, &info) == 0 else {
-            if !mustExist && errno == ENOENT { return }
-            throw LockboxError(.noSuchKeychain, "Cannot read \(path): \(String(cString: strerror(errno))).")
+    /// Confirms that a descriptor this process opened since `before` (SQLite's) refers to the
+    /// file that was checked: a rename between the check and SQLite's open is refused. A
+    /// descriptor counts as new when its number is new or now refers to another file (another
+    /// thread closed a descriptor and SQLite got its number).
+    static func confirmOpened(_ identity: Identity, path: String, openBefore: [Int32: Identity]) throws(LockboxError) {
+        for (descriptor, current) in openDescriptors() where openBefore[descriptor] != current {
+            if current == identity { return }
         }
-        guard info.st_uid == geteuid() else {
-            throw LockboxError(
-                .io, "\(path) belongs to another user (uid \(info.st_uid)); Lockbox opens only your own keychain files.")
+        throw LockboxError(
+            .io, "\(path) was replaced while it was being opened. Nothing was read; check who else can write to its directory.")
+    }
+
+    /// The descriptors open in this process now, with what each refers to.
+    static func openDescriptors() -> [Int32: Identity] {
+        var descriptors: [Int32: Identity] = [:]
+        guard let directory = opendir("/proc/self/fd") else { return descriptors }
+        let own = dirfd(directory)
+        defer { closedir(directory) }
+        while let entry = readdir(directory) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { bytes in
+                String(decoding: bytes.prefix { $0 != 0 }, as: UTF8.self)
+            }
+            guard let number = Int32(name), number != own else { continue }
+            var info = stat()
+            if fstat(number, &info) == 0 { descriptors[number] = Identity(info) }
         }
-        let mode = info.st_mode & 0o777
-        guard mode & ~maximumMode == 0 else {
-            throw LockboxError(
-                .io,
-                "\(path) is readable or writable by other users (mode \(String(mode, radix: 8))). Fix it with: \(fix())")
-        }
+        return descriptors
     }
 
     /// Sets `path`'s mode to 0600.

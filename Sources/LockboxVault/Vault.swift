@@ -131,8 +131,13 @@ public final class Vault: ItemStore, Sendable {
         }
         let oldMask = umask(0o077)
         defer { umask(oldMask) }
+        let before = FilePermissions.openDescriptors()
         let database = try Database(path: path, create: true, busyTimeoutMilliseconds: configuration.busyTimeoutMilliseconds)
         try FilePermissions.makePrivate(path)
+        guard let identity = try FilePermissions.check(directory: directory, files: [path])[path] else {
+            throw LockboxError(.io, "\(path) was removed while it was being created.")
+        }
+        try FilePermissions.confirmOpened(identity, path: path, openBefore: before)
         try VaultSchema.migrate(database)
 
         let device = try DeviceSecret.load(configuration.device)
@@ -184,11 +189,16 @@ public final class Vault: ItemStore, Sendable {
         guard FilePermissions.exists(path) else {
             throw LockboxError(.noSuchKeychain, "No keychain at \(path). Create one with `lockbox init`.")
         }
-        try FilePermissions.check(
+        let identities = try FilePermissions.check(
             directory: FilePermissions.directory(of: path), files: [path, path + "-wal", path + "-shm"])
+        guard let identity = identities[path] else {
+            throw LockboxError(.noSuchKeychain, "No keychain at \(path). Create one with `lockbox init`.")
+        }
         let oldMask = umask(0o077)
         defer { umask(oldMask) }
+        let before = FilePermissions.openDescriptors()
         let database = try Database(path: path, create: false, busyTimeoutMilliseconds: configuration.busyTimeoutMilliseconds)
+        try FilePermissions.confirmOpened(identity, path: path, openBefore: before)
         try VaultSchema.migrate(database)
         let header = try VaultHeader.load(from: database)
         let keys = KeyCache(

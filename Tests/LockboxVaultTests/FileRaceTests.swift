@@ -1,0 +1,80 @@
+import Foundation
+import Glibc
+import Lockbox
+import LockboxTestSupport
+import Synchronization
+import Testing
+
+@testable import LockboxVault
+
+/// The file-system attacker: planted symlinks, shared directories, and a path that changes
+/// between Lockbox's checks and SQLite's open.
+@Suite("Files: planted links, shared directories, rename races", .serialized)
+struct FileRaceTests {
+    @Test("a keychain in a sticky shared directory is refused with advice that names a private directory, never a chmod of it")
+    func stickySharedDirectory_adviceNamesPrivateDirectory() throws {
+        let shared = TemporaryDirectory("lockbox-sticky")
+        #expect(chmod(shared.path, 0o1777) == 0)
+        do {
+            _ = try Vault.create(at: shared.file("x.lockbox"), passphrase: SecretBytes(utf8: "p"))
+            Issue.record("a vault was created in a shared directory")
+        } catch {
+            #expect(error.message.contains("private directory"))
+            #expect(!error.message.contains("chmod 700 '\(shared.path)'"))
+        }
+    }
+
+    @Test("a symlink planted where the keychain file should be is refused")
+    func plantedSymlink_isRefused() throws {
+        let fixture = try VaultFixture()
+        let other = TemporaryDirectory("lockbox-link-target")
+        let link = fixture.directory.file("keychains/linked.lockbox")
+        #expect(symlink(fixture.path, link) == 0)
+        _ = other
+        #expect(status { _ = try Vault.open(at: link) } == -36)
+    }
+
+    @Test("a path flipped between two keychains while opening never opens the one that failed the checks")
+    func renameRace_neverOpensTheUncheckedFile() throws {
+        let root = TemporaryDirectory("lockbox-race")
+        let genuine = root.file("genuine")
+        let foreign = root.file("foreign")
+        for directory in [genuine, foreign] {
+            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        }
+        var configuration = Vault.Configuration()
+        configuration.keyDerivation = .interactive
+        configuration.unlockCache = .processMemory
+        let mine = try Vault.create(at: genuine + "/v.lockbox", passphrase: SecretBytes(utf8: "mine"), configuration: configuration)
+        let theirs = try Vault.create(at: foreign + "/v.lockbox", passphrase: SecretBytes(utf8: "theirs"), configuration: configuration)
+        let theirIdentifier = theirs.identifier
+        _ = mine
+        // The foreign file belongs to another user: the checks refuse it, SQLite (as root) would not.
+        #expect(chown(foreign + "/v.lockbox", 65534, 65534) == 0)
+        let link = root.file("current")
+        #expect(symlink(genuine, link) == 0)
+        let stop = Atomic(false)
+        let flipper = Thread {
+            var flip = false
+            while !stop.load(ordering: .relaxed) {
+                let staging = root.file("staging")
+                unlink(staging)
+                symlink(flip ? genuine : foreign, staging)
+                rename(staging, link)
+                flip.toggle()
+            }
+        }
+        flipper.start()
+        var opened = 0
+        var wrong = 0
+        for _ in 0..<300 {
+            if let vault = try? Vault.open(at: link + "/v.lockbox", configuration: configuration) {
+                opened += 1
+                if vault.identifier == theirIdentifier { wrong += 1 }
+            }
+        }
+        stop.store(true, ordering: .relaxed)
+        #expect(wrong == 0, "the unchecked file was opened \(wrong) times")
+        #expect(opened > 0)
+    }
+}
