@@ -105,13 +105,20 @@ enum FilePermissions {
         }
     }
 
-    /// Confirms that a descriptor this process opened since `before` (SQLite's) refers to the
-    /// file that was checked: a rename between the check and SQLite's open is refused. A
-    /// descriptor counts as new when its number is new or now refers to another file (another
-    /// thread closed a descriptor and SQLite got its number).
-    static func confirmOpened(_ identity: Identity, path: String, openBefore: [Int32: Identity]) throws(LockboxError) {
-        for (descriptor, current) in openDescriptors() where openBefore[descriptor] != current {
-            if current == identity { return }
+    /// Confirms that SQLite's descriptor refers to the file that was checked: a rename between
+    /// the check and SQLite's open is refused. SQLite's descriptor is asked of SQLite; with
+    /// another VFS, a descriptor opened since `before` must be the file (one counts as new when
+    /// its number is new or now refers to another file).
+    static func confirmOpened(
+        _ identity: Identity, path: String, openBefore: [Int32: Identity], opened: (device: UInt64, inode: UInt64)?
+    ) throws(LockboxError) {
+        if let opened {
+            // SQLite's own descriptor says which file it opened.
+            if opened.device == identity.device && opened.inode == identity.inode { return }
+        } else {
+            for (descriptor, current) in openDescriptors() where openBefore[descriptor] != current {
+                if current == identity { return }
+            }
         }
         throw LockboxError(
             .io, "\(path) was replaced while it was being opened. Nothing was read; check who else can write to its directory.")

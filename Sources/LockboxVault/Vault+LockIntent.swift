@@ -34,6 +34,12 @@ extension Vault {
         markExplicitLock(state)
     }
 
+    /// Forgets that the vault was locked or unlocked in this login session, as a new login
+    /// session does (for tests of the rule above).
+    package func forgetLoginSession() {
+        withState { state in _ = unlink(sessionMarkerPath(state)) }
+    }
+
     private func sessionMarkerPath(_ state: State) -> String {
         FilePermissions.directory(of: configuration.device.resolvedKeyPath) + "/sessions/" + state.header.vaultID.hexString
     }

@@ -137,7 +137,7 @@ public final class Vault: ItemStore, Sendable {
         guard let identity = try FilePermissions.check(directory: directory, files: [path])[path] else {
             throw LockboxError(.io, "\(path) was removed while it was being created.")
         }
-        try FilePermissions.confirmOpened(identity, path: path, openBefore: before)
+        try FilePermissions.confirmOpened(identity, path: path, openBefore: before, opened: database.openedFileIdentity)
         try VaultSchema.migrate(database)
 
         let device = try DeviceSecret.load(configuration.device)
@@ -198,7 +198,7 @@ public final class Vault: ItemStore, Sendable {
         defer { umask(oldMask) }
         let before = FilePermissions.openDescriptors()
         let database = try Database(path: path, create: false, busyTimeoutMilliseconds: configuration.busyTimeoutMilliseconds)
-        try FilePermissions.confirmOpened(identity, path: path, openBefore: before)
+        try FilePermissions.confirmOpened(identity, path: path, openBefore: before, opened: database.openedFileIdentity)
         try VaultSchema.migrate(database)
         let header = try VaultHeader.load(from: database)
         let keys = KeyCache(

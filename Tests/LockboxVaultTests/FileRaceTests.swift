@@ -4,6 +4,7 @@ import Lockbox
 import LockboxTestSupport
 import Synchronization
 import Testing
+import VaultStorage
 
 @testable import LockboxVault
 
@@ -32,6 +33,16 @@ struct FileRaceTests {
         #expect(symlink(fixture.path, link) == 0)
         _ = other
         #expect(status { _ = try Vault.open(at: link) } == -36)
+    }
+
+    @Test("SQLite's own descriptor is what the open is checked against")
+    func sqliteDescriptor_isTheCheckedFile() throws {
+        let fixture = try VaultFixture()
+        let database = try Database(path: fixture.path, create: false)
+        var info = stat()
+        #expect(stat(fixture.path, &info) == 0)
+        let opened = try #require(database.openedFileIdentity)
+        #expect(opened.device == UInt64(info.st_dev) && opened.inode == UInt64(info.st_ino))
     }
 
     @Test("a path flipped between two keychains while opening never opens the one that failed the checks")

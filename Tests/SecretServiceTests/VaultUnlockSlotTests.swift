@@ -15,8 +15,10 @@ struct VaultUnlockSlotTests {
         #expect(fixture.vault.enrolledKeepers == ["secret-service"])
         #expect(try fixture.vault.status().unlockMethods == ["passphrase", "secret-service"])
         fixture.vault.lockAll()
+        fixture.vault.forgetLoginSession()
 
-        // Keychain.open takes the first available unlock method: the desktop keyring.
+        // In a new login session, Keychain.open takes the first available unlock method: the
+        // desktop keyring.
         var options = Keychain.Options(path: fixture.path)
         options.vault = fixture.vault.configuration
         options.secretService = keyring.configuration
@@ -33,6 +35,35 @@ struct VaultUnlockSlotTests {
         #expect(throws: LockboxError.self) { _ = try keyring.vaultKey(vaultIdentifier: identifier) }
         fixture.vault.lockAll()
         #expect(throws: LockboxError.self) { try fixture.vault.unlock(with: keyring) }
+    }
+
+    @Test("an explicit lock holds: neither status nor find reopens the vault through the desktop keyring; lockbox unlock does",
+          arguments: [false, true])
+    func explicitLock_holdsUntilExplicitUnlock(all: Bool) throws {
+        let keyring = try TestBus.store()
+        let fixture = try VaultFixture()
+        try fixture.vault.add(.genericPassword(service: "svc", account: "a", data: SecretBytes(utf8: "v")))
+        try fixture.vault.enroll(keyring)
+        if all { fixture.vault.lockAll() } else { fixture.vault.lock() }
+        var options = Keychain.Options(path: fixture.path)
+        options.vault = fixture.vault.configuration
+        options.secretService = keyring.configuration
+        for _ in 0..<3 {
+            let opened = try Keychain.open(options)
+            #expect(opened.reason.contains("locked in this session"))
+            #expect(try opened.vault?.isUnlocked == false)
+            #expect(status { _ = try opened.store.data(matching: .genericPassword(service: "svc", account: "a")) } == -25308)
+        }
+        // The command line: status and find leave it locked, unlock opens it with the keyring.
+        let lockbox = try Paths.product("lockbox")
+        let statusRun = try runProcess(lockbox, ["--keychain", fixture.path, "status"])
+        #expect(statusRun.stdout.contains("locked"))
+        #expect(try fixture.vault.isUnlocked == false)
+        let unlock = try runProcess(lockbox, ["--keychain", fixture.path, "unlock"])
+        #expect(unlock.status == 0, "unlock: \(unlock.stderr)")
+        #expect(unlock.stderr.contains("desktop keyring"))
+        #expect(try fixture.vault.data(matching: .genericPassword(service: "svc", account: "a")) == SecretBytes(utf8: "v"))
+        try fixture.vault.unenroll(keyring)
     }
 
     @Test func lockedDesktopKeyring_leavesTheVaultLocked_andSaysWhy() throws {

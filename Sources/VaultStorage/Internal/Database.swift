@@ -142,6 +142,23 @@ package final class Database {
     /// Rows changed by the last statement.
     package var changes: Int { Int(sqlite3_changes(handle)) }
 
+    /// The device and inode of the file SQLite opened, read from its own descriptor, so the
+    /// caller can confirm it is the file that was checked. Nil when the VFS is not SQLite's
+    /// default `unix` one.
+    package var openedFileIdentity: (device: UInt64, inode: UInt64)? {
+        guard let vfs = sqlite3_vfs_find(nil), String(cString: vfs.pointee.zName) == "unix" else { return nil }
+        var pointer: UnsafeMutableRawPointer?
+        guard sqlite3_file_control(handle, "main", SQLITE_FCNTL_FILE_POINTER, &pointer) == SQLITE_OK, let file = pointer else {
+            return nil
+        }
+        // The unix VFS's file object starts with three pointers (methods, VFS, inode record),
+        // then the descriptor.
+        let descriptor = file.load(fromByteOffset: 3 * MemoryLayout<UnsafeRawPointer>.stride, as: Int32.self)
+        var info = stat()
+        guard descriptor >= 0, fstat(descriptor, &info) == 0, info.st_mode & S_IFMT == S_IFREG else { return nil }
+        return (UInt64(info.st_dev), UInt64(info.st_ino))
+    }
+
     fileprivate func lastError(_ code: Int32, operation: String) -> LockboxError {
         Database.error(code: code, message: String(cString: sqlite3_errmsg(handle)), path: path, operation: operation)
     }
