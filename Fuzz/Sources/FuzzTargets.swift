@@ -101,6 +101,9 @@ func fuzzVaultRecord(_ input: [UInt8]) {
     while !decoder.isAtEnd {
         guard (try? decoder.bytes()) != nil else { break }
     }
+    // Padded values and attributes (row format 2): a length that does not fit, or padding that
+    // is not zeros, is refused; what is accepted pads back to the same bytes.
+    if let unpadded = Padding.unpadded(input), Padding.padded(unpadded) != input { roundTripFailed("Padding") }
     guard let attributes = try? ItemAttributes(decoding: input) else { return }
     let again = attributes.encoded()
     // Dates go through Double and Date, so re-encoding may differ in the last bit: only

@@ -297,3 +297,41 @@ struct IntegrityAttackTests {
         #expect(failures.isEmpty)
     }
 }
+
+/// What the disk keeps after a delete or an update returns.
+@Suite("Deleted values do not linger")
+struct LingeringValueTests {
+    func fileBytes(_ path: String) -> [UInt8] {
+        (FileManager.default.contents(atPath: path)).map(Array.init) ?? []
+    }
+
+    func contains(_ haystack: [UInt8], _ needle: [UInt8]) -> Bool {
+        guard needle.count <= haystack.count, !needle.isEmpty else { return false }
+        for start in 0...(haystack.count - needle.count) where haystack[start] == needle[0] {
+            if Array(haystack[start..<start + needle.count]) == needle { return true }
+        }
+        return false
+    }
+
+    @Test("after a delete or an update returns, the old sealed value is in neither the file nor the WAL", arguments: ["delete", "update"])
+    func deletedValue_isGoneFromFileAndWriteAheadLog(operation: String) throws {
+        let fixture = try VaultFixture()
+        let query = Query.genericPassword(service: "svc", account: "gone")
+        try fixture.vault.add(.genericPassword(service: "svc", account: "gone", data: SecretBytes(utf8: "soon-deleted-canary")))
+        try fixture.vault.add(.genericPassword(service: "svc", account: "stays", data: SecretBytes(utf8: "kept")))
+        let sealed = try fixture.vault.withDatabase { database throws(LockboxError) in
+            try database.firstRow("SELECT secret FROM items WHERE rowid = 1") { $0.blob(0) ?? [] } ?? []
+        }
+        #expect(sealed.count > 40)
+        // The sealed value is in the WAL now.
+        #expect(contains(fileBytes(fixture.path + "-wal") + fileBytes(fixture.path), Array(sealed.suffix(32))))
+        if operation == "delete" {
+            #expect(try fixture.vault.delete(matching: query) == 1)
+        } else {
+            try fixture.vault.update(matching: query, to: ItemUpdate(data: SecretBytes(utf8: "replacement")))
+        }
+        let onDisk = fileBytes(fixture.path) + fileBytes(fixture.path + "-wal")
+        #expect(!contains(onDisk, Array(sealed.suffix(32))), "the old sealed value is still on disk after \(operation)")
+        #expect(fileBytes(fixture.path + "-wal").isEmpty)
+    }
+}
