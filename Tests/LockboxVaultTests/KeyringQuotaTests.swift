@@ -1,4 +1,6 @@
 import Glibc
+import KeyProviders
+import Lockbox
 import LockboxTestSupport
 import Testing
 
@@ -104,10 +106,10 @@ struct KeyringQuotaTests {
         #expect(result.status == 0, "as \(Self.userName): \(result.standardError)")
         #expect(result.standardOutput.contains("done"))
         #expect(!result.standardError.contains("quota"), "\(result.standardError)")
-        // 24 vaults x 2 keys, the lockbox keyring and the user's own two keyrings.
-        let use = try sandbox.settledQuotaUse(atMostKeys: 2 * 24 + 3)
-        #expect(use.keys <= 2 * 24 + 3, "the user holds \(use.keys) keys")
-        #expect(use.bytes <= 10_000, "the user holds \(use.bytes) bytes of keys")
+        // Half the quota: 25 vaults x 2 keys, the lockbox keyring and the user's own two keyrings.
+        let use = try sandbox.settledQuotaUse(atMostKeys: 2 * 25 + 3)
+        #expect(use.keys <= 2 * 25 + 3, "the user holds \(use.keys) keys")
+        #expect(use.bytes <= 10_500, "the user holds \(use.bytes) bytes of keys")
     }
 
     @Test("the keys of vaults whose files were deleted are freed at the next unlock")
@@ -132,6 +134,21 @@ struct KeyringQuotaTests {
         #expect(after.keys <= 2 + 3, "before: \(before.keys) keys; after: \(after.keys) keys")
         let listing = try sandbox.runAsUser("keyctl show @u 2>&1")
         #expect(listing.standardOutput.split(separator: "\n").filter { $0.contains("lockbox:v1:") }.count == 2, "\(listing.standardOutput)")
+    }
+
+    @Test("a deleted vault's keys leave the kernel keyring when another vault is unlocked")
+    func deletedVault_keysLeaveTheKeyring_atAnotherUnlock() throws {
+        let gone = try VaultFixture()
+        let identifier = gone.vault.identifier
+        #expect(unlink(gone.path) == 0)
+        let kept = try VaultFixture()
+        for kind in ["unlocked", "after-first-unlock"] {
+            #expect(throws: KernelKeyring.Absence.self) { _ = try KernelKeyring.find("lockbox:v1:\(identifier):\(kind)") }
+            #expect((try? KernelKeyring.find("lockbox:v1:\(kept.vault.identifier):\(kind)")) != nil)
+        }
+        // Stored in the `lockbox` keyring, not loose in @u.
+        let listing = try run("/usr/bin/keyctl", ["show", "@u"]).standardOutput
+        #expect(listing.contains("keyring: lockbox"), "\(listing)")
     }
 
     @Test("a full quota is reported with the quota's files and what to do")
