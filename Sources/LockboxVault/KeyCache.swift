@@ -96,8 +96,8 @@ struct AfterFirstUnlockKeys {
 /// kept until reboot or `lock --all`. An ordinary user may hold 200 keys and 20,000 bytes in
 /// all, so every unlock first frees what is stale: the entries of vaults whose file is gone,
 /// and the least recently unlocked vaults' entries beyond ``maximumCachedVaults`` (half the
-/// quota). A vault
-/// whose entries were freed reads as locked (never as empty) until it is unlocked again.
+/// quota). A vault whose entries were freed reads as locked (never as empty) until it is
+/// unlocked again.
 final class KeyCache {
     /// Vaults whose keys stay in the kernel keyring at once: Lockbox takes at most half of
     /// this user's quota, at 2 keys and at most about 400 bytes per vault. For an ordinary user
