@@ -151,6 +151,23 @@ struct KeyringQuotaTests {
         #expect(listing.contains("keyring: lockbox"), "\(listing)")
     }
 
+    @Test("an entry loose in @u (where earlier releases kept them) is freed once its vault file is gone")
+    func looseEntryInUserKeyring_ofDeletedVault_isFreed() throws {
+        let directory = TemporaryDirectory()
+        let identifier = (0..<16).map { _ in String(UInt8.random(in: 0...255), radix: 16).leftPadded(to: 2) }.joined()
+        let description = "lockbox:v1:\(identifier):after-first-unlock"
+        // Keys (placeholder bytes), unlock time, then the path of a vault that no longer exists.
+        let payload = [UInt8](repeating: 7, count: 96) + withUnsafeBytes(of: Int64(1).littleEndian) { Array($0) }
+            + Array(directory.file("deleted.lockbox").utf8)
+        let added = try run("/usr/bin/keyctl", ["padd", "user", description, "@u"], input: payload)
+        #expect(added.status == 0, "keyctl padd failed: \(added.standardError)")
+        #expect((try? KernelKeyring.find(description)) != nil)
+
+        _ = try VaultFixture()  // an unlock
+
+        #expect(throws: KernelKeyring.Absence.self) { _ = try KernelKeyring.find(description) }
+    }
+
     @Test("a full quota is reported with the quota's files and what to do")
     func fullQuota_errorNamesTheQuotaAndTheRemedy() throws {
         let sandbox = try UserSandbox()
@@ -175,5 +192,11 @@ struct KeyringQuotaTests {
         #expect(result.standardError.contains("/proc/sys/kernel/keys/maxbytes"), "\(result.standardError)")
         #expect(result.standardError.contains("lockbox lock --all"), "\(result.standardError)")
         #expect(result.standardError.contains("LOCKBOX_UNLOCK_CACHE=process"), "\(result.standardError)")
+    }
+}
+
+extension String {
+    fileprivate func leftPadded(to width: Int) -> String {
+        String(repeating: "0", count: max(0, width - count)) + self
     }
 }
