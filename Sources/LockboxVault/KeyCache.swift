@@ -95,12 +95,19 @@ struct AfterFirstUnlockKeys {
 /// master key, with the idle timeout as its kernel timeout, and the after-first-unlock keys,
 /// kept until reboot or `lock --all`. An ordinary user may hold 200 keys and 20,000 bytes in
 /// all, so every unlock first frees what is stale: the entries of vaults whose file is gone,
-/// and the least recently unlocked vaults' entries beyond ``maximumCachedVaults``. A vault
-/// whose entries were freed reads as locked (never as empty) until it is unlocked again.
+/// and the least recently unlocked vaults' entries beyond ``maximumCachedVaults`` (half the
+/// quota). A vault whose entries were freed reads as locked (never as empty) until it is
+/// unlocked again.
 final class KeyCache {
-    /// Vaults whose keys stay in the kernel keyring at once: 2 keys and about 350 bytes each,
-    /// so at most 48 keys and about 8,500 bytes of the user's quota.
-    static let maximumCachedVaults = 24
+    /// Vaults whose keys stay in the kernel keyring at once: Lockbox takes at most half of
+    /// this user's quota, at 2 keys and at most about 400 bytes per vault. For an ordinary user
+    /// (200 keys, 20,000 bytes) that is 25 vaults; root's quota is far larger.
+    static let maximumCachedVaults: Int = {
+        let root = getuid() == 0
+        let keys = kernelSetting(root ? "root_maxkeys" : "maxkeys") ?? 200
+        let bytes = kernelSetting(root ? "root_maxbytes" : "maxbytes") ?? 20_000
+        return min(1024, max(8, min(keys / 2 / 2, bytes / 2 / 400)))
+    }()
     /// Longer paths are not stored: such an entry is freed by age only, never as stale.
     static let maximumStoredPathByteCount = 160
 
@@ -151,8 +158,9 @@ final class KeyCache {
     /// quota, the quota and how to make room).
     static func unavailableError(_ failure: KernelKeyring.Failure) -> LockboxError {
         if failure.isQuotaExceeded {
-            let keys = Self.kernelSetting("maxkeys").map { "\($0) keys" } ?? "a number of keys"
-            let bytes = Self.kernelSetting("maxbytes").map { "\($0) bytes" } ?? "a number of bytes"
+            let prefix = getuid() == 0 ? "root_" : ""
+            let keys = Self.kernelSetting(prefix + "maxkeys").map { "\($0) keys" } ?? "a number of keys"
+            let bytes = Self.kernelSetting(prefix + "maxbytes").map { "\($0) bytes" } ?? "a number of bytes"
             return LockboxError(
                 .notAvailable,
                 "The kernel keyring quota of user \(getuid()) is full (\(failure.reason)): each user may keep \(keys) "

@@ -95,8 +95,7 @@ package struct PassphraseKeyDerivation: Sendable, Hashable {
                 + "but this process may use only \(budget.bytes >> 20) MiB more (limited by \(budget.limitedBy)). "
                 + "Raise that limit by at least \(needed - min(needed, budget.bytes >> 20)) MiB (a container's memory limit, "
                 + "`docker run --memory`, `systemd-run -p MemoryMax=`, or `ulimit -v`). Keychains created under such "
-                + "a limit fit it by themselves (`lockbox init`), and `lockbox init --kdf interactive` needs 72 MiB.",
-            cause: .systemCall("argon2id", errno: ENOMEM))
+                + "a limit fit it by themselves (`lockbox init`), and `lockbox init --kdf interactive` needs 72 MiB.")
     }
 
     /// Derives a 256-bit key from `passphrase`. Slow on purpose.

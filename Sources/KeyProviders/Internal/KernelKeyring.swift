@@ -191,9 +191,13 @@ package enum KernelKeyring {
         throw Failure(operation: "keyctl_invalidate", errno: EAGAIN)
     }
 
-    /// The serials and descriptions of the `user` keys in the `lockbox` keyring.
+    /// The serials and descriptions of the `user` keys in the `lockbox` keyring, and of those
+    /// linked directly in `@u` (where earlier releases stored theirs).
     package static func entries() throws(Failure) -> [(serial: Serial, description: String)] {
-        let keyring = try lockboxKeyring()
+        try entries(in: lockboxKeyring()) + entries(in: KEY_SPEC_USER_KEYRING)
+    }
+
+    private static func entries(in keyring: Serial) throws(Failure) -> [(serial: Serial, description: String)] {
         var serials: [Serial] = []
         // The list can grow between the size query and the read: read until it fits.
         while true {

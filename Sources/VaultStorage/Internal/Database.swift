@@ -110,7 +110,13 @@ package final class Database {
             try execute("COMMIT")
             return value
         } catch {
-            _ = sqlite3_exec(handle, "ROLLBACK", nil, nil, nil)
+            let result = sqlite3_exec(handle, "ROLLBACK", nil, nil, nil)
+            // SQLite may have rolled back already (after SQLITE_FULL, SQLITE_IOERR ...): then
+            // ROLLBACK fails harmlessly. A transaction still open is not harmless.
+            if result != SQLITE_OK && sqlite3_get_autocommit(handle) == 0 {
+                throw Database.error(
+                    code: result, message: String(cString: sqlite3_errmsg(handle)), path: path, operation: "ROLLBACK")
+            }
             throw error
         }
     }
