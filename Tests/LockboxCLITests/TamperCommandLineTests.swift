@@ -65,4 +65,32 @@ struct TamperCommandLineTests {
         #expect(accepted.status == 0, "\(accepted.standardOutput)\(accepted.standardError)")
         #expect(try lockbox(["find-generic-password", "-s", "svcA", "-a", "alice", "-w"]).standardOutput == "alice-canary-1\n")
     }
+
+    @Test("eight lockbox unlock processes at once all succeed, while another process writes")
+    func concurrentUnlockProcesses_allSucceed() async throws {
+        try prepared()
+        defer { _ = try? lockbox(["lock", "--all"]) }
+        #expect(try lockbox(["lock", "--all"]).status == 0)
+        let binary = self.binary
+        let keychain = self.keychain
+        let statuses = await withTaskGroup(of: (Int32, String).self) { group in
+            for index in 0..<9 {
+                group.addTask {
+                    let arguments = index == 8
+                        ? ["--keychain", keychain, "add-generic-password", "-s", "svcC", "-a", "carol"]
+                        : ["--keychain", keychain, "unlock", "--passphrase-stdin"]
+                    let input = index == 8 ? "carol\n" : "tamper passphrase\n"
+                    let result = try? run(binary, arguments, input: Array(input.utf8))
+                    return (result?.status ?? -1, result?.standardError ?? "did not run")
+                }
+            }
+            var statuses: [(Int32, String)] = []
+            for await status in group { statuses.append(status) }
+            return statuses
+        }
+        // The writer may find the vault still locked (-25308); every unlock must succeed.
+        let unlocks = statuses.filter { !$0.1.contains("-25308") }
+        #expect(unlocks.allSatisfy { $0.0 == 0 }, "\(unlocks.filter { $0.0 != 0 }.map(\.1))")
+        #expect(try lockbox(["find-generic-password", "-s", "svcA", "-a", "alice", "-w"]).standardOutput == "alice-canary-1\n")
+    }
 }
