@@ -6,11 +6,11 @@ import Glibc
 
 /// The vault's file-system rules: directory 0700, file 0600, both owned by the caller.
 ///
-/// Checks are made on opened descriptors, not on paths looked up again: the directory is
-/// opened and checked with `fstat`, each file in it is opened without following links
-/// (`openat`, `O_NOFOLLOW`) and checked the same way, and after SQLite opens the vault, its
-/// descriptor must be the very file that was checked (same device and inode), so a rename or a
-/// symlink planted between the check and the open is caught.
+/// Checks are made on an opened directory, not on paths looked up again: the directory is
+/// opened and checked with `fstat`, each file in it is checked with `fstatat` without following
+/// links (never opened and closed, which would drop SQLite's POSIX locks on it), and after
+/// SQLite opens the vault, its own descriptor must be the very file that was checked (same
+/// device and inode), so a rename or a symlink planted between the check and the open is caught.
 enum FilePermissions {
     /// A file's identity: what an opened descriptor refers to.
     struct Identity: Hashable {
@@ -53,18 +53,15 @@ enum FilePermissions {
         var identities: [String: Identity] = [:]
         for file in files {
             let name = file.lastIndex(of: "/").map { String(file[file.index(after: $0)...]) } ?? file
-            let descriptor = openat(directoryDescriptor, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK)
-            guard descriptor >= 0 else {
-                if errno == ENOENT { continue }
-                if errno == ELOOP {
-                    throw LockboxError(.io, "\(file) is a symbolic link; Lockbox opens only a regular file of your own there.")
-                }
-                throw LockboxError(.io, "Cannot open \(file): \(String(cString: strerror(errno))).")
-            }
-            defer { close(descriptor) }
+            // fstatat, not open: closing a descriptor of a file would drop every POSIX lock this
+            // process holds on it, including SQLite's locks of other connections to the vault.
             var fileInfo = stat()
-            guard fstat(descriptor, &fileInfo) == 0 else {
+            guard fstatat(directoryDescriptor, name, &fileInfo, AT_SYMLINK_NOFOLLOW) == 0 else {
+                if errno == ENOENT { continue }
                 throw LockboxError(.io, "Cannot read \(file): \(String(cString: strerror(errno))).")
+            }
+            if fileInfo.st_mode & S_IFMT == S_IFLNK {
+                throw LockboxError(.io, "\(file) is a symbolic link; Lockbox opens only a regular file of your own there.")
             }
             guard fileInfo.st_mode & S_IFMT == S_IFREG else {
                 throw LockboxError(.io, "\(file) is not a regular file; Lockbox opens only a regular file of your own there.")

@@ -104,10 +104,15 @@ package final class Database {
     }
 
     private func transaction<T>(_ begin: String, _ body: () throws(LockboxError) -> T) throws(LockboxError) -> T {
-        try execute(begin)
+        // Prepared once and kept: compiling BEGIN and COMMIT again costs more than a small read.
+        let start = try statement(begin)
+        try start.run()
+        start.reset()
         do {
             let value = try body()
-            try execute("COMMIT")
+            let commit = try statement("COMMIT")
+            try commit.run()
+            commit.reset()
             return value
         } catch {
             let result = sqlite3_exec(handle, "ROLLBACK", nil, nil, nil)
