@@ -187,6 +187,63 @@ struct AttackerReviewTests {
         #expect(read(reopened, "svcA", "alice") != "alice-secret")
     }
 
+    @Test(
+        "file, keychain locked: a row hidden by an edited item class reads locked or errSecDecode, never errSecItemNotFound",
+        .disabled("ATTACK: while locked, editing the item_class of every row of a class makes a query report errSecItemNotFound instead of locked"))
+    func hiddenRow_whileLocked_isNotReportedNotFound() throws {
+        let (fixture, database) = try makeVault()
+        fixture.vault.lockAll()
+        try database.execute("UPDATE items SET item_class = 'certificate'")
+        // Before the first unlock (a new boot) and after a lock following an unlock.
+        #expect(readReopened(fixture, "svcB", "bob") != "status -25300")
+        let other = try fixture.reopen()
+        try? other.unlock(passphrase: fixture.passphrase)
+        other.lock()
+        #expect(read(other, "svcB", "bob") != "status -25300")
+    }
+
+    @Test(
+        "file: change-passphrase over a row replayed twice refuses to rotate instead of resealing (blessing) the older row",
+        .disabled("ATTACK: change-passphrase verifies buckets by XOR, so two copies of an older row pass and are resealed at the newest version"))
+    func changePassphrase_doesNotBlessReplayedRows() throws {
+        let (fixture, database) = try makeVault()
+        let old = try rowLiterals(database, rowID: 1)
+        try fixture.vault.update(matching: .genericPassword(service: "svcA", account: "alice"), to: ItemUpdate(data: SecretBytes(utf8: "rotated")))
+        try dropUniqueConstraints(database)
+        try insertRow(database, rowID: -1, old)
+        try insertRow(database, rowID: 0, old)
+        #expect(status { _ = try fixture.vault.changePassphrase(from: fixture.passphrase, to: SecretBytes(utf8: "a new passphrase")) } == -26275)
+        let versions = try database.firstRow("SELECT count(DISTINCT version) FROM items WHERE rowid IN (-1, 0, 1)") { $0.integer(0) }
+        #expect(versions != 1, "the two replayed rows now carry the newest version, like the current one")
+        #expect(read(fixture.vault, "svcA", "alice") != "alice-secret")
+    }
+
+    @Test("file: a vault opened for one access group never returns another group's item whose group column was relabelled")
+    func relabelledAccessGroup_restrictedStore_failsClosed() throws {
+        let fixture = try VaultFixture()
+        try fixture.vault.add(.genericPassword(service: "svc", account: "acct", data: SecretBytes(utf8: "group-a-secret"), accessGroup: "group.a"))
+        try fixture.vault.add(.genericPassword(service: "svc", account: "acct", data: SecretBytes(utf8: "group-b-secret"), accessGroup: "group.b"))
+        let database = try Database(path: fixture.path, create: false)
+        // Take group.a's row out of the way, then give group.b's row group.a's name.
+        try database.execute(
+            "UPDATE items SET access_group = 'parked' WHERE access_group = 'group.a'; UPDATE items SET access_group = 'group.a' WHERE access_group = 'group.b'")
+        let onlyA = try fixture.reopen { $0.accessGroups = ["group.a"] }
+        try onlyA.unlock(passphrase: fixture.passphrase)
+        #expect(read(onlyA, "svc", "acct") == "status -26275")
+    }
+
+    @Test("file: an access-controlled row with its access-control column cleared is errSecDecode, never the value")
+    func clearedAccessControl_failsClosed() throws {
+        let fixture = try VaultFixture()
+        var item = Item.genericPassword(service: "svcP", account: "pat", data: SecretBytes(utf8: "presence-secret"))
+        item.accessControl = .userPresence
+        try fixture.vault.add(item)
+        let database = try Database(path: fixture.path, create: false)
+        try database.execute("UPDATE items SET access_control = ''")
+        #expect(read(fixture.vault, "svcP", "pat") == "status -26275")
+        #expect(readReopened(fixture, "svcP", "pat") == "status -26275")
+    }
+
     // MARK: Integrity record and header version
 
     @Test("file: the integrity record deleted is errSecDecode, at open or at the first read")
@@ -362,6 +419,24 @@ struct AttackerReviewTests {
         try database.execute("UPDATE unlock_attempts SET failures = \(saved![0]), last_failure = \(saved![1]), mac = \(saved![2]) WHERE id = 1")
         #expect(try failures(fixture.vault) >= 3)
         #expect(try fixture.vault.withState { state throws(LockboxError) in try fixture.vault.secondsToWait(state) } > 0)
+    }
+
+    @Test(
+        "file: deleting this machine's device copy of the `always` key does not turn the throttle off",
+        .disabled("ATTACK: without the header's v2:<device> entry the attempt record is trusted unauthenticated: deleting both resets the throttle, and the guess still gets an answer (-25293 wrong / -26275 right)"))
+    func deletedDeviceEntry_doesNotResetThrottle() throws {
+        let fixture = try VaultFixture()
+        try fixture.vault.unlock(passphrase: fixture.passphrase)
+        for _ in 0..<3 { #expect(status { try fixture.vault.unlock(passphrase: SecretBytes(utf8: "wrong guess")) } == -25293) }
+        fixture.vault.lockAll()
+        let database = try Database(path: fixture.path, create: false)
+        try database.execute("DELETE FROM class_keys WHERE device_id LIKE 'v2:%'; DELETE FROM unlock_attempts")
+        let guesser = try fixture.reopen()
+        #expect(try failures(guesser) >= 3)
+        #expect(try guesser.withState { state throws(LockboxError) in try guesser.secondsToWait(state) } > 0)
+        // The oracle: a right guess is told apart from a wrong one.
+        #expect(status { try guesser.unlock(passphrase: SecretBytes(utf8: "wrong guess")) } == -25293)
+        #expect(status { try guesser.unlock(passphrase: fixture.passphrase) } == -26275)
     }
 
     @Test("same user while locked: deleting or editing the attempt record does not reset the throttle")
