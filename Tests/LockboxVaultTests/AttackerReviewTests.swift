@@ -244,6 +244,40 @@ struct AttackerReviewTests {
         #expect(readReopened(fixture, "svcP", "pat") == "status -26275")
     }
 
+    @Test(
+        "file: a deleted item's row from a pre-upgrade copy, put back outside every bucket, is neither served nor upgraded (blessed) at the next unlock",
+        .disabled("ATTACK: a format-1 row from an older copy in bucket 999 is served, and the next unlock reseals it at the newest generation into its bucket: the deleted value is back for good"))
+    func version1RowFromOlderCopy_isNotBlessedByUpgrade() throws {
+        guard FileManager.default.fileExists(atPath: FormatCompatibilityTests.fixtures + "/v1.lockbox") else {
+            Issue.record("The version-1 fixture Tests/Fixtures/vault-v1/v1.lockbox is missing (it is matched by .gitignore's *.lockbox)")
+            return
+        }
+        let copy = try FormatCompatibilityTests.Copy()
+        let vault = try Vault.open(at: copy.path, configuration: copy.configuration)
+        let database = try Database(path: copy.path, create: false)
+        // The attacker's copy of bob's row as the first release wrote it.
+        let bob = try database.firstRow(
+            "SELECT rowid FROM items WHERE accessibility = 'afterFirstUnlock' AND format = 1") { $0.integer(0) } ?? nil
+        let rowID = try #require(bob)
+        let kept = try rowLiterals(database, rowID: rowID)
+        // The user upgrades the vault, then deletes bob's item.
+        try vault.unlock(passphrase: FormatCompatibilityTests.passphrase)
+        #expect(try vault.delete(matching: .genericPassword(service: "svc.example", account: "bob")) == 1)
+        // The row comes back, in no bucket any check reads.
+        var replayed = kept
+        replayed[replayed.count - 1] = "999"
+        try insertRow(database, rowID: 1000, replayed)
+        #expect(read(vault, "svc.example", "bob") != "after-first-unlock", "the deleted value is served")
+        // The next unlock upgrades what it finds in format 1.
+        vault.lockAll()
+        let next = try Vault.open(at: copy.path, configuration: copy.configuration)
+        let unlocked = status { try next.unlock(passphrase: FormatCompatibilityTests.passphrase) }
+        let bucket = try database.firstRow("SELECT bucket, format FROM items WHERE rowid = 1000") { "\($0.integer(0) ?? -1)/\($0.integer(1) ?? -1)" }
+        #expect(unlocked == -26275 || bucket == "999/1", "the replayed row was resealed: bucket/format now \(bucket ?? "gone")")
+        #expect(read(next, "svc.example", "bob") != "after-first-unlock", "the deleted value is served after the upgrade")
+        #expect(try !Vault.verify(at: copy.path, configuration: copy.configuration).isSound, "lockbox verify finds the resurrected row sound")
+    }
+
     // MARK: Integrity record and header version
 
     @Test("file: the integrity record deleted is errSecDecode, at open or at the first read")
