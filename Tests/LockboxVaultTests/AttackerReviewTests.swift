@@ -151,6 +151,70 @@ struct AttackerReviewTests {
         #expect(readReopened(fixture, "svcA", "alice") == "status -26275")
     }
 
+    @Test(
+        "file, racing a writer: an older row committed right after this handle's own commit is detected by its next read (300 races)")
+    func replayRacingOwnCommit_isDetected() throws {
+        let (fixture, database) = try makeVault()
+        let vault = fixture.vault
+        let columns = Self.itemColumns.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }
+        func assignments(_ literals: [String]) -> String {
+            zip(columns, literals).map { "\($0) = \($1)" }.joined(separator: ", ")
+        }
+        let old = try rowLiterals(database, rowID: 1)
+        try vault.update(matching: .genericPassword(service: "svcA", account: "alice"), to: ItemUpdate(data: SecretBytes(utf8: "rotated")))
+        let current = try rowLiterals(database, rowID: 1)
+        nonisolated(unsafe) let attacker = try Database(path: fixture.path, create: false, busyTimeoutMilliseconds: 0)
+        try attacker.execute("PRAGMA synchronous = OFF")
+        let replay = "UPDATE items SET \(assignments(old)) WHERE rowid = 1"
+        let restore = "UPDATE items SET \(assignments(current)) WHERE rowid = 1"
+        final class Flag: @unchecked Sendable {
+            private let lock = NSLock()
+            private var value = false
+            var isSet: Bool { lock.withLock { value } }
+            func set() { lock.withLock { value = true } }
+        }
+        var served = 0
+        var detected = 0
+        for attempt in 0..<300 {
+            // The victim reads alice (its bucket is now verified and cached)...
+            guard read(vault, "svcA", "alice") == "rotated" else {
+                Issue.record("alice does not read back before attempt \(attempt)")
+                break
+            }
+            // ...and writes bob, while the attacker waits for the write lock to be taken and
+            // commits alice's older row the moment it is released.
+            let victimDone = Flag()
+            let attackerDone = DispatchSemaphore(value: 0)
+            let thread = Thread {
+                var sawVictimHoldLock = false
+                while !sawVictimHoldLock && !victimDone.isSet {
+                    if (try? attacker.execute("BEGIN IMMEDIATE")) != nil {
+                        try? attacker.execute("ROLLBACK")
+                    } else {
+                        sawVictimHoldLock = true
+                    }
+                }
+                if sawVictimHoldLock {
+                    while (try? attacker.execute(replay)) == nil {}
+                }
+                attackerDone.signal()
+            }
+            thread.start()
+            try vault.update(matching: .genericPassword(service: "svcB", account: "bob"), to: ItemUpdate(data: SecretBytes(utf8: "b\(attempt)")))
+            victimDone.set()
+            attackerDone.wait()
+            let answer = read(vault, "svcA", "alice")
+            if answer == "alice-secret" {
+                served += 1
+                break
+            }
+            if answer == "status -26275" { detected += 1 }
+            while (try? attacker.execute(restore)) == nil {}
+        }
+        #expect(detected > 0, "the attacker's replay never landed: the race was not run")
+        #expect(served == 0, "the older value was served after \(detected) detected attempts")
+    }
+
     // MARK: Rows hidden by an edited plain column
 
     @Test(
