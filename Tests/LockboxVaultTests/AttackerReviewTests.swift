@@ -449,6 +449,55 @@ struct AttackerReviewTests {
         #expect(answer == "status -26275" || answer == "status -25308", "\(answer == "alice-secret" ? "value" : answer)")
     }
 
+    @Test("file: a version-1 style alwaysThisDeviceOnly class key planted in a version-2 header is refused, never used to serve a forged row")
+    func plantedLegacyAlwaysThisDeviceOnlyKey_isRefused() throws {
+        let (fixture, database) = try makeVault()
+        try fixture.vault.add(
+            .genericPassword(service: "svcT", account: "tdo", data: SecretBytes(utf8: "device-secret-value"), accessibility: .alwaysThisDeviceOnly))
+        let header = try VaultHeader.load(from: database)
+        let device = try DeviceSecret.load(fixture.vault.configuration.device)
+        // The attacker lacks the device secret: their best guess at the legacy wrapping key is
+        // the identity-derived key alone.
+        var identity = header.vaultID
+        identity += [UInt8](repeating: 0, count: 32 - identity.count)
+        let fromFile = Crypto.deriveKey(from: SecretBytes(copying: identity), context: "lbxalway", identifier: 1)
+        let forgedClassKey = Crypto.generateKey()
+        let legacy = VaultHeader.ClassKeyID(accessibility: .alwaysThisDeviceOnly, device: device.identifier)
+        try database.execute("DELETE FROM class_keys WHERE accessibility = 'alwaysThisDeviceOnly'")
+        let plant = try database.statement("INSERT INTO class_keys (accessibility, device_id, wrapped_key) VALUES (?, ?, ?)")
+        plant.bind(1, legacy.accessibility.rawValue)
+        plant.bind(2, legacy.device)
+        plant.bind(3, Crypto.seal(forgedClassKey, key: fromFile, associatedData: header.classKeyAssociatedData(legacy)))
+        try plant.run()
+        // The row resealed with the planted key, placed where no bucket check reads it.
+        let rows = try database.statement("SELECT \(SealedRow.columns()) FROM items WHERE accessibility = 'alwaysThisDeviceOnly'")
+        #expect(try rows.step())
+        var row = try SealedRow.read(from: rows)
+        rows.reset()
+        row.sealContents(
+            itemKey: Crypto.generateKey(), classKey: forgedClassKey,
+            attributes: ItemAttributes(service: "svcT", account: "tdo", accessibility: .alwaysThisDeviceOnly, accessGroup: Vault.defaultAccessGroup),
+            data: SecretBytes(utf8: "forged"), vaultID: header.vaultID, presencePublicKey: nil)
+        let write = try database.statement("UPDATE items SET wrapped_key = ?, metadata = ?, secret = ?, bucket = 999 WHERE rowid = ?")
+        write.bind(1, row.wrappedKey)
+        write.bind(2, row.metadata)
+        write.bind(3, row.secret)
+        write.bind(4, row.rowID)
+        try write.run()
+        fixture.vault.lockAll()
+        let answer = readReopened(fixture, "svcT", "tdo")
+        #expect(answer != "forged")
+        #expect(answer == "status -26275" || answer == "status -25308")
+        // The changed header fails when the keychain is opened, or at its unlock.
+        do {
+            let reopened = try fixture.reopen()
+            #expect(status { try reopened.unlock(passphrase: fixture.passphrase) } == -26275)
+            #expect(read(reopened, "svcT", "tdo") != "forged")
+        } catch {
+            #expect((error as? LockboxError)?.status == -26275)
+        }
+    }
+
     // MARK: The state directory (same user while locked)
 
     @Test(
