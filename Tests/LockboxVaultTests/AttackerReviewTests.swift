@@ -228,6 +228,7 @@ struct AttackerReviewTests {
         try database.execute("UPDATE items SET \(edit) WHERE rowid = 2")
         #expect(read(fixture.vault, "svcB", "bob") == "status -26275")
         #expect(readReopened(fixture, "svcB", "bob") == "status -26275")
+        #expect(try !Vault.verify(at: fixture.path, configuration: fixture.vault.configuration).isSound, "lockbox verify finds the file sound")
     }
 
     @Test("file: a row with its access group edited to another visible group is errSecDecode")
