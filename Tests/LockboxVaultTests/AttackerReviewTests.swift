@@ -231,6 +231,20 @@ struct AttackerReviewTests {
         #expect(try !Vault.verify(at: fixture.path, configuration: fixture.vault.configuration).isSound, "lockbox verify finds the file sound")
     }
 
+    @Test(
+        "file: a row deleted outside Lockbox, asked for by its persistent reference, is errSecDecode, not errSecItemNotFound")
+    func deletedRow_byPersistentReference_failsClosed() throws {
+        let (fixture, database) = try makeVault()
+        var find = Query.genericPassword(service: "svcB", account: "bob")
+        find.returning = .persistentReference
+        let reference = try #require(try fixture.vault.items(matching: find).first?.persistentReference)
+        try database.execute("DELETE FROM items WHERE rowid = 2")
+        var byReference = Query(.genericPassword, returning: .data)
+        byReference.persistentReference = reference
+        #expect(status { _ = try fixture.vault.items(matching: byReference) } == -26275)
+        #expect(status { _ = try fixture.reopen().items(matching: byReference) } == -26275)
+    }
+
     @Test("file: a row with its access group edited to another visible group is errSecDecode")
     func editedAccessGroup_failsClosed() throws {
         let (fixture, database) = try makeVault()
