@@ -448,6 +448,53 @@ struct AttackerReviewTests {
         #expect(answer == "status -26275" || answer == "status -25308")
     }
 
+    @Test(
+        "file: a whole file dressed as version 1 (no integrity record, format-1 rows) never serves a forged value where nothing is remembered",
+        .disabled("ATTACK: with no remembered generation (new path spelling, new machine, lost state), a v2 file rewritten as v1 is trusted: a forged `always` row is served"))
+    func wholeFileDressedAsVersion1_forgedRow_isRefused() throws {
+        let (fixture, database) = try makeVault()
+        try database.execute(
+            "DELETE FROM vault_state; DELETE FROM header WHERE name IN ('version', 'index_root', 'previous_masters'); UPDATE items SET format = 1")
+        let header = try VaultHeader.load(from: database)
+        var identity = header.vaultID
+        identity += [UInt8](repeating: 0, count: 32 - identity.count)
+        let fromFile = Crypto.deriveKey(from: SecretBytes(copying: identity), context: "lbxalway", identifier: 1)
+        let forgedClassKey = Crypto.generateKey()
+        let id = VaultHeader.ClassKeyID(accessibility: .always, device: "")
+        let wrapped = try database.statement("UPDATE class_keys SET wrapped_key = ? WHERE accessibility = 'always' AND device_id = ''")
+        wrapped.bind(1, Crypto.seal(forgedClassKey, key: fromFile, associatedData: header.classKeyAssociatedData(id)))
+        try wrapped.run()
+        var row = SealedRow.seal(
+            id: Crypto.randomBytes(16), itemClass: .genericPassword,
+            attributes: ItemAttributes(service: "svcA", account: "alice", accessibility: .always, accessGroup: Vault.defaultAccessGroup),
+            data: SecretBytes(utf8: "forged"), classKey: forgedClassKey, indexKey: Crypto.generateKey(), vaultID: header.vaultID,
+            deviceID: "", accessControl: nil, presencePublicKey: nil, version: 0)
+        row.format = 1
+        row.sealContents(
+            itemKey: Crypto.generateKey(), classKey: forgedClassKey,
+            attributes: ItemAttributes(service: "svcA", account: "alice", accessibility: .always, accessGroup: Vault.defaultAccessGroup),
+            data: SecretBytes(utf8: "forged"), vaultID: header.vaultID, presencePublicKey: nil)
+        let insert = try database.statement(
+            """
+            INSERT INTO items (id, item_class, accessibility, access_group, synchronizable, primary_digest, lookup_digest,
+                               name_digest, wrapped_key, metadata, secret, device_id, access_control, format, version, bucket)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+            """)
+        row.bindColumns(to: insert)
+        try insert.run()
+        fixture.vault.lockAll()
+        // The same file under a spelling of its path this machine has no record for.
+        let spelled = FilePermissions.directory(of: fixture.path) + "/./" + URL(fileURLWithPath: fixture.path).lastPathComponent
+        let answer: String
+        do {
+            answer = read(try Vault.open(at: spelled, configuration: fixture.vault.configuration), "svcA", "alice")
+        } catch {
+            answer = "status \(error.status)"
+        }
+        #expect(answer != "forged", "a forged value was served before the first unlock")
+        #expect(answer == "status -26275" || answer == "status -25308")
+    }
+
     @Test("file: the same forgery with the header left at version 2 is refused before the first unlock")
     func forgedAlwaysKey_version2Header_isRefused() throws {
         let (fixture, database) = try makeVault()
