@@ -86,6 +86,19 @@ struct AttackerReviewCommandLineTests {
     }
 
     @Test(
+        "an edited header: lock --all still takes the keys out of the kernel keyring (exit 0)",
+        .disabled("ATTACK: lock --all opens the keychain with its checks first, so a tampered file cannot be locked: exit 1 with -26275 and the keys stay"))
+    func tamperedHeader_lockAllStillLocks() throws {
+        try prepared()
+        try sqlite("UPDATE key_slots SET id = id + 100")
+        let lock = try lockbox(["lock", "--all"])
+        // Clean up whatever happens: put the slot back and lock.
+        try sqlite("UPDATE key_slots SET id = id - 100")
+        _ = try? lockbox(["lock", "--all"])
+        #expect(lock.status == 0, "lock --all ended with \(lock.status): \(lock.standardError)")
+    }
+
+    @Test(
         "a failure counter set to Int.max with sqlite3: a wrong passphrase is refused (exit 1), lockbox does not crash",
         .disabled("ATTACK: unlock_attempts.failures = Int.max traps on `failures += 1` (killed by SIGILL) after a wrong passphrase"),
         .timeLimit(.minutes(2)))
