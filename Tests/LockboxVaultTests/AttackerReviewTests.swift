@@ -394,9 +394,9 @@ struct AttackerReviewTests {
         let header = try VaultHeader.load(from: database)
         let keys = IntegrityState.Keys(indexRoot: Crypto.generateKey(), alwaysClassKey: alwaysClassKey)
         var state = IntegrityState.empty()
-        let rows = try database.statement("SELECT bucket, \(IntegrityState.RowIdentity.columns) FROM items")
+        let rows = try database.statement("SELECT \(IntegrityState.RowIdentity.columns) FROM items")
         while try rows.step() {
-            state.toggle(bucket: rows.integer(0) ?? 0, try IntegrityState.RowIdentity(rows, first: 1), key: keys.element)
+            state.add(try IntegrityState.RowIdentity(rows, first: 0), key: keys.element)
         }
         rows.reset()
         state.generation = 1 << 40
