@@ -88,17 +88,17 @@ public struct CommandLineSession: Sendable {
     /// A fresh access token, for scripts (`lockbox token`). Each call in a new process
     /// refreshes, since access tokens are never stored.
     ///
-    /// - Throws: besides the manager's errors, ``AuthError/Code/store`` (or
-    ///   ``AuthError/Code/storeLocked``) when the server rotated the refresh token and the store
-    ///   could not keep the new one: this process ends, so the session could not continue in
-    ///   memory, and the token is not handed out as if all were well.
+    /// - Throws: besides the manager's errors, ``AuthError/Code/store`` (the store's error in
+    ///   ``AuthError/storeError``) when the server rotated the refresh token and the store could
+    ///   not keep the new one: this process ends, so the session cannot continue in memory, and
+    ///   the token is not handed out as if all were well.
     public func accessToken(issuer: String? = nil, clientID: String? = nil) async throws(AuthError) -> SecretBytes {
         let manager = try await manager(issuer: issuer, clientID: clientID)
         let credentials = try await manager.credentials()
         if await manager.isPersistentSignInDisabled {
             let cause = await manager.rotationStoreError
             throw AuthError(
-                cause?.code == .interactionNotAllowed ? .storeLocked : .store,
+                .store,
                 "The server rotated the refresh token, but the keychain could not store the new one"
                     + (cause.map { " (\($0.message))" } ?? "") + ". The stored one is used up: unlock the keychain if it is "
                     + "locked, then sign in again with `lockbox login`.",

@@ -96,10 +96,12 @@ public struct HTTPRequestOptions: Sendable, Hashable {
 /// the system store, so a private CA goes into `/usr/local/share/ca-certificates` and
 /// `update-ca-certificates`.
 ///
-/// Lockbox calls ``send(_:options:)``. Its default implementation calls ``send(_:)`` and checks
-/// the answer afterwards (a redirect it should not have followed, a body over the limit); a
+/// Lockbox calls ``send(_:options:)``. Its default implementation calls ``send(_:)`` and can
+/// only check the answer afterwards (a redirect to another origin or from https to http, a
+/// body over the limit), when the request was already resent or the body already buffered: a
 /// transport should implement it to enforce both while the request runs, as
-/// ``URLSessionTransport`` does. The total deadline is applied by Lockbox around every call.
+/// ``URLSessionTransport`` does. The total deadline is applied by Lockbox around every call,
+/// whatever the transport (a transport that ignores cancellation is abandoned, not awaited).
 public protocol HTTPTransport: Sendable {
     /// Sends `request` and returns the body and response, whatever the status code.
     /// - Throws: any error when no HTTP response arrived (network down, TLS failure, timeout).
@@ -115,7 +117,10 @@ public protocol HTTPTransport: Sendable {
 extension HTTPTransport {
     public func send(_ request: URLRequest, options: HTTPRequestOptions) async throws -> (Data, HTTPURLResponse) {
         let (data, response) = try await send(request)
-        if let source = request.url, let target = response.url, source != target, !options.redirects.allows(from: source, to: target) {
+        // After the fact, only the origin can be checked (the path of `response.url` may be
+        // the transport's own business): a change of scheme, host or port is refused.
+        let check: RedirectPolicy = options.redirects == .refuse ? .sameOrigin : options.redirects
+        if let source = request.url, let target = response.url, source != target, !check.allows(from: source, to: target) {
             throw AuthError.redirectRefused(status: nil, detail: "the transport followed a redirect this request does not allow")
         }
         guard data.count <= options.maximumResponseSize else {
@@ -159,10 +164,8 @@ private final class SessionEngine: Sendable {
         configuration.urlCache = nil
         configuration.httpCookieStorage = nil
         configuration.httpShouldSetCookies = false
-        let queue = OperationQueue()
-        queue.maxConcurrentOperationCount = 1
         tasks = TaskTable()
-        session = URLSession(configuration: configuration, delegate: tasks, delegateQueue: queue)
+        session = URLSession(configuration: configuration, delegate: tasks, delegateQueue: InlineDelegateQueue())
     }
 
     deinit {
@@ -184,6 +187,20 @@ private final class SessionEngine: Sendable {
     }
 }
 
+/// Runs URLSession's delegate calls on the thread that makes them, URLSession's own queue.
+///
+/// On Linux, URLSession hands each chunk it reads to the delegate queue without waiting: with a
+/// queue of its own, a delegate that falls behind (a loaded machine) lets hundreds of megabytes
+/// of a hostile answer pile up in queued chunks before it sees the size limit. Inline, the
+/// limit is checked as each chunk arrives and nothing past it is kept. The delegate methods
+/// below are short, never block, and never call back into the task synchronously (a `cancel`
+/// is dispatched: URLSession's `cancel` waits for its own queue).
+private final class InlineDelegateQueue: OperationQueue, @unchecked Sendable {
+    override func addOperation(_ block: @Sendable @escaping () -> Void) {
+        block()
+    }
+}
+
 private final class TaskBox: @unchecked Sendable {
     // URLSessionTask is thread-safe; the box only carries it into the cancellation handler.
     let task: URLSessionDataTask
@@ -196,6 +213,7 @@ private final class TaskTable: NSObject, URLSessionDataDelegate, Sendable {
         let options: HTTPRequestOptions
         let origin: URL?
         let continuation: CheckedContinuation<(Data, HTTPURLResponse), any Error>
+        var response: HTTPURLResponse?
         var body = Data()
         var refusal: AuthError?
     }
@@ -213,14 +231,16 @@ private final class TaskTable: NSObject, URLSessionDataDelegate, Sendable {
         let allowed: Bool = pending.withLock { table in
             guard var entry = table[dataTask.taskIdentifier] else { return false }
             let limit = entry.options.maximumResponseSize
+            entry.response = response as? HTTPURLResponse
             if response.expectedContentLength > 0, response.expectedContentLength > Int64(clamping: limit) {
                 entry.refusal = .responseTooLarge(limit: limit)
-                table[dataTask.taskIdentifier] = entry
-                return false
             }
-            return true
+            table[dataTask.taskIdentifier] = entry
+            return entry.refusal == nil
         }
         completionHandler(allowed ? .allow : .cancel)
+        // URLSession on Linux ignores the disposition: cancel explicitly.
+        if !allowed { Self.cancelLater(dataTask) }
     }
 
     func urlSession(_ session: URLSession, dataTask: URLSessionDataTask, didReceive data: Data) {
@@ -237,7 +257,14 @@ private final class TaskTable: NSObject, URLSessionDataDelegate, Sendable {
             table[dataTask.taskIdentifier] = entry
             return false
         }
-        if overLimit { dataTask.cancel() }
+        if overLimit { Self.cancelLater(dataTask) }
+    }
+
+    /// Not inline: URLSession's `cancel` waits for the queue the delegate runs on. Until it
+    /// takes effect, further chunks are dropped as they arrive.
+    private static func cancelLater(_ task: URLSessionDataTask) {
+        let box = TaskBox(task)
+        DispatchQueue.global().async { box.task.cancel() }
     }
 
     func urlSession(
@@ -260,7 +287,7 @@ private final class TaskTable: NSObject, URLSessionDataDelegate, Sendable {
             entry.continuation.resume(throwing: refusal)
         } else if let error {
             entry.continuation.resume(throwing: error)
-        } else if let response = task.response as? HTTPURLResponse {
+        } else if let response = entry.response ?? task.response as? HTTPURLResponse {
             entry.continuation.resume(returning: (entry.body, response))
         } else {
             entry.continuation.resume(throwing: URLError(.badServerResponse))

@@ -64,7 +64,7 @@ struct AuthCommands {
                 output.error("lockbox: Not signed in: run `lockbox login --issuer URL --client-id ID`.")
             case .signedOut:
                 output.error("lockbox: \(TerminalText.sanitized(error.message)) Run `lockbox login --issuer URL --client-id ID`.")
-            case .storeLocked where error.storeError != nil && error.message.hasPrefix("The keychain is locked"):
+            case .storeLocked:
                 output.error("lockbox: The keychain is locked; credentials are kept. Unlock it with `lockbox unlock`. (OSStatus -25308)")
             case .configuration:
                 output.error("lockbox: \(TerminalText.sanitized(error.message))")
