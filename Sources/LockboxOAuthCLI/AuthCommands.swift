@@ -30,7 +30,7 @@ struct AuthCommands {
                 }
                 let pending = try await session.beginLogin(issuer: url, clientID: clientID, scope: scopes)
                 output.error(pending.instructions)
-                output.error(try await session.completeLogin(pending))
+                output.error(TerminalText.sanitized(try await session.completeLogin(pending)))
             case .token(let issuer, let clientID):
                 let token = try await session.accessToken(issuer: issuer, clientID: clientID)
                 SecretInput.writeToStandardOutput(token)

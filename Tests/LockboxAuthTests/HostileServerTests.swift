@@ -269,3 +269,40 @@ enum PeakMemory {
         return kilobytes * 1024
     }
 }
+
+@Suite("Request limits and redirect rules")
+struct RequestLimitsTests {
+    @Test func storedConfigurationWithoutLimits_decodesWithTheDefaults() throws {
+        // What ItemStoreTokenStore stored before the limits existed.
+        let stored = #"{"issuer":"https:\/\/auth.example.com","clientID":"cli","tokenEndpoint":"https:\/\/auth.example.com\/token","scope":["api"]}"#
+        let configuration = try JSONDecoder().decode(ClientConfiguration.self, from: Data(stored.utf8))
+        #expect(configuration.requestLimits == RequestLimits())
+        #expect(configuration.requestLimits.deadline == .seconds(30))
+        #expect(configuration.requestLimits.maximumResponseSize == 1 << 20)
+    }
+
+    @Test func configurationWithLimits_roundTripsThroughJSON() throws {
+        var configuration = ClientConfiguration(
+            issuer: URL(string: "https://auth.example.com")!, clientID: "cli", tokenEndpoint: URL(string: "https://auth.example.com/token")!)
+        configuration.requestLimits = RequestLimits(deadline: .milliseconds(2500), maximumResponseSize: 4096)
+        let decoded = try JSONDecoder().decode(ClientConfiguration.self, from: JSONEncoder().encode(configuration))
+        #expect(decoded == configuration)
+    }
+
+    @Test func storedLimitsThatAreNotPositive_areRefused() {
+        let stored = #"{"deadlineMilliseconds":0,"maximumResponseSize":10}"#
+        #expect(throws: DecodingError.self) { try JSONDecoder().decode(RequestLimits.self, from: Data(stored.utf8)) }
+    }
+
+    @Test func redirectPolicies_neverAllowHTTPSToHTTP() {
+        let https = URL(string: "https://auth.example.com/a")!
+        for policy in [RedirectPolicy.refuse, .httpsOnly, .sameOrigin] {
+            #expect(!policy.allows(from: https, to: URL(string: "http://auth.example.com/a")!), "\(policy)")
+        }
+        #expect(!RedirectPolicy.refuse.allows(from: https, to: URL(string: "https://auth.example.com/b")!))
+        #expect(RedirectPolicy.httpsOnly.allows(from: https, to: URL(string: "https://other.example.com/b")!))
+        #expect(RedirectPolicy.sameOrigin.allows(from: https, to: URL(string: "https://auth.example.com/b")!))
+        #expect(!RedirectPolicy.sameOrigin.allows(from: https, to: URL(string: "https://other.example.com/a")!))
+        #expect(!RedirectPolicy.sameOrigin.allows(from: https, to: URL(string: "https://auth.example.com:8443/a")!))
+    }
+}
