@@ -59,12 +59,17 @@ do {
         let sample = arguments.dropFirst().contains("--sample")
         guard arguments.count == 1 || (arguments.count == 2 && sample) else { usage() }
         let directory = temporaryDirectory()
-        defer { try? FileManager.default.removeItem(atPath: directory) }
-        // The edit in flight goes to standard error first, so a crash names it.
+        // With LOCKBOX_CAMPAIGN_TRACE set, each edit goes to standard error before it is tried,
+        // so a crash names it.
         let trace = ProcessInfo.processInfo.environment["LOCKBOX_CAMPAIGN_TRACE"] != nil
-        let report = try TamperCampaign.run(TamperCampaign.Options(directory: directory, sample: sample) { edit in
-            if trace { FileHandle.standardError.write(Data("  edit: \(edit)\n".utf8)) }
-        })
+        let outcome = Result {
+            try TamperCampaign.run(TamperCampaign.Options(directory: directory, sample: sample) { edit in
+                if trace { FileHandle.standardError.write(Data("  edit: \(edit)\n".utf8)) }
+            })
+        }
+        // exit() runs no defer: the directory goes first.
+        try? FileManager.default.removeItem(atPath: directory)
+        let report = try outcome.get()
         print(report.summary)
         exit(report.totals.violations == 0 ? 0 : 1)
     default:

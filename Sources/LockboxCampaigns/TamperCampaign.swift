@@ -88,6 +88,10 @@ package struct TamperCampaign {
         package var verifySound = 0
         /// Edits that made some read fail closed while `verify` called the file sound.
         package var verifyMissed: [String: Int] = [:]
+        package var verifyMissedTargets: [String: [String]] = [:]
+        /// Violating reads by table.column and kind, and the rows they were seen on.
+        package var violationKinds: [String: Int] = [:]
+        package var violationTargets: [String: [String]] = [:]
         package var throttleChecks = 0
         /// Reads not made because an edited attempt counter made the unlock wait 30 s (the
         /// counter counts as tampered: the longest delay applies).
@@ -109,7 +113,9 @@ package struct TamperCampaign {
             lines.append(
                 "  verify: detected \(verifyDetected), sound \(verifySound); sound although a read failed closed: "
                     + "\(verifyMissed.values.reduce(0, +))")
-            for (what, count) in verifyMissed.sorted(by: { $0.key < $1.key }) { lines.append("    - \(what): \(count)") }
+            for (what, count) in verifyMissed.sorted(by: { $0.key < $1.key }) {
+                lines.append("    - \(what): \(count) edits, of \((verifyMissedTargets[what] ?? []).joined(separator: ", "))")
+            }
             lines.append(
                 "  attempt counter checked after \(throttleChecks) edits; unlocks not tried because the edited counter "
                     + "imposed the 30 s delay: \(throttledUnlocks)")
@@ -127,9 +133,12 @@ package struct TamperCampaign {
                 }
             }
             lines.append("")
-            lines.append("  violations: \(violations.count)")
-            for violation in violations.prefix(40) { lines.append("    - \(violation)") }
-            if violations.count > 40 { lines.append("    ... and \(violations.count - 40) more") }
+            lines.append("  violations: \(totals.violations) (reads and counter checks), by column and kind:")
+            for (kind, count) in violationKinds.sorted(by: { $0.key < $1.key }) {
+                lines.append("    - \(kind): \(count), on \((violationTargets[kind] ?? []).joined(separator: ", "))")
+            }
+            if !violations.isEmpty { lines.append("  the first of them:") }
+            for violation in violations.prefix(12) { lines.append("    - \(violation)") }
             return lines.joined(separator: "\n")
         }
 
@@ -762,7 +771,7 @@ final class Campaign {
         var tally = TamperCampaign.Tally()
         tally.edits = 1
         var closed = false
-        var violations: [String] = []
+        var violations: [(String, String)] = []
         for state in states {
             if state == "unlock" && observation.unlockSkipped {
                 report.throttledUnlocks += 1
@@ -777,7 +786,7 @@ final class Campaign {
                     tally.correct += 1
                 case (.value(let value), _):
                     tally.violations += 1
-                    violations.append("\(state) \(probe.name): \(describe(value, for: probe, before: before))")
+                    violations.append(("\(state) \(probe.name)", describe(value, for: probe, before: before)))
                 case (.status(let status), .status(let expected)) where status == expected:
                     tally.unchanged += 1
                 case (.status(let status), _):
@@ -788,8 +797,8 @@ final class Campaign {
                     } else {
                         tally.violations += 1
                         let what = status == LockboxError.Code.itemNotFound.rawValue
-                            ? "not found (-25300) for an item that is there" : "status \(status), expected \(before.label) or a closed failure"
-                        violations.append("\(state) \(probe.name): \(what)")
+                            ? "not found (-25300) for an item that is there" : "status \(status) where the unedited file gives \(before.label)"
+                        violations.append(("\(state) \(probe.name)", what))
                     }
                 }
             }
@@ -798,20 +807,30 @@ final class Campaign {
             report.throttleChecks += 1
             if failures < failuresRecorded {
                 tally.violations += 1
-                violations.append("the attempt counter reads \(failures) failed unlocks, \(failuresRecorded) were made")
+                violations.append(("counter", "the attempt counter reads fewer failed unlocks than were made"))
             }
         }
         switch observation.verifyProblem {
         case .some(.none):
             report.verifySound += 1
-            if closed { report.verifyMissed["\(edit.table).\(edit.column) \(edit.mutation)", default: 0] += 1 }
+            if closed {
+                let column = "\(edit.table).\(edit.column)"
+                report.verifyMissed[column, default: 0] += 1
+                if !(report.verifyMissedTargets[column] ?? []).contains(edit.target) {
+                    report.verifyMissedTargets[column, default: []].append(edit.target)
+                }
+            }
         case .some(.some):
             report.verifyDetected += 1
         case .none:
             break
         }
-        for violation in violations {
-            report.violations.append("\(edit.table).\(edit.column) \(edit.mutation) [\(edit.target)]: \(violation)")
+        for (place, kind) in violations {
+            report.violations.append("\(edit.table).\(edit.column) \(edit.mutation) [\(edit.target)]: \(place): \(kind)")
+            report.violationKinds["\(edit.table).\(edit.column): \(kind)", default: 0] += 1
+            if !(report.violationTargets["\(edit.table).\(edit.column): \(kind)"] ?? []).contains(edit.target) {
+                report.violationTargets["\(edit.table).\(edit.column): \(kind)", default: []].append(edit.target)
+            }
         }
         report.tallies[key, default: TamperCampaign.Tally()].add(tally)
         report.totals.add(tally)
@@ -831,14 +850,12 @@ final class Campaign {
 
     func describe(_ value: [UInt8], for probe: Probe, before: ReadResult) -> String {
         let text = String(decoding: value, as: UTF8.self)
-        if case .status(let status) = before {
-            return "a value served where the unedited file gives \(status)"
-        }
+        if case .status(let status) = before { return "a value served where the unedited file gives \(status)" }
         if text == probe.olderValue { return "its OLDER value" }
         if probes.contains(where: { $0.name != probe.name && [$0.currentValue, $0.olderValue, $0.walValue].contains(text) }) {
             return "ANOTHER item's value"
         }
-        return "a WRONG (forged) value of \(value.count) bytes"
+        return "a WRONG (forged) value"
     }
 
     // MARK: Running
