@@ -97,6 +97,10 @@ package struct TamperCampaign {
         /// counter counts as tampered: the longest delay applies).
         package var throttledUnlocks = 0
         package var states: [String] = []
+        /// Times the kernel keyring had lost the vault's keys (to other programs' unlocks) and
+        /// they were put back; edits tried again because it happened during their reads.
+        package var keyringRestores = 0
+        package var retried = 0
         package var items = 0
         package var seconds = 0.0
 
@@ -120,6 +124,7 @@ package struct TamperCampaign {
                 "  attempt counter checked after \(throttleChecks) edits; unlocks not tried because the edited counter "
                     + "imposed the 30 s delay: \(throttledUnlocks)")
             lines.append("  edits refused by SQLite's constraints (not counted): \(refused); replays identical to the file: \(identical)")
+            lines.append("  keys put back in the kernel keyring after other programs' unlocks freed them: \(keyringRestores); edits tried again: \(retried)")
             lines.append("")
             let header = "  " + pad("table", 16) + pad("column", 26) + pad("mutation", 26)
                 + ["edits", "reads", "closed", "correct", "same", "VIOL"].map { padLeft($0, 7) }.joined()
@@ -302,6 +307,9 @@ struct Edit {
 /// Thrown by an edit SQLite refuses (a NOT NULL, UNIQUE or PRIMARY KEY constraint).
 struct Refused: Error {}
 
+/// The kernel keyring lost the vault's keys during an edit's reads: the edit is tried again.
+struct KeyringLost: Error {}
+
 // MARK: - The campaign
 
 final class Campaign {
@@ -332,6 +340,7 @@ final class Campaign {
     /// What each read gives on the unedited file, per base, state and item.
     var baseline: [String: ReadResult] = [:]
     var failuresRecorded = 4
+    var report = TamperCampaign.Report()
     static let states = ["live", "keyring", "locked", "unlock"]
 
     init(options: TamperCampaign.Options) throws {
@@ -522,6 +531,12 @@ final class Campaign {
         }
         unlink(olderPath)
         for suffix in ["-wal", "-shm"] { unlink(olderPath + suffix) }
+        if keyring {
+            try FileManager.default.createDirectory(
+                atPath: root + "/sentinel", withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+            try writeFile(sentinelPath, pristine)
+            try ensureKeyring()
+        }
 
         // The unedited file in every state: what each read gives without an attack.
         for base in [Edit.Base.pristine, .withWAL] {
@@ -562,6 +577,30 @@ final class Campaign {
     }
 
     func probe(_ name: String) -> Probe { probes.first { $0.name == name }! }
+
+    // MARK: The kernel keyring
+
+    /// An unedited copy of the vault, whose handles tell whether the kernel keyring still holds
+    /// the vault's keys: other programs of this user unlocking many vaults can make Lockbox free
+    /// the least recently unlocked ones' entries, and a read would then be "locked" for a reason
+    /// that has nothing to do with the edit.
+    var sentinelPath: String { root + "/sentinel/tamper.lockbox" }
+
+    func keyringHolds() -> Bool {
+        guard let vault = try? Vault.open(at: sentinelPath, configuration: keyringConfiguration),
+            let status = try? vault.status()
+        else { return false }
+        return status.isUnlocked && status.wasUnlockedSinceBoot
+    }
+
+    /// Puts the keys back in the kernel keyring when they are gone.
+    func ensureKeyring() throws {
+        guard !keyringHolds() else { return }
+        report.keyringRestores += 1
+        let vault = try Vault.open(at: sentinelPath, configuration: keyringConfiguration)
+        try vault.unlock(passphrase: SecretBytes(utf8: passphrase))
+        guard keyringHolds() else { throw LockboxError(.notAvailable, "tamper campaign: the kernel keyring does not keep the vault's keys") }
+    }
 
     func finish() {
         // Leave nothing in the kernel keyring.
@@ -713,6 +752,7 @@ final class Campaign {
 
     /// Restores the edit's base, applies the edit and reads everything in every state.
     func observe(_ edit: Edit) throws -> Observation {
+        if keyring { try ensureKeyring() }
         try restore(edit.base)
         var observation = Observation()
         var live: Vault?
@@ -761,6 +801,8 @@ final class Campaign {
             }
             readAll(vault, state: "unlock", base: edit.base, openStatus: status, context: true, into: &observation)
         }
+        // Keys freed from the keyring meanwhile make the `live` and `keyring` reads meaningless.
+        if keyring && !keyringHolds() { throw KeyringLost() }
         return observation
     }
 
@@ -861,19 +903,27 @@ final class Campaign {
     // MARK: Running
 
     func run() throws -> TamperCampaign.Report {
-        var report = TamperCampaign.Report()
         report.states = states
         report.items = probes.count
         let (edits, identical) = makeEdits()
         report.identical = identical
         for edit in edits {
             options.trace?("\(edit.table).\(edit.column) \(edit.mutation) [\(edit.target)]")
-            let observation: Observation
-            do {
-                observation = try observe(edit)
-            } catch is Refused {
-                report.refused += 1
-                continue
+            var observation: Observation?
+            var refused = false
+            for _ in 0..<3 where observation == nil && !refused {
+                do {
+                    observation = try observe(edit)
+                } catch is Refused {
+                    report.refused += 1
+                    refused = true
+                } catch is KeyringLost {
+                    report.retried += 1
+                }
+            }
+            if refused { continue }
+            guard let observation else {
+                throw LockboxError(.notAvailable, "tamper campaign: the kernel keyring kept losing the vault's keys")
             }
             classify(edit, observation, into: &report)
         }
