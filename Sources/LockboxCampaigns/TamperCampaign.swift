@@ -93,6 +93,12 @@ package struct TamperCampaign {
         package var violationKinds: [String: Int] = [:]
         package var violationTargets: [String: [String]] = [:]
         package var throttleChecks = 0
+        /// What `unlock(passphrase:)` gave in the `unlock` state, by status (0: unlocked), and the
+        /// `Vault.open` failures of the fresh handles.
+        package var unlockOutcomes: [Int32: Int] = [:]
+        package var openFailures: [Int32: Int] = [:]
+        /// Counter checks (not reads) that found the count brought down: part of the violations.
+        package var counterViolations = 0
         /// Reads not made because an edited attempt counter made the unlock wait 30 s (the
         /// counter counts as tampered: the longest delay applies).
         package var throttledUnlocks = 0
@@ -120,6 +126,11 @@ package struct TamperCampaign {
             for (what, count) in verifyMissed.sorted(by: { $0.key < $1.key }) {
                 lines.append("    - \(what): \(count) edits, of \((verifyMissedTargets[what] ?? []).joined(separator: ", "))")
             }
+            let unlocks = unlockOutcomes.sorted { $0.key > $1.key }.map { "\($0.key == 0 ? "unlocked" : String($0.key)): \($0.value)" }
+            let opens = openFailures.sorted { $0.key > $1.key }.map { "\($0.key): \($0.value)" }
+            lines.append(
+                "  unlock(passphrase:) in the unlock state: \(unlocks.joined(separator: ", ")); fresh Vault.open refused: "
+                    + (opens.isEmpty ? "never" : opens.joined(separator: ", ")))
             lines.append(
                 "  attempt counter checked after \(throttleChecks) edits; unlocks not tried because the edited counter "
                     + "imposed the 30 s delay: \(throttledUnlocks)")
@@ -742,6 +753,12 @@ final class Campaign {
         }
     }
 
+    func open(_ configuration: Vault.Configuration, state: String, into observation: inout Observation) -> (Vault?, Int32?) {
+        let (vault, status) = open(configuration)
+        if let status { observation.openFailures[state] = status }
+        return (vault, status)
+    }
+
     func open(_ configuration: Vault.Configuration) -> (Vault?, Int32?) {
         do {
             return (try Vault.open(at: path, configuration: configuration), nil)
@@ -767,7 +784,7 @@ final class Campaign {
             // A handle opened before a whole-file edit keeps reading the file it opened: nothing to see.
             if edit.live { readAll(live, state: "live", base: edit.base, openStatus: nil, context: false, into: &observation) }
             live = nil
-            let (vault, status) = open(keyringConfiguration)
+            let (vault, status) = open(keyringConfiguration, state: "keyring", into: &observation)
             readAll(vault, state: "keyring", base: edit.base, openStatus: status, context: false, into: &observation)
         }
 
@@ -779,7 +796,7 @@ final class Campaign {
             observation.verifyProblem = .some("\(error.status)")
         }
 
-        let (locked, lockedStatus) = open(memoryConfiguration)
+        let (locked, lockedStatus) = open(memoryConfiguration, state: "locked", into: &observation)
         locked?.lockAll()
         readAll(locked, state: "locked", base: edit.base, openStatus: lockedStatus, context: false, into: &observation)
         if let locked { observation.failures = try? locked.status().failedUnlockAttempts }
@@ -790,7 +807,7 @@ final class Campaign {
         if wait > Vault.delay(afterFailures: failuresRecorded) {
             observation.unlockSkipped = true
         } else {
-            let (vault, status) = open(memoryConfiguration)
+            let (vault, status) = open(memoryConfiguration, state: "unlock-open", into: &observation)
             if let vault {
                 vault.lockAll()
                 do {
@@ -845,10 +862,15 @@ final class Campaign {
                 }
             }
         }
+        if !observation.unlockSkipped && observation.openFailures["unlock-open"] == nil {
+            report.unlockOutcomes[observation.openFailures["unlock"] ?? 0, default: 0] += 1
+        }
+        for (state, status) in observation.openFailures where state != "unlock" { report.openFailures[status, default: 0] += 1 }
         if let failures = observation.failures {
             report.throttleChecks += 1
             if failures < failuresRecorded {
                 tally.violations += 1
+                report.counterViolations += 1
                 violations.append(("counter", "the attempt counter reads fewer failed unlocks than were made"))
             }
         }
