@@ -170,8 +170,9 @@ package struct TamperCampaign {
     package static func run(_ options: Options) throws -> Report {
         let start = Date()
         let campaign = try Campaign(options: options)
+        // Nothing stays in the kernel keyring, also when the run fails.
+        defer { campaign.finish() }
         var report = try campaign.run()
-        campaign.finish()
         report.seconds = Date().timeIntervalSince(start)
         return report
     }
@@ -372,7 +373,12 @@ final class Campaign {
         // (some containers forbid keyctl) those states are left out and the summary says so.
         let (vault, keyring) = try Self.create(path: path, passphrase: initialPassphrase, keyring: keyringConfiguration, memory: memoryConfiguration)
         self.keyring = keyring
-        try setUp(vault)
+        do {
+            try setUp(vault)
+        } catch {
+            vault.lockAll()
+            throw error
+        }
     }
 
     static func create(

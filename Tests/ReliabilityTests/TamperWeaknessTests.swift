@@ -71,6 +71,39 @@ struct TamperFindingTests {
         #expect(status { _ = try reopened.data(matching: query) } == -26275)
     }
 
+    // `Vault.verify` (`lockbox verify`, the way out the error messages name) opens every row's
+    // attributes but not its item key or value; with the index root at hand it checks only the
+    // integrity record's index-root MAC, not the `always` one that readers before the first
+    // unlock rely on; and it counts a row with another machine's device id as that machine's.
+    // Each edit below makes reads fail (closed, or "not found"), yet verify calls the file sound.
+    static let verifyBlindSpots = [
+        "UPDATE items SET secret = randomblob(length(secret)) WHERE rowid = 1",
+        "UPDATE items SET wrapped_key = randomblob(length(wrapped_key)) WHERE rowid = 1",
+        "UPDATE vault_state SET always_mac = randomblob(length(always_mac))",
+        "UPDATE items SET device_id = '0123456789abcdef' WHERE rowid = 1",
+    ]
+
+    @Test("KNOWN WEAKNESS: an edit that makes an always item unreadable -> Vault.verify reports a problem",
+          arguments: verifyBlindSpots)
+    func editBreakingReads_isReportedByVerify(edit: String) throws {
+        let state = TemporaryDirectory("lockbox-tamper-state")
+        // Keys in the kernel keyring, as after `lockbox unlock`: verify then has every key.
+        let fixture = try VaultFixture { $0.device = DeviceIdentity(keyPath: state.file("device-key")) }
+        try fixture.vault.add(
+            .genericPassword(service: "boot", account: "pin", data: SecretBytes(utf8: "pin-secret"), accessibility: .always))
+        let database = try Database(path: fixture.path, create: false)
+        try database.execute(edit)
+        // A reader before the first unlock (no keys but the device's) does not get the value...
+        let early = status {
+            let handle = try fixture.reopen { $0.unlockCache = .processMemory }
+            _ = try handle.data(matching: .genericPassword(service: "boot", account: "pin"))
+        }
+        #expect(early != nil)
+        // ... and verify, with every key, must say why.
+        let report = try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration)
+        #expect(!report.isSound, "verify calls the file sound after: \(edit)")
+    }
+
     // The attempt counter's MAC covers the vault id, the count and the time, not the vault's
     // generation: the row as it was before the failures (after any successful unlock it is
     // "0 failures at time 0", the same bytes every time) is accepted when put back.
