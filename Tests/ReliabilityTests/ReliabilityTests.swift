@@ -96,7 +96,7 @@ struct TamperCampaignTests {
         #expect(report.totals.violations == 0, "\(report.summary)")
         #expect(report.tableOrder == ["items", "header", "key_slots", "class_keys", "vault_state", "unlock_attempts", "(file)"])
         #expect(report.totals.edits >= 60)
-        #expect(report.totals.reads >= report.totals.edits * 32)
+        #expect(report.totals.reads >= report.totals.edits * 16)
         #expect(report.totals.failClosed > report.totals.reads / 2)
         #expect(
             report.totals.failClosed + report.totals.correct + report.totals.unchanged + report.totals.violations
