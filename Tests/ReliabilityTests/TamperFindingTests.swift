@@ -4,11 +4,10 @@ import LockboxTestSupport
 import Testing
 import VaultStorage
 
-// KNOWN WEAKNESSES found by the tamper campaign (scripts/campaign tamper). These tests play the
-// attacker who can write the vault file and FAIL until the vault is fixed; each names the
-// promise it checks.
+// What the tamper campaign (scripts/campaign tamper) found in its first runs, kept as tests: each
+// plays the attacker who can write the vault file and names the promise it checks.
 
-@Suite("Tamper campaign findings (KNOWN WEAKNESSES: fail until the vault is fixed)")
+@Suite("Tamper campaign findings, each refused")
 struct TamperFindingTests {
     /// A vault whose device key and unlocked keys stay in a temporary directory and this process.
     func makeFixture(_ state: TemporaryDirectory) throws -> VaultFixture {
@@ -29,7 +28,7 @@ struct TamperFindingTests {
         "UPDATE items SET device_id = '0123456789abcdef' WHERE rowid = 1",
     ]
 
-    @Test("KNOWN WEAKNESS: a column the query filters on, edited outside Lockbox -> errSecDecode, not errSecItemNotFound",
+    @Test("a column the query filters on, edited outside Lockbox -> errSecDecode, not errSecItemNotFound",
           arguments: hidingEdits)
     func filteredColumnEdited_failsClosed(edit: String) throws {
         let state = TemporaryDirectory("lockbox-tamper-state")
@@ -53,7 +52,7 @@ struct TamperFindingTests {
         "UPDATE items SET name_digest = zeroblob(32) WHERE rowid = 1",
     ]
 
-    @Test("KNOWN WEAKNESS: a row deleted or its name digest edited, asked for by server and account -> errSecDecode, not errSecItemNotFound",
+    @Test("a row deleted or its name digest edited, asked for by server and account -> errSecDecode, not errSecItemNotFound",
           arguments: nameQueryEdits)
     func nameQueryAfterDeletion_failsClosed(edit: String) throws {
         let state = TemporaryDirectory("lockbox-tamper-state")
@@ -83,7 +82,7 @@ struct TamperFindingTests {
         "UPDATE items SET device_id = '0123456789abcdef' WHERE rowid = 1",
     ]
 
-    @Test("KNOWN WEAKNESS: an edit that makes an always item unreadable -> Vault.verify reports a problem",
+    @Test("an edit that makes an always item unreadable -> Vault.verify reports a problem",
           arguments: verifyBlindSpots)
     func editBreakingReads_isReportedByVerify(edit: String) throws {
         let state = TemporaryDirectory("lockbox-tamper-state")
@@ -107,7 +106,7 @@ struct TamperFindingTests {
     // The attempt counter's MAC covers the vault id, the count and the time, not the vault's
     // generation: the row as it was before the failures (after any successful unlock it is
     // "0 failures at time 0", the same bytes every time) is accepted when put back.
-    @Test("KNOWN WEAKNESS: the attempt counter's row replayed from before 4 failed unlocks -> the count stays 4 or more")
+    @Test("the attempt counter's row replayed from before 4 failed unlocks -> the count stays 4 or more")
     func attemptCounterReplayed_keepsCount() throws {
         let state = TemporaryDirectory("lockbox-tamper-state")
         let fixture = try makeFixture(state)
