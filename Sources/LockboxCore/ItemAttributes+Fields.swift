@@ -276,7 +276,7 @@ extension Set where Element == ItemClass {
 }
 
 /// One row of ``ItemAttributes/fields``: an attribute's names in each consumer and its coding.
-package struct AttributeField: Sendable, CustomStringConvertible {
+package final class AttributeField: Sendable, CustomStringConvertible {
     /// The Swift property name.
     package let name: String
     package let keyPath: PartialKeyPath<ItemAttributes> & Sendable

@@ -6,7 +6,8 @@ import LockboxCore
 /// per class, and the searches that find an item Lockbox wrote as well as the same kind of
 /// item written by `secret-tool`, Python `keyring` or git's libsecret helper.
 ///
-/// docs/SECRET-SERVICE.md has this as a table; keep the two in step.
+/// The attributes' names are rows of ``ItemAttributes/fields``; docs/SECRET-SERVICE.md lists them
+/// for other tools' users, and a test checks that it names every one.
 enum SecretServiceSchema {
     /// libsecret's generic schema: what `secret-tool store` writes.
     static let genericSchemaName = "org.freedesktop.Secret.Generic"

@@ -273,3 +273,31 @@ struct SecretServiceAttributeTableTests {
         return attributes
     }
 }
+
+extension SecretServiceAttributeTableTests {
+    /// docs/SECRET-SERVICE.md lists the schema for users of other tools: every name the table
+    /// writes appears there, on the row of the attribute's Apple key.
+    @Test func documentedSchema_namesEveryAttributeTheTableWrites() throws {
+        let docs = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../../docs/SECRET-SERVICE.md")
+        let rows = try String(contentsOf: docs, encoding: .utf8).split(separator: "\n").filter { $0.hasPrefix("| `kSecAttr") }
+        let appleNames: [String: String] = [
+            "comment": "Comment", "itemDescription": "Description", "generic": "Generic", "accessGroup": "AccessGroup",
+            "synchronizable": "Synchronizable", "accessibility": "Accessible", "service": "Service", "account": "Account",
+            "server": "Server", "protocol": "Protocol", "port": "Port", "path": "Path", "securityDomain": "SecurityDomain",
+            "authenticationType": "AuthenticationType", "keyClass": "KeyClass", "keyType": "KeyType", "keySizeInBits": "KeySizeInBits",
+            "effectiveKeySize": "EffectiveKeySize", "applicationTag": "ApplicationTag", "applicationLabel": "ApplicationLabel",
+            "certificateType": "CertificateType", "subject": "Subject", "issuer": "Issuer", "serialNumber": "SerialNumber",
+        ]
+        for field in ItemAttributes.fields {
+            guard case .perClass(let namesByClass, _) = field.secretService else { continue }
+            let appleName = try #require(appleNames[field.name], "\(field.name) has no Apple name in this test")
+            for name in Set(namesByClass.values.joined()) {
+                let documented = rows.contains { row in
+                    (row.contains("`kSecAttr\(appleName)`") || row.contains(" `\(appleName)` ") || row.contains("/ `\(appleName)`"))
+                        && row.contains("`\(name)`")
+                }
+                #expect(documented, "\(field.name) as \(name)")
+            }
+        }
+    }
+}
