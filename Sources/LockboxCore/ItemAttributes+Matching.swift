@@ -1,53 +1,22 @@
 extension ItemAttributes {
     /// True when no attribute is set (a query that matches every item of its class).
     public var isEmpty: Bool {
-        label == nil && comment == nil && itemDescription == nil && generic == nil && creationDate == nil
-            && modificationDate == nil && accessGroup == nil && synchronizable == nil && accessibility == nil
-            && service == nil && account == nil && server == nil && `protocol` == nil && port == nil && path == nil
-            && securityDomain == nil && authenticationType == nil && keyClass == nil && keyType == nil
-            && keySizeInBits == nil && effectiveKeySize == nil && applicationTag == nil && applicationLabel == nil
-            && certificateType == nil && subject == nil && issuer == nil && serialNumber == nil
+        !Self.fields.contains { $0.isSet(in: self) }
     }
 
     /// True when every attribute set in `predicate` equals this item's. `synchronizable` is not
-    /// compared here: queries match it through ``Query/SynchronizableMatch``.
+    /// compared here: queries match it through ``Query/SynchronizableMatch``. An item without an
+    /// accessibility class has the default one.
     public func matches(_ predicate: ItemAttributes) -> Bool {
-        func same<T: Equatable>(_ wanted: T?, _ actual: T?) -> Bool {
-            guard let wanted else { return true }
-            return wanted == actual
-        }
-        return same(predicate.label, label) && same(predicate.comment, comment)
-            && same(predicate.itemDescription, itemDescription) && same(predicate.generic, generic)
-            && same(predicate.creationDate, creationDate)
-            && same(predicate.modificationDate, modificationDate)
-            && same(predicate.accessGroup, accessGroup)
-            && same(predicate.accessibility, accessibility ?? .default)
-            && same(predicate.service, service) && same(predicate.account, account)
-            && same(predicate.server, server) && same(predicate.protocol, `protocol`)
-            && same(predicate.port, port) && same(predicate.path, path)
-            && same(predicate.securityDomain, securityDomain)
-            && same(predicate.authenticationType, authenticationType)
-            && same(predicate.keyClass, keyClass) && same(predicate.keyType, keyType)
-            && same(predicate.keySizeInBits, keySizeInBits)
-            && same(predicate.effectiveKeySize, effectiveKeySize)
-            && same(predicate.applicationTag, applicationTag)
-            && same(predicate.applicationLabel, applicationLabel)
-            && same(predicate.certificateType, certificateType) && same(predicate.subject, subject)
-            && same(predicate.issuer, issuer) && same(predicate.serialNumber, serialNumber)
+        Self.fields.allSatisfy { !$0.isMatchedByAttributes || $0.matches(predicate, item: self) }
     }
 
-    /// Copies every attribute set in `changes` over this one's.
+    /// Copies every attribute set in `changes` over this one's (not the dates, which the
+    /// store sets).
     public mutating func apply(_ changes: ItemAttributes) {
-        func take<T>(_ keyPath: WritableKeyPath<ItemAttributes, T?>) {
-            if let value = changes[keyPath: keyPath] { self[keyPath: keyPath] = value }
+        for field in Self.fields where !field.isSetByStore && field.isSet(in: changes) {
+            field.copy(from: changes, to: &self)
         }
-        take(\.label); take(\.comment); take(\.itemDescription); take(\.generic)
-        take(\.accessGroup); take(\.synchronizable); take(\.accessibility)
-        take(\.service); take(\.account); take(\.server); take(\.protocol); take(\.port)
-        take(\.path); take(\.securityDomain); take(\.authenticationType)
-        take(\.keyClass); take(\.keyType); take(\.keySizeInBits); take(\.effectiveKeySize)
-        take(\.applicationTag); take(\.applicationLabel)
-        take(\.certificateType); take(\.subject); take(\.issuer); take(\.serialNumber)
     }
 }
 
@@ -62,29 +31,8 @@ public enum PrimaryKey {
     public static func encode(_ itemClass: ItemClass, _ attributes: ItemAttributes, includingGroup: Bool = true) -> [UInt8] {
         var encoder = FieldEncoder()
         encoder.string(itemClass.rawValue)
-        switch itemClass {
-        case .genericPassword:
-            encoder.string(attributes.service)
-            encoder.string(attributes.account)
-        case .internetPassword:
-            encoder.string(attributes.server)
-            encoder.string(attributes.protocol?.rawValue)
-            encoder.integer(attributes.port)
-            encoder.string(attributes.path)
-            encoder.string(attributes.account)
-            encoder.string(attributes.authenticationType?.rawValue)
-            encoder.string(attributes.securityDomain)
-        case .key:
-            encoder.string(attributes.keyClass?.rawValue)
-            encoder.string(attributes.keyType?.rawValue)
-            encoder.integer(attributes.keySizeInBits)
-            encoder.integer(attributes.effectiveKeySize)
-            encoder.bytes(attributes.applicationLabel.map(Array.init))
-            encoder.bytes(attributes.applicationTag.map(Array.init))
-        case .certificate:
-            encoder.integer(attributes.certificateType)
-            encoder.bytes(attributes.issuer.map(Array.init))
-            encoder.bytes(attributes.serialNumber.map(Array.init))
+        for field in ItemAttributes.primaryKeyFields(of: itemClass) {
+            field.encode(attributes, into: &encoder)
         }
         if includingGroup {
             encoder.string(attributes.accessGroup)
@@ -96,40 +44,17 @@ public enum PrimaryKey {
     /// Encodes a class's "name" attribute, the one most queries give (service, server,
     /// application tag, issuer), or nil when it is not set.
     public static func encodeName(_ itemClass: ItemClass, _ attributes: ItemAttributes) -> [UInt8]? {
+        let field = ItemAttributes.nameField(of: itemClass)
+        guard field.isSet(in: attributes) else { return nil }
         var encoder = FieldEncoder()
         encoder.string(itemClass.rawValue)
-        switch itemClass {
-        case .genericPassword:
-            guard let service = attributes.service else { return nil }
-            encoder.string(service)
-        case .internetPassword:
-            guard let server = attributes.server else { return nil }
-            encoder.string(server)
-        case .key:
-            guard let tag = attributes.applicationTag else { return nil }
-            encoder.bytes(Array(tag))
-        case .certificate:
-            guard let issuer = attributes.issuer else { return nil }
-            encoder.bytes(Array(issuer))
-        }
+        field.encode(attributes, into: &encoder)
         return encoder.bytes
     }
 
     /// True when every primary-key attribute of the class (group and sync excluded) is set in
     /// `attributes`, so a digest of them identifies candidates exactly.
     public static func isComplete(_ itemClass: ItemClass, _ attributes: ItemAttributes) -> Bool {
-        let a = attributes
-        switch itemClass {
-        case .genericPassword:
-            return a.service != nil && a.account != nil
-        case .internetPassword:
-            return a.server != nil && a.protocol != nil && a.port != nil && a.path != nil
-                && a.account != nil && a.authenticationType != nil && a.securityDomain != nil
-        case .key:
-            return a.keyClass != nil && a.keyType != nil && a.keySizeInBits != nil
-                && a.effectiveKeySize != nil && a.applicationLabel != nil && a.applicationTag != nil
-        case .certificate:
-            return a.certificateType != nil && a.issuer != nil && a.serialNumber != nil
-        }
+        ItemAttributes.primaryKeyFields(of: itemClass).allSatisfy { $0.isSet(in: attributes) }
     }
 }

@@ -566,58 +566,16 @@ extension Vault {
 extension ItemAttributes {
     /// Clears the attributes a primary-key digest already matched.
     mutating func clearPrimaryKey(of itemClass: ItemClass) {
-        switch itemClass {
-        case .genericPassword:
-            service = nil
-            account = nil
-        case .internetPassword:
-            server = nil
-            `protocol` = nil
-            port = nil
-            path = nil
-            account = nil
-            authenticationType = nil
-            securityDomain = nil
-        case .key:
-            keyClass = nil
-            keyType = nil
-            keySizeInBits = nil
-            effectiveKeySize = nil
-            applicationLabel = nil
-            applicationTag = nil
-        case .certificate:
-            certificateType = nil
-            issuer = nil
-            serialNumber = nil
+        for field in Self.primaryKeyFields(of: itemClass) {
+            field.set(nil, in: &self)
         }
     }
 
     /// Only the attributes of `itemClass`'s primary key (what a lookup digest stands for).
     func primaryKeyOnly(of itemClass: ItemClass) -> ItemAttributes {
         var kept = ItemAttributes()
-        switch itemClass {
-        case .genericPassword:
-            kept.service = service
-            kept.account = account
-        case .internetPassword:
-            kept.server = server
-            kept.protocol = `protocol`
-            kept.port = port
-            kept.path = path
-            kept.account = account
-            kept.authenticationType = authenticationType
-            kept.securityDomain = securityDomain
-        case .key:
-            kept.keyClass = keyClass
-            kept.keyType = keyType
-            kept.keySizeInBits = keySizeInBits
-            kept.effectiveKeySize = effectiveKeySize
-            kept.applicationLabel = applicationLabel
-            kept.applicationTag = applicationTag
-        case .certificate:
-            kept.certificateType = certificateType
-            kept.issuer = issuer
-            kept.serialNumber = serialNumber
+        for field in Self.primaryKeyFields(of: itemClass) {
+            field.copy(from: self, to: &kept)
         }
         return kept
     }
@@ -625,22 +583,12 @@ extension ItemAttributes {
     /// Only the attribute a name digest stands for.
     func nameOnly(of itemClass: ItemClass) -> ItemAttributes {
         var kept = ItemAttributes()
-        switch itemClass {
-        case .genericPassword: kept.service = service
-        case .internetPassword: kept.server = server
-        case .key: kept.applicationTag = applicationTag
-        case .certificate: kept.issuer = issuer
-        }
+        Self.nameField(of: itemClass).copy(from: self, to: &kept)
         return kept
     }
 
     /// Clears the attribute a name digest already matched.
     mutating func clearName(of itemClass: ItemClass) {
-        switch itemClass {
-        case .genericPassword: service = nil
-        case .internetPassword: server = nil
-        case .key: applicationTag = nil
-        case .certificate: issuer = nil
-        }
+        Self.nameField(of: itemClass).set(nil, in: &self)
     }
 }

@@ -6,7 +6,8 @@ import LockboxCore
 /// per class, and the searches that find an item Lockbox wrote as well as the same kind of
 /// item written by `secret-tool`, Python `keyring` or git's libsecret helper.
 ///
-/// docs/SECRET-SERVICE.md has this as a table; keep the two in step.
+/// The attributes' names are rows of ``ItemAttributes/fields``; docs/SECRET-SERVICE.md lists them
+/// for other tools' users, and a test checks that it names every one.
 enum SecretServiceSchema {
     /// libsecret's generic schema: what `secret-tool store` writes.
     static let genericSchemaName = "org.freedesktop.Secret.Generic"
@@ -15,39 +16,15 @@ enum SecretServiceSchema {
     /// Keys and certificates, which no other tool shares.
     static let lockboxSchemaName = "io.lockbox.Item"
 
+    /// Names that are not item attributes: the schema, Lockbox's class tag and label marker,
+    /// and the foreign names classification looks at. The attributes' own names are in
+    /// ``ItemAttributes/fields``.
     enum Name {
         static let schema = "xdg:schema"
         static let itemClass = "lockbox:class"
         static let hasLabel = "lockbox:has-label"
-        static let comment = "lockbox:comment"
-        static let itemDescription = "lockbox:description"
-        static let generic = "lockbox:generic"
-        static let accessGroup = "lockbox:access-group"
-        static let accessibility = "lockbox:accessibility"
-        static let synchronizable = "lockbox:synchronizable"
-        // Generic passwords: secret-tool's and keyring's names.
-        static let service = "service"
-        static let account = "account"
-        static let username = "username"
-        // Internet passwords: the org.gnome.keyring.NetworkPassword names.
-        static let server = "server"
-        static let `protocol` = "protocol"
-        static let port = "port"
-        static let object = "object"
-        static let user = "user"
-        static let authenticationType = "authtype"
-        static let domain = "domain"
-        // Keys and certificates.
-        static let keyClass = "lockbox:key-class"
-        static let keyType = "lockbox:key-type"
-        static let keySize = "lockbox:key-size"
-        static let effectiveKeySize = "lockbox:effective-key-size"
-        static let applicationTag = "lockbox:application-tag"
-        static let applicationLabel = "lockbox:application-label"
-        static let certificateType = "lockbox:certificate-type"
-        static let subject = "lockbox:subject"
-        static let issuer = "lockbox:issuer"
-        static let serialNumber = "lockbox:serial-number"
+        static let service = ItemAttributes.field(\.service).secretService.names(for: .genericPassword)[0]
+        static let server = ItemAttributes.field(\.server).secretService.names(for: .internetPassword)[0]
     }
 
     /// Apple's protocol codes and the URL scheme names other tools store (`https`, `ssh`).
@@ -68,57 +45,52 @@ enum SecretServiceSchema {
         }
     }
 
-    /// The Secret Service attributes that describe `attributes` of an item of `itemClass`.
+    /// The Secret Service attributes that describe `attributes` of an item of `itemClass`:
+    /// every row of ``ItemAttributes/fields`` that the class stores as attributes.
     static func encode(_ itemClass: ItemClass, _ attributes: ItemAttributes) -> [String: String] {
         var result: [String: String] = [
             Name.schema: schemaName(for: itemClass),
             Name.itemClass: itemClass.rawValue,
         ]
-        func put(_ name: String, _ value: String?) {
-            if let value { result[name] = value }
-        }
-        func put(_ name: String, _ value: Data?) {
-            if let value { result[name] = value.base64EncodedString() }
-        }
-        func put(_ name: String, _ value: Int?) {
-            if let value { result[name] = String(value) }
-        }
-        put(Name.hasLabel, attributes.label == nil ? nil : "1")
-        put(Name.comment, attributes.comment)
-        put(Name.itemDescription, attributes.itemDescription)
-        put(Name.generic, attributes.generic)
-        put(Name.accessGroup, attributes.accessGroup)
-        put(Name.accessibility, attributes.accessibility?.rawValue)
-        put(Name.synchronizable, attributes.synchronizable == true ? "1" : nil)
-        switch itemClass {
-        case .genericPassword:
-            put(Name.service, attributes.service)
-            // Both names, so `secret-tool lookup ... account A` and keyring's `username` search
-            // find the item.
-            put(Name.account, attributes.account)
-            put(Name.username, attributes.account)
-        case .internetPassword:
-            put(Name.server, attributes.server)
-            put(Name.protocol, attributes.protocol.map(schemeName))
-            put(Name.port, attributes.port)
-            put(Name.object, attributes.path)
-            put(Name.user, attributes.account)
-            put(Name.authenticationType, attributes.authenticationType?.rawValue)
-            put(Name.domain, attributes.securityDomain)
-        case .key:
-            put(Name.keyClass, attributes.keyClass?.rawValue)
-            put(Name.keyType, attributes.keyType?.rawValue)
-            put(Name.keySize, attributes.keySizeInBits)
-            put(Name.effectiveKeySize, attributes.effectiveKeySize)
-            put(Name.applicationTag, attributes.applicationTag)
-            put(Name.applicationLabel, attributes.applicationLabel)
-        case .certificate:
-            put(Name.certificateType, attributes.certificateType)
-            put(Name.subject, attributes.subject)
-            put(Name.issuer, attributes.issuer)
-            put(Name.serialNumber, attributes.serialNumber)
+        for field in ItemAttributes.fields {
+            switch field.secretService {
+            case .itemLabel:
+                // The label is the item's own; the marker says that Lockbox was given one.
+                if field.isSet(in: attributes) { result[Name.hasLabel] = "1" }
+            case .itemCreated, .itemModified:
+                break
+            case .perClass:
+                let names = field.secretService.names(for: itemClass)
+                guard !names.isEmpty, let value = field.value(in: attributes), let text = text(value, kind: field.kind) else { continue }
+                for name in names { result[name] = text }
+            }
         }
         return result
+    }
+
+    /// An attribute value as Secret Service text: raw values and strings as they are (protocols
+    /// by their URL scheme names, as other tools store them), bytes in base64, integers in
+    /// decimal, a flag only when it is set.
+    static func text(_ value: AttributeValue, kind: AttributeKind) -> String? {
+        switch value {
+        case .text(let text): kind == .internetProtocol ? schemeName(InternetProtocol(rawValue: text)) : text
+        case .bytes(let bytes): bytes.base64EncodedString()
+        case .integer(let integer): String(integer)
+        case .flag(let flag): flag ? "1" : nil
+        case .date: nil
+        }
+    }
+
+    /// Reads what ``text(_:kind:)`` wrote, and other tools' protocol names.
+    static func value(_ text: String, kind: AttributeKind) -> AttributeValue? {
+        switch kind {
+        case .text, .accessibility, .authenticationType, .keyClass, .keyType: .text(text)
+        case .internetProtocol: .text(InternetProtocol(name: text).rawValue)
+        case .bytes: Data(base64Encoded: text).map(AttributeValue.bytes)
+        case .integer: Int(text).map(AttributeValue.integer)
+        case .flag: text == "1" ? .flag(true) : nil
+        case .date: nil
+        }
     }
 
     /// The class of a stored item: Lockbox's own tag, else what the foreign attributes say
@@ -137,45 +109,21 @@ enum SecretServiceSchema {
     ) -> (ItemClass, ItemAttributes)? {
         guard let itemClass = itemClass(of: stored) else { return nil }
         let isLockboxItem = stored[Name.itemClass] != nil
-        func string(_ name: String) -> String? { stored[name] }
-        func data(_ name: String) -> Data? { stored[name].flatMap { Data(base64Encoded: $0) } }
-        func integer(_ name: String) -> Int? { stored[name].flatMap { Int($0) } }
-
         var attributes = ItemAttributes()
-        // Foreign items always have a label worth showing; Lockbox's only when one was given.
-        attributes.label = (!isLockboxItem || stored[Name.hasLabel] == "1") ? label : nil
-        attributes.comment = string(Name.comment)
-        attributes.itemDescription = string(Name.itemDescription)
-        attributes.generic = data(Name.generic)
-        attributes.accessGroup = string(Name.accessGroup)
-        attributes.accessibility = string(Name.accessibility).flatMap(Accessibility.init(rawValue:))
-        attributes.synchronizable = stored[Name.synchronizable] == "1" ? true : nil
-        attributes.creationDate = created
-        attributes.modificationDate = modified
-        switch itemClass {
-        case .genericPassword:
-            attributes.service = string(Name.service)
-            attributes.account = string(Name.account) ?? string(Name.username)
-        case .internetPassword:
-            attributes.server = string(Name.server)
-            attributes.protocol = string(Name.protocol).map(InternetProtocol.init(name:))
-            attributes.port = integer(Name.port)
-            attributes.path = string(Name.object)
-            attributes.account = string(Name.user)
-            attributes.authenticationType = string(Name.authenticationType).map(AuthenticationType.init(rawValue:))
-            attributes.securityDomain = string(Name.domain)
-        case .key:
-            attributes.keyClass = string(Name.keyClass).flatMap(KeyClass.init(rawValue:))
-            attributes.keyType = string(Name.keyType).map(KeyType.init(rawValue:))
-            attributes.keySizeInBits = integer(Name.keySize)
-            attributes.effectiveKeySize = integer(Name.effectiveKeySize)
-            attributes.applicationTag = data(Name.applicationTag)
-            attributes.applicationLabel = data(Name.applicationLabel)
-        case .certificate:
-            attributes.certificateType = integer(Name.certificateType)
-            attributes.subject = data(Name.subject)
-            attributes.issuer = data(Name.issuer)
-            attributes.serialNumber = data(Name.serialNumber)
+        for field in ItemAttributes.fields {
+            let value: AttributeValue?
+            switch field.secretService {
+            // Foreign items always have a label worth showing; Lockbox's only when one was given.
+            case .itemLabel: value = (!isLockboxItem || stored[Name.hasLabel] == "1") ? label.map(AttributeValue.text) : nil
+            case .itemCreated: value = created.map(AttributeValue.date)
+            case .itemModified: value = modified.map(AttributeValue.date)
+            case .perClass:
+                // The first name that is present: a generic password's `account`, else keyring's `username`.
+                value = field.secretService.names(for: itemClass).lazy.compactMap { stored[$0] }.first
+                    .flatMap { Self.value($0, kind: field.kind) }
+            }
+            // A value of no known case (an accessibility class from a later version) is left out.
+            field.set(value, in: &attributes)
         }
         return (itemClass, attributes)
     }
@@ -184,27 +132,21 @@ enum SecretServiceSchema {
     /// (the caller filters the union exactly). Only attributes that foreign items share are
     /// searched on; a generic-password account is searched as `account` and as `username`.
     static func searches(for itemClass: ItemClass, _ attributes: ItemAttributes) -> [[String: String]] {
-        var base: [String: String] = [:]
-        switch itemClass {
-        case .genericPassword:
-            if let service = attributes.service { base[Name.service] = service }
-            guard let account = attributes.account else { return [base] }
-            var byAccount = base
-            byAccount[Name.account] = account
-            var byUsername = base
-            byUsername[Name.username] = account
-            return [byAccount, byUsername]
-        case .internetPassword:
-            if let server = attributes.server { base[Name.server] = server }
-            if let value = attributes.protocol { base[Name.protocol] = schemeName(value) }
-            if let port = attributes.port { base[Name.port] = String(port) }
-            if let path = attributes.path { base[Name.object] = path }
-            if let account = attributes.account { base[Name.user] = account }
-            return [base]
-        case .key, .certificate:
-            base[Name.itemClass] = itemClass.rawValue
-            return [base]
+        // Keys and certificates are Lockbox's own: its class tag finds them.
+        guard schemaName(for: itemClass) != lockboxSchemaName else { return [[Name.itemClass: itemClass.rawValue]] }
+        var searches: [[String: String]] = [[:]]
+        for field in ItemAttributes.fields {
+            guard case .perClass(_, searched: true) = field.secretService, let value = field.value(in: attributes),
+                let text = text(value, kind: field.kind)
+            else { continue }
+            // An attribute written under several names is searched under each, one search apiece.
+            let names = field.secretService.names(for: itemClass)
+            guard !names.isEmpty else { continue }
+            searches = searches.flatMap { search in
+                names.map { name in search.merging([name: text]) { _, new in new } }
+            }
         }
+        return searches
     }
 
     /// The label shown in Seahorse and `secret-tool search` when the item has none of its own.

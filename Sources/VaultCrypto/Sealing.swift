@@ -22,7 +22,7 @@ package enum Crypto {
     }()
 
     /// Called by every entry point; cheap after the first time.
-    @inline(__always) private static func ensureInitialized() {
+    @inline(__always) static func ensureInitialized() {
         _ = initialized
     }
 

@@ -1,6 +1,7 @@
 import CredentialHelpers
 import Foundation
 import LockboxCore
+import LockboxTestSupport
 @testable import SecretService
 import Testing
 
@@ -156,4 +157,147 @@ final class Failures: @unchecked Sendable {
     private var list: [String] = []
     func add(_ message: String) { lock.withLock { list.append(message) } }
     var messages: [String] { lock.withLock { list } }
+}
+
+/// The schema reads ItemAttributes.fields: every attribute a class stores survives a round trip,
+/// and the attribute names are those the hand-written mapping used (and other tools read).
+@Suite("Secret Service schema and the attribute table")
+struct SecretServiceAttributeTableTests {
+    /// The rows the Secret Service keeps for an item of `itemClass`.
+    static func storedFields(_ itemClass: ItemClass) -> [AttributeField] {
+        ItemAttributes.fields.filter { field in
+            switch field.secretService {
+            case .itemLabel, .itemCreated, .itemModified: true
+            case .perClass: !field.secretService.names(for: itemClass).isEmpty
+            }
+        }
+    }
+
+    @Test(arguments: ItemClass.allCases)
+    func everyAttributeTheClassStores_roundTrips(itemClass: ItemClass) throws {
+        for variant in 0...1 {
+            var attributes = AttributeSamples.attributes(Self.storedFields(itemClass), variant: variant)
+            // The Secret Service keeps a flag only when it is set.
+            if attributes.synchronizable == false { attributes.synchronizable = nil }
+            let stored = SecretServiceSchema.encode(itemClass, attributes)
+            let decoded = try #require(
+                SecretServiceSchema.decode(stored, label: attributes.label, created: attributes.creationDate, modified: attributes.modificationDate))
+            #expect(decoded.0 == itemClass)
+            #expect(decoded.1 == attributes, "variant \(variant)")
+        }
+        // Every attribute stored as a Secret Service attribute is in the dictionary.
+        let stored = SecretServiceSchema.encode(itemClass, AttributeSamples.attributes(Self.storedFields(itemClass)))
+        for field in Self.storedFields(itemClass) {
+            for name in field.secretService.names(for: itemClass) {
+                #expect(stored[name] != nil, "\(field.name) as \(name)")
+            }
+        }
+    }
+
+    @Test(arguments: ItemClass.allCases)
+    func attributesOfOtherClasses_areNotStored(itemClass: ItemClass) throws {
+        let everything = AttributeSamples.attributes(ItemAttributes.fields)
+        let stored = SecretServiceSchema.encode(itemClass, everything)
+        let decoded = try #require(
+            SecretServiceSchema.decode(stored, label: everything.label, created: everything.creationDate, modified: everything.modificationDate))
+        #expect(decoded.1 == AttributeSamples.attributes(Self.storedFields(itemClass)))
+    }
+
+    /// The dictionaries the hand-written mapping produced for one fully populated value,
+    /// captured before the table replaced it: items already in users' keyrings carry these names.
+    @Test(arguments: [
+        (ItemClass.genericPassword, [
+            "account": "acct", "service": "svc", "username": "acct", "xdg:schema": "org.freedesktop.Secret.Generic",
+        ]),
+        (ItemClass.internetPassword, [
+            "authtype": "httd", "domain": "realm", "object": "/path", "port": "8443", "protocol": "https",
+            "server": "example.org", "user": "acct", "xdg:schema": "org.gnome.keyring.NetworkPassword",
+        ]),
+        (ItemClass.key, [
+            "lockbox:application-label": "qrs=", "lockbox:application-tag": "dGFn", "lockbox:effective-key-size": "-1",
+            "lockbox:key-class": "private", "lockbox:key-size": "256", "lockbox:key-type": "73", "xdg:schema": "io.lockbox.Item",
+        ]),
+        (ItemClass.certificate, [
+            "lockbox:certificate-type": "3", "lockbox:issuer": "MAI=", "lockbox:serial-number": "BQ==", "lockbox:subject": "MAE=",
+            "xdg:schema": "io.lockbox.Item",
+        ]),
+    ])
+    func fullyPopulatedAttributes_encodeToTheNamesOfTheFirstMapping(itemClass: ItemClass, specific: [String: String]) {
+        let common = [
+            "lockbox:access-group": "group", "lockbox:accessibility": "afterFirstUnlockThisDeviceOnly",
+            "lockbox:class": itemClass.rawValue, "lockbox:comment": "comment", "lockbox:description": "description",
+            "lockbox:generic": "AAH+/w==", "lockbox:has-label": "1", "lockbox:synchronizable": "1",
+        ]
+        #expect(SecretServiceSchema.encode(itemClass, Self.fullyPopulated) == common.merging(specific) { $1 })
+    }
+
+    @Test func searches_areThoseOfTheFirstMapping() {
+        let attributes = Self.fullyPopulated
+        #expect(
+            SecretServiceSchema.searches(for: .genericPassword, attributes)
+                == [["service": "svc", "account": "acct"], ["service": "svc", "username": "acct"]])
+        #expect(
+            SecretServiceSchema.searches(for: .internetPassword, attributes)
+                == [["server": "example.org", "protocol": "https", "port": "8443", "object": "/path", "user": "acct"]])
+        #expect(SecretServiceSchema.searches(for: .key, attributes) == [["lockbox:class": "key"]])
+        #expect(SecretServiceSchema.searches(for: .certificate, attributes) == [["lockbox:class": "certificate"]])
+        #expect(SecretServiceSchema.searches(for: .genericPassword, ItemAttributes()) == [[:]])
+        #expect(SecretServiceSchema.searches(for: .genericPassword, ItemAttributes(account: "a")) == [["account": "a"], ["username": "a"]])
+    }
+
+    static var fullyPopulated: ItemAttributes {
+        var attributes = ItemAttributes(
+            service: "svc", account: "acct", label: "Label", accessibility: .afterFirstUnlockThisDeviceOnly, accessGroup: "group")
+        attributes.comment = "comment"
+        attributes.itemDescription = "description"
+        attributes.generic = Data([0x00, 0x01, 0xFE, 0xFF])
+        attributes.creationDate = Date(timeIntervalSince1970: 1_700_000_000.25)
+        attributes.modificationDate = Date(timeIntervalSince1970: 1_700_000_123.5)
+        attributes.synchronizable = true
+        attributes.server = "example.org"
+        attributes.protocol = .https
+        attributes.port = 8443
+        attributes.path = "/path"
+        attributes.securityDomain = "realm"
+        attributes.authenticationType = .httpDigest
+        attributes.keyClass = .private
+        attributes.keyType = .ecSECPrimeRandom
+        attributes.keySizeInBits = 256
+        attributes.effectiveKeySize = -1
+        attributes.applicationTag = Data("tag".utf8)
+        attributes.applicationLabel = Data([0xAA, 0xBB])
+        attributes.certificateType = 3
+        attributes.subject = Data([0x30, 0x01])
+        attributes.issuer = Data([0x30, 0x02])
+        attributes.serialNumber = Data([0x05])
+        return attributes
+    }
+}
+
+extension SecretServiceAttributeTableTests {
+    /// docs/SECRET-SERVICE.md lists the schema for users of other tools: every name the table
+    /// writes appears there, on the row of the attribute's Apple key.
+    @Test func documentedSchema_namesEveryAttributeTheTableWrites() throws {
+        let docs = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../../docs/SECRET-SERVICE.md")
+        let rows = try String(contentsOf: docs, encoding: .utf8).split(separator: "\n").filter { $0.hasPrefix("| `kSecAttr") }
+        let appleNames: [String: String] = [
+            "comment": "Comment", "itemDescription": "Description", "generic": "Generic", "accessGroup": "AccessGroup",
+            "synchronizable": "Synchronizable", "accessibility": "Accessible", "service": "Service", "account": "Account",
+            "server": "Server", "protocol": "Protocol", "port": "Port", "path": "Path", "securityDomain": "SecurityDomain",
+            "authenticationType": "AuthenticationType", "keyClass": "KeyClass", "keyType": "KeyType", "keySizeInBits": "KeySizeInBits",
+            "effectiveKeySize": "EffectiveKeySize", "applicationTag": "ApplicationTag", "applicationLabel": "ApplicationLabel",
+            "certificateType": "CertificateType", "subject": "Subject", "issuer": "Issuer", "serialNumber": "SerialNumber",
+        ]
+        for field in ItemAttributes.fields {
+            guard case .perClass(let namesByClass, _) = field.secretService else { continue }
+            let appleName = try #require(appleNames[field.name], "\(field.name) has no Apple name in this test")
+            for name in Set(namesByClass.values.joined()) {
+                let documented = rows.contains { row in
+                    (row.contains("`kSecAttr\(appleName)`") || row.contains(" `\(appleName)` ") || row.contains("/ `\(appleName)`"))
+                        && row.contains("`\(name)`")
+                }
+                #expect(documented, "\(field.name) as \(name)")
+            }
+        }
+    }
 }

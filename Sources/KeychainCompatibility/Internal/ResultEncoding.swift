@@ -34,39 +34,33 @@ enum ResultEncoding {
 
     /// An item's attributes keyed by Apple's attribute names; unset ones are left out.
     static func attributes(of item: Item) -> [String: Any] {
-        let a = item.attributes
         var dictionary: [String: Any] = [kSecClass: ItemClassCode.code(for: item.itemClass)]
-        func put(_ key: String, _ value: Any?) {
-            if let value { dictionary[key] = value }
+        for field in ItemAttributes.fields {
+            // "type" is kSecAttrKeyType only in a key's dictionary (elsewhere it is kSecAttrType).
+            guard field.secItemClasses.contains(item.itemClass) || !SecItemRequest.unstoredKeys.contains(field.secItemKey),
+                // Accessibility and synchronizable are always returned, with their defaults.
+                let value = field.value(in: item.attributes) ?? field.valueWhenAbsent
+            else { continue }
+            dictionary[field.secItemKey] = secItemValue(value, kind: field.kind)
         }
-        put(kSecAttrAccessible, (a.accessibility ?? .default).code)
-        put(kSecAttrAccessGroup, a.accessGroup)
-        dictionary[kSecAttrSynchronizable] = a.synchronizable ?? false
-        put(kSecAttrCreationDate, a.creationDate)
-        put(kSecAttrModificationDate, a.modificationDate)
-        put(kSecAttrLabel, a.label)
-        put(kSecAttrDescription, a.itemDescription)
-        put(kSecAttrComment, a.comment)
-        put(kSecAttrAccount, a.account)
-        put(kSecAttrService, a.service)
-        put(kSecAttrGeneric, a.generic)
-        put(kSecAttrSecurityDomain, a.securityDomain)
-        put(kSecAttrServer, a.server)
-        put(kSecAttrProtocol, a.protocol?.rawValue)
-        put(kSecAttrAuthenticationType, a.authenticationType?.rawValue)
-        put(kSecAttrPort, a.port)
-        put(kSecAttrPath, a.path)
-        put(kSecAttrCertificateType, a.certificateType)
-        put(kSecAttrSubject, a.subject)
-        put(kSecAttrIssuer, a.issuer)
-        put(kSecAttrSerialNumber, a.serialNumber)
-        put(kSecAttrKeyClass, a.keyClass.map(KeyClassCode.code(for:)))
-        put(kSecAttrApplicationLabel, a.applicationLabel)
-        put(kSecAttrApplicationTag, a.applicationTag)
-        put(kSecAttrKeySizeInBits, a.keySizeInBits)
-        put(kSecAttrEffectiveKeySize, a.effectiveKeySize)
-        if item.itemClass == .key { put(kSecAttrKeyType, a.keyType?.rawValue) }
         return dictionary
+    }
+
+    /// A value as Security.framework returns it: `kSecAttrAccessible*` and `kSecAttrKeyClass*`
+    /// codes, strings, `Data`, `Int`, `Date` and `Bool`.
+    static func secItemValue(_ value: AttributeValue, kind: AttributeKind) -> Any {
+        switch value {
+        case .text(let text):
+            switch kind {
+            case .accessibility: Accessibility(rawValue: text).map(AccessibilityCode.code(for:)) ?? text
+            case .keyClass: KeyClass(rawValue: text).map(KeyClassCode.code(for:)) ?? text
+            default: text
+            }
+        case .bytes(let bytes): bytes
+        case .integer(let integer): integer
+        case .date(let date): date
+        case .flag(let flag): flag
+        }
     }
 }
 

@@ -222,32 +222,26 @@ struct SecItemRequest {
 
     // MARK: Attributes
 
-    /// Attributes that belong to each class, as Apple's "Item attribute keys and values" lists
-    /// them. A key outside its class's list is `errSecNoSuchAttr`.
-    private static let common: Set<String> = [
-        kSecAttrAccessible, kSecAttrAccessGroup, kSecAttrCreationDate, kSecAttrModificationDate, kSecAttrLabel,
+    /// Keys Apple lists for each class ("Item attribute keys and values") that Lockbox does not
+    /// store: accepted as known attributes, then refused as unimplemented. The stored ones, and
+    /// their classes, are the rows of ``ItemAttributes/fields``.
+    static let unstoredKeysByClass: [ItemClass: Set<String>] = [
+        .genericPassword: [kSecAttrCreator, kSecAttrType, kSecAttrIsInvisible, kSecAttrIsNegative],
+        .internetPassword: [kSecAttrCreator, kSecAttrType, kSecAttrIsInvisible, kSecAttrIsNegative],
+        .certificate: [kSecAttrCertificateEncoding, kSecAttrSubjectKeyID, kSecAttrPublicKeyHash],
+        .key: [
+            kSecAttrIsPermanent, kSecAttrCanEncrypt, kSecAttrCanDecrypt, kSecAttrCanDerive, kSecAttrCanSign,
+            kSecAttrCanVerify, kSecAttrCanWrap, kSecAttrCanUnwrap, kSecAttrTokenID,
+        ],
     ]
-    private static let password: Set<String> = [
-        kSecAttrDescription, kSecAttrComment, kSecAttrCreator, kSecAttrType, kSecAttrIsInvisible, kSecAttrIsNegative,
-        kSecAttrAccount,
-    ]
-    private static let keysByClass: [ItemClass: Set<String>] = [
-        .genericPassword: common.union(password).union([kSecAttrService, kSecAttrGeneric]),
-        .internetPassword: common.union(password).union([
-            kSecAttrSecurityDomain, kSecAttrServer, kSecAttrProtocol, kSecAttrAuthenticationType, kSecAttrPort,
-            kSecAttrPath,
-        ]),
-        .certificate: common.union([
-            kSecAttrCertificateType, kSecAttrCertificateEncoding, kSecAttrSubject, kSecAttrIssuer,
-            kSecAttrSerialNumber, kSecAttrSubjectKeyID, kSecAttrPublicKeyHash,
-        ]),
-        .key: common.union([
-            kSecAttrKeyClass, kSecAttrApplicationLabel, kSecAttrIsPermanent, kSecAttrApplicationTag, kSecAttrKeyType,
-            kSecAttrKeySizeInBits, kSecAttrEffectiveKeySize, kSecAttrCanEncrypt, kSecAttrCanDecrypt,
-            kSecAttrCanDerive, kSecAttrCanSign, kSecAttrCanVerify, kSecAttrCanWrap, kSecAttrCanUnwrap,
-            kSecAttrTokenID,
-        ]),
-    ]
+    static let unstoredKeys = unstoredKeysByClass.values.reduce(into: Set<String>()) { $0.formUnion($1) }
+
+    /// A key outside its class's list is `errSecNoSuchAttr`.
+    private static let keysByClass: [ItemClass: Set<String>] = Dictionary(
+        uniqueKeysWithValues: ItemClass.allCases.map { itemClass in
+            let stored = ItemAttributes.fields.filter { $0.secItemClasses.contains(itemClass) }.map(\.secItemKey)
+            return (itemClass, unstoredKeysByClass[itemClass, default: []].union(stored))
+        })
     private static let allAttributeKeys = keysByClass.values.reduce(into: Set<String>()) { $0.formUnion($1) }
 
     private mutating func readAttribute(_ key: String, _ value: Any) throws(LockboxError) {
@@ -256,81 +250,67 @@ struct SecItemRequest {
             let owner = itemClass.map(ItemClassCode.code(for:)) ?? "any class"
             throw Self.failure(errSecNoSuchAttr, "\(key) is not an attribute of \(owner).")
         }
+        // "type" is both kSecAttrType (passwords, not stored) and kSecAttrKeyType: it names the
+        // key type only in a dictionary of the key class.
+        guard let field = ItemAttributes.field(secItemKey: key),
+            itemClass.map(field.secItemClasses.contains) ?? !Self.unstoredKeys.contains(key)
+        else {
+            throw Self.failure(
+                errSecUnimplemented, "\(key) is an Apple keychain attribute that Lockbox does not store.")
+        }
         func string() throws(LockboxError) -> String {
             guard let text = QueryValue.string(value) else {
                 throw Self.failure(errSecParam, "The value of \(key) must be a string.")
             }
             return text
         }
-        func bytes() throws(LockboxError) -> Data {
-            guard let data = QueryValue.data(value) else {
-                throw Self.failure(errSecParam, "The value of \(key) must be Data.")
-            }
-            return data
-        }
-        func integer() throws(LockboxError) -> Int {
-            guard let number = QueryValue.integer(value) else {
-                throw Self.failure(errSecParam, "The value of \(key) must be a number.")
-            }
-            return number
-        }
         func code() throws(LockboxError) -> String {
             // Apple's codes for key classes and types are numbers written as strings.
             if let number = QueryValue.integer(value) { return String(number) }
             return try string()
         }
-        func date() throws(LockboxError) -> Date {
+        let read: AttributeValue
+        switch field.kind {
+        case .text, .internetProtocol, .authenticationType:
+            read = .text(try string())
+        case .keyType:
+            read = .text(try code())
+        case .bytes:
+            if let data = QueryValue.data(value) {
+                read = .bytes(data)
+            } else if field.secItemAcceptsText, let text = QueryValue.string(value) {
+                read = .bytes(Data(text.utf8))
+            } else {
+                throw Self.failure(errSecParam, "The value of \(key) must be Data.")
+            }
+        case .integer:
+            guard let number = QueryValue.integer(value) else {
+                throw Self.failure(errSecParam, "The value of \(key) must be a number.")
+            }
+            read = .integer(number)
+        case .date:
             guard let date = QueryValue.date(value) else {
                 throw Self.failure(errSecParam, "The value of \(key) must be a Date.")
             }
-            return date
-        }
-        switch key {
-        case kSecAttrAccessible:
+            read = .date(date)
+        case .flag:
+            guard let flag = QueryValue.bool(value) else {
+                throw Self.failure(errSecParam, "The value of \(key) must be a Boolean.")
+            }
+            read = .flag(flag)
+        case .accessibility:
             guard let accessibility = AccessibilityCode.accessibility(for: try string()) else {
                 throw Self.failure(errSecParam, "The value of kSecAttrAccessible must be a kSecAttrAccessible* value.")
             }
-            attributes.accessibility = accessibility
-        case kSecAttrAccessGroup: attributes.accessGroup = try string()
-        case kSecAttrCreationDate: attributes.creationDate = try date()
-        case kSecAttrModificationDate: attributes.modificationDate = try date()
-        case kSecAttrLabel: attributes.label = try string()
-        case kSecAttrDescription: attributes.itemDescription = try string()
-        case kSecAttrComment: attributes.comment = try string()
-        case kSecAttrAccount: attributes.account = try string()
-        case kSecAttrService: attributes.service = try string()
-        case kSecAttrGeneric: attributes.generic = try bytes()
-        case kSecAttrSecurityDomain: attributes.securityDomain = try string()
-        case kSecAttrServer: attributes.server = try string()
-        case kSecAttrProtocol: attributes.protocol = InternetProtocol(rawValue: try string())
-        case kSecAttrAuthenticationType: attributes.authenticationType = AuthenticationType(rawValue: try string())
-        case kSecAttrPort: attributes.port = try integer()
-        case kSecAttrPath: attributes.path = try string()
-        case kSecAttrCertificateType: attributes.certificateType = try integer()
-        case kSecAttrSubject: attributes.subject = try bytes()
-        case kSecAttrIssuer: attributes.issuer = try bytes()
-        case kSecAttrSerialNumber: attributes.serialNumber = try bytes()
-        case kSecAttrKeyClass:
+            read = accessibility.attributeValue
+        case .keyClass:
             guard let keyClass = KeyClassCode.keyClass(for: try code()) else {
                 throw Self.failure(errSecParam, "The value of kSecAttrKeyClass must be a kSecAttrKeyClass* value.")
             }
-            attributes.keyClass = keyClass
-        case kSecAttrApplicationLabel: attributes.applicationLabel = try bytes()
-        case kSecAttrApplicationTag:
-            // Apple takes a string tag too and stores its UTF-8 bytes.
-            if let tag = QueryValue.data(value) {
-                attributes.applicationTag = tag
-            } else {
-                attributes.applicationTag = Data(try string().utf8)
-            }
-        case kSecAttrKeyType where itemClass == .key:
-            attributes.keyType = KeyType(rawValue: try code())
-        case kSecAttrKeySizeInBits: attributes.keySizeInBits = try integer()
-        case kSecAttrEffectiveKeySize: attributes.effectiveKeySize = try integer()
-        default:
-            throw Self.failure(
-                errSecUnimplemented, "\(key) is an Apple keychain attribute that Lockbox does not store.")
+            read = keyClass.attributeValue
         }
+        let stored = field.set(read, in: &attributes)
+        precondition(stored, "a value read for \(field.name) has its kind")
     }
 
     static func failure(_ status: OSStatus, _ message: String) -> LockboxError {
