@@ -216,7 +216,7 @@ final class KeyCache {
                 }
                 return Crypto.keyByteCount + 4
             }
-            let afterFirstUnlockPayload = keys.packed(unlockedAt: Int64(time(nil)), path: Self.absolute(path))
+            let afterFirstUnlockPayload = keys.packed(unlockedAt: Int64(time(nil)), path: Self.fileSystemView + "\u{1}" + Self.absolute(path))
             do throws(KernelKeyring.Failure) {
                 try Self.freeStaleEntries(keeping: vaultID.hexString, bound: Self.maximumCachedVaults)
                 do throws(KernelKeyring.Failure) {
@@ -273,8 +273,27 @@ final class KeyCache {
         }
     }
 
-    /// False only when the file certainly does not exist (a permission error keeps it).
-    private static func fileMayExist(_ path: String) -> Bool {
+    /// Which file system a path was recorded in: the mount namespace and the root directory. The
+    /// kernel keyring is shared by every process of the user, also in a chroot or a container
+    /// of the same user, where the same path may not exist: an entry recorded in another view
+    /// is never judged stale by its path.
+    static let fileSystemView: String = {
+        var buffer = [CChar](repeating: 0, count: 128)
+        let count = readlink("/proc/self/ns/mnt", &buffer, buffer.count - 1)
+        let namespace = count > 0 ? String(decoding: buffer[0..<count].map { UInt8(bitPattern: $0) }, as: UTF8.self) : "?"
+        var root = stat()
+        let rootIdentity = stat("/", &root) == 0 ? "\(root.st_dev):\(root.st_ino)" : "?"
+        return namespace + "@" + rootIdentity
+    }()
+
+    /// False only when the file certainly does not exist (a permission error keeps it), in this
+    /// process's view of the file system.
+    private static func fileMayExist(_ recorded: String) -> Bool {
+        var path = recorded
+        if let separator = recorded.firstIndex(of: "\u{1}") {
+            guard recorded[..<separator] == fileSystemView else { return true }
+            path = String(recorded[recorded.index(after: separator)...])
+        }
         var info = stat()
         if stat(path, &info) == 0 { return true }
         return errno != ENOENT && errno != ENOTDIR
