@@ -24,6 +24,7 @@ let package = Package(
         .library(name: "LockboxCore", targets: ["LockboxCore"]),
         .library(name: "KeychainCompatibility", targets: ["KeychainCompatibility"]),
         .library(name: "LockboxAuth", targets: ["LockboxAuth"]),
+        .library(name: "LockboxKeys", targets: ["LockboxKeys"]),
         .executable(name: "lockbox", targets: ["LockboxCLI"]),
         .executable(name: "lockbox-oauth", targets: ["LockboxOAuthCLI"]),
         .executable(name: "lockbox-bench", targets: ["LockboxBenchmark"]),
@@ -39,6 +40,9 @@ let package = Package(
         .systemLibrary(name: "CSodium", providers: [.apt(["libsodium-dev"])]),
         .systemLibrary(name: "CSQLite", providers: [.apt(["libsqlite3-dev"])]),
         .systemLibrary(name: "CKeyutils", providers: [.apt(["libkeyutils-dev"])]),
+        // OpenSSL's libcrypto, for P-256 and AES-GCM (managed keys). Linked as a shared library,
+        // unlike the three above: see `KeyCrypto`.
+        .systemLibrary(name: "CCrypto", providers: [.apt(["libssl-dev"])]),
 
         // The model and the backend SPI. No C imports.
         .target(name: "LockboxCore", swiftSettings: strict),
@@ -57,6 +61,20 @@ let package = Package(
         .target(
             name: "LockboxVault",
             dependencies: ["LockboxCore", "VaultCrypto", "VaultStorage", "KeyProviders"],
+            swiftSettings: strict),
+
+        // Managed keys' cryptography over OpenSSL (the only CCrypto importer): P-256 ECDSA and
+        // ECDH, AES-256-GCM, SHA-1/SHA-256. libcrypto is linked as a shared library, not from
+        // libcrypto.a: OpenSSL gets security fixes several times a year, and Debian's libssl3
+        // update then reaches every program without a rebuild; only the targets that use keys
+        // link it, so the `lockbox` start (docs/PERFORMANCE.md) does not pay for its loading.
+        .target(
+            name: "KeyCrypto", dependencies: ["CCrypto", "LockboxCore"], swiftSettings: strict,
+            linkerSettings: [.linkedLibrary("crypto", .when(platforms: [.linux]))]),
+        // Keys in Lockbox's own terms (generate for a purpose, sign, encrypt, agree, export the
+        // public half), stored as vault items of class `.key`.
+        .target(
+            name: "LockboxKeys", dependencies: ["LockboxCore", "LockboxVault", "VaultCrypto", "KeyCrypto"],
             swiftSettings: strict),
 
         // libsecret's functions, declared from its documented ABI and opened with dlopen on first
@@ -136,6 +154,10 @@ let package = Package(
         .testTarget(
             name: "ReliabilityTests",
             dependencies: ["LockboxCampaigns", "LockboxTestSupport", "LockboxStress", "VaultStorage"],
+            swiftSettings: strict),
+        .testTarget(
+            name: "LockboxKeysTests",
+            dependencies: ["LockboxKeys", "KeyCrypto", "LockboxVault", "Lockbox", "LockboxTestSupport"],
             swiftSettings: strict),
         .testTarget(
             name: "LockboxCLITests",
