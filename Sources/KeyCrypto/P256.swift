@@ -13,6 +13,15 @@ package enum P256 {
     private static let coordinateByteCount = 32
     /// OpenSSL's name for the curve.
     private static let groupName = "prime256v1"
+    // An OSSL_PARAM keeps its key's pointer, so the keys must outlive the call that builds it:
+    // static strings do (a Swift String passed as `const char *` lives for that call only).
+    private static let groupKey: StaticString = "group"  // OSSL_PKEY_PARAM_GROUP_NAME
+    private static let publicKeyKey: StaticString = "pub"  // OSSL_PKEY_PARAM_PUB_KEY
+    private static let privateKeyKey: StaticString = "priv"  // OSSL_PKEY_PARAM_PRIV_KEY
+
+    private static func cString(_ key: StaticString) -> UnsafePointer<CChar> {
+        UnsafeRawPointer(key.utf8Start).assumingMemoryBound(to: CChar.self)
+    }
 
     /// A new key pair from OpenSSL's generator.
     package static func generate() throws(LockboxError) -> (privateRepresentation: SecretBytes, publicKey: [UInt8]) {
@@ -117,8 +126,8 @@ package enum P256 {
         let key: KeyObject? = groupName.withCString { group in
             publicCopy.withUnsafeMutableBytes { point in
                 var parameters = [
-                    OSSL_PARAM_construct_utf8_string(OSSL_PKEY_PARAM_GROUP_NAME, UnsafeMutablePointer(mutating: group), 0),
-                    OSSL_PARAM_construct_octet_string(OSSL_PKEY_PARAM_PUB_KEY, point.baseAddress, point.count),
+                    OSSL_PARAM_construct_utf8_string(cString(groupKey), UnsafeMutablePointer(mutating: group), 0),
+                    OSSL_PARAM_construct_octet_string(cString(publicKeyKey), point.baseAddress, point.count),
                     OSSL_PARAM_construct_end(),
                 ]
                 return importKey(&parameters, selection: lockbox_evp_pkey_public_key)
@@ -151,10 +160,10 @@ package enum P256 {
             point.withUnsafeMutableBytes { pointBytes in
                 scalar.withUnsafeBytes { scalarBytes in
                     var parameters = [
-                        OSSL_PARAM_construct_utf8_string(OSSL_PKEY_PARAM_GROUP_NAME, UnsafeMutablePointer(mutating: group), 0),
-                        OSSL_PARAM_construct_octet_string(OSSL_PKEY_PARAM_PUB_KEY, pointBytes.baseAddress, pointBytes.count),
+                        OSSL_PARAM_construct_utf8_string(cString(groupKey), UnsafeMutablePointer(mutating: group), 0),
+                        OSSL_PARAM_construct_octet_string(cString(publicKeyKey), pointBytes.baseAddress, pointBytes.count),
                         OSSL_PARAM_construct_BN(
-                            OSSL_PKEY_PARAM_PRIV_KEY,
+                            cString(privateKeyKey),
                             UnsafeMutablePointer(mutating: scalarBytes.baseAddress!.assumingMemoryBound(to: UInt8.self)),
                             scalarBytes.count),
                         OSSL_PARAM_construct_end(),
