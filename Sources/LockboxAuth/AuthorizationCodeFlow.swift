@@ -93,18 +93,20 @@ public final class AuthorizationCodeSession: Sendable {
         self.now = now
     }
 
-    /// Waits for the browser's redirect, checks `state`, and exchanges the code.
-    /// - Throws: ``AuthError/flowFailed(code:message:)`` with `state_mismatch`, the server's
-    ///   error (`access_denied`, ...), or `timeout`.
+    /// Waits for the browser's redirect and exchanges the code. A request to the redirect URI
+    /// whose `state` is missing or wrong is answered 400 and ignored: the sign-in keeps waiting
+    /// for its own redirect (a page or another local process cannot end it, or inject a code).
+    /// - Throws: ``AuthError/Code/flowFailed`` with the server's error (`access_denied`, ...)
+    ///   or `timeout` as ``AuthError/oauthError``.
     public func waitForTokens(timeout: Duration = .seconds(300)) async throws(AuthError) -> TokenResponse {
-        let query = try await listener.waitForRedirect(path: "/callback", timeout: timeout)
-        func value(_ name: String) -> String? { query.first { $0.name == name }?.value }
-        let returnedState = SecretBytes(utf8: value("state") ?? "")
-        guard returnedState == state else {
-            throw .flowFailed(code: "state_mismatch", message: "the redirect's state does not match this sign-in; it was ignored")
+        let state = self.state
+        let query = try await listener.waitForRedirect(path: "/callback", timeout: timeout) { query in
+            // Constant time: SecretBytes compares without an early exit.
+            SecretBytes(utf8: query.first { $0.name == "state" }?.value ?? "") == state
         }
+        func value(_ name: String) -> String? { query.first { $0.name == name }?.value }
         if let error = value("error") {
-            throw .flowFailed(code: TokenEndpoint.sanitize(error), message: "the authorization server refused the sign-in")
+            throw .flowFailed(TokenEndpoint.sanitize(error), "the authorization server refused the sign-in")
         }
         guard let code = value("code") else {
             throw .invalidResponse("the redirect carries no code")
@@ -113,11 +115,11 @@ public final class AuthorizationCodeSession: Sendable {
             ("grant_type", "authorization_code"), ("code", code), ("redirect_uri", redirectURI),
             ("client_id", configuration.clientID), ("code_verifier", verifier.temporaryString),
         ])
-        switch try await TokenEndpoint.call(request, transport: transport, now: now) {
+        switch try await TokenEndpoint.call(request, transport: transport, limits: configuration.requestLimits, now: now) {
         case .success(let tokens):
             return tokens
-        case .oauthError(_, let error, _):
-            throw .flowFailed(code: error, message: "the server refused the authorization code")
+        case .oauthError(let status, let error, _):
+            throw .flowFailed(error, "the server refused the authorization code", status: status)
         case .httpError(let status, let retryAfter):
             throw .server(status: status, error: nil, retryAfter: retryAfter)
         }

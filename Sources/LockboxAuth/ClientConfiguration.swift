@@ -15,10 +15,13 @@ public struct ClientConfiguration: Sendable, Hashable, Codable {
     public var authorizationEndpoint: URL?
     /// The scopes to ask for at sign-in.
     public var scope: [String]
+    /// The total deadline and the answer size limit of every request to the server.
+    public var requestLimits: RequestLimits
 
     public init(
         issuer: URL, clientID: String, tokenEndpoint: URL, revocationEndpoint: URL? = nil,
-        deviceAuthorizationEndpoint: URL? = nil, authorizationEndpoint: URL? = nil, scope: [String] = []
+        deviceAuthorizationEndpoint: URL? = nil, authorizationEndpoint: URL? = nil, scope: [String] = [],
+        requestLimits: RequestLimits = RequestLimits()
     ) {
         self.issuer = issuer
         self.clientID = clientID
@@ -27,15 +30,36 @@ public struct ClientConfiguration: Sendable, Hashable, Codable {
         self.deviceAuthorizationEndpoint = deviceAuthorizationEndpoint
         self.authorizationEndpoint = authorizationEndpoint
         self.scope = scope
+        self.requestLimits = requestLimits
     }
 
     /// A configuration from discovered metadata.
-    public init(metadata: AuthorizationServerMetadata, clientID: String, scope: [String] = []) {
+    public init(
+        metadata: AuthorizationServerMetadata, clientID: String, scope: [String] = [], requestLimits: RequestLimits = RequestLimits()
+    ) {
         self.init(
             issuer: metadata.issuer, clientID: clientID, tokenEndpoint: metadata.tokenEndpoint,
             revocationEndpoint: metadata.revocationEndpoint,
             deviceAuthorizationEndpoint: metadata.deviceAuthorizationEndpoint,
-            authorizationEndpoint: metadata.authorizationEndpoint, scope: scope)
+            authorizationEndpoint: metadata.authorizationEndpoint, scope: scope, requestLimits: requestLimits)
+    }
+
+    private enum CodingKeys: String, CodingKey {
+        case issuer, clientID, tokenEndpoint, revocationEndpoint, deviceAuthorizationEndpoint, authorizationEndpoint, scope
+        case requestLimits
+    }
+
+    /// Decodes configurations stored before `requestLimits` existed with the default limits.
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        self.init(
+            issuer: try container.decode(URL.self, forKey: .issuer), clientID: try container.decode(String.self, forKey: .clientID),
+            tokenEndpoint: try container.decode(URL.self, forKey: .tokenEndpoint),
+            revocationEndpoint: try container.decodeIfPresent(URL.self, forKey: .revocationEndpoint),
+            deviceAuthorizationEndpoint: try container.decodeIfPresent(URL.self, forKey: .deviceAuthorizationEndpoint),
+            authorizationEndpoint: try container.decodeIfPresent(URL.self, forKey: .authorizationEndpoint),
+            scope: try container.decode([String].self, forKey: .scope),
+            requestLimits: try container.decodeIfPresent(RequestLimits.self, forKey: .requestLimits) ?? RequestLimits())
     }
 
     /// Discovers the server's endpoints (RFC 8414) and builds a configuration.
@@ -45,10 +69,11 @@ public struct ClientConfiguration: Sendable, Hashable, Codable {
     ///     issuer: URL(string: "https://auth.example.com")!, clientID: "my-cli", scope: ["api"])
     /// ```
     public static func discover(
-        issuer: URL, clientID: String, scope: [String] = [], transport: any HTTPTransport = URLSessionTransport()
+        issuer: URL, clientID: String, scope: [String] = [], transport: any HTTPTransport = URLSessionTransport(),
+        requestLimits: RequestLimits = RequestLimits()
     ) async throws(AuthError) -> ClientConfiguration {
-        let metadata = try await AuthorizationServerMetadata.discover(issuer: issuer, transport: transport)
-        return ClientConfiguration(metadata: metadata, clientID: clientID, scope: scope)
+        let metadata = try await AuthorizationServerMetadata.discover(issuer: issuer, transport: transport, requestLimits: requestLimits)
+        return ClientConfiguration(metadata: metadata, clientID: clientID, scope: scope, requestLimits: requestLimits)
     }
 }
 
@@ -64,8 +89,11 @@ public struct AuthorizationServerMetadata: Sendable, Hashable {
 
     /// Fetches `/.well-known/oauth-authorization-server` for `issuer` and checks that the
     /// document names the same issuer (RFC 8414 section 3.3), so a mix-up cannot redirect
-    /// tokens to another server. Every endpoint must be HTTPS.
-    public static func discover(issuer: URL, transport: any HTTPTransport = URLSessionTransport()) async throws(AuthError) -> AuthorizationServerMetadata {
+    /// tokens to another server. Every endpoint must be HTTPS. Redirects are followed only to
+    /// https URLs, within `requestLimits`.
+    public static func discover(
+        issuer: URL, transport: any HTTPTransport = URLSessionTransport(), requestLimits: RequestLimits = RequestLimits()
+    ) async throws(AuthError) -> AuthorizationServerMetadata {
         guard issuer.scheme == "https", var components = URLComponents(url: issuer, resolvingAgainstBaseURL: false) else {
             throw .configuration("the issuer must be an https URL")
         }
@@ -77,7 +105,7 @@ public struct AuthorizationServerMetadata: Sendable, Hashable {
         guard let url = components.url else { throw .configuration("the issuer URL is malformed") }
         var request = URLRequest(url: url)
         request.setValue("application/json", forHTTPHeaderField: "Accept")
-        let (data, response) = try await transport.exchange(request)
+        let (data, response) = try await transport.exchange(request, limits: requestLimits, redirects: .httpsOnly)
         guard response.statusCode == 200 else {
             throw .server(status: response.statusCode, error: nil, retryAfter: nil)
         }

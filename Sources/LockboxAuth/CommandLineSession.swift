@@ -16,15 +16,19 @@ public struct CommandLineSession: Sendable {
     /// The directory of cross-process lock files; use `vault.path + ".oauth-locks"`.
     public let lockDirectory: String
     private let transport: any HTTPTransport
+    private let requestLimits: RequestLimits
     private let events: @Sendable (AuthEvent) -> Void
 
+    /// - Parameter requestLimits: the limits of a new sign-in's requests (stored with its
+    ///   configuration; later commands use the stored ones).
     public init(
         store: any ItemStore, lockDirectory: String, transport: any HTTPTransport = URLSessionTransport(),
-        events: @escaping @Sendable (AuthEvent) -> Void = { _ in }
+        requestLimits: RequestLimits = RequestLimits(), events: @escaping @Sendable (AuthEvent) -> Void = { _ in }
     ) {
         self.store = store
         self.lockDirectory = lockDirectory
         self.transport = transport
+        self.requestLimits = requestLimits
         self.events = events
     }
 
@@ -32,8 +36,9 @@ public struct CommandLineSession: Sendable {
     public struct PendingLogin: Sendable {
         public let configuration: ClientConfiguration
         public let authorization: DeviceAuthorization
-        /// "Open https://... and enter the code ABCD-EFGH."
-        public var instructions: String { authorization.instructions }
+        /// "Open https://... and enter the code ABCD-EFGH." The code and URIs were checked to
+        /// hold no control characters; the text is sanitised again for the terminal.
+        public var instructions: String { TerminalText.sanitized(authorization.instructions) }
     }
 
     /// One stored session, for `lockbox auth status`. Holds no token.
@@ -43,9 +48,11 @@ public struct CommandLineSession: Sendable {
         public let account: String
         public let scope: [String]
 
+        /// One line for a terminal; values read from the store are sanitised.
         public var description: String {
-            "\(issuer)  client \(clientID)  account \(account)  signed in"
-                + (scope.isEmpty ? "" : "  scope: \(scope.joined(separator: " "))")
+            TerminalText.sanitized(
+                "\(issuer)  client \(clientID)  account \(account)  signed in"
+                    + (scope.isEmpty ? "" : "  scope: \(scope.joined(separator: " "))"))
         }
     }
 
@@ -63,7 +70,8 @@ public struct CommandLineSession: Sendable {
 
     /// Discovers the issuer (RFC 8414) and starts a device authorization (RFC 8628).
     public func beginLogin(issuer: URL, clientID: String, scope: [String] = []) async throws(AuthError) -> PendingLogin {
-        let configuration = try await ClientConfiguration.discover(issuer: issuer, clientID: clientID, scope: scope, transport: transport)
+        let configuration = try await ClientConfiguration.discover(
+            issuer: issuer, clientID: clientID, scope: scope, transport: transport, requestLimits: requestLimits)
         let authorization = try await DeviceAuthorizationFlow(configuration: configuration, transport: transport).start()
         return PendingLogin(configuration: configuration, authorization: authorization)
     }
@@ -79,14 +87,29 @@ public struct CommandLineSession: Sendable {
 
     /// A fresh access token, for scripts (`lockbox token`). Each call in a new process
     /// refreshes, since access tokens are never stored.
+    ///
+    /// - Throws: besides the manager's errors, ``AuthError/Code/store`` (the store's error in
+    ///   ``AuthError/storeError``) when the server rotated the refresh token and the store could
+    ///   not keep the new one: this process ends, so the session cannot continue in memory, and
+    ///   the token is not handed out as if all were well.
     public func accessToken(issuer: String? = nil, clientID: String? = nil) async throws(AuthError) -> SecretBytes {
-        let manager = try manager(issuer: issuer, clientID: clientID)
-        return try await manager.credentials().accessToken
+        let manager = try await manager(issuer: issuer, clientID: clientID)
+        let credentials = try await manager.credentials()
+        if await manager.isPersistentSignInDisabled {
+            let cause = await manager.rotationStoreError
+            throw AuthError(
+                .store,
+                "The server rotated the refresh token, but the keychain could not store the new one"
+                    + (cause.map { " (\($0.message))" } ?? "") + ". The stored one is used up: unlock the keychain if it is "
+                    + "locked, then sign in again with `lockbox login`.",
+                storeError: cause)
+        }
+        return credentials.accessToken
     }
 
     /// Signs out and revokes. Returns a message to show.
     public func logout(issuer: String? = nil, clientID: String? = nil) async throws(AuthError) -> String {
-        let manager = try manager(issuer: issuer, clientID: clientID)
+        let manager = try await manager(issuer: issuer, clientID: clientID)
         let result = try await manager.logout()
         if result.revoked { return "Signed out; the server revoked the session." }
         if result.queued { return "Signed out locally. The server could not be reached to revoke the session; run `lockbox logout --retry` later." }
@@ -95,12 +118,7 @@ public struct CommandLineSession: Sendable {
 
     /// Retries pending revocations (`lockbox logout --retry`). Returns a message to show.
     public func retryPendingLogouts() async throws(AuthError) -> String {
-        let result: RevocationOutbox.RetryResult
-        do {
-            result = try await outbox.retryPending()
-        } catch {
-            throw AuthError.from(error)
-        }
+        let result = try await outbox.retryPending()
         if result.remaining > 0 {
             return "\(result.revoked) revocation(s) delivered; \(result.remaining) still pending (the server is unreachable)."
         }
@@ -108,24 +126,25 @@ public struct CommandLineSession: Sendable {
     }
 
     /// The stored sessions and pending revocations (`lockbox auth status`). Prints no token.
-    public func status() throws(AuthError) -> Status {
+    public func status() async throws(AuthError) -> Status {
+        let sessions: [SessionStatus]
         do {
-            let sessions = try StoredSession.all(in: store).map {
+            sessions = try await StoredSession.all(in: store).map {
                 SessionStatus(issuer: $0.key.issuer, clientID: $0.key.clientID, account: $0.key.account, scope: $0.configuration?.scope ?? [])
             }
-            return Status(sessions: sessions, pendingRevocations: try outbox.pendingCount())
         } catch {
             throw AuthError.from(error)
         }
+        return Status(sessions: sessions, pendingRevocations: try await outbox.pendingCount())
     }
 
     /// The manager of the one stored session matching the filters.
-    /// - Throws: ``AuthError/signedOut(_:)`` when none matches; ``AuthError/configuration(_:)``
+    /// - Throws: ``AuthError/Code/signedOut`` when none matches; ``AuthError/Code/configuration``
     ///   when several do (name one with `--issuer` and `--client-id`).
-    public func manager(issuer: String? = nil, clientID: String? = nil) throws(AuthError) -> CredentialsManager {
+    public func manager(issuer: String? = nil, clientID: String? = nil) async throws(AuthError) -> CredentialsManager {
         let sessions: [StoredSession]
         do {
-            sessions = try StoredSession.all(in: store)
+            sessions = try await StoredSession.all(in: store)
         } catch {
             throw AuthError.from(error)
         }

@@ -39,13 +39,23 @@ public actor CredentialsManager {
     private var rotationHook: (@Sendable (Rotation) async -> Void)?
     private var observers: [UUID: AsyncStream<CredentialsState>.Continuation] = [:]
 
-    /// The session's state; see also ``states()``.
-    public private(set) var state: CredentialsState {
+    /// The state once known: the store is asked on first use (off the cooperative pool), never
+    /// in `init`.
+    private var knownState: CredentialsState? {
         didSet {
-            guard state != oldValue else { return }
-            for observer in observers.values { observer.yield(state) }
+            guard let knownState, knownState != oldValue else { return }
+            for observer in observers.values { observer.yield(knownState) }
         }
     }
+
+    /// The session's state; see also ``states()``. The first read asks the store whether
+    /// credentials exist.
+    public var state: CredentialsState {
+        get async { await resolvedState() }
+    }
+
+    /// Set when persisting a rotated refresh token failed: the store's error.
+    private(set) var rotationStoreError: LockboxError?
 
     /// True after persisting a rotated refresh token failed: the session works until this
     /// process ends, and the app should tell the user that staying signed in is unavailable.
@@ -73,19 +83,28 @@ public actor CredentialsManager {
         self.outbox = outbox
         self.now = now
         self.eventHandler = events
+    }
+
+    private func resolvedState() async -> CredentialsState {
+        if let knownState { return knownState }
+        let found: CredentialsState
         do {
-            state = try tokenStore.hasCredentials() ? .signedIn(accessTokenExpiresAt: nil) : .signedOut(.noCredentials)
+            found = try await tokenStore.hasCredentials() ? .signedIn(accessTokenExpiresAt: nil) : .signedOut(.noCredentials)
         } catch {
             // Unknown is not "signed out": the first refresh finds out and reports the error.
-            state = error.code == .interactionNotAllowed ? .storeLocked : .signedIn(accessTokenExpiresAt: nil)
+            found = error.code == .interactionNotAllowed ? .storeLocked : .signedIn(accessTokenExpiresAt: nil)
         }
+        // Something else may have set the state while the store answered: it is newer.
+        if let knownState { return knownState }
+        knownState = found
+        return found
     }
 
     /// A stream of state changes, starting with the current state.
-    public func states() -> AsyncStream<CredentialsState> {
+    public func states() async -> AsyncStream<CredentialsState> {
         let id = UUID()
         let (stream, continuation) = AsyncStream<CredentialsState>.makeStream(bufferingPolicy: .bufferingNewest(16))
-        continuation.yield(state)
+        continuation.yield(await resolvedState())
         observers[id] = continuation
         continuation.onTermination = { _ in Task { await self.removeObserver(id) } }
         return stream
@@ -104,7 +123,7 @@ public actor CredentialsManager {
     // MARK: Signing in
 
     /// Starts a session from a flow's token response: stores the refresh token first.
-    /// - Throws: ``AuthError/invalidResponse(_:)`` when the response has no refresh token;
+    /// - Throws: ``AuthError/Code/invalidResponse`` when the response has no refresh token;
     ///   store errors (nothing is kept in memory then, so a locked store never yields a session
     ///   that silently vanishes).
     public func signIn(with response: TokenResponse) async throws(AuthError) {
@@ -114,17 +133,18 @@ public actor CredentialsManager {
         let lock = try await acquireCrossProcessLock()
         defer { withExtendedLifetime(lock) {} }
         do {
-            try tokenStore.saveRefreshToken(refresh)
+            try await tokenStore.saveRefreshToken(refresh)
         } catch {
             throw AuthError.from(error)
         }
         memoryOnlyRefreshToken = nil
         isPersistentSignInDisabled = false
+        rotationStoreError = nil
         signOutReason = nil
         lastRefreshTokenFingerprint = TokenFingerprint.of(refresh)
         let credentials = Credentials(accessToken: response.accessToken, tokenType: response.tokenType, expiresAt: response.expiresAt, scope: response.scope)
         current = credentials
-        state = .signedIn(accessTokenExpiresAt: credentials.expiresAt)
+        knownState = .signedIn(accessTokenExpiresAt: credentials.expiresAt)
         emit(.signedIn, "signed_in", lastRefreshTokenFingerprint)
     }
 
@@ -133,10 +153,10 @@ public actor CredentialsManager {
     /// A valid access token, refreshed when it expires within `minTTL`.
     ///
     /// Concurrent callers share one refresh; a caller that is cancelled while waiting leaves at
-    /// once with ``AuthError/cancelled`` and does not cancel the refresh for the others.
-    /// - Throws: ``AuthError/signedOut(_:)`` when the grant is gone; ``AuthError/storeLocked``,
-    ///   ``AuthError/network(_:)`` or ``AuthError/server(status:error:retryAfter:)`` when the
-    ///   session is kept and a later call may succeed.
+    /// once with ``AuthError/Code/cancelled`` and does not cancel the refresh for the others.
+    /// - Throws: ``AuthError/Code/signedOut`` when the grant is gone; ``AuthError/Code/storeLocked``,
+    ///   ``AuthError/Code/network`` or ``AuthError/Code/server`` when the session is kept and a
+    ///   later call may succeed.
     public func credentials(minTTL: Duration = .seconds(30)) async throws(AuthError) -> Credentials {
         if let current, current.isValid(for: minTTL, at: now()) {
             return current
@@ -156,12 +176,14 @@ public actor CredentialsManager {
     /// `invalid_token`, one refresh, then one retry only when the request is safe to repeat
     /// (GET, HEAD, OPTIONS, PUT, DELETE, or an `Idempotency-Key` header). Otherwise the 401
     /// comes back to the caller with fresh credentials in place. A 403 never refreshes.
-    /// There is never more than one refresh and one retry.
+    /// There is never more than one refresh and one retry. Redirects are followed only within
+    /// the request's origin (never to http), so the bearer token does not travel elsewhere; other
+    /// redirects come back as the answer.
     public func send(_ request: URLRequest, minTTL: Duration = .seconds(30)) async throws(AuthError) -> (Data, HTTPURLResponse) {
         let used = try await credentials(minTTL: minTTL)
         var first = request
         first.setValue(used.authorizationHeaderValue, forHTTPHeaderField: "Authorization")
-        let answer = try await transport.exchange(first)
+        let answer = try await transport.exchangeBearerRequest(first)
         guard Self.isInvalidTokenChallenge(answer.1) else { return answer }
 
         let fresh = try await credentialsReplacing(used)
@@ -172,7 +194,7 @@ public actor CredentialsManager {
         emit(.requestRetried, "invalid_token", fresh.fingerprint)
         var retry = request
         retry.setValue(fresh.authorizationHeaderValue, forHTTPHeaderField: "Authorization")
-        return try await transport.exchange(retry)
+        return try await transport.exchangeBearerRequest(retry)
     }
 
     /// Whether repeating `request` cannot do harm twice.
@@ -216,13 +238,13 @@ public actor CredentialsManager {
         switch await SharedResult.wait(for: task) {
         case .success(let credentials): return credentials
         case .failure(let error as AuthError): throw error
-        case .failure: throw .cancelled
+        case .failure: throw .cancelledError
         }
     }
 
     private func refreshUnderLock() async throws(AuthError) -> Credentials {
         defer { refreshTask = nil }
-        state = .refreshing
+        knownState = .refreshing
         do {
             let lock = try await acquireCrossProcessLock()
             defer { withExtendedLifetime(lock) {} }
@@ -230,8 +252,8 @@ public actor CredentialsManager {
         } catch {
             // A sign-out or a locked store set their own state; any other failure keeps the
             // session as it was (the stored refresh token is untouched).
-            if state == .refreshing {
-                state = .signedIn(accessTokenExpiresAt: current?.expiresAt)
+            if knownState == .refreshing {
+                knownState = .signedIn(accessTokenExpiresAt: current?.expiresAt)
             }
             throw error
         }
@@ -246,15 +268,15 @@ public actor CredentialsManager {
         } else {
             let stored: SecretBytes?
             do {
-                stored = try tokenStore.refreshToken()
+                stored = try await tokenStore.refreshToken()
             } catch {
                 emit(.refreshFailed, error.code == .interactionNotAllowed ? "store_locked" : "store_error", nil)
-                if error.code == .interactionNotAllowed { state = .storeLocked }
+                if error.code == .interactionNotAllowed { knownState = .storeLocked }
                 throw AuthError.from(error)
             }
             guard let stored else {
                 let reason = signOutReason ?? (lastRefreshTokenFingerprint == nil ? .noCredentials : .signedOutElsewhere)
-                signOutLocally(reason, clearStore: false)
+                await signOutLocally(reason, clearStore: false)
                 throw .signedOut(reason)
             }
             refreshToken = stored
@@ -272,18 +294,18 @@ public actor CredentialsManager {
         ])
         let result: TokenEndpointResult
         do {
-            result = try await TokenEndpoint.call(request, transport: transport, now: now)
+            result = try await TokenEndpoint.call(request, transport: transport, limits: configuration.requestLimits, now: now)
         } catch {
-            emit(.refreshFailed, Self.reasonCode(error), fingerprint)
+            emit(.refreshFailed, error.reasonCode, fingerprint)
             throw error
         }
         switch result {
         case .success(let response):
-            return await adopt(response, replacing: refreshToken)
+            return try await adopt(response, replacing: refreshToken)
         case .oauthError(_, let error, _) where error == "invalid_grant" || error == "invalid_client":
             let reason: SignOutReason = error == "invalid_grant" ? .refreshTokenRejected : .clientRejected
             emit(.refreshFailed, error, fingerprint)
-            signOutLocally(reason, clearStore: true)
+            await signOutLocally(reason, clearStore: true)
             throw .signedOut(reason)
         case .oauthError(let status, let error, let retryAfter):
             emit(.refreshFailed, error, fingerprint)
@@ -295,21 +317,33 @@ public actor CredentialsManager {
     }
 
     /// Stores a rotated refresh token, runs the hook, then publishes the new access token.
-    private func adopt(_ response: TokenResponse, replacing used: SecretBytes) async -> Credentials {
+    ///
+    /// When the store refuses the rotated token for good (`errSecParam`: over its size limit),
+    /// the session ends: the server has consumed the previous token, so keeping it stored would
+    /// only make the next refresh look like reuse. The stored token is cleared, the unstorable
+    /// one is revoked (best effort), and ``AuthError/Code/signedOut`` with
+    /// ``SignOutReason/rotatedTokenNotStored`` is thrown. Any other store failure (locked, I/O)
+    /// keeps the session in memory only (``isPersistentSignInDisabled``).
+    private func adopt(_ response: TokenResponse, replacing used: SecretBytes) async throws(AuthError) -> Credentials {
         let usedFingerprint = TokenFingerprint.of(used)
         if let rotated = response.refreshToken, rotated != used {
             let newFingerprint = TokenFingerprint.of(rotated)
             var persisted = true
             do {
-                try tokenStore.saveRefreshToken(rotated)
+                try await tokenStore.saveRefreshToken(rotated)
                 memoryOnlyRefreshToken = nil
                 isPersistentSignInDisabled = false
+                rotationStoreError = nil
                 emit(.rotationPersisted, "rotated", newFingerprint)
+            } catch let error where error.code == .param {
+                emit(.rotationNotPersisted, "store_refused", newFingerprint)
+                throw await endSessionWithUnstorableToken(rotated, error: error)
             } catch {
                 // Keep the session in memory; never write the token anywhere weaker.
                 persisted = false
                 memoryOnlyRefreshToken = rotated
                 isPersistentSignInDisabled = true
+                rotationStoreError = error
                 emit(.rotationNotPersisted, error.code == .interactionNotAllowed ? "store_locked" : "store_error", newFingerprint)
             }
             lastRefreshTokenFingerprint = newFingerprint
@@ -320,21 +354,40 @@ public actor CredentialsManager {
         let credentials = Credentials(accessToken: response.accessToken, tokenType: response.tokenType, expiresAt: response.expiresAt, scope: response.scope)
         current = credentials
         signOutReason = nil
-        state = .signedIn(accessTokenExpiresAt: credentials.expiresAt)
+        knownState = .signedIn(accessTokenExpiresAt: credentials.expiresAt)
         emit(.refreshSucceeded, response.refreshToken == nil ? "not_rotated" : "rotated", credentials.fingerprint)
         return credentials
     }
 
-    private func signOutLocally(_ reason: SignOutReason, clearStore: Bool) {
+    private func endSessionWithUnstorableToken(_ rotated: SecretBytes, error: LockboxError) async -> AuthError {
+        await signOutLocally(.rotatedTokenNotStored, clearStore: true)
+        if let endpoint = configuration.revocationEndpoint {
+            let outcome = await RevocationOutbox.revoke(
+                token: rotated, hint: "refresh_token", endpoint: endpoint, clientID: configuration.clientID, transport: transport,
+                limits: configuration.requestLimits)
+            switch outcome {
+            case .revoked: emit(.revocationSucceeded, "unstorable_token", TokenFingerprint.of(rotated))
+            case .refused(let reason), .failed(let reason): emit(.revocationDropped, reason, TokenFingerprint.of(rotated))
+            }
+        }
+        return AuthError(
+            .signedOut,
+            "The server issued a new refresh token that the keychain cannot store (\(error.message)). The previous one is "
+                + "used up, so the session was ended and cleared. Sign in again; if this repeats, the server's tokens are over "
+                + "the keychain's size limit.",
+            signOutReason: .rotatedTokenNotStored, storeError: error)
+    }
+
+    private func signOutLocally(_ reason: SignOutReason, clearStore: Bool) async {
         if clearStore {
             // A locked store cannot be cleared now; the token is dead at the server anyway.
-            try? tokenStore.clearCredentials()
+            try? await tokenStore.clearCredentials()
         }
         current = nil
         memoryOnlyRefreshToken = nil
         let alreadySignedOut = signOutReason != nil
         signOutReason = reason
-        state = .signedOut(reason)
+        knownState = .signedOut(reason)
         if alreadySignedOut { return }
         emit(.signedOut, reason.rawValue, lastRefreshTokenFingerprint)
     }
@@ -357,7 +410,7 @@ public actor CredentialsManager {
     /// Signs out: queues the refresh token's revocation durably, clears the session locally,
     /// then revokes (RFC 7009) the refresh and access tokens. Local clearing happens even when
     /// revocation fails; a failed revocation stays in the outbox.
-    /// - Throws: ``AuthError/storeLocked`` (nothing changed) when the store is locked.
+    /// - Throws: ``AuthError/Code/storeLocked`` (nothing changed) when the store is locked.
     @discardableResult
     public func logout() async throws(AuthError) -> LogoutResult {
         if let running = refreshTask { _ = try? await running.value }
@@ -365,11 +418,16 @@ public actor CredentialsManager {
         var refreshToken = memoryOnlyRefreshToken
         var outboxID: String?
         do throws(LockboxError) {
-            if refreshToken == nil { refreshToken = try tokenStore.refreshToken() }
-            if let refreshToken, let endpoint = configuration.revocationEndpoint, let outbox {
-                outboxID = try outbox.enqueue(token: refreshToken, hint: "refresh_token", endpoint: endpoint, clientID: configuration.clientID, account: key.description)
-            }
-            try tokenStore.clearCredentials()
+            if refreshToken == nil { refreshToken = try await tokenStore.refreshToken() }
+        } catch {
+            throw AuthError.from(error)
+        }
+        if let refreshToken, let endpoint = configuration.revocationEndpoint, let outbox {
+            outboxID = try await outbox.enqueue(
+                token: refreshToken, hint: "refresh_token", endpoint: endpoint, clientID: configuration.clientID, account: key.description)
+        }
+        do throws(LockboxError) {
+            try await tokenStore.clearCredentials()
         } catch {
             throw AuthError.from(error)
         }
@@ -377,8 +435,9 @@ public actor CredentialsManager {
         current = nil
         memoryOnlyRefreshToken = nil
         isPersistentSignInDisabled = false
+        rotationStoreError = nil
         signOutReason = .loggedOut
-        state = .signedOut(.loggedOut)
+        knownState = .signedOut(.loggedOut)
         emit(.logout, "user_requested", refreshToken.map(TokenFingerprint.of))
         withExtendedLifetime(lock) {}
 
@@ -386,17 +445,22 @@ public actor CredentialsManager {
             return LogoutResult(revoked: false, queued: false)
         }
         if let accessToken {
-            _ = await RevocationOutbox.revoke(token: accessToken, hint: "access_token", endpoint: endpoint, clientID: configuration.clientID, transport: transport)
+            _ = await RevocationOutbox.revoke(
+                token: accessToken, hint: "access_token", endpoint: endpoint, clientID: configuration.clientID, transport: transport,
+                limits: configuration.requestLimits)
         }
         guard let refreshToken else { return LogoutResult(revoked: false, queued: false) }
         let fingerprint = TokenFingerprint.of(refreshToken)
-        switch await RevocationOutbox.revoke(token: refreshToken, hint: "refresh_token", endpoint: endpoint, clientID: configuration.clientID, transport: transport) {
+        switch await RevocationOutbox.revoke(
+            token: refreshToken, hint: "refresh_token", endpoint: endpoint, clientID: configuration.clientID, transport: transport,
+            limits: configuration.requestLimits)
+        {
         case .revoked:
-            if let outboxID { outbox?.remove(outboxID) }
+            if let outboxID { await outbox?.remove(outboxID) }
             emit(.revocationSucceeded, "revoked", fingerprint)
             return LogoutResult(revoked: true, queued: false)
         case .refused(let reason):
-            if let outboxID { outbox?.remove(outboxID) }
+            if let outboxID { await outbox?.remove(outboxID) }
             emit(.revocationDropped, reason, fingerprint)
             return LogoutResult(revoked: false, queued: false)
         case .failed(let reason):
@@ -416,17 +480,4 @@ public actor CredentialsManager {
         eventHandler(AuthEvent(kind: kind, reason: reason, fingerprint: fingerprint, account: key.description, date: now()))
     }
 
-    private static func reasonCode(_ error: AuthError) -> String {
-        switch error {
-        case .network: "network"
-        case .cancelled: "cancelled"
-        case .server(let status, let code, _): code ?? "http_\(status)"
-        case .invalidResponse: "invalid_response"
-        case .storeLocked: "store_locked"
-        case .store: "store_error"
-        case .signedOut(let reason): reason.rawValue
-        case .flowFailed(let code, _): code
-        case .configuration: "configuration"
-        }
-    }
 }

@@ -9,7 +9,9 @@ import LockboxCore
 ///
 /// An entry holds the token to revoke, sealed like any item; it is never used to sign in again
 /// and never shown. A revocation the server refuses permanently (a 4xx other than 429) is
-/// dropped: retrying cannot help.
+/// dropped: retrying cannot help. Store calls run off the cooperative pool; errors are
+/// ``AuthError``s (``AuthError/Code/storeLocked``, ``AuthError/Code/store`` with the store's
+/// error as ``AuthError/storeError``).
 public struct RevocationOutbox: Sendable {
     /// The keychain service of outbox items.
     public static let service = "lockbox.oauth.revocation-outbox"
@@ -54,7 +56,7 @@ public struct RevocationOutbox: Sendable {
 
     /// Stores a revocation to deliver; returns its id.
     @discardableResult
-    func enqueue(token: SecretBytes, hint: String, endpoint: URL, clientID: String, account: String) throws(LockboxError) -> String {
+    func enqueue(token: SecretBytes, hint: String, endpoint: URL, clientID: String, account: String) async throws(AuthError) -> String {
         let id = UUID().uuidString
         let entry = Entry(token: token.temporaryString, tokenTypeHint: hint, endpoint: endpoint, clientID: clientID, account: account)
         guard var encoded = try? JSONEncoder().encode(entry) else {
@@ -62,40 +64,49 @@ public struct RevocationOutbox: Sendable {
         }
         let secret = SecretBytes(copying: encoded)
         encoded.resetBytes(in: 0..<encoded.count)
-        try store.add(
-            .genericPassword(
-                service: Self.service, account: id, data: secret, accessibility: .afterFirstUnlockThisDeviceOnly,
-                label: "Pending OAuth revocation: \(account)"))
+        do {
+            try await store.async.add(
+                .genericPassword(
+                    service: Self.service, account: id, data: secret, accessibility: .afterFirstUnlockThisDeviceOnly,
+                    label: "Pending OAuth revocation: \(account)"))
+        } catch {
+            throw .from(error)
+        }
         return id
     }
 
-    func remove(_ id: String) {
-        _ = try? store.delete(matching: .genericPassword(service: Self.service, account: id))
+    func remove(_ id: String) async {
+        _ = try? await store.async.delete(matching: .genericPassword(service: Self.service, account: id))
     }
 
     /// How many revocations wait for delivery.
-    public func pendingCount() throws(LockboxError) -> Int {
+    /// - Throws: ``AuthError/Code/storeLocked`` when the store is locked.
+    public func pendingCount() async throws(AuthError) -> Int {
         var query = Query.genericPassword(service: Self.service)
         query.limit = .all
         query.returning = .attributes
         do {
-            return try store.items(matching: query).count
+            return try await store.async.items(matching: query).count
         } catch LockboxError.itemNotFound {
             return 0
+        } catch {
+            throw .from(error)
         }
     }
 
     /// Tries every pending revocation once; delivered and refused ones leave the outbox.
-    /// - Throws: `interactionNotAllowed` when the store is locked.
-    public func retryPending() async throws(LockboxError) -> RetryResult {
+    /// - Throws: ``AuthError/Code/storeLocked`` when the store is locked.
+    public func retryPending() async throws(AuthError) -> RetryResult {
         var query = Query.genericPassword(service: Self.service)
         query.limit = .all
         query.returning = [.attributes, .data]
         let items: [Item]
         do {
-            items = try store.items(matching: query)
+            items = try await store.async.items(matching: query)
         } catch LockboxError.itemNotFound {
             return RetryResult(revoked: 0, dropped: 0, remaining: 0)
+        } catch {
+            throw .from(error)
         }
         var revoked = 0, dropped = 0, remaining = 0
         for item in items {
@@ -105,11 +116,11 @@ public struct RevocationOutbox: Sendable {
             let token = SecretBytes(utf8: entry.token)
             switch await Self.revoke(token: token, hint: entry.tokenTypeHint, endpoint: entry.endpoint, clientID: entry.clientID, transport: transport) {
             case .revoked:
-                remove(id)
+                await remove(id)
                 revoked += 1
                 events(AuthEvent(kind: .revocationSucceeded, reason: "retried", fingerprint: TokenFingerprint.of(token), account: entry.account))
             case .refused(let reason):
-                remove(id)
+                await remove(id)
                 dropped += 1
                 events(AuthEvent(kind: .revocationDropped, reason: reason, fingerprint: TokenFingerprint.of(token), account: entry.account))
             case .failed(let reason):
@@ -120,20 +131,23 @@ public struct RevocationOutbox: Sendable {
         return RetryResult(revoked: revoked, dropped: dropped, remaining: remaining)
     }
 
-    /// One RFC 7009 request for a public client.
-    static func revoke(token: SecretBytes, hint: String, endpoint: URL, clientID: String, transport: any HTTPTransport) async -> Outcome {
+    /// One RFC 7009 request for a public client; no redirect is followed.
+    static func revoke(
+        token: SecretBytes, hint: String, endpoint: URL, clientID: String, transport: any HTTPTransport,
+        limits: RequestLimits = RequestLimits()
+    ) async -> Outcome {
         let request = FormBody.post(endpoint, [
             ("token", token.temporaryString), ("token_type_hint", hint), ("client_id", clientID),
         ])
         do {
-            let (_, response) = try await transport.exchange(request)
+            let (_, response) = try await transport.exchange(request, limits: limits, redirects: .refuse)
             switch response.statusCode {
             case 200: return .revoked
             case 429, 500...599: return .failed("http_\(response.statusCode)")
             default: return .refused("http_\(response.statusCode)")
             }
         } catch {
-            return .failed(error == .cancelled ? "cancelled" : "network")
+            return .failed(error.code == .network || error.code == .cancelled ? error.code.rawValue : error.reasonCode)
         }
     }
 }

@@ -46,20 +46,22 @@ enum TokenEndpointResult {
 }
 
 enum TokenEndpoint {
+    /// Sends `request` to a token endpoint: no redirect is followed, and `limits` bound the
+    /// time and the size of the answer.
     static func call(
-        _ request: URLRequest, transport: any HTTPTransport, now: @Sendable () -> Date
+        _ request: URLRequest, transport: any HTTPTransport, limits: RequestLimits = RequestLimits(), now: @Sendable () -> Date
     ) async throws(AuthError) -> TokenEndpointResult {
         let requestedAt = now()
-        let (data, response) = try await transport.exchange(request)
+        let (data, response) = try await transport.exchange(request, limits: limits, redirects: .refuse)
         let retryAfter = response.value(forHTTPHeaderField: "Retry-After").flatMap { Int($0.trimmingCharacters(in: .whitespaces)) }
         let object = (try? JSONSerialization.jsonObject(with: data)) as? [String: Any]
         if response.statusCode == 200 {
             guard let object, let access = object["access_token"] as? String, !access.isEmpty else {
-                throw .invalidResponse("the token response has no access_token")
+                throw .invalidResponse("the token response has no access_token", status: 200)
             }
             let tokenType = object["token_type"] as? String ?? "Bearer"
             guard tokenType.lowercased() == "bearer" else {
-                throw .invalidResponse("unsupported token_type")
+                throw .invalidResponse("unsupported token_type", status: 200)
             }
             let refresh = (object["refresh_token"] as? String).flatMap { $0.isEmpty ? nil : SecretBytes(utf8: $0) }
             let expiresIn = (object["expires_in"] as? NSNumber)?.intValue ?? (object["expires_in"] as? String).flatMap { Int($0) }

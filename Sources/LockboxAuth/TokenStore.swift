@@ -4,17 +4,21 @@ import LockboxCore
 /// Where a refresh token lives between runs: the small interface the credential lifecycle
 /// needs, and nothing more. Access tokens are never stored.
 ///
+/// The calls are async: ``CredentialsManager`` is an actor on Swift's cooperative pool, and an
+/// implementation that blocks (a database busy wait, a D-Bus call) must do so off the pool, as
+/// ``ItemStoreTokenStore`` does through ``AsyncItemStore``.
+///
 /// Errors keep their meaning: a locked store throws `interactionNotAllowed`, which the
 /// lifecycle treats as "try later", never as "signed out".
 public protocol TokenStore: Sendable {
     /// The stored refresh token, or `nil` when there is none.
-    func refreshToken() throws(LockboxError) -> SecretBytes?
+    func refreshToken() async throws(LockboxError) -> SecretBytes?
     /// Stores `token`, replacing any previous one, durably before returning.
-    func saveRefreshToken(_ token: SecretBytes) throws(LockboxError)
+    func saveRefreshToken(_ token: SecretBytes) async throws(LockboxError)
     /// Removes the stored credentials; no error when there were none.
-    func clearCredentials() throws(LockboxError)
+    func clearCredentials() async throws(LockboxError)
     /// Whether a refresh token is stored, without reading it.
-    func hasCredentials() throws(LockboxError) -> Bool
+    func hasCredentials() async throws(LockboxError) -> Bool
 }
 
 /// Names one account's credentials: an issuer, a client and an account label.
@@ -79,6 +83,17 @@ public struct ItemStoreTokenStore: TokenStore {
         Query.genericPassword(service: Self.service, account: key.storageAccount)
     }
 
+    // The async calls (the TokenStore conformance) go through `store.async`, off the
+    // cooperative pool; the synchronous twins serve synchronous callers (tools, campaigns).
+
+    public func refreshToken() async throws(LockboxError) -> SecretBytes? {
+        do {
+            return try await store.async.data(matching: query)
+        } catch LockboxError.itemNotFound {
+            return nil
+        }
+    }
+
     public func refreshToken() throws(LockboxError) -> SecretBytes? {
         do {
             return try store.data(matching: query)
@@ -87,23 +102,36 @@ public struct ItemStoreTokenStore: TokenStore {
         }
     }
 
-    public func saveRefreshToken(_ token: SecretBytes) throws(LockboxError) {
-        var attributes = ItemAttributes(service: nil, account: nil)
-        attributes.generic = configurationData
+    public func saveRefreshToken(_ token: SecretBytes) async throws(LockboxError) {
+        let store = self.store.async
         do {
-            try store.update(matching: query, to: ItemUpdate(attributes: attributes, data: token))
+            try await store.update(matching: query, to: replacement(token))
         } catch LockboxError.itemNotFound {
-            var item = Item.genericPassword(
-                service: Self.service, account: key.storageAccount, data: token, accessibility: accessibility,
-                label: "OAuth refresh token: \(key)")
-            item.attributes.generic = configurationData
             do {
-                try store.add(item)
+                try await store.add(newItem(token))
             } catch LockboxError.duplicateItem {
                 // Another process added it between our update and add: replace its value.
+                try await store.update(matching: query, to: ItemUpdate(data: token))
+            }
+        }
+    }
+
+    public func saveRefreshToken(_ token: SecretBytes) throws(LockboxError) {
+        do {
+            try store.update(matching: query, to: replacement(token))
+        } catch LockboxError.itemNotFound {
+            do {
+                try store.add(newItem(token))
+            } catch LockboxError.duplicateItem {
                 try store.update(matching: query, to: ItemUpdate(data: token))
             }
         }
+    }
+
+    public func clearCredentials() async throws(LockboxError) {
+        do {
+            try await store.async.delete(matching: query)
+        } catch LockboxError.itemNotFound {}
     }
 
     public func clearCredentials() throws(LockboxError) {
@@ -112,8 +140,26 @@ public struct ItemStoreTokenStore: TokenStore {
         } catch LockboxError.itemNotFound {}
     }
 
+    public func hasCredentials() async throws(LockboxError) -> Bool {
+        try await store.async.contains(query)
+    }
+
     public func hasCredentials() throws(LockboxError) -> Bool {
         try store.contains(query)
+    }
+
+    private func replacement(_ token: SecretBytes) -> ItemUpdate {
+        var attributes = ItemAttributes(service: nil, account: nil)
+        attributes.generic = configurationData
+        return ItemUpdate(attributes: attributes, data: token)
+    }
+
+    private func newItem(_ token: SecretBytes) -> Item {
+        var item = Item.genericPassword(
+            service: Self.service, account: key.storageAccount, data: token, accessibility: accessibility,
+            label: "OAuth refresh token: \(key)")
+        item.attributes.generic = configurationData
+        return item
     }
 
     private var configurationData: Data? {
@@ -132,15 +178,15 @@ public struct StoredSession: Sendable, Hashable {
         let configuration: ClientConfiguration
     }
 
-    /// Every session stored in `store`, read from attributes only.
+    /// Every session stored in `store`, read from attributes only, off the cooperative pool.
     /// - Throws: `interactionNotAllowed` when the store is locked.
-    public static func all(in store: any ItemStore) throws(LockboxError) -> [StoredSession] {
+    public static func all(in store: any ItemStore) async throws(LockboxError) -> [StoredSession] {
         var query = Query.genericPassword(service: ItemStoreTokenStore.service)
         query.limit = .all
         query.returning = .attributes
         let items: [Item]
         do {
-            items = try store.items(matching: query)
+            items = try await store.async.items(matching: query)
         } catch LockboxError.itemNotFound {
             return []
         }

@@ -100,8 +100,8 @@ case "check":
     do {
         _ = try await manager.credentials()
         report(["outcome": "ok", "state": "\(await manager.state)"])
-    } catch AuthError.signedOut(let reason) {
-        report(["outcome": "signed_out", "reason": reason.rawValue, "state": "\(await manager.state)"])
+    } catch where error.code == .signedOut {
+        report(["outcome": "signed_out", "reason": error.signOutReason?.rawValue ?? "-", "state": "\(await manager.state)"])
     } catch {
         report(["outcome": "error", "error": "\(error)"])
     }

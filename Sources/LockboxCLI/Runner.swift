@@ -72,8 +72,10 @@ struct Runner {
             }
             preconditionFailure("the last attempt returns or throws")
         case .lock(let all):
-            let vault = try openVault()
-            if all { vault.lockAll() } else { vault.lock() }
+            // Locking needs no check of the file: a tampered keychain can still be locked.
+            var options = keychainOptions()
+            try applyEnvironment(to: &options.vault)
+            try Vault.lock(at: Keychain.vaultPath(explicit: options.path), configuration: options.vault, all: all)
             return .success
         case .status(let json):
             let opened = try Keychain.open(keychainOptions())

@@ -12,7 +12,7 @@ package enum Help {
           lock                       lock it: whenUnlocked items become unreadable
           status                     lock state, readable classes, unlock methods
           verify                     check the whole file against what Lockbox wrote
-          change-passphrase          replace the passphrase
+          change-passphrase          replace the passphrase and rotate the keys
           remove-passphrase          unlock without one on this machine (deletes passcode-bound items)
           set-passphrase             set one again
           enroll secret-service      let the desktop keyring unlock it with your login session
@@ -92,9 +92,11 @@ package enum Help {
             return """
                 usage: lockbox [--keychain PATH] change-passphrase [--passphrase-stdin]
 
-                Replaces the passphrase (rewrapping one key slot; items are untouched). With
-                --passphrase-stdin the old passphrase is the first line of standard input and the
-                new one the second.
+                Replaces the passphrase and rotates the keys: a new master key and new class keys,
+                and every item is resealed, so an old copy of the file with the old passphrase
+                opens nothing written afterwards. A desktop-keyring unlock held the old key and is
+                removed (enroll it again). With --passphrase-stdin the old passphrase is the first
+                line of standard input and the new one the second.
                 """
         case "add-generic-password", "add-internet-password":
             return """

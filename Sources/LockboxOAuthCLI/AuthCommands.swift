@@ -30,7 +30,7 @@ struct AuthCommands {
                 }
                 let pending = try await session.beginLogin(issuer: url, clientID: clientID, scope: scopes)
                 output.error(pending.instructions)
-                output.error(try await session.completeLogin(pending))
+                output.error(TerminalText.sanitized(try await session.completeLogin(pending)))
             case .token(let issuer, let clientID):
                 let token = try await session.accessToken(issuer: issuer, clientID: clientID)
                 SecretInput.writeToStandardOutput(token)
@@ -43,7 +43,7 @@ struct AuthCommands {
                     output.error(try await session.logout(issuer: issuer, clientID: clientID))
                 }
             case .authStatus(let json):
-                let status = try session.status()
+                let status = try await session.status()
                 if json {
                     let sessions = status.sessions.map { ["issuer": $0.issuer, "clientID": $0.clientID, "account": $0.account, "scope": $0.scope.joined(separator: " ")] }
                     let object: [String: Any] = ["sessions": sessions, "pendingRevocations": status.pendingRevocations]
@@ -57,16 +57,20 @@ struct AuthCommands {
             }
             return .success
         } catch {
-            switch error {
-            case .signedOut:
+            // Messages are fixed text with sanitised codes; sanitised again, since part of them
+            // (a TLS library's message) comes from outside.
+            switch error.code {
+            case .signedOut where error.signOutReason == .noCredentials || error.signOutReason == .loggedOut:
                 output.error("lockbox: Not signed in: run `lockbox login --issuer URL --client-id ID`.")
+            case .signedOut:
+                output.error("lockbox: \(TerminalText.sanitized(error.message)) Run `lockbox login --issuer URL --client-id ID`.")
             case .storeLocked:
                 output.error("lockbox: The keychain is locked; credentials are kept. Unlock it with `lockbox unlock`. (OSStatus -25308)")
-            case .configuration(let message):
-                output.error("lockbox: \(message)")
+            case .configuration:
+                output.error("lockbox: \(TerminalText.sanitized(error.message))")
                 return .usage
             default:
-                output.error("lockbox: \(error)")
+                output.error("lockbox: \(TerminalText.sanitized(error.message))")
             }
             return .failure
         }

@@ -73,9 +73,14 @@ extension KeyCache {
 
     /// Unwraps a class key: nil when its wrapping key is unavailable or when this machine has
     /// no key of that class yet; `errSecDecode` when the stored key fails to open.
+    ///
+    /// The version-1 wrapping of the `always` classes (by the vault identity, which the file
+    /// holds) is used only when `allowingVersion1` is set: by the upgrade, after the header was
+    /// verified with the master key. Anywhere else such an entry is no key at all, so a header
+    /// edited back to version 1 cannot hand out a key computed from the file.
     static func unwrapClassKey(
         _ accessibility: Accessibility, header: VaultHeader, master: SecretBytes?, device: DeviceSecret,
-        previousMasters: [SecretBytes] = []
+        previousMasters: [SecretBytes] = [], allowingVersion1: Bool = false
     ) throws(LockboxError) -> SecretBytes? {
         var candidates: [VaultHeader.ClassKeyID] = []
         if let id = deviceEntry(accessibility, device: device, header: header), header.wrappedClassKeys[id] != nil {
@@ -90,6 +95,7 @@ extension KeyCache {
             if header.wrappedClassKeys[legacy] != nil { candidates.append(legacy) }
         }
         for id in candidates {
+            if isLegacyAlways(id, header: header) && !allowingVersion1 { continue }
             guard let wrappingKey = wrappingKey(for: id, master: master, device: device, header: header) else { continue }
             if let key = openEntry(id, header: header, wrappingKey: wrappingKey) { return key }
             // Wrapped by an earlier master key (the passphrase changed on another machine).

@@ -48,8 +48,9 @@ struct IntegrityState {
         }
     }
 
-    /// A row's element: its id and version, and the digests that select it, so that editing a
-    /// digest (which would make a query miss the row) is noticed like a deletion.
+    /// A row's element: everything that selects or filters it (id, version, digests, class,
+    /// accessibility, group, sync flag, device, access control), so that editing any of it
+    /// (which would make a query miss the row) is noticed like a deletion.
     static func element(_ row: RowIdentity, key: SecretBytes) -> [UInt8] {
         var encoder = FieldEncoder()
         encoder.bytes(row.id)
@@ -57,44 +58,104 @@ struct IntegrityState {
         encoder.bytes(row.primaryDigest)
         encoder.bytes(row.lookupDigest)
         encoder.bytes(row.nameDigest)
+        encoder.string(row.itemClass)
+        encoder.string(row.accessibility)
+        encoder.string(row.accessGroup)
+        encoder.integer(row.synchronizable)
+        encoder.string(row.deviceID)
+        encoder.string(row.accessControl)
         return Crypto.keyedDigest(encoder.bytes, key: key)
     }
 
-    /// What the integrity state counts of a row.
+    /// What the integrity state counts of a row: its columns but the sealed blobs (which their
+    /// own authentication covers, bound to the id and version).
     struct RowIdentity {
         var id: [UInt8]
         var version: Int
         var primaryDigest: [UInt8]
         var lookupDigest: [UInt8]
         var nameDigest: [UInt8]?
+        var itemClass: String
+        var accessibility: String
+        var accessGroup: String
+        var synchronizable: Int
+        var deviceID: String
+        var accessControl: String
+        /// The stored `bucket` column (it must equal the lookup digest's bucket).
+        var storedBucket: Int
 
-        init(id: [UInt8], version: Int, primaryDigest: [UInt8], lookupDigest: [UInt8], nameDigest: [UInt8]?) {
-            self.id = id
-            self.version = version
-            self.primaryDigest = primaryDigest
-            self.lookupDigest = lookupDigest
-            self.nameDigest = nameDigest
-        }
+        var bucket: Int { SealedRow.bucket(ofLookupDigest: lookupDigest) }
 
         init(_ row: SealedRow) {
-            self.init(id: row.id, version: row.version, primaryDigest: row.primaryDigest, lookupDigest: row.lookupDigest, nameDigest: row.nameDigest)
+            id = row.id
+            version = row.version
+            primaryDigest = row.primaryDigest
+            lookupDigest = row.lookupDigest
+            nameDigest = row.nameDigest
+            itemClass = row.itemClass.rawValue
+            accessibility = row.accessibility.rawValue
+            accessGroup = row.accessGroup
+            synchronizable = row.synchronizable ? 1 : 0
+            deviceID = row.deviceID
+            accessControl = row.accessControl
+            storedBucket = row.storedBucket ?? row.bucket
         }
 
-        /// Reads `id, version, primary_digest, lookup_digest, name_digest` from `statement` at `first`.
+        /// Reads ``columns`` from `statement`, starting at column `first`.
         init(_ statement: Statement, first: Int32) throws(LockboxError) {
             guard let id = statement.blob(first), let version = statement.integer(first + 1),
-                let primary = statement.blob(first + 2), let lookup = statement.blob(first + 3)
+                let primary = statement.blob(first + 2), let lookup = statement.blob(first + 3),
+                let itemClass = statement.text(first + 5), let accessibility = statement.text(first + 6),
+                let group = statement.text(first + 7), let synchronizable = statement.integer(first + 8),
+                let deviceID = statement.text(first + 9), let accessControl = statement.text(first + 10),
+                let storedBucket = statement.integer(first + 11)
             else { throw LockboxError.integrity() }
-            self.init(id: id, version: version, primaryDigest: primary, lookupDigest: lookup, nameDigest: statement.blob(first + 4))
+            self.id = id
+            self.version = version
+            primaryDigest = primary
+            lookupDigest = lookup
+            nameDigest = statement.blob(first + 4)
+            self.itemClass = itemClass
+            self.accessibility = accessibility
+            accessGroup = group
+            self.synchronizable = synchronizable
+            self.deviceID = deviceID
+            self.accessControl = accessControl
+            self.storedBucket = storedBucket
         }
 
-        static let columns = "id, version, primary_digest, lookup_digest, name_digest"
+        static let columns =
+            "id, version, primary_digest, lookup_digest, name_digest, item_class, accessibility, access_group, "
+            + "synchronizable, device_id, access_control, bucket"
     }
 
-    mutating func toggle(bucket: Int, _ row: RowIdentity, key: SecretBytes) {
-        let value = Self.element(row, key: key)
-        let start = bucket * Self.accumulatorSize
-        for index in 0..<Self.accumulatorSize { accumulators[start + index] ^= value[index] }
+    /// Counts a row in its bucket. Accumulators are sums modulo 2^256 (little-endian), so a
+    /// row present twice counts twice instead of cancelling out.
+    mutating func add(_ row: RowIdentity, key: SecretBytes) {
+        Self.add(Self.element(row, key: key), to: &accumulators, at: row.bucket * Self.accumulatorSize)
+    }
+
+    mutating func remove(_ row: RowIdentity, key: SecretBytes) {
+        Self.subtract(Self.element(row, key: key), from: &accumulators, at: row.bucket * Self.accumulatorSize)
+    }
+
+    static func add(_ value: [UInt8], to accumulator: inout [UInt8], at start: Int) {
+        var carry = 0
+        for index in 0..<accumulatorSize {
+            let sum = Int(accumulator[start + index]) + Int(value[index]) + carry
+            accumulator[start + index] = UInt8(truncatingIfNeeded: sum)
+            carry = sum >> 8
+        }
+    }
+
+    static func subtract(_ value: [UInt8], from accumulator: inout [UInt8], at start: Int) {
+        var borrow = 0
+        for index in 0..<accumulatorSize {
+            var difference = Int(accumulator[start + index]) - Int(value[index]) - borrow
+            borrow = difference < 0 ? 1 : 0
+            if difference < 0 { difference += 256 }
+            accumulator[start + index] = UInt8(difference)
+        }
     }
 
     func accumulator(_ bucket: Int) -> ArraySlice<UInt8> {
@@ -160,17 +221,39 @@ struct IntegrityState {
         try statement.run()
     }
 
-    /// The accumulator of `bucket` recomputed from the rows in the file.
+    /// The accumulator of `bucket` recomputed from the rows whose `bucket` column names it.
+    /// A row whose lookup digest belongs to another bucket, or an id present twice, is
+    /// tampering. (A row whose column names a bucket it does not belong to is not counted here;
+    /// every row served is checked for that, and full recounts group by the digest.)
     static func computeAccumulator(bucket: Int, database: Database, key: SecretBytes) throws(LockboxError) -> [UInt8] {
         let statement = try database.statement("SELECT \(RowIdentity.columns) FROM items WHERE bucket = ?")
         defer { statement.reset() }
         statement.bind(1, bucket)
         var accumulator = [UInt8](repeating: 0, count: accumulatorSize)
+        var ids = Set<[UInt8]>()
         while try statement.step() {
-            let value = element(try RowIdentity(statement, first: 0), key: key)
-            for index in 0..<accumulatorSize { accumulator[index] ^= value[index] }
+            let row = try RowIdentity(statement, first: 0)
+            guard row.bucket == bucket, ids.insert(row.id).inserted else { throw LockboxError.integrity("The keychain's rows") }
+            add(element(row, key: key), to: &accumulator, at: 0)
         }
         return accumulator
+    }
+
+    /// Every row of the file counted by the bucket its lookup digest names, whatever its
+    /// `bucket` column says. A misplaced bucket column or an id present twice is tampering.
+    static func recount(database: Database, key: SecretBytes) throws(LockboxError) -> IntegrityState {
+        var state = IntegrityState.empty()
+        let statement = try database.statement("SELECT \(RowIdentity.columns) FROM items")
+        defer { statement.reset() }
+        var ids = Set<[UInt8]>()
+        while try statement.step() {
+            let row = try RowIdentity(statement, first: 0)
+            guard row.storedBucket == row.bucket, ids.insert(row.id).inserted else {
+                throw LockboxError.integrity("The keychain's rows")
+            }
+            state.add(row, key: key)
+        }
+        return state
     }
 }
 
@@ -183,12 +266,19 @@ final class RememberedGeneration {
     /// Kept open once the file exists: a read is then one `pread`.
     private var descriptor: Int32 = -1
 
+    /// One record per vault identity, wherever the file is and however its path is spelled:
+    /// moving the file keeps its record; a copy of it used as a second vault shares the record
+    /// (the older of the two is then refused until accepted with `lockbox verify --accept-older`).
     init(vaultID: [UInt8], vaultPath: String, device: DeviceIdentity) {
         let directory = FilePermissions.directory(of: device.resolvedKeyPath) + "/generations"
-        // One record per vault and location: a deliberate copy of a vault elsewhere is another vault.
-        let location = Crypto.keyedDigest(Array(vaultPath.utf8), key: SecretBytes(copying: vaultID + [UInt8](repeating: 0, count: 16)))
-        path = directory + "/" + vaultID.hexString + "-" + Array(location.prefix(8)).hexString
+        path = directory + "/" + vaultID.hexString
     }
+
+    /// The failed-passphrase count mirrored beside the generation (see ``Vault/readAttempts``).
+    var attemptsPath: String { path + ".attempts" }
+
+    /// Whether this machine has recorded anything of this vault (it wrote or checked it here).
+    var exists: Bool { FilePermissions.exists(path) }
 
     deinit {
         if descriptor >= 0 { close(descriptor) }

@@ -28,6 +28,9 @@ struct SealedRow {
     var format: Int = SealedRow.currentFormat
     /// The vault generation that wrote this row (0 for format-1 rows): unique per write.
     var version: Int = 0
+    /// The `bucket` column as stored (nil for a row not read from the file). A row is served
+    /// only when it equals ``bucket``.
+    var storedBucket: Int?
     var wrappedKey: [UInt8]
     var metadata: [UInt8]
     var secret: [UInt8]
@@ -37,6 +40,10 @@ struct SealedRow {
     /// The integrity bucket: the first byte of the lookup digest, so a query that names a full
     /// primary key knows which bucket to check even when it finds nothing (a deleted row).
     var bucket: Int { Self.bucket(ofLookupDigest: lookupDigest) }
+
+    /// A row read from the file whose `bucket` column disagrees with its digest was moved
+    /// outside the integrity count: tampering.
+    var isInItsBucket: Bool { storedBucket.map { $0 == bucket } ?? true }
 
     static func bucket(ofLookupDigest digest: [UInt8]) -> Int {
         digest.isEmpty ? 0 : Int(digest[0])
@@ -171,7 +178,7 @@ struct SealedRow {
     static func columns(metadata: Bool = true, secret: Bool = true) -> String {
         "rowid, id, item_class, accessibility, access_group, synchronizable, wrapped_key, "
             + (metadata ? "metadata" : "NULL") + ", " + (secret ? "secret" : "NULL")
-            + ", device_id, access_control, primary_digest, lookup_digest, name_digest, format, version"
+            + ", device_id, access_control, primary_digest, lookup_digest, name_digest, format, version, bucket"
     }
 
     /// A row selected with ``columns(metadata:secret:)``. A malformed row is `errSecDecode`.
@@ -190,7 +197,7 @@ struct SealedRow {
             rowID: rowID, id: id, itemClass: itemClass, accessibility: accessibility, accessGroup: group,
             synchronizable: synchronizable != 0, deviceID: deviceID, accessControl: accessControl,
             primaryDigest: primaryDigest, lookupDigest: lookupDigest, nameDigest: statement.blob(13),
-            format: format, version: version, wrappedKey: wrappedKey,
+            format: format, version: version, storedBucket: statement.integer(16), wrappedKey: wrappedKey,
             metadata: statement.blob(7) ?? [], secret: statement.blob(8) ?? [])
     }
 

@@ -12,8 +12,10 @@ import Glibc
 /// process through the vault file.
 ///
 /// The record is authenticated with a key from this machine's device secret, so editing or
-/// deleting it in the file does not reset it: on a machine that has unlocked the vault before,
-/// a record that fails its check counts as the longest delay until the next successful check.
+/// deleting it in the file does not reset it: on a machine that has used the vault before (its
+/// state directory remembers it), a record that fails its check counts as the longest delay
+/// until the next successful check. The count is also mirrored in the state directory, and the
+/// higher of the two applies, so putting back an older (authentic) record does not reset it.
 extension Vault {
     struct Attempts {
         var failures: Int
@@ -35,29 +37,40 @@ extension Vault {
         return Crypto.keyedDigest(encoder.bytes, key: attemptsKey(state))
     }
 
-    /// Whether this machine has unlocked the vault before (it then holds a device-wrapped key
-    /// in the header, which only the master key can add): an unauthenticated counter here is
-    /// tampering, not a file brought from elsewhere.
-    private static func hasUnlockedHere(_ state: State) -> Bool {
-        guard let id = KeyCache.deviceEntry(.always, device: state.device, header: state.header) else { return false }
-        return state.header.wrappedClassKeys[id] != nil
-    }
+    /// A count beyond any real one: a larger stored value is clamped, never trusted to overflow.
+    static let maximumFailureCount = 1_000
 
     func readAttempts(_ state: State) throws(LockboxError) -> Attempts {
         let stored = try state.database.firstRow("SELECT failures, last_failure, mac FROM unlock_attempts WHERE id = 1") { row in
             (Attempts(failures: row.integer(0) ?? 0, lastFailure: row.double(1) ?? 0), row.blob(2))
         }
-        if let (attempts, mac) = stored, let mac, IntegrityState.equal(mac, Self.attemptsMAC(attempts, state: state)) {
-            return attempts
-        }
-        if Self.hasUnlockedHere(state) {
-            return Attempts(
+        var attempts: Attempts
+        if let (record, mac) = stored, let mac, IntegrityState.equal(mac, Self.attemptsMAC(record, state: state)) {
+            attempts = record
+        } else if state.rememberedGeneration.exists {
+            // This machine knows the vault: an unauthenticated or missing record is tampering.
+            attempts = Attempts(
                 failures: max(stored?.0.failures ?? 0, Self.tamperedFailureCount), lastFailure: Date().timeIntervalSince1970)
+        } else {
+            attempts = stored?.0 ?? Attempts(failures: 0, lastFailure: 0)
         }
-        return stored?.0 ?? Attempts(failures: 0, lastFailure: 0)
+        let mirrored = readMirroredAttempts(state)
+        attempts.failures = min(max(attempts.failures, mirrored.failures, 0), Self.maximumFailureCount)
+        attempts.lastFailure = max(attempts.lastFailure.isFinite ? attempts.lastFailure : 0, mirrored.lastFailure)
+        return attempts
+    }
+
+    private func readMirroredAttempts(_ state: State) -> Attempts {
+        guard let bytes = Self.readSmallFile(state.rememberedGeneration.attemptsPath) else { return Attempts(failures: 0, lastFailure: 0) }
+        let fields = String(decoding: bytes, as: UTF8.self).split(separator: " ")
+        guard fields.count == 2, let failures = Int(fields[0]), let last = Double(fields[1]), last.isFinite else {
+            return Attempts(failures: 0, lastFailure: 0)
+        }
+        return Attempts(failures: min(max(failures, 0), Self.maximumFailureCount), lastFailure: last)
     }
 
     func writeAttempts(_ attempts: Attempts, state: State) throws(LockboxError) {
+        Self.writeSmallFile(state.rememberedGeneration.attemptsPath, Array("\(attempts.failures) \(attempts.lastFailure)".utf8))
         let statement = try state.database.statement(
             "INSERT OR REPLACE INTO unlock_attempts (id, failures, last_failure, mac) VALUES (1, ?, ?, ?)")
         statement.bind(1, attempts.failures)
@@ -77,7 +90,7 @@ extension Vault {
     func recordFailedAttempt(_ state: State) throws(LockboxError) -> Int {
         try state.database.writeTransaction { () throws(LockboxError) -> Int in
             var attempts = try readAttempts(state)
-            attempts.failures += 1
+            attempts.failures = min(attempts.failures + 1, Self.maximumFailureCount)
             attempts.lastFailure = Date().timeIntervalSince1970
             try writeAttempts(attempts, state: state)
             return attempts.failures
@@ -88,7 +101,7 @@ extension Vault {
     func clearFailedAttempts(_ state: State) throws(LockboxError) {
         let current = try readAttempts(state)
         let stored = try state.database.firstRow("SELECT mac FROM unlock_attempts WHERE id = 1") { $0.blob(0) }
-        guard current.failures != 0 || stored == nil || stored! == nil else { return }
+        guard current.failures != 0 || stored == nil || stored! == nil || readMirroredAttempts(state).failures != 0 else { return }
         try state.database.writeTransaction { () throws(LockboxError) in
             try writeAttempts(Attempts(failures: 0, lastFailure: 0), state: state)
         }

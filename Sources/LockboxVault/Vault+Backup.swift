@@ -155,6 +155,7 @@ extension Vault {
                     if try existing.step() {
                         let row = try SealedRow.read(from: existing)
                         existing.reset()
+                        guard row.isInItsBucket else { throw LockboxError.integrity("The keychain's rows") }
                         try verifyBuckets([row.bucket], state: state)
                         var current: Date?
                         if row.accessControl.isEmpty,

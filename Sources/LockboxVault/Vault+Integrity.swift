@@ -36,6 +36,8 @@ extension Vault {
             state.integrity = cache
             return cache
         }
+        // A header of the first format beside an integrity record was edited back.
+        guard header.version >= 2 else { throw LockboxError.integrity("The keychain header (its version)") }
         let keys = try integrityKeys(state)
         if let keys {
             guard stored.verify(header: header, keys: keys) else {
@@ -168,7 +170,7 @@ extension Vault {
                 """)
             row.bindColumns(to: statement)
             try statement.run()
-            integrity.toggle(bucket: row.bucket, .init(row), key: keys.element)
+            integrity.add(.init(row), key: keys.element)
             touchedBuckets.insert(row.bucket)
         }
 
@@ -184,8 +186,8 @@ extension Vault {
             row.bindColumns(to: statement)
             statement.bind(17, old.rowID)
             try statement.run()
-            integrity.toggle(bucket: old.bucket, .init(old), key: keys.element)
-            integrity.toggle(bucket: row.bucket, .init(row), key: keys.element)
+            integrity.remove(.init(old), key: keys.element)
+            integrity.add(.init(row), key: keys.element)
             touchedBuckets.formUnion([old.bucket, row.bucket])
         }
 
@@ -193,7 +195,7 @@ extension Vault {
             let statement = try database.statement("DELETE FROM items WHERE rowid = ?")
             statement.bind(1, old.rowID)
             try statement.run()
-            integrity.toggle(bucket: old.bucket, .init(old), key: keys.element)
+            integrity.remove(.init(old), key: keys.element)
             touchedBuckets.insert(old.bucket)
         }
 
@@ -209,11 +211,15 @@ extension Vault {
     func writeRows<T>(_ state: State, _ body: (RowWriter) throws(LockboxError) -> T) throws(LockboxError) -> T {
         try ensureUpgraded(state)
         var committed: IntegrityState?
+        var dataVersion = -1
         let value = try state.database.writeTransaction { () throws(LockboxError) -> T in
             let writer = try rowWriter(state)
             let value = try body(writer)
             try writer.finish(header: state.header)
             committed = writer.integrity
+            // Read inside the transaction: a commit by another connection right after ours
+            // must change it again, so the cache below never covers a write it did not see.
+            dataVersion = try state.database.dataVersion
             return value
         }
         if let committed {
@@ -222,7 +228,7 @@ extension Vault {
                 // Buckets verified before stay verified: this connection applied exact changes.
                 cache.state = committed
                 if cache.verifiedBuckets.isEmpty { cache.verifiedBuckets = [Bool](repeating: false, count: IntegrityState.bucketCount) }
-                cache.dataVersion = (try? state.database.dataVersion) ?? -1
+                cache.dataVersion = dataVersion
                 state.integrity = cache
             }
         }
@@ -253,6 +259,11 @@ extension Vault {
                     + "unlock it with `lockbox unlock` (or `unlock(passphrase:)`), then try again.")
         }
         try upgradeRows(state, master: master, presenceSecretKey: nil)
+        if try IntegrityState.load(from: state.database) == nil {
+            throw LockboxError.locked(
+                "This keychain file was written by an earlier Lockbox and holds access-controlled items that its "
+                    + "upgrade must reseal with the passphrase: unlock it with the passphrase (`lockbox unlock`), then try again.")
+        }
     }
 
     /// Brings the header to version 2 and every row this machine can open to the current row
@@ -274,6 +285,16 @@ extension Vault {
                 bind: { $0.bind(1, device.identifier) }, read: { $0.integer(0) ?? 0 }) ?? 0
             let needsHeader = header.version == 1 || header.wrappedClassKeys[legacyTDO] != nil
             guard existing == nil || needsHeader || pending > 0 else { return nil }
+            if needsHeader && presenceSecretKey == nil {
+                // The `always` keys are replaced by this upgrade: access-controlled rows of those
+                // classes must be resealed in the same step, which needs the passphrase.
+                let waiting = try state.database.firstRow(
+                    """
+                    SELECT count(*) FROM items WHERE format = 1 AND access_control != ''
+                    AND accessibility IN ('always', 'alwaysThisDeviceOnly') AND device_id IN ('', ?)
+                    """, bind: { $0.bind(1, device.identifier) }, read: { $0.integer(0) ?? 0 }) ?? 0
+                if waiting > 0 { return nil }
+            }
             if let existing {
                 // What is there must check out before the rows are resealed and recounted.
                 try verifyBeforeRebuilding(existing, header: header, master: master, state: state)
@@ -282,7 +303,9 @@ extension Vault {
             // Old keys for the rows, then the header's new ones.
             var oldClassKeys = SmallMap<Accessibility, SecretBytes>()
             for accessibility in Accessibility.allCases {
-                if let key = try KeyCache.unwrapClassKey(accessibility, header: header, master: master, device: device) {
+                if let key = try KeyCache.unwrapClassKey(
+                    accessibility, header: header, master: master, device: device, allowingVersion1: true)
+                {
                     oldClassKeys[accessibility] = key
                 }
             }
@@ -313,6 +336,23 @@ extension Vault {
             }
             let keys = IntegrityState.Keys(indexRoot: indexRoot, alwaysClassKey: always)
             let generation = max(existing?.generation ?? 0, state.rememberedGeneration.read()) + 1
+
+            // Rows of the first format had no bucket column: place them (any format-2 row must
+            // already be in its bucket, or the recount below refuses the file).
+            let legacy = try state.database.statement("SELECT rowid, lookup_digest, bucket FROM items WHERE format = 1")
+            var placements: [(Int, Int)] = []
+            while try legacy.step() {
+                guard let rowID = legacy.integer(0), let lookup = legacy.blob(1) else { throw LockboxError.integrity() }
+                let bucket = SealedRow.bucket(ofLookupDigest: lookup)
+                if legacy.integer(2) != bucket { placements.append((rowID, bucket)) }
+            }
+            legacy.reset()
+            for (rowID, bucket) in placements {
+                let update = try state.database.statement("UPDATE items SET bucket = ? WHERE rowid = ?")
+                update.bind(1, bucket)
+                update.bind(2, rowID)
+                try update.run()
+            }
 
             // Reseal what can be opened here.
             let select = try state.database.statement(
@@ -350,23 +390,7 @@ extension Vault {
             }
 
             // Every row is counted, including the ones left as they were.
-            var integrity = IntegrityState.empty()
-            let all = try state.database.statement("SELECT rowid, bucket, \(IntegrityState.RowIdentity.columns) FROM items")
-            var misplaced: [(Int, Int)] = []
-            while try all.step() {
-                guard let rowID = all.integer(0) else { throw LockboxError.integrity() }
-                let identity = try IntegrityState.RowIdentity(all, first: 2)
-                let bucket = SealedRow.bucket(ofLookupDigest: identity.lookupDigest)
-                if all.integer(1) != bucket { misplaced.append((rowID, bucket)) }
-                integrity.toggle(bucket: bucket, identity, key: keys.element)
-            }
-            all.reset()
-            for (rowID, bucket) in misplaced {
-                let update = try state.database.statement("UPDATE items SET bucket = ? WHERE rowid = ?")
-                update.bind(1, bucket)
-                update.bind(2, rowID)
-                try update.run()
-            }
+            var integrity = try IntegrityState.recount(database: state.database, key: keys.element)
             integrity.generation = generation
             integrity.seal(header: header, keys: keys)
             try integrity.save(to: state.database)
@@ -389,11 +413,9 @@ extension Vault {
         guard stored.verify(header: header, keys: keys) else { throw LockboxError.integrity("The keychain's integrity record") }
         let remembered = state.rememberedGeneration.read()
         guard stored.generation >= remembered else { throw rolledBack(found: stored.generation, remembered: remembered) }
-        for bucket in 0..<IntegrityState.bucketCount {
-            let computed = try IntegrityState.computeAccumulator(bucket: bucket, database: state.database, key: keys.element)
-            guard IntegrityState.equal(computed, Array(stored.accumulator(bucket))) else {
-                throw LockboxError.integrity("The keychain's rows")
-            }
+        let counted = try IntegrityState.recount(database: state.database, key: keys.element)
+        guard IntegrityState.equal(counted.accumulators, stored.accumulators) else {
+            throw LockboxError.integrity("The keychain's rows")
         }
     }
 }

@@ -63,8 +63,7 @@ extension Vault {
             try state.database.readTransaction { () throws(LockboxError) -> [Item] in
                 _ = try currentIntegrity(state)
                 let plan = try plan(for: query, readingData: query.returning.contains(.data), state: state)
-                let rows = try candidates(plan, state: state)
-                try verifyIntegrity(of: rows, plan: plan, state: state)
+                let rows = try verifyIntegrity(of: try candidates(plan, state: state), plan: plan, state: state)
                 var results: [Item] = []
                 var lockedCandidate = false
                 for row in rows {
@@ -107,8 +106,7 @@ extension Vault {
                 var query = query
                 query.limit = .all
                 let plan = try plan(for: query, readingData: true, state: state)
-                let rows = try candidates(plan, state: state)
-                try verifyIntegrity(of: rows, plan: plan, state: state)
+                let rows = try verifyIntegrity(of: try candidates(plan, state: state), plan: plan, state: state)
                 var matched = 0
                 var lockedCandidate = false
                 for row in rows {
@@ -162,8 +160,7 @@ extension Vault {
                 var query = query
                 query.limit = .all
                 let plan = try plan(for: query, readingData: false, state: state)
-                let rows = try candidates(plan, state: state)
-                try verifyIntegrity(of: rows, plan: plan, state: state)
+                let rows = try verifyIntegrity(of: try candidates(plan, state: state), plan: plan, state: state)
                 var doomed: [SealedRow] = []
                 for row in rows {
                     guard let classKey = try state.keys.classKey(for: row.accessibility, header: state.header) else {
@@ -194,7 +191,33 @@ extension Vault {
     /// Checks the integrity buckets a query depends on: the bucket its lookup digest names
     /// (so a deleted row is noticed even when nothing is found), the buckets of every row found,
     /// and every bucket for a query that scans its class.
-    func verifyIntegrity(of rows: [SealedRow], plan: QueryPlan, state: State) throws(LockboxError) {
+    func verifyIntegrity(of rows: [SealedRow], plan: QueryPlan, state: State) throws(LockboxError) -> [SealedRow] {
+        // A row whose bucket column disagrees with its digest was moved out of the count.
+        guard rows.allSatisfy(\.isInItsBucket) else {
+            throw LockboxError(
+                .decode,
+                "The keychain file holds a row outside Lockbox's integrity record (moved or replayed from an older copy). "
+                    + "Nothing was read. Check it with `lockbox verify`; restore it from a backup.")
+        }
+        try verifyBuckets(of: rows, plan: plan, state: state)
+        return rows.filter { admits($0, plan, state: state) }
+    }
+
+    /// Whether a verified row meets the conditions a selective plan left out of its SQL.
+    func admits(_ row: SealedRow, _ plan: QueryPlan, state: State) -> Bool {
+        guard row.itemClass == plan.itemClass, row.deviceID.isEmpty || row.deviceID == state.device.identifier,
+            !plan.shape.contains(.nothing)
+        else { return false }
+        if let group = plan.group, row.accessGroup != group { return false }
+        if plan.group == nil, let groups = configuration.accessGroups, !groups.contains(row.accessGroup) { return false }
+        if let accessibility = plan.accessibility, row.accessibility != accessibility { return false }
+        if plan.shape.contains(.onlyNotSynchronizable) && row.synchronizable { return false }
+        if plan.shape.contains(.onlySynchronizable) && !row.synchronizable { return false }
+        if plan.shape.contains(.alwaysOnly) && row.accessibility.availability != .always { return false }
+        return true
+    }
+
+    private func verifyBuckets(of rows: [SealedRow], plan: QueryPlan, state: State) throws(LockboxError) {
         if plan.shape.contains(.lookupDigest) || plan.shape.contains(.nameDigest) {
             var buckets = Set(rows.map(\.bucket))
             if let digest = plan.lookupDigest { buckets.insert(SealedRow.bucket(ofLookupDigest: digest)) }
@@ -213,7 +236,6 @@ extension Vault {
         guard row.itemClass == plan.itemClass else { throw LockboxError.integrity() }
         let opened = try row.openAttributes(classKey: classKey, prefix: prefix)
         guard opened.matches(plan.covered) else { throw LockboxError.integrity() }
-        if let group = plan.group, group != row.accessGroup { throw LockboxError.integrity() }
         return opened.matches(plan.residual) ? opened : nil
     }
 
@@ -293,8 +315,15 @@ extension Vault {
         var covered: ItemAttributes
         /// The lookup digest searched for, when the query names a full primary key.
         var lookupDigest: [UInt8]?
-        /// The access group the SQL selected on, when one.
+        /// The access group asked for, when one.
         var group: String?
+        /// The accessibility asked for, when one.
+        var accessibility: Accessibility?
+
+        /// Selects by a digest or a reference alone (the other conditions apply in ``admits``).
+        var isSelective: Bool {
+            !shape.isDisjoint(with: [.lookupDigest, .nameDigest, .persistentReference])
+        }
         /// True when `residual` is not empty: candidates must be decrypted to match.
         var needsMetadata: Bool
         /// True when the metadata column is read (to match or to return attributes).
@@ -335,9 +364,14 @@ extension Vault {
         var lookupDigest: [UInt8]?
         var selectedGroup: String?
 
+        // A plan that selects by a digest or a reference selects by that alone; every other
+        // condition is applied after the rows found were checked against the integrity record,
+        // so an edited column cannot hide a row (the read would say "not found").
+        var selective: QueryPlan.Argument?
         if let reference = query.persistentReference {
             shape.insert(.persistentReference)
             arguments.append(.blob(Array(reference)))
+            selective = .blob(Array(reference))
         }
         let usesDigest = PrimaryKey.isComplete(query.itemClass, residual) || PrimaryKey.encodeName(query.itemClass, residual) != nil
         let indexKey = usesDigest ? try state.keys.indexKey(for: query.itemClass) : nil
@@ -349,12 +383,15 @@ extension Vault {
             shape.insert(.lookupDigest)
             let digest = Crypto.keyedDigest(PrimaryKey.encode(query.itemClass, residual, includingGroup: false), key: indexKey)
             arguments.append(.blob(digest))
+            if selective == nil { selective = .blob(digest) }
             lookupDigest = digest
             covered = residual.primaryKeyOnly(of: query.itemClass)
             residual.clearPrimaryKey(of: query.itemClass)
         } else if let indexKey, let name = PrimaryKey.encodeName(query.itemClass, residual) {
             shape.insert(.nameDigest)
-            arguments.append(.blob(Crypto.keyedDigest(name, key: indexKey)))
+            let digest = Crypto.keyedDigest(name, key: indexKey)
+            arguments.append(.blob(digest))
+            if selective == nil { selective = .blob(digest) }
             covered = residual.nameOnly(of: query.itemClass)
             residual.clearName(of: query.itemClass)
         }
@@ -372,11 +409,13 @@ extension Vault {
             shape.insert(.groupIn)
             arguments.append(contentsOf: groups.map { .text($0) })
         }
+        let wantedAccessibility = residual.accessibility
         if let accessibility = residual.accessibility {
             shape.insert(.accessibility)
             arguments.append(.text(accessibility.rawValue))
             residual.accessibility = nil
         }
+        if let selective { arguments = [selective] }
         switch query.synchronizable {
         case .no: shape.insert(.onlyNotSynchronizable)
         case .yes: shape.insert(.onlySynchronizable)
@@ -395,11 +434,22 @@ extension Vault {
         }
         return QueryPlan(
             sql: sql, arguments: arguments, residual: residual, covered: covered, lookupDigest: lookupDigest,
-            group: selectedGroup, needsMetadata: needsMetadata,
+            group: selectedGroup, accessibility: wantedAccessibility, needsMetadata: needsMetadata,
             readsMetadata: shape.contains(.metadataColumn), itemClass: query.itemClass, shape: shape)
     }
 
     private static func select(_ shape: PlanShape, groupCount: Int) -> String {
+        let columns = SealedRow.columns(metadata: shape.contains(.metadataColumn), secret: shape.contains(.secretColumn))
+        if shape.contains(.persistentReference) {
+            return "SELECT \(columns) FROM items WHERE id = ? ORDER BY rowid"
+        }
+        if shape.contains(.lookupDigest) {
+            return "SELECT \(columns) FROM items WHERE lookup_digest = ? ORDER BY rowid"
+        }
+        if shape.contains(.nameDigest) {
+            return "SELECT \(columns) FROM items WHERE name_digest = ? ORDER BY rowid"
+        }
+        // A scan: every bucket is verified, so filtering in SQL hides nothing.
         // Items bound to another machine (a copied vault file) are invisible here.
         var conditions = ["item_class = ?", "device_id IN ('', ?)"]
         if shape.contains(.alwaysOnly) { conditions.append("accessibility IN ('always', 'alwaysThisDeviceOnly')") }
@@ -414,7 +464,6 @@ extension Vault {
         if shape.contains(.onlyNotSynchronizable) { conditions.append("synchronizable = 0") }
         if shape.contains(.onlySynchronizable) { conditions.append("synchronizable = 1") }
         if shape.contains(.nothing) { conditions.append("0") }
-        let columns = SealedRow.columns(metadata: shape.contains(.metadataColumn), secret: shape.contains(.secretColumn))
         return "SELECT \(columns) FROM items WHERE "
             + conditions.joined(separator: " AND ") + " ORDER BY rowid"
     }

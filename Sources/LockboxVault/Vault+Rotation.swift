@@ -123,13 +123,7 @@ extension Vault {
                 try update.run()
                 resealed += 1
             }
-            var integrity = IntegrityState.empty()
-            let all = try state.database.statement("SELECT bucket, \(IntegrityState.RowIdentity.columns) FROM items")
-            while try all.step() {
-                guard let bucket = all.integer(0), (0..<IntegrityState.bucketCount).contains(bucket) else { throw LockboxError.integrity() }
-                integrity.toggle(bucket: bucket, try IntegrityState.RowIdentity(all, first: 1), key: newKeys.element)
-            }
-            all.reset()
+            var integrity = try IntegrityState.recount(database: state.database, key: newKeys.element)
             integrity.generation = generation
             integrity.seal(header: header, keys: newKeys)
             try integrity.save(to: state.database)

@@ -51,13 +51,18 @@ extension Vault {
                     if !stored.verify(header: header, keys: keys) {
                         report.problems.append("The integrity record or the header was modified.")
                     }
-                    var bad = 0
-                    for bucket in 0..<IntegrityState.bucketCount {
-                        let computed = try IntegrityState.computeAccumulator(bucket: bucket, database: state.database, key: keys.element)
-                        if !IntegrityState.equal(computed, Array(stored.accumulator(bucket))) { bad += 1 }
-                    }
-                    if bad > 0 {
-                        report.problems.append("\(bad) of \(IntegrityState.bucketCount) groups of rows differ from what Lockbox wrote (rows replayed, added or removed).")
+                    do throws(LockboxError) {
+                        let counted = try IntegrityState.recount(database: state.database, key: keys.element)
+                        var bad = 0
+                        for bucket in 0..<IntegrityState.bucketCount where counted.accumulator(bucket) != stored.accumulator(bucket) {
+                            bad += 1
+                        }
+                        if bad > 0 {
+                            report.problems.append(
+                                "\(bad) of \(IntegrityState.bucketCount) groups of rows differ from what Lockbox wrote (rows replayed, added, removed or edited).")
+                        }
+                    } catch {
+                        report.problems.append("Rows were moved out of their group or appear twice.")
                     }
                 } else if header.version >= 2 || remembered > 0 {
                     report.problems.append("The integrity record is missing.")

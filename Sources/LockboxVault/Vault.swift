@@ -341,7 +341,7 @@ public final class Vault: ItemStore, Sendable {
         let derived = try Self.deriveSlotKeys(header, passphrase: passphrase)
         guard let (master, presence) = Self.openPassphraseSlot(header, slotKeys: derived) else {
             state.pendingAttemptOutcome = false
-            throw wrongPassphrase(failures: try readAttempts(state).failures + 1, failure)
+            throw wrongPassphrase(failures: min(try readAttempts(state).failures + 1, Self.maximumFailureCount), failure)
         }
         state.pendingAttemptOutcome = true
         return VerifiedPassphrase(master: master, presence: presence, header: header)
@@ -399,6 +399,14 @@ public final class Vault: ItemStore, Sendable {
             state.keys.lock()
             markExplicitLock(state)
         }
+    }
+
+    /// Locks the vault at `path` without checking its contents first: a file that fails its
+    /// integrity checks can still be locked (its keys leave the kernel keyring).
+    /// - Parameter all: forget the after-first-unlock keys too, as ``lockAll()`` does.
+    public static func lock(at path: String, configuration: Configuration = Configuration(), all: Bool) throws(LockboxError) {
+        let vault = try open(at: path, configuration: configuration, checked: false)
+        if all { vault.lockAll() } else { vault.lock() }
     }
 
     /// Forgets every cached key, as a reboot does (`afterFirstUnlock*` items lock too).

@@ -25,10 +25,4 @@ extension Database {
         return try read(statement)
     }
 
-    /// Moves the WAL's content into the file and truncates the WAL, so that pages holding
-    /// deleted or replaced values do not linger there. Best effort: a reader holding an old
-    /// snapshot past the busy timeout leaves the WAL as it is until the next checkpoint.
-    package func truncateWriteAheadLog() {
-        _ = try? execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    }
 }

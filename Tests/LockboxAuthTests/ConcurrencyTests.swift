@@ -54,7 +54,7 @@ extension LifecycleTests {
         let credentials = try await waiter.value
         let refreshedAfter = cancelledAt.duration(to: clock.now)
 
-        #expect(throws: AuthError.cancelled) { try cancelledResult.get() }
+        #expect { try cancelledResult.get() } throws: { isAuthError($0, .cancelled) }
         #expect(cancelledAfter < refreshedAfter)
 
         let after = try await server.counters()

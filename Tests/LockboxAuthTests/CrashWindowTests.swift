@@ -23,7 +23,7 @@ extension LifecycleTests {
         let restart = try await Worker.run(vault: vault, server: server, ["check"])
         #expect(restart["outcome"] as? String == "signed_out", "restart: \(restart)")
         #expect(restart["reason"] as? String == "invalid_grant")
-        #expect(try vault.tokenStore(for: manager.configuration).hasCredentials() == false)
+        #expect(try await vault.tokenStore(for: manager.configuration).hasCredentials() == false)
         let events = try await server.logEvents()
         #expect(events.contains("refresh_rotated"))
         #expect(events.contains("reuse_detected"))
@@ -63,20 +63,19 @@ extension LifecycleTests {
         await #expect {
             try await manager.credentials(minTTL: forceRefresh)
         } throws: { error in
-            if case AuthError.network = error { return true }
-            return false
+            isAuthError(error, .network)
         }
-        #expect(try vault.tokenStore(for: manager.configuration).hasCredentials())
+        #expect(try await vault.tokenStore(for: manager.configuration).hasCredentials())
         #expect(isSignedIn(await manager.state))
 
         // The stored token was rotated at the server: the next refresh is reuse, which ends
         // the session cleanly, once.
-        await #expect(throws: AuthError.signedOut(.refreshTokenRejected)) {
+        await #expect {
             try await manager.credentials(minTTL: forceRefresh)
-        }
-        await #expect(throws: AuthError.signedOut(.refreshTokenRejected)) {
+        } throws: { isAuthError($0, .signedOut, reason: .refreshTokenRejected) }
+        await #expect {
             try await manager.credentials(minTTL: forceRefresh)
-        }
+        } throws: { isAuthError($0, .signedOut, reason: .refreshTokenRejected) }
         let counters = try await server.counters()
         #expect(counters["refresh_requests"] == 2)
         #expect(counters["dropped_responses"] == 1)

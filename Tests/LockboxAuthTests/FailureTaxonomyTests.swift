@@ -13,9 +13,9 @@ extension LifecycleTests {
         try await server.admin("POST", "test/revoke-all")
         let states = await manager.states()
 
-        await #expect(throws: AuthError.signedOut(.refreshTokenRejected)) {
+        await #expect {
             try await manager.credentials(minTTL: forceRefresh)
-        }
+        } throws: { isAuthError($0, .signedOut, reason: .refreshTokenRejected) }
         #expect(await manager.state == .signedOut(.refreshTokenRejected))
         var observed: [CredentialsState] = []
         for await state in states {
@@ -26,7 +26,7 @@ extension LifecycleTests {
         #expect(isSignedIn(observed[0]))
         #expect(observed.dropFirst().first == .refreshing)
         #expect(observed.last == .signedOut(.refreshTokenRejected))
-        #expect(try vault.tokenStore(for: manager.configuration).hasCredentials() == false)
+        #expect(try await vault.tokenStore(for: manager.configuration).hasCredentials() == false)
         #expect(events.events.contains { $0.kind == .signedOut && $0.reason == "invalid_grant" })
     }
 
@@ -37,11 +37,11 @@ extension LifecycleTests {
         _ = try await server.signIn(manager)
         try await server.faults(["token_503": 1])
 
-        await #expect(throws: AuthError.server(status: 503, error: "temporarily_unavailable", retryAfter: 1)) {
+        await #expect {
             try await manager.credentials(minTTL: forceRefresh)
-        }
+        } throws: { isAuthError($0, .server, oauthError: "temporarily_unavailable", status: 503) && ($0 as? AuthError)?.retryAfter == 1 }
         #expect(isSignedIn(await manager.state))
-        #expect(try vault.tokenStore(for: manager.configuration).hasCredentials())
+        #expect(try await vault.tokenStore(for: manager.configuration).hasCredentials())
         // The kept token still works once the server is back.
         _ = try await manager.credentials(minTTL: forceRefresh)
         #expect(try await server.counters()["reuse_detections"] == 0)
@@ -60,11 +60,10 @@ extension LifecycleTests {
         await #expect {
             try await unreachable.credentials(minTTL: forceRefresh)
         } throws: { error in
-            if case AuthError.network = error { return true }
-            return false
+            isAuthError(error, .network)
         }
         #expect(isSignedIn(await unreachable.state))
-        #expect(try vault.tokenStore(for: manager.configuration).hasCredentials())
+        #expect(try await vault.tokenStore(for: manager.configuration).hasCredentials())
         _ = try await manager.credentials(minTTL: forceRefresh)
         #expect(try await server.counters()["reuse_detections"] == 0)
     }
@@ -78,9 +77,9 @@ extension LifecycleTests {
         _ = try await server.signIn(manager)
         vault.vault.lock()
 
-        await #expect(throws: AuthError.storeLocked) {
+        await #expect {
             try await manager.credentials(minTTL: forceRefresh)
-        }
+        } throws: { isAuthError($0, .storeLocked) }
         #expect(await manager.state == .storeLocked)
         #expect(try await server.counters()["refresh_requests"] == 0)
 
@@ -139,7 +138,7 @@ extension LifecycleTests {
         _ = try await manager.credentials(minTTL: forceRefresh)
         #expect(await manager.isPersistentSignInDisabled == false)
         #expect(try await server.counters()["reuse_detections"] == 0)
-        let stored = try vault.tokenStore(for: configuration).refreshToken().map(TokenFingerprint.of)
+        let stored = try await vault.tokenStore(for: configuration).refreshToken().map(TokenFingerprint.of)
         #expect(stored == events.events.last { $0.kind == .rotationPersisted }?.fingerprint)
     }
 }

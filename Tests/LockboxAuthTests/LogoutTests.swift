@@ -30,14 +30,14 @@ extension LifecycleTests {
 
         #expect(result == CredentialsManager.LogoutResult(revoked: true, queued: false))
         #expect(await manager.state == .signedOut(.loggedOut))
-        #expect(try vault.tokenStore(for: manager.configuration).hasCredentials() == false)
-        #expect(try RevocationOutbox(store: vault.vault).pendingCount() == 0)
+        #expect(try await vault.tokenStore(for: manager.configuration).hasCredentials() == false)
+        #expect(try await RevocationOutbox(store: vault.vault).pendingCount() == 0)
         #expect(try await server.counters()["revocations"]! >= 1)
         #expect(try await refreshError(server, tokens.refreshToken!) == "invalid_grant")
         #expect(events.count(.revocationSucceeded) == 1)
-        await #expect(throws: AuthError.signedOut(.loggedOut)) {
+        await #expect {
             try await manager.credentials()
-        }
+        } throws: { isAuthError($0, .signedOut, reason: .loggedOut) }
     }
 
     @Test func logout_withRevocationFailing_clearsLocallyQueuesThenRetrySucceeds() async throws {
@@ -53,20 +53,20 @@ extension LifecycleTests {
 
         #expect(result == CredentialsManager.LogoutResult(revoked: false, queued: true))
         #expect(await manager.state == .signedOut(.loggedOut))
-        #expect(try vault.tokenStore(for: manager.configuration).hasCredentials() == false)
-        #expect(try RevocationOutbox(store: vault.vault).pendingCount() == 1)
+        #expect(try await vault.tokenStore(for: manager.configuration).hasCredentials() == false)
+        #expect(try await RevocationOutbox(store: vault.vault).pendingCount() == 1)
         #expect(events.count(.revocationQueued) == 1)
         // The queued entry never restores the session.
-        await #expect(throws: AuthError.signedOut(.loggedOut)) {
+        await #expect {
             try await manager.credentials()
-        }
+        } throws: { isAuthError($0, .signedOut, reason: .loggedOut) }
 
         // `lockbox logout --retry`, from another handle on the same vault.
         let session = CommandLineSession(store: try Vault.open(at: vault.vault.path), lockDirectory: vault.lockDirectory)
         let message = try await session.retryPendingLogouts()
 
         #expect(message == "All pending revocations delivered.")
-        #expect(try RevocationOutbox(store: vault.vault).pendingCount() == 0)
+        #expect(try await RevocationOutbox(store: vault.vault).pendingCount() == 0)
         #expect(try await server.counters()["revocations"] == 1)
         #expect(try await refreshError(server, tokens.refreshToken!) == "invalid_grant")
     }
@@ -83,8 +83,8 @@ extension LifecycleTests {
         let message = try await session.retryPendingLogouts()
 
         #expect(message.contains("1 still pending"))
-        #expect(try RevocationOutbox(store: vault.vault).pendingCount() == 1)
-        #expect(try session.status().pendingRevocations == 1)
-        #expect(try session.status().sessions.isEmpty)
+        #expect(try await RevocationOutbox(store: vault.vault).pendingCount() == 1)
+        #expect(try await session.status().pendingRevocations == 1)
+        #expect(try await session.status().sessions.isEmpty)
     }
 }

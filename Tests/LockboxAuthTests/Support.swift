@@ -231,3 +231,15 @@ func regularFiles(in directory: TemporaryDirectory) -> [String] {
         return FileManager.default.fileExists(atPath: file, isDirectory: &isDirectory) && !isDirectory.boolValue
     }
 }
+
+/// Whether `error` is an ``AuthError`` with `code` and, when given, the sign-out reason, OAuth
+/// error and HTTP status: tests match codes, never message text.
+func isAuthError(
+    _ error: any Error, _ code: AuthError.Code, reason: SignOutReason? = nil, oauthError: String? = nil, status: Int? = nil
+) -> Bool {
+    guard let error = error as? AuthError, error.code == code else { return false }
+    if let reason, error.signOutReason != reason { return false }
+    if let oauthError, error.oauthError != oauthError { return false }
+    if let status, error.httpStatus != status { return false }
+    return true
+}

@@ -3,7 +3,7 @@ import Glibc
 #elseif canImport(Darwin)
 import Darwin
 #endif
-import Dispatch
+import LockboxCore
 
 /// An exclusive `flock` on a lock file: single flight across processes sharing one vault.
 /// The kernel releases it when the holder dies, so a crashed process never blocks the others.
@@ -16,28 +16,23 @@ final class FileLock: Sendable {
 
     /// Waits for the lock on a thread outside the cooperative pool (flock blocks).
     static func acquire(path: String) async throws(AuthError) -> FileLock {
-        let result: Result<FileLock, AuthError> = await withCheckedContinuation { continuation in
-            DispatchQueue.global().async {
-                continuation.resume(returning: acquireBlocking(path: path))
-            }
-        }
-        return try result.get()
+        try await BlockingCall.run { () throws(AuthError) in try acquireBlocking(path: path).get() }
     }
 
     private static func acquireBlocking(path: String) -> Result<FileLock, AuthError> {
         let directory = String(path[..<(path.lastIndex(of: "/") ?? path.endIndex)])
         if !directory.isEmpty, mkdir(directory, 0o700) != 0, errno != EEXIST {
-            return .failure(.store(.init(.io, "Cannot create the lock directory \(directory) (errno \(errno)).")))
+            return .failure(.from(.init(.io, "Cannot create the lock directory \(directory) (errno \(errno)).")))
         }
         let descriptor = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
         guard descriptor >= 0 else {
-            return .failure(.store(.init(.io, "Cannot open the lock file \(path) (errno \(errno)).")))
+            return .failure(.from(.init(.io, "Cannot open the lock file \(path) (errno \(errno)).")))
         }
         while flock(descriptor, LOCK_EX) != 0 {
             if errno == EINTR { continue }
             let code = errno
             close(descriptor)
-            return .failure(.store(.init(.io, "Cannot lock \(path) (errno \(code)).")))
+            return .failure(.from(.init(.io, "Cannot lock \(path) (errno \(code)).")))
         }
         return .success(FileLock(descriptor: descriptor))
     }

@@ -40,22 +40,28 @@ final class LoopbackListener: Sendable {
         close(descriptor)
     }
 
-    /// Waits (off the cooperative pool) for a request for `path`; returns its query items.
-    func waitForRedirect(path: String, timeout: Duration) async throws(AuthError) -> [URLQueryItem] {
+    /// Waits (off the cooperative pool) for a request for `path` whose query `isValid` approves;
+    /// returns its query items. Requests for `path` that `isValid` refuses are answered 400 and
+    /// ignored; other paths get 404.
+    func waitForRedirect(
+        path: String, timeout: Duration, isValid: @escaping @Sendable ([URLQueryItem]) -> Bool
+    ) async throws(AuthError) -> [URLQueryItem] {
         let deadline = ContinuousClock.now + timeout
         let result: Result<[URLQueryItem], AuthError> = await withCheckedContinuation { continuation in
             DispatchQueue.global().async {
-                continuation.resume(returning: self.acceptLoop(path: path, deadline: deadline))
+                continuation.resume(returning: self.acceptLoop(path: path, deadline: deadline, isValid: isValid))
             }
         }
         return try result.get()
     }
 
-    private func acceptLoop(path: String, deadline: ContinuousClock.Instant) -> Result<[URLQueryItem], AuthError> {
+    private func acceptLoop(
+        path: String, deadline: ContinuousClock.Instant, isValid: ([URLQueryItem]) -> Bool
+    ) -> Result<[URLQueryItem], AuthError> {
         while true {
             let remaining = ContinuousClock.now.duration(to: deadline)
             guard remaining > .zero else {
-                return .failure(.flowFailed(code: "timeout", message: "no browser redirect arrived in time"))
+                return .failure(.flowFailed("timeout", "no browser redirect arrived in time"))
             }
             var poller = pollfd(fd: descriptor, events: Int16(POLLIN), revents: 0)
             let milliseconds = Int32(min(remaining.components.seconds * 1000 + 1, 1000))
@@ -64,23 +70,39 @@ final class LoopbackListener: Sendable {
             let connection = accept(descriptor, nil, nil)
             guard connection >= 0 else { continue }
             defer { close(connection) }
-            var timeoutValue = timeval(tv_sec: 5, tv_usec: 0)
-            setsockopt(connection, SOL_SOCKET, SO_RCVTIMEO, &timeoutValue, socklen_t(MemoryLayout<timeval>.size))
             guard let target = readRequestTarget(connection) else { continue }
             guard let queryItems = Self.redirectQuery(target: target, path: path) else {
                 respond(connection, status: "404 Not Found", body: "Not found.")
                 continue
             }
-            respond(connection, status: "200 OK", body: "Signed in. You can close this window and return to the application.")
+            guard isValid(queryItems) else {
+                respond(
+                    connection, status: "400 Bad Request",
+                    body: "This response does not belong to the sign-in in progress and was ignored. Nothing was signed in.")
+                continue
+            }
+            let refused = queryItems.contains { $0.name == "error" }
+            respond(
+                connection, status: "200 OK",
+                body: refused
+                    ? "The sign-in was not approved. You can close this window and return to the application."
+                    : "Sign-in received. You can close this window; the application finishes signing in.")
             return .success(queryItems)
         }
     }
 
-    /// The request target of `GET <target> HTTP/1.1`, reading at most 16 KiB of headers.
+    /// The request target of `GET <target> HTTP/1.1`, reading at most 16 KiB of headers for at
+    /// most 5 seconds in all (a client that trickles bytes cannot hold the listener).
     private func readRequestTarget(_ connection: Int32) -> String? {
         var buffer = [UInt8]()
         var chunk = [UInt8](repeating: 0, count: 2048)
+        let deadline = ContinuousClock.now + .seconds(5)
         while buffer.count < 16 * 1024 {
+            let remaining = ContinuousClock.now.duration(to: deadline)
+            guard remaining > .zero else { break }
+            var poller = pollfd(fd: connection, events: Int16(POLLIN), revents: 0)
+            let milliseconds = Int32(remaining.components.seconds * 1000 + remaining.components.attoseconds / 1_000_000_000_000_000 + 1)
+            guard poll(&poller, 1, milliseconds) > 0 else { break }
             let count = read(connection, &chunk, chunk.count)
             if count <= 0 { break }
             buffer.append(contentsOf: chunk[0..<count])

@@ -153,6 +153,14 @@ package final class Database {
     /// Rows changed by the last statement.
     package var changes: Int { Int(sqlite3_changes(handle)) }
 
+    /// Moves the WAL's content into the file and truncates the WAL, so that pages holding
+    /// deleted or replaced values do not linger there. Best effort, and outside the injected
+    /// faults: a reader holding an old snapshot past the busy timeout leaves the WAL as it is
+    /// until the next checkpoint, and the operation has already committed.
+    package func truncateWriteAheadLog() {
+        _ = sqlite3_wal_checkpoint_v2(handle, nil, SQLITE_CHECKPOINT_TRUNCATE, nil, nil)
+    }
+
     /// The device and inode of the file SQLite opened, read from its own descriptor, so the
     /// caller can confirm it is the file that was checked. Nil when the VFS is not SQLite's
     /// default `unix` one.

@@ -13,8 +13,12 @@ It behaves as a careful production server would, and adds test-only switches und
   (GET /test/log, with token fingerprints only), reset (POST /test/reset), device approval
   (POST /test/device/approve).
 
+A third listener serves the same app over plain HTTP (DIR/plain-url), as a network attacker on
+an http:// hop would; requests reaching it are counted (plain_http_requests), and
+/.well-known/oauth-authorization-server/redirect-to-http sends discovery there.
+
 Usage: server.py --state-dir DIR  (reads DIR/server.pem, DIR/server.key, DIR/rogue.pem,
-DIR/rogue.key; writes DIR/url and DIR/rogue-url once listening).
+DIR/rogue.key; writes DIR/url, DIR/rogue-url and DIR/plain-url once listening).
 """
 
 import argparse
@@ -35,7 +39,7 @@ from authlib.oauth2.rfc6750.token import BearerTokenGenerator
 from authlib.oauth2.rfc7009 import RevocationEndpoint
 from authlib.oauth2.rfc7636 import CodeChallenge
 from authlib.oauth2.rfc8628 import DeviceAuthorizationEndpoint, DeviceCodeGrant, DeviceCredentialDict
-from flask import Flask, jsonify, request
+from flask import Flask, Response, jsonify, redirect, request
 from werkzeug.serving import make_server
 
 DEVICE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
@@ -70,6 +74,12 @@ class State:
             "refresh_without_rotation": False,
             "canary_access_token": "",     # the next access token issued, verbatim
             "canary_refresh_token": "",    # the next refresh token issued, verbatim
+            "token_trickle": 0.0,          # /token answers 200, then one byte every N seconds, forever
+            "token_huge_access_token": 0,  # next refresh answers an access token of N bytes, streamed
+            "token_redirect": 0,           # next N /token calls answer 307 to /token-redirected
+            "device_user_code": "",        # shown instead of the real user_code (once)
+            "device_verification_uri": "",           # replaces verification_uri (once)
+            "device_verification_uri_complete": "",  # replaces verification_uri_complete (once)
         }
         self.counters = {
             "refresh_requests": 0,
@@ -89,6 +99,11 @@ class State:
             "api_403": 0,
             "token_503": 0,
             "dropped_responses": 0,
+            "trickled_responses": 0,
+            "huge_bytes_sent": 0,
+            "token_redirects": 0,
+            "redirected_token_requests": 0,
+            "plain_http_requests": 0,
         }
         self.log = []
 
@@ -398,6 +413,7 @@ class AccessTokenValidator(BearerTokenValidator):
 
 
 BASE_URL = {"url": ""}
+PLAIN_URL = {"url": ""}
 app = Flask(__name__)
 authorization = AuthorizationServer(app, query_client=query_client, save_token=save_token)
 authorization.register_token_generator(
@@ -417,9 +433,30 @@ require_oauth.register_token_validator(AccessTokenValidator())
 
 @app.get("/.well-known/oauth-authorization-server")
 def metadata():
+    return metadata_for(BASE_URL["url"])
+
+
+@app.get("/.well-known/oauth-authorization-server/<name>")
+def redirecting_metadata(name):
+    """Discovery for the issuers BASE/redirect-to-http and BASE/redirect-to-https: a redirect to
+    a document that names that issuer, over plain HTTP or over HTTPS."""
+    issuer = BASE_URL["url"] + "/" + name
+    if name == "redirect-to-http":
+        return redirect(PLAIN_URL["url"] + "/test/metadata?issuer=" + issuer, code=302)
+    if name == "redirect-to-https":
+        return redirect(BASE_URL["url"] + "/test/metadata?issuer=" + issuer, code=302)
+    return jsonify({"error": "not_found"}), 404
+
+
+@app.get("/test/metadata")
+def test_metadata():
+    return metadata_for(request.args["issuer"])
+
+
+def metadata_for(issuer):
     base = BASE_URL["url"]
     return jsonify({
-        "issuer": base,
+        "issuer": issuer,
         "authorization_endpoint": base + "/authorize",
         "token_endpoint": base + "/token",
         "revocation_endpoint": base + "/revoke",
@@ -433,12 +470,51 @@ def metadata():
     })
 
 
+def trickle_response(interval):
+    """200 and headers at once, then a space (valid JSON whitespace) every `interval` seconds."""
+    def drip():
+        for _ in range(3600):
+            yield b" "
+            time.sleep(interval)
+    return Response(drip(), status=200, mimetype="application/json")
+
+
+def huge_token_response(size):
+    """A token response whose access token is `size` bytes, streamed with no Content-Length."""
+    def body():
+        yield b'{"token_type": "Bearer", "expires_in": 3600, "access_token": "'
+        chunk = b"A" * 65536
+        sent = 0
+        while sent < size:
+            yield chunk
+            sent += len(chunk)
+            with STATE.lock:
+                STATE.count("huge_bytes_sent", len(chunk))
+        yield b'"}'
+    return Response(body(), status=200, mimetype="application/json")
+
+
 @app.post("/token")
 def token():
     delay = float(STATE.faults["token_delay"])
     if delay > 0:
         time.sleep(delay)
     with STATE.lock:
+        trickle = float(STATE.faults["token_trickle"])
+        if trickle > 0:
+            STATE.count("trickled_responses")
+            STATE.record("token_trickle", interval=trickle)
+            return trickle_response(trickle)
+        if STATE.faults["token_redirect"] > 0:
+            STATE.faults["token_redirect"] -= 1
+            STATE.count("token_redirects")
+            STATE.record("token_redirect")
+            return redirect(BASE_URL["url"] + "/token-redirected", code=307)
+        huge = int(STATE.faults["token_huge_access_token"])
+        if huge > 0 and request.form.get("grant_type") == "refresh_token":
+            STATE.faults["token_huge_access_token"] = 0
+            STATE.record("token_huge", size=huge)
+            return huge_token_response(huge)
         if STATE.faults["token_503"] > 0:
             STATE.faults["token_503"] -= 1
             STATE.count("token_503")
@@ -468,10 +544,30 @@ def token():
     return response
 
 
+@app.post("/token-redirected")
+def token_redirected():
+    """Where the token_redirect fault points: a client that follows it resends its grant."""
+    with STATE.lock:
+        STATE.count("redirected_token_requests")
+        STATE.record("redirected_token_request")
+        return authorization.create_token_response()
+
+
 @app.post("/device_authorization")
 def device_authorization():
     with STATE.lock:
-        return authorization.create_endpoint_response("device_authorization")
+        response = authorization.create_endpoint_response("device_authorization")
+        overrides = {field: STATE.faults["device_" + field] for field in
+                     ("user_code", "verification_uri", "verification_uri_complete") if STATE.faults["device_" + field]}
+        if not overrides:
+            return response
+        for field in overrides:
+            STATE.faults["device_" + field] = ""
+        body = json.loads(response.get_data())
+        body.update(overrides)
+        response.set_data(json.dumps(body))
+        STATE.record("device_authorization_overridden", fields=sorted(overrides))
+        return response
 
 
 @app.post("/revoke")
@@ -524,6 +620,14 @@ def api_always_401():
 @require_oauth("admin")
 def api_admin():
     return jsonify({"ok": True})
+
+
+@app.before_request
+def count_plain_http():
+    if request.scheme == "http":
+        with STATE.lock:
+            STATE.count("plain_http_requests")
+            STATE.record("plain_http_request", path=request.path)
 
 
 @app.after_request
@@ -607,6 +711,12 @@ def main():
     rogue = make_server("127.0.0.1", 0, app, threaded=True,
                         ssl_context=(os.path.join(directory, "rogue.pem"), os.path.join(directory, "rogue.key")))
     threading.Thread(target=serve, args=(rogue,), daemon=True).start()
+    plain = make_server("127.0.0.1", 0, app, threaded=True)
+    PLAIN_URL["url"] = "http://127.0.0.1:%d" % plain.server_port
+    threading.Thread(target=serve, args=(plain,), daemon=True).start()
+    with open(os.path.join(directory, "plain-url.tmp"), "w") as file:
+        file.write(PLAIN_URL["url"] + "\n")
+    os.replace(os.path.join(directory, "plain-url.tmp"), os.path.join(directory, "plain-url"))
     with open(os.path.join(directory, "rogue-url.tmp"), "w") as file:
         file.write("https://127.0.0.1:%d\n" % rogue.server_port)
     os.replace(os.path.join(directory, "rogue-url.tmp"), os.path.join(directory, "rogue-url"))
