@@ -157,7 +157,7 @@ let package = Package(
             swiftSettings: strict),
         .testTarget(
             name: "LockboxKeysTests",
-            dependencies: ["LockboxKeys", "KeyCrypto", "LockboxVault", "Lockbox", "KeychainCompatibility", "LockboxTestSupport"],
+            dependencies: ["LockboxKeys", "KeyCrypto", "VaultCrypto", "LockboxVault", "Lockbox", "KeychainCompatibility", "LockboxTestSupport"],
             swiftSettings: strict),
         .testTarget(
             name: "LockboxCLITests",
