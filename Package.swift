@@ -174,6 +174,8 @@ if Context.environment["LOCKBOX_FUZZ"] == "1" {
     package.targets.append(
         .executableTarget(
             name: "LockboxFuzz",
-            dependencies: ["LockboxCore", "LockboxVault", "VaultCrypto", "CredentialHelpers", "LockboxAuth", "LockboxCommandLine"],
+            dependencies: [
+                "LockboxCore", "LockboxVault", "VaultCrypto", "CredentialHelpers", "LockboxAuth", "LockboxCommandLine", "LockboxKeys",
+            ],
             path: "Fuzz/Sources"))
 }
