@@ -31,6 +31,7 @@ let package = Package(
         .executable(name: "lockbox-stress", targets: ["LockboxStress"]),
         .executable(name: "lockbox-campaign", targets: ["LockboxCampaign"]),
         .executable(name: "lockbox-peer-bench", targets: ["LockboxPeerBenchmark"]),
+        .executable(name: "lockbox-key-bench", targets: ["LockboxKeyBenchmark"]),
         .executable(name: "git-credential-lockbox", targets: ["GitCredentialHelper"]),
         .executable(name: "docker-credential-lockbox", targets: ["DockerCredentialHelper"]),
     ],
@@ -124,6 +125,10 @@ let package = Package(
         .target(
             name: "LockboxCampaigns", dependencies: ["Lockbox", "LockboxAuth", "VaultStorage"], swiftSettings: strict),
         .executableTarget(name: "LockboxCampaign", dependencies: ["LockboxCampaigns"], swiftSettings: strict),
+        // Managed-key signatures against OpenSSL's and libsodium's in-process calls (docs/KEYS.md).
+        .executableTarget(
+            name: "LockboxKeyBenchmark", dependencies: ["LockboxKeys", "KeyCrypto", "VaultCrypto", "LockboxVault"],
+            swiftSettings: strict),
         // The in-process side of scripts/compare-peers (docs/PERFORMANCE.md).
         .executableTarget(name: "LockboxPeerBenchmark", dependencies: ["Lockbox"], swiftSettings: strict),
         .executableTarget(

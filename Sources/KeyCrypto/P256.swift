@@ -58,7 +58,24 @@ package enum P256 {
     /// An ASN.1 DER ECDSA signature (`ECDSA-Sig-Value`) over SHA-256 of `message`: Apple's
     /// `.ecdsaSignatureMessageX962SHA256`.
     package static func sign(_ message: [UInt8], privateRepresentation: SecretBytes) throws(LockboxError) -> [UInt8] {
-        let key = try privateKeyObject(privateRepresentation)
+        try sign(message, key: try privateKeyObject(privateRepresentation))
+    }
+
+    /// A private key imported into OpenSSL once, for repeated signatures without the import
+    /// (the in-process reference of the benchmark, `lockbox-key-bench`).
+    package final class SigningKey {
+        private let key: KeyObject
+
+        package init(privateRepresentation: SecretBytes) throws(LockboxError) {
+            key = try P256.privateKeyObject(privateRepresentation)
+        }
+
+        package func sign(_ message: [UInt8]) throws(LockboxError) -> [UInt8] {
+            try P256.sign(message, key: key)
+        }
+    }
+
+    private static func sign(_ message: [UInt8], key: KeyObject) throws(LockboxError) -> [UInt8] {
         let digest = try DigestOperation()
         guard EVP_DigestSignInit(digest.pointer, nil, EVP_sha256(), nil, key.pointer) == 1 else {
             throw OpenSSLFailure.error("EVP_DigestSignInit")
@@ -144,7 +161,7 @@ package enum P256 {
 
     /// An OpenSSL key pair from Apple's private representation. The scalar reaches OpenSSL
     /// from guarded memory (native byte order, as OpenSSL's integer parameters are).
-    private static func privateKeyObject(_ representation: SecretBytes) throws(LockboxError) -> KeyObject {
+    fileprivate static func privateKeyObject(_ representation: SecretBytes) throws(LockboxError) -> KeyObject {
         guard representation.count == privateRepresentationByteCount else { throw LockboxError.integrity("A stored P-256 key") }
         let scalar = SecretBytes(capacity: coordinateByteCount) { buffer in
             representation.withUnsafeBytes { bytes in
