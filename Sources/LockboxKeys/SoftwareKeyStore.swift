@@ -139,6 +139,20 @@ public final class SoftwareKeyStore: Sendable {
         guard envelope.algorithm == key.algorithm, envelope.publicKey == key.descriptor.publicKey,
             envelope.flags == key.descriptor.flags, envelope.purposes == key.descriptor.purposes
         else { throw LockboxError.integrity("A stored key") }
-        return try envelope.openSecret(secretPart) { () throws(LockboxError) -> SecretBytes? in try vault.passphraseBindingKey() }
+        let secret = try envelope.openSecret(secretPart) { () throws(LockboxError) -> SecretBytes? in try vault.passphraseBindingKey() }
+        guard secret.count == key.algorithm.secretByteCount else { throw LockboxError.integrity("A stored key") }
+        return secret
+    }
+}
+
+extension KeyAlgorithm {
+    /// The stored private (or symmetric) key's length.
+    var secretByteCount: Int {
+        switch self {
+        case .p256: P256.privateRepresentationByteCount
+        case .ed25519: Curve25519.signingSecretKeyByteCount
+        case .x25519: Curve25519.agreementSecretKeyByteCount
+        case .aes256GCM: AESGCM.keyByteCount
+        }
     }
 }

@@ -11,8 +11,11 @@ struct KeyFixture {
     let vault: VaultFixture
     let keys: SoftwareKeyStore
 
-    init() throws {
-        vault = try VaultFixture()
+    /// The unlocked keys stay in this process unless another process must read the vault:
+    /// the kernel keyring is shared by every process of the user, and Lockbox keeps only a
+    /// bounded number of vaults' keys there, so parallel test runs could evict a fixture's.
+    init(cache: UnlockCache = .processMemory) throws {
+        vault = try VaultFixture { $0.unlockCache = cache }
         keys = SoftwareKeyStore(vault: vault.vault)
     }
 
