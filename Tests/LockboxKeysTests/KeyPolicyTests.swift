@@ -277,3 +277,32 @@ struct KeyPolicyTests {
         }
     }
 }
+
+@Suite("managed keys, async")
+struct AsyncKeyTests {
+    @Test func asyncOperations_giveTheSameResultsAsTheBlockingOnes() async throws {
+        let fixture = try KeyFixture()
+        var specification = KeySpecification(algorithm: .ed25519, purposes: [.sign, .verify])
+        specification.applicationTag = Data("async".utf8)
+        let key = try await fixture.keys.generate(specification)
+        let message = Data("message".utf8)
+        let signature: Data = try await key.sign(message)
+        #expect(try key.isValidSignature(signature, for: message))
+        let aes = try fixture.generate(.aes256GCM, [.encrypt, .decrypt], tag: "aes")
+        let box: Data = try await aes.encrypt(SecretBytes(utf8: "plain"))
+        let opened: SecretBytes = try await aes.decrypt(box)
+        #expect(opened == SecretBytes(utf8: "plain"))
+        let found: [ManagedKey] = try await fixture.keys.keys(applicationTag: Data("async".utf8))
+        #expect(found.count == 1)
+        try await key.delete()
+        let none: [ManagedKey] = try await fixture.keys.keys(applicationTag: Data("async".utf8))
+        #expect(none.isEmpty)
+        // Errors are the same codes.
+        do {
+            let _: Data = try await key.sign(message)
+            Issue.record("a deleted key signed")
+        } catch {
+            #expect(error.code == .itemNotFound)
+        }
+    }
+}
