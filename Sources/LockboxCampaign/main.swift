@@ -6,12 +6,13 @@ import LockboxCampaigns
 //   lockbox-campaign crash --iterations N --writer PATH/lockbox-stress [--directory DIR]
 //   lockbox-campaign faults
 //   lockbox-campaign leaks --lockbox PATH/lockbox
+//   lockbox-campaign tamper [--sample]
 //
 // Prints a summary; exits 1 when any check failed.
 
 func usage() -> Never {
     FileHandle.standardError.write(
-        Data("usage: lockbox-campaign crash --iterations N --writer PATH | faults | leaks --lockbox PATH\n".utf8))
+        Data("usage: lockbox-campaign crash --iterations N --writer PATH | faults | leaks --lockbox PATH | tamper [--sample]\n".utf8))
     exit(64)
 }
 
@@ -54,6 +55,23 @@ do {
         let report = try LeakCampaign.run(lockbox: lockbox, directory: directory)
         print(report.summary)
         exit(report.hits.isEmpty && report.failures.isEmpty ? 0 : 1)
+    case "tamper":
+        let sample = arguments.dropFirst().contains("--sample")
+        guard arguments.count == 1 || (arguments.count == 2 && sample) else { usage() }
+        let directory = temporaryDirectory()
+        // With LOCKBOX_CAMPAIGN_TRACE set, each edit goes to standard error before it is tried,
+        // so a crash names it.
+        let trace = ProcessInfo.processInfo.environment["LOCKBOX_CAMPAIGN_TRACE"] != nil
+        let outcome = Result {
+            try TamperCampaign.run(TamperCampaign.Options(directory: directory, sample: sample) { edit in
+                if trace { FileHandle.standardError.write(Data("  edit: \(edit)\n".utf8)) }
+            })
+        }
+        // exit() runs no defer: the directory goes first.
+        try? FileManager.default.removeItem(atPath: directory)
+        let report = try outcome.get()
+        print(report.summary)
+        exit(report.totals.violations == 0 ? 0 : 1)
     default:
         usage()
     }

@@ -190,6 +190,14 @@ struct IntegrityState {
         return Self.equal(Crypto.keyedDigest(bytes, key: keys.always), alwaysMAC)
     }
 
+    /// Checks every MAC the keys allow (both when the index root is there), for `verify`.
+    func verifyEvery(header: VaultHeader, keys: Keys) -> Bool {
+        let bytes = authenticatedBytes(vaultID: header.vaultID, header: header)
+        let always = Self.equal(Crypto.keyedDigest(bytes, key: keys.always), alwaysMAC)
+        guard let stateKey = keys.state else { return always }
+        return always && Self.equal(Crypto.keyedDigest(bytes, key: stateKey), mac)
+    }
+
     static func equal(_ left: [UInt8], _ right: [UInt8]) -> Bool {
         guard left.count == right.count else { return false }
         return left.withUnsafeBytes { a in right.withUnsafeBytes { b in constantTimeEquals(a, b) } }

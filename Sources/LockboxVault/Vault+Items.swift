@@ -192,15 +192,24 @@ extension Vault {
     /// (so a deleted row is noticed even when nothing is found), the buckets of every row found,
     /// and every bucket for a query that scans its class.
     func verifyIntegrity(of rows: [SealedRow], plan: QueryPlan, state: State) throws(LockboxError) -> [SealedRow] {
-        // A row whose bucket column disagrees with its digest was moved out of the count.
-        guard rows.allSatisfy(\.isInItsBucket) else {
+        // A row whose bucket column disagrees with its digest was moved out of the count. (A
+        // file of the first format has no bucket column until its upgrade.)
+        let counted = try currentIntegrity(state).state != nil
+        guard !counted || rows.allSatisfy(\.isInItsBucket) else {
             throw LockboxError(
                 .decode,
                 "The keychain file holds a row outside Lockbox's integrity record (moved or replayed from an older copy). "
                     + "Nothing was read. Check it with `lockbox verify`; restore it from a backup.")
         }
         try verifyBuckets(of: rows, plan: plan, state: state)
-        return rows.filter { admits($0, plan, state: state) }
+        let admitted = rows.filter { admits($0, plan, state: state) }
+        if admitted.isEmpty && !plan.shape.contains(.lookupDigest) && plan.isSelective {
+            // Nothing found by a name or a reference: the row may have been deleted or its
+            // digest edited, and no bucket is known for it. Every bucket is checked (once per
+            // state of the file) before answering "not found".
+            try verifyAllBuckets(state: state)
+        }
+        return admitted
     }
 
     /// Whether a verified row meets the conditions a selective plan left out of its SQL.

@@ -48,7 +48,7 @@ extension Vault {
                 let stored = try IntegrityState.load(from: state.database)
                 if let stored {
                     report.generation = stored.generation
-                    if !stored.verify(header: header, keys: keys) {
+                    if !stored.verifyEvery(header: header, keys: keys) {
                         report.problems.append("The integrity record or the header was modified.")
                     }
                     do throws(LockboxError) {
@@ -68,7 +68,7 @@ extension Vault {
                     report.problems.append("The integrity record is missing.")
                 }
                 // Every row this machine can open now.
-                let statement = try state.database.statement("SELECT \(SealedRow.columns(secret: false)) FROM items ORDER BY rowid")
+                let statement = try state.database.statement("SELECT \(SealedRow.columns()) FROM items ORDER BY rowid")
                 var failed = 0
                 while try statement.step() {
                     let row = try SealedRow.read(from: statement)
@@ -78,7 +78,13 @@ extension Vault {
                     }
                     guard let classKey = try state.keys.classKey(for: row.accessibility, header: header) else { continue }
                     do throws(LockboxError) {
-                        let attributes = try row.openAttributes(classKey: classKey, prefix: row.associatedDataPrefix(vaultID: header.vaultID))
+                        let prefix = row.associatedDataPrefix(vaultID: header.vaultID)
+                        let attributes = try row.openAttributes(classKey: classKey, prefix: prefix)
+                        // The value too, where no user verification is needed to reach it.
+                        if row.accessControl.isEmpty {
+                            _ = try row.openData(itemKey: try row.openItemKey(classKey: classKey, prefix: prefix), prefix: prefix)
+                        }
+                        if report.generation != nil, !row.isInItsBucket { failed += 1 }
                         if let indexKey = try state.keys.indexKey(for: row.itemClass),
                             Crypto.keyedDigest(PrimaryKey.encode(row.itemClass, attributes, includingGroup: false), key: indexKey)
                                 != row.lookupDigest
@@ -91,7 +97,9 @@ extension Vault {
                     }
                 }
                 statement.reset()
-                if failed > 0 { report.problems.append("\(failed) item(s) fail to open or do not match their lookup digest.") }
+                if failed > 0 {
+                    report.problems.append("\(failed) item(s) fail to open, do not match their lookup digest or sit outside their group.")
+                }
                 let older = (report.generation ?? remembered) < remembered
                 if older && report.problems.isEmpty && acceptOlder, let generation = report.generation {
                     state.rememberedGeneration.write(generation)

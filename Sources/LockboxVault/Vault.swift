@@ -185,7 +185,7 @@ public final class Vault: ItemStore, Sendable {
         try open(at: path, configuration: configuration, checked: true)
     }
 
-    static func open(at path: String, configuration: Configuration, checked: Bool) throws(LockboxError) -> Vault {
+    package static func open(at path: String, configuration: Configuration, checked: Bool) throws(LockboxError) -> Vault {
         guard FilePermissions.exists(path) else {
             throw LockboxError(.noSuchKeychain, "No keychain at \(path). Create one with `lockbox init`.")
         }

@@ -98,7 +98,7 @@ struct OffPoolTests {
     @Test func blockedAsyncStoreCalls_leaveThePoolFree() async throws {
         let vault = try TestVault()
         let store = GatedStore(base: vault.vault)
-        store.armWatchdog(seconds: 30)
+        store.armWatchdog(seconds: 120)
 
         let calls = Task {
             try await withThrowingTaskGroup(of: Void.self) { group in
@@ -126,7 +126,7 @@ struct OffPoolTests {
     @Test func credentialsManagersWaitingOnABlockedStore_leaveThePoolFree() async throws {
         let vault = try TestVault()
         let store = GatedStore(base: vault.vault)
-        store.armWatchdog(seconds: 30)
+        store.armWatchdog(seconds: 120)
         let managers = (0..<Self.callers).map { index in
             let configuration = ClientConfiguration(
                 issuer: URL(string: "https://issuer.invalid")!, clientID: "client-\(index)",
@@ -164,7 +164,7 @@ struct OffPoolTests {
     @Test func revocationOutboxesWaitingOnABlockedStore_leaveThePoolFree() async throws {
         let vault = try TestVault()
         let store = GatedStore(base: vault.vault)
-        store.armWatchdog(seconds: 30)
+        store.armWatchdog(seconds: 120)
         let outbox = RevocationOutbox(store: store)
 
         let calls = Task {

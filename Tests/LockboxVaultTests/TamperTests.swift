@@ -107,7 +107,8 @@ struct TamperTests {
         } catch {
             #expect(error.status == -26275)
         }
-        #expect(readStatus(fixture.vault) == -25300)
+        // The rows the query would have found were edited: tampering, not "not found".
+        #expect(readStatus(fixture.vault) == -26275)
     }
 
     @Test("changing the access group column fails with errSecDecode")
