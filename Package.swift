@@ -24,12 +24,14 @@ let package = Package(
         .library(name: "LockboxCore", targets: ["LockboxCore"]),
         .library(name: "KeychainCompatibility", targets: ["KeychainCompatibility"]),
         .library(name: "LockboxAuth", targets: ["LockboxAuth"]),
+        .library(name: "LockboxKeys", targets: ["LockboxKeys"]),
         .executable(name: "lockbox", targets: ["LockboxCLI"]),
         .executable(name: "lockbox-oauth", targets: ["LockboxOAuthCLI"]),
         .executable(name: "lockbox-bench", targets: ["LockboxBenchmark"]),
         .executable(name: "lockbox-stress", targets: ["LockboxStress"]),
         .executable(name: "lockbox-campaign", targets: ["LockboxCampaign"]),
         .executable(name: "lockbox-peer-bench", targets: ["LockboxPeerBenchmark"]),
+        .executable(name: "lockbox-key-bench", targets: ["LockboxKeyBenchmark"]),
         .executable(name: "git-credential-lockbox", targets: ["GitCredentialHelper"]),
         .executable(name: "docker-credential-lockbox", targets: ["DockerCredentialHelper"]),
     ],
@@ -39,6 +41,9 @@ let package = Package(
         .systemLibrary(name: "CSodium", providers: [.apt(["libsodium-dev"])]),
         .systemLibrary(name: "CSQLite", providers: [.apt(["libsqlite3-dev"])]),
         .systemLibrary(name: "CKeyutils", providers: [.apt(["libkeyutils-dev"])]),
+        // OpenSSL's libcrypto, for P-256 and AES-GCM (managed keys). Linked as a shared library,
+        // unlike the three above: see `KeyCrypto`.
+        .systemLibrary(name: "CCrypto", providers: [.apt(["libssl-dev"])]),
 
         // The model and the backend SPI. No C imports.
         .target(name: "LockboxCore", swiftSettings: strict),
@@ -57,6 +62,20 @@ let package = Package(
         .target(
             name: "LockboxVault",
             dependencies: ["LockboxCore", "VaultCrypto", "VaultStorage", "KeyProviders"],
+            swiftSettings: strict),
+
+        // Managed keys' cryptography over OpenSSL (the only CCrypto importer): P-256 ECDSA and
+        // ECDH, AES-256-GCM, SHA-1/SHA-256. libcrypto is linked as a shared library, not from
+        // libcrypto.a: OpenSSL gets security fixes several times a year, and Debian's libssl3
+        // update then reaches every program without a rebuild; only the targets that use keys
+        // link it, so the `lockbox` start (docs/PERFORMANCE.md) does not pay for its loading.
+        .target(
+            name: "KeyCrypto", dependencies: ["CCrypto", "LockboxCore"], swiftSettings: strict,
+            linkerSettings: [.linkedLibrary("crypto", .when(platforms: [.linux]))]),
+        // Keys in Lockbox's own terms (generate for a purpose, sign, encrypt, agree, export the
+        // public half), stored as vault items of class `.key`.
+        .target(
+            name: "LockboxKeys", dependencies: ["LockboxCore", "LockboxVault", "VaultCrypto", "KeyCrypto"],
             swiftSettings: strict),
 
         // libsecret's functions, declared from its documented ABI and opened with dlopen on first
@@ -106,6 +125,10 @@ let package = Package(
         .target(
             name: "LockboxCampaigns", dependencies: ["Lockbox", "LockboxAuth", "VaultStorage"], swiftSettings: strict),
         .executableTarget(name: "LockboxCampaign", dependencies: ["LockboxCampaigns"], swiftSettings: strict),
+        // Managed-key signatures against OpenSSL's and libsodium's in-process calls (docs/KEYS.md).
+        .executableTarget(
+            name: "LockboxKeyBenchmark", dependencies: ["LockboxKeys", "KeyCrypto", "VaultCrypto", "LockboxVault"],
+            swiftSettings: strict),
         // The in-process side of scripts/compare-peers (docs/PERFORMANCE.md).
         .executableTarget(name: "LockboxPeerBenchmark", dependencies: ["Lockbox"], swiftSettings: strict),
         .executableTarget(
@@ -138,6 +161,10 @@ let package = Package(
             dependencies: ["LockboxCampaigns", "LockboxTestSupport", "LockboxStress", "VaultStorage"],
             swiftSettings: strict),
         .testTarget(
+            name: "LockboxKeysTests",
+            dependencies: ["LockboxKeys", "KeyCrypto", "VaultCrypto", "LockboxVault", "Lockbox", "KeychainCompatibility", "LockboxTestSupport"],
+            swiftSettings: strict),
+        .testTarget(
             name: "LockboxCLITests",
             dependencies: ["Lockbox", "LockboxTestSupport"],
             swiftSettings: strict),
@@ -152,6 +179,8 @@ if Context.environment["LOCKBOX_FUZZ"] == "1" {
     package.targets.append(
         .executableTarget(
             name: "LockboxFuzz",
-            dependencies: ["LockboxCore", "LockboxVault", "VaultCrypto", "CredentialHelpers", "LockboxAuth", "LockboxCommandLine"],
+            dependencies: [
+                "LockboxCore", "LockboxVault", "VaultCrypto", "CredentialHelpers", "LockboxAuth", "LockboxCommandLine", "LockboxKeys",
+            ],
             path: "Fuzz/Sources"))
 }

@@ -13,6 +13,7 @@ import FoundationNetworking
 @testable import LockboxAuth
 import LockboxCommandLine
 @testable import LockboxCore
+@testable import LockboxKeys
 @testable import LockboxVault
 @testable import VaultCrypto
 
@@ -33,6 +34,9 @@ enum FuzzTarget: String, CaseIterable {
     case tokenResponse = "token-response"
     /// The request head a browser sends to the loopback redirect listener.
     case loopbackRedirect = "loopback-redirect"
+    /// Public keys (DER, PEM, X9.63, raw), signatures to verify, a stored key's envelope and
+    /// public descriptor.
+    case keyEncoding = "key-encoding"
 }
 
 nonisolated(unsafe) var selectedTarget: FuzzTarget = .vaultRecord
@@ -70,6 +74,7 @@ func fuzzOneInput(_ data: UnsafePointer<UInt8>?, _ size: Int) -> Int32 {
     case .cliArguments: fuzzCommandLine(input)
     case .tokenResponse: fuzzTokenResponse(input)
     case .loopbackRedirect: fuzzLoopbackRedirect(input)
+    case .keyEncoding: fuzzKeyEncoding(input)
     }
     return 0
 }
@@ -216,4 +221,55 @@ func fuzzTokenResponse(_ input: [UInt8]) {
 func fuzzLoopbackRedirect(_ input: [UInt8]) {
     guard let target = LoopbackListener.requestTarget(of: input) else { return }
     _ = LoopbackListener.redirectQuery(target: target, path: "/callback")
+}
+
+// MARK: Keys
+
+func fuzzKeyEncoding(_ input: [UInt8]) {
+    let data = Data(input)
+    var accepted: [PublicKey] = []
+    if let key = try? PublicKey(derRepresentation: data) {
+        if key.derRepresentation != data { roundTripFailed("PublicKey DER") }
+        accepted.append(key)
+    }
+    if let key = try? PublicKey(pemRepresentation: String(decoding: input, as: UTF8.self)) {
+        if (try? PublicKey(pemRepresentation: key.pemRepresentation)) != key { roundTripFailed("PublicKey PEM") }
+        accepted.append(key)
+    }
+    for algorithm in [KeyAlgorithm.p256, .ed25519, .x25519] {
+        if let key = try? PublicKey(rawRepresentation: data, algorithm: algorithm) {
+            if key.rawRepresentation != data { roundTripFailed("PublicKey raw") }
+            accepted.append(key)
+        }
+    }
+    // A fixed valid key of each signing algorithm, then the input as a signature (and the
+    // message after it): any length, any bytes, only ever true, false or a thrown error.
+    for key in accepted { _ = try? key.openSSHRepresentation(comment: "fuzz") }
+    for key in fuzzVerifyingKeys {
+        let split = min(input.count, key.algorithm == .ed25519 ? 64 : Int(input.first ?? 0) % 80)
+        _ = try? key.isValidSignature(Data(input[..<split]), for: Data(input[split...]))
+    }
+    // A stored key's envelope and public descriptor.
+    _ = try? KeyEnvelope.decode(SecretBytes(copying: input))
+    _ = KeyDescriptor(data)
+}
+
+let fuzzVerifyingKeys: [PublicKey] = [
+    // RFC 6979 A.2.5's P-256 key and RFC 8032's first Ed25519 key.
+    try! PublicKey(
+        x963Representation: Data(
+            [0x04] + hexBytes("60fed4ba255a9d31c961eb74c6356d68c049b8923b61fa6ce669622e60f29fb6")
+                + hexBytes("7903fe1008b8bc99a41ae9e95628bc64f2f1b20c2d7e9f5177a3c294d4462299"))),
+    try! PublicKey(rawRepresentation: Data(hexBytes("d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a")), algorithm: .ed25519),
+]
+
+func hexBytes(_ hex: String) -> [UInt8] {
+    var bytes: [UInt8] = []
+    var index = hex.startIndex
+    while index < hex.endIndex {
+        let next = hex.index(index, offsetBy: 2)
+        bytes.append(UInt8(hex[index..<next], radix: 16)!)
+        index = next
+    }
+    return bytes
 }

@@ -49,6 +49,15 @@ public struct LockboxError: Error, Sendable, Hashable, CustomStringConvertible {
         /// `errSecAllocate`: not enough memory (for example for Argon2id under a container's
         /// memory limit).
         public static let allocate = Code(rawValue: -108)
+        /// `errSecDataNotAvailable`: the item's value may not leave the keychain (a
+        /// non-extractable private key: use it through the key API instead).
+        public static let dataNotAvailable = Code(rawValue: -25316)
+        /// `errSecKeyUsageIncorrect`: the key was not created for this operation (signing
+        /// with a key made only for key agreement, and so on).
+        public static let keyUsageIncorrect = Code(rawValue: -67731)
+        /// `errSecInvalidKeyRef`: the key was invalidated (it was bound to the passphrase,
+        /// which has since changed or been removed). Delete it and make a new one.
+        public static let invalidKeyRef = Code(rawValue: -67712)
 
         public var description: String { "OSStatus \(rawValue)" }
 
@@ -127,6 +136,9 @@ public struct LockboxError: Error, Sendable, Hashable, CustomStringConvertible {
     public static let duplicateKeychain = Code.duplicateKeychain
     public static let unimplemented = Code.unimplemented
     public static let allocate = Code.allocate
+    public static let dataNotAvailable = Code.dataNotAvailable
+    public static let keyUsageIncorrect = Code.keyUsageIncorrect
+    public static let invalidKeyRef = Code.invalidKeyRef
 }
 
 extension LockboxError {

@@ -11,8 +11,8 @@ import Glibc
 ///
 /// A backup holds the portable items only (`whenUnlocked`, `afterFirstUnlock`, `always`),
 /// as an iOS backup does: `*ThisDeviceOnly` items (including `whenPasscodeSetThisDeviceOnly`)
-/// and access-controlled items never leave the machine. It is taken in one read transaction,
-/// so it is consistent while other processes write.
+/// and access-controlled items never leave the machine, nor do non-extractable keys. It is
+/// taken in one read transaction, so it is consistent while other processes write.
 ///
 /// Restoring merges: an item whose primary key is new is added; when an item with the same
 /// primary key exists, the one modified more recently wins, and on a tie the existing one stays.
@@ -24,11 +24,14 @@ extension Vault {
         public var skippedThisDeviceOnly: Int
         /// Access-controlled items, left out: their key needs this vault's passphrase.
         public var skippedAccessControlled: Int
+        /// Non-extractable keys, left out: their private bytes never leave the keychain.
+        public var skippedNonExtractableKeys: Int
 
-        public init(exported: Int, skippedThisDeviceOnly: Int, skippedAccessControlled: Int) {
+        public init(exported: Int, skippedThisDeviceOnly: Int, skippedAccessControlled: Int, skippedNonExtractableKeys: Int = 0) {
             self.exported = exported
             self.skippedThisDeviceOnly = skippedThisDeviceOnly
             self.skippedAccessControlled = skippedAccessControlled
+            self.skippedNonExtractableKeys = skippedNonExtractableKeys
         }
     }
 
@@ -79,7 +82,12 @@ extension Vault {
                     let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
                     let itemKey = try row.openItemKey(classKey: classKey, prefix: prefix)
                     let attributes = try row.openAttributes(classKey: classKey, prefix: prefix)
-                    exported.append((row.itemClass, attributes.encoded(), try row.openData(itemKey: itemKey, prefix: prefix)))
+                    let data = try row.openData(itemKey: itemKey, prefix: prefix)
+                    if row.itemClass == .key && ManagedKeyValue.isNonExtractable(data) {
+                        summary.skippedNonExtractableKeys += 1
+                        continue
+                    }
+                    exported.append((row.itemClass, attributes.encoded(), data))
                 }
                 return exported
             }

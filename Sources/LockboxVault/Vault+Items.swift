@@ -52,6 +52,12 @@ extension Vault {
     }
 
     public func items(matching query: Query) throws(LockboxError) -> [Item] {
+        try items(matching: query, releasingKeyMaterial: false)
+    }
+
+    /// `releasingKeyMaterial` is true only for the key API (``keyMaterial(matching:)``): any other
+    /// read of a non-extractable key's value is refused (see ManagedKeyValue.swift).
+    func items(matching query: Query, releasingKeyMaterial: Bool) throws(LockboxError) -> [Item] {
         try withState { state throws(LockboxError) in
             // One snapshot for the integrity state and the rows.
             try state.database.readTransaction { () throws(LockboxError) -> [Item] in
@@ -73,6 +79,9 @@ extension Vault {
                     if query.returning.contains(.data) {
                         let itemKey = try itemKey(of: row, classKey: classKey, prefix: prefix, query: query, action: "read", state: state)
                         item.data = try row.openData(itemKey: itemKey, prefix: prefix)
+                        if row.itemClass == .key && !releasingKeyMaterial, let data = item.data, ManagedKeyValue.isNonExtractable(data) {
+                            throw ManagedKeyValue.refusal
+                        }
                     }
                     item.persistentReference = Data(row.id)
                     if !row.accessControl.isEmpty { item.accessControl = AccessControl(parsing: row.accessControl) }

@@ -26,6 +26,11 @@ package enum Crypto {
         _ = initialized
     }
 
+    /// The same, for this target's other files (``Curve25519``).
+    @inline(__always) static func ensureSodium() {
+        _ = initialized
+    }
+
     /// A fresh random 256-bit key.
     package static func generateKey() -> SecretBytes {
         ensureInitialized()

@@ -2,7 +2,7 @@
 // A package outside Lockbox's own targets that depends on it as a client does (by path here;
 // `.package(url: "https://github.com/lockbox-swift/lockbox.git", from: "0.1.0")` elsewhere) and
 // builds the documented examples of every library product. scripts/consumer-package writes the
-// examples' sources from README.md, docs/AUTH.md and docs/SECITEM.md, builds and runs them.
+// examples' sources from README.md, docs/AUTH.md, docs/SECITEM.md and docs/KEYS.md, builds and runs them.
 import PackageDescription
 
 let package = Package(
@@ -21,6 +21,10 @@ let package = Package(
         .executableTarget(
             name: "AuthExample",
             dependencies: [.product(name: "Lockbox", package: "Lockbox"), .product(name: "LockboxAuth", package: "Lockbox")]),
+        // docs/KEYS.md: managed keys.
+        .executableTarget(
+            name: "KeysExample",
+            dependencies: [.product(name: "Lockbox", package: "Lockbox"), .product(name: "LockboxKeys", package: "Lockbox")]),
         // Every type a public API names can be named by a client: a library product imports it.
         .executableTarget(
             name: "PublicTypes",

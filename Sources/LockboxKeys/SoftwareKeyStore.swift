@@ -1,0 +1,158 @@
+import FoundationEssentials
+import KeyCrypto
+import LockboxCore
+import LockboxVault
+import VaultCrypto
+
+/// Managed keys kept in a vault, computed in software (OpenSSL for P-256 and AES-GCM,
+/// libsodium for Ed25519 and X25519). Nothing here is hardware-bound: a copy of the vault file
+/// and its passphrase is a copy of the keys (docs/KEYS.md).
+///
+/// Each key is a vault item of class `.key` whose value is the private key, sealed like every
+/// item; a non-extractable key's value is refused to every other reader of the vault.
+///
+/// ```swift
+/// let keys = SoftwareKeyStore(vault: vault)
+/// var specification = KeySpecification(algorithm: .ed25519, purposes: [.sign, .verify])
+/// specification.applicationTag = Data("deploy".utf8)
+/// let key = try keys.generate(specification)
+/// let line = try key.publicKey!.openSSHRepresentation(comment: "deploy")
+/// ```
+public final class SoftwareKeyStore: Sendable {
+    public let vault: Vault
+
+    public init(vault: Vault) {
+        self.vault = vault
+    }
+
+    /// Makes a new key and stores it.
+    /// - Throws: `param` when the purposes do not fit the algorithm; `notAvailable` for a key
+    ///   bound to the passphrase (or access-controlled) in a keychain without one;
+    ///   `interactionNotAllowed` when the vault is locked.
+    public func generate(_ specification: KeySpecification) throws(LockboxError) -> ManagedKey {
+        let algorithm = specification.algorithm
+        guard !specification.purposes.isEmpty else {
+            throw LockboxError(.param, "A key needs at least one purpose (sign, verify, encrypt, decrypt, keyAgreement).")
+        }
+        guard algorithm.possiblePurposes.isSuperset(of: specification.purposes) else {
+            throw LockboxError(
+                .param,
+                "A \(algorithm) key can be made for \(algorithm.possiblePurposes) only, not \(specification.purposes.subtracting(algorithm.possiblePurposes)).")
+        }
+        var flags: KeyEnvelope.Flags = []
+        if !specification.isExtractable { flags.insert(.nonExtractable) }
+        var bindingKey: SecretBytes?
+        if specification.isInvalidatedByPassphraseChange {
+            flags.insert(.invalidatedByPassphraseChange)
+            guard let key = try vault.passphraseBindingKey() else {
+                throw LockboxError(
+                    .notAvailable,
+                    "A key invalidated by a passphrase change needs a passphrase, and this keychain has none. "
+                        + "Set one with `lockbox set-passphrase`.")
+            }
+            bindingKey = key
+        }
+
+        let secret: SecretBytes
+        let publicKey: [UInt8]
+        switch algorithm {
+        case .p256:
+            (secret, publicKey) = try P256.generate()
+        case .ed25519:
+            (secret, publicKey) = Curve25519.generateSigningKey()
+        case .x25519:
+            (secret, publicKey) = Curve25519.generateAgreementKey()
+        case .aes256GCM:
+            secret = try AESGCM.generateKey()
+            publicKey = []
+        }
+        let envelope = KeyEnvelope(
+            flags: flags, algorithm: algorithm, purposes: specification.purposes, publicKey: publicKey,
+            bindingCheck: bindingKey.map(KeyEnvelope.bindingCheck(for:)))
+        let descriptor = KeyDescriptor(algorithm: algorithm, purposes: specification.purposes, flags: flags, publicKey: publicKey)
+
+        var attributes = ItemAttributes(label: specification.label, accessibility: specification.accessibility, accessGroup: specification.accessGroup)
+        attributes.keyClass = algorithm.isAsymmetric ? .private : .symmetric
+        attributes.keyType = algorithm.keyType
+        attributes.keySizeInBits = 256
+        attributes.applicationTag = specification.applicationTag
+        // Apple's application label of an asymmetric key is the SHA-1 of its public key; a
+        // symmetric key gets random bytes. Either way it tells keys with one tag apart.
+        attributes.applicationLabel = Data(algorithm.isAsymmetric ? MessageDigest.sha1(publicKey) : Crypto.randomBytes(20))
+        attributes.generic = descriptor.encoded
+        var item = Item(.key, attributes: attributes, data: envelope.encode(secret: secret, bindingKey: bindingKey))
+        item.accessControl = specification.accessControl
+        try vault.add(item)
+
+        var query = Query(.key, returning: [.attributes, .persistentReference])
+        query.attributes.keyClass = attributes.keyClass
+        query.attributes.keyType = attributes.keyType
+        query.attributes.keySizeInBits = 256
+        query.attributes.applicationLabel = attributes.applicationLabel
+        query.attributes.applicationTag = attributes.applicationTag
+        query.attributes.accessGroup = specification.accessGroup
+        guard let stored = try vault.items(matching: query).first, let key = ManagedKey(stored, store: self) else {
+            throw LockboxError.integrity("The new key")
+        }
+        return key
+    }
+
+    /// The managed keys with this application tag and label (either may be nil: any).
+    /// - Returns: an empty array when there is none.
+    /// - Throws: `interactionNotAllowed` when the vault is locked (never an empty answer).
+    public func keys(applicationTag: Data? = nil, label: String? = nil) throws(LockboxError) -> [ManagedKey] {
+        var query = Query(.key, limit: .all, returning: [.attributes, .persistentReference])
+        query.attributes.applicationTag = applicationTag
+        query.attributes.label = label
+        do {
+            return try vault.items(matching: query).compactMap { ManagedKey($0, store: self) }
+        } catch LockboxError.itemNotFound {
+            return []
+        }
+    }
+
+    /// The one managed key with this application tag (and label, when given).
+    /// - Throws: `itemNotFound` when there is none; `interactionNotAllowed` when locked.
+    public func key(applicationTag: Data, label: String? = nil) throws(LockboxError) -> ManagedKey {
+        guard let key = try keys(applicationTag: applicationTag, label: label).first else {
+            throw LockboxError(.itemNotFound, "No key with this application tag is in the keychain.")
+        }
+        return key
+    }
+
+    /// Deletes the key. An access-controlled key asks the user first, as reading it would.
+    /// - Throws: `itemNotFound` when it was already deleted.
+    public func delete(_ key: ManagedKey, context: AuthenticationContext? = nil) throws(LockboxError) {
+        try vault.delete(matching: key.itemQuery(returning: [], context: context))
+    }
+
+    /// The key's envelope and private bytes, through the vault's key-material path.
+    func privateKey(of key: ManagedKey, for purpose: KeyPurposes, context: AuthenticationContext?) throws(LockboxError) -> SecretBytes {
+        try key.require(purpose)
+        guard let item = try vault.keyMaterial(matching: key.itemQuery(returning: [.data, .attributes], context: context)).first,
+            let value = item.data
+        else {
+            throw LockboxError(.itemNotFound, "The key is no longer in the keychain.")
+        }
+        let (envelope, secretPart) = try KeyEnvelope.decode(value)
+        // The descriptor this handle was made from must describe the stored key.
+        guard envelope.algorithm == key.algorithm, envelope.publicKey == key.descriptor.publicKey,
+            envelope.flags == key.descriptor.flags, envelope.purposes == key.descriptor.purposes
+        else { throw LockboxError.integrity("A stored key") }
+        let secret = try envelope.openSecret(secretPart) { () throws(LockboxError) -> SecretBytes? in try vault.passphraseBindingKey() }
+        guard secret.count == key.algorithm.secretByteCount else { throw LockboxError.integrity("A stored key") }
+        return secret
+    }
+}
+
+extension KeyAlgorithm {
+    /// The stored private (or symmetric) key's length.
+    var secretByteCount: Int {
+        switch self {
+        case .p256: P256.privateRepresentationByteCount
+        case .ed25519: Curve25519.signingSecretKeyByteCount
+        case .x25519: Curve25519.agreementSecretKeyByteCount
+        case .aes256GCM: AESGCM.keyByteCount
+        }
+    }
+}

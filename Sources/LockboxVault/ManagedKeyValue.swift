@@ -1,0 +1,56 @@
+import LockboxCore
+import VaultCrypto
+
+/// The vault's side of managed keys (LockboxKeys): the one rule it enforces for them, and the
+/// two entry points the key API uses. Everything else about keys lives in LockboxKeys.
+///
+/// A managed key's value starts with `magic || version || flags`. When the flags say
+/// non-extractable (or the version is unknown), the value is refused to every reader but the
+/// key API: `items(matching:)` with `.data` throws `errSecDataNotAvailable` (-25316), and
+/// backups leave the item out. The flags sit inside the sealed value, so no attribute update
+/// can clear them; replacing the value replaces the key.
+package enum ManagedKeyValue {
+    package static let magic: [UInt8] = Array("lockbox-key\u{0}".utf8)
+    package static let version: UInt8 = 1
+    /// Bit 0 of the flags byte.
+    package static let nonExtractableFlag: UInt8 = 1
+
+    /// True for a managed key's value that must not leave as bytes.
+    package static func isNonExtractable(_ value: SecretBytes) -> Bool {
+        value.withUnsafeBytes { bytes in
+            guard bytes.count >= magic.count + 2, bytes.starts(with: magic) else { return false }
+            let version = bytes[magic.count]
+            let flags = bytes[magic.count + 1]
+            // A version this code does not know is refused rather than guessed at.
+            return version != Self.version || flags & nonExtractableFlag != 0
+        }
+    }
+
+    static let refusal = LockboxError(
+        .dataNotAvailable,
+        "This is a non-extractable key: its private bytes never leave the keychain. "
+            + "Use it through the key API (LockboxKeys) to sign, decrypt or agree on a secret.")
+}
+
+extension Vault {
+    /// The matching items with their values, non-extractable keys included: the key API's
+    /// path to a key's private bytes, which it uses and never returns.
+    package func keyMaterial(matching query: Query) throws(LockboxError) -> [Item] {
+        try items(matching: query, releasingKeyMaterial: true)
+    }
+
+    /// A key bound to the current passphrase: derived from the master key (which
+    /// `changePassphrase` replaces) and the presence key (which `removePassphrase` deletes and
+    /// `setPassphrase` makes anew). A managed key marked to be invalidated by a passphrase
+    /// change seals its private bytes with it.
+    /// - Returns: nil when the keychain has no passphrase.
+    /// - Throws: `interactionNotAllowed` when the keychain is locked.
+    package func passphraseBindingKey() throws(LockboxError) -> SecretBytes? {
+        try withState { state throws(LockboxError) -> SecretBytes? in
+            guard let master = try state.keys.currentMaster() else { throw lockedError() }
+            guard let presence = state.header.presencePublicKey, state.header.hasPassphrase else { return nil }
+            let derived = Crypto.deriveKey(from: master, context: "keybind1", identifier: 1)
+            return Crypto.combine(derived, with: SecretBytes(copying: presence), context: "lockbox managed-key passphrase binding")
+        }
+    }
+}
