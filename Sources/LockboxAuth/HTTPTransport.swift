@@ -182,7 +182,10 @@ private final class SessionEngine: Sendable {
                 box.task.resume()
             }
         } onCancel: {
-            box.task.cancel()
+            // Not inline: the cancellation handler runs holding the task's status lock, and
+            // URLSession's `cancel` waits for its queue, where the delegate may be resuming this
+            // very task's continuation (which needs that lock): a deadlock, seen at test exit.
+            DispatchQueue.global().async { box.task.cancel() }
         }
     }
 }
