@@ -367,26 +367,7 @@ extension Vault {
                 guard let oldKey = oldClassKeys[row.accessibility],
                     let newKey = try KeyCache.unwrapClassKey(row.accessibility, header: header, master: master, device: device)
                 else { continue }
-                let prefix = row.associatedDataPrefix(vaultID: header.vaultID)
-                let itemKey = try row.openItemKey(classKey: oldKey, prefix: prefix, presence: presence)
-                let attributes = try row.openAttributes(classKey: oldKey, prefix: prefix)
-                let data = try row.openData(itemKey: itemKey, prefix: prefix)
-                var upgraded = row
-                upgraded.format = SealedRow.currentFormat
-                upgraded.version = generation
-                upgraded.sealContents(
-                    itemKey: Crypto.generateKey(), classKey: newKey, attributes: attributes, data: data, vaultID: header.vaultID,
-                    presencePublicKey: row.accessControl.isEmpty ? nil : header.presencePublicKey)
-                let update = try state.database.statement(
-                    "UPDATE items SET wrapped_key = ?, metadata = ?, secret = ?, format = ?, version = ?, bucket = ? WHERE rowid = ?")
-                update.bind(1, upgraded.wrappedKey)
-                update.bind(2, upgraded.metadata)
-                update.bind(3, upgraded.secret)
-                update.bind(4, upgraded.format)
-                update.bind(5, upgraded.version)
-                update.bind(6, upgraded.bucket)
-                update.bind(7, row.rowID)
-                try update.run()
+                try reseal(row, from: oldKey, to: newKey, presence: presence, header: header, version: generation, in: state.database)
             }
 
             // Every row is counted, including the ones left as they were.

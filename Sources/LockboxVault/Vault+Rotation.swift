@@ -15,6 +15,34 @@ extension Vault {
         return rows
     }
 
+    /// Reseals `row` from `oldKey` to `newKey` in the current row format at `version`, with a
+    /// fresh item key (an upgrade, a key rotation). Access-controlled rows need `presence`.
+    func reseal(
+        _ row: SealedRow, from oldKey: SecretBytes, to newKey: SecretBytes,
+        presence: (publicKey: [UInt8], secretKey: SecretBytes)?, header: VaultHeader, version: Int, in database: Database
+    ) throws(LockboxError) {
+        let prefix = row.associatedDataPrefix(vaultID: header.vaultID)
+        let itemKey = try row.openItemKey(classKey: oldKey, prefix: prefix, presence: presence)
+        let attributes = try row.openAttributes(classKey: oldKey, prefix: prefix)
+        let data = try row.openData(itemKey: itemKey, prefix: prefix)
+        var next = row
+        next.format = SealedRow.currentFormat
+        next.version = version
+        next.sealContents(
+            itemKey: Crypto.generateKey(), classKey: newKey, attributes: attributes, data: data, vaultID: header.vaultID,
+            presencePublicKey: row.accessControl.isEmpty ? nil : header.presencePublicKey)
+        let update = try database.statement(
+            "UPDATE items SET wrapped_key = ?, metadata = ?, secret = ?, format = ?, version = ?, bucket = ? WHERE rowid = ?")
+        update.bind(1, next.wrappedKey)
+        update.bind(2, next.metadata)
+        update.bind(3, next.secret)
+        update.bind(4, next.format)
+        update.bind(5, next.version)
+        update.bind(6, next.bucket)
+        update.bind(7, row.rowID)
+        try update.run()
+    }
+
     /// Replaces the master key and every class key this machine holds, reseals every row this
     /// machine can open under the new keys, and rebuilds the integrity state, in one
     /// transaction. The integrity of the file is verified in full first, so a replayed row is
@@ -101,26 +129,7 @@ extension Vault {
                 guard let oldKey = oldClassKeys[row.accessibility],
                     let newKey = try KeyCache.unwrapClassKey(row.accessibility, header: header, master: newMaster, device: device)
                 else { continue }
-                let prefix = row.associatedDataPrefix(vaultID: header.vaultID)
-                let itemKey = try row.openItemKey(classKey: oldKey, prefix: prefix, presence: presencePair)
-                let attributes = try row.openAttributes(classKey: oldKey, prefix: prefix)
-                let data = try row.openData(itemKey: itemKey, prefix: prefix)
-                var next = row
-                next.format = SealedRow.currentFormat
-                next.version = generation
-                next.sealContents(
-                    itemKey: Crypto.generateKey(), classKey: newKey, attributes: attributes, data: data, vaultID: header.vaultID,
-                    presencePublicKey: row.accessControl.isEmpty ? nil : header.presencePublicKey)
-                let update = try state.database.statement(
-                    "UPDATE items SET wrapped_key = ?, metadata = ?, secret = ?, format = ?, version = ?, bucket = ? WHERE rowid = ?")
-                update.bind(1, next.wrappedKey)
-                update.bind(2, next.metadata)
-                update.bind(3, next.secret)
-                update.bind(4, next.format)
-                update.bind(5, next.version)
-                update.bind(6, next.bucket)
-                update.bind(7, row.rowID)
-                try update.run()
+                try reseal(row, from: oldKey, to: newKey, presence: presencePair, header: header, version: generation, in: state.database)
                 resealed += 1
             }
             var integrity = try IntegrityState.recount(database: state.database, key: newKeys.element)
