@@ -102,40 +102,17 @@ enum FilePermissions {
         }
     }
 
-    /// Confirms that SQLite's descriptor refers to the file that was checked: a rename between
-    /// the check and SQLite's open is refused. SQLite's descriptor is asked of SQLite; with
-    /// another VFS, a descriptor opened since `before` must be the file (one counts as new when
-    /// its number is new or now refers to another file).
-    static func confirmOpened(
-        _ identity: Identity, path: String, openBefore: [Int32: Identity], opened: (device: UInt64, inode: UInt64)?
-    ) throws(LockboxError) {
-        if let opened {
-            // SQLite's own descriptor says which file it opened.
-            if opened.device == identity.device && opened.inode == identity.inode { return }
-        } else {
-            for (descriptor, current) in openDescriptors() where openBefore[descriptor] != current {
-                if current == identity { return }
-            }
+    /// Confirms that SQLite's own descriptor (`opened`, asked of SQLite) refers to the file
+    /// that was checked: a rename between the check and SQLite's open is refused. When SQLite
+    /// cannot say (another VFS than its default), the open is refused too.
+    static func confirmOpened(_ identity: Identity, path: String, opened: (device: UInt64, inode: UInt64)?) throws(LockboxError) {
+        guard let opened else {
+            throw LockboxError(.io, "Cannot confirm which file SQLite opened for \(path): Lockbox needs SQLite's default unix VFS.")
         }
-        throw LockboxError(
-            .io, "\(path) was replaced while it was being opened. Nothing was read; check who else can write to its directory.")
-    }
-
-    /// The descriptors open in this process now, with what each refers to.
-    static func openDescriptors() -> [Int32: Identity] {
-        var descriptors: [Int32: Identity] = [:]
-        guard let directory = opendir("/proc/self/fd") else { return descriptors }
-        let own = dirfd(directory)
-        defer { closedir(directory) }
-        while let entry = readdir(directory) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { bytes in
-                String(decoding: bytes.prefix { $0 != 0 }, as: UTF8.self)
-            }
-            guard let number = Int32(name), number != own else { continue }
-            var info = stat()
-            if fstat(number, &info) == 0 { descriptors[number] = Identity(info) }
+        guard opened.device == identity.device && opened.inode == identity.inode else {
+            throw LockboxError(
+                .io, "\(path) was replaced while it was being opened. Nothing was read; check who else can write to its directory.")
         }
-        return descriptors
     }
 
     /// Sets `path`'s mode to 0600.

@@ -41,12 +41,19 @@ extension Vault {
     static let maximumFailureCount = 1_000
 
     func readAttempts(_ state: State) throws(LockboxError) -> Attempts {
+        try readAttemptsRecord(state).attempts
+    }
+
+    /// The effective count, and whether the file holds an authentic record of it.
+    private func readAttemptsRecord(_ state: State) throws(LockboxError) -> (attempts: Attempts, authentic: Bool) {
         let stored = try state.database.firstRow("SELECT failures, last_failure, mac FROM unlock_attempts WHERE id = 1") { row in
             (Attempts(failures: row.integer(0) ?? 0, lastFailure: row.double(1) ?? 0), row.blob(2))
         }
         var attempts: Attempts
+        var authentic = false
         if let (record, mac) = stored, let mac, IntegrityState.equal(mac, Self.attemptsMAC(record, state: state)) {
             attempts = record
+            authentic = true
         } else if state.rememberedGeneration.exists {
             // This machine knows the vault: an unauthenticated or missing record is tampering.
             attempts = Attempts(
@@ -57,7 +64,7 @@ extension Vault {
         let mirrored = readMirroredAttempts(state)
         attempts.failures = min(max(attempts.failures, mirrored.failures, 0), Self.maximumFailureCount)
         attempts.lastFailure = max(attempts.lastFailure.isFinite ? attempts.lastFailure : 0, mirrored.lastFailure)
-        return attempts
+        return (attempts, authentic && attempts.failures == (stored?.0.failures ?? 0))
     }
 
     private func readMirroredAttempts(_ state: State) -> Attempts {
@@ -99,9 +106,9 @@ extension Vault {
 
     /// Resets the count after a successful check.
     func clearFailedAttempts(_ state: State) throws(LockboxError) {
-        let current = try readAttempts(state)
-        let stored = try state.database.firstRow("SELECT mac FROM unlock_attempts WHERE id = 1") { $0.blob(0) }
-        guard current.failures != 0 || stored == nil || stored! == nil || readMirroredAttempts(state).failures != 0 else { return }
+        // Nothing to write when the count is zero and the file holds an authentic record of it.
+        let current = try readAttemptsRecord(state)
+        guard current.attempts.failures != 0 || !current.authentic else { return }
         try state.database.writeTransaction { () throws(LockboxError) in
             try writeAttempts(Attempts(failures: 0, lastFailure: 0), state: state)
         }

@@ -237,8 +237,14 @@ extension Vault {
 
     /// A writer over the state as stored now (inside the write transaction), verified.
     private func rowWriter(_ state: State) throws(LockboxError) -> RowWriter {
-        state.integrity = nil
-        let cache = try currentIntegrity(state)
+        // Inside the write transaction the snapshot is the latest: the cache is current unless
+        // another connection wrote (data_version), or it was filled before the index root was
+        // at hand.
+        var cache = try currentIntegrity(state)
+        if cache.keys?.state == nil {
+            state.integrity = nil
+            cache = try currentIntegrity(state)
+        }
         guard let stored = cache.state, let keys = cache.keys, keys.state != nil else { throw lockedError() }
         var refreshed = cache
         refreshed.keys = keys
@@ -252,6 +258,8 @@ extension Vault {
     /// resealed rows at the first chance that has the master key. Until then writes wait for
     /// it (`errSecInteractionNotAllowed`, "unlock once").
     func ensureUpgraded(_ state: State) throws(LockboxError) {
+        // Known upgraded from this connection's cache: no query on the write path.
+        if state.integrity?.state != nil { return }
         if try IntegrityState.load(from: state.database) != nil { return }
         guard let master = try state.keys.currentMaster() else {
             throw LockboxError.locked(

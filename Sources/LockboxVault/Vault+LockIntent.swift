@@ -24,14 +24,10 @@ extension Vault {
         return recorded == Self.currentSession()
     }
 
-    /// Records that the user locked or unlocked the vault in this session.
+    /// Records that the user locked or unlocked the vault in this session (an explicit unlock
+    /// counts too: a later lock or idle timeout in the same session then holds).
     func markExplicitLock(_ state: State) {
         Self.writeSmallFile(sessionMarkerPath(state), Self.currentSession())
-    }
-
-    /// An explicit unlock records the session too: a later lock or idle timeout in it holds.
-    func releaseExplicitLock(_ state: State) throws(LockboxError) {
-        markExplicitLock(state)
     }
 
     /// Forgets that the vault was locked or unlocked in this login session, as a new login

@@ -131,13 +131,12 @@ public final class Vault: ItemStore, Sendable {
         }
         let oldMask = umask(0o077)
         defer { umask(oldMask) }
-        let before = FilePermissions.openDescriptors()
         let database = try Database(path: path, create: true, busyTimeoutMilliseconds: configuration.busyTimeoutMilliseconds)
         try FilePermissions.makePrivate(path)
         guard let identity = try FilePermissions.check(directory: directory, files: [path])[path] else {
             throw LockboxError(.io, "\(path) was removed while it was being created.")
         }
-        try FilePermissions.confirmOpened(identity, path: path, openBefore: before, opened: database.openedFileIdentity)
+        try FilePermissions.confirmOpened(identity, path: path, opened: database.openedFileIdentity)
         try VaultSchema.migrate(database)
 
         let device = try DeviceSecret.load(configuration.device)
@@ -196,9 +195,8 @@ public final class Vault: ItemStore, Sendable {
         }
         let oldMask = umask(0o077)
         defer { umask(oldMask) }
-        let before = FilePermissions.openDescriptors()
         let database = try Database(path: path, create: false, busyTimeoutMilliseconds: configuration.busyTimeoutMilliseconds)
-        try FilePermissions.confirmOpened(identity, path: path, openBefore: before, opened: database.openedFileIdentity)
+        try FilePermissions.confirmOpened(identity, path: path, opened: database.openedFileIdentity)
         try VaultSchema.migrate(database)
         let header = try VaultHeader.load(from: database)
         let keys = KeyCache(
@@ -273,7 +271,7 @@ public final class Vault: ItemStore, Sendable {
         }
         try cacheUnlockedKeys(master: master, state: state)
         try clearFailedAttempts(state)
-        try releaseExplicitLock(state)
+        markExplicitLock(state)
     }
 
     /// This machine's `*ThisDeviceOnly` class keys still wrapped by an earlier master key (the
@@ -397,6 +395,7 @@ public final class Vault: ItemStore, Sendable {
     public func lock() {
         withState { state in
             state.keys.lock()
+            state.integrity = nil
             markExplicitLock(state)
         }
     }
@@ -413,6 +412,7 @@ public final class Vault: ItemStore, Sendable {
     public func lockAll() {
         withState { state in
             state.keys.forgetAll()
+            state.integrity = nil
             markExplicitLock(state)
         }
     }
@@ -459,7 +459,7 @@ public final class Vault: ItemStore, Sendable {
                 header.slots[index] = Self.wrap(slot, master: newMaster, presenceKey: presence, slotKey: slotKey, header: header)
             }
             try cacheUnlockedKeys(master: newMaster, state: state)
-            try releaseExplicitLock(state)
+            markExplicitLock(state)
             return change
         }
     }
