@@ -44,6 +44,9 @@ let package = Package(
         // OpenSSL's libcrypto, for P-256 and AES-GCM (managed keys). Linked as a shared library,
         // unlike the three above: see `KeyCrypto`.
         .systemLibrary(name: "CCrypto", providers: [.apt(["libssl-dev"])]),
+        // The tss2 ESAPI libraries (TPM 2.0), linked as shared libraries: the TCTI loader opens
+        // the transport's library (device, swtpm) at run time, and they need libcrypto.
+        .systemLibrary(name: "CTss2", providers: [.apt(["libtss2-dev"])]),
 
         // The model and the backend SPI. No C imports.
         .target(name: "LockboxCore", swiftSettings: strict),
@@ -72,10 +75,18 @@ let package = Package(
         .target(
             name: "KeyCrypto", dependencies: ["CCrypto", "LockboxCore"], swiftSettings: strict,
             linkerSettings: [.linkedLibrary("crypto", .when(platforms: [.linux]))]),
+        // A TPM 2.0 through ESAPI (the only CTss2 importer): keys made inside it, signatures,
+        // secrets sealed to it. Only programs that use keys or the TPM link it.
+        .target(
+            name: "TPMAccess", dependencies: ["CTss2", "LockboxCore"], swiftSettings: strict,
+            linkerSettings: [
+                .linkedLibrary("tss2-esys", .when(platforms: [.linux])), .linkedLibrary("tss2-tctildr", .when(platforms: [.linux])),
+                .linkedLibrary("tss2-mu", .when(platforms: [.linux])), .linkedLibrary("tss2-rc", .when(platforms: [.linux])),
+            ]),
         // Keys in Lockbox's own terms (generate for a purpose, sign, encrypt, agree, export the
         // public half), stored as vault items of class `.key`.
         .target(
-            name: "LockboxKeys", dependencies: ["LockboxCore", "LockboxVault", "VaultCrypto", "KeyCrypto"],
+            name: "LockboxKeys", dependencies: ["LockboxCore", "LockboxVault", "VaultCrypto", "KeyCrypto", "TPMAccess"],
             swiftSettings: strict),
 
         // libsecret's functions, declared from its documented ABI and opened with dlopen on first

@@ -2,11 +2,13 @@ import FoundationEssentials
 import KeyCrypto
 import LockboxCore
 import LockboxVault
+import TPMAccess
 import VaultCrypto
 
 /// Managed keys kept in a vault, computed in software (OpenSSL for P-256 and AES-GCM,
-/// libsodium for Ed25519 and X25519). Nothing here is hardware-bound: a copy of the vault file
-/// and its passphrase is a copy of the keys (docs/KEYS.md).
+/// libsodium for Ed25519 and X25519), or, for a specification with ``KeyToken/hardware``, made
+/// and used inside the machine's TPM 2.0. A copy of the vault file and its passphrase is a
+/// copy of the software keys, never of the hardware ones (docs/KEYS.md).
 ///
 /// Each key is a vault item of class `.key` whose value is the private key, sealed like every
 /// item; a non-extractable key's value is refused to every other reader of the vault.
@@ -20,9 +22,29 @@ import VaultCrypto
 /// ```
 public final class SoftwareKeyStore: Sendable {
     public let vault: Vault
+    /// The TPM that hardware keys are made in and used with.
+    let tpm: TPM
 
-    public init(vault: Vault) {
+    /// - Parameter tpmDevice: the TPM's TCTI configuration for hardware keys; nil is
+    ///   `LOCKBOX_TPM_TCTI`, else `device:/dev/tpmrm0`.
+    public init(vault: Vault, tpmDevice: String? = nil) {
         self.vault = vault
+        tpm = TPM.at(tpmDevice)
+    }
+
+    /// Whether keys with ``KeyToken/hardware`` can be made here (a TPM 2.0 that answers and
+    /// can make P-256 keys), and if not why. Asks the TPM, so it takes milliseconds.
+    /// - Parameter device: the TPM's TCTI configuration; nil is `LOCKBOX_TPM_TCTI`, else
+    ///   `device:/dev/tpmrm0`.
+    public static func hardwareAvailability(device: String? = nil) -> HardwareKeyAvailability {
+        let tpm = TPM.at(device)
+        let (available, reason) = tpm.availability()
+        return HardwareKeyAvailability(isAvailable: available, reason: reason, device: tpm.device)
+    }
+
+    /// ``hardwareAvailability(device:)`` of this store's TPM.
+    public var hardwareAvailability: HardwareKeyAvailability {
+        Self.hardwareAvailability(device: tpm.device)
     }
 
     /// Makes a new key and stores it.
@@ -41,6 +63,17 @@ public final class SoftwareKeyStore: Sendable {
         }
         var flags: KeyEnvelope.Flags = []
         if !specification.isExtractable { flags.insert(.nonExtractable) }
+        if specification.token == .hardware {
+            guard algorithm == .p256, specification.purposes.isSubset(of: [.sign, .verify]) else {
+                throw LockboxError(
+                    .param,
+                    "A hardware (TPM) key is a P-256 key for sign and verify; make \(algorithm) keys for \(specification.purposes) in software.")
+            }
+            guard !specification.isExtractable else {
+                throw LockboxError(.param, "A hardware (TPM) key cannot be extractable: its private half never leaves the TPM.")
+            }
+            flags.insert(.hardware)
+        }
         var bindingKey: SecretBytes?
         if specification.isInvalidatedByPassphraseChange {
             flags.insert(.invalidatedByPassphraseChange)
@@ -56,6 +89,16 @@ public final class SoftwareKeyStore: Sendable {
         let secret: SecretBytes
         let publicKey: [UInt8]
         switch algorithm {
+        case .p256 where specification.token == .hardware:
+            let availability = tpm.availability()
+            guard availability.isAvailable else {
+                throw LockboxError(
+                    .notAvailable,
+                    "A hardware key was asked for, and none can be made here: \(availability.reason) "
+                        + "Make a software key (KeyToken.software) if that is acceptable; Lockbox never falls back to one by itself.")
+            }
+            let made = try tpm.makeSigningKey()
+            (secret, publicKey) = (SecretBytes(copying: made.blob), made.publicKey)
         case .p256:
             (secret, publicKey) = try P256.generate()
         case .ed25519:
@@ -140,7 +183,11 @@ public final class SoftwareKeyStore: Sendable {
             envelope.flags == key.descriptor.flags, envelope.purposes == key.descriptor.purposes
         else { throw LockboxError.integrity("A stored key") }
         let secret = try envelope.openSecret(secretPart) { () throws(LockboxError) -> SecretBytes? in try vault.passphraseBindingKey() }
-        guard secret.count == key.algorithm.secretByteCount else { throw LockboxError.integrity("A stored key") }
+        if key.token == .hardware {
+            guard !secret.isEmpty else { throw LockboxError.integrity("A stored key") }
+        } else {
+            guard secret.count == key.algorithm.secretByteCount else { throw LockboxError.integrity("A stored key") }
+        }
         return secret
     }
 }
