@@ -27,6 +27,7 @@ let package = Package(
         .library(name: "LockboxKeys", targets: ["LockboxKeys"]),
         .executable(name: "lockbox", targets: ["LockboxCLI"]),
         .executable(name: "lockbox-oauth", targets: ["LockboxOAuthCLI"]),
+        .executable(name: "lockbox-keys", targets: ["LockboxKeysCLI"]),
         .executable(name: "lockbox-bench", targets: ["LockboxBenchmark"]),
         .executable(name: "lockbox-stress", targets: ["LockboxStress"]),
         .executable(name: "lockbox-campaign", targets: ["LockboxCampaign"]),
@@ -126,6 +127,11 @@ let package = Package(
             swiftSettings: staticRuntime, linkerSettings: staticRuntimeLink),
         .executableTarget(
             name: "LockboxOAuthCLI", dependencies: ["Lockbox", "LockboxCommandLine", "LockboxAuth", "CProcessHardening"],
+            swiftSettings: strict),
+        // The key verbs and the TPM unlock, which `lockbox` runs for them: only they load
+        // libcrypto and the tss2 libraries.
+        .executableTarget(
+            name: "LockboxKeysCLI", dependencies: ["Lockbox", "LockboxCommandLine", "LockboxKeys", "CProcessHardening"],
             swiftSettings: strict),
         .executableTarget(
             name: "LockboxBenchmark",

@@ -15,7 +15,10 @@ let status: ExitStatus
 do {
     let invocation = try Parser.parse(arguments)
     if invocation.command.isAuthentication {
-        streams.error("lockbox: \(OAuthHelper.exec(arguments: arguments))")
+        streams.error("lockbox: \(OAuthHelper.exec(OAuthHelper.name, arguments: arguments))")
+        status = .failure
+    } else if invocation.command.usesKeys {
+        streams.error("lockbox: \(OAuthHelper.exec(OAuthHelper.keysName, arguments: arguments))")
         status = .failure
     } else {
         do {

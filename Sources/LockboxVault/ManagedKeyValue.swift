@@ -1,3 +1,4 @@
+import FoundationEssentials
 import LockboxCore
 import VaultCrypto
 
@@ -14,6 +15,16 @@ package enum ManagedKeyValue {
     package static let version: UInt8 = 1
     /// Bit 0 of the flags byte.
     package static let nonExtractableFlag: UInt8 = 1
+    /// Bit 2 of the flags: the key was made inside the TPM (its value is the TPM's wrapped blob).
+    package static let hardwareFlag: UInt8 = 1 << 2
+
+    /// Whether a key item's public description (its `kSecAttrGeneric`, LockboxKeys'
+    /// `KeyDescriptor`: `"lbk1" | algorithm | purposes | flags | ...`) marks a hardware key.
+    /// For listings only: the sealed value stays the authority.
+    package static func isHardwareKey(descriptor: Data?) -> Bool {
+        guard let descriptor, descriptor.count >= 8, descriptor.starts(with: Array("lbk1".utf8)) else { return false }
+        return descriptor[descriptor.startIndex + 6] & hardwareFlag != 0
+    }
 
     /// True for a managed key's value that must not leave as bytes.
     package static func isNonExtractable(_ value: SecretBytes) -> Bool {

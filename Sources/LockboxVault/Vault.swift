@@ -574,7 +574,7 @@ public final class Vault: ItemStore, Sendable {
             return VaultStatus(
                 path: path, isUnlocked: unlocked, wasUnlockedSinceBoot: afterFirstUnlock,
                 readableClasses: readable, itemCount: count.integer(0) ?? 0,
-                unlockMethods: state.header.slots.map { $0.kind == .external ? String(decoding: $0.parameters, as: UTF8.self) : $0.kind.rawValue },
+                unlockMethods: state.header.slots.map { $0.kind == .external ? $0.externalKind : $0.kind.rawValue },
                 unlockCache: configuration.unlockCache,
                 failedUnlockAttempts: failed, schemaVersion: VaultSchema.current,
                 itemsBoundToOtherMachines: foreign.integer(0) ?? 0, hasPassphrase: state.header.hasPassphrase,

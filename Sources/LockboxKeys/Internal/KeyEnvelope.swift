@@ -21,7 +21,7 @@ struct KeyEnvelope {
         static let invalidatedByPassphraseChange = Flags(rawValue: 1 << 1)
         /// Made inside the TPM: the secret is the TPM's key blob (TPM2B_PUBLIC || TPM2B_PRIVATE),
         /// whose private part only that TPM can unwrap.
-        static let hardware = Flags(rawValue: 1 << 2)
+        static let hardware = Flags(rawValue: ManagedKeyValue.hardwareFlag)
     }
 
     var flags: Flags
