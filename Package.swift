@@ -179,7 +179,9 @@ let package = Package(
             swiftSettings: strict),
         .testTarget(
             name: "LockboxKeysTests",
-            dependencies: ["LockboxKeys", "KeyCrypto", "VaultCrypto", "LockboxVault", "Lockbox", "KeychainCompatibility", "LockboxTestSupport"],
+            dependencies: [
+                "LockboxKeys", "KeyCrypto", "VaultCrypto", "LockboxVault", "Lockbox", "KeychainCompatibility", "LockboxTestSupport", "TPMAccess",
+            ],
             swiftSettings: strict),
         .testTarget(
             name: "LockboxCLITests",

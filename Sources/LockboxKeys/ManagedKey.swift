@@ -69,7 +69,8 @@ public struct ManagedKey: Sendable, CustomStringConvertible {
     ///   hardware key, `notAvailable` when the TPM cannot be reached and `invalidKeyRef` when
     ///   this TPM cannot load it (another machine's key, or the TPM was cleared).
     public func sign(_ message: Data, context: AuthenticationContext? = nil) throws(LockboxError) -> Data {
-        let secret = try store.privateKey(of: self, for: .sign, context: context)
+        let opened = try store.openedKey(of: self, for: .sign, context: context)
+        let secret = opened.secret
         if token == .hardware {
             let blob = secret.withUnsafeBytes { Array($0) }
             let (r, s) = try store.tpm.sign(digest: MessageDigest.sha256(Array(message)), blob: blob)
@@ -77,7 +78,8 @@ public struct ManagedKey: Sendable, CustomStringConvertible {
         }
         switch algorithm {
         case .p256:
-            return Data(try P256.sign(Array(message), privateRepresentation: secret))
+            guard let held = opened.p256 else { preconditionFailure("a P-256 signing key is imported when opened") }
+            return Data(try held.sign(Array(message)))
         case .ed25519:
             return Data(Curve25519.sign(Array(message), secretKey: secret))
         case .x25519, .aes256GCM:

@@ -2,6 +2,7 @@ import FoundationEssentials
 import KeyCrypto
 import LockboxCore
 import LockboxVault
+import Synchronization
 import TPMAccess
 import VaultCrypto
 
@@ -24,12 +25,29 @@ public final class SoftwareKeyStore: Sendable {
     public let vault: Vault
     /// The TPM that hardware keys are made in and used with.
     let tpm: TPM
+    /// Keys opened for an operation, kept for the next ones while the vault's
+    /// ``KeyUseStamp`` stays the same (unlocked, nothing written since), so a signature costs
+    /// a stamp check instead of a read, an unseal and an import. Never for access-controlled
+    /// keys (each use asks, within the reuse window), nor hardware keys (the TPM keeps those
+    /// loaded). Dropped at lock.
+    private let opened = Mutex<[Data: OpenedKey]>([:])
+    private static let openedLimit = 32
 
     /// - Parameter tpmDevice: the TPM's TCTI configuration for hardware keys; nil is
     ///   `LOCKBOX_TPM_TCTI`, else `device:/dev/tpmrm0`.
     public init(vault: Vault, tpmDevice: String? = nil) {
         self.vault = vault
         tpm = TPM.at(tpmDevice)
+        vault.lockObservers.add(self) { [weak self] in self?.forgetOpenedKeys() }
+    }
+
+    deinit {
+        vault.lockObservers.remove(self)
+    }
+
+    /// Drops the keys kept opened (they are dropped at lock anyway).
+    public func forgetOpenedKeys() {
+        opened.withLock { $0.removeAll() }
     }
 
     /// Whether keys with ``KeyToken/hardware`` can be made here (a TPM 2.0 that answers and
@@ -169,6 +187,31 @@ public final class SoftwareKeyStore: Sendable {
         try vault.delete(matching: key.itemQuery(returning: [], context: context))
     }
 
+    /// The key's private bytes (and for P-256, the key imported into OpenSSL), from the keys
+    /// kept opened when the vault is unchanged and still unlocked, else read and opened anew.
+    func openedKey(of key: ManagedKey, for purpose: KeyPurposes, context: AuthenticationContext?) throws(LockboxError) -> OpenedKey {
+        try key.require(purpose)
+        let cacheable = key.accessControl == nil && key.token == .software
+        guard cacheable else { return try OpenedKey(key, secret: privateKey(of: key, for: purpose, context: context)) }
+        // The stamp is taken before the read: a write in between makes the next use read again.
+        guard let stamp = try vault.keyUseStamp() else {
+            forgetOpenedKeys()
+            _ = try privateKey(of: key, for: purpose, context: context)  // throws the locked error
+            preconditionFailure("a locked vault does not give out keys")
+        }
+        if let kept = opened.withLock({ $0[key.persistentReference] }), kept.stamp == stamp, kept.descriptor == key.descriptor {
+            return kept
+        }
+        var fresh = try OpenedKey(key, secret: privateKey(of: key, for: purpose, context: context))
+        fresh.stamp = stamp
+        opened.withLock { opened in
+            opened = opened.filter { $0.value.stamp == stamp }
+            if opened.count >= Self.openedLimit { opened.removeAll() }
+            opened[key.persistentReference] = fresh
+        }
+        return fresh
+    }
+
     /// The key's envelope and private bytes, through the vault's key-material path.
     func privateKey(of key: ManagedKey, for purpose: KeyPurposes, context: AuthenticationContext?) throws(LockboxError) -> SecretBytes {
         try key.require(purpose)
@@ -201,5 +244,22 @@ extension KeyAlgorithm {
         case .x25519: Curve25519.agreementSecretKeyByteCount
         case .aes256GCM: AESGCM.keyByteCount
         }
+    }
+}
+
+/// A managed key's private bytes, opened, and for P-256 imported into OpenSSL once.
+struct OpenedKey: @unchecked Sendable {
+    // @unchecked: the OpenSSL key is never changed after the import, and OpenSSL allows
+    // concurrent signatures with one key (each makes its own digest context).
+    let secret: SecretBytes
+    let p256: P256.SigningKey?
+    let descriptor: KeyDescriptor
+    var stamp: KeyUseStamp?
+
+    init(_ key: ManagedKey, secret: SecretBytes) throws(LockboxError) {
+        self.secret = secret
+        descriptor = key.descriptor
+        p256 = key.algorithm == .p256 && key.token == .software && key.purposes.contains(.sign)
+            ? try P256.SigningKey(privateRepresentation: secret) : nil
     }
 }

@@ -160,6 +160,41 @@ package final class TPM: Sendable {
         }
     }
 
+    /// The benchmark's reference (`lockbox-key-bench`): `Esys_Sign` alone, as `tpm2_sign` calls
+    /// it, on a key loaded beforehand, with none of the lookups `sign(digest:blob:)` makes.
+    package func referenceSigner(blob: [UInt8]) throws(LockboxError) -> () -> Void {
+        let handle = try withConnection { (connection) throws(LockboxError) in try loadedKey(blob, &connection) }
+        var digest = TPM2B_DIGEST()
+        digest.size = 32
+        var scheme = TPMT_SIG_SCHEME()
+        scheme.scheme = Constant.algorithmECDSA
+        scheme.details.ecdsa.hashAlg = Constant.algorithmSHA256
+        var validation = TPMT_TK_HASHCHECK()
+        validation.tag = Constant.hashCheckTag
+        validation.hierarchy = Constant.nullHierarchy
+        let esys = connection.withLock { $0!.esys }
+        return {
+            var signature: UnsafeMutablePointer<TPMT_SIGNATURE>?
+            let result = Esys_Sign(esys, handle, Constant.password, Constant.none, Constant.none, &digest, &scheme, &validation, &signature)
+            precondition(result == 0, "Esys_Sign failed")
+            Esys_Free(signature)
+        }
+    }
+
+    /// Extends the SHA-256 bank of PCR `index` with `digest` (32 bytes), as a boot step measures
+    /// what it loads: the tests' stand-in for a changed boot chain.
+    package func extendPCR(_ index: Int, digest: [UInt8]) throws(LockboxError) {
+        precondition((0..<24).contains(index) && digest.count == 32)
+        try withConnection { (connection) throws(LockboxError) in
+            var values = TPML_DIGEST_VALUES()
+            values.count = 1
+            values.digests.0.hashAlg = Constant.algorithmSHA256
+            Self.copy(digest, into: &values.digests.0.digest.sha256)
+            let result = Esys_PCR_Extend(connection.esys, ESYS_TR(index), Constant.password, Constant.none, Constant.none, &values)
+            try check(result, "Esys_PCR_Extend", &connection)
+        }
+    }
+
     /// Unloads the key in `blob` if it is loaded (after its item was deleted).
     package func forget(blob: [UInt8]) {
         connection.withLock { connection in
