@@ -200,6 +200,7 @@ if Context.environment["LOCKBOX_FUZZ"] == "1" {
             name: "LockboxFuzz",
             dependencies: [
                 "LockboxCore", "LockboxVault", "VaultCrypto", "CredentialHelpers", "LockboxAuth", "LockboxCommandLine", "LockboxKeys",
+                "TPMAccess",
             ],
             path: "Fuzz/Sources"))
 }

@@ -77,7 +77,7 @@ if SoftwareKeyStore.hardwareAvailability().isAvailable {
     let tpmManaged = managedSamples.sorted()[managedSamples.count / 2]
     tpmRows = [
         ("TPM P-256: Esys_Sign on a loaded key, as tpm2_sign calls it (reference)", tpmReference, tpmReference),
-        ("TPM P-256: ManagedKey.sign (vault read + SHA-256 + Esys_Sign + DER)", tpmManaged, tpmReference),
+        ("TPM P-256: ManagedKey.sign (stamp check + SHA-256 + Esys_Sign + DER)", tpmManaged, tpmReference),
     ]
 } else {
     print("no TPM (\(SoftwareKeyStore.hardwareAvailability().reason)): the TPM rows are left out")

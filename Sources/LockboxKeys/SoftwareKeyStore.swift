@@ -27,9 +27,9 @@ public final class SoftwareKeyStore: Sendable {
     let tpm: TPM
     /// Keys opened for an operation, kept for the next ones while the vault's
     /// ``KeyUseStamp`` stays the same (unlocked, nothing written since), so a signature costs
-    /// a stamp check instead of a read, an unseal and an import. Never for access-controlled
-    /// keys (each use asks, within the reuse window), nor hardware keys (the TPM keeps those
-    /// loaded). Dropped at lock.
+    /// a stamp check instead of a read, an unseal and an import (for a hardware key, the read of
+    /// its TPM blob; the TPM keeps the key itself loaded). Never for access-controlled keys:
+    /// each of their uses asks, within the reuse window. Dropped at lock.
     private let opened = Mutex<[Data: OpenedKey]>([:])
     private static let openedLimit = 32
 
@@ -191,7 +191,7 @@ public final class SoftwareKeyStore: Sendable {
     /// kept opened when the vault is unchanged and still unlocked, else read and opened anew.
     func openedKey(of key: ManagedKey, for purpose: KeyPurposes, context: AuthenticationContext?) throws(LockboxError) -> OpenedKey {
         try key.require(purpose)
-        let cacheable = key.accessControl == nil && key.token == .software
+        let cacheable = key.accessControl == nil
         guard cacheable else { return try OpenedKey(key, secret: privateKey(of: key, for: purpose, context: context)) }
         // The stamp is taken before the read: a write in between makes the next use read again.
         guard let stamp = try vault.keyUseStamp() else {

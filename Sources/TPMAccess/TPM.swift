@@ -261,13 +261,10 @@ package final class TPM: Sendable {
     /// - Throws: `authFailed` when the PCRs no longer have the values it was sealed to, or the
     ///   blob belongs to another TPM; `notAvailable` when the TPM cannot be reached.
     package func unseal(_ sealed: [UInt8]) throws(LockboxError) -> SecretBytes {
-        guard let count = sealed.first, sealed.count > 1 + Int(count) else { throw LockboxError(.decode, "The TPM-sealed secret is damaged.") }
-        let pcrs = sealed[1..<1 + Int(count)].map(Int.init)
-        guard pcrs.allSatisfy({ $0 < 24 }) else { throw LockboxError(.decode, "The TPM-sealed secret is damaged.") }
-        let blob = Array(sealed[(1 + Int(count))...])
+        let (pcrs, blob) = try Self.splitSealed(sealed)
+        let (inPublic, inPrivate) = try Self.unmarshal(blob)
         return try withConnection { (connection) throws(LockboxError) in
             let parent = try primaryKey(&connection)
-            let (inPublic, inPrivate) = try Self.unmarshal(blob)
             var publicPart = inPublic
             var privatePart = inPrivate
             var handle: ESYS_TR = Constant.none
@@ -306,6 +303,30 @@ package final class TPM: Sendable {
                 SecretBytes(copying: UnsafeRawBufferPointer(rebasing: buffer[0..<size]))
             }
         }
+    }
+
+    /// A sealed secret's parts: `count | PCR numbers | TPM2B_PUBLIC | TPM2B_PRIVATE`.
+    private static func splitSealed(_ sealed: [UInt8]) throws(LockboxError) -> (pcrs: [Int], blob: [UInt8]) {
+        guard let count = sealed.first, sealed.count > 1 + Int(count) else { throw LockboxError(.decode, "The TPM-sealed secret is damaged.") }
+        let pcrs = sealed[1..<1 + Int(count)].map(Int.init)
+        guard pcrs.allSatisfy({ $0 < 24 }) else { throw LockboxError(.decode, "The TPM-sealed secret is damaged.") }
+        return (pcrs, Array(sealed[(1 + Int(count))...]))
+    }
+
+    /// Whether `blob` decodes as a key blob (the fuzzer's entry to the decoding of stored TPM
+    /// blobs, which needs no TPM); a blob that decodes re-encodes to the same bytes.
+    package static func decodesKeyBlob(_ blob: [UInt8]) -> Bool {
+        guard let (publicPart, privatePart) = try? unmarshal(blob) else { return false }
+        guard let again = try? marshal(public: publicPart, private: privatePart), again == blob else {
+            preconditionFailure("a TPM blob that decodes re-encodes to other bytes")
+        }
+        return true
+    }
+
+    /// Whether `sealed` decodes as a sealed secret (the fuzzer's entry).
+    package static func decodesSealed(_ sealed: [UInt8]) -> Bool {
+        guard let (_, blob) = try? splitSealed(sealed) else { return false }
+        return (try? unmarshal(blob)) != nil
     }
 
     // MARK: Internals
