@@ -256,10 +256,10 @@ func fuzzKeyEncoding(_ input: [UInt8]) {
     // A hardware key's TPM blob and a TPM-sealed unlock slot, as stored: decoded without a TPM.
     _ = TPM.decodesKeyBlob(input)
     _ = TPM.decodesSealed(input)
-    // A TPM signature's r and s (any length up to 33 bytes each) as DER: always one that the
-    // verifier parses (true or false, never a thrown "not DER").
+    // A TPM signature's r and s (any bytes, up to the 32 of a P-256 scalar each) as DER: always
+    // one that the verifier parses (true or false, never a thrown "not DER").
     if input.count >= 2 {
-        let half = min(input.count / 2, 33)
+        let half = min(input.count / 2, 32)
         let der = ECDSASignature.der(r: Array(input[..<half]), s: Array(input[half..<min(input.count, 2 * half)]))
         if (try? fuzzVerifyingKeys[0].isValidSignature(Data(der), for: data)) == nil { roundTripFailed("ECDSA DER from r and s") }
     }
