@@ -26,6 +26,22 @@ func measure(_ body: () throws -> Void) rethrows -> Double {
     return samples.sorted()[samples.count / 2]
 }
 
+/// Median microseconds per call of `reference` and of `subject`, called in turn `count` times,
+/// so that a busy moment of the shared machine weighs on both alike.
+func measureInTurn(_ count: Int, _ reference: () throws -> Void, _ subject: () throws -> Void) rethrows -> (Double, Double) {
+    var referenceSamples: [Double] = []
+    var subjectSamples: [Double] = []
+    for _ in 0..<count {
+        var start = DispatchTime.now().uptimeNanoseconds
+        try reference()
+        referenceSamples.append(Double(DispatchTime.now().uptimeNanoseconds - start) / 1000)
+        start = DispatchTime.now().uptimeNanoseconds
+        try subject()
+        subjectSamples.append(Double(DispatchTime.now().uptimeNanoseconds - start) / 1000)
+    }
+    return (referenceSamples.sorted()[count / 2], subjectSamples.sorted()[count / 2])
+}
+
 var template = Array("/tmp/lockbox-key-bench-XXXXXX".utf8CString)
 let directory = String(cString: mkdtemp(&template)!)
 defer { try? FileManager.default.removeItem(atPath: directory) }
@@ -40,14 +56,12 @@ let messageData = Data(message)
 let p256 = try keys.generate(KeySpecification(algorithm: .p256, purposes: [.sign]))
 let (p256Secret, _) = try P256.generate()
 let held = try P256.SigningKey(privateRepresentation: p256Secret)
-let p256Reference = try measure { _ = try held.sign(message) }
 let p256Import = try measure { _ = try P256.sign(message, privateRepresentation: p256Secret) }
-let p256Managed = try measure { _ = try p256.sign(messageData) }
+let (p256Reference, p256Managed) = try measureInTurn(operations, { _ = try held.sign(message) }, { _ = try p256.sign(messageData) })
 
 let ed25519 = try keys.generate(KeySpecification(algorithm: .ed25519, purposes: [.sign]))
 let (edSecret, _) = Curve25519.generateSigningKey()
-let edReference = measure { _ = Curve25519.sign(message, secretKey: edSecret) }
-let edManaged = try measure { _ = try ed25519.sign(messageData) }
+let (edReference, edManaged) = try measureInTurn(operations, { _ = Curve25519.sign(message, secretKey: edSecret) }, { _ = try ed25519.sign(messageData) })
 
 // The TPM: the same signature through ManagedKey.sign and through Esys_Sign alone.
 var tpmRows: [(String, Double, Double)] = []
@@ -62,19 +76,7 @@ if SoftwareKeyStore.hardwareAvailability().isAvailable {
     // The envelope's header precedes the TPM's blob: the blob is what the TPM loads.
     let header = 12 + 5 + 65
     let reference = try TPM.at().referenceSigner(blob: Array(stored[header...]))
-    var referenceSamples: [Double] = []
-    var managedSamples: [Double] = []
-    // Interleaved, so that a busy moment of the shared machine hits both alike.
-    for _ in 0..<tpmOperations {
-        var start = DispatchTime.now().uptimeNanoseconds
-        reference()
-        referenceSamples.append(Double(DispatchTime.now().uptimeNanoseconds - start) / 1000)
-        start = DispatchTime.now().uptimeNanoseconds
-        _ = try hardware.sign(messageData)
-        managedSamples.append(Double(DispatchTime.now().uptimeNanoseconds - start) / 1000)
-    }
-    let tpmReference = referenceSamples.sorted()[referenceSamples.count / 2]
-    let tpmManaged = managedSamples.sorted()[managedSamples.count / 2]
+    let (tpmReference, tpmManaged) = try measureInTurn(tpmOperations, reference, { _ = try hardware.sign(messageData) })
     tpmRows = [
         ("TPM P-256: Esys_Sign on a loaded key, as tpm2_sign calls it (reference)", tpmReference, tpmReference),
         ("TPM P-256: ManagedKey.sign (stamp check + SHA-256 + Esys_Sign + DER)", tpmManaged, tpmReference),
