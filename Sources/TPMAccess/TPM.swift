@@ -52,9 +52,6 @@ package final class TPM: Sendable {
     package static func at(_ device: String? = nil) -> TPM {
         let device = device ?? defaultDevice
         return shared.withLock { all in
-            // The tss2 libraries log every failure to standard error, which is the caller's
-            // (a command's output, a service's journal): Lockbox reports failures as errors.
-            if all.isEmpty { setenv("TSS2_LOG", "all+none", 0) }
             if let existing = all[device] { return existing }
             let made = TPM(device: device)
             all[device] = made
@@ -337,6 +334,12 @@ package final class TPM: Sendable {
     }
 
     private func connect() throws(LockboxError) -> Connection {
+        Self.shared.withLock { _ in
+            // The tss2 libraries log every failure to standard error, which is the caller's (a
+            // command's output, a service's journal): Lockbox reports failures as errors. Set
+            // before the libraries first log, under the lock every connection takes.
+            _ = setenv("TSS2_LOG", "all+none", 0)
+        }
         var tcti: OpaquePointer?
         let loaded = Tss2_TctiLdr_Initialize(device, &tcti)
         guard loaded == 0, let tcti else {
