@@ -17,6 +17,8 @@ struct Options {
     var sizes = [1_000, 100_000]
     var operations = 1_000
     var markdown = false
+    /// Only these operations are timed (the others still run once to set up); for profiling.
+    var only: Set<String> = ["add", "find", "update", "delete"]
 
     init(_ arguments: [String]) {
         var iterator = arguments.makeIterator()
@@ -25,8 +27,9 @@ struct Options {
             case "--sizes": sizes = (iterator.next() ?? "").split(separator: ",").compactMap { Int($0) }
             case "--operations": operations = Int(iterator.next() ?? "") ?? operations
             case "--markdown": markdown = true
+            case "--only": only = Set((iterator.next() ?? "").split(separator: ",").map(String.init))
             default:
-                FileHandle.standardError.write(Data("usage: lockbox-bench [--sizes 1000,100000] [--operations N] [--markdown]\n".utf8))
+                FileHandle.standardError.write(Data("usage: lockbox-bench [--sizes 1000,100000] [--operations N] [--only add,find,update,delete] [--markdown]\n".utf8))
                 exit(64)
             }
         }
@@ -74,6 +77,13 @@ func value(_ index: Int) -> SecretBytes {
     SecretBytes(utf8: "token-value-\(index)-padding-to-look-like-a-real-token-0123456789")
 }
 
+/// How many times each operation runs: `operations` for the timed ones; updates and deletes
+/// work on added items, so the adds run as often as either of them.
+func counts(_ operations: Int) -> (add: Int, find: Int, update: Int, delete: Int) {
+    func count(_ name: String) -> Int { options.only.contains(name) ? operations : 0 }
+    return (max(count("add"), count("update"), count("delete")), count("find"), count("update"), count("delete"))
+}
+
 /// The vault: populate `size` items in batches, then time single operations on top.
 func benchmarkVault(size: Int, operations: Int, directory: String) throws -> [String: Sample] {
     var configuration = Vault.Configuration()
@@ -92,27 +102,27 @@ func benchmarkVault(size: Int, operations: Int, directory: String) throws -> [St
 
     var samples: [String: Sample] = [:]
     var add = Sample()
-    for index in 0..<operations {
+    for index in 0..<counts(operations).add {
         let item = Item.genericPassword(service: "bench.example.com", account: "new\(index)", data: value(index))
         try add.measure { try vault.add(item) }
     }
     samples["add"] = add
     var find = Sample()
     var generator = SystemRandomNumberGenerator()
-    for _ in 0..<operations {
+    for _ in 0..<counts(operations).find {
         let query = Query.genericPassword(service: "bench.example.com", account: "user\(Int.random(in: 0..<size, using: &generator))")
         try find.measure { _ = try vault.data(matching: query) }
     }
     samples["find"] = find
     var update = Sample()
-    for index in 0..<operations {
+    for index in 0..<counts(operations).update {
         let query = Query.genericPassword(service: "bench.example.com", account: "new\(index)")
         let change = ItemUpdate(data: value(index + 1))
         try update.measure { try vault.update(matching: query, to: change) }
     }
     samples["update"] = update
     var delete = Sample()
-    for index in 0..<operations {
+    for index in 0..<counts(operations).delete {
         let query = Query.genericPassword(service: "bench.example.com", account: "new\(index)")
         try delete.measure { try vault.delete(matching: query) }
     }
@@ -142,13 +152,13 @@ func benchmarkFloor(size: Int, operations: Int, directory: String) throws -> [St
     }
     var samples: [String: Sample] = [:]
     var add = Sample()
-    for index in 0..<operations {
+    for index in 0..<counts(operations).add {
         try add.measure { try insert("new\(index)", index) }
     }
     samples["add"] = add
     var find = Sample()
     var generator = SystemRandomNumberGenerator()
-    for _ in 0..<operations {
+    for _ in 0..<counts(operations).find {
         let name = "user\(Int.random(in: 0..<size, using: &generator))"
         try find.measure {
             let statement = try database.statement("SELECT v FROM t WHERE k = ?")
@@ -160,7 +170,7 @@ func benchmarkFloor(size: Int, operations: Int, directory: String) throws -> [St
     }
     samples["find"] = find
     var update = Sample()
-    for index in 0..<operations {
+    for index in 0..<counts(operations).update {
         try update.measure {
             let statement = try database.statement("UPDATE t SET v = ? WHERE k = ?")
             statement.bind(1, Crypto.seal(value(index + 1), key: key, associatedData: []))
@@ -170,7 +180,7 @@ func benchmarkFloor(size: Int, operations: Int, directory: String) throws -> [St
     }
     samples["update"] = update
     var delete = Sample()
-    for index in 0..<operations {
+    for index in 0..<counts(operations).delete {
         try delete.measure {
             let statement = try database.statement("DELETE FROM t WHERE k = ?")
             statement.bind(1, digest("new\(index)"))
@@ -190,7 +200,7 @@ for size in options.sizes {
         FileHandle.standardError.write(Data("lockbox-bench: \(size) items...\n".utf8))
         let vault = try benchmarkVault(size: size, operations: options.operations, directory: directory)
         let floor = try benchmarkFloor(size: size, operations: options.operations, directory: directory)
-        for operation in ["add", "find", "update", "delete"] {
+        for operation in ["add", "find", "update", "delete"] where options.only.contains(operation) {
             rows.append(Row(size: size, operation: operation, vault: vault[operation]!, floor: floor[operation]!))
         }
     } catch {

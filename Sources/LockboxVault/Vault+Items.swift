@@ -244,8 +244,8 @@ extension Vault {
     func openMatching(_ row: SealedRow, plan: QueryPlan, classKey: SecretBytes, prefix: FieldEncoder) throws(LockboxError) -> ItemAttributes? {
         guard row.itemClass == plan.itemClass else { throw LockboxError.integrity() }
         let opened = try row.openAttributes(classKey: classKey, prefix: prefix)
-        guard opened.matches(plan.covered) else { throw LockboxError.integrity() }
-        return opened.matches(plan.residual) ? opened : nil
+        guard plan.covered.matches(opened) else { throw LockboxError.integrity() }
+        return plan.residual.matches(opened) ? opened : nil
     }
 
     // MARK: Opening rows
@@ -319,9 +319,9 @@ extension Vault {
         var sql: String
         var arguments: [Argument]
         /// Attributes still to compare after decryption.
-        var residual: ItemAttributes
+        var residual: AttributePredicate
         /// Attributes the digest stood for: an opened row must carry exactly these.
-        var covered: ItemAttributes
+        var covered: AttributePredicate
         /// The lookup digest searched for, when the query names a full primary key.
         var lookupDigest: [UInt8]?
         /// The access group asked for, when one.
@@ -370,6 +370,7 @@ extension Vault {
         var residual = query.attributes
         residual.synchronizable = nil
         var covered = ItemAttributes()
+        var coveredFields: [AttributeField] = []
         var lookupDigest: [UInt8]?
         var selectedGroup: String?
 
@@ -395,6 +396,7 @@ extension Vault {
             if selective == nil { selective = .blob(digest) }
             lookupDigest = digest
             covered = residual.primaryKeyOnly(of: query.itemClass)
+            coveredFields = ItemAttributes.primaryKeyFields(of: query.itemClass)
             residual.clearPrimaryKey(of: query.itemClass)
         } else if let indexKey, let name = PrimaryKey.encodeName(query.itemClass, residual) {
             shape.insert(.nameDigest)
@@ -402,6 +404,7 @@ extension Vault {
             arguments.append(.blob(digest))
             if selective == nil { selective = .blob(digest) }
             covered = residual.nameOnly(of: query.itemClass)
+            coveredFields = [ItemAttributes.nameField(of: query.itemClass)]
             residual.clearName(of: query.itemClass)
         }
         if let group = residual.accessGroup {
@@ -430,7 +433,8 @@ extension Vault {
         case .yes: shape.insert(.onlySynchronizable)
         case .any: break
         }
-        let needsMetadata = !residual.isEmpty
+        let residualPredicate = AttributePredicate(residual)
+        let needsMetadata = !residualPredicate.isEmpty
         // Every row read is opened and checked against the query.
         shape.insert(.metadataColumn)
         if readingData { shape.insert(.secretColumn) }
@@ -442,7 +446,8 @@ extension Vault {
             state.sqlByShape[shape] = sql
         }
         return QueryPlan(
-            sql: sql, arguments: arguments, residual: residual, covered: covered, lookupDigest: lookupDigest,
+            sql: sql, arguments: arguments, residual: residualPredicate, covered: AttributePredicate(covered, among: coveredFields),
+            lookupDigest: lookupDigest,
             group: selectedGroup, accessibility: wantedAccessibility, needsMetadata: needsMetadata,
             readsMetadata: shape.contains(.metadataColumn), itemClass: query.itemClass, shape: shape)
     }

@@ -85,6 +85,9 @@ public final class Vault: ItemStore, Sendable {
         var statementByShape = SmallMap<PlanShape, Statement>()
         /// What this connection verified of the integrity state (see ``IntegrityState``).
         var integrity: IntegrityCache?
+        /// The transaction in which `integrity` was last confirmed current (see
+        /// `Database.currentTransaction`).
+        var integrityTransaction: Int?
         let rememberedGeneration: RememberedGeneration
         /// A passphrase check inside a read: true to clear the attempt count, false to count a
         /// failure, recorded when the operation's transaction is over.
