@@ -58,7 +58,7 @@ extension Vault {
     /// `releasingKeyMaterial` is true only for the key API (``keyMaterial(matching:)``): any other
     /// read of a non-extractable key's value is refused (see ManagedKeyValue.swift).
     func items(matching query: Query, releasingKeyMaterial: Bool) throws(LockboxError) -> [Item] {
-        try withState { state throws(LockboxError) in
+        try withStateVerifyingUser { state throws(LockboxError) in
             // One snapshot for the integrity state and the rows.
             try state.database.readTransaction { () throws(LockboxError) -> [Item] in
                 _ = try currentIntegrity(state)
@@ -101,7 +101,7 @@ extension Vault {
         if update.attributes.accessGroup != nil {
             _ = try resolvedGroupForWriting(update.attributes.accessGroup)
         }
-        try withState { state throws(LockboxError) in
+        try withStateVerifyingUser { state throws(LockboxError) in
             try writeRows(state) { writer throws(LockboxError) in
                 var query = query
                 query.limit = .all
@@ -155,7 +155,7 @@ extension Vault {
     /// `errSecInteractionNotAllowed`, never deleting what it cannot read.
     @discardableResult
     public func delete(matching query: Query) throws(LockboxError) -> Int {
-        try withState { state throws(LockboxError) -> Int in
+        try withStateVerifyingUser { state throws(LockboxError) -> Int in
             let count = try writeRows(state) { writer throws(LockboxError) -> Int in
                 var query = query
                 query.limit = .all
@@ -280,21 +280,73 @@ extension Vault {
         if let proof = context?.rememberedProof(realm: realm) {
             return (publicKey, proof)
         }
+        if let given = state.presenceProof, given.realm == realm {
+            return (publicKey, given.secretKey)
+        }
         guard let context, !context.interactionNotAllowed, let verifier = context.verifier else {
             throw LockboxError(
                 .interactionNotAllowed,
                 "This item needs the user's passphrase (access control \(control)) and no interaction is allowed here. "
                     + "Give the query an AuthenticationContext with a verifier.")
         }
+        // The user is asked outside the vault's lock and transaction (see
+        // `withStateVerifyingUser`): this attempt of the operation ends here, changing nothing,
+        // and runs again with the proof.
         let name = query.attributes.service ?? query.attributes.server ?? query.itemClass.rawValue
-        let passphrase = try verifier.passphrase(
-            for: AuthenticationRequest(reason: "\(action) the keychain item \(name)", accessControl: control))
-        let verified = try checkPassphraseHoldingState(passphrase, state: state, failure: "User verification failed: the passphrase is wrong")
-        guard let secretKey = verified.presence else {
-            throw LockboxError(.authFailed, "User verification failed: the passphrase is wrong.")
+        state.presenceRequest = PresenceRequest(
+            context: context, verifier: verifier, realm: realm,
+            request: AuthenticationRequest(reason: "\(action) the keychain item \(name)", accessControl: control))
+        throw LockboxError(.interactionNotAllowed, "This item needs the user's passphrase (access control \(control)).")
+    }
+
+    /// A question for the user that an operation could not ask while holding the vault's lock.
+    struct PresenceRequest {
+        let context: AuthenticationContext
+        let verifier: any PresenceVerifier
+        let realm: String
+        let request: AuthenticationRequest
+    }
+
+    /// A verified presence key, given to one run of an operation.
+    struct PresenceProof {
+        let realm: String
+        let secretKey: SecretBytes
+    }
+
+    /// Runs `body` under the vault's lock; when it stops to ask the user for an
+    /// access-controlled item, asks (and derives the proof with Argon2id) outside the lock,
+    /// where a `lock()` or another read from another thread does not wait behind the prompt,
+    /// then runs `body` again with the proof. A wrong passphrase is counted by the shared
+    /// attempt throttle and ends the operation.
+    func withStateVerifyingUser<T>(_ body: (State) throws(LockboxError) -> sending T) throws(LockboxError) -> sending T {
+        var proof: PresenceProof?
+        for _ in 0..<3 {
+            let request: PresenceRequest
+            do throws(LockboxError) {
+                return try withState { state throws(LockboxError) -> sending T in
+                    state.presenceProof = proof
+                    state.presenceRequest = nil
+                    defer { state.presenceProof = nil }
+                    return try body(state)
+                }
+            } catch {
+                let pending = withState { state -> PresenceRequest? in
+                    defer { state.presenceRequest = nil }
+                    return state.presenceRequest
+                }
+                guard let pending else { throw error }
+                request = pending
+            }
+            let passphrase = try request.verifier.passphrase(for: request.request)
+            let verified = try checkPassphrase(passphrase, failure: "User verification failed: the passphrase is wrong")
+            guard let secretKey = verified.presence else {
+                throw LockboxError(.authFailed, "User verification failed: the passphrase is wrong.")
+            }
+            request.context.remember(secretKey, realm: request.realm)
+            proof = PresenceProof(realm: request.realm, secretKey: secretKey)
         }
-        context.remember(secretKey, realm: realm)
-        return (publicKey, secretKey)
+        throw LockboxError(
+            .authFailed, "User verification did not open the item: the keychain's passphrase changed meanwhile. Try again.")
     }
 
     /// The error for a query that matched nothing: "locked" whenever a locked item could have
