@@ -66,6 +66,13 @@ extension Vault {
                 let rows = try verifyIntegrity(of: try candidates(plan, state: state), plan: plan, state: state)
                 var results: [Item] = []
                 var lockedCandidate = false
+                // A read of the value alone by a name or a full primary key (`data(matching:)`)
+                // does not decode the attributes: the value's and its key's associated data bind
+                // the row's digests and plain columns, so opening them proves the row is the one
+                // the digest names, as comparing the attributes would. The attributes are still
+                // authenticated, so an edited column is an error, not ignored.
+                let valueOnly = query.returning.contains(.data) && !query.returning.contains(.attributes)
+                    && plan.residual.isEmpty && !plan.shape.isDisjoint(with: [.lookupDigest, .nameDigest])
                 for row in rows {
                     var item = Item(query.itemClass, attributes: ItemAttributes())
                     guard let classKey = try state.keys.classKey(for: row.accessibility, header: state.header) else {
@@ -73,8 +80,13 @@ extension Vault {
                         continue
                     }
                     let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
-                    guard let opened = try openMatching(row, plan: plan, classKey: classKey, prefix: prefix) else { continue }
-                    if query.returning.contains(.attributes) { item.attributes = opened }
+                    if valueOnly && row.bindsDigests {
+                        guard row.itemClass == plan.itemClass else { throw LockboxError.integrity() }
+                        try row.authenticateAttributes(classKey: classKey, prefix: prefix)
+                    } else {
+                        guard let opened = try openMatching(row, plan: plan, classKey: classKey, prefix: prefix) else { continue }
+                        if query.returning.contains(.attributes) { item.attributes = opened }
+                    }
                     // Only the value needs the item key, and so, for an access-controlled item, the user.
                     if query.returning.contains(.data) {
                         let itemKey = try itemKey(of: row, classKey: classKey, prefix: prefix, query: query, action: "read", state: state)
