@@ -192,6 +192,7 @@ public final class LAContext: NSObject, @unchecked Sendable {
     public func invalidate() {
         state.withLock {
             $0.context?.invalidate()
+            $0.context = nil
             $0.invalidated = true
         }
     }
