@@ -348,6 +348,39 @@ struct SecKeyTests {
         }
     }
 
+    // Non-negotiable: key bytes never appear in a description or an error message.
+    @Test func privateKeyBytes_neverAppearInDescriptionsOrErrors() throws {
+        let fixture = try VaultFixture()
+        try SecItemStore.withStore(fixture.vault) {
+            var error: Unmanaged<CFError>?
+            let key = try #require(SecKeyCreateRandomKey([kSecAttrKeyType as String: kSecAttrKeyTypeECSECPrimeRandom] as CFDictionary, &error))
+            let bytes = try externalRepresentation(key)
+            let scalar = hex(bytes.suffix(32))
+            let secret = Data("canary-plaintext-7f3a".utf8)
+            let publicKey = try #require(SecKeyCopyPublicKey(key))
+            var box = try #require(SecKeyCreateEncryptedData(publicKey, .eciesEncryptionCofactorVariableIVX963SHA256AESGCM, secret as CFData, &error) as Data?)
+            box[box.count - 1] ^= 1
+            var failure: Unmanaged<CFError>?
+            #expect(SecKeyCreateDecryptedData(key, .eciesEncryptionCofactorVariableIVX963SHA256AESGCM, box as CFData, &failure) == nil)
+            let messages = [
+                key.description, String(describing: key), String(reflecting: key),
+                failure.map { "\($0.takeRetainedValue())" } ?? "",
+                SecKeyCopyAttributes(key).map { "\($0)" } ?? "",
+            ]
+            for text in messages {
+                #expect(!text.lowercased().contains(scalar), "the private scalar leaked: \(text)")
+                #expect(!text.contains("canary-plaintext"), "the plaintext leaked: \(text)")
+            }
+            // A wrong-length private key's error names lengths, not bytes.
+            let canary = Data(repeating: 0x5a, count: 96)
+            var lengthError: Unmanaged<CFError>?
+            let attributes = [kSecAttrKeyType as String: kSecAttrKeyTypeEC, kSecAttrKeyClass as String: kSecAttrKeyClassPrivate]
+            #expect(SecKeyCreateWithData(canary as CFData, attributes as CFDictionary, &lengthError) == nil)
+            let text = lengthError.map { "\($0.takeRetainedValue())" } ?? ""
+            #expect(!text.contains("5a5a") && !text.contains("ZZZZ"))
+        }
+    }
+
     @Test func typeIdentifiers_andCFData() throws {
         let bytes: [UInt8] = [1, 2, 3]
         let data = bytes.withUnsafeBufferPointer { CFDataCreateWithBytesNoCopy(kCFAllocatorDefault, $0.baseAddress, 3, kCFAllocatorNull) }
