@@ -72,7 +72,10 @@ public func SecItemCopyMatching(_ query: CFDictionary, _ result: UnsafeMutablePo
             result?.pointee = try keyResults(request, found: nil)
             return
         }
-        let items = try search(request, in: store)
+        var items = try search(request, in: store)
+        if request.itemClass == .key, request.returning.contains(.data) {
+            items = try withKeyRepresentations(items, request)
+        }
         result?.pointee = ResultEncoding.result(for: items, request: request)
     }
 }
@@ -218,6 +221,26 @@ private func addKey(_ key: SecKey, _ request: SecItemRequest) throws(LockboxErro
     }
     guard matching.isEmpty else { throw LockboxError(.duplicateItem, "This key is already in the keychain.") }
     return SecKey(.stored(try keys.importKey(p256PrivateRepresentation: representation, specification)), context: request.lockboxAuthenticationContext)
+}
+
+/// `kSecReturnData` for a key made by the SecKey functions gives what iOS gives: its external
+/// representation (`04 || X || Y || D`), and only for an extractable key. Key items stored as
+/// plain `kSecValueData` keep their bytes.
+private func withKeyRepresentations(_ items: [Item], _ request: SecItemRequest) throws(LockboxError) -> [Item] {
+    guard let keys = try? SecKeyStore.current() else { return items }
+    var result: [Item] = []
+    for var item in items {
+        var lookup = query(request, .key, limit: .all)
+        lookup.persistentReference = item.persistentReference
+        lookup.synchronizable = .any
+        if let reference = item.persistentReference, let managed = try keys.keys(matching: lookup).first,
+            managed.persistentReference == reference
+        {
+            item.data = try keys.exportPrivateKey(of: managed, context: request.lockboxAuthenticationContext)
+        }
+        result.append(item)
+    }
+    return result
 }
 
 /// `kSecReturnRef` for keys: `SecKey` objects (alone, or under `v_Ref` in attribute dictionaries).

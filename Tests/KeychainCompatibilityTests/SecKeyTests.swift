@@ -270,6 +270,14 @@ struct SecKeyTests {
             let found = item as! SecKey
             #expect(try externalRepresentation(found) == bytes)
 
+            // kSecReturnData gives the key's external representation, as on iOS.
+            var dataQuery = query
+            dataQuery[kSecReturnRef as String] = nil
+            dataQuery[kSecReturnData as String] = true
+            var returned: CFTypeRef?
+            #expect(SecItemCopyMatching(dataQuery as CFDictionary, &returned) == errSecSuccess)
+            #expect(returned as? Data == bytes)
+
             var both: CFTypeRef?
             var withAttributes = query
             withAttributes[kSecReturnAttributes as String] = true
