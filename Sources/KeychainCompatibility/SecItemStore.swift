@@ -89,7 +89,8 @@ extension SecItemRequest {
     var lockboxAuthenticationContext: AuthenticationContext? {
         var context = authenticationContext.flatMap(Self.authenticationContext(of:))
         if authenticationUI == kSecUseAuthenticationUIFail || authenticationUI == kSecUseAuthenticationUISkip {
-            context = AuthenticationContext(verifier: nil, reuseDuration: context?.reuseDuration ?? 0, interactionNotAllowed: true)
+            // A verification the context already holds is still used; nothing new is asked.
+            context = context?.withoutInteraction() ?? AuthenticationContext(interactionNotAllowed: true)
         }
         return context
     }

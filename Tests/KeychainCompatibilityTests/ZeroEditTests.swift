@@ -180,6 +180,18 @@ struct ZeroEditTests {
                 #expect(result as? Data == Data("secret".utf8))
             }
             #expect(verifier.count == 1, "the evaluated context is reused, not asked again")
+            // kSecUseAuthenticationUIFail still uses the context's verification (it asks nothing).
+            var failing = query
+            failing[kSecUseAuthenticationUI as String] = kSecUseAuthenticationUIFail
+            var quiet: CFTypeRef?
+            #expect(SecItemCopyMatching(failing as CFDictionary, &quiet) == errSecSuccess)
+            #expect(verifier.count == 1)
+            let fresh: [String: Any] = [
+                kSecClass as String: kSecClassGenericPassword, kSecAttrAccount as String: "guarded", kSecReturnData as String: true,
+                kSecUseAuthenticationContext as String: LAContext(), kSecUseAuthenticationUI as String: kSecUseAuthenticationUIFail,
+            ]
+            #expect(SecItemCopyMatching(fresh as CFDictionary, &quiet) == errSecInteractionNotAllowed)
+            #expect(verifier.count == 1)
 
             context.invalidate()
             var result: CFTypeRef?
@@ -217,6 +229,11 @@ struct ZeroEditTests {
             #expect(SecItemAdd(password("b", [kSecAttrAccessGroup as String: "TEAM.com.example.app"]) as CFDictionary, nil) == errSecSuccess)
             #expect(SecItemAdd(password("c", [kSecAttrAccessGroup as String: "OTHER.com.example"]) as CFDictionary, nil) == errSecMissingEntitlement)
         }
+
+        // The same declaration through the API.
+        SecItemStore.setEntitlements(entitlements)
+        #expect(try SecItemStore.entitlements() == entitlements)
+        SecItemStore.setEntitlements(nil)
 
         let malformed = directory.file("Bad.entitlements")
         try Data("<plist version=\"1.0\"><dict><key>keychain-access-groups</key><string>x</string></dict></plist>".utf8)
