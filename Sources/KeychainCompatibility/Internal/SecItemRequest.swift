@@ -43,8 +43,6 @@ struct SecItemRequest {
     var keyReference: SecKey?
     /// `kSecAttrIsExtractable` of a key added with `kSecValueRef`.
     var isExtractable: Bool?
-    /// Whether the dictionary named `kSecAttrSynchronizable`.
-    var namesSynchronizable = false
 
     /// Reads `dictionary` for `role`. `queriedClass` is the class of the items SecItemUpdate's
     /// query matched, which decides the attributes `attributesToUpdate` may name.
@@ -89,7 +87,6 @@ struct SecItemRequest {
             if key == kSecAttrSynchronizable { sawSynchronizable = true }
             try read(key, value, role: role)
         }
-        namesSynchronizable = sawSynchronizable
         // A query by persistent reference finds its item whether or not it is synchronizable:
         // securityd adds the implicit `sync = 0` only to queries without one
         // (SecDbQuery.c, query_create_with_limit).
