@@ -161,7 +161,11 @@ let package = Package(
             swiftSettings: strict),
         .testTarget(
             name: "KeychainCompatibilityTests",
-            dependencies: ["KeychainCompatibility", "LocalAuthentication", "Lockbox", "LockboxTestSupport"],
+            dependencies: ["KeychainCompatibility", "Lockbox", "LockboxTestSupport"],
+            swiftSettings: strict),
+        .testTarget(
+            name: "LocalAuthenticationTests",
+            dependencies: ["LocalAuthentication", "KeychainCompatibility", "Lockbox", "LockboxTestSupport"],
             swiftSettings: strict),
         .testTarget(
             name: "ReliabilityTests",

@@ -1,22 +1,9 @@
 #if !canImport(Darwin)
 import Foundation
 import KeychainCompatibility
-import LocalAuthentication
 import Lockbox
 import LockboxTestSupport
 import Testing
-
-/// Answers the presence check with the fixture's passphrase, counting the questions.
-final class FixturePassphrase: PresenceVerifier, @unchecked Sendable {
-    private let lock = NSLock()
-    private var asked = 0
-    var count: Int { lock.withLock { asked } }
-
-    func passphrase(for request: AuthenticationRequest) throws(LockboxError) -> SecretBytes {
-        lock.withLock { asked += 1 }
-        return SecretBytes(utf8: VaultFixture.passphraseText)
-    }
-}
 
 /// What Keychain code written for iOS relies on beyond the four SecItem functions: the spellings
 /// that must compile as they are, and the behaviours wrapper libraries' tests check. Each test
@@ -140,64 +127,6 @@ struct ZeroEditTests {
             var excluded = query
             excluded[kSecAttrSynchronizable as String] = false
             #expect(SecItemCopyMatching(excluded as CFDictionary, &found) == errSecItemNotFound)
-        }
-    }
-
-    // LocalAuthentication: LAContext.canEvaluatePolicy / evaluatePolicy
-    // (developer.apple.com/documentation/localauthentication/lacontext), LAError.biometryNotAvailable
-    // where the device has no biometry, and "Using an evaluated context as kSecUseAuthenticationContext"
-    // with touchIDAuthenticationAllowableReuseDuration
-    // (developer.apple.com/documentation/localauthentication/accessing-keychain-items-with-face-id-or-touch-id).
-    @Test func laContext_evaluatedOnce_opensAccessControlledItems_withinItsReuseWindow() async throws {
-        let fixture = try VaultFixture { $0.unlockCache = .processMemory }
-        let verifier = FixturePassphrase()
-        LAContext.presenceVerifier = verifier
-        defer { LAContext.presenceVerifier = nil }
-        try await SecItemStore.withStore(fixture.vault) {
-            let context = LAContext()
-            var error: NSError?
-            #expect(!context.canEvaluatePolicy(.deviceOwnerAuthenticationWithBiometrics, error: &error))
-            #expect(error?.code == LAError.Code.biometryNotAvailable.rawValue)
-            #expect(error?.domain == LAErrorDomain)
-            #expect(context.canEvaluatePolicy(.deviceOwnerAuthentication, error: &error))
-            await #expect(throws: LAError(.biometryNotAvailable)) {
-                try await context.evaluatePolicy(.deviceOwnerAuthenticationWithBiometrics, localizedReason: "unlock")
-            }
-
-            let control = try #require(SecAccessControlCreateWithFlags(nil, kSecAttrAccessibleWhenUnlockedThisDeviceOnly, .userPresence, nil))
-            #expect(SecItemAdd(password("guarded", [kSecAttrAccessControl as String: control]) as CFDictionary, nil) == errSecSuccess)
-
-            context.touchIDAuthenticationAllowableReuseDuration = 60
-            #expect(try await context.evaluatePolicy(.deviceOwnerAuthentication, localizedReason: "read the token"))
-            #expect(verifier.count == 1)
-            let query: [String: Any] = [
-                kSecClass as String: kSecClassGenericPassword, kSecAttrAccount as String: "guarded", kSecReturnData as String: true,
-                kSecUseAuthenticationContext as String: context,
-            ]
-            for _ in 0..<2 {
-                var result: CFTypeRef?
-                #expect(SecItemCopyMatching(query as CFDictionary, &result) == errSecSuccess)
-                #expect(result as? Data == Data("secret".utf8))
-            }
-            #expect(verifier.count == 1, "the evaluated context is reused, not asked again")
-            // kSecUseAuthenticationUIFail still uses the context's verification (it asks nothing).
-            var failing = query
-            failing[kSecUseAuthenticationUI as String] = kSecUseAuthenticationUIFail
-            var quiet: CFTypeRef?
-            #expect(SecItemCopyMatching(failing as CFDictionary, &quiet) == errSecSuccess)
-            #expect(verifier.count == 1)
-            let fresh: [String: Any] = [
-                kSecClass as String: kSecClassGenericPassword, kSecAttrAccount as String: "guarded", kSecReturnData as String: true,
-                kSecUseAuthenticationContext as String: LAContext(), kSecUseAuthenticationUI as String: kSecUseAuthenticationUIFail,
-            ]
-            #expect(SecItemCopyMatching(fresh as CFDictionary, &quiet) == errSecInteractionNotAllowed)
-            #expect(verifier.count == 1)
-
-            context.invalidate()
-            var result: CFTypeRef?
-            #expect(SecItemCopyMatching(query as CFDictionary, &result) == errSecInteractionNotAllowed)
-            #expect(!context.canEvaluatePolicy(.deviceOwnerAuthentication, error: &error))
-            #expect(error?.code == LAError.Code.invalidContext.rawValue)
         }
     }
 
