@@ -389,6 +389,43 @@ struct SecKeyTests {
         }
     }
 
+    // Bad input: malformed signatures, boxes and points give a clear error and change nothing.
+    @Test func malformedSignaturesAndBoxes_areRefusedWithoutCrashing() throws {
+        let fixture = try VaultFixture()
+        try SecItemStore.withStore(fixture.vault) {
+            let key = try permanentKey()
+            let publicKey = try #require(SecKeyCopyPublicKey(key))
+            var error: Unmanaged<CFError>?
+            let good = try #require(SecKeyCreateSignature(key, .ecdsaSignatureMessageX962SHA256, message as CFData, &error) as Data?)
+            var badLength = good
+            badLength[1] = 0x7f
+            var trailing = good
+            trailing.append(0)
+            let candidates: [(SecKeyAlgorithm, Data)] = [
+                (.ecdsaSignatureMessageX962SHA256, Data()), (.ecdsaSignatureMessageX962SHA256, Data([0x30])),
+                (.ecdsaSignatureMessageX962SHA256, badLength), (.ecdsaSignatureMessageX962SHA256, trailing),
+                (.ecdsaSignatureMessageX962SHA256, Data(repeating: 0x30, count: 200)),
+                (.ecdsaSignatureMessageRFC4754SHA256, Data(repeating: 1, count: 63)),
+                (.ecdsaSignatureMessageRFC4754SHA256, Data(repeating: 0, count: 64)),
+                (.ecdsaSignatureMessageRFC4754SHA256, good),
+            ]
+            for (algorithm, signature) in candidates {
+                #expect(!SecKeyVerifySignature(publicKey, algorithm, message as CFData, signature as CFData, &error))
+            }
+            #expect(!SecKeyVerifySignature(publicKey, SecKeyAlgorithm(rawValue: "algid:sign:ECDSA:bogus"), message as CFData, good as CFData, &error))
+            #expect(error.map { CFErrorGetCode($0.takeRetainedValue()) } == Int(errSecParam))
+            let algorithm = SecKeyAlgorithm.eciesEncryptionCofactorVariableIVX963SHA256AESGCM
+            for box in [Data(), Data(repeating: 4, count: 80), Data([0x04]) + Data(repeating: 0, count: 64) + Data(repeating: 0, count: 16)] {
+                var failure: Unmanaged<CFError>?
+                #expect(SecKeyCreateDecryptedData(key, algorithm, box as CFData, &failure) == nil)
+                let code = failure.map { CFErrorGetCode($0.takeRetainedValue()) }
+                #expect(code == Int(errSecDecode) || code == Int(errSecParam))
+            }
+            // The key still works.
+            #expect(SecKeyVerifySignature(publicKey, .ecdsaSignatureMessageX962SHA256, message as CFData, good as CFData, &error))
+        }
+    }
+
     @Test func typeIdentifiers_andCFData() throws {
         let bytes: [UInt8] = [1, 2, 3]
         let data = bytes.withUnsafeBufferPointer { CFDataCreateWithBytesNoCopy(kCFAllocatorDefault, $0.baseAddress, 3, kCFAllocatorNull) }
