@@ -288,7 +288,8 @@ struct SecKeyTests {
             #expect(rows.first?[kSecAttrApplicationTag as String] as? Data == tag)
             #expect(rows.first?[kSecValueRef as String] is SecKey)
 
-            #expect(SecItemDelete([kSecClass as String: kSecClassKey, kSecValueRef as String: found] as CFDictionary) == errSecSuccess)
+            // A SecKey in kSecValueRef names the item and its class: no kSecClass needed.
+            #expect(SecItemDelete([kSecValueRef as String: found] as CFDictionary) == errSecSuccess)
             #expect(SecItemCopyMatching(query as CFDictionary, &item) == errSecItemNotFound)
         }
     }

@@ -79,6 +79,10 @@ struct SecItemRequest {
             }
             persistentReference = reference
         }
+        // A SecKey reference names its class, as on Apple platforms.
+        if itemClass == nil, role != .updateAttributes, dictionary[kSecValueRef].flatMap(QueryValue.unwrapped) is SecKey {
+            itemClass = .key
+        }
         if itemClass == nil, role != .updateAttributes, persistentReference == nil {
             throw Self.failure(errSecParam, "The dictionary has no kSecClass; every SecItem call needs one.")
         }
