@@ -270,6 +270,19 @@ struct SecKeyTests {
             let found = item as! SecKey
             #expect(try externalRepresentation(found) == bytes)
 
+            // Key attributes select as Apple names them; usage flags are accepted.
+            let byAttributes: [String: Any] = [
+                kSecClass as String: kSecClassKey, kSecAttrKeyClass as String: kSecAttrKeyClassPrivate,
+                kSecAttrKeySizeInBits as String: 256, kSecAttrApplicationTag as String: tag, kSecAttrCanSign as String: true,
+                kSecReturnRef as String: true,
+            ]
+            var byAttributesResult: CFTypeRef?
+            #expect(SecItemCopyMatching(byAttributes as CFDictionary, &byAttributesResult) == errSecSuccess)
+            #expect(byAttributesResult is SecKey)
+            var publicClass = byAttributes
+            publicClass[kSecAttrKeyClass as String] = kSecAttrKeyClassPublic
+            #expect(SecItemCopyMatching(publicClass as CFDictionary, &byAttributesResult) == errSecItemNotFound)
+
             // kSecReturnData gives the key's external representation, as on iOS.
             var dataQuery = query
             dataQuery[kSecReturnRef as String] = nil
