@@ -23,6 +23,7 @@ let package = Package(
         .library(name: "Lockbox", targets: ["Lockbox"]),
         .library(name: "LockboxCore", targets: ["LockboxCore"]),
         .library(name: "KeychainCompatibility", targets: ["KeychainCompatibility"]),
+        .library(name: "LocalAuthentication", targets: ["LocalAuthentication"]),
         .library(name: "LockboxAuth", targets: ["LockboxAuth"]),
         .library(name: "LockboxKeys", targets: ["LockboxKeys"]),
         .executable(name: "lockbox", targets: ["LockboxCLI"]),
@@ -99,7 +100,13 @@ let package = Package(
         .target(name: "Lockbox", dependencies: ["LockboxCore", "LockboxVault", "SecretService"], swiftSettings: strict),
 
         // Apple's SecItem API (SecItemAdd, kSec* keys, errSec* codes) on Linux, over any ItemStore.
-        .target(name: "KeychainCompatibility", dependencies: ["Lockbox"], swiftSettings: strict),
+        // SecKey over LockboxKeys; LAContext (LocalAuthentication) as kSecUseAuthenticationContext.
+        .target(
+            name: "KeychainCompatibility",
+            dependencies: ["Lockbox", "LockboxKeys", "KeyCrypto", "VaultCrypto"],
+            swiftSettings: strict),
+        // Apple's LocalAuthentication (`LAContext`, `LAError`) over Lockbox's presence check.
+        .target(name: "LocalAuthentication", dependencies: ["KeychainCompatibility", "Lockbox"], swiftSettings: strict),
 
         // prctl(2) is variadic and cannot be called from Swift: a few lines of C do it.
         .target(name: "CProcessHardening"),
@@ -157,6 +164,10 @@ let package = Package(
             dependencies: ["KeychainCompatibility", "Lockbox", "LockboxTestSupport"],
             swiftSettings: strict),
         .testTarget(
+            name: "LocalAuthenticationTests",
+            dependencies: ["LocalAuthentication", "KeychainCompatibility", "Lockbox", "LockboxTestSupport"],
+            swiftSettings: strict),
+        .testTarget(
             name: "ReliabilityTests",
             dependencies: ["LockboxCampaigns", "LockboxTestSupport", "LockboxStress", "VaultStorage"],
             swiftSettings: strict),
@@ -170,6 +181,14 @@ let package = Package(
             swiftSettings: strict),
     ]
 )
+
+// `import Security` on Linux: a module of that name re-exports KeychainCompatibility, so Keychain
+// code compiles with no edit (docs/SECITEM.md, "Zero-edit"). Declared on Linux only: on Apple
+// platforms the name is the system's framework.
+#if os(Linux)
+package.products.append(.library(name: "Security", targets: ["Security"]))
+package.targets.append(.target(name: "Security", dependencies: ["KeychainCompatibility"], swiftSettings: strict))
+#endif
 
 // The libFuzzer harness (Fuzz/, docs/FUZZING.md) exists only in the instrumented build that
 // scripts/fuzz makes with LOCKBOX_FUZZ=1 and `-sanitize=fuzzer`: its `main` calls libFuzzer's

@@ -448,17 +448,28 @@ struct AccessControlTests {
         #expect(try vault.data(matching: protected) == SecretBytes(utf8: "pin-1234"))
     }
 
-    @Test("updating and deleting an access-controlled item also needs the user")
-    func updateAndDelete_needPresence() throws {
+    // Deleting is not guarded, as on iOS: Apple's SecAccessControlCreateWithFlags grants the
+    // delete operation unconditionally (SecAccessControl.c:
+    // `SecAccessControlAddConstraintForOperation(access_control, kAKSKeyOpDelete, kCFBooleanTrue)`).
+    @Test("updating an access-controlled item needs the user; deleting it does not")
+    func update_needsPresence_deleteDoesNot() throws {
         let fixture = try protectedVault()
         #expect(throws: LockboxError.self) { try fixture.vault.update(matching: query, to: ItemUpdate(data: SecretBytes(utf8: "x"))) }
-        #expect(throws: LockboxError.self) { try fixture.vault.delete(matching: query) }
         var withUser = query
-        withUser.authenticationContext = AuthenticationContext(verifier: ScriptedVerifier(.passphrase(VaultFixture.passphraseText)))
+        let verifier = ScriptedVerifier(.passphrase(VaultFixture.passphraseText))
+        withUser.authenticationContext = AuthenticationContext(verifier: verifier)
         try fixture.vault.update(matching: withUser, to: ItemUpdate(data: SecretBytes(utf8: "pin-5678")))
         #expect(try fixture.vault.data(matching: withUser) == SecretBytes(utf8: "pin-5678"))
-        try fixture.vault.delete(matching: withUser)
+        let callsBeforeDelete = verifier.calls
+        var noUser = query
+        noUser.authenticationContext = AuthenticationContext(interactionNotAllowed: true)
+        #expect(try fixture.vault.delete(matching: noUser) == 1)
+        #expect(verifier.calls == callsBeforeDelete)
         #expect(!(try fixture.vault.contains(query)))
+        // A locked keychain still deletes nothing.
+        let second = try protectedVault()
+        second.vault.lockAll()
+        #expect(status { try second.vault.delete(matching: query) } == -25308)
     }
 
     @Test("the verification is the key: an item copied without its presence layer cannot be opened")
