@@ -24,6 +24,7 @@ let package = Package(
         .library(name: "LockboxCore", targets: ["LockboxCore"]),
         .library(name: "KeychainCompatibility", targets: ["KeychainCompatibility"]),
         .library(name: "LockboxAuth", targets: ["LockboxAuth"]),
+        .library(name: "LockboxAuthKeyring", targets: ["LockboxAuthKeyring"]),
         .library(name: "LockboxKeys", targets: ["LockboxKeys"]),
         .executable(name: "lockbox", targets: ["LockboxCLI"]),
         .executable(name: "lockbox-oauth", targets: ["LockboxOAuthCLI"]),
@@ -94,6 +95,10 @@ let package = Package(
 
         // The OAuth 2.0 credential lifecycle, over the small TokenStore interface.
         .target(name: "LockboxAuth", dependencies: ["LockboxCore"], swiftSettings: strict),
+        // LockboxAuth's shared access-token cache in the kernel keyring, over KeyProviders (the
+        // one CKeyutils importer): apart, so that LockboxAuth depends on LockboxCore only.
+        .target(
+            name: "LockboxAuthKeyring", dependencies: ["LockboxAuth", "KeyProviders", "LockboxCore"], swiftSettings: strict),
 
         // The facade applications import.
         .target(name: "Lockbox", dependencies: ["LockboxCore", "LockboxVault", "SecretService"], swiftSettings: strict),
@@ -111,10 +116,10 @@ let package = Package(
         // binaries (`swift build` makes them) rather than depend on these targets: a test target
         // that depends on an executable target links its objects, and so its link flags.
         .executableTarget(
-            name: "LockboxCLI", dependencies: ["Lockbox", "LockboxCommandLine", "SecretService", "CProcessHardening"],
+            name: "LockboxCLI", dependencies: ["Lockbox", "LockboxCommandLine", "SecretService", "KeyProviders", "CProcessHardening"],
             swiftSettings: staticRuntime, linkerSettings: staticRuntimeLink),
         .executableTarget(
-            name: "LockboxOAuthCLI", dependencies: ["Lockbox", "LockboxCommandLine", "LockboxAuth", "CProcessHardening"],
+            name: "LockboxOAuthCLI", dependencies: ["Lockbox", "LockboxCommandLine", "LockboxAuth", "LockboxAuthKeyring", "CProcessHardening"],
             swiftSettings: strict),
         .executableTarget(
             name: "LockboxBenchmark",
@@ -150,7 +155,8 @@ let package = Package(
             dependencies: ["SecretService", "CredentialHelpers", "Lockbox", "LockboxTestSupport"],
             swiftSettings: strict),
         .testTarget(
-            name: "LockboxAuthTests", dependencies: ["LockboxAuth", "Lockbox", "LockboxTestSupport", "lockbox-auth-worker"],
+            name: "LockboxAuthTests",
+            dependencies: ["LockboxAuth", "LockboxAuthKeyring", "KeyProviders", "Lockbox", "LockboxTestSupport", "lockbox-auth-worker"],
             swiftSettings: strict),
         .testTarget(
             name: "KeychainCompatibilityTests",

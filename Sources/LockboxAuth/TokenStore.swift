@@ -38,8 +38,9 @@ public struct CredentialKey: Sendable, Hashable, Codable, CustomStringConvertibl
         self.init(issuer: configuration.issuer.absoluteString, clientID: configuration.clientID, account: account)
     }
 
-    /// The keychain account attribute: the three parts, unambiguous (lengths are prefixed).
-    var storageAccount: String {
+    /// The keychain account attribute and the access-token cache's identity: the three parts,
+    /// unambiguous (`<length>:<issuer>|<length>:<client id>|<account>`).
+    public var storageAccount: String {
         "\(issuer.utf8.count):\(issuer)|\(clientID.utf8.count):\(clientID)|\(account)"
     }
 
