@@ -111,7 +111,7 @@ struct BrowserLogin {
         }
     }
 
-    /// Starts `xdg-open URL`; returns why it failed, or nil. The URL holds the PKCE challenge
+    /// Starts `xdg-open URL`; returns why it could not start, or nil. The URL holds the PKCE challenge
     /// and the state, never a token or a verifier.
     private func open(_ url: URL) -> String? {
         guard let xdgOpen = Self.xdgOpen else { return "xdg-open is not installed" }
@@ -120,12 +120,19 @@ struct BrowserLogin {
         process.arguments = [url.absoluteString]
         process.standardOutput = FileHandle.nullDevice
         process.standardError = FileHandle.nullDevice
+        // Not awaited: xdg-open may only return once the browser is done with the page, and the
+        // page's redirect needs this process's listener to answer.
+        let output = self.output
+        process.terminationHandler = { process in
+            if process.terminationStatus != 0 {
+                output.error("lockbox: xdg-open failed (exit \(process.terminationStatus)); open the address above yourself.")
+            }
+        }
         do {
             try process.run()
         } catch {
             return "xdg-open could not start"
         }
-        process.waitUntilExit()
-        return process.terminationStatus == 0 ? nil : "xdg-open failed (exit \(process.terminationStatus))"
+        return nil
     }
 }
