@@ -45,6 +45,9 @@ let package = Package(
         // OpenSSL's libcrypto, for P-256 and AES-GCM (managed keys). Linked as a shared library,
         // unlike the three above: see `KeyCrypto`.
         .systemLibrary(name: "CCrypto", providers: [.apt(["libssl-dev"])]),
+        // libcurl, for the CLI's HTTP transport: linked as a shared library, which
+        // FoundationNetworking already loads into lockbox-oauth.
+        .systemLibrary(name: "CCurl", providers: [.apt(["libcurl4-openssl-dev"])]),
 
         // The model and the backend SPI. No C imports.
         .target(name: "LockboxCore", swiftSettings: strict),
@@ -99,6 +102,9 @@ let package = Package(
         // one CKeyutils importer): apart, so that LockboxAuth depends on LockboxCore only.
         .target(
             name: "LockboxAuthKeyring", dependencies: ["LockboxAuth", "KeyProviders", "LockboxCore"], swiftSettings: strict),
+        // An HTTPTransport over libcurl (the only CCurl importer) whose waits sleep in poll(2):
+        // URLSession on Linux keeps most of a core busy while a server takes its time.
+        .target(name: "LockboxCurlTransport", dependencies: ["CCurl", "LockboxAuth", "LockboxCore"], swiftSettings: strict),
 
         // The facade applications import.
         .target(name: "Lockbox", dependencies: ["LockboxCore", "LockboxVault", "SecretService"], swiftSettings: strict),
@@ -119,7 +125,7 @@ let package = Package(
             name: "LockboxCLI", dependencies: ["Lockbox", "LockboxCommandLine", "SecretService", "KeyProviders", "CProcessHardening"],
             swiftSettings: staticRuntime, linkerSettings: staticRuntimeLink),
         .executableTarget(
-            name: "LockboxOAuthCLI", dependencies: ["Lockbox", "LockboxCommandLine", "LockboxAuth", "LockboxAuthKeyring", "CProcessHardening"],
+            name: "LockboxOAuthCLI", dependencies: ["Lockbox", "LockboxCommandLine", "LockboxAuth", "LockboxAuthKeyring", "LockboxCurlTransport", "CProcessHardening"],
             swiftSettings: strict),
         .executableTarget(
             name: "LockboxBenchmark",

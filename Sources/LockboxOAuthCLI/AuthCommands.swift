@@ -4,6 +4,7 @@ import Lockbox
 import LockboxAuth
 import LockboxAuthKeyring
 import LockboxCommandLine
+import LockboxCurlTransport
 
 #if canImport(Glibc)
 import Glibc
@@ -25,7 +26,9 @@ struct AuthCommands {
             let lockDirectory = (opened.vault?.path ?? Keychain.vaultPath(explicit: invocation.keychain)) + ".oauth-locks"
             let cache: (any AccessTokenCache)? =
                 AccessTokenCacheSetting.isEnabled ? try KernelKeyringTokenCache(namespace: lockDirectory) : nil
-            session = CommandLineSession(store: opened.store, lockDirectory: lockDirectory, accessTokenCache: cache)
+            // libcurl directly: URLSession on Linux spins while it waits for an answer.
+            session = CommandLineSession(
+                store: opened.store, lockDirectory: lockDirectory, transport: CurlTransport(), accessTokenCache: cache)
         } catch {
             output.error("lockbox: \(error.description)")
             return error.code == .itemNotFound ? .itemNotFound : .failure
