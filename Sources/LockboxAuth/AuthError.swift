@@ -100,8 +100,8 @@ public struct AuthError: Error, Sendable, Hashable, CustomStringConvertible {
     /// The OAuth error code (RFC 6749 section 5.2, RFC 8628 section 3.5), restricted to
     /// `[A-Za-z0-9_.-]`, or the flow's own code (`state_mismatch`, `timeout`).
     public let oauthError: String?
-    /// The `Retry-After` header, in seconds.
-    public let retryAfter: Int?
+    /// The `Retry-After` header.
+    public let retryAfter: Duration?
     /// For ``Code/network``: the `URLError` code (`-1001` when the request deadline passed).
     public let urlErrorCode: Int?
     /// The URL that failed, when naming it helps (the discovery document that answered 404,
@@ -112,7 +112,7 @@ public struct AuthError: Error, Sendable, Hashable, CustomStringConvertible {
 
     public init(
         _ code: Code, _ message: String, signOutReason: SignOutReason? = nil, storeError: LockboxError? = nil,
-        httpStatus: Int? = nil, oauthError: String? = nil, retryAfter: Int? = nil, urlErrorCode: Int? = nil,
+        httpStatus: Int? = nil, oauthError: String? = nil, retryAfter: Duration? = nil, urlErrorCode: Int? = nil,
         failingURL: URL? = nil, matchingSessions: [CredentialKey] = []
     ) {
         self.code = code
@@ -173,7 +173,7 @@ extension AuthError {
             .server,
             "The authorization server answered \(status)\(error.map { " (\($0))" } ?? "")"
                 + (retryAfter.map { "; retry after \($0) s" } ?? "") + ". Credentials are kept.",
-            httpStatus: status, oauthError: error, retryAfter: retryAfter)
+            httpStatus: status, oauthError: error, retryAfter: retryAfter.map { .seconds($0) })
     }
 
     static func invalidResponse(_ detail: String, status: Int? = nil) -> AuthError {

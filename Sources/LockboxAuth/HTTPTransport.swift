@@ -138,8 +138,8 @@ public struct URLSessionTransport: HTTPTransport {
 
     /// - Parameter timeout: the idle timeout (no byte for this long fails the request). The
     ///   total deadline is ``RequestLimits/deadline``.
-    public init(timeout: TimeInterval = 30) {
-        engine = SessionEngine(timeout: timeout)
+    public init(timeout: Duration = .seconds(30)) {
+        engine = SessionEngine(timeout: timeout.timeInterval)
     }
 
     /// Sends `request`, following redirects only within its origin and reading the whole body.

@@ -10,23 +10,23 @@ public struct TokenResponse: Sendable, CustomStringConvertible {
     public let tokenType: String
     /// `refresh_token`, when the server issued (or rotated) one.
     public let refreshToken: SecretBytes?
-    /// `expires_in`, in seconds.
-    public let expiresIn: Int?
+    /// `expires_in`.
+    public let expiresIn: Duration?
     public let scope: [String]
     /// When the request was sent, by the local clock: expiry is measured from here, so the
     /// round trip counts against the token and a server clock that disagrees does not matter.
     public let requestedAt: Date
     /// The server's `Date` header minus the local clock at receipt, when the header was present.
-    public let serverClockOffset: TimeInterval?
+    public let serverClockOffset: Duration?
 
-    public var expiresAt: Date? { expiresIn.map { requestedAt.addingTimeInterval(TimeInterval($0)) } }
+    public var expiresAt: Date? { expiresIn.map { requestedAt.addingTimeInterval($0.timeInterval) } }
 
     public var description: String {
         "TokenResponse(access: \(TokenFingerprint.of(accessToken)), refresh: "
-            + "\(refreshToken.map(TokenFingerprint.of) ?? "none"), expiresIn: \(expiresIn.map(String.init) ?? "-"))"
+            + "\(refreshToken.map(TokenFingerprint.of) ?? "none"), expiresIn: \(expiresIn.map { "\($0)" } ?? "-"))"
     }
 
-    init(accessToken: SecretBytes, tokenType: String, refreshToken: SecretBytes?, expiresIn: Int?, scope: [String], requestedAt: Date, serverClockOffset: TimeInterval?) {
+    init(accessToken: SecretBytes, tokenType: String, refreshToken: SecretBytes?, expiresIn: Duration?, scope: [String], requestedAt: Date, serverClockOffset: Duration?) {
         self.accessToken = accessToken
         self.tokenType = tokenType
         self.refreshToken = refreshToken
@@ -66,14 +66,14 @@ enum TokenEndpoint {
             let refresh = (object["refresh_token"] as? String).flatMap { $0.isEmpty ? nil : SecretBytes(utf8: $0) }
             let expiresIn = (object["expires_in"] as? NSNumber)?.intValue ?? (object["expires_in"] as? String).flatMap { Int($0) }
             let scope = (object["scope"] as? String)?.split(separator: " ").map(String.init) ?? []
-            var offset: TimeInterval?
+            var offset: Duration?
             if let header = response.value(forHTTPHeaderField: "Date"), let serverDate = httpDate(header) {
-                offset = serverDate.timeIntervalSince(now())
+                offset = .milliseconds(Int64((serverDate.timeIntervalSince(now()) * 1000).rounded()))
             }
             return .success(
                 TokenResponse(
                     accessToken: SecretBytes(utf8: access), tokenType: "Bearer", refreshToken: refresh,
-                    expiresIn: expiresIn, scope: scope, requestedAt: requestedAt, serverClockOffset: offset))
+                    expiresIn: expiresIn.map { .seconds($0) }, scope: scope, requestedAt: requestedAt, serverClockOffset: offset))
         }
         if let error = object?["error"] as? String {
             return .oauthError(status: response.statusCode, error: sanitize(error), retryAfter: retryAfter)

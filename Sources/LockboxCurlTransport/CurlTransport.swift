@@ -50,10 +50,14 @@ public struct CurlTransport: HTTPTransport {
     private func perform(_ request: URLRequest, limit: Int) async throws -> (Data, HTTPURLResponse) {
         let transfer = Transfer(limit: limit)
         let request = SendableRequest(request)
-        return try await withTaskCancellationHandler {
-            try await BlockingCall.run { () throws(TransferError) in try transfer.run(request.value) }
-        } onCancel: {
-            transfer.cancel()
+        do {
+            return try await withTaskCancellationHandler {
+                try await BlockingCall.run { () throws(TransferError) in try transfer.run(request.value) }
+            } onCancel: {
+                transfer.cancel()
+            }
+        } catch let failure as TransferError {
+            throw failure.error
         }
     }
 }
