@@ -66,6 +66,10 @@ public struct CommandLineSession: Sendable {
         public let grantedScope: [String]?
         /// When the cached access token expires, when one is cached.
         public let accessTokenExpiresAt: Date?
+        /// The ID token's subject from the sign-in, when the server sent an ID token.
+        public let subject: String?
+        /// True once a refresh rotated the refresh token; nil before any refresh was seen.
+        public let refreshTokenRotates: Bool?
     }
 
     /// The answer of ``status()``.
@@ -157,7 +161,8 @@ public struct CommandLineSession: Sendable {
                 SessionStatus(
                     issuer: session.key.issuer, clientID: session.key.clientID, account: session.key.account,
                     requestedScope: session.configuration?.scope ?? [], grantedScope: cached?.credentials.scope,
-                    accessTokenExpiresAt: cached?.credentials.expiresAt))
+                    accessTokenExpiresAt: cached?.credentials.expiresAt, subject: session.details?.subject,
+                    refreshTokenRotates: session.details?.refreshTokenRotates))
         }
         return Status(sessions: sessions, pendingRevocations: try await outbox.pendingCount())
     }

@@ -161,7 +161,7 @@ public actor CredentialsManager {
             var previous = memoryOnlyRefreshToken
             if previous == nil { previous = try await tokenStore.refreshToken() }
             replaced = try await revokeReplaced(previous, by: refresh)
-            try await tokenStore.saveRefreshToken(refresh)
+            try await tokenStore.saveRefreshToken(refresh, details: SessionDetails(subject: response.idTokenSubject))
         } catch let error as LockboxError {
             throw AuthError.from(error)
         } catch let error as AuthError {
@@ -408,7 +408,7 @@ public actor CredentialsManager {
             let newFingerprint = TokenFingerprint.of(rotated)
             var persisted = true
             do {
-                try await tokenStore.saveRefreshToken(rotated)
+                try await tokenStore.saveRefreshToken(rotated, details: SessionDetails(refreshTokenRotates: true))
                 memoryOnlyRefreshToken = nil
                 isPersistentSignInDisabled = false
                 rotationStoreError = nil

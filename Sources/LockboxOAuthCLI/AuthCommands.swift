@@ -172,6 +172,12 @@ struct AuthCommands {
             var scopes = "  scopes asked: " + (session.requestedScope.isEmpty ? "(server default)" : session.requestedScope.joined(separator: " "))
             if let granted = session.grantedScope { scopes += "; granted: " + (granted.isEmpty ? "(not stated)" : granted.joined(separator: " ")) }
             lines.append(TerminalText.sanitized(scopes))
+            lines.append(TerminalText.sanitized("  subject: " + (session.subject ?? "not known (the server sent no ID token)")))
+            switch session.refreshTokenRotates {
+            case true?: lines.append("  refresh token: rotated at each refresh")
+            case false?: lines.append("  refresh token: not rotated")
+            case nil: lines.append("  refresh token: no refresh seen yet, so rotation is not known")
+            }
             if let expiry = session.accessTokenExpiresAt {
                 let left = Int(expiry.timeIntervalSinceNow)
                 lines.append(
@@ -195,6 +201,8 @@ struct AuthCommands {
             ]
             if let granted = session.grantedScope { object["grantedScope"] = granted.joined(separator: " ") }
             if let expiry = session.accessTokenExpiresAt { object["accessTokenExpiresAt"] = Int(expiry.timeIntervalSince1970) }
+            if let subject = session.subject { object["subject"] = subject }
+            if let rotates = session.refreshTokenRotates { object["refreshTokenRotates"] = rotates }
             return object
         }
         let object: [String: Any] = ["sessions": sessions, "pendingRevocations": status.pendingRevocations]

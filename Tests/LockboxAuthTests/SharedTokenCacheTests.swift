@@ -62,7 +62,13 @@ struct SharedTokenCacheTests {
         let status = try run(builtProduct("lockbox"), ["--keychain", vault.vault.path, "auth", "status"])
         #expect(status.standardOutput.contains("granted: api"), "auth status: \(status.standardOutput)")
         #expect(status.standardOutput.contains("expires at"))
+        #expect(status.standardOutput.contains("subject: not known"))
+        #expect(status.standardOutput.contains("no refresh seen yet"))
         #expect(!status.standardOutput.contains(accessToken))
+        // After a refresh, the stored session says the server rotates.
+        _ = try await manager.credentials(minTTL: forceRefresh)
+        let refreshed = try run(builtProduct("lockbox"), ["--keychain", vault.vault.path, "auth", "status", "--json"])
+        #expect(refreshed.standardOutput.contains(#""refreshTokenRotates" : true"#), "auth status: \(refreshed.standardOutput)")
 
         let logout = try run(builtProduct("lockbox"), ["--keychain", vault.vault.path, "logout"])
         #expect(logout.status == 0, "logout: \(logout.standardError)")
