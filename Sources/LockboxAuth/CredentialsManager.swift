@@ -132,7 +132,7 @@ public actor CredentialsManager {
     /// What became of the grant a sign-in replaced.
     public enum ReplacedGrant: Sendable, Hashable {
         /// There was no stored session for this account.
-        case none
+        case noPreviousSession
         /// The server confirmed the old refresh token's revocation (RFC 7009).
         case revoked
         /// The server could not be reached; the revocation waits in the outbox.
@@ -185,7 +185,7 @@ public actor CredentialsManager {
     /// Revokes `previous`, the refresh token a sign-in replaces: queued in the outbox first, so a
     /// failed revocation is retried later; removed from it once the server answers.
     private func revokeReplaced(_ previous: SecretBytes?, by new: SecretBytes) async throws(AuthError) -> ReplacedGrant {
-        guard let previous, previous != new else { return .none }
+        guard let previous, previous != new else { return .noPreviousSession }
         await removeFromCache()
         guard let endpoint = configuration.revocationEndpoint else { return .notRevoked }
         let fingerprint = TokenFingerprint.of(previous)

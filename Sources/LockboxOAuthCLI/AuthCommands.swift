@@ -90,7 +90,7 @@ struct AuthCommands {
         output.error(
             "Waiting for the approval at \(TerminalText.sanitized(configuration.issuer.host ?? "the server")); the code expires at "
                 + "\(Self.clockTime(authorization.expiresAt)) (in \(Self.minutes(remaining))). Ctrl-C cancels.")
-        return try await Interrupt.cancelling(progress: Progress(until: authorization.expiresAt)) { () async throws(AuthError) in
+        return try await Interrupt.cancelling(progress: WaitingIndicator(until: authorization.expiresAt)) { () async throws(AuthError) in
             try await session.waitForApproval(pending)
         }
     }
@@ -125,7 +125,7 @@ struct AuthCommands {
         default:
             output.error("lockbox: \(message) (\(Self.code(error)))")
         }
-        return error.code == .cancelled ? .failure : .failure
+        return .failure
     }
 
     /// The code an error ends with: the keychain's OSStatus for store errors, else the
@@ -142,7 +142,7 @@ struct AuthCommands {
     private static func describe(_ result: CommandLineSession.LoginResult) -> String {
         let replaced: String
         switch result.replacedGrant {
-        case .none: replaced = ""
+        case .noPreviousSession: replaced = ""
         case .revoked: replaced = " The session it replaces was revoked."
         case .queued: replaced = " The session it replaces could not be revoked now; run `lockbox logout --retry` later."
         case .notRevoked: replaced = " The session it replaces was forgotten; the server did not confirm its revocation."

@@ -13,7 +13,7 @@ enum Interrupt {
     /// with `progress` drawn meanwhile. Waiting costs no CPU: the operation sleeps between
     /// polls and the signal arrives through a Dispatch source.
     static func cancelling<Success: Sendable>(
-        progress: Progress?, _ operation: @escaping @Sendable () async throws(AuthError) -> Success
+        progress: WaitingIndicator?, _ operation: @escaping @Sendable () async throws(AuthError) -> Success
     ) async throws(AuthError) -> Success {
         let task = Task { () async throws -> Success in try await operation() }
         signal(SIGINT, SIG_IGN)
@@ -42,7 +42,7 @@ enum Interrupt {
 }
 
 /// A spinner and the time left, on standard error when it is a terminal; nothing otherwise.
-struct Progress: Sendable {
+struct WaitingIndicator: Sendable {
     let deadline: Date
 
     init(until deadline: Date) {
@@ -106,7 +106,7 @@ struct BrowserLogin {
         }
         let timeout = Duration.seconds(300)
         output.error("Waiting for the browser to return to \(session.redirectURI) (5 min). Ctrl-C cancels.")
-        return try await Interrupt.cancelling(progress: Progress(until: Date().addingTimeInterval(300))) { () async throws(AuthError) in
+        return try await Interrupt.cancelling(progress: WaitingIndicator(until: Date().addingTimeInterval(300))) { () async throws(AuthError) in
             try await session.waitForTokens(timeout: timeout)
         }
     }

@@ -24,7 +24,7 @@ extension LifecycleTests {
         let result = try await login
 
         #expect(result.issuer.absoluteString.hasPrefix(server.url.absoluteString))
-        #expect(result.replacedGrant == CredentialsManager.ReplacedGrant.none)
+        #expect(result.replacedGrant == .noPreviousSession)
         let counters = try await server.counters()
         #expect(counters["slow_downs"] == 1)
         #expect(counters["device_polls"]! >= 2)
