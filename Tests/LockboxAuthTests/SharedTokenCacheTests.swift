@@ -30,6 +30,12 @@ struct SharedTokenCacheTests {
         try AccessTokenKeyring.read(namespace: vault.lockDirectory, identity: CredentialKey(configuration: configuration).storageAccount)
     }
 
+    /// Removes the test's entry: the user's key quota is small (200 keys), and entries otherwise
+    /// stay until their timeout.
+    static func forget(_ vault: TestVault, _ configuration: ClientConfiguration) {
+        try? AccessTokenKeyring.remove(namespace: vault.lockDirectory, identity: CredentialKey(configuration: configuration).storageAccount)
+    }
+
     /// `lockbox` alone in a directory: no `lockbox-oauth` beside it, so it can only answer
     /// from the cache (no HTTP stack at all).
     static func loneLockbox(in directory: TemporaryDirectory) throws -> String {
@@ -115,6 +121,7 @@ struct SharedTokenCacheTests {
         #expect(refreshed.standardOutput != tokens.accessToken.withUnsafeBytes { String(decoding: $0, as: UTF8.self) } + "\n")
         #expect(try await server.counters()["refresh_requests"]! - before["refresh_requests"]! == 1)
         #expect(try run(lone, ["--keychain", vault.vault.path, "token"]).standardOutput == refreshed.standardOutput)
+        Self.forget(vault, configuration)
     }
 
     @Test func fourProcesses_afterACacheMiss_shareOneRefresh_withoutReuse() async throws {
@@ -142,6 +149,7 @@ struct SharedTokenCacheTests {
         request.setValue("Bearer " + results[0].standardOutput.trimmingCharacters(in: .newlines), forHTTPHeaderField: "Authorization")
         let (_, response) = try await URLSession.shared.data(for: request)
         #expect((response as? HTTPURLResponse)?.statusCode == 200)
+        Self.forget(vault, configuration)
     }
 
     @Test func canaryAccessToken_appearsInNoFileLogArgvOrEnvironment() async throws {
@@ -171,6 +179,7 @@ struct SharedTokenCacheTests {
         texts.append(try String(contentsOfFile: "/proc/self/environ", encoding: .utf8))
         #expect(files.count > 0)
         #expect(!texts.contains { $0.contains(canary) })
+        Self.forget(vault, configuration)
     }
 
     @Test func signingInAgain_revokesTheReplacedGrant() async throws {
@@ -187,6 +196,7 @@ struct SharedTokenCacheTests {
         #expect(try await server.counters()["revocations"] == 1)
         #expect(try await Self.post(configuration.tokenEndpoint, "grant_type=refresh_token", first.refreshToken!).1 == "invalid_grant")
         #expect(try await vault.tokenStore(for: configuration).refreshToken() == second.refreshToken)
+        Self.forget(vault, configuration)
     }
 
     @Test func ambiguousSessions_areListed_andTheErrorEndsWithItsCode() async throws {
@@ -262,6 +272,7 @@ struct SharedTokenCacheTests {
         #expect(collected.contains("Cancelled; the stored session is as it was. (cancelled)"), "\(collected)")
         #expect(try await vault.tokenStore(for: configuration).refreshToken() == tokens.refreshToken)
         #expect(try Self.cachedEntry(vault, configuration)?.token == tokens.accessToken)
+        Self.forget(vault, configuration)
     }
 
     @Test func browserLogin_opensXdgOpen_andSignsIn() async throws {
@@ -285,6 +296,7 @@ struct SharedTokenCacheTests {
         #expect(login.standardError.contains("Signed in to"))
         #expect(try await server.counters()["code_exchanges"] == 1)
         #expect(try run(builtProduct("lockbox"), ["--keychain", vault.vault.path, "token"]).status == 0)
+        Self.forget(vault, try await server.configuration())
     }
 
     /// Posts `fields` and `token=` or `refresh_token=` the token; the status and the OAuth error.
