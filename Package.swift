@@ -25,6 +25,7 @@ let package = Package(
         .library(name: "KeychainCompatibility", targets: ["KeychainCompatibility"]),
         .library(name: "LocalAuthentication", targets: ["LocalAuthentication"]),
         .library(name: "LockboxAuth", targets: ["LockboxAuth"]),
+        .library(name: "LockboxAuthKeyring", targets: ["LockboxAuthKeyring"]),
         .library(name: "LockboxKeys", targets: ["LockboxKeys"]),
         .executable(name: "lockbox", targets: ["LockboxCLI"]),
         .executable(name: "lockbox-oauth", targets: ["LockboxOAuthCLI"]),
@@ -45,6 +46,9 @@ let package = Package(
         // OpenSSL's libcrypto, for P-256 and AES-GCM (managed keys). Linked as a shared library,
         // unlike the three above: see `KeyCrypto`.
         .systemLibrary(name: "CCrypto", providers: [.apt(["libssl-dev"])]),
+        // libcurl, for the CLI's HTTP transport: linked as a shared library, which
+        // FoundationNetworking already loads into lockbox-oauth.
+        .systemLibrary(name: "CCurl", providers: [.apt(["libcurl4-openssl-dev"])]),
 
         // The model and the backend SPI. No C imports.
         .target(name: "LockboxCore", swiftSettings: strict),
@@ -95,6 +99,13 @@ let package = Package(
 
         // The OAuth 2.0 credential lifecycle, over the small TokenStore interface.
         .target(name: "LockboxAuth", dependencies: ["LockboxCore"], swiftSettings: strict),
+        // LockboxAuth's shared access-token cache in the kernel keyring, over KeyProviders (the
+        // one CKeyutils importer): apart, so that LockboxAuth depends on LockboxCore only.
+        .target(
+            name: "LockboxAuthKeyring", dependencies: ["LockboxAuth", "KeyProviders", "LockboxCore"], swiftSettings: strict),
+        // An HTTPTransport over libcurl (the only CCurl importer) whose waits sleep in poll(2):
+        // URLSession on Linux keeps most of a core busy while a server takes its time.
+        .target(name: "LockboxCurlTransport", dependencies: ["CCurl", "LockboxAuth", "LockboxCore"], swiftSettings: strict),
 
         // The facade applications import.
         .target(name: "Lockbox", dependencies: ["LockboxCore", "LockboxVault", "SecretService"], swiftSettings: strict),
@@ -118,10 +129,10 @@ let package = Package(
         // binaries (`swift build` makes them) rather than depend on these targets: a test target
         // that depends on an executable target links its objects, and so its link flags.
         .executableTarget(
-            name: "LockboxCLI", dependencies: ["Lockbox", "LockboxCommandLine", "SecretService", "CProcessHardening"],
+            name: "LockboxCLI", dependencies: ["Lockbox", "LockboxCommandLine", "SecretService", "KeyProviders", "CProcessHardening"],
             swiftSettings: staticRuntime, linkerSettings: staticRuntimeLink),
         .executableTarget(
-            name: "LockboxOAuthCLI", dependencies: ["Lockbox", "LockboxCommandLine", "LockboxAuth", "CProcessHardening"],
+            name: "LockboxOAuthCLI", dependencies: ["Lockbox", "LockboxCommandLine", "LockboxAuth", "LockboxAuthKeyring", "LockboxCurlTransport", "CProcessHardening"],
             swiftSettings: strict),
         .executableTarget(
             name: "LockboxBenchmark",
@@ -157,7 +168,8 @@ let package = Package(
             dependencies: ["SecretService", "CredentialHelpers", "Lockbox", "LockboxTestSupport"],
             swiftSettings: strict),
         .testTarget(
-            name: "LockboxAuthTests", dependencies: ["LockboxAuth", "Lockbox", "LockboxTestSupport", "lockbox-auth-worker"],
+            name: "LockboxAuthTests",
+            dependencies: ["LockboxAuth", "LockboxAuthKeyring", "KeyProviders", "Lockbox", "LockboxTestSupport", "lockbox-auth-worker"],
             swiftSettings: strict),
         .testTarget(
             name: "KeychainCompatibilityTests",
