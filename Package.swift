@@ -23,7 +23,9 @@ let package = Package(
         .library(name: "Lockbox", targets: ["Lockbox"]),
         .library(name: "LockboxCore", targets: ["LockboxCore"]),
         .library(name: "KeychainCompatibility", targets: ["KeychainCompatibility"]),
+        .library(name: "LocalAuthentication", targets: ["LocalAuthentication"]),
         .library(name: "LockboxAuth", targets: ["LockboxAuth"]),
+        .library(name: "LockboxAuthKeyring", targets: ["LockboxAuthKeyring"]),
         .library(name: "LockboxKeys", targets: ["LockboxKeys"]),
         .executable(name: "lockbox", targets: ["LockboxCLI"]),
         .executable(name: "lockbox-oauth", targets: ["LockboxOAuthCLI"]),
@@ -45,6 +47,9 @@ let package = Package(
         // OpenSSL's libcrypto, for P-256 and AES-GCM (managed keys). Linked as a shared library,
         // unlike the three above: see `KeyCrypto`.
         .systemLibrary(name: "CCrypto", providers: [.apt(["libssl-dev"])]),
+        // libcurl, for the CLI's HTTP transport: linked as a shared library, which
+        // FoundationNetworking already loads into lockbox-oauth.
+        .systemLibrary(name: "CCurl", providers: [.apt(["libcurl4-openssl-dev"])]),
         // The tss2 ESAPI libraries (TPM 2.0), linked as shared libraries: the TCTI loader opens
         // the transport's library (device, swtpm) at run time, and they need libcrypto.
         .systemLibrary(name: "CTss2", providers: [.apt(["libtss2-dev"])]),
@@ -106,12 +111,25 @@ let package = Package(
 
         // The OAuth 2.0 credential lifecycle, over the small TokenStore interface.
         .target(name: "LockboxAuth", dependencies: ["LockboxCore"], swiftSettings: strict),
+        // LockboxAuth's shared access-token cache in the kernel keyring, over KeyProviders (the
+        // one CKeyutils importer): apart, so that LockboxAuth depends on LockboxCore only.
+        .target(
+            name: "LockboxAuthKeyring", dependencies: ["LockboxAuth", "KeyProviders", "LockboxCore"], swiftSettings: strict),
+        // An HTTPTransport over libcurl (the only CCurl importer) whose waits sleep in poll(2):
+        // URLSession on Linux keeps most of a core busy while a server takes its time.
+        .target(name: "LockboxCurlTransport", dependencies: ["CCurl", "LockboxAuth", "LockboxCore"], swiftSettings: strict),
 
         // The facade applications import.
         .target(name: "Lockbox", dependencies: ["LockboxCore", "LockboxVault", "SecretService"], swiftSettings: strict),
 
         // Apple's SecItem API (SecItemAdd, kSec* keys, errSec* codes) on Linux, over any ItemStore.
-        .target(name: "KeychainCompatibility", dependencies: ["Lockbox"], swiftSettings: strict),
+        // SecKey over LockboxKeys; LAContext (LocalAuthentication) as kSecUseAuthenticationContext.
+        .target(
+            name: "KeychainCompatibility",
+            dependencies: ["Lockbox", "LockboxKeys", "KeyCrypto", "VaultCrypto"],
+            swiftSettings: strict),
+        // Apple's LocalAuthentication (`LAContext`, `LAError`) over Lockbox's presence check.
+        .target(name: "LocalAuthentication", dependencies: ["KeychainCompatibility", "Lockbox"], swiftSettings: strict),
 
         // prctl(2) is variadic and cannot be called from Swift: a few lines of C do it.
         .target(name: "CProcessHardening"),
@@ -123,10 +141,10 @@ let package = Package(
         // binaries (`swift build` makes them) rather than depend on these targets: a test target
         // that depends on an executable target links its objects, and so its link flags.
         .executableTarget(
-            name: "LockboxCLI", dependencies: ["Lockbox", "LockboxCommandLine", "SecretService", "CProcessHardening"],
+            name: "LockboxCLI", dependencies: ["Lockbox", "LockboxCommandLine", "SecretService", "KeyProviders", "CProcessHardening"],
             swiftSettings: staticRuntime, linkerSettings: staticRuntimeLink),
         .executableTarget(
-            name: "LockboxOAuthCLI", dependencies: ["Lockbox", "LockboxCommandLine", "LockboxAuth", "CProcessHardening"],
+            name: "LockboxOAuthCLI", dependencies: ["Lockbox", "LockboxCommandLine", "LockboxAuth", "LockboxAuthKeyring", "LockboxCurlTransport", "CProcessHardening"],
             swiftSettings: strict),
         // The key verbs and the TPM unlock, which `lockbox` runs for them: only they load
         // libcrypto and the tss2 libraries.
@@ -167,11 +185,16 @@ let package = Package(
             dependencies: ["SecretService", "CredentialHelpers", "Lockbox", "LockboxTestSupport"],
             swiftSettings: strict),
         .testTarget(
-            name: "LockboxAuthTests", dependencies: ["LockboxAuth", "Lockbox", "LockboxTestSupport", "lockbox-auth-worker"],
+            name: "LockboxAuthTests",
+            dependencies: ["LockboxAuth", "LockboxAuthKeyring", "KeyProviders", "Lockbox", "LockboxTestSupport", "lockbox-auth-worker"],
             swiftSettings: strict),
         .testTarget(
             name: "KeychainCompatibilityTests",
             dependencies: ["KeychainCompatibility", "Lockbox", "LockboxTestSupport"],
+            swiftSettings: strict),
+        .testTarget(
+            name: "LocalAuthenticationTests",
+            dependencies: ["LocalAuthentication", "KeychainCompatibility", "Lockbox", "LockboxTestSupport"],
             swiftSettings: strict),
         .testTarget(
             name: "ReliabilityTests",
@@ -189,6 +212,14 @@ let package = Package(
             swiftSettings: strict),
     ]
 )
+
+// `import Security` on Linux: a module of that name re-exports KeychainCompatibility, so Keychain
+// code compiles with no edit (docs/SECITEM.md, "Zero-edit"). Declared on Linux only: on Apple
+// platforms the name is the system's framework.
+#if os(Linux)
+package.products.append(.library(name: "Security", targets: ["Security"]))
+package.targets.append(.target(name: "Security", dependencies: ["KeychainCompatibility"], swiftSettings: strict))
+#endif
 
 // The libFuzzer harness (Fuzz/, docs/FUZZING.md) exists only in the instrumented build that
 // scripts/fuzz makes with LOCKBOX_FUZZ=1 and `-sanitize=fuzzer`: its `main` calls libFuzzer's

@@ -1,4 +1,4 @@
-#if !canImport(Security)
+#if !canImport(Darwin)
 import Foundation
 import LockboxCore
 
@@ -39,14 +39,16 @@ public struct SecAccessControlCreateFlags: OptionSet, Sendable, Hashable {
 /// An item's access control: its protection class and the authentication its use needs.
 ///
 /// Made by ``SecAccessControlCreateWithFlags(_:_:_:_:)`` and passed as the value of
-/// ``kSecAttrAccessControl``. The object is kept whole with the request so the vault can
-/// honour every flag once it enforces user verification (see docs/SECITEM.md). Until then:
+/// ``kSecAttrAccessControl``. Equal (and hashing equal) when protection and flags are, as
+/// CF objects compare on Apple platforms (docs/SECITEM.md, "Access control and biometry"):
+/// - `userPresence` and `devicePasscode` store the item sealed to the passphrase: each read asks
+///   through `kSecUseAuthenticationContext` (an `LAContext`);
 /// - biometry (`biometryAny`, `biometryCurrentSet`, `watch`) cannot be satisfied on Linux, and
 ///   adding such an item fails with `errSecAuthFailed`, as on an Apple device without
 ///   enrolled biometry;
-/// - `userPresence`, `devicePasscode` and `applicationPassword` fail with
-///   `errSecUnimplemented` rather than store an item that any caller could read unverified.
-public final class SecAccessControl: Sendable, CustomStringConvertible {
+/// - `applicationPassword` fails with `errSecUnimplemented` rather than store an item that any
+///   caller could read unverified.
+public final class SecAccessControl: Sendable, Hashable, CustomStringConvertible {
     /// The protection class (`kSecAttrAccessible*` value).
     public let protection: Accessibility
     /// The constraints.
@@ -55,6 +57,15 @@ public final class SecAccessControl: Sendable, CustomStringConvertible {
     init(protection: Accessibility, flags: SecAccessControlCreateFlags) {
         self.protection = protection
         self.flags = flags
+    }
+
+    public static func == (lhs: SecAccessControl, rhs: SecAccessControl) -> Bool {
+        lhs.protection == rhs.protection && lhs.flags == rhs.flags
+    }
+
+    public func hash(into hasher: inout Hasher) {
+        hasher.combine(protection)
+        hasher.combine(flags.rawValue)
     }
 
     public var description: String {

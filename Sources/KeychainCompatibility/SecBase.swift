@@ -1,4 +1,6 @@
-#if !canImport(Security)
+#if !canImport(Darwin)
+import Foundation
+import VaultCrypto
 // Apple's status codes (SecBase.h), with the values and messages Security.framework uses.
 
 /// `0`: No error.
@@ -148,6 +150,33 @@ private let errorMessages: [OSStatus: String] = [
 ///   - reserved: Pass `nil`.
 /// - Returns: The message, or `OSStatus <n>` for a code this table does not know.
 public func SecCopyErrorMessageString(_ status: OSStatus, _ reserved: UnsafeMutableRawPointer?) -> CFString? {
-    errorMessages[status] ?? "OSStatus \(status)"
+    (errorMessages[status] ?? "OSStatus \(status)") as NSString
+}
+
+// MARK: - Random bytes
+
+/// A source of random bytes for ``SecRandomCopyBytes(_:_:_:)``.
+public final class SecRandom: Sendable {
+    private init() {}
+}
+
+/// The system's cryptographically secure generator (`getrandom(2)` through libsodium).
+public let kSecRandomDefault: SecRandom? = nil
+
+/// Fills `bytes` with `count` cryptographically secure random bytes.
+///
+/// ```swift
+/// var key = [UInt8](repeating: 0, count: 32)
+/// let status = SecRandomCopyBytes(kSecRandomDefault, key.count, &key)
+/// ```
+/// - Returns: `errSecSuccess`; `errSecParam` for a null buffer with a non-zero count.
+@discardableResult
+public func SecRandomCopyBytes(_ rnd: SecRandom?, _ count: Int, _ bytes: UnsafeMutableRawPointer) -> Int32 {
+    guard count >= 0 else { return errSecParam }
+    guard count > 0 else { return errSecSuccess }
+    var random = Crypto.randomBytes(count)
+    random.withUnsafeBytes { bytes.copyMemory(from: $0.baseAddress!, byteCount: count) }
+    for index in random.indices { random[index] = 0 }
+    return errSecSuccess
 }
 #endif

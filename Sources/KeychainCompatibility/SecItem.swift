@@ -1,6 +1,7 @@
-#if !canImport(Security)
+#if !canImport(Darwin)
 import Foundation
 import LockboxCore
+import LockboxKeys
 
 // The four SecItem functions, with Apple's signatures and the iOS data-protection keychain's
 // behaviour, over the store ``SecItemStore`` selects. They never throw and never crash on a
@@ -27,6 +28,12 @@ public func SecItemAdd(_ attributes: CFDictionary, _ result: UnsafeMutablePointe
     result?.pointee = nil
     return status { () throws(LockboxError) in
         let request = try SecItemRequest(attributes, role: .add)
+        if let key = request.keyReference {
+            let added = try addKey(key, request)
+            guard let result, !request.returning.isEmpty || request.returnsReference else { return }
+            result.pointee = request.returnsReference && request.returning.isEmpty ? added : try keyResults(request, found: [added])
+            return
+        }
         let store = try SecItemStore.current()
         // An add dictionary without kSecClass was rejected above: it cannot use a persistent reference.
         var item = Item(request.itemClass!, attributes: request.attributes)
@@ -61,7 +68,14 @@ public func SecItemCopyMatching(_ query: CFDictionary, _ result: UnsafeMutablePo
     return status { () throws(LockboxError) in
         let request = try SecItemRequest(query, role: .search)
         let store = try SecItemStore.current()
-        let items = try search(request, in: store)
+        if request.returnsReference, request.itemClass == .key {
+            result?.pointee = try keyResults(request, found: nil)
+            return
+        }
+        var items = try search(request, in: store)
+        if request.itemClass == .key, request.returning.contains(.data) {
+            items = try withKeyRepresentations(items, request)
+        }
         result?.pointee = ResultEncoding.result(for: items, request: request)
     }
 }
@@ -117,7 +131,7 @@ private func query(_ request: SecItemRequest, _ itemClass: ItemClass, limit: Que
         itemClass, attributes: request.attributes, limit: limit, returning: request.returning,
         synchronizable: request.synchronizable)
     query.persistentReference = request.persistentReference
-    query.authenticationContext = request.authenticationContext as? AuthenticationContext
+    query.authenticationContext = request.lockboxAuthenticationContext
     return query
 }
 
@@ -145,16 +159,117 @@ private func forEachClass(
 private func search(_ request: SecItemRequest, in store: any ItemStore) throws(LockboxError) -> [Item] {
     let limit: Query.MatchLimit = request.limit == .one ? .one : .all
     var found: [Item] = []
+    let skipsProtected = request.authenticationUI == kSecUseAuthenticationUISkip
     try forEachClass(of: request) { (classQuery) throws(LockboxError) in
         var searchQuery = classQuery
         searchQuery.limit = limit
         searchQuery.returning = request.returning
-        found = try store.items(matching: searchQuery)
+        guard skipsProtected else {
+            found = try store.items(matching: searchQuery)
+            return
+        }
+        // kSecUseAuthenticationUISkip: items that would need the user are left out of the
+        // results, silently (SecItem.h). Their attributes are readable without the user; only
+        // the unprotected ones are then read in full.
+        searchQuery.limit = .all
+        searchQuery.returning = [.attributes, .persistentReference]
+        let candidates = try store.items(matching: searchQuery).filter { $0.accessControl == nil }
+        found = []
+        for candidate in candidates {
+            guard let reference = candidate.persistentReference else { continue }
+            var one = classQuery
+            one.persistentReference = reference
+            one.synchronizable = .any
+            one.returning = request.returning
+            found += try store.items(matching: one)
+            if limit == .one && !found.isEmpty { break }
+        }
+        if found.isEmpty { throw LockboxError(.itemNotFound, "No item matches without the user's authentication.") }
     }
     if case .count(let count) = request.limit {
         found = Array(found.prefix(count))
     }
     return found
+}
+
+// MARK: Keys
+
+/// SecItemAdd with `kSecValueRef`: a key made in this process goes into the keychain; a key
+/// already there is a duplicate.
+private func addKey(_ key: SecKey, _ request: SecItemRequest) throws(LockboxError) -> SecKey {
+    let representation: SecretBytes
+    switch key.material {
+    case .stored:
+        throw LockboxError(.duplicateItem, "This key is already in the keychain.")
+    case .publicKey:
+        throw LockboxError(.unimplemented, "Public keys are not stored as keychain items here; keep the private key, or the public key's bytes.")
+    case .memory(let secret, _):
+        representation = secret
+    }
+    var specification = KeySpecification(algorithm: .p256, purposes: KeyAlgorithm.p256.possiblePurposes)
+    specification.applicationTag = request.attributes.applicationTag
+    specification.label = request.attributes.label
+    specification.accessGroup = request.attributes.accessGroup
+    specification.accessibility = request.attributes.accessibility ?? .default
+    specification.accessControl = request.itemAccessControl
+    // The bytes were in the application's hands already: an added key stays extractable
+    // (as on iOS) unless kSecAttrIsExtractable says otherwise.
+    specification.isExtractable = request.isExtractable ?? true
+    let keys = try SecKeyStore.current()
+    let matching = try keys.keys(applicationTag: specification.applicationTag, label: nil).filter {
+        $0.publicKey == key.publicKey && $0.accessibility == specification.accessibility
+    }
+    guard matching.isEmpty else { throw LockboxError(.duplicateItem, "This key is already in the keychain.") }
+    return SecKey(.stored(try keys.importKey(p256PrivateRepresentation: representation, specification)), context: request.lockboxAuthenticationContext)
+}
+
+/// `kSecReturnData` for a key made by the SecKey functions gives what iOS gives: its external
+/// representation (`04 || X || Y || D`), and only for an extractable key. Key items stored as
+/// plain `kSecValueData` keep their bytes.
+private func withKeyRepresentations(_ items: [Item], _ request: SecItemRequest) throws(LockboxError) -> [Item] {
+    guard let keys = try? SecKeyStore.current() else { return items }
+    var result: [Item] = []
+    for var item in items {
+        var lookup = query(request, .key, limit: .all)
+        lookup.persistentReference = item.persistentReference
+        lookup.synchronizable = .any
+        if let reference = item.persistentReference, let managed = try keys.keys(matching: lookup).first,
+            managed.persistentReference == reference
+        {
+            item.data = try keys.exportPrivateKey(of: managed, context: request.lockboxAuthenticationContext)
+        }
+        result.append(item)
+    }
+    return result
+}
+
+/// `kSecReturnRef` for keys: `SecKey` objects (alone, or under `v_Ref` in attribute dictionaries).
+private func keyResults(_ request: SecItemRequest, found: [SecKey]?) throws(LockboxError) -> CFTypeRef? {
+    var keys: [SecKey]
+    if let found {
+        keys = found
+    } else {
+        var lookup = query(request, .key, limit: .all)
+        lookup.returning = [.attributes, .persistentReference]
+        let context = request.lockboxAuthenticationContext
+        keys = try SecKeyStore.current().keys(matching: lookup).map { SecKey(.stored($0), context: context) }
+        if keys.isEmpty { throw LockboxError(.itemNotFound, "No key matches the query.") }
+    }
+    switch request.limit {
+    case .one: keys = Array(keys.prefix(1))
+    case .count(let count): keys = Array(keys.prefix(count))
+    case .all: break
+    }
+    let values: [AnyObject] = keys.map { key in
+        guard !request.returning.isEmpty else { return key }
+        var dictionary = (SecKeyCopyAttributes(key)?.stringKeyed) ?? [:]
+        dictionary[kSecValueRef] = key
+        if request.returning.contains(.persistentReference), case .stored(let managed) = key.material {
+            dictionary[kSecValuePersistentRef] = managed.persistentReference
+        }
+        return dictionary as NSDictionary
+    }
+    return request.limit == .one ? values.first : values as NSArray
 }
 
 /// The item SecItemAdd just added, in the shape its `kSecReturn*` keys ask for: the newest

@@ -1,11 +1,12 @@
-#if !canImport(Security)
+#if !canImport(Darwin)
 import Lockbox
 import Synchronization
 
 /// Where the `SecItem*` functions keep items.
 ///
 /// By default, the keychain `Keychain.open()` chooses (the vault at `LOCKBOX_KEYCHAIN` or
-/// `~/.local/share/lockbox/default.lockbox`), opened on first use. Replace it for the whole
+/// `~/.local/share/lockbox/default.lockbox`), opened on first use for the access groups of
+/// ``entitlements()`` (docs/SECITEM.md, "Access groups"). Replace it for the whole
 /// process with ``setDefault(_:)``, or for one task and everything it calls with
 /// ``withStore(_:operation:)``: any ``ItemStore`` works.
 ///
@@ -17,6 +18,22 @@ import Synchronization
 public enum SecItemStore {
     @TaskLocal private static var taskStore: (any ItemStore)?
     private static let processStore = Mutex<(any ItemStore)?>(nil)
+    private static let declaredEntitlements = Mutex<KeychainEntitlements?>(nil)
+
+    /// Declares the application's identifier and access groups for the keychain this process
+    /// opens by default (instead of an entitlements file beside the executable). Takes effect
+    /// at the next open: call it before the first `SecItem*` call, or after ``setDefault(_:)``
+    /// with nil.
+    public static func setEntitlements(_ entitlements: KeychainEntitlements?) {
+        declaredEntitlements.withLock { $0 = entitlements }
+    }
+
+    /// The entitlements the default keychain is opened with: the declared ones, else the
+    /// executable's (``KeychainEntitlements/forMainExecutable()``).
+    public static func entitlements() throws(LockboxError) -> KeychainEntitlements? {
+        if let declared = declaredEntitlements.withLock({ $0 }) { return declared }
+        return try KeychainEntitlements.forMainExecutable()
+    }
 
     /// Makes `store` the one every `SecItem*` call in this process uses (outside
     /// ``withStore(_:operation:)``). Pass nil to return to `Keychain.open()`'s choice.
@@ -45,12 +62,37 @@ public enum SecItemStore {
     public static func current() throws(LockboxError) -> any ItemStore {
         if let store = taskStore { return store }
         if let store = processStore.withLock({ $0 }) { return store }
-        let opened = try Keychain.open().store
+        var options = Keychain.Options()
+        if let groups = try entitlements()?.accessGroups, !groups.isEmpty {
+            options.vault.accessGroups = groups
+        }
+        let opened = try Keychain.open(options).store
         return processStore.withLock { shared in
             if let store = shared { return store }
             shared = opened
             return opened
         }
+    }
+}
+#endif
+
+#if !canImport(Darwin)
+/// An object that can be the value of `kSecUseAuthenticationContext` (LocalAuthentication's
+/// `LAContext`) besides Lockbox's own ``AuthenticationContext``.
+package protocol SecAuthenticationContextProviding: AnyObject {
+    var secItemAuthenticationContext: AuthenticationContext { get }
+}
+
+extension SecItemRequest {
+    /// `kSecUseAuthenticationContext` as the vault takes it; `kSecUseAuthenticationUIFail`
+    /// (or the deprecated `kSecUseNoAuthenticationUI`) forbids asking.
+    var lockboxAuthenticationContext: AuthenticationContext? {
+        var context = authenticationContext.flatMap(Self.authenticationContext(of:))
+        if authenticationUI == kSecUseAuthenticationUIFail || authenticationUI == kSecUseAuthenticationUISkip {
+            // A verification the context already holds is still used; nothing new is asked.
+            context = context?.withoutInteraction() ?? AuthenticationContext(interactionNotAllowed: true)
+        }
+        return context
     }
 }
 #endif

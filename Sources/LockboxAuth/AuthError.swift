@@ -1,3 +1,4 @@
+import Foundation
 import LockboxCore
 
 /// Why a session ended. The raw value is the reason code events and the CLI show.
@@ -70,6 +71,9 @@ public struct AuthError: Error, Sendable, Hashable, CustomStringConvertible {
         public static let configuration = Code(rawValue: "configuration")
         /// The caller's task was cancelled.
         public static let cancelled = Code(rawValue: "cancelled")
+        /// Several stored sessions match what was asked for: ``AuthError/matchingSessions``
+        /// lists them.
+        public static let ambiguousSession = Code(rawValue: "ambiguous_session")
 
         public var description: String { rawValue }
 
@@ -96,14 +100,20 @@ public struct AuthError: Error, Sendable, Hashable, CustomStringConvertible {
     /// The OAuth error code (RFC 6749 section 5.2, RFC 8628 section 3.5), restricted to
     /// `[A-Za-z0-9_.-]`, or the flow's own code (`state_mismatch`, `timeout`).
     public let oauthError: String?
-    /// The `Retry-After` header, in seconds.
-    public let retryAfter: Int?
+    /// The `Retry-After` header.
+    public let retryAfter: Duration?
     /// For ``Code/network``: the `URLError` code (`-1001` when the request deadline passed).
     public let urlErrorCode: Int?
+    /// The URL that failed, when naming it helps (the discovery document that answered 404,
+    /// the host that could not be resolved). Never carries a token or a code.
+    public let failingURL: URL?
+    /// For ``Code/ambiguousSession``: the sessions that matched.
+    public let matchingSessions: [CredentialKey]
 
     public init(
         _ code: Code, _ message: String, signOutReason: SignOutReason? = nil, storeError: LockboxError? = nil,
-        httpStatus: Int? = nil, oauthError: String? = nil, retryAfter: Int? = nil, urlErrorCode: Int? = nil
+        httpStatus: Int? = nil, oauthError: String? = nil, retryAfter: Duration? = nil, urlErrorCode: Int? = nil,
+        failingURL: URL? = nil, matchingSessions: [CredentialKey] = []
     ) {
         self.code = code
         self.message = message
@@ -113,6 +123,8 @@ public struct AuthError: Error, Sendable, Hashable, CustomStringConvertible {
         self.oauthError = oauthError
         self.retryAfter = retryAfter
         self.urlErrorCode = urlErrorCode
+        self.failingURL = failingURL
+        self.matchingSessions = matchingSessions
     }
 
     public var description: String { message }
@@ -142,6 +154,7 @@ public struct AuthError: Error, Sendable, Hashable, CustomStringConvertible {
     public static let flowFailed = Code.flowFailed
     public static let configuration = Code.configuration
     public static let cancelled = Code.cancelled
+    public static let ambiguousSession = Code.ambiguousSession
 }
 
 extension AuthError {
@@ -149,10 +162,10 @@ extension AuthError {
         AuthError(.signedOut, "Signed out (\(reason.rawValue)). Sign in again.", signOutReason: reason, storeError: storeError)
     }
 
-    static func network(_ detail: String, urlErrorCode: Int? = nil) -> AuthError {
+    static func network(_ detail: String, urlErrorCode: Int? = nil, failingURL: URL? = nil) -> AuthError {
         AuthError(
             .network, "The authorization server could not be reached: \(detail). Credentials are kept; try again later.",
-            urlErrorCode: urlErrorCode)
+            urlErrorCode: urlErrorCode, failingURL: failingURL)
     }
 
     static func server(status: Int, error: String?, retryAfter: Int?) -> AuthError {
@@ -160,7 +173,7 @@ extension AuthError {
             .server,
             "The authorization server answered \(status)\(error.map { " (\($0))" } ?? "")"
                 + (retryAfter.map { "; retry after \($0) s" } ?? "") + ". Credentials are kept.",
-            httpStatus: status, oauthError: error, retryAfter: retryAfter)
+            httpStatus: status, oauthError: error, retryAfter: retryAfter.map { .seconds($0) })
     }
 
     static func invalidResponse(_ detail: String, status: Int? = nil) -> AuthError {

@@ -21,6 +21,11 @@ public struct AuthEvent: Sendable, Hashable, CustomStringConvertible {
         case revocationDropped = "revocation_dropped"
         case requestRetried = "request_retried"
         case requestNotRetried = "request_not_retried"
+        /// A fresh access token came from the shared cache instead of a refresh.
+        case accessTokenFromCache = "access_token_from_cache"
+        /// The shared cache failed to store, read or remove an entry (the reason says which);
+        /// the session goes on, at the cost of refreshes.
+        case accessTokenCacheFailed = "access_token_cache_failed"
     }
 
     public let kind: Kind
@@ -73,8 +78,35 @@ public struct Credentials: Sendable, CustomStringConvertible {
     public let tokenType: String
     public let expiresAt: Date?
     public let scope: [String]
+    /// When the token was requested, by the local clock, when known: its lifetime sets the
+    /// refresh leeway (``CredentialsManager/refreshLeeway(lifetime:)``).
+    public let issuedAt: Date?
+
+    public init(accessToken: SecretBytes, tokenType: String, expiresAt: Date?, scope: [String], issuedAt: Date? = nil) {
+        self.accessToken = accessToken
+        self.tokenType = tokenType
+        self.expiresAt = expiresAt
+        self.scope = scope
+        self.issuedAt = issuedAt
+    }
 
     public var fingerprint: String { TokenFingerprint.of(accessToken) }
+
+    /// Until when the token counts as fresh with no explicit `minTTL`: its expiry minus the
+    /// refresh leeway. Nil when the server gave no expiry.
+    public var freshUntil: Date? {
+        guard let expiresAt else { return nil }
+        let lifetime = issuedAt.map { expiresAt.timeIntervalSince($0) }
+        let leeway = CredentialsManager.refreshLeeway(lifetime: lifetime.map { .milliseconds(Int64(max(0, $0) * 1000)) })
+        return expiresAt.addingTimeInterval(-leeway.timeInterval)
+    }
+
+    /// Fresh for `minTTL` after `now`, or, when `minTTL` is nil, until ``freshUntil``.
+    func isFresh(for minTTL: Duration?, at now: Date) -> Bool {
+        if let minTTL { return isValid(for: minTTL, at: now) }
+        guard let freshUntil else { return true }
+        return now < freshUntil
+    }
 
     /// True when the token stays valid for at least `minTTL` after `now`.
     public func isValid(for minTTL: Duration, at now: Date) -> Bool {
@@ -97,4 +129,11 @@ public struct Rotation: Sendable {
     public let newFingerprint: String
     /// False when persisting failed and the session continues in memory only.
     public let persisted: Bool
+}
+
+extension Duration {
+    /// The duration in seconds, as a `TimeInterval`.
+    var timeInterval: TimeInterval {
+        Double(components.seconds) + Double(components.attoseconds) / 1e18
+    }
 }

@@ -106,6 +106,13 @@ public struct AuthorizationServerMetadata: Sendable, Hashable {
         var request = URLRequest(url: url)
         request.setValue("application/json", forHTTPHeaderField: "Accept")
         let (data, response) = try await transport.exchange(request, limits: requestLimits, redirects: .httpsOnly)
+        if response.statusCode == 404 || response.statusCode == 410 {
+            throw AuthError(
+                .configuration,
+                "No authorization server answers at this issuer: \(url.absoluteString) answered \(response.statusCode). Check "
+                    + "the issuer URL (RFC 8414 discovery puts /.well-known/oauth-authorization-server before the issuer's path).",
+                httpStatus: response.statusCode, failingURL: url)
+        }
         guard response.statusCode == 200 else {
             throw .server(status: response.statusCode, error: nil, retryAfter: nil)
         }

@@ -1,12 +1,13 @@
 import Foundation
 import LockboxCore
 
-/// What the `lockbox` CLI's OAuth verbs do, as values: nothing here prints. The CLI maps
-/// each call to output and an exit status.
+/// What the `lockbox` CLI's OAuth verbs do, as values: nothing here prints or words a message
+/// for a terminal. The CLI maps each result to output and an exit status.
 ///
-/// | Command | Call |
+/// | Command | Calls |
 /// |---|---|
-/// | `lockbox login --issuer URL --client-id ID [--scope S]...` | ``beginLogin(issuer:clientID:scope:)``, print `instructions`, then ``completeLogin(_:)`` |
+/// | `lockbox login --issuer URL --client-id ID [--scope S]...` | ``beginLogin(issuer:clientID:scope:)``, ``waitForApproval(_:)``, ``signIn(_:tokens:)`` |
+/// | `lockbox login --browser ...` | ``discover(issuer:clientID:scope:)``, ``AuthorizationCodeFlow``, ``signIn(_:tokens:)`` |
 /// | `lockbox token [--issuer URL] [--client-id ID]` | ``accessToken(issuer:clientID:)`` (write its bytes to stdout) |
 /// | `lockbox logout [--issuer URL] [--client-id ID]` | ``logout(issuer:clientID:)`` |
 /// | `lockbox logout --retry` | ``retryPendingLogouts()`` |
@@ -15,78 +16,105 @@ public struct CommandLineSession: Sendable {
     public let store: any ItemStore
     /// The directory of cross-process lock files; use `vault.path + ".oauth-locks"`.
     public let lockDirectory: String
+    /// Where access tokens are shared between processes; nil keeps them in one process.
+    public let accessTokenCache: (any AccessTokenCache)?
     private let transport: any HTTPTransport
     private let requestLimits: RequestLimits
     private let events: @Sendable (AuthEvent) -> Void
 
-    /// - Parameter requestLimits: the limits of a new sign-in's requests (stored with its
-    ///   configuration; later commands use the stored ones).
+    /// - Parameters:
+    ///   - requestLimits: the limits of a new sign-in's requests (stored with its
+    ///     configuration; later commands use the stored ones).
+    ///   - accessTokenCache: shared between processes (the CLI passes the kernel keyring's).
     public init(
         store: any ItemStore, lockDirectory: String, transport: any HTTPTransport = URLSessionTransport(),
-        requestLimits: RequestLimits = RequestLimits(), events: @escaping @Sendable (AuthEvent) -> Void = { _ in }
+        requestLimits: RequestLimits = RequestLimits(), accessTokenCache: (any AccessTokenCache)? = nil,
+        events: @escaping @Sendable (AuthEvent) -> Void = { _ in }
     ) {
         self.store = store
         self.lockDirectory = lockDirectory
         self.transport = transport
         self.requestLimits = requestLimits
+        self.accessTokenCache = accessTokenCache
         self.events = events
     }
 
     /// A device sign-in waiting for the user.
     public struct PendingLogin: Sendable {
         public let configuration: ClientConfiguration
+        /// What to show: ``DeviceAuthorization/userCode`` and the verification URIs, checked
+        /// to hold no control characters.
         public let authorization: DeviceAuthorization
-        /// "Open https://... and enter the code ABCD-EFGH." The code and URIs were checked to
-        /// hold no control characters; the text is sanitised again for the terminal.
-        public var instructions: String { TerminalText.sanitized(authorization.instructions) }
+    }
+
+    /// A finished sign-in.
+    public struct LoginResult: Sendable, Hashable {
+        public let issuer: URL
+        public let clientID: String
+        /// What became of the session this sign-in replaced.
+        public let replacedGrant: CredentialsManager.ReplacedGrant
     }
 
     /// One stored session, for `lockbox auth status`. Holds no token.
-    public struct SessionStatus: Sendable, Hashable, CustomStringConvertible {
+    public struct SessionStatus: Sendable, Hashable {
         public let issuer: String
         public let clientID: String
         public let account: String
-        public let scope: [String]
-
-        /// One line for a terminal; values read from the store are sanitised.
-        public var description: String {
-            TerminalText.sanitized(
-                "\(issuer)  client \(clientID)  account \(account)  signed in"
-                    + (scope.isEmpty ? "" : "  scope: \(scope.joined(separator: " "))"))
-        }
+        /// The scopes asked for at sign-in.
+        public let requestedScope: [String]
+        /// The scopes the server granted with the cached access token, when one is cached.
+        public let grantedScope: [String]?
+        /// When the cached access token expires, when one is cached.
+        public let accessTokenExpiresAt: Date?
+        /// The ID token's subject from the sign-in, when the server sent an ID token.
+        public let subject: String?
+        /// True once a refresh rotated the refresh token; nil before any refresh was seen.
+        public let refreshTokenRotates: Bool?
     }
 
     /// The answer of ``status()``.
     public struct Status: Sendable, Hashable {
         public let sessions: [SessionStatus]
         public let pendingRevocations: Int
+    }
 
-        /// Lines for a terminal.
-        public var lines: [String] {
-            (sessions.isEmpty ? ["Not signed in."] : sessions.map(\.description))
-                + (pendingRevocations > 0 ? ["\(pendingRevocations) revocation(s) pending: run `lockbox logout --retry`."] : [])
-        }
+    /// Discovers the issuer's endpoints (RFC 8414).
+    public func discover(issuer: URL, clientID: String, scope: [String] = []) async throws(AuthError) -> ClientConfiguration {
+        try await ClientConfiguration.discover(
+            issuer: issuer, clientID: clientID, scope: scope, transport: transport, requestLimits: requestLimits)
     }
 
     /// Discovers the issuer (RFC 8414) and starts a device authorization (RFC 8628).
     public func beginLogin(issuer: URL, clientID: String, scope: [String] = []) async throws(AuthError) -> PendingLogin {
-        let configuration = try await ClientConfiguration.discover(
-            issuer: issuer, clientID: clientID, scope: scope, transport: transport, requestLimits: requestLimits)
+        try await beginLogin(try await discover(issuer: issuer, clientID: clientID, scope: scope))
+    }
+
+    /// Starts a device authorization (RFC 8628) with a discovered configuration.
+    public func beginLogin(_ configuration: ClientConfiguration) async throws(AuthError) -> PendingLogin {
         let authorization = try await DeviceAuthorizationFlow(configuration: configuration, transport: transport).start()
         return PendingLogin(configuration: configuration, authorization: authorization)
     }
 
-    /// Waits for the user's approval, then stores the session. Returns a message to show.
-    public func completeLogin(_ pending: PendingLogin, flow: DeviceAuthorizationFlow? = nil) async throws(AuthError) -> String {
+    /// Waits for the user's approval; cancel the task to stop (nothing is stored until
+    /// ``signIn(_:tokens:)``).
+    public func waitForApproval(_ pending: PendingLogin, flow: DeviceAuthorizationFlow? = nil) async throws(AuthError) -> TokenResponse {
         let flow = flow ?? DeviceAuthorizationFlow(configuration: pending.configuration, transport: transport)
-        let tokens = try await flow.waitForApproval(pending.authorization)
-        let manager = makeManager(pending.configuration)
-        try await manager.signIn(with: tokens)
-        return "Signed in to \(pending.configuration.issuer.absoluteString) as client \(pending.configuration.clientID)."
+        return try await flow.waitForApproval(pending.authorization)
     }
 
-    /// A fresh access token, for scripts (`lockbox token`). Each call in a new process
-    /// refreshes, since access tokens are never stored.
+    /// Stores the session a flow's tokens start, revoking the one it replaces.
+    public func signIn(_ configuration: ClientConfiguration, tokens: TokenResponse) async throws(AuthError) -> LoginResult {
+        let replaced = try await makeManager(configuration).signIn(with: tokens)
+        return LoginResult(issuer: configuration.issuer, clientID: configuration.clientID, replacedGrant: replaced)
+    }
+
+    /// Waits for the user's approval, then stores the session.
+    public func completeLogin(_ pending: PendingLogin, flow: DeviceAuthorizationFlow? = nil) async throws(AuthError) -> LoginResult {
+        try await signIn(pending.configuration, tokens: try await waitForApproval(pending, flow: flow))
+    }
+
+    /// A fresh access token, for scripts (`lockbox token`): from the shared cache when it holds
+    /// a fresh one, else refreshed (once across processes) and shared.
     ///
     /// - Throws: besides the manager's errors, ``AuthError/Code/store`` (the store's error in
     ///   ``AuthError/storeError``) when the server rotated the refresh token and the store could
@@ -101,46 +129,47 @@ public struct CommandLineSession: Sendable {
                 .store,
                 "The server rotated the refresh token, but the keychain could not store the new one"
                     + (cause.map { " (\($0.message))" } ?? "") + ". The stored one is used up: unlock the keychain if it is "
-                    + "locked, then sign in again with `lockbox login`.",
+                    + "locked, then sign in again.",
                 storeError: cause)
         }
         return credentials.accessToken
     }
 
-    /// Signs out and revokes. Returns a message to show.
-    public func logout(issuer: String? = nil, clientID: String? = nil) async throws(AuthError) -> String {
-        let manager = try await manager(issuer: issuer, clientID: clientID)
-        let result = try await manager.logout()
-        if result.revoked { return "Signed out; the server revoked the session." }
-        if result.queued { return "Signed out locally. The server could not be reached to revoke the session; run `lockbox logout --retry` later." }
-        return "Signed out."
+    /// Signs out and revokes.
+    public func logout(issuer: String? = nil, clientID: String? = nil) async throws(AuthError) -> CredentialsManager.LogoutResult {
+        try await manager(issuer: issuer, clientID: clientID).logout()
     }
 
-    /// Retries pending revocations (`lockbox logout --retry`). Returns a message to show.
-    public func retryPendingLogouts() async throws(AuthError) -> String {
-        let result = try await outbox.retryPending()
-        if result.remaining > 0 {
-            return "\(result.revoked) revocation(s) delivered; \(result.remaining) still pending (the server is unreachable)."
-        }
-        return result.revoked + result.dropped == 0 ? "No pending revocations." : "All pending revocations delivered."
+    /// Retries pending revocations (`lockbox logout --retry`).
+    public func retryPendingLogouts() async throws(AuthError) -> RevocationOutbox.RetryResult {
+        try await outbox.retryPending()
     }
 
-    /// The stored sessions and pending revocations (`lockbox auth status`). Prints no token.
+    /// The stored sessions and pending revocations (`lockbox auth status`). Reads no token
+    /// from the store; the cache is asked for each session's expiry and granted scopes.
     public func status() async throws(AuthError) -> Status {
-        let sessions: [SessionStatus]
+        let stored: [StoredSession]
         do {
-            sessions = try await StoredSession.all(in: store).map {
-                SessionStatus(issuer: $0.key.issuer, clientID: $0.key.clientID, account: $0.key.account, scope: $0.configuration?.scope ?? [])
-            }
+            stored = try await StoredSession.all(in: store)
         } catch {
             throw AuthError.from(error)
+        }
+        var sessions: [SessionStatus] = []
+        for session in stored {
+            let cached = try? await accessTokenCache?.cachedAccessToken(for: session.key)
+            sessions.append(
+                SessionStatus(
+                    issuer: session.key.issuer, clientID: session.key.clientID, account: session.key.account,
+                    requestedScope: session.configuration?.scope ?? [], grantedScope: cached?.credentials.scope,
+                    accessTokenExpiresAt: cached?.credentials.expiresAt, subject: session.details?.subject,
+                    refreshTokenRotates: session.details?.refreshTokenRotates))
         }
         return Status(sessions: sessions, pendingRevocations: try await outbox.pendingCount())
     }
 
     /// The manager of the one stored session matching the filters.
-    /// - Throws: ``AuthError/Code/signedOut`` when none matches; ``AuthError/Code/configuration``
-    ///   when several do (name one with `--issuer` and `--client-id`).
+    /// - Throws: ``AuthError/Code/signedOut`` when none matches; ``AuthError/Code/ambiguousSession``
+    ///   with ``AuthError/matchingSessions`` when several do.
     public func manager(issuer: String? = nil, clientID: String? = nil) async throws(AuthError) -> CredentialsManager {
         let sessions: [StoredSession]
         do {
@@ -156,7 +185,9 @@ public struct CommandLineSession: Sendable {
             throw .signedOut(.noCredentials)
         }
         guard matches.count == 1 else {
-            throw .configuration("several sessions match; name one with --issuer and --client-id")
+            throw AuthError(
+                .ambiguousSession, "Several stored sessions match: name one by its issuer and client id.",
+                matchingSessions: matches.map(\.key))
         }
         return makeManager(configuration, account: session.key.account)
     }
@@ -170,6 +201,7 @@ public struct CommandLineSession: Sendable {
         return CredentialsManager(
             configuration: configuration, account: account,
             tokenStore: ItemStoreTokenStore(store: store, key: key, configuration: configuration),
-            transport: transport, lockDirectory: lockDirectory, outbox: outbox, events: events)
+            transport: transport, lockDirectory: lockDirectory, outbox: outbox, accessTokenCache: accessTokenCache,
+            events: events)
     }
 }

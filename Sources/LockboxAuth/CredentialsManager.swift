@@ -16,9 +16,11 @@ import LockboxCore
 /// let (data, response) = try await manager.send(URLRequest(url: apiURL))
 /// ```
 ///
-/// The access token lives in this actor's memory only. Refresh tokens are read from the
-/// ``TokenStore`` under a cross-process lock right before each refresh, so a token another
-/// process rotated is never presented twice (which a strict server treats as theft).
+/// The access token lives in this actor's memory, and, when an ``AccessTokenCache`` is given,
+/// in that cache (the kernel keyring: memory only) so that other processes use it instead of
+/// refreshing. Refresh tokens are read from the ``TokenStore`` under a cross-process lock right
+/// before each refresh, so a token another process rotated is never presented twice (which a
+/// strict server treats as theft).
 public actor CredentialsManager {
     public nonisolated let configuration: ClientConfiguration
     public nonisolated let key: CredentialKey
@@ -26,6 +28,7 @@ public actor CredentialsManager {
     private let transport: any HTTPTransport
     private let lockFilePath: String?
     private let outbox: RevocationOutbox?
+    private let accessTokenCache: (any AccessTokenCache)?
     private let now: @Sendable () -> Date
     private let eventHandler: @Sendable (AuthEvent) -> Void
 
@@ -67,11 +70,14 @@ public actor CredentialsManager {
     ///     process sharing `tokenStore` (e.g. `vault.path + ".oauth-locks"`). `nil` limits
     ///     single flight to this process.
     ///   - outbox: where failed revocations wait for a retry; `nil` drops them.
+    ///   - accessTokenCache: where access tokens are shared with this user's other processes
+    ///     (`KernelKeyringTokenCache` from `LockboxAuthKeyring`); `nil`, the default, keeps
+    ///     them in this actor's memory only.
     ///   - events: called synchronously for each ``AuthEvent``; keep it quick.
     public init(
         configuration: ClientConfiguration, account: String = "default", tokenStore: any TokenStore,
         transport: any HTTPTransport = URLSessionTransport(), lockDirectory: String? = nil,
-        outbox: RevocationOutbox? = nil, now: @escaping @Sendable () -> Date = { Date() },
+        outbox: RevocationOutbox? = nil, accessTokenCache: (any AccessTokenCache)? = nil, now: @escaping @Sendable () -> Date = { Date() },
         events: @escaping @Sendable (AuthEvent) -> Void = { _ in }
     ) {
         let key = CredentialKey(configuration: configuration, account: account)
@@ -81,6 +87,7 @@ public actor CredentialsManager {
         self.transport = transport
         self.lockFilePath = lockDirectory.map { $0 + "/" + key.lockName + ".lock" }
         self.outbox = outbox
+        self.accessTokenCache = accessTokenCache
         self.now = now
         self.eventHandler = events
     }
@@ -122,50 +129,117 @@ public actor CredentialsManager {
 
     // MARK: Signing in
 
-    /// Starts a session from a flow's token response: stores the refresh token first.
+    /// What became of the grant a sign-in replaced.
+    public enum ReplacedGrant: Sendable, Hashable {
+        /// There was no stored session for this account.
+        case noPreviousSession
+        /// The server confirmed the old refresh token's revocation (RFC 7009).
+        case revoked
+        /// The server could not be reached; the revocation waits in the outbox.
+        case queued
+        /// The revocation failed and there is no outbox (or no revocation endpoint), or the
+        /// server refused it for good: the old grant may stay valid until it expires.
+        case notRevoked
+    }
+
+    /// Starts a session from a flow's token response: revokes the grant it replaces (RFC
+    /// 7009; queued in the outbox when the server cannot be reached), then stores the new
+    /// refresh token.
+    /// - Returns: what became of the replaced grant.
     /// - Throws: ``AuthError/Code/invalidResponse`` when the response has no refresh token;
     ///   store errors (nothing is kept in memory then, so a locked store never yields a session
     ///   that silently vanishes).
-    public func signIn(with response: TokenResponse) async throws(AuthError) {
+    @discardableResult
+    public func signIn(with response: TokenResponse) async throws(AuthError) -> ReplacedGrant {
         guard let refresh = response.refreshToken else {
             throw .invalidResponse("the server issued no refresh token; ask for offline access")
         }
         let lock = try await acquireCrossProcessLock()
         defer { withExtendedLifetime(lock) {} }
+        let replaced: ReplacedGrant
         do {
-            try await tokenStore.saveRefreshToken(refresh)
-        } catch {
+            var previous = memoryOnlyRefreshToken
+            if previous == nil { previous = try await tokenStore.refreshToken() }
+            replaced = try await revokeReplaced(previous, by: refresh)
+            try await tokenStore.saveRefreshToken(refresh, details: SessionDetails(subject: response.idTokenSubject))
+        } catch let error as LockboxError {
             throw AuthError.from(error)
+        } catch let error as AuthError {
+            throw error
+        } catch {
+            throw .cancelledError
         }
         memoryOnlyRefreshToken = nil
         isPersistentSignInDisabled = false
         rotationStoreError = nil
         signOutReason = nil
         lastRefreshTokenFingerprint = TokenFingerprint.of(refresh)
-        let credentials = Credentials(accessToken: response.accessToken, tokenType: response.tokenType, expiresAt: response.expiresAt, scope: response.scope)
+        let credentials = Credentials(response)
         current = credentials
         knownState = .signedIn(accessTokenExpiresAt: credentials.expiresAt)
         emit(.signedIn, "signed_in", lastRefreshTokenFingerprint)
+        await shareInCache(credentials)
+        return replaced
+    }
+
+    /// Revokes `previous`, the refresh token a sign-in replaces: queued in the outbox first, so a
+    /// failed revocation is retried later; removed from it once the server answers.
+    private func revokeReplaced(_ previous: SecretBytes?, by new: SecretBytes) async throws(AuthError) -> ReplacedGrant {
+        guard let previous, previous != new else { return .noPreviousSession }
+        await removeFromCache()
+        guard let endpoint = configuration.revocationEndpoint else { return .notRevoked }
+        let fingerprint = TokenFingerprint.of(previous)
+        let outboxID = try await outbox?.enqueue(
+            token: previous, hint: "refresh_token", endpoint: endpoint, clientID: configuration.clientID, account: key.description)
+        switch await RevocationOutbox.revoke(
+            token: previous, hint: "refresh_token", endpoint: endpoint, clientID: configuration.clientID, transport: transport,
+            limits: configuration.requestLimits)
+        {
+        case .revoked:
+            if let outboxID { await outbox?.remove(outboxID) }
+            emit(.revocationSucceeded, "replaced_by_sign_in", fingerprint)
+            return .revoked
+        case .refused(let reason):
+            if let outboxID { await outbox?.remove(outboxID) }
+            emit(.revocationDropped, reason, fingerprint)
+            return .notRevoked
+        case .failed(let reason):
+            emit(outboxID == nil ? .revocationDropped : .revocationQueued, reason, fingerprint)
+            return outboxID == nil ? .notRevoked : .queued
+        }
     }
 
     // MARK: Access tokens
 
-    /// A valid access token, refreshed when it expires within `minTTL`.
+    /// The refresh leeway for a token that lives `lifetime`: 30 s, or a tenth of the lifetime
+    /// when that is shorter (a token that lives 10 s is refreshed 1 s before it expires, not at
+    /// once). Without a known lifetime, 30 s.
+    public static func refreshLeeway(lifetime: Duration?) -> Duration {
+        guard let lifetime else { return .seconds(30) }
+        return min(.seconds(30), lifetime / 10)
+    }
+
+    /// A valid access token, refreshed when it expires within `minTTL`, or, when `minTTL` is
+    /// nil (the default), within the refresh leeway (``refreshLeeway(lifetime:)``). With an
+    /// ``AccessTokenCache``, a token another process refreshed is used before refreshing.
     ///
     /// Concurrent callers share one refresh; a caller that is cancelled while waiting leaves at
     /// once with ``AuthError/Code/cancelled`` and does not cancel the refresh for the others.
     /// - Throws: ``AuthError/Code/signedOut`` when the grant is gone; ``AuthError/Code/storeLocked``,
     ///   ``AuthError/Code/network`` or ``AuthError/Code/server`` when the session is kept and a
     ///   later call may succeed.
-    public func credentials(minTTL: Duration = .seconds(30)) async throws(AuthError) -> Credentials {
-        if let current, current.isValid(for: minTTL, at: now()) {
+    public func credentials(minTTL: Duration? = nil) async throws(AuthError) -> Credentials {
+        if let current, current.isFresh(for: minTTL, at: now()) {
             return current
         }
-        return try await sharedRefresh()
+        if refreshTask == nil, let cached = await freshFromCache(minTTL: minTTL, rejecting: nil) {
+            return cached
+        }
+        return try await sharedRefresh(minTTL: minTTL, rejecting: nil)
     }
 
     /// `request` with an `Authorization: Bearer` header carrying a valid access token.
-    public func authorizedRequest(_ request: URLRequest, minTTL: Duration = .seconds(30)) async throws(AuthError) -> URLRequest {
+    public func authorizedRequest(_ request: URLRequest, minTTL: Duration? = nil) async throws(AuthError) -> URLRequest {
         let credentials = try await credentials(minTTL: minTTL)
         var request = request
         request.setValue(credentials.authorizationHeaderValue, forHTTPHeaderField: "Authorization")
@@ -179,7 +253,7 @@ public actor CredentialsManager {
     /// There is never more than one refresh and one retry. Redirects are followed only within
     /// the request's origin (never to http), so the bearer token does not travel elsewhere; other
     /// redirects come back as the answer.
-    public func send(_ request: URLRequest, minTTL: Duration = .seconds(30)) async throws(AuthError) -> (Data, HTTPURLResponse) {
+    public func send(_ request: URLRequest, minTTL: Duration? = nil) async throws(AuthError) -> (Data, HTTPURLResponse) {
         let used = try await credentials(minTTL: minTTL)
         var first = request
         first.setValue(used.authorizationHeaderValue, forHTTPHeaderField: "Authorization")
@@ -221,18 +295,18 @@ public actor CredentialsManager {
             return current
         }
         current = nil
-        return try await sharedRefresh()
+        return try await sharedRefresh(minTTL: nil, rejecting: rejected.fingerprint)
     }
 
     // MARK: Refresh
 
-    private func sharedRefresh() async throws(AuthError) -> Credentials {
+    private func sharedRefresh(minTTL: Duration?, rejecting rejected: String?) async throws(AuthError) -> Credentials {
         let task: Task<Credentials, any Error>
         if let running = refreshTask {
             task = running
         } else {
             // Unstructured on purpose: cancelling one waiter must not cancel the refresh.
-            task = Task { try await self.refreshUnderLock() }
+            task = Task { try await self.refreshUnderLock(minTTL: minTTL, rejecting: rejected) }
             refreshTask = task
         }
         switch await SharedResult.wait(for: task) {
@@ -242,12 +316,16 @@ public actor CredentialsManager {
         }
     }
 
-    private func refreshUnderLock() async throws(AuthError) -> Credentials {
+    private func refreshUnderLock(minTTL: Duration?, rejecting rejected: String?) async throws(AuthError) -> Credentials {
         defer { refreshTask = nil }
         knownState = .refreshing
         do {
             let lock = try await acquireCrossProcessLock()
             defer { withExtendedLifetime(lock) {} }
+            // Another process may have refreshed while this one waited for the lock.
+            if memoryOnlyRefreshToken == nil, let cached = await freshFromCache(minTTL: minTTL, rejecting: rejected) {
+                return cached
+            }
             return try await refresh()
         } catch {
             // A sign-out or a locked store set their own state; any other failure keeps the
@@ -330,7 +408,7 @@ public actor CredentialsManager {
             let newFingerprint = TokenFingerprint.of(rotated)
             var persisted = true
             do {
-                try await tokenStore.saveRefreshToken(rotated)
+                try await tokenStore.saveRefreshToken(rotated, details: SessionDetails(refreshTokenRotates: true))
                 memoryOnlyRefreshToken = nil
                 isPersistentSignInDisabled = false
                 rotationStoreError = nil
@@ -342,6 +420,9 @@ public actor CredentialsManager {
                 // Keep the session in memory; never write the token anywhere weaker.
                 persisted = false
                 memoryOnlyRefreshToken = rotated
+                // Other processes hold the used-up token: they must not go on from a cached
+                // access token as if the session were intact.
+                await removeFromCache()
                 isPersistentSignInDisabled = true
                 rotationStoreError = error
                 emit(.rotationNotPersisted, error.code == .interactionNotAllowed ? "store_locked" : "store_error", newFingerprint)
@@ -351,11 +432,12 @@ public actor CredentialsManager {
                 await rotationHook(Rotation(previousFingerprint: usedFingerprint, newFingerprint: newFingerprint, persisted: persisted))
             }
         }
-        let credentials = Credentials(accessToken: response.accessToken, tokenType: response.tokenType, expiresAt: response.expiresAt, scope: response.scope)
+        let credentials = Credentials(response)
         current = credentials
         signOutReason = nil
         knownState = .signedIn(accessTokenExpiresAt: credentials.expiresAt)
         emit(.refreshSucceeded, response.refreshToken == nil ? "not_rotated" : "rotated", credentials.fingerprint)
+        if memoryOnlyRefreshToken == nil { await shareInCache(credentials) }
         return credentials
     }
 
@@ -379,6 +461,7 @@ public actor CredentialsManager {
     }
 
     private func signOutLocally(_ reason: SignOutReason, clearStore: Bool) async {
+        await removeFromCache()
         if clearStore {
             // A locked store cannot be cleared now; the token is dead at the server anyway.
             try? await tokenStore.clearCredentials()
@@ -431,6 +514,7 @@ public actor CredentialsManager {
         } catch {
             throw AuthError.from(error)
         }
+        await removeFromCache()
         let accessToken = current?.accessToken
         current = nil
         memoryOnlyRefreshToken = nil
@@ -469,6 +553,56 @@ public actor CredentialsManager {
         }
     }
 
+    // MARK: The shared cache
+
+    /// A token from the cache that is fresh for `minTTL` (or its own leeway), adopted as the
+    /// current one; nil on a miss. A cached token the server just rejected is removed.
+    private func freshFromCache(minTTL: Duration?, rejecting rejected: String?) async -> Credentials? {
+        guard let accessTokenCache else { return nil }
+        let cached: CachedAccessToken?
+        do {
+            cached = try await accessTokenCache.cachedAccessToken(for: key)
+        } catch {
+            emit(.accessTokenCacheFailed, "read", nil)
+            return nil
+        }
+        guard let cached else { return nil }
+        let credentials = cached.credentials
+        if let rejected, credentials.fingerprint == rejected {
+            await removeFromCache()
+            return nil
+        }
+        let fresh = minTTL.map { credentials.isValid(for: $0, at: now()) } ?? (now() < cached.freshUntil)
+        guard fresh else { return nil }
+        current = credentials
+        if knownState != .refreshing { knownState = .signedIn(accessTokenExpiresAt: credentials.expiresAt) }
+        emit(.accessTokenFromCache, "fresh", credentials.fingerprint)
+        return credentials
+    }
+
+    private func shareInCache(_ credentials: Credentials) async {
+        guard let accessTokenCache else { return }
+        // A token without an expiry is not shared: nothing would bound its life in the cache.
+        guard let freshUntil = credentials.freshUntil, freshUntil > now() else {
+            await removeFromCache()
+            return
+        }
+        do {
+            try await accessTokenCache.storeAccessToken(CachedAccessToken(credentials: credentials, freshUntil: freshUntil), for: key)
+        } catch {
+            emit(.accessTokenCacheFailed, "store", credentials.fingerprint)
+        }
+    }
+
+    private func removeFromCache() async {
+        guard let accessTokenCache else { return }
+        do {
+            try await accessTokenCache.removeAccessToken(for: key)
+        } catch {
+            emit(.accessTokenCacheFailed, "remove", nil)
+        }
+    }
+
     // MARK: Helpers
 
     private func acquireCrossProcessLock() async throws(AuthError) -> FileLock? {
@@ -480,4 +614,12 @@ public actor CredentialsManager {
         eventHandler(AuthEvent(kind: kind, reason: reason, fingerprint: fingerprint, account: key.description, date: now()))
     }
 
+}
+
+extension Credentials {
+    init(_ response: TokenResponse) {
+        self.init(
+            accessToken: response.accessToken, tokenType: response.tokenType, expiresAt: response.expiresAt, scope: response.scope,
+            issuedAt: response.requestedAt)
+    }
 }

@@ -153,11 +153,5 @@ public struct DeviceAuthorization: Sendable, CustomStringConvertible {
     /// The polling interval the server asked for.
     public let interval: Duration
 
-    /// What to tell the user.
-    public var instructions: String {
-        "Open \(verificationURI.absoluteString) and enter the code \(userCode)"
-            + (verificationURIComplete.map { " (or open \($0.absoluteString))" } ?? "") + "."
-    }
-
     public var description: String { "DeviceAuthorization(userCode: \(userCode), deviceCode: <redacted>)" }
 }

@@ -138,8 +138,8 @@ public struct URLSessionTransport: HTTPTransport {
 
     /// - Parameter timeout: the idle timeout (no byte for this long fails the request). The
     ///   total deadline is ``RequestLimits/deadline``.
-    public init(timeout: TimeInterval = 30) {
-        engine = SessionEngine(timeout: timeout)
+    public init(timeout: Duration = .seconds(30)) {
+        engine = SessionEngine(timeout: timeout.timeInterval)
     }
 
     /// Sends `request`, following redirects only within its origin and reading the whole body.
@@ -378,9 +378,23 @@ extension HTTPTransport {
         case let error as AuthError: error
         case is CancellationError: .cancelledError
         case let error as URLError where error.code == .cancelled: .cancelledError
+        case let error as URLError where error.code == .cannotFindHost || error.code == .dnsLookupFailed:
+            .network(
+                "the host \(error.failingURL?.host.map(TerminalText.sanitized) ?? "") could not be resolved (DNS); check the "
+                    + "host name and the network", urlErrorCode: error.code.rawValue,
+                failingURL: error.failingURL.flatMap(Self.origin))
         case let error as URLError: .network(describe(error), urlErrorCode: error.code.rawValue)
         default: .network("\(type(of: error))")
         }
+    }
+
+    /// Scheme, host and port only: a failing URL's path or query may carry a code.
+    private static func origin(_ url: URL) -> URL? {
+        var components = URLComponents()
+        components.scheme = url.scheme
+        components.host = url.host
+        components.port = url.port
+        return components.url
     }
 
     private static func describe(_ error: URLError) -> String {
@@ -389,7 +403,7 @@ extension HTTPTransport {
             .serverCertificateNotYetValid, .secureConnectionFailed, .clientCertificateRejected:
             "TLS failed: the server's certificate is not trusted (URLError \(error.code.rawValue))"
         case .timedOut: "the request timed out"
-        case .cannotConnectToHost, .cannotFindHost: "cannot connect to the server"
+        case .cannotConnectToHost: "cannot connect to the server (nothing listens at its address, or a firewall refuses)"
         case .networkConnectionLost: "the connection was lost before the answer arrived"
         case .notConnectedToInternet: "no network"
         default:

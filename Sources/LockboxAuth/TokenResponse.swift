@@ -10,23 +10,29 @@ public struct TokenResponse: Sendable, CustomStringConvertible {
     public let tokenType: String
     /// `refresh_token`, when the server issued (or rotated) one.
     public let refreshToken: SecretBytes?
-    /// `expires_in`, in seconds.
-    public let expiresIn: Int?
+    /// `expires_in`.
+    public let expiresIn: Duration?
     public let scope: [String]
     /// When the request was sent, by the local clock: expiry is measured from here, so the
     /// round trip counts against the token and a server clock that disagrees does not matter.
     public let requestedAt: Date
     /// The server's `Date` header minus the local clock at receipt, when the header was present.
-    public let serverClockOffset: TimeInterval?
+    public let serverClockOffset: Duration?
+    /// The `sub` claim of the `id_token`, when the server sent one (OpenID Connect), for
+    /// display (`lockbox auth status`). Read without checking the token's signature: never use
+    /// it to decide who the user is.
+    public let idTokenSubject: String?
 
-    public var expiresAt: Date? { expiresIn.map { requestedAt.addingTimeInterval(TimeInterval($0)) } }
+    public var expiresAt: Date? { expiresIn.map { requestedAt.addingTimeInterval($0.timeInterval) } }
 
     public var description: String {
         "TokenResponse(access: \(TokenFingerprint.of(accessToken)), refresh: "
-            + "\(refreshToken.map(TokenFingerprint.of) ?? "none"), expiresIn: \(expiresIn.map(String.init) ?? "-"))"
+            + "\(refreshToken.map(TokenFingerprint.of) ?? "none"), expiresIn: \(expiresIn.map { "\($0)" } ?? "-"))"
     }
 
-    init(accessToken: SecretBytes, tokenType: String, refreshToken: SecretBytes?, expiresIn: Int?, scope: [String], requestedAt: Date, serverClockOffset: TimeInterval?) {
+    init(accessToken: SecretBytes, tokenType: String, refreshToken: SecretBytes?, expiresIn: Duration?, scope: [String], requestedAt: Date, serverClockOffset: Duration?,
+        idTokenSubject: String? = nil
+    ) {
         self.accessToken = accessToken
         self.tokenType = tokenType
         self.refreshToken = refreshToken
@@ -34,6 +40,7 @@ public struct TokenResponse: Sendable, CustomStringConvertible {
         self.scope = scope
         self.requestedAt = requestedAt
         self.serverClockOffset = serverClockOffset
+        self.idTokenSubject = idTokenSubject
     }
 }
 
@@ -66,19 +73,34 @@ enum TokenEndpoint {
             let refresh = (object["refresh_token"] as? String).flatMap { $0.isEmpty ? nil : SecretBytes(utf8: $0) }
             let expiresIn = (object["expires_in"] as? NSNumber)?.intValue ?? (object["expires_in"] as? String).flatMap { Int($0) }
             let scope = (object["scope"] as? String)?.split(separator: " ").map(String.init) ?? []
-            var offset: TimeInterval?
+            var offset: Duration?
             if let header = response.value(forHTTPHeaderField: "Date"), let serverDate = httpDate(header) {
-                offset = serverDate.timeIntervalSince(now())
+                offset = .milliseconds(Int64((serverDate.timeIntervalSince(now()) * 1000).rounded()))
             }
             return .success(
                 TokenResponse(
                     accessToken: SecretBytes(utf8: access), tokenType: "Bearer", refreshToken: refresh,
-                    expiresIn: expiresIn, scope: scope, requestedAt: requestedAt, serverClockOffset: offset))
+                    expiresIn: expiresIn.map { .seconds($0) }, scope: scope, requestedAt: requestedAt, serverClockOffset: offset,
+                    idTokenSubject: (object["id_token"] as? String).flatMap(subject(ofIDToken:))))
         }
         if let error = object?["error"] as? String {
             return .oauthError(status: response.statusCode, error: sanitize(error), retryAfter: retryAfter)
         }
         return .httpError(status: response.statusCode, retryAfter: retryAfter)
+    }
+
+    /// The `sub` claim of a JWT's payload, when it is printable and at most 256 characters.
+    /// The signature is not checked: the value is shown, never trusted.
+    static func subject(ofIDToken token: String) -> String? {
+        let parts = token.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 3, parts[1].utf8.count <= 16 * 1024 else { return nil }
+        var base64 = parts[1].replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+        base64 += String(repeating: "=", count: (4 - base64.count % 4) % 4)
+        guard let data = Data(base64Encoded: base64),
+            let claims = (try? JSONSerialization.jsonObject(with: data)) as? [String: Any],
+            let subject = claims["sub"] as? String, !subject.isEmpty, subject.count <= 256, TerminalText.isPrintable(subject)
+        else { return nil }
+        return subject
     }
 
     /// Keeps error codes to the RFC's character set, so a hostile server cannot smuggle text.

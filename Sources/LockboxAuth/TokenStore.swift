@@ -19,6 +19,28 @@ public protocol TokenStore: Sendable {
     func clearCredentials() async throws(LockboxError)
     /// Whether a refresh token is stored, without reading it.
     func hasCredentials() async throws(LockboxError) -> Bool
+    /// Stores `token` as ``saveRefreshToken(_:)`` does, with what is known of the session
+    /// beside it (not secret; `lockbox auth status` shows it). The default ignores `details`.
+    func saveRefreshToken(_ token: SecretBytes, details: SessionDetails) async throws(LockboxError)
+}
+
+extension TokenStore {
+    public func saveRefreshToken(_ token: SecretBytes, details: SessionDetails) async throws(LockboxError) {
+        try await saveRefreshToken(token)
+    }
+}
+
+/// What is known of a session besides its tokens: shown by `lockbox auth status`, never secret.
+public struct SessionDetails: Sendable, Hashable, Codable {
+    /// The ID token's `sub` claim from the sign-in, when the server sent an ID token.
+    public var subject: String?
+    /// True once a refresh returned a new refresh token; nil until a refresh was seen.
+    public var refreshTokenRotates: Bool?
+
+    public init(subject: String? = nil, refreshTokenRotates: Bool? = nil) {
+        self.subject = subject
+        self.refreshTokenRotates = refreshTokenRotates
+    }
 }
 
 /// Names one account's credentials: an issuer, a client and an account label.
@@ -38,8 +60,9 @@ public struct CredentialKey: Sendable, Hashable, Codable, CustomStringConvertibl
         self.init(issuer: configuration.issuer.absoluteString, clientID: configuration.clientID, account: account)
     }
 
-    /// The keychain account attribute: the three parts, unambiguous (lengths are prefixed).
-    var storageAccount: String {
+    /// The keychain account attribute and the access-token cache's identity: the three parts,
+    /// unambiguous (`<length>:<issuer>|<length>:<client id>|<account>`).
+    public var storageAccount: String {
         "\(issuer.utf8.count):\(issuer)|\(clientID.utf8.count):\(clientID)|\(account)"
     }
 
@@ -103,12 +126,23 @@ public struct ItemStoreTokenStore: TokenStore {
     }
 
     public func saveRefreshToken(_ token: SecretBytes) async throws(LockboxError) {
+        try await saveRefreshToken(token, details: SessionDetails())
+    }
+
+    /// Stores `token` with `details`. A refresh's save (``SessionDetails/refreshTokenRotates``
+    /// set) keeps the stored subject: a refresh knows whether the token rotated, not who signed
+    /// in. A sign-in's save replaces both.
+    public func saveRefreshToken(_ token: SecretBytes, details: SessionDetails) async throws(LockboxError) {
         let store = self.store.async
+        var details = details
+        if details.subject == nil, details.refreshTokenRotates != nil, let stored = try? await storedDetails() {
+            details.subject = stored.subject
+        }
         do {
-            try await store.update(matching: query, to: replacement(token))
+            try await store.update(matching: query, to: replacement(token, details: details))
         } catch LockboxError.itemNotFound {
             do {
-                try await store.add(newItem(token))
+                try await store.add(newItem(token, details: details))
             } catch LockboxError.duplicateItem {
                 // Another process added it between our update and add: replace its value.
                 try await store.update(matching: query, to: ItemUpdate(data: token))
@@ -148,23 +182,31 @@ public struct ItemStoreTokenStore: TokenStore {
         try store.contains(query)
     }
 
-    private func replacement(_ token: SecretBytes) -> ItemUpdate {
+    private func replacement(_ token: SecretBytes, details: SessionDetails? = nil) -> ItemUpdate {
         var attributes = ItemAttributes(service: nil, account: nil)
-        attributes.generic = configurationData
+        attributes.generic = configurationData(details)
         return ItemUpdate(attributes: attributes, data: token)
     }
 
-    private func newItem(_ token: SecretBytes) -> Item {
+    private func newItem(_ token: SecretBytes, details: SessionDetails? = nil) -> Item {
         var item = Item.genericPassword(
             service: Self.service, account: key.storageAccount, data: token, accessibility: accessibility,
             label: "OAuth refresh token: \(key)")
-        item.attributes.generic = configurationData
+        item.attributes.generic = configurationData(details)
         return item
     }
 
-    private var configurationData: Data? {
+    private func configurationData(_ details: SessionDetails?) -> Data? {
         guard let configuration else { return nil }
-        return try? JSONEncoder().encode(StoredSession.Metadata(key: key, configuration: configuration))
+        return try? JSONEncoder().encode(StoredSession.Metadata(key: key, configuration: configuration, details: details))
+    }
+
+    /// The details stored with the token, read from its attributes only.
+    private func storedDetails() async throws(LockboxError) -> SessionDetails? {
+        var query = self.query
+        query.returning = .attributes
+        guard let generic = try await store.async.item(matching: query).attributes.generic else { return nil }
+        return (try? JSONDecoder().decode(StoredSession.Metadata.self, from: generic))?.details
     }
 }
 
@@ -172,10 +214,13 @@ public struct ItemStoreTokenStore: TokenStore {
 public struct StoredSession: Sendable, Hashable {
     public let key: CredentialKey
     public let configuration: ClientConfiguration?
+    /// What was stored of the session beside its token.
+    public let details: SessionDetails?
 
     struct Metadata: Codable {
         let key: CredentialKey
         let configuration: ClientConfiguration
+        var details: SessionDetails?
     }
 
     /// Every session stored in `store`, read from attributes only, off the cooperative pool.
@@ -194,7 +239,7 @@ public struct StoredSession: Sendable, Hashable {
             guard let generic = item.attributes.generic,
                 let metadata = try? JSONDecoder().decode(Metadata.self, from: generic)
             else { return nil }
-            return StoredSession(key: metadata.key, configuration: metadata.configuration)
+            return StoredSession(key: metadata.key, configuration: metadata.configuration, details: metadata.details)
         }
     }
 }

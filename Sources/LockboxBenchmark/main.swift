@@ -17,6 +17,8 @@ struct Options {
     var sizes = [1_000, 100_000]
     var operations = 1_000
     var markdown = false
+    /// Only these operations are timed (the others still run once to set up); for profiling.
+    var only: Set<String> = ["add", "find", "update", "delete"]
 
     init(_ arguments: [String]) {
         var iterator = arguments.makeIterator()
@@ -25,8 +27,9 @@ struct Options {
             case "--sizes": sizes = (iterator.next() ?? "").split(separator: ",").compactMap { Int($0) }
             case "--operations": operations = Int(iterator.next() ?? "") ?? operations
             case "--markdown": markdown = true
+            case "--only": only = Set((iterator.next() ?? "").split(separator: ",").map(String.init))
             default:
-                FileHandle.standardError.write(Data("usage: lockbox-bench [--sizes 1000,100000] [--operations N] [--markdown]\n".utf8))
+                FileHandle.standardError.write(Data("usage: lockbox-bench [--sizes 1000,100000] [--operations N] [--only add,find,update,delete] [--markdown]\n".utf8))
                 exit(64)
             }
         }
@@ -74,12 +77,21 @@ func value(_ index: Int) -> SecretBytes {
     SecretBytes(utf8: "token-value-\(index)-padding-to-look-like-a-real-token-0123456789")
 }
 
-/// The vault: populate `size` items in batches, then time single operations on top.
-func benchmarkVault(size: Int, operations: Int, directory: String) throws -> [String: Sample] {
+/// One side of the comparison: the four operations on item `index` (adds and updates and
+/// deletes work on "new<index>", finds on "user<index>").
+struct Subject {
+    var add: (Int) throws -> Void
+    var find: (Int) throws -> Void
+    var update: (Int) throws -> Void
+    var delete: (Int) throws -> Void
+    var close: () -> Void = {}
+}
+
+/// The vault, populated with `size` items in batches.
+func vaultSubject(size: Int, directory: String) throws -> Subject {
     var configuration = Vault.Configuration()
     configuration.keyDerivation = .interactive
     let vault = try Vault.create(at: directory + "/vault/bench.lockbox", passphrase: SecretBytes(utf8: "bench"), configuration: configuration)
-    defer { vault.lockAll() }
     var batch: [Item] = []
     for index in 0..<size {
         batch.append(.genericPassword(service: "bench.example.com", account: "user\(index)", data: value(index)))
@@ -89,39 +101,18 @@ func benchmarkVault(size: Int, operations: Int, directory: String) throws -> [St
         }
     }
     try vault.add(contentsOf: batch)
-
-    var samples: [String: Sample] = [:]
-    var add = Sample()
-    for index in 0..<operations {
-        let item = Item.genericPassword(service: "bench.example.com", account: "new\(index)", data: value(index))
-        try add.measure { try vault.add(item) }
-    }
-    samples["add"] = add
-    var find = Sample()
-    var generator = SystemRandomNumberGenerator()
-    for _ in 0..<operations {
-        let query = Query.genericPassword(service: "bench.example.com", account: "user\(Int.random(in: 0..<size, using: &generator))")
-        try find.measure { _ = try vault.data(matching: query) }
-    }
-    samples["find"] = find
-    var update = Sample()
-    for index in 0..<operations {
-        let query = Query.genericPassword(service: "bench.example.com", account: "new\(index)")
-        let change = ItemUpdate(data: value(index + 1))
-        try update.measure { try vault.update(matching: query, to: change) }
-    }
-    samples["update"] = update
-    var delete = Sample()
-    for index in 0..<operations {
-        let query = Query.genericPassword(service: "bench.example.com", account: "new\(index)")
-        try delete.measure { try vault.delete(matching: query) }
-    }
-    samples["delete"] = delete
-    return samples
+    return Subject(
+        add: { index in try vault.add(.genericPassword(service: "bench.example.com", account: "new\(index)", data: value(index))) },
+        find: { index in _ = try vault.data(matching: .genericPassword(service: "bench.example.com", account: "user\(index)")) },
+        update: { index in
+            try vault.update(matching: .genericPassword(service: "bench.example.com", account: "new\(index)"), to: ItemUpdate(data: value(index + 1)))
+        },
+        delete: { index in try vault.delete(matching: .genericPassword(service: "bench.example.com", account: "new\(index)")) },
+        close: { vault.lockAll() })
 }
 
 /// The floor: one table keyed by a digest, the same pragmas, one AEAD open per read.
-func benchmarkFloor(size: Int, operations: Int, directory: String) throws -> [String: Sample] {
+func floorSubject(size: Int, directory: String) throws -> Subject {
     let database = try Database(path: directory + "/floor.sqlite", create: true)
     try database.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, k BLOB NOT NULL UNIQUE, v BLOB NOT NULL)")
     let key = Crypto.generateKey()
@@ -140,45 +131,53 @@ func benchmarkFloor(size: Int, operations: Int, directory: String) throws -> [St
         }
         written += 5_000
     }
-    var samples: [String: Sample] = [:]
-    var add = Sample()
-    for index in 0..<operations {
-        try add.measure { try insert("new\(index)", index) }
-    }
-    samples["add"] = add
-    var find = Sample()
-    var generator = SystemRandomNumberGenerator()
-    for _ in 0..<operations {
-        let name = "user\(Int.random(in: 0..<size, using: &generator))"
-        try find.measure {
+    return Subject(
+        add: { index in try insert("new\(index)", index) },
+        find: { index in
             let statement = try database.statement("SELECT v FROM t WHERE k = ?")
-            statement.bind(1, digest(name))
+            statement.bind(1, digest("user\(index)"))
             guard try statement.step(), let box = statement.blob(0) else { fatalError("floor row missing") }
             _ = try Crypto.open(box, key: key, associatedData: [])
             database.resetStatements()
-        }
-    }
-    samples["find"] = find
-    var update = Sample()
-    for index in 0..<operations {
-        try update.measure {
+        },
+        update: { index in
             let statement = try database.statement("UPDATE t SET v = ? WHERE k = ?")
             statement.bind(1, Crypto.seal(value(index + 1), key: key, associatedData: []))
             statement.bind(2, digest("new\(index)"))
             try statement.run()
-        }
-    }
-    samples["update"] = update
-    var delete = Sample()
-    for index in 0..<operations {
-        try delete.measure {
+        },
+        delete: { index in
             let statement = try database.statement("DELETE FROM t WHERE k = ?")
             statement.bind(1, digest("new\(index)"))
             try statement.run()
+        })
+}
+
+/// Times each operation on both sides, alternating vault and floor operation by operation, so
+/// that the disk's and the machine's momentary state (another process's fsync, a busy core)
+/// fall on both alike. Updates and deletes work on added items, so the adds run as often as
+/// either of them.
+func compare(size: Int, operations: Int, vault: Subject, floor: Subject) throws -> [Row] {
+    func count(_ name: String) -> Int { options.only.contains(name) ? operations : 0 }
+    var generator = SystemRandomNumberGenerator()
+    var rows: [Row] = []
+    let plan: [(String, Int, KeyPath<Subject, (Int) throws -> Void>, (Int) -> Int)] = [
+        ("add", max(count("add"), count("update"), count("delete")), \.add, { $0 }),
+        ("find", count("find"), \.find, { _ in Int.random(in: 0..<size, using: &generator) }),
+        ("update", count("update"), \.update, { $0 }),
+        ("delete", count("delete"), \.delete, { $0 }),
+    ]
+    for (name, runs, operation, index) in plan {
+        var vaultSample = Sample()
+        var floorSample = Sample()
+        for run in 0..<runs {
+            let item = index(run)
+            try vaultSample.measure { try vault[keyPath: operation](item) }
+            try floorSample.measure { try floor[keyPath: operation](item) }
         }
+        if options.only.contains(name) { rows.append(Row(size: size, operation: name, vault: vaultSample, floor: floorSample)) }
     }
-    samples["delete"] = delete
-    return samples
+    return rows
 }
 
 let options = Options(Array(CommandLine.arguments.dropFirst()))
@@ -188,11 +187,10 @@ for size in options.sizes {
     defer { try? FileManager.default.removeItem(atPath: directory) }
     do {
         FileHandle.standardError.write(Data("lockbox-bench: \(size) items...\n".utf8))
-        let vault = try benchmarkVault(size: size, operations: options.operations, directory: directory)
-        let floor = try benchmarkFloor(size: size, operations: options.operations, directory: directory)
-        for operation in ["add", "find", "update", "delete"] {
-            rows.append(Row(size: size, operation: operation, vault: vault[operation]!, floor: floor[operation]!))
-        }
+        let vault = try vaultSubject(size: size, directory: directory)
+        defer { vault.close() }
+        let floor = try floorSubject(size: size, directory: directory)
+        rows += try compare(size: size, operations: options.operations, vault: vault, floor: floor)
     } catch {
         FileHandle.standardError.write(Data("lockbox-bench: \(error)\n".utf8))
         exit(1)
@@ -201,23 +199,33 @@ for size in options.sizes {
 
 func format(_ microseconds: Double) -> String { String(format: "%.1f", microseconds) }
 
+/// The vault's targets, as a ratio of the floor's p50: a durable add within 1.5x a raw durable
+/// insert, a read within 2x SQLite and one AEAD open.
+let targets: [String: Double] = ["add": 1.5, "find": 2.0]
+
+func verdict(_ row: Row) -> String {
+    guard let target = targets[row.operation] else { return "" }
+    let ratio = row.vault.percentile(0.5) / row.floor.percentile(0.5)
+    return String(format: "<= %.1fx %@", target, ratio <= target ? "met" : "MISSED")
+}
+
 if options.markdown {
-    print("| items | operation | vault p50 (µs) | vault p99 (µs) | floor p50 (µs) | floor p99 (µs) | p50 ratio |")
-    print("|---:|---|---:|---:|---:|---:|---:|")
+    print("| items | operation | vault p50 (µs) | vault p99 (µs) | floor p50 (µs) | floor p99 (µs) | p50 ratio | target |")
+    print("|---:|---|---:|---:|---:|---:|---:|---|")
     for row in rows {
         print(
             "| \(row.size) | \(row.operation) | \(format(row.vault.percentile(0.5))) | \(format(row.vault.percentile(0.99))) | "
                 + "\(format(row.floor.percentile(0.5))) | \(format(row.floor.percentile(0.99))) | "
-                + String(format: "%.2fx", row.vault.percentile(0.5) / row.floor.percentile(0.5)) + " |")
+                + String(format: "%.2fx", row.vault.percentile(0.5) / row.floor.percentile(0.5)) + " | \(verdict(row)) |")
     }
 } else {
-    print("items      op      vault p50   vault p99   floor p50   floor p99   p50 ratio   (microseconds)")
+    print("items      op      vault p50   vault p99   floor p50   floor p99   p50 ratio   target   (microseconds)")
     for row in rows {
         print(
             String(
-                format: "%-10d %-7@ %9.1f   %9.1f   %9.1f   %9.1f   %7.2fx", row.size, row.operation as NSString,
+                format: "%-10d %-7@ %9.1f   %9.1f   %9.1f   %9.1f   %7.2fx   %@", row.size, row.operation as NSString,
                 row.vault.percentile(0.5), row.vault.percentile(0.99), row.floor.percentile(0.5),
-                row.floor.percentile(0.99), row.vault.percentile(0.5) / row.floor.percentile(0.5)))
+                row.floor.percentile(0.99), row.vault.percentile(0.5) / row.floor.percentile(0.5), verdict(row) as NSString))
     }
 }
 if let small = rows.first(where: { $0.operation == "find" }), let large = rows.last(where: { $0.operation == "find" }), options.sizes.count > 1 {

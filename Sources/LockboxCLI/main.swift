@@ -14,7 +14,11 @@ let arguments = Array(CommandLine.arguments.dropFirst())
 let status: ExitStatus
 do {
     let invocation = try Parser.parse(arguments)
-    if invocation.command.isAuthentication {
+    if case .token(let issuer, let clientID) = invocation.command,
+        SharedAccessToken.answer(issuer: issuer, clientID: clientID, options: Runner(invocation: invocation).keychainOptions())
+    {
+        status = .success
+    } else if invocation.command.isAuthentication {
         streams.error("lockbox: \(OAuthHelper.exec(OAuthHelper.name, arguments: arguments))")
         status = .failure
     } else if invocation.command.usesKeys {

@@ -33,7 +33,7 @@ package enum Help {
           public-key                 print a key's public half (PEM, DER, X9.63, OpenSSH)
           delete-key                 delete a key
         OAuth 2.0:
-          login                      sign in with the device flow (RFC 8628)
+          login                      sign in (device flow, or --browser)
           token                      print a fresh access token (for scripts)
           logout                     revoke the tokens and forget the session
           auth status                who is signed in (never a token)
@@ -218,18 +218,26 @@ package enum Help {
                 """
         case "login":
             return """
-                usage: lockbox [--keychain PATH] login --issuer URL --client-id ID [--scope SCOPE]...
+                usage: lockbox [--keychain PATH] login --issuer URL --client-id ID [--scope SCOPE]... [--browser]
 
                 Signs in with the OAuth 2.0 device flow: discovers the issuer (RFC 8414), shows
-                the verification address and code, waits for approval, and keeps the refresh
-                token in the keychain (afterFirstUnlockThisDeviceOnly).
+                the verification address and code and when the code expires, waits for approval,
+                and keeps the refresh token in the keychain (afterFirstUnlockThisDeviceOnly).
+                --browser opens the system browser (xdg-open) on the authorization page instead
+                (authorization code with PKCE, redirected to a listener on 127.0.0.1); without a
+                display it says so and uses the device flow. Signing in again revokes the session
+                it replaces (RFC 7009), or queues the revocation when the server cannot be reached.
+                Ctrl-C cancels and leaves the stored session as it was.
                 """
         case "token":
             return """
                 usage: lockbox [--keychain PATH] token [--issuer URL] [--client-id ID]
 
-                Prints a fresh access token and a newline, refreshing (and rotating) the refresh
-                token when needed. For scripts: `curl -H "Authorization: Bearer $(lockbox token)"`.
+                Prints a fresh access token and a newline. A token another process refreshed is
+                shared in the kernel keyring (memory only, this user's processes, gone at reboot)
+                and printed without network; otherwise the refresh token is used (and rotated),
+                once for all processes. LOCKBOX_ACCESS_TOKEN_CACHE=off keeps access tokens in
+                one process's memory. For scripts: `curl -H "Authorization: Bearer $(lockbox token)"`.
                 """
         case "logout":
             return """
@@ -243,7 +251,8 @@ package enum Help {
             return """
                 usage: lockbox [--keychain PATH] auth status [--json]
 
-                Lists the signed-in sessions and pending revocations. Never prints a token.
+                Lists the signed-in sessions (issuer, client, account, scopes asked for and granted,
+                when the shared access token expires) and pending revocations. Never prints a token.
                 """
         case "dump", "dump-keychain":
             return """

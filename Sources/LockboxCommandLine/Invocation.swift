@@ -27,7 +27,8 @@ package enum Command {
     case removePassphrase(fromStandardInput: Bool, confirmed: Bool)
     case enroll(keeper: String, remove: Bool)
     case setPassphrase(fromStandardInput: Bool)
-    case login(issuer: String, clientID: String, scopes: [String])
+    /// `browser`: the authorization code flow in the system browser instead of the device flow.
+    case login(issuer: String, clientID: String, scopes: [String], browser: Bool)
     case token(issuer: String?, clientID: String?)
     case logout(issuer: String?, clientID: String?, retry: Bool)
     case authStatus(json: Bool)
@@ -311,18 +312,20 @@ package enum Parser {
             var issuer: String?
             var clientID: String?
             var scopes: [String] = []
+            var browser = false
             while let option = reader.next() {
                 switch option {
                 case "--issuer": issuer = try reader.value(for: option)
                 case "--client-id": clientID = try reader.value(for: option)
                 case "--scope": scopes += try reader.value(for: option).split(separator: " ").map(String.init)
+                case "--browser": browser = true
                 default: throw reader.unknown(option)
                 }
             }
             guard let issuer, let clientID else {
                 throw UsageError(message: "login needs --issuer URL and --client-id ID", verb: verb)
             }
-            return .login(issuer: issuer, clientID: clientID, scopes: scopes)
+            return .login(issuer: issuer, clientID: clientID, scopes: scopes, browser: browser)
         case "token", "logout":
             var issuer: String?
             var clientID: String?

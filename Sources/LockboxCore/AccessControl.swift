@@ -115,11 +115,27 @@ public final class AuthenticationContext: Sendable {
     public let interactionNotAllowed: Bool
 
     private let remembered = Mutex<[String: (proof: SecretBytes, at: Double)]>([:])
+    /// The context whose verifications this one reuses (see ``withoutInteraction()``).
+    private let base: AuthenticationContext?
 
     public init(verifier: (any PresenceVerifier)? = nil, reuseDuration: Double = 0, interactionNotAllowed: Bool = false) {
         self.verifier = verifier
         self.reuseDuration = reuseDuration
         self.interactionNotAllowed = interactionNotAllowed
+        base = nil
+    }
+
+    private init(sharing base: AuthenticationContext) {
+        verifier = nil
+        reuseDuration = base.reuseDuration
+        interactionNotAllowed = true
+        self.base = base
+    }
+
+    /// This context's verifications, still reused within their window, with no new question
+    /// asked (`kSecUseAuthenticationUIFail` with an evaluated `LAContext`).
+    package func withoutInteraction() -> AuthenticationContext {
+        AuthenticationContext(sharing: base ?? self)
     }
 
     /// Forgets every remembered verification (`LAContext.invalidate()`).
@@ -129,6 +145,7 @@ public final class AuthenticationContext: Sendable {
 
     /// A proof remembered for `realm` within the reuse window.
     package func rememberedProof(realm: String) -> SecretBytes? {
+        if let base { return base.rememberedProof(realm: realm) }
         guard reuseDuration > 0 else { return nil }
         let now = Self.monotonicSeconds()
         return remembered.withLock { entries in
@@ -142,6 +159,7 @@ public final class AuthenticationContext: Sendable {
     }
 
     package func remember(_ proof: SecretBytes, realm: String) {
+        if let base { return base.remember(proof, realm: realm) }
         guard reuseDuration > 0 else { return }
         let now = Self.monotonicSeconds()
         remembered.withLock { $0[realm] = (proof, now) }

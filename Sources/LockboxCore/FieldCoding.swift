@@ -1,3 +1,5 @@
+import struct Foundation.Data
+
 /// A small, unambiguous binary encoding: every field is a one-byte tag (0 absent, 1 present)
 /// followed, when present, by a little-endian 32-bit length and the bytes. Used for primary-key
 /// digests and for sealed metadata, where it must be canonical and cheap to decode.
@@ -32,12 +34,28 @@ package struct FieldEncoder {
         bytes.append(contentsOf: value.utf8)
     }
 
+    package mutating func bytes(_ value: Data) {
+        bytes.append(1)
+        let length = UInt32(value.count)
+        withUnsafeBytes(of: length.littleEndian) { bytes.append(contentsOf: $0) }
+        bytes.append(contentsOf: value)
+    }
+
     package mutating func integer(_ value: Int?) {
-        bytes(value.map { value in withUnsafeBytes(of: Int64(value).littleEndian) { Array($0) } })
+        guard let value else { return bytes.append(0) }
+        word(UInt64(bitPattern: Int64(value)))
     }
 
     package mutating func double(_ value: Double?) {
-        bytes(value.map { value in withUnsafeBytes(of: value.bitPattern.littleEndian) { Array($0) } })
+        guard let value else { return bytes.append(0) }
+        word(value.bitPattern)
+    }
+
+    /// A present 8-byte field, little-endian: the same bytes `bytes(_:)` writes for it.
+    private mutating func word(_ value: UInt64) {
+        bytes.append(1)
+        withUnsafeBytes(of: UInt32(8).littleEndian) { bytes.append(contentsOf: $0) }
+        withUnsafeBytes(of: value.littleEndian) { bytes.append(contentsOf: $0) }
     }
 }
 
@@ -53,7 +71,8 @@ package struct FieldDecoder {
 
     package var isAtEnd: Bool { offset == input.count }
 
-    package mutating func bytes() throws(Malformed) -> [UInt8]? {
+    /// The range of a present field's bytes; nil for an absent one.
+    private mutating func field() throws(Malformed) -> Range<Int>? {
         guard offset < input.count else { throw Malformed() }
         let tag = input[offset]
         offset += 1
@@ -67,30 +86,39 @@ package struct FieldDecoder {
         for index in 0..<4 { length |= UInt32(input[offset + index]) << (8 * UInt32(index)) }
         offset += 4
         guard Int(length) <= input.count - offset else { throw Malformed() }
-        let value = Array(input[offset..<offset + Int(length)])
-        offset += Int(length)
-        return value
+        defer { offset += Int(length) }
+        return offset..<offset + Int(length)
+    }
+
+    package mutating func bytes() throws(Malformed) -> [UInt8]? {
+        guard let range = try field() else { return nil }
+        return Array(input[range])
+    }
+
+    package mutating func data() throws(Malformed) -> Data? {
+        guard let range = try field() else { return nil }
+        return Data(input[range])
     }
 
     package mutating func string() throws(Malformed) -> String? {
-        guard let raw = try bytes() else { return nil }
-        guard let string = String(validating: raw, as: UTF8.self) else { throw Malformed() }
+        guard let range = try field() else { return nil }
+        guard let string = String(validating: input[range], as: UTF8.self) else { throw Malformed() }
         return string
     }
 
     package mutating func integer() throws(Malformed) -> Int? {
-        guard let raw = try bytes() else { return nil }
-        guard raw.count == 8 else { throw Malformed() }
-        var value: UInt64 = 0
-        for index in 0..<8 { value |= UInt64(raw[index]) << (8 * UInt64(index)) }
-        return Int(Int64(bitPattern: value))
+        try word().map { Int(Int64(bitPattern: $0)) }
     }
 
     package mutating func double() throws(Malformed) -> Double? {
-        guard let raw = try bytes() else { return nil }
-        guard raw.count == 8 else { throw Malformed() }
+        try word().map { Double(bitPattern: $0) }
+    }
+
+    private mutating func word() throws(Malformed) -> UInt64? {
+        guard let range = try field() else { return nil }
+        guard range.count == 8 else { throw Malformed() }
         var value: UInt64 = 0
-        for index in 0..<8 { value |= UInt64(raw[index]) << (8 * UInt64(index)) }
-        return Double(bitPattern: value)
+        for index in 0..<8 { value |= UInt64(input[range.lowerBound + index]) << (8 * UInt64(index)) }
+        return value
     }
 }

@@ -342,30 +342,12 @@ package final class AttributeField: Sendable, CustomStringConvertible {
             guard let wanted = get(predicate) else { return true }
             return wanted == (get(item) ?? whenAbsent)
         }
-        // The sealed encoding: strings and raw values as UTF-8, bytes as they are, integers as
-        // 64-bit little-endian, dates as the bit pattern of their seconds since 1970, flags as 0 or 1.
         encodeInto = { attributes, encoder in
-            switch get(attributes)?.attributeValue {
-            case nil: encoder.bytes(nil)
-            case .text(let text): encoder.string(text)
-            case .bytes(let bytes): encoder.bytes(Array(bytes))
-            case .integer(let integer): encoder.integer(integer)
-            case .date(let date): encoder.double(date.timeIntervalSince1970)
-            case .flag(let flag): encoder.integer(flag ? 1 : 0)
-            }
+            guard let value = get(attributes) else { return encoder.bytes(nil as [UInt8]?) }
+            value.encodeField(into: &encoder)
         }
         decodeFrom = { (decoder: inout FieldDecoder, attributes: inout ItemAttributes) throws(FieldDecoder.Malformed) in
-            let value: AttributeValue?
-            switch Value.attributeKind {
-            case .text, .accessibility, .internetProtocol, .authenticationType, .keyClass, .keyType:
-                value = try decoder.string().map(AttributeValue.text)
-            case .bytes: value = try decoder.bytes().map { .bytes(Data($0)) }
-            case .integer: value = try decoder.integer().map(AttributeValue.integer)
-            case .date: value = try decoder.double().map { .date(Date(timeIntervalSince1970: $0)) }
-            case .flag: value = try decoder.integer().map { .flag($0 != 0) }
-            }
-            // A raw value that names no case (an unknown accessibility class) is malformed.
-            guard setIn(value, &attributes) else { throw FieldDecoder.Malformed() }
+            set(&attributes, try Value.decodeField(from: &decoder))
         }
     }
 
@@ -410,6 +392,10 @@ package protocol AttributeValueCoding: Hashable, Sendable {
     static var attributeKind: AttributeKind { get }
     var attributeValue: AttributeValue { get }
     init?(attributeValue: AttributeValue)
+    /// Appends the value's field of the sealed encoding (typed: no ``AttributeValue`` between).
+    func encodeField(into encoder: inout FieldEncoder)
+    /// Reads a field ``encodeField(into:)`` wrote; nil for an absent one.
+    static func decodeField(from decoder: inout FieldDecoder) throws(FieldDecoder.Malformed) -> Self?
 }
 
 extension AttributeValueCoding where Self: RawRepresentable, RawValue == String {
@@ -418,7 +404,17 @@ extension AttributeValueCoding where Self: RawRepresentable, RawValue == String 
         guard case .text(let raw) = attributeValue else { return nil }
         self.init(rawValue: raw)
     }
+    package func encodeField(into encoder: inout FieldEncoder) { encoder.string(rawValue) }
+    /// A raw value that names no case (an unknown accessibility class) is malformed.
+    package static func decodeField(from decoder: inout FieldDecoder) throws(FieldDecoder.Malformed) -> Self? {
+        guard let raw = try decoder.string() else { return nil }
+        guard let value = Self(rawValue: raw) else { throw FieldDecoder.Malformed() }
+        return value
+    }
 }
+
+// The sealed encoding: strings and raw values as UTF-8, bytes as they are, integers as 64-bit
+// little-endian, dates as the bit pattern of their seconds since 1970, flags as 0 or 1.
 
 extension String: AttributeValueCoding {
     package static var attributeKind: AttributeKind { .text }
@@ -426,6 +422,10 @@ extension String: AttributeValueCoding {
     package init?(attributeValue: AttributeValue) {
         guard case .text(let text) = attributeValue else { return nil }
         self = text
+    }
+    package func encodeField(into encoder: inout FieldEncoder) { encoder.string(self) }
+    package static func decodeField(from decoder: inout FieldDecoder) throws(FieldDecoder.Malformed) -> String? {
+        try decoder.string()
     }
 }
 
@@ -436,6 +436,10 @@ extension Data: AttributeValueCoding {
         guard case .bytes(let bytes) = attributeValue else { return nil }
         self = bytes
     }
+    package func encodeField(into encoder: inout FieldEncoder) { encoder.bytes(self) }
+    package static func decodeField(from decoder: inout FieldDecoder) throws(FieldDecoder.Malformed) -> Data? {
+        try decoder.data()
+    }
 }
 
 extension Int: AttributeValueCoding {
@@ -444,6 +448,10 @@ extension Int: AttributeValueCoding {
     package init?(attributeValue: AttributeValue) {
         guard case .integer(let integer) = attributeValue else { return nil }
         self = integer
+    }
+    package func encodeField(into encoder: inout FieldEncoder) { encoder.integer(self) }
+    package static func decodeField(from decoder: inout FieldDecoder) throws(FieldDecoder.Malformed) -> Int? {
+        try decoder.integer()
     }
 }
 
@@ -454,6 +462,10 @@ extension Date: AttributeValueCoding {
         guard case .date(let date) = attributeValue else { return nil }
         self = date
     }
+    package func encodeField(into encoder: inout FieldEncoder) { encoder.double(timeIntervalSince1970) }
+    package static func decodeField(from decoder: inout FieldDecoder) throws(FieldDecoder.Malformed) -> Date? {
+        try decoder.double().map { Date(timeIntervalSince1970: $0) }
+    }
 }
 
 extension Bool: AttributeValueCoding {
@@ -462,6 +474,10 @@ extension Bool: AttributeValueCoding {
     package init?(attributeValue: AttributeValue) {
         guard case .flag(let flag) = attributeValue else { return nil }
         self = flag
+    }
+    package func encodeField(into encoder: inout FieldEncoder) { encoder.integer(self ? 1 : 0) }
+    package static func decodeField(from decoder: inout FieldDecoder) throws(FieldDecoder.Malformed) -> Bool? {
+        try decoder.integer().map { $0 != 0 }
     }
 }
 

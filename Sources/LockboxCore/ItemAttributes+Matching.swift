@@ -58,3 +58,28 @@ public enum PrimaryKey {
         ItemAttributes.primaryKeyFields(of: itemClass).allSatisfy { $0.isSet(in: attributes) }
     }
 }
+
+/// A predicate prepared for matching many items: the rows of ``ItemAttributes/fields`` it
+/// sets are found once, so each item is compared on those alone (usually none, one or two)
+/// rather than on every attribute.
+package struct AttributePredicate {
+    package let attributes: ItemAttributes
+    /// The rows compared: those matched by attributes that `attributes` sets.
+    package let fields: [AttributeField]
+
+    /// `candidates`: the rows that may be set in `attributes` (every row unless the caller
+    /// knows better, as for a primary key).
+    package init(_ attributes: ItemAttributes, among candidates: [AttributeField] = ItemAttributes.fields) {
+        self.attributes = attributes
+        fields = candidates.filter { $0.isMatchedByAttributes && $0.isSet(in: attributes) }
+    }
+
+    /// True when no attribute is compared: every item matches.
+    package var isEmpty: Bool { fields.isEmpty }
+
+    /// The same answer as `item.matches(attributes)`.
+    package func matches(_ item: ItemAttributes) -> Bool {
+        for field in fields where !field.matches(attributes, item: item) { return false }
+        return true
+    }
+}

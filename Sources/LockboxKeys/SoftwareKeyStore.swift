@@ -127,6 +127,58 @@ public final class SoftwareKeyStore: Sendable {
             secret = try AESGCM.generateKey()
             publicKey = []
         }
+        return try store(secret: secret, publicKey: publicKey, flags: flags, bindingKey: bindingKey, specification)
+    }
+
+    /// Stores a P-256 private key made elsewhere, given as Apple's external representation
+    /// `04 || X || Y || D` (97 bytes; what `SecKeyCopyExternalRepresentation` gives on iOS).
+    /// - Throws: `param` when the bytes are not a P-256 private key whose public point is the
+    ///   one given, or the specification is not a P-256 one.
+    public func importKey(p256PrivateRepresentation representation: SecretBytes, _ specification: KeySpecification)
+        throws(LockboxError) -> ManagedKey
+    {
+        guard specification.algorithm == .p256, algorithmCheck(specification) == nil else {
+            throw algorithmCheck(specification)
+                ?? LockboxError(.param, "Only P-256 private keys can be imported; this specification is for \(specification.algorithm).")
+        }
+        guard specification.isInvalidatedByPassphraseChange == false else {
+            throw LockboxError(.param, "An imported key cannot be bound to the passphrase: its bytes already exist outside the keychain.")
+        }
+        guard representation.count == P256.privateRepresentationByteCount else {
+            throw LockboxError(.param, "A P-256 private key is 97 bytes (04 || X || Y || D); got \(representation.count).")
+        }
+        let publicKey = representation.withUnsafeBytes { Array($0[0..<P256.publicKeyByteCount]) }
+        // The scalar must produce the point: a signature by it verifies under the point.
+        let probe: [UInt8] = Array("lockbox key import".utf8)
+        guard P256.isValidPublicKey(publicKey),
+            let signature = try? P256.sign(probe, privateRepresentation: representation),
+            (try? P256.isValidSignature(signature, for: probe, publicKey: publicKey)) == true
+        else {
+            throw LockboxError(.param, "The bytes are not a P-256 private key: its public point does not match its scalar.")
+        }
+        var flags: KeyEnvelope.Flags = []
+        if !specification.isExtractable { flags.insert(.nonExtractable) }
+        return try store(secret: representation, publicKey: publicKey, flags: flags, bindingKey: nil, specification)
+    }
+
+    /// The reason `specification` cannot make a key, if any.
+    private func algorithmCheck(_ specification: KeySpecification) -> LockboxError? {
+        let algorithm = specification.algorithm
+        guard !specification.purposes.isEmpty else {
+            return LockboxError(.param, "A key needs at least one purpose (sign, verify, encrypt, decrypt, keyAgreement).")
+        }
+        guard algorithm.possiblePurposes.isSuperset(of: specification.purposes) else {
+            return LockboxError(
+                .param,
+                "A \(algorithm) key can be made for \(algorithm.possiblePurposes) only, not \(specification.purposes.subtracting(algorithm.possiblePurposes)).")
+        }
+        return nil
+    }
+
+    private func store(
+        secret: SecretBytes, publicKey: [UInt8], flags: KeyEnvelope.Flags, bindingKey: SecretBytes?, _ specification: KeySpecification
+    ) throws(LockboxError) -> ManagedKey {
+        let algorithm = specification.algorithm
         let envelope = KeyEnvelope(
             flags: flags, algorithm: algorithm, purposes: specification.purposes, publicKey: publicKey,
             bindingCheck: bindingKey.map(KeyEnvelope.bindingCheck(for:)))
@@ -158,6 +210,32 @@ public final class SoftwareKeyStore: Sendable {
         return key
     }
 
+    /// The managed keys matching `query` (of class `.key`; its `returning` and `limit` are set
+    /// here): the SecItem layer's `kSecReturnRef` for keys.
+    /// - Returns: an empty array when there is none.
+    public func keys(matching query: Query) throws(LockboxError) -> [ManagedKey] {
+        var query = query
+        query.itemClass = .key
+        query.limit = .all
+        query.returning = [.attributes, .persistentReference]
+        do {
+            return try vault.items(matching: query).compactMap { ManagedKey($0, store: self) }
+        } catch LockboxError.itemNotFound {
+            return []
+        }
+    }
+
+    /// The private (or symmetric) key's bytes of an extractable key: P-256 as
+    /// `04 || X || Y || D`, Ed25519 and X25519 as libsodium's secret key, AES as the 32 bytes.
+    /// - Throws: `param` for a non-extractable key (the default), whose bytes never leave Lockbox.
+    public func exportPrivateKey(of key: ManagedKey, context: AuthenticationContext? = nil) throws(LockboxError) -> SecretBytes {
+        guard key.isExtractable else {
+            throw LockboxError(
+                .param, "This key is not extractable: its private bytes never leave the keychain. Use it through sign, decrypt or key agreement.")
+        }
+        return try privateKey(of: key, for: [], context: context)
+    }
+
     /// The managed keys with this application tag and label (either may be nil: any).
     /// - Returns: an empty array when there is none.
     /// - Throws: `interactionNotAllowed` when the vault is locked (never an empty answer).
@@ -181,7 +259,7 @@ public final class SoftwareKeyStore: Sendable {
         return key
     }
 
-    /// Deletes the key. An access-controlled key asks the user first, as reading it would.
+    /// Deletes the key. Access control does not apply to deleting, as on iOS.
     /// - Throws: `itemNotFound` when it was already deleted.
     public func delete(_ key: ManagedKey, context: AuthenticationContext? = nil) throws(LockboxError) {
         try vault.delete(matching: key.itemQuery(returning: [], context: context))

@@ -56,6 +56,9 @@ struct SealedRow {
     }
 
     /// The associated data shared by the row's three blobs; each appends its purpose.
+    /// True when the row's associated data binds its digests (format 2 and later).
+    var bindsDigests: Bool { format >= 2 }
+
     func associatedDataPrefix(vaultID: [UInt8]) -> FieldEncoder {
         var encoder = FieldEncoder()
         encoder.string("lockbox.item")
@@ -162,6 +165,14 @@ struct SealedRow {
         attributes.accessGroup = accessGroup
         attributes.synchronizable = synchronizable
         return attributes
+    }
+
+    /// Checks that the sealed attributes are authentic, without decoding them: for a read that
+    /// returns the value alone, whose own associated data already binds what a query selects
+    /// by. An edited attributes column is still an error, never a value served beside it.
+    func authenticateAttributes(classKey: SecretBytes, prefix: FieldEncoder) throws(LockboxError) {
+        guard (try? Crypto.openBytes(metadata, key: classKey, associatedData: associatedData(prefix: prefix, .metadata))) != nil
+        else { throw LockboxError.integrity() }
     }
 
     func openData(itemKey: SecretBytes, prefix: FieldEncoder) throws(LockboxError) -> SecretBytes {

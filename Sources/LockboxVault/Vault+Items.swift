@@ -58,7 +58,7 @@ extension Vault {
     /// `releasingKeyMaterial` is true only for the key API (``keyMaterial(matching:)``): any other
     /// read of a non-extractable key's value is refused (see ManagedKeyValue.swift).
     func items(matching query: Query, releasingKeyMaterial: Bool) throws(LockboxError) -> [Item] {
-        try withState { state throws(LockboxError) in
+        try withStateVerifyingUser { state throws(LockboxError) in
             // One snapshot for the integrity state and the rows.
             try state.database.readTransaction { () throws(LockboxError) -> [Item] in
                 _ = try currentIntegrity(state)
@@ -66,6 +66,13 @@ extension Vault {
                 let rows = try verifyIntegrity(of: try candidates(plan, state: state), plan: plan, state: state)
                 var results: [Item] = []
                 var lockedCandidate = false
+                // A read of the value alone by a name or a full primary key (`data(matching:)`)
+                // does not decode the attributes: the value's and its key's associated data bind
+                // the row's digests and plain columns, so opening them proves the row is the one
+                // the digest names, as comparing the attributes would. The attributes are still
+                // authenticated, so an edited column is an error, not ignored.
+                let valueOnly = query.returning.contains(.data) && !query.returning.contains(.attributes)
+                    && plan.residual.isEmpty && !plan.shape.isDisjoint(with: [.lookupDigest, .nameDigest])
                 for row in rows {
                     var item = Item(query.itemClass, attributes: ItemAttributes())
                     guard let classKey = try state.keys.classKey(for: row.accessibility, header: state.header) else {
@@ -73,8 +80,13 @@ extension Vault {
                         continue
                     }
                     let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
-                    guard let opened = try openMatching(row, plan: plan, classKey: classKey, prefix: prefix) else { continue }
-                    if query.returning.contains(.attributes) { item.attributes = opened }
+                    if valueOnly && row.bindsDigests {
+                        guard row.itemClass == plan.itemClass else { throw LockboxError.integrity() }
+                        try row.authenticateAttributes(classKey: classKey, prefix: prefix)
+                    } else {
+                        guard let opened = try openMatching(row, plan: plan, classKey: classKey, prefix: prefix) else { continue }
+                        if query.returning.contains(.attributes) { item.attributes = opened }
+                    }
                     // Only the value needs the item key, and so, for an access-controlled item, the user.
                     if query.returning.contains(.data) {
                         let itemKey = try itemKey(of: row, classKey: classKey, prefix: prefix, query: query, action: "read", state: state)
@@ -101,7 +113,7 @@ extension Vault {
         if update.attributes.accessGroup != nil {
             _ = try resolvedGroupForWriting(update.attributes.accessGroup)
         }
-        try withState { state throws(LockboxError) in
+        try withStateVerifyingUser { state throws(LockboxError) in
             try writeRows(state) { writer throws(LockboxError) in
                 var query = query
                 query.limit = .all
@@ -150,9 +162,10 @@ extension Vault {
         }
     }
 
-    /// Deletes the matching items. The rule is the one reads follow: every candidate is opened
-    /// and checked against the query, so a locked keychain deletes nothing and answers
-    /// `errSecInteractionNotAllowed`, never deleting what it cannot read.
+    /// Deletes the matching items. The rule is the one reads follow: every candidate's attributes
+    /// are opened and checked against the query, so a locked keychain deletes nothing and answers
+    /// `errSecInteractionNotAllowed`, never deleting what it cannot read. Access control does not
+    /// apply to deleting (as on iOS).
     @discardableResult
     public func delete(matching query: Query) throws(LockboxError) -> Int {
         try withState { state throws(LockboxError) -> Int in
@@ -168,10 +181,9 @@ extension Vault {
                     }
                     let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
                     guard try openMatching(row, plan: plan, classKey: classKey, prefix: prefix) != nil else { continue }
-                    // Deleting an access-controlled item needs the user, as reading it does.
-                    if !row.accessControl.isEmpty {
-                        _ = try itemKey(of: row, classKey: classKey, prefix: prefix, query: query, action: "delete", state: state)
-                    }
+                    // An access-controlled item is deleted without asking the user, as on iOS
+                    // (Apple's access-control evaluation allows the delete operation): deleting
+                    // reveals nothing, and the class key already proved the keychain unlocked.
                     doomed.append(row)
                 }
                 if doomed.isEmpty {
@@ -244,8 +256,8 @@ extension Vault {
     func openMatching(_ row: SealedRow, plan: QueryPlan, classKey: SecretBytes, prefix: FieldEncoder) throws(LockboxError) -> ItemAttributes? {
         guard row.itemClass == plan.itemClass else { throw LockboxError.integrity() }
         let opened = try row.openAttributes(classKey: classKey, prefix: prefix)
-        guard opened.matches(plan.covered) else { throw LockboxError.integrity() }
-        return opened.matches(plan.residual) ? opened : nil
+        guard plan.covered.matches(opened) else { throw LockboxError.integrity() }
+        return plan.residual.matches(opened) ? opened : nil
     }
 
     // MARK: Opening rows
@@ -280,21 +292,73 @@ extension Vault {
         if let proof = context?.rememberedProof(realm: realm) {
             return (publicKey, proof)
         }
+        if let given = state.presenceProof, given.realm == realm {
+            return (publicKey, given.secretKey)
+        }
         guard let context, !context.interactionNotAllowed, let verifier = context.verifier else {
             throw LockboxError(
                 .interactionNotAllowed,
                 "This item needs the user's passphrase (access control \(control)) and no interaction is allowed here. "
                     + "Give the query an AuthenticationContext with a verifier.")
         }
+        // The user is asked outside the vault's lock and transaction (see
+        // `withStateVerifyingUser`): this attempt of the operation ends here, changing nothing,
+        // and runs again with the proof.
         let name = query.attributes.service ?? query.attributes.server ?? query.itemClass.rawValue
-        let passphrase = try verifier.passphrase(
-            for: AuthenticationRequest(reason: "\(action) the keychain item \(name)", accessControl: control))
-        let verified = try checkPassphraseHoldingState(passphrase, state: state, failure: "User verification failed: the passphrase is wrong")
-        guard let secretKey = verified.presence else {
-            throw LockboxError(.authFailed, "User verification failed: the passphrase is wrong.")
+        state.presenceRequest = PresenceRequest(
+            context: context, verifier: verifier, realm: realm,
+            request: AuthenticationRequest(reason: "\(action) the keychain item \(name)", accessControl: control))
+        throw LockboxError(.interactionNotAllowed, "This item needs the user's passphrase (access control \(control)).")
+    }
+
+    /// A question for the user that an operation could not ask while holding the vault's lock.
+    struct PresenceRequest {
+        let context: AuthenticationContext
+        let verifier: any PresenceVerifier
+        let realm: String
+        let request: AuthenticationRequest
+    }
+
+    /// A verified presence key, given to one run of an operation.
+    struct PresenceProof {
+        let realm: String
+        let secretKey: SecretBytes
+    }
+
+    /// Runs `body` under the vault's lock; when it stops to ask the user for an
+    /// access-controlled item, asks (and derives the proof with Argon2id) outside the lock,
+    /// where a `lock()` or another read from another thread does not wait behind the prompt,
+    /// then runs `body` again with the proof. A wrong passphrase is counted by the shared
+    /// attempt throttle and ends the operation.
+    func withStateVerifyingUser<T>(_ body: (State) throws(LockboxError) -> sending T) throws(LockboxError) -> sending T {
+        var proof: PresenceProof?
+        for _ in 0..<3 {
+            let request: PresenceRequest
+            do throws(LockboxError) {
+                return try withState { state throws(LockboxError) -> sending T in
+                    state.presenceProof = proof
+                    state.presenceRequest = nil
+                    defer { state.presenceProof = nil }
+                    return try body(state)
+                }
+            } catch {
+                let pending = withState { state -> PresenceRequest? in
+                    defer { state.presenceRequest = nil }
+                    return state.presenceRequest
+                }
+                guard let pending else { throw error }
+                request = pending
+            }
+            let passphrase = try request.verifier.passphrase(for: request.request)
+            let verified = try checkPassphrase(passphrase, failure: "User verification failed: the passphrase is wrong")
+            guard let secretKey = verified.presence else {
+                throw LockboxError(.authFailed, "User verification failed: the passphrase is wrong.")
+            }
+            request.context.remember(secretKey, realm: request.realm)
+            proof = PresenceProof(realm: request.realm, secretKey: secretKey)
         }
-        context.remember(secretKey, realm: realm)
-        return (publicKey, secretKey)
+        throw LockboxError(
+            .authFailed, "User verification did not open the item: the keychain's passphrase changed meanwhile. Try again.")
     }
 
     /// The error for a query that matched nothing: "locked" whenever a locked item could have
@@ -319,9 +383,9 @@ extension Vault {
         var sql: String
         var arguments: [Argument]
         /// Attributes still to compare after decryption.
-        var residual: ItemAttributes
+        var residual: AttributePredicate
         /// Attributes the digest stood for: an opened row must carry exactly these.
-        var covered: ItemAttributes
+        var covered: AttributePredicate
         /// The lookup digest searched for, when the query names a full primary key.
         var lookupDigest: [UInt8]?
         /// The access group asked for, when one.
@@ -370,6 +434,7 @@ extension Vault {
         var residual = query.attributes
         residual.synchronizable = nil
         var covered = ItemAttributes()
+        var coveredFields: [AttributeField] = []
         var lookupDigest: [UInt8]?
         var selectedGroup: String?
 
@@ -395,6 +460,7 @@ extension Vault {
             if selective == nil { selective = .blob(digest) }
             lookupDigest = digest
             covered = residual.primaryKeyOnly(of: query.itemClass)
+            coveredFields = ItemAttributes.primaryKeyFields(of: query.itemClass)
             residual.clearPrimaryKey(of: query.itemClass)
         } else if let indexKey, let name = PrimaryKey.encodeName(query.itemClass, residual) {
             shape.insert(.nameDigest)
@@ -402,6 +468,7 @@ extension Vault {
             arguments.append(.blob(digest))
             if selective == nil { selective = .blob(digest) }
             covered = residual.nameOnly(of: query.itemClass)
+            coveredFields = [ItemAttributes.nameField(of: query.itemClass)]
             residual.clearName(of: query.itemClass)
         }
         if let group = residual.accessGroup {
@@ -430,7 +497,8 @@ extension Vault {
         case .yes: shape.insert(.onlySynchronizable)
         case .any: break
         }
-        let needsMetadata = !residual.isEmpty
+        let residualPredicate = AttributePredicate(residual)
+        let needsMetadata = !residualPredicate.isEmpty
         // Every row read is opened and checked against the query.
         shape.insert(.metadataColumn)
         if readingData { shape.insert(.secretColumn) }
@@ -442,7 +510,8 @@ extension Vault {
             state.sqlByShape[shape] = sql
         }
         return QueryPlan(
-            sql: sql, arguments: arguments, residual: residual, covered: covered, lookupDigest: lookupDigest,
+            sql: sql, arguments: arguments, residual: residualPredicate, covered: AttributePredicate(covered, among: coveredFields),
+            lookupDigest: lookupDigest,
             group: selectedGroup, accessibility: wantedAccessibility, needsMetadata: needsMetadata,
             readsMetadata: shape.contains(.metadataColumn), itemClass: query.itemClass, shape: shape)
     }

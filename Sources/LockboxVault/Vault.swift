@@ -90,10 +90,14 @@ public final class Vault: ItemStore, Sendable {
         var statementByShape = SmallMap<PlanShape, Statement>()
         /// What this connection verified of the integrity state (see ``IntegrityState``).
         var integrity: IntegrityCache?
+        /// The transaction in which `integrity` was last confirmed current (see
+        /// `Database.currentTransaction`).
+        var integrityTransaction: Int?
         let rememberedGeneration: RememberedGeneration
-        /// A passphrase check inside a read: true to clear the attempt count, false to count a
-        /// failure, recorded when the operation's transaction is over.
-        var pendingAttemptOutcome: Bool?
+        /// User verification an operation needs, asked outside the lock (see
+        /// `withStateVerifyingUser`), and the proof the next run of the operation is given.
+        var presenceRequest: PresenceRequest?
+        var presenceProof: PresenceProof?
 
         init(database: Database, header: VaultHeader, keys: KeyCache, rememberedGeneration: RememberedGeneration) {
             self.database = database
@@ -334,20 +338,6 @@ public final class Vault: ItemStore, Sendable {
             if let outcome { return outcome }
         }
         throw LockboxError(.io, "The keychain's passphrase changed while it was being checked. Try again.")
-    }
-
-    /// The same check for callers that already hold the vault's lock (user verification
-    /// inside a read): the wait happens under the lock.
-    func checkPassphraseHoldingState(_ passphrase: SecretBytes, state: State, failure: String) throws(LockboxError) -> VerifiedPassphrase {
-        Self.sleep(seconds: try secondsToWait(state))
-        let header = try VaultHeader.load(from: state.database)
-        let derived = try Self.deriveSlotKeys(header, passphrase: passphrase)
-        guard let (master, presence) = Self.openPassphraseSlot(header, slotKeys: derived) else {
-            state.pendingAttemptOutcome = false
-            throw wrongPassphrase(failures: min(try readAttempts(state).failures + 1, Self.maximumFailureCount), failure)
-        }
-        state.pendingAttemptOutcome = true
-        return VerifiedPassphrase(master: master, presence: presence, header: header)
     }
 
     /// Argon2id for every passphrase slot (there is one). Refuses parameters below the floor:
@@ -597,14 +587,7 @@ public final class Vault: ItemStore, Sendable {
         try state.withLock { state throws(LockboxError) -> sending T in
             state.keys.beginOperation()
             defer { state.database.resetStatements() }
-            do throws(LockboxError) {
-                let value = try body(state)
-                try settleAttempts(state)
-                return value
-            } catch {
-                try settleAttempts(state)
-                throw error
-            }
+            return try body(state)
         }
     }
 
@@ -613,19 +596,6 @@ public final class Vault: ItemStore, Sendable {
             state.keys.beginOperation()
             defer { state.database.resetStatements() }
             return body(state)
-        }
-    }
-
-    /// Records the outcome of a passphrase check made inside a read (user verification), once
-    /// the read's transaction is over.
-    private func settleAttempts(_ state: State) throws(LockboxError) {
-        guard let outcome = state.pendingAttemptOutcome else { return }
-        state.pendingAttemptOutcome = nil
-        state.database.resetStatements()
-        if outcome {
-            try clearFailedAttempts(state)
-        } else {
-            _ = try recordFailedAttempt(state)
         }
     }
 

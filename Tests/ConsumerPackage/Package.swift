@@ -5,6 +5,12 @@
 // examples' sources from README.md, docs/AUTH.md, docs/SECITEM.md and docs/KEYS.md, builds and runs them.
 import PackageDescription
 
+// On Linux, Lockbox's `Security` and `LocalAuthentication` products stand in for Apple's
+// frameworks; on Apple platforms the system's are used and these dependencies drop out.
+let security: Target.Dependency = .product(name: "Security", package: "Lockbox", condition: .when(platforms: [.linux]))
+let localAuthentication: Target.Dependency = .product(
+    name: "LocalAuthentication", package: "Lockbox", condition: .when(platforms: [.linux]))
+
 let package = Package(
     name: "LockboxConsumer",
     platforms: [.macOS(.v15)],
@@ -14,9 +20,17 @@ let package = Package(
         .executableTarget(name: "ReadmeRead", dependencies: [.product(name: "Lockbox", package: "Lockbox")]),
         // README.md: add or update.
         .executableTarget(name: "ReadmeStore", dependencies: [.product(name: "Lockbox", package: "Lockbox")]),
-        // docs/SECITEM.md: Apple's SecItem API.
-        .executableTarget(
-            name: "SecItemExample", dependencies: [.product(name: "KeychainCompatibility", package: "Lockbox")]),
+        // docs/SECITEM.md: Apple's SecItem API, through `import Security`.
+        .executableTarget(name: "SecItemExample", dependencies: [security]),
+        // Keychain code as iOS libraries write it, compiled unchanged (docs/SECITEM.md,
+        // "Zero-edit"): a wrapper store, a DPoP key store, LocalAuthentication, a file that imports
+        // only Foundation. Its tests run over a vault.
+        .target(name: "KeychainWrapper", dependencies: [security, localAuthentication]),
+        .testTarget(
+            name: "KeychainWrapperTests",
+            dependencies: ["KeychainWrapper", security, localAuthentication, .product(name: "Lockbox", package: "Lockbox")]),
+        // Bundle.main.bundleIdentifier and the access groups from files beside the executable.
+        .executableTarget(name: "BundleProbe", dependencies: [security]),
         // docs/AUTH.md: the OAuth 2.0 lifecycle (built; running it needs an authorization server).
         .executableTarget(
             name: "AuthExample",

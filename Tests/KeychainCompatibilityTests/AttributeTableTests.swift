@@ -10,7 +10,7 @@ import Testing
 @Suite("SecItem dictionaries and the attribute table")
 struct SecItemAttributeTableTests {
     /// Apple's constants, written out here independently of the table.
-    static let appleKeys: [String: String] = [
+    nonisolated(unsafe) static let appleKeys: [String: CFString] = [
         "label": kSecAttrLabel, "comment": kSecAttrComment, "itemDescription": kSecAttrDescription,
         "generic": kSecAttrGeneric, "creationDate": kSecAttrCreationDate, "modificationDate": kSecAttrModificationDate,
         "accessGroup": kSecAttrAccessGroup, "synchronizable": kSecAttrSynchronizable, "accessibility": kSecAttrAccessible,
@@ -25,7 +25,7 @@ struct SecItemAttributeTableTests {
 
     @Test(arguments: ItemAttributes.fields)
     func everyRow_usesApplesKey(field: AttributeField) {
-        #expect(Self.appleKeys[field.name] == field.secItemKey)
+        #expect(Self.appleKeys[field.name].map { $0 as String } == field.secItemKey)
     }
 
     @Test(arguments: ItemClass.allCases)

@@ -1,4 +1,4 @@
-#if !canImport(Security)
+#if !canImport(Darwin)
 import Foundation
 import KeychainCompatibility
 import Lockbox
@@ -199,7 +199,7 @@ import Testing
     ])
     func errorConstant_hasAppleValueAndMessage(_ status: OSStatus, _ value: Int32, _ message: String) {
         #expect(status == value)
-        #expect(SecCopyErrorMessageString(status, nil) == message)
+        #expect(SecCopyErrorMessageString(status, nil).map { $0 as String } == message)
     }
 
     @Test func errorMessage_ofUnknownStatus_namesTheNumber() {

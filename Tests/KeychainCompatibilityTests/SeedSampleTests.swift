@@ -1,4 +1,4 @@
-#if !canImport(Security)
+#if !canImport(Darwin)
 import Foundation
 import KeychainCompatibility
 import Lockbox

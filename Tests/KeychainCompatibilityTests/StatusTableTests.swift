@@ -1,4 +1,4 @@
-#if !canImport(Security)
+#if !canImport(Darwin)
 import Foundation
 import KeychainCompatibility
 import LockboxTestSupport
@@ -8,7 +8,7 @@ import Testing
 /// result. Each case names the developer.apple.com page the behaviour comes from; where iOS's
 /// data-protection keychain and macOS's file keychain differ, iOS is the reference.
 struct StatusCase: Sendable, CustomTestStringConvertible {
-    typealias Dictionary = @Sendable () -> CFDictionary
+    typealias Dictionary = @Sendable () -> [String: Any]
 
     enum Call: Sendable {
         case add(Dictionary)
@@ -42,9 +42,9 @@ struct StatusCase: Sendable, CustomTestStringConvertible {
 
 private func password(
     _ service: String = "api.example.com", _ account: String = "alice", data: String = "s3cret",
-    _ extra: CFDictionary = [:]
-) -> CFDictionary {
-    var dictionary: CFDictionary = [
+    _ extra: [String: Any] = [:]
+) -> [String: Any] {
+    var dictionary: [String: Any] = [
         kSecClass as String: kSecClassGenericPassword,
         kSecAttrService as String: service,
         kSecAttrAccount as String: account,
@@ -54,8 +54,8 @@ private func password(
     return dictionary
 }
 
-private func search(_ service: String = "api.example.com", _ account: String? = "alice", extra: CFDictionary = [:]) -> CFDictionary {
-    var dictionary: CFDictionary = [kSecClass as String: kSecClassGenericPassword, kSecAttrService as String: service]
+private func search(_ service: String = "api.example.com", _ account: String? = "alice", extra: [String: Any] = [:]) -> [String: Any] {
+    var dictionary: [String: Any] = [kSecClass as String: kSecClassGenericPassword, kSecAttrService as String: service]
     if let account { dictionary[kSecAttrAccount as String] = account }
     dictionary.merge(extra) { $1 }
     return dictionary
@@ -65,10 +65,10 @@ private func accessControl(_ flags: SecAccessControlCreateFlags) -> SecAccessCon
     SecAccessControlCreateWithFlags(nil, kSecAttrAccessibleWhenUnlockedThisDeviceOnly, flags, nil)
 }
 
-private let attributeKeys: Set<String> = [
+private let attributeKeys: Set<String> = Set([
     kSecClass, kSecAttrService, kSecAttrAccount, kSecAttrAccessible, kSecAttrAccessGroup, kSecAttrSynchronizable,
     kSecAttrCreationDate, kSecAttrModificationDate,
-]
+].map { $0 as String })
 
 extension StatusCase {
     static let table: [StatusCase] = [
@@ -123,7 +123,7 @@ extension StatusCase {
             name: "add with kSecReturnData and kSecReturnAttributes -> one dictionary with v_Data",
             reference: "/documentation/security/item-return-result-keys",
             call: .add({ password("a", "b", data: "v", [kSecReturnAttributes as String: true, kSecReturnData as String: true]) }),
-            status: errSecSuccess, shape: .dictionary(keys: attributeKeys.union([kSecValueData]))),
+            status: errSecSuccess, shape: .dictionary(keys: attributeKeys.union([kSecValueData as String]))),
 
         // MARK: SecItemAdd with kSecAttrAccessControl
         StatusCase(
@@ -204,9 +204,13 @@ extension StatusCase {
                 search(extra: [kSecAttrAccessible as String: kSecAttrAccessibleWhenUnlocked, kSecReturnData as String: true])
             }), status: errSecSuccess, shape: .data("s3cret")),
         StatusCase(
-            name: "copy returning a reference to a key -> errSecUnimplemented (no SecKey on Linux)",
+            name: "copy returning a reference to a key, none stored -> errSecItemNotFound",
             reference: "/documentation/security/ksecreturnref",
-            call: .copy({ [kSecClass as String: kSecClassKey, kSecReturnRef as String: true] }), status: errSecUnimplemented),
+            call: .copy({ [kSecClass as String: kSecClassKey, kSecReturnRef as String: true] }), status: errSecItemNotFound),
+        StatusCase(
+            name: "copy returning a reference to a certificate -> errSecUnimplemented (no SecCertificate on Linux)",
+            reference: "/documentation/security/ksecreturnref",
+            call: .copy({ [kSecClass as String: kSecClassCertificate, kSecReturnRef as String: true] }), status: errSecUnimplemented),
 
         // MARK: SecItemCopyMatching: result shapes
         StatusCase(
@@ -225,7 +229,7 @@ extension StatusCase {
             reference: "/documentation/security/item-return-result-keys",
             setup: [{ password() }],
             call: .copy({ search(extra: [kSecReturnData as String: true, kSecReturnAttributes as String: true]) }),
-            status: errSecSuccess, shape: .dictionary(keys: attributeKeys.union([kSecValueData]))),
+            status: errSecSuccess, shape: .dictionary(keys: attributeKeys.union([kSecValueData as String]))),
         StatusCase(
             name: "copy returning a persistent reference -> Data",
             reference: "/documentation/security/ksecreturnpersistentref",
@@ -236,7 +240,7 @@ extension StatusCase {
             reference: "/documentation/security/item-return-result-keys",
             setup: [{ password() }],
             call: .copy({ search(extra: [kSecReturnData as String: true, kSecReturnPersistentRef as String: true]) }),
-            status: errSecSuccess, shape: .dictionary(keys: [kSecValueData, kSecValuePersistentRef])),
+            status: errSecSuccess, shape: .dictionary(keys: [kSecValueData as String, kSecValuePersistentRef as String])),
         StatusCase(
             name: "copy returning attributes, limit all -> [[String: Any]]",
             reference: "/documentation/security/ksecmatchlimitall",
@@ -258,7 +262,7 @@ extension StatusCase {
                     kSecReturnAttributes as String: true, kSecReturnData as String: true,
                     kSecMatchLimit as String: kSecMatchLimitAll,
                 ])
-            }), status: errSecSuccess, shape: .dictionaryArray(count: 2, keys: attributeKeys.union([kSecValueData]))),
+            }), status: errSecSuccess, shape: .dictionaryArray(count: 2, keys: attributeKeys.union([kSecValueData as String]))),
         StatusCase(
             name: "copy returning data, limit all -> [Data]",
             reference: "/documentation/security/ksecmatchlimitall",
@@ -335,14 +339,14 @@ extension StatusCase {
         var result: CFTypeRef?
         let status = SecItemStore.withStore(fixture.vault) { () -> OSStatus in
             for setup in testCase.setup {
-                let added = SecItemAdd(setup(), nil)
+                let added = SecItemAdd(setup() as CFDictionary, nil)
                 #expect(added == errSecSuccess, "setup of \(testCase.name)")
             }
             switch testCase.call {
-            case .add(let attributes): return SecItemAdd(attributes(), &result)
-            case .copy(let query): return SecItemCopyMatching(query(), &result)
-            case .update(let query, let attributes): return SecItemUpdate(query(), attributes())
-            case .delete(let query): return SecItemDelete(query())
+            case .add(let attributes): return SecItemAdd(attributes() as CFDictionary, &result)
+            case .copy(let query): return SecItemCopyMatching(query() as CFDictionary, &result)
+            case .update(let query, let attributes): return SecItemUpdate(query() as CFDictionary, attributes() as CFDictionary)
+            case .delete(let query): return SecItemDelete(query() as CFDictionary)
             }
         }
         #expect(status == testCase.status, "\(testCase.name) (\(testCase.reference))")

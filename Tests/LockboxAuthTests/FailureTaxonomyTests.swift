@@ -39,7 +39,7 @@ extension LifecycleTests {
 
         await #expect {
             try await manager.credentials(minTTL: forceRefresh)
-        } throws: { isAuthError($0, .server, oauthError: "temporarily_unavailable", status: 503) && ($0 as? AuthError)?.retryAfter == 1 }
+        } throws: { isAuthError($0, .server, oauthError: "temporarily_unavailable", status: 503) && ($0 as? AuthError)?.retryAfter == .seconds(1) }
         #expect(isSignedIn(await manager.state))
         #expect(try await vault.tokenStore(for: manager.configuration).hasCredentials())
         // The kept token still works once the server is back.

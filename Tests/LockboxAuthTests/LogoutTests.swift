@@ -63,9 +63,9 @@ extension LifecycleTests {
 
         // `lockbox logout --retry`, from another handle on the same vault.
         let session = CommandLineSession(store: try Vault.open(at: vault.vault.path), lockDirectory: vault.lockDirectory)
-        let message = try await session.retryPendingLogouts()
+        let retry = try await session.retryPendingLogouts()
 
-        #expect(message == "All pending revocations delivered.")
+        #expect(retry.revoked == 1 && retry.remaining == 0)
         #expect(try await RevocationOutbox(store: vault.vault).pendingCount() == 0)
         #expect(try await server.counters()["revocations"] == 1)
         #expect(try await refreshError(server, tokens.refreshToken!) == "invalid_grant")
@@ -80,9 +80,9 @@ extension LifecycleTests {
         _ = try await manager.logout()
 
         let session = CommandLineSession(store: vault.vault, lockDirectory: vault.lockDirectory)
-        let message = try await session.retryPendingLogouts()
+        let result = try await session.retryPendingLogouts()
 
-        #expect(message.contains("1 still pending"))
+        #expect(result.remaining == 1)
         #expect(try await RevocationOutbox(store: vault.vault).pendingCount() == 1)
         #expect(try await session.status().pendingRevocations == 1)
         #expect(try await session.status().sessions.isEmpty)

@@ -48,8 +48,8 @@ extension LifecycleTests {
         let result = try await manager.logout()
         #expect(result.queued)
         let session = CommandLineSession(store: vault.vault, lockDirectory: vault.lockDirectory)
-        texts.append(contentsOf: try await session.status().lines)
-        texts.append(try await session.retryPendingLogouts())
+        texts.append("\(try await session.status())")
+        texts.append("\(try await session.retryPendingLogouts())")
         do {
             _ = try await manager.credentials()
         } catch {

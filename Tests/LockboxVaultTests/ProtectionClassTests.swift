@@ -307,6 +307,29 @@ final class ScriptedVerifier: PresenceVerifier {
     }
 }
 
+/// A verifier that signals when asked and answers only when told to.
+final class GatedVerifier: PresenceVerifier {
+    let asked = DispatchSemaphore(value: 0)
+    let answer = DispatchSemaphore(value: 0)
+    let done = DispatchSemaphore(value: 0)
+    private let passphrase: String
+    private let outcome = Mutex<Result<SecretBytes, LockboxError>?>(nil)
+    var result: Result<SecretBytes, LockboxError>? { outcome.withLock { $0 } }
+
+    init(_ passphrase: String) { self.passphrase = passphrase }
+
+    func passphrase(for request: AuthenticationRequest) throws(LockboxError) -> SecretBytes {
+        asked.signal()
+        answer.wait()
+        return SecretBytes(utf8: passphrase)
+    }
+
+    func finished(_ result: Result<SecretBytes, LockboxError>) {
+        outcome.withLock { $0 = result }
+        done.signal()
+    }
+}
+
 @Suite("Access control, access groups and accessibility changes")
 struct AccessControlTests {
     let query = Query.genericPassword(service: "bank", account: "alice")
@@ -383,17 +406,70 @@ struct AccessControlTests {
         #expect(strict.calls == 2)
     }
 
-    @Test("updating and deleting an access-controlled item also needs the user")
-    func updateAndDelete_needPresence() throws {
+    @Test("the user is asked outside the vault's lock: lock() and other reads do not wait behind an open prompt")
+    func prompt_doesNotHoldTheVaultLock() throws {
+        let fixture = try protectedVault()
+        try fixture.vault.add(.genericPassword(service: "plain", account: "bob", data: SecretBytes(utf8: "open")))
+        let verifier = GatedVerifier(VaultFixture.passphraseText)
+        var protected = query
+        protected.authenticationContext = AuthenticationContext(verifier: verifier)
+        let vault = fixture.vault
+        let asked = protected
+        let reader = Thread { verifier.finished(Result { () throws(LockboxError) in try vault.data(matching: asked) }) }
+        reader.start()
+        // The prompt is open (the reader waits in the verifier) ...
+        #expect(verifier.asked.wait(timeout: .now() + 30) == .success, "the verifier was never asked")
+        // ... and another thread's read and lock() go through, without waiting for it (were
+        // they to wait, the timeout fails the test and the answer then releases them).
+        let others = DispatchSemaphore(value: 0)
+        let plain = Mutex<SecretBytes?>(nil)
+        Thread {
+            plain.withLock { $0 = try? vault.data(matching: .genericPassword(service: "plain", account: "bob")) }
+            vault.lock()
+            others.signal()
+        }.start()
+        let waitedBehindPrompt = others.wait(timeout: .now() + 20) == .timedOut
+        #expect(!waitedBehindPrompt, "a read and lock() waited behind the open prompt")
+        if waitedBehindPrompt {
+            verifier.answer.signal()
+            others.wait()
+        }
+        #expect(plain.withLock { $0 } == SecretBytes(utf8: "open"))
+        #expect(try !vault.isUnlocked)
+        // The answer arrives after the lock: the locked vault gives nothing.
+        verifier.answer.signal()
+        #expect(verifier.done.wait(timeout: .now() + 30) == .success, "the read never finished")
+        #expect(verifier.result?.failureStatus == -25308)
+        // Unlocked again, the same prompt releases the item.
+        try vault.unlock(passphrase: SecretBytes(utf8: VaultFixture.passphraseText))
+        let again = GatedVerifier(VaultFixture.passphraseText)
+        again.answer.signal()
+        protected.authenticationContext = AuthenticationContext(verifier: again)
+        #expect(try vault.data(matching: protected) == SecretBytes(utf8: "pin-1234"))
+    }
+
+    // Deleting is not guarded, as on iOS: Apple's SecAccessControlCreateWithFlags grants the
+    // delete operation unconditionally (SecAccessControl.c:
+    // `SecAccessControlAddConstraintForOperation(access_control, kAKSKeyOpDelete, kCFBooleanTrue)`).
+    @Test("updating an access-controlled item needs the user; deleting it does not")
+    func update_needsPresence_deleteDoesNot() throws {
         let fixture = try protectedVault()
         #expect(throws: LockboxError.self) { try fixture.vault.update(matching: query, to: ItemUpdate(data: SecretBytes(utf8: "x"))) }
-        #expect(throws: LockboxError.self) { try fixture.vault.delete(matching: query) }
         var withUser = query
-        withUser.authenticationContext = AuthenticationContext(verifier: ScriptedVerifier(.passphrase(VaultFixture.passphraseText)))
+        let verifier = ScriptedVerifier(.passphrase(VaultFixture.passphraseText))
+        withUser.authenticationContext = AuthenticationContext(verifier: verifier)
         try fixture.vault.update(matching: withUser, to: ItemUpdate(data: SecretBytes(utf8: "pin-5678")))
         #expect(try fixture.vault.data(matching: withUser) == SecretBytes(utf8: "pin-5678"))
-        try fixture.vault.delete(matching: withUser)
+        let callsBeforeDelete = verifier.calls
+        var noUser = query
+        noUser.authenticationContext = AuthenticationContext(interactionNotAllowed: true)
+        #expect(try fixture.vault.delete(matching: noUser) == 1)
+        #expect(verifier.calls == callsBeforeDelete)
         #expect(!(try fixture.vault.contains(query)))
+        // A locked keychain still deletes nothing.
+        let second = try protectedVault()
+        second.vault.lockAll()
+        #expect(status { try second.vault.delete(matching: query) } == -25308)
     }
 
     @Test("the verification is the key: an item copied without its presence layer cannot be opened")

@@ -1,4 +1,4 @@
-#if !canImport(Security)
+#if !canImport(Darwin)
 import Foundation
 import LockboxCore
 
@@ -56,7 +56,7 @@ extension Optional: OptionalUnwrapping {
 
 /// The `kSecAttrAccessible*` codes (`ak`, `cku`, ...) and the Lockbox classes they name.
 enum AccessibilityCode {
-    static let byCode: [String: Accessibility] = [
+    static let byCode: [String: Accessibility] = Dictionary(uniqueKeysWithValues: ([
         kSecAttrAccessibleWhenUnlocked: .whenUnlocked,
         kSecAttrAccessibleAfterFirstUnlock: .afterFirstUnlock,
         kSecAttrAccessibleAlways: .always,
@@ -64,7 +64,7 @@ enum AccessibilityCode {
         kSecAttrAccessibleWhenUnlockedThisDeviceOnly: .whenUnlockedThisDeviceOnly,
         kSecAttrAccessibleAfterFirstUnlockThisDeviceOnly: .afterFirstUnlockThisDeviceOnly,
         kSecAttrAccessibleAlwaysThisDeviceOnly: .alwaysThisDeviceOnly,
-    ]
+    ] as [CFString: Accessibility]).map { ($0.key as String, $0.value) })
 
     static func accessibility(for code: String) -> Accessibility? { byCode[code] }
 
@@ -87,10 +87,10 @@ enum ItemClassCode {
 
     static func code(for itemClass: ItemClass) -> String {
         switch itemClass {
-        case .genericPassword: kSecClassGenericPassword
-        case .internetPassword: kSecClassInternetPassword
-        case .key: kSecClassKey
-        case .certificate: kSecClassCertificate
+        case .genericPassword: kSecClassGenericPassword as String
+        case .internetPassword: kSecClassInternetPassword as String
+        case .key: kSecClassKey as String
+        case .certificate: kSecClassCertificate as String
         }
     }
 }
@@ -108,9 +108,9 @@ enum KeyClassCode {
 
     static func code(for keyClass: KeyClass) -> String {
         switch keyClass {
-        case .public: kSecAttrKeyClassPublic
-        case .private: kSecAttrKeyClassPrivate
-        case .symmetric: kSecAttrKeyClassSymmetric
+        case .public: kSecAttrKeyClassPublic as String
+        case .private: kSecAttrKeyClassPrivate as String
+        case .symmetric: kSecAttrKeyClassSymmetric as String
         }
     }
 }

@@ -1,4 +1,4 @@
-#if !canImport(Security)
+#if !canImport(Darwin)
 import Foundation
 import LockboxCore
 
@@ -34,7 +34,7 @@ enum ResultEncoding {
 
     /// An item's attributes keyed by Apple's attribute names; unset ones are left out.
     static func attributes(of item: Item) -> [String: Any] {
-        var dictionary: [String: Any] = [kSecClass: ItemClassCode.code(for: item.itemClass)]
+        var dictionary: [String: Any] = [kSecClass as String: ItemClassCode.code(for: item.itemClass)]
         for field in ItemAttributes.fields {
             // "type" is kSecAttrKeyType only in a key's dictionary (elsewhere it is kSecAttrType).
             guard field.secItemClasses.contains(item.itemClass) || !SecItemRequest.unstoredKeys.contains(field.secItemKey),
@@ -51,10 +51,12 @@ enum ResultEncoding {
     static func secItemValue(_ value: AttributeValue, kind: AttributeKind) -> Any {
         switch value {
         case .text(let text):
+            if let data = BlobText.decode(text) { data } else {
             switch kind {
             case .accessibility: Accessibility(rawValue: text).map(AccessibilityCode.code(for:)) ?? text
             case .keyClass: KeyClass(rawValue: text).map(KeyClassCode.code(for:)) ?? text
             default: text
+            }
             }
         case .bytes(let bytes): bytes
         case .integer(let integer): integer

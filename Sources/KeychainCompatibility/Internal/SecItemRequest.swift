@@ -1,6 +1,7 @@
-#if !canImport(Security)
+#if !canImport(Darwin)
 import Foundation
 import LockboxCore
+import KeyCrypto
 
 /// A query or attribute dictionary, read and checked the way the iOS data-protection keychain
 /// reads it. Every rejection carries Apple's status for it.
@@ -38,10 +39,21 @@ struct SecItemRequest {
     var itemAccessControl: AccessControl?
     /// `kSecUseAuthenticationUI`.
     var authenticationUI: String?
+    /// `kSecValueRef`: a key to add, or the key to find.
+    var keyReference: SecKey?
+    /// `kSecAttrIsExtractable` of a key added with `kSecValueRef`.
+    var isExtractable: Bool?
 
     /// Reads `dictionary` for `role`. `queriedClass` is the class of the items SecItemUpdate's
     /// query matched, which decides the attributes `attributesToUpdate` may name.
-    init(_ dictionary: CFDictionary, role: Role, attributesOf queriedClass: ItemClass? = nil) throws(LockboxError) {
+    init(_ given: CFDictionary, role: Role, attributesOf queriedClass: ItemClass? = nil) throws(LockboxError) {
+        guard let dictionary = given.stringKeyed else {
+            throw Self.failure(errSecParam, "Every key of a SecItem dictionary must be a kSec* string.")
+        }
+        try self.init(dictionary, role: role, attributesOf: queriedClass)
+    }
+
+    init(_ dictionary: [String: Any], role: Role, attributesOf queriedClass: ItemClass? = nil) throws(LockboxError) {
         if role == .updateAttributes { itemClass = queriedClass }
         if let value = dictionary[kSecClass] {
             guard role != .updateAttributes else {
@@ -67,6 +79,10 @@ struct SecItemRequest {
             }
             persistentReference = reference
         }
+        // A SecKey reference names its class, as on Apple platforms.
+        if itemClass == nil, role != .updateAttributes, dictionary[kSecValueRef].flatMap(QueryValue.unwrapped) is SecKey {
+            itemClass = .key
+        }
         if itemClass == nil, role != .updateAttributes, persistentReference == nil {
             throw Self.failure(errSecParam, "The dictionary has no kSecClass; every SecItem call needs one.")
         }
@@ -74,6 +90,12 @@ struct SecItemRequest {
         for (key, value) in dictionary where key != kSecClass && key != kSecValuePersistentRef {
             if key == kSecAttrSynchronizable { sawSynchronizable = true }
             try read(key, value, role: role)
+        }
+        // A query by persistent reference finds its item whether or not it is synchronizable:
+        // securityd adds the implicit `sync = 0` only to queries without one
+        // (SecDbQuery.c, query_create_with_limit).
+        if role.isQuery, persistentReference != nil, !sawSynchronizable {
+            synchronizable = .any
         }
         if role == .add || role == .updateAttributes {
             try checkAccessControl(role: role)
@@ -100,7 +122,26 @@ struct SecItemRequest {
             }
             if !role.isQuery { self.data = data }
         case kSecValueRef:
-            throw Self.failure(errSecUnimplemented, "kSecValueRef: item references do not exist on Linux.")
+            guard role != .updateAttributes else {
+                throw Self.failure(errSecParam, "kSecValueRef names an item; SecItemUpdate's attributes cannot change it.")
+            }
+            guard let key = QueryValue.unwrapped(value) as? SecKey else {
+                throw Self.failure(errSecUnimplemented, "kSecValueRef: only SecKey references exist on Linux.")
+            }
+            if itemClass == nil { itemClass = .key }
+            guard itemClass == .key else {
+                throw Self.failure(errSecParam, "A SecKey in kSecValueRef needs kSecClass kSecClassKey.")
+            }
+            keyReference = key
+            if role.isQuery {
+                switch key.material {
+                case .stored(let managed): persistentReference = managed.persistentReference
+                case .memory, .publicKey:
+                    if let publicKey = key.publicKey {
+                        attributes.applicationLabel = Data(MessageDigest.sha1(Array(publicKey.rawRepresentation)))
+                    }
+                }
+            }
         case kSecMatchLimit:
             try readLimit(value)
         case kSecMatchCaseInsensitive:
@@ -118,21 +159,23 @@ struct SecItemRequest {
                 throw Self.failure(errSecParam, "The value of kSecReturnRef must be a Boolean.")
             }
             returnsReference = flag
-            if flag, itemClass == .key || itemClass == .certificate {
-                throw Self.failure(
-                    errSecUnimplemented, "kSecReturnRef: Linux has no SecKey or SecCertificate; use kSecReturnData.")
+            if flag, itemClass == .certificate {
+                throw Self.failure(errSecUnimplemented, "kSecReturnRef: Linux has no SecCertificate; use kSecReturnData.")
             }
         case kSecUseAuthenticationContext:
-            authenticationContext = QueryValue.unwrapped(value)
+            guard let context = QueryValue.unwrapped(value), Self.authenticationContext(of: context) != nil else {
+                throw Self.failure(errSecParam, "kSecUseAuthenticationContext must be an LAContext (or a Lockbox AuthenticationContext).")
+            }
+            authenticationContext = context
         case kSecUseAuthenticationUI:
             guard let mode = QueryValue.string(value),
-                [kSecUseAuthenticationUIAllow, kSecUseAuthenticationUIFail, kSecUseAuthenticationUISkip].contains(mode)
+                Set([kSecUseAuthenticationUIAllow, kSecUseAuthenticationUIFail, kSecUseAuthenticationUISkip]).contains(mode)
             else {
                 throw Self.failure(errSecParam, "The value of kSecUseAuthenticationUI must be a kSecUseAuthenticationUI* value.")
             }
             authenticationUI = mode
         case kSecUseNoAuthenticationUI:
-            if QueryValue.bool(value) == true { authenticationUI = kSecUseAuthenticationUIFail }
+            if QueryValue.bool(value) == true { authenticationUI = kSecUseAuthenticationUIFail as String }
         case kSecUseOperationPrompt, kSecUseDataProtectionKeychain:
             break
         case kSecAttrAccessControl:
@@ -226,14 +269,19 @@ struct SecItemRequest {
     /// store: accepted as known attributes, then refused as unimplemented. The stored ones, and
     /// their classes, are the rows of ``ItemAttributes/fields``.
     static let unstoredKeysByClass: [ItemClass: Set<String>] = [
-        .genericPassword: [kSecAttrCreator, kSecAttrType, kSecAttrIsInvisible, kSecAttrIsNegative],
-        .internetPassword: [kSecAttrCreator, kSecAttrType, kSecAttrIsInvisible, kSecAttrIsNegative],
-        .certificate: [kSecAttrCertificateEncoding, kSecAttrSubjectKeyID, kSecAttrPublicKeyHash],
-        .key: [
-            kSecAttrIsPermanent, kSecAttrCanEncrypt, kSecAttrCanDecrypt, kSecAttrCanDerive, kSecAttrCanSign,
-            kSecAttrCanVerify, kSecAttrCanWrap, kSecAttrCanUnwrap, kSecAttrTokenID,
-        ],
+        .genericPassword: Set([kSecAttrCreator, kSecAttrType, kSecAttrIsInvisible, kSecAttrIsNegative]),
+        .internetPassword: Set([kSecAttrCreator, kSecAttrType, kSecAttrIsInvisible, kSecAttrIsNegative]),
+        .certificate: Set([kSecAttrCertificateEncoding, kSecAttrSubjectKeyID, kSecAttrPublicKeyHash]),
+        .key: Set(keyUsageKeys),
     ]
+    /// Key attributes fixed when a key is made (``SecKeyCreateRandomKey(_:_:)``): in a key query
+    /// they are accepted and select nothing more than the key's own item does.
+    nonisolated(unsafe) static let keyUsageKeys: [CFString] = [
+        kSecAttrIsPermanent, kSecAttrCanEncrypt, kSecAttrCanDecrypt, kSecAttrCanDerive, kSecAttrCanSign,
+        kSecAttrCanVerify, kSecAttrCanWrap, kSecAttrCanUnwrap, kSecAttrTokenID, kSecAttrIsExtractable,
+        kSecAttrIsSensitive,
+    ]
+    static let keyUsageNames = Set(keyUsageKeys)
     static let unstoredKeys = unstoredKeysByClass.values.reduce(into: Set<String>()) { $0.formUnion($1) }
 
     /// A key outside its class's list is `errSecNoSuchAttr`.
@@ -245,6 +293,15 @@ struct SecItemRequest {
     private static let allAttributeKeys = keysByClass.values.reduce(into: Set<String>()) { $0.formUnion($1) }
 
     private mutating func readAttribute(_ key: String, _ value: Any) throws(LockboxError) {
+        if itemClass == .key, key == kSecAttrIsExtractable {
+            isExtractable = QueryValue.bool(value)
+            return
+        }
+        if itemClass == .key, Self.keyUsageNames.contains(key) {
+            // Fixed when the key was made; every SecKey this layer makes can do what its
+            // algorithm can, so they select nothing further.
+            return
+        }
         let known = itemClass.map { Self.keysByClass[$0]!.contains(key) } ?? Self.allAttributeKeys.contains(key)
         guard known else {
             let owner = itemClass.map(ItemClassCode.code(for:)) ?? "any class"
@@ -271,6 +328,15 @@ struct SecItemRequest {
         }
         let read: AttributeValue
         switch field.kind {
+        case .text where Self.blobTextKeys.contains(key):
+            // iOS keeps account and service as blobs: Data is stored and returned as Data
+            // (developer.apple.com/documentation/security/ksecattraccount: "a CFString";
+            // securityd's schema: `acct` and `svce` are blob attributes).
+            if let data = QueryValue.data(value) {
+                read = .text(BlobText.encode(data))
+            } else {
+                read = .text(try string())
+            }
         case .text, .internetProtocol, .authenticationType:
             read = .text(try string())
         case .keyType:
@@ -311,6 +377,15 @@ struct SecItemRequest {
         }
         let stored = field.set(read, in: &attributes)
         precondition(stored, "a value read for \(field.name) has its kind")
+    }
+
+    /// Text attributes that iOS stores as blobs and that may be given as `Data`.
+    static let blobTextKeys = Set([kSecAttrAccount, kSecAttrService])
+
+    /// The vault's context for a `kSecUseAuthenticationContext` value.
+    static func authenticationContext(of value: Any) -> AuthenticationContext? {
+        if let provider = value as? any SecAuthenticationContextProviding { return provider.secItemAuthenticationContext }
+        return value as? AuthenticationContext
     }
 
     static func failure(_ status: OSStatus, _ message: String) -> LockboxError {

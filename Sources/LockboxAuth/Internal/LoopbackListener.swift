@@ -1,3 +1,4 @@
+import Synchronization
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
@@ -42,29 +43,35 @@ final class LoopbackListener: Sendable {
 
     /// Waits (off the cooperative pool) for a request for `path` whose query `isValid` approves;
     /// returns its query items. Requests for `path` that `isValid` refuses are answered 400 and
-    /// ignored; other paths get 404.
+    /// ignored; other paths get 404. Cancelling the task ends the wait within a second.
     func waitForRedirect(
         path: String, timeout: Duration, isValid: @escaping @Sendable ([URLQueryItem]) -> Bool
     ) async throws(AuthError) -> [URLQueryItem] {
         let deadline = ContinuousClock.now + timeout
-        let result: Result<[URLQueryItem], AuthError> = await withCheckedContinuation { continuation in
-            DispatchQueue.global().async {
-                continuation.resume(returning: self.acceptLoop(path: path, deadline: deadline, isValid: isValid))
+        let cancelled = CancellationFlag()
+        let result: Result<[URLQueryItem], AuthError> = await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                DispatchQueue.global().async {
+                    continuation.resume(returning: self.acceptLoop(path: path, deadline: deadline, cancelled: cancelled, isValid: isValid))
+                }
             }
+        } onCancel: {
+            cancelled.set()
         }
         return try result.get()
     }
 
     private func acceptLoop(
-        path: String, deadline: ContinuousClock.Instant, isValid: ([URLQueryItem]) -> Bool
+        path: String, deadline: ContinuousClock.Instant, cancelled: CancellationFlag, isValid: ([URLQueryItem]) -> Bool
     ) -> Result<[URLQueryItem], AuthError> {
         while true {
+            if cancelled.isSet { return .failure(.cancelledError) }
             let remaining = ContinuousClock.now.duration(to: deadline)
             guard remaining > .zero else {
                 return .failure(.flowFailed("timeout", "no browser redirect arrived in time"))
             }
             var poller = pollfd(fd: descriptor, events: Int16(POLLIN), revents: 0)
-            let milliseconds = Int32(min(remaining.components.seconds * 1000 + 1, 1000))
+            let milliseconds = Int32(min(remaining.components.seconds * 1000 + remaining.components.attoseconds / 1_000_000_000_000_000 + 1, 1000))
             let ready = poll(&poller, 1, milliseconds)
             if ready <= 0 { continue }
             let connection = accept(descriptor, nil, nil)
@@ -133,4 +140,12 @@ final class LoopbackListener: Sendable {
         let bytes = Array(response.utf8)
         _ = bytes.withUnsafeBytes { write(connection, $0.baseAddress, $0.count) }
     }
+}
+
+/// Set once by a cancellation handler, read by a blocking loop on another thread.
+final class CancellationFlag: Sendable {
+    private let flag = Mutex(false)
+
+    func set() { flag.withLock { $0 = true } }
+    var isSet: Bool { flag.withLock { $0 } }
 }

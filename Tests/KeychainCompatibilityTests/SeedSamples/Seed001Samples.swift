@@ -1,7 +1,7 @@
 // The Swift samples of seeds 001 and 004 (the same code in two languages' articles), copied
 // verbatim. Only the import lines differ: `import Security` and `import LocalAuthentication`
 // become the conditional imports below. The prose between the samples is left out.
-#if canImport(Security)
+#if canImport(Darwin)
 import Security
 #else
 import KeychainCompatibility

@@ -6,7 +6,7 @@
 // `saveToken` names the actor's own method, which hides the global function (Swift's error:
 // "use of 'saveToken' refers to instance method rather than global function"). The one change
 // is the compiler's fix-it: the call is qualified with the module name.
-#if canImport(Security)
+#if canImport(Darwin)
 import Security
 #else
 import KeychainCompatibility

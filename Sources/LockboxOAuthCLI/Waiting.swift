@@ -1,0 +1,138 @@
+import Dispatch
+import Foundation
+import LockboxAuth
+import LockboxCommandLine
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Ctrl-C while the CLI waits for a person (the device approval, the browser's redirect).
+enum Interrupt {
+    /// Runs `operation`, cancelling it on SIGINT (it then throws ``AuthError/Code/cancelled``),
+    /// with `progress` drawn meanwhile. Waiting costs no CPU: the operation sleeps between
+    /// polls and the signal arrives through a Dispatch source.
+    static func cancelling<Success: Sendable>(
+        progress: WaitingIndicator?, _ operation: @escaping @Sendable () async throws(AuthError) -> Success
+    ) async throws(AuthError) -> Success {
+        let task = Task { () async throws -> Success in try await operation() }
+        signal(SIGINT, SIG_IGN)
+        let source = DispatchSource.makeSignalSource(signal: SIGINT, queue: .global())
+        source.setEventHandler { task.cancel() }
+        source.resume()
+        let drawing = progress.map { progress in Task { await progress.draw() } }
+        let result = await task.result
+        drawing?.cancel()
+        await drawing?.value
+        source.cancel()
+        signal(SIGINT, SIG_DFL)
+        switch result {
+        case .success(let value): return value
+        case .failure(let error as AuthError): throw error
+        case .failure: throw AuthError(.cancelled, "Cancelled.")
+        }
+    }
+
+    /// Runs `operation` with SIGINT ignored: a step that must not stop half-way.
+    static func ignoring<Success: Sendable>(_ operation: () async throws(AuthError) -> Success) async throws(AuthError) -> Success {
+        signal(SIGINT, SIG_IGN)
+        defer { signal(SIGINT, SIG_DFL) }
+        return try await operation()
+    }
+}
+
+/// A spinner and the time left, on standard error when it is a terminal; nothing otherwise.
+struct WaitingIndicator: Sendable {
+    let deadline: Date
+
+    init(until deadline: Date) {
+        self.deadline = deadline
+    }
+
+    func draw() async {
+        guard isatty(STDERR_FILENO) == 1 else { return }
+        let frames = ["|", "/", "-", "\\"]
+        var frame = 0
+        while !Task.isCancelled {
+            let left = max(0, Int(deadline.timeIntervalSinceNow))
+            Self.write("\r\(frames[frame % frames.count]) waiting, \(left / 60):\(String(format: "%02d", left % 60)) left ")
+            frame += 1
+            do {
+                try await Task.sleep(for: .milliseconds(500))
+            } catch {
+                break
+            }
+        }
+        Self.write("\r" + String(repeating: " ", count: 30) + "\r")
+    }
+
+    private static func write(_ text: String) {
+        var bytes = Array(text.utf8)
+        bytes.withUnsafeMutableBytes { writeAll(UnsafeRawBufferPointer($0), to: STDERR_FILENO) }
+    }
+}
+
+/// `lockbox login --browser`: the authorization code flow with PKCE, opened with `xdg-open`,
+/// redirected to the library's listener on 127.0.0.1.
+struct BrowserLogin {
+    let output: StandardStreams
+
+    /// Why the browser cannot be used here, or nil when it can.
+    static func unavailableReason(_ configuration: ClientConfiguration) -> String? {
+        if configuration.authorizationEndpoint == nil {
+            return "The server offers no authorization endpoint for a browser sign-in"
+        }
+        let hasDisplay = ["DISPLAY", "WAYLAND_DISPLAY"].contains { (name: String) in getenv(name).map { $0.pointee != 0 } ?? false }
+        if !hasDisplay {
+            return "No display (DISPLAY and WAYLAND_DISPLAY are unset), so no browser can open"
+        }
+        if xdgOpen == nil {
+            return "xdg-open is not installed (Debian package xdg-utils)"
+        }
+        return nil
+    }
+
+    static var xdgOpen: String? {
+        let path = getenv("PATH").map { String(cString: $0) } ?? "/usr/bin:/bin"
+        return path.split(separator: ":").map { "\($0)/xdg-open" }.first { access($0, X_OK) == 0 }
+    }
+
+    func run(_ configuration: ClientConfiguration) async throws(AuthError) -> TokenResponse {
+        let session = try AuthorizationCodeFlow(configuration: configuration).start()
+        let address = TerminalText.sanitized(session.authorizationURL.absoluteString)
+        output.error("Opening the sign-in page in the browser. If it does not open, visit:\n  \(address)")
+        if let failure = open(session.authorizationURL) {
+            output.error("lockbox: \(failure); open the address above yourself.")
+        }
+        let timeout = Duration.seconds(300)
+        output.error("Waiting for the browser to return to \(session.redirectURI) (5 min). Ctrl-C cancels.")
+        return try await Interrupt.cancelling(progress: WaitingIndicator(until: Date().addingTimeInterval(300))) { () async throws(AuthError) in
+            try await session.waitForTokens(timeout: timeout)
+        }
+    }
+
+    /// Starts `xdg-open URL`; returns why it could not start, or nil. The URL holds the PKCE challenge
+    /// and the state, never a token or a verifier.
+    private func open(_ url: URL) -> String? {
+        guard let xdgOpen = Self.xdgOpen else { return "xdg-open is not installed" }
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: xdgOpen)
+        process.arguments = [url.absoluteString]
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        // Not awaited: xdg-open may only return once the browser is done with the page, and the
+        // page's redirect needs this process's listener to answer.
+        let output = self.output
+        process.terminationHandler = { process in
+            if process.terminationStatus != 0 {
+                output.error("lockbox: xdg-open failed (exit \(process.terminationStatus)); open the address above yourself.")
+            }
+        }
+        do {
+            try process.run()
+        } catch {
+            return "xdg-open could not start"
+        }
+        return nil
+    }
+}
