@@ -29,6 +29,7 @@ let package = Package(
         .library(name: "LockboxKeys", targets: ["LockboxKeys"]),
         .executable(name: "lockbox", targets: ["LockboxCLI"]),
         .executable(name: "lockbox-oauth", targets: ["LockboxOAuthCLI"]),
+        .executable(name: "lockbox-keys", targets: ["LockboxKeysCLI"]),
         .executable(name: "lockbox-bench", targets: ["LockboxBenchmark"]),
         .executable(name: "lockbox-stress", targets: ["LockboxStress"]),
         .executable(name: "lockbox-campaign", targets: ["LockboxCampaign"]),
@@ -49,6 +50,9 @@ let package = Package(
         // libcurl, for the CLI's HTTP transport: linked as a shared library, which
         // FoundationNetworking already loads into lockbox-oauth.
         .systemLibrary(name: "CCurl", providers: [.apt(["libcurl4-openssl-dev"])]),
+        // The tss2 ESAPI libraries (TPM 2.0), linked as shared libraries: the TCTI loader opens
+        // the transport's library (device, swtpm) at run time, and they need libcrypto.
+        .systemLibrary(name: "CTss2", providers: [.apt(["libtss2-dev"])]),
 
         // The model and the backend SPI. No C imports.
         .target(name: "LockboxCore", swiftSettings: strict),
@@ -77,10 +81,18 @@ let package = Package(
         .target(
             name: "KeyCrypto", dependencies: ["CCrypto", "LockboxCore"], swiftSettings: strict,
             linkerSettings: [.linkedLibrary("crypto", .when(platforms: [.linux]))]),
+        // A TPM 2.0 through ESAPI (the only CTss2 importer): keys made inside it, signatures,
+        // secrets sealed to it. Only programs that use keys or the TPM link it.
+        .target(
+            name: "TPMAccess", dependencies: ["CTss2", "LockboxCore"], swiftSettings: strict,
+            linkerSettings: [
+                .linkedLibrary("tss2-esys", .when(platforms: [.linux])), .linkedLibrary("tss2-tctildr", .when(platforms: [.linux])),
+                .linkedLibrary("tss2-mu", .when(platforms: [.linux])), .linkedLibrary("tss2-rc", .when(platforms: [.linux])),
+            ]),
         // Keys in Lockbox's own terms (generate for a purpose, sign, encrypt, agree, export the
         // public half), stored as vault items of class `.key`.
         .target(
-            name: "LockboxKeys", dependencies: ["LockboxCore", "LockboxVault", "VaultCrypto", "KeyCrypto"],
+            name: "LockboxKeys", dependencies: ["LockboxCore", "LockboxVault", "VaultCrypto", "KeyCrypto", "TPMAccess"],
             swiftSettings: strict),
 
         // libsecret's functions, declared from its documented ABI and opened with dlopen on first
@@ -134,6 +146,11 @@ let package = Package(
         .executableTarget(
             name: "LockboxOAuthCLI", dependencies: ["Lockbox", "LockboxCommandLine", "LockboxAuth", "LockboxAuthKeyring", "LockboxCurlTransport", "CProcessHardening"],
             swiftSettings: strict),
+        // The key verbs and the TPM unlock, which `lockbox` runs for them: only they load
+        // libcrypto and the tss2 libraries.
+        .executableTarget(
+            name: "LockboxKeysCLI", dependencies: ["Lockbox", "LockboxCommandLine", "LockboxKeys", "CProcessHardening"],
+            swiftSettings: strict),
         .executableTarget(
             name: "LockboxBenchmark",
             dependencies: ["Lockbox", "VaultCrypto", "VaultStorage"],
@@ -185,7 +202,9 @@ let package = Package(
             swiftSettings: strict),
         .testTarget(
             name: "LockboxKeysTests",
-            dependencies: ["LockboxKeys", "KeyCrypto", "VaultCrypto", "LockboxVault", "Lockbox", "KeychainCompatibility", "LockboxTestSupport"],
+            dependencies: [
+                "LockboxKeys", "KeyCrypto", "VaultCrypto", "LockboxVault", "Lockbox", "KeychainCompatibility", "LockboxTestSupport", "TPMAccess",
+            ],
             swiftSettings: strict),
         .testTarget(
             name: "LockboxCLITests",
@@ -212,6 +231,7 @@ if Context.environment["LOCKBOX_FUZZ"] == "1" {
             name: "LockboxFuzz",
             dependencies: [
                 "LockboxCore", "LockboxVault", "VaultCrypto", "CredentialHelpers", "LockboxAuth", "LockboxCommandLine", "LockboxKeys",
+                "TPMAccess",
             ],
             path: "Fuzz/Sources"))
 }

@@ -14,6 +14,7 @@ import FoundationNetworking
 import LockboxCommandLine
 @testable import LockboxCore
 @testable import LockboxKeys
+import TPMAccess
 @testable import LockboxVault
 @testable import VaultCrypto
 
@@ -252,6 +253,16 @@ func fuzzKeyEncoding(_ input: [UInt8]) {
     // A stored key's envelope and public descriptor.
     _ = try? KeyEnvelope.decode(SecretBytes(copying: input))
     _ = KeyDescriptor(data)
+    // A hardware key's TPM blob and a TPM-sealed unlock slot, as stored: decoded without a TPM.
+    _ = TPM.decodesKeyBlob(input)
+    _ = TPM.decodesSealed(input)
+    // A TPM signature's r and s (any bytes, up to the 32 of a P-256 scalar each) as DER: always
+    // one that the verifier parses (true or false, never a thrown "not DER").
+    if input.count >= 2 {
+        let half = min(input.count / 2, 32)
+        let der = ECDSASignature.der(r: Array(input[..<half]), s: Array(input[half..<min(input.count, 2 * half)]))
+        if (try? fuzzVerifyingKeys[0].isValidSignature(Data(der), for: data)) == nil { roundTripFailed("ECDSA DER from r and s") }
+    }
 }
 
 let fuzzVerifyingKeys: [PublicKey] = [

@@ -3,6 +3,10 @@ import Lockbox
 import LockboxCommandLine
 import SecretService
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// Runs a parsed invocation.
 struct Runner {
     let invocation: Invocation
@@ -84,10 +88,11 @@ struct Runner {
                 return .success
             }
             let status = try vault.status()
+            let tpm = Self.tpmUse(vault, status: status)
             if json {
-                output.print(Self.json(StatusReport(backend: opened.backend.rawValue, reason: opened.reason, vault: status)))
+                output.print(Self.json(StatusReport(backend: opened.backend.rawValue, reason: opened.reason, vault: status, tpm: tpm)))
             } else {
-                output.print(Self.describe(status, backend: opened.backend.rawValue, reason: opened.reason))
+                output.print(Self.describe(status, backend: opened.backend.rawValue, reason: opened.reason) + "\ntpm: \(tpm)")
             }
             return .success
         case .verify(let acceptOlder, let json):
@@ -196,6 +201,8 @@ struct Runner {
             return .success
         case .login, .token, .logout, .authStatus:
             preconditionFailure("OAuth commands run through AuthCommands")
+        case .generateKey, .sign, .publicKey, .deleteKey, .enrollTPM, .unlockTPM:
+            preconditionFailure("key commands run in lockbox-keys")
         }
     }
 
@@ -396,6 +403,22 @@ struct Runner {
         return lines.joined(separator: "\n")
     }
 
+    /// Whether this keychain uses a TPM (its unlock slot, hardware keys) and whether the machine
+    /// has one. Asks no TPM: this binary does not load the tss2 libraries.
+    static func tpmUse(_ vault: Vault, status: VaultStatus) -> String {
+        var uses: [String] = []
+        if status.unlockMethods.contains("tpm2") { uses.append("unlock method tpm2") }
+        if status.isUnlocked {
+            let keys = (try? vault.items(matching: Query(.key, limit: .all, returning: [.attributes]))) ?? []
+            let hardware = keys.filter { ManagedKeyValue.isHardwareKey(descriptor: $0.attributes.generic) }.count
+            if hardware > 0 { uses.append("\(hardware) hardware key\(hardware == 1 ? "" : "s")") }
+        }
+        let configured = ProcessEnvironment.value("LOCKBOX_TPM_TCTI").flatMap { $0.isEmpty ? nil : $0 }
+        let device = configured ?? (access("/dev/tpmrm0", F_OK) == 0 ? "/dev/tpmrm0" : nil)
+        let machine = device.map { "TPM 2.0 at \($0)" } ?? "no TPM 2.0 on this machine"
+        return uses.isEmpty ? "not in use (\(machine))" : "in use: " + uses.joined(separator: ", ") + " (\(machine))"
+    }
+
     static func describe(_ item: ItemSummary) -> String {
         var lines = ["class: \(item.itemClass)"]
         func add(_ name: String, _ value: String?) {
@@ -414,6 +437,9 @@ struct Runner {
         add("description", item.description)
         add("accessibility", item.accessibility)
         add("accessGroup", item.accessGroup)
+        add("keyType", item.keyType)
+        add("applicationTag", item.applicationTag)
+        add("token", item.token)
         add("synchronizable", item.synchronizable.map { $0 ? "yes" : "no" })
         add("created", item.created.map { $0.formatted(.iso8601) })
         add("modified", item.modified.map { $0.formatted(.iso8601) })
@@ -425,6 +451,7 @@ struct StatusReport: Encodable {
     var backend: String
     var reason: String
     var vault: VaultStatus
+    var tpm: String
 }
 
 /// An item's attributes for printing: never its data.
@@ -435,6 +462,9 @@ struct ItemSummary: Encodable {
     var port: Int?
     var synchronizable: Bool?
     var created, modified: Date?
+    /// Keys: the algorithm, the application tag (text, or hex when it is not), and where the
+    /// private key lives (hardware: inside the TPM).
+    var keyType, applicationTag, token: String?
 
     init(_ item: Item) {
         let attributes = item.attributes
@@ -455,5 +485,13 @@ struct ItemSummary: Encodable {
         synchronizable = attributes.synchronizable
         created = attributes.creationDate
         modified = attributes.modificationDate
+        if item.itemClass == .key {
+            keyType = attributes.keyType?.rawValue
+            applicationTag = attributes.applicationTag.map { tag in
+                String(bytes: tag, encoding: .utf8).flatMap { $0.allSatisfy { !$0.isNewline && $0.isASCII } ? $0 : nil }
+                    ?? tag.map { ($0 < 16 ? "0" : "") + String($0, radix: 16) }.joined()
+            }
+            token = ManagedKeyValue.isHardwareKey(descriptor: attributes.generic) ? "hardware (TPM)" : "software"
+        }
     }
 }

@@ -19,7 +19,10 @@ do {
     {
         status = .success
     } else if invocation.command.isAuthentication {
-        streams.error("lockbox: \(OAuthHelper.exec(arguments: arguments))")
+        streams.error("lockbox: \(OAuthHelper.exec(OAuthHelper.name, arguments: arguments))")
+        status = .failure
+    } else if invocation.command.usesKeys {
+        streams.error("lockbox: \(OAuthHelper.exec(OAuthHelper.keysName, arguments: arguments))")
         status = .failure
     } else {
         do {

@@ -16,6 +16,7 @@ package enum Help {
           remove-passphrase          unlock without one on this machine (deletes passcode-bound items)
           set-passphrase             set one again
           enroll secret-service      let the desktop keyring unlock it with your login session
+          enroll tpm2 [--pcrs 7]     let the TPM unlock it with no passphrase (a service at boot)
           backup FILE                write the portable items to a sealed backup file
           restore FILE               merge a backup into this keychain (newer copy wins)
         Items:
@@ -26,6 +27,11 @@ package enum Help {
           find-internet-password
           delete-internet-password
           dump                       list every item's attributes (never secrets)
+        Keys (run by lockbox-keys):
+          generate-key               make a key for a purpose (--hardware: inside the TPM)
+          sign                       sign standard input with a key
+          public-key                 print a key's public half (PEM, DER, X9.63, OpenSSH)
+          delete-key                 delete a key
         OAuth 2.0:
           login                      sign in (device flow, or --browser)
           token                      print a fresh access token (for scripts)
@@ -55,12 +61,13 @@ package enum Help {
                 """
         case "unlock":
             return """
-                usage: lockbox [--keychain PATH] unlock [--passphrase-stdin] [--timeout SECONDS]
+                usage: lockbox [--keychain PATH] unlock [--passphrase-stdin | --tpm2] [--timeout SECONDS]
 
                 Unlocks the keychain for this user's processes until `lockbox lock`, the idle
                 timeout, or reboot. Keys are kept in the kernel keyring, never on disk.
                   --passphrase-stdin   read the passphrase from the first line of standard input
                                        (otherwise it is asked on the terminal, three tries)
+                  --tpm2               unlock with the TPM slot (`lockbox enroll tpm2`), no passphrase
                   --timeout SECONDS    lock again after this much inactivity (default 900; 0 never)
                 """
         case "lock":
@@ -151,9 +158,50 @@ package enum Help {
                 Merges a backup into this keychain: new items are added; for an item that exists,
                 the more recently modified copy wins, and on a tie the existing one stays.
                 """
+        case "generate-key":
+            return """
+                usage: lockbox [--keychain PATH] generate-key --tag TAG [--label LABEL] [--algorithm ALG]
+                       [--purpose PURPOSES] [--hardware] [--accessibility CLASS] [--json]
+
+                Makes a key and prints its public half (PEM). The private key never leaves
+                Lockbox: no command prints it, and backups leave it out.
+                  --algorithm    p256 (default), ed25519, x25519, aes256GCM
+                  --purpose      sign, verify, encrypt, decrypt, key-agreement (comma-separated;
+                                 default: all the algorithm can have)
+                  --hardware     make a P-256 sign/verify key inside the TPM 2.0; fails when
+                                 there is none (never a software key instead)
+                """
+        case "sign":
+            return """
+                usage: lockbox [--keychain PATH] sign --tag TAG [--label LABEL] [--raw]
+
+                Signs standard input with the key: ECDSA P-256 with SHA-256 (DER) or Ed25519.
+                Prints the signature in base64; --raw writes its bytes.
+                """
+        case "public-key":
+            return """
+                usage: lockbox [--keychain PATH] public-key --tag TAG [--label LABEL] [--format pem|der|x963|openssh]
+
+                Prints the key's public half: PEM (default), DER or X9.63 bytes, or an
+                authorized_keys line.
+                """
+        case "delete-key":
+            return """
+                usage: lockbox [--keychain PATH] delete-key --tag TAG [--label LABEL]
+
+                Deletes the key (every key with that tag, and label when given).
+                """
         case "enroll", "unenroll":
             return """
                 usage: lockbox [--keychain PATH] \(verb) secret-service
+                       lockbox [--keychain PATH] enroll tpm2 [--pcrs 0,7]   |   unenroll tpm2
+
+                tpm2: seals a key that unlocks this keychain with the machine's TPM 2.0 (and with
+                --pcrs, to those PCRs' current values), kept in the keychain file. `lockbox unlock
+                --tpm2` then unlocks with no passphrase and no desktop session (a service at boot,
+                like systemd-cryptenroll --tpm2-device). A copy of the file opens on no other
+                machine. LOCKBOX_TPM_TCTI names another TPM (swtpm:path=SOCKET).
+
 
                 enroll: keeps a key that unlocks this keychain in the desktop keyring (GNOME
                 Keyring, KWallet, KeePassXC over the Secret Service), so it opens with your login

@@ -32,6 +32,23 @@ package enum Command {
     case token(issuer: String?, clientID: String?)
     case logout(issuer: String?, clientID: String?, retry: Bool)
     case authStatus(json: Bool)
+    case generateKey(KeyOptions)
+    case sign(KeyOptions)
+    case publicKey(KeyOptions)
+    case deleteKey(KeyOptions)
+    /// `enroll tpm2 [--pcrs LIST]`, `unenroll tpm2`.
+    case enrollTPM(pcrs: [Int], remove: Bool)
+    /// `unlock --tpm2`.
+    case unlockTPM(timeout: UInt32?)
+
+    /// Commands that use managed keys or the TPM: they run in `lockbox-keys`, so that only
+    /// they load libcrypto and the tss2 libraries.
+    package var usesKeys: Bool {
+        switch self {
+        case .generateKey, .sign, .publicKey, .deleteKey, .enrollTPM, .unlockTPM: true
+        default: false
+        }
+    }
 
     /// Commands that talk to an authorization server (run asynchronously).
     package var isAuthentication: Bool {
@@ -59,6 +76,28 @@ package struct PasswordOptions {
     package var allowEmpty = false
     /// `--all` (delete): delete every item of the class when no attribute is named.
     package var all = false
+}
+
+/// The options of the key verbs (`generate-key`, `sign`, `public-key`, `delete-key`).
+package struct KeyOptions {
+    /// `--tag`: the application tag that names the key (required).
+    package var tag = ""
+    package var label: String?
+    /// `--algorithm` (generate-key): p256, ed25519, x25519, aes256GCM. Kept as text: the key
+    /// library checks it, and this target does not link it.
+    package var algorithm = "p256"
+    /// `--purpose` (generate-key), repeatable or comma-separated: sign, verify, encrypt,
+    /// decrypt, key-agreement. Empty: every purpose the algorithm can have.
+    package var purposes: [String] = []
+    /// `--hardware` (generate-key): inside the TPM, or fail.
+    package var hardware = false
+    /// `--accessibility` (generate-key).
+    package var accessibility: Accessibility?
+    /// `--format` (public-key): pem (default), der, x963, openssh.
+    package var format = "pem"
+    /// `--raw` (sign): write the signature's bytes instead of a base64 line.
+    package var raw = false
+    package var json = false
 }
 
 /// A usage error: exit status 64 with the verb's help.
@@ -136,8 +175,10 @@ package enum Parser {
         case "unlock":
             var fromStandardInput = false
             var timeout: UInt32?
+            var tpm = false
             while let option = reader.next() {
                 switch option {
+                case "--tpm2": tpm = true
                 case "--passphrase-stdin": fromStandardInput = true
                 case "--timeout":
                     let text = try reader.value(for: option)
@@ -147,6 +188,10 @@ package enum Parser {
                     timeout = seconds
                 default: throw reader.unknown(option)
                 }
+            }
+            if tpm {
+                guard !fromStandardInput else { throw UsageError(message: "--tpm2 unlocks with no passphrase", verb: verb) }
+                return .unlockTPM(timeout: timeout)
             }
             return .unlock(passphraseFromStandardInput: fromStandardInput, timeout: timeout)
         case "lock":
@@ -197,10 +242,59 @@ package enum Parser {
                 ? .backup(file: file, passphraseFromStandardInput: fromStandardInput)
                 : .restore(file: file, passphraseFromStandardInput: fromStandardInput)
         case "enroll", "unenroll":
-            guard let keeper = reader.next(), keeper == "secret-service", reader.next() == nil else {
-                throw UsageError(message: "usage: lockbox \(verb) secret-service", verb: verb)
+            let keeper = reader.next()
+            if keeper == "tpm2" {
+                var pcrs: [Int] = []
+                while let option = reader.next() {
+                    guard option == "--pcrs", verb == "enroll" else { throw reader.unknown(option) }
+                    let list = try reader.value(for: option)
+                    for part in list.split(separator: ",") {
+                        guard let pcr = Int(part), (0..<24).contains(pcr) else {
+                            throw UsageError(message: "--pcrs takes PCR numbers from 0 to 23, comma-separated (0,7)", verb: verb)
+                        }
+                        pcrs.append(pcr)
+                    }
+                }
+                return .enrollTPM(pcrs: pcrs, remove: verb == "unenroll")
+            }
+            guard let keeper, keeper == "secret-service", reader.next() == nil else {
+                throw UsageError(message: "usage: lockbox \(verb) secret-service|tpm2", verb: verb)
             }
             return .enroll(keeper: keeper, remove: verb == "unenroll")
+        case "generate-key", "sign", "public-key", "delete-key":
+            var key = KeyOptions()
+            while let option = reader.next() {
+                switch option {
+                case "--tag": key.tag = try reader.value(for: option)
+                case "--label": key.label = try reader.value(for: option)
+                case "--algorithm" where verb == "generate-key": key.algorithm = try reader.value(for: option)
+                case "--purpose" where verb == "generate-key":
+                    key.purposes += try reader.value(for: option).split(separator: ",").map(String.init)
+                case "--hardware" where verb == "generate-key": key.hardware = true
+                case "--accessibility" where verb == "generate-key":
+                    let name = try reader.value(for: option)
+                    guard let accessibility = Accessibility(rawValue: name) else {
+                        throw UsageError(message: "--accessibility takes an accessibility class name (whenUnlocked, ...)", verb: verb)
+                    }
+                    key.accessibility = accessibility
+                case "--format" where verb == "public-key":
+                    let format = try reader.value(for: option)
+                    guard ["pem", "der", "x963", "openssh"].contains(format) else {
+                        throw UsageError(message: "--format takes pem, der, x963 or openssh", verb: verb)
+                    }
+                    key.format = format
+                case "--raw" where verb == "sign": key.raw = true
+                case "--json" where verb == "generate-key": key.json = true
+                default: throw reader.unknown(option)
+                }
+            }
+            guard !key.tag.isEmpty else { throw UsageError(message: "\(verb) needs --tag TAG", verb: verb) }
+            switch verb {
+            case "generate-key": return .generateKey(key)
+            case "sign": return .sign(key)
+            case "public-key": return .publicKey(key)
+            default: return .deleteKey(key)
+            }
         case "remove-passphrase", "set-passphrase":
             var fromStandardInput = false
             var confirmed = false

@@ -106,6 +106,11 @@ public struct KeySpecification: Sendable {
     /// Whether the private (or symmetric) key's bytes may ever be read out. Default false: they
     /// never leave Lockbox, through any API, backup or dump.
     public var isExtractable = false
+    /// Where the private key is made and kept. Default ``KeyToken/software``; ``KeyToken/hardware``
+    /// (the Secure Enclave's role, `kSecAttrTokenIDSecureEnclave`) makes a P-256 signing key
+    /// inside the machine's TPM 2.0, and fails with `notAvailable` when there is none: there is
+    /// no silent fallback to software.
+    public var token: KeyToken = .software
     /// The key becomes unusable (`errSecInvalidKeyRef`, -67712) once the passphrase is changed
     /// or removed, as an Android Keystore key does after a lock-screen change. Needs a
     /// passphrase when the key is made.
@@ -115,4 +120,34 @@ public struct KeySpecification: Sendable {
         self.algorithm = algorithm
         self.purposes = purposes
     }
+}
+
+/// Where a key's private half is made and used (`kSecAttrTokenID`).
+public enum KeyToken: String, Sendable, Hashable, CaseIterable, CustomStringConvertible {
+    /// In software: the private key is sealed in the vault and computed with in this process.
+    /// A copy of the vault and its passphrase is a copy of the key (docs/KEYS.md).
+    case software
+    /// Inside the machine's TPM 2.0: the private key is made there and leaves it only wrapped
+    /// by the TPM's storage key, so the vault (or a copy of it) holds nothing usable on any
+    /// other machine. P-256 with the sign and verify purposes only. This is Lockbox's Secure
+    /// Enclave: the SecItem layer maps `kSecAttrTokenIDSecureEnclave` here.
+    case hardware
+
+    /// The Secure Enclave's name for ``hardware``.
+    public static var secureEnclave: KeyToken { .hardware }
+
+    public var description: String { rawValue }
+}
+
+/// Whether hardware-bound keys (``KeyToken/hardware``) can be made on this machine, and if not,
+/// why: from ``SoftwareKeyStore/hardwareAvailability(device:)``.
+public struct HardwareKeyAvailability: Sendable, Hashable, CustomStringConvertible {
+    public let isAvailable: Bool
+    /// What was found ("TPM 2.0 at device:/dev/tpmrm0") or what is missing, and what to do.
+    public let reason: String
+    /// The TPM's TCTI configuration that was tried (`device:/dev/tpmrm0`; `LOCKBOX_TPM_TCTI`
+    /// overrides it, for example `swtpm:path=/run/swtpm/socket`).
+    public let device: String
+
+    public var description: String { isAvailable ? "available: \(reason)" : "not available: \(reason)" }
 }

@@ -21,6 +21,8 @@ public struct ManagedKey: Sendable, CustomStringConvertible {
     public let accessControl: AccessControl?
     public let isExtractable: Bool
     public let isInvalidatedByPassphraseChange: Bool
+    /// Where the private key lives: ``KeyToken/hardware`` for a key made inside the TPM.
+    public let token: KeyToken
     /// The public half; nil for an AES key.
     public let publicKey: PublicKey?
     /// `kSecValuePersistentRef` of the key's item.
@@ -52,6 +54,7 @@ public struct ManagedKey: Sendable, CustomStringConvertible {
         accessControl = item.accessControl
         isExtractable = !descriptor.flags.contains(.nonExtractable)
         isInvalidatedByPassphraseChange = descriptor.flags.contains(.invalidatedByPassphraseChange)
+        token = descriptor.flags.contains(.hardware) ? .hardware : .software
         persistentReference = reference
         accessGroup = item.attributes.accessGroup
         self.store = store
@@ -62,12 +65,21 @@ public struct ManagedKey: Sendable, CustomStringConvertible {
     /// Signs `message`: ECDSA P-256 with SHA-256 (a DER signature, Apple's
     /// `.ecdsaSignatureMessageX962SHA256`) or Ed25519 (64 bytes).
     /// - Throws: `keyUsageIncorrect` without the `sign` purpose; `invalidKeyRef` for a key
-    ///   invalidated by a passphrase change; `interactionNotAllowed` when locked.
+    ///   invalidated by a passphrase change; `interactionNotAllowed` when locked; for a
+    ///   hardware key, `notAvailable` when the TPM cannot be reached and `invalidKeyRef` when
+    ///   this TPM cannot load it (another machine's key, or the TPM was cleared).
     public func sign(_ message: Data, context: AuthenticationContext? = nil) throws(LockboxError) -> Data {
-        let secret = try store.privateKey(of: self, for: .sign, context: context)
+        let opened = try store.openedKey(of: self, for: .sign, context: context)
+        let secret = opened.secret
+        if token == .hardware {
+            let blob = secret.withUnsafeBytes { Array($0) }
+            let (r, s) = try store.tpm.sign(digest: MessageDigest.sha256(Array(message)), blob: blob)
+            return Data(ECDSASignature.der(r: r, s: s))
+        }
         switch algorithm {
         case .p256:
-            return Data(try P256.sign(Array(message), privateRepresentation: secret))
+            guard let held = opened.p256 else { preconditionFailure("a P-256 signing key is imported when opened") }
+            return Data(try held.sign(Array(message)))
         case .ed25519:
             return Data(Curve25519.sign(Array(message), secretKey: secret))
         case .x25519, .aes256GCM:
@@ -140,7 +152,7 @@ public struct ManagedKey: Sendable, CustomStringConvertible {
     }
 
     public var description: String {
-        "ManagedKey(\(algorithm), purposes: \(purposes), label: \(label ?? "-"), extractable: \(isExtractable))"
+        "ManagedKey(\(algorithm), purposes: \(purposes), label: \(label ?? "-"), extractable: \(isExtractable), token: \(token))"
     }
 
     // MARK: Internals

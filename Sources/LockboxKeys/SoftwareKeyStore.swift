@@ -2,11 +2,14 @@ import FoundationEssentials
 import KeyCrypto
 import LockboxCore
 import LockboxVault
+import Synchronization
+import TPMAccess
 import VaultCrypto
 
 /// Managed keys kept in a vault, computed in software (OpenSSL for P-256 and AES-GCM,
-/// libsodium for Ed25519 and X25519). Nothing here is hardware-bound: a copy of the vault file
-/// and its passphrase is a copy of the keys (docs/KEYS.md).
+/// libsodium for Ed25519 and X25519), or, for a specification with ``KeyToken/hardware``, made
+/// and used inside the machine's TPM 2.0. A copy of the vault file and its passphrase is a
+/// copy of the software keys, never of the hardware ones (docs/KEYS.md).
 ///
 /// Each key is a vault item of class `.key` whose value is the private key, sealed like every
 /// item; a non-extractable key's value is refused to every other reader of the vault.
@@ -20,9 +23,46 @@ import VaultCrypto
 /// ```
 public final class SoftwareKeyStore: Sendable {
     public let vault: Vault
+    /// The TPM that hardware keys are made in and used with.
+    let tpm: TPM
+    /// Keys opened for an operation, kept for the next ones while the vault's
+    /// ``KeyUseStamp`` stays the same (unlocked, nothing written since), so a signature costs
+    /// a stamp check instead of a read, an unseal and an import (for a hardware key, the read of
+    /// its TPM blob; the TPM keeps the key itself loaded). Never for access-controlled keys:
+    /// each of their uses asks, within the reuse window. Dropped at lock.
+    private let opened = Mutex<[Data: OpenedKey]>([:])
+    private static let openedLimit = 32
 
-    public init(vault: Vault) {
+    /// - Parameter tpmDevice: the TPM's TCTI configuration for hardware keys; nil is
+    ///   `LOCKBOX_TPM_TCTI`, else `device:/dev/tpmrm0`.
+    public init(vault: Vault, tpmDevice: String? = nil) {
         self.vault = vault
+        tpm = TPM.at(tpmDevice)
+        vault.lockObservers.add(self) { [weak self] in self?.forgetOpenedKeys() }
+    }
+
+    deinit {
+        vault.lockObservers.remove(self)
+    }
+
+    /// Drops the keys kept opened (they are dropped at lock anyway).
+    public func forgetOpenedKeys() {
+        opened.withLock { $0.removeAll() }
+    }
+
+    /// Whether keys with ``KeyToken/hardware`` can be made here (a TPM 2.0 that answers and
+    /// can make P-256 keys), and if not why. Asks the TPM, so it takes milliseconds.
+    /// - Parameter device: the TPM's TCTI configuration; nil is `LOCKBOX_TPM_TCTI`, else
+    ///   `device:/dev/tpmrm0`.
+    public static func hardwareAvailability(device: String? = nil) -> HardwareKeyAvailability {
+        let tpm = TPM.at(device)
+        let (available, reason) = tpm.availability()
+        return HardwareKeyAvailability(isAvailable: available, reason: reason, device: tpm.device)
+    }
+
+    /// ``hardwareAvailability(device:)`` of this store's TPM.
+    public var hardwareAvailability: HardwareKeyAvailability {
+        Self.hardwareAvailability(device: tpm.device)
     }
 
     /// Makes a new key and stores it.
@@ -41,6 +81,17 @@ public final class SoftwareKeyStore: Sendable {
         }
         var flags: KeyEnvelope.Flags = []
         if !specification.isExtractable { flags.insert(.nonExtractable) }
+        if specification.token == .hardware {
+            guard algorithm == .p256, specification.purposes.isSubset(of: [.sign, .verify]) else {
+                throw LockboxError(
+                    .param,
+                    "A hardware (TPM) key is a P-256 key for sign and verify; make \(algorithm) keys for \(specification.purposes) in software.")
+            }
+            guard !specification.isExtractable else {
+                throw LockboxError(.param, "A hardware (TPM) key cannot be extractable: its private half never leaves the TPM.")
+            }
+            flags.insert(.hardware)
+        }
         var bindingKey: SecretBytes?
         if specification.isInvalidatedByPassphraseChange {
             flags.insert(.invalidatedByPassphraseChange)
@@ -56,6 +107,16 @@ public final class SoftwareKeyStore: Sendable {
         let secret: SecretBytes
         let publicKey: [UInt8]
         switch algorithm {
+        case .p256 where specification.token == .hardware:
+            let availability = tpm.availability()
+            guard availability.isAvailable else {
+                throw LockboxError(
+                    .notAvailable,
+                    "A hardware key was asked for, and none can be made here: \(availability.reason) "
+                        + "Make a software key (KeyToken.software) if that is acceptable; Lockbox never falls back to one by itself.")
+            }
+            let made = try tpm.makeSigningKey()
+            (secret, publicKey) = (SecretBytes(copying: made.blob), made.publicKey)
         case .p256:
             (secret, publicKey) = try P256.generate()
         case .ed25519:
@@ -204,6 +265,31 @@ public final class SoftwareKeyStore: Sendable {
         try vault.delete(matching: key.itemQuery(returning: [], context: context))
     }
 
+    /// The key's private bytes (and for P-256, the key imported into OpenSSL), from the keys
+    /// kept opened when the vault is unchanged and still unlocked, else read and opened anew.
+    func openedKey(of key: ManagedKey, for purpose: KeyPurposes, context: AuthenticationContext?) throws(LockboxError) -> OpenedKey {
+        try key.require(purpose)
+        let cacheable = key.accessControl == nil
+        guard cacheable else { return try OpenedKey(key, secret: privateKey(of: key, for: purpose, context: context)) }
+        // The stamp is taken before the read: a write in between makes the next use read again.
+        guard let stamp = try vault.keyUseStamp() else {
+            forgetOpenedKeys()
+            _ = try privateKey(of: key, for: purpose, context: context)  // throws the locked error
+            preconditionFailure("a locked vault does not give out keys")
+        }
+        if let kept = opened.withLock({ $0[key.persistentReference] }), kept.stamp == stamp, kept.descriptor == key.descriptor {
+            return kept
+        }
+        var fresh = try OpenedKey(key, secret: privateKey(of: key, for: purpose, context: context))
+        fresh.stamp = stamp
+        opened.withLock { opened in
+            opened = opened.filter { $0.value.stamp == stamp }
+            if opened.count >= Self.openedLimit { opened.removeAll() }
+            opened[key.persistentReference] = fresh
+        }
+        return fresh
+    }
+
     /// The key's envelope and private bytes, through the vault's key-material path.
     func privateKey(of key: ManagedKey, for purpose: KeyPurposes, context: AuthenticationContext?) throws(LockboxError) -> SecretBytes {
         try key.require(purpose)
@@ -218,7 +304,11 @@ public final class SoftwareKeyStore: Sendable {
             envelope.flags == key.descriptor.flags, envelope.purposes == key.descriptor.purposes
         else { throw LockboxError.integrity("A stored key") }
         let secret = try envelope.openSecret(secretPart) { () throws(LockboxError) -> SecretBytes? in try vault.passphraseBindingKey() }
-        guard secret.count == key.algorithm.secretByteCount else { throw LockboxError.integrity("A stored key") }
+        if key.token == .hardware {
+            guard !secret.isEmpty else { throw LockboxError.integrity("A stored key") }
+        } else {
+            guard secret.count == key.algorithm.secretByteCount else { throw LockboxError.integrity("A stored key") }
+        }
         return secret
     }
 }
@@ -232,5 +322,22 @@ extension KeyAlgorithm {
         case .x25519: Curve25519.agreementSecretKeyByteCount
         case .aes256GCM: AESGCM.keyByteCount
         }
+    }
+}
+
+/// A managed key's private bytes, opened, and for P-256 imported into OpenSSL once.
+struct OpenedKey: @unchecked Sendable {
+    // @unchecked: the OpenSSL key is never changed after the import, and OpenSSL allows
+    // concurrent signatures with one key (each makes its own digest context).
+    let secret: SecretBytes
+    let p256: P256.SigningKey?
+    let descriptor: KeyDescriptor
+    var stamp: KeyUseStamp?
+
+    init(_ key: ManagedKey, secret: SecretBytes) throws(LockboxError) {
+        self.secret = secret
+        descriptor = key.descriptor
+        p256 = key.algorithm == .p256 && key.token == .software && key.purposes.contains(.sign)
+            ? try P256.SigningKey(privateRepresentation: secret) : nil
     }
 }

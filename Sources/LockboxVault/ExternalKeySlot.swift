@@ -56,7 +56,7 @@ extension Vault {
     /// The kinds of outside keepers enrolled (`secret-service`).
     public var enrolledKeepers: [String] {
         withState { state in
-            state.header.slots.filter { $0.kind == .external }.map { String(decoding: $0.parameters, as: UTF8.self) }
+            state.header.slots.filter { $0.kind == .external }.map(\.externalKind)
         }
     }
 
@@ -102,5 +102,91 @@ extension Vault {
 
     private func identifierHex(_ state: State) -> String {
         state.header.vaultID.hexString
+    }
+}
+
+/// A keeper that seals the slot key itself and hands back an opaque blob, which the vault keeps
+/// in the slot: a TPM, whose sealed blob opens only on that TPM (and, when bound to PCRs, only
+/// in the same boot state), as `systemd-cryptenroll --tpm2-device` keeps its blob in the LUKS
+/// header. Nothing is stored outside the vault file.
+public protocol SealingKeyKeeper: Sendable {
+    /// The slot kind recorded in the vault header (`tpm2`).
+    var slotKind: String { get }
+    /// `key` sealed by the keeper.
+    func seal(_ key: SecretBytes) throws(LockboxError) -> [UInt8]
+    /// The key in `sealed`. Throws `notAvailable` when the keeper cannot be reached and
+    /// `authFailed` when it refuses (another TPM, changed PCRs).
+    func unseal(_ sealed: [UInt8]) throws(LockboxError) -> SecretBytes
+}
+
+extension VaultHeader.KeySlot {
+    /// An external slot's keeper name: its parameters up to the first zero byte (a sealing
+    /// keeper's blob follows it).
+    var externalKind: String {
+        String(decoding: parameters.prefix { $0 != 0 }, as: UTF8.self)
+    }
+}
+
+extension Vault {
+    /// Adds a slot whose key `keeper` seals (the vault must be unlocked), replacing any
+    /// earlier slot of that keeper: the vault then opens with no passphrase wherever the keeper
+    /// unseals, for example a service at boot with the machine's TPM. The passphrase slot stays.
+    public func enroll(sealing keeper: some SealingKeyKeeper) throws(LockboxError) {
+        try withState { state throws(LockboxError) in
+            guard try state.keys.currentMaster() != nil else { throw lockedError() }
+        }
+        // The keeper (a TPM: tens of milliseconds) is asked outside the vault's lock.
+        let slotKey = Crypto.generateKey()
+        let sealed = try keeper.seal(slotKey)
+        try withState { state throws(LockboxError) in
+            guard let master = try state.keys.currentMaster() else { throw lockedError() }
+            try commitHeaderChange(state, master: master) { header throws(LockboxError) in
+                header.slots.removeAll { $0.kind == .external && $0.externalKind == keeper.slotKind }
+                let nextID = (header.slots.map(\.id).max() ?? 0) + 1
+                var slot = VaultHeader.KeySlot(
+                    id: nextID, kind: .external, parameters: Array(keeper.slotKind.utf8) + [0] + sealed, wrappedMasterKey: [])
+                slot.wrappedMasterKey = Crypto.seal(master, key: slotKey, associatedData: header.slotAssociatedData(slot))
+                header.slots.append(slot)
+            }
+        }
+    }
+
+    /// Removes the slot of the sealing keeper named `slotKind` (`tpm2`).
+    /// - Throws: `itemNotFound` when there is none (nothing changes).
+    public func unenroll(sealingKind slotKind: String) throws(LockboxError) {
+        try withState { state throws(LockboxError) in
+            guard let master = try state.keys.currentMaster() else { throw lockedError() }
+            guard state.header.slots.contains(where: { $0.kind == .external && $0.externalKind == slotKind }) else {
+                throw LockboxError(.itemNotFound, "This keychain has no \(slotKind) unlock method; nothing was changed.")
+            }
+            try commitHeaderChange(state, master: master) { header throws(LockboxError) in
+                header.slots.removeAll { $0.kind == .external && $0.externalKind == slotKind }
+            }
+        }
+    }
+
+    /// Unlocks with the key `keeper` unseals from its slot, with no passphrase.
+    /// - Throws: `notAvailable` when no such slot is enrolled or the keeper cannot be reached;
+    ///   `authFailed` when the keeper refuses or its key does not open the slot.
+    public func unlock(sealing keeper: some SealingKeyKeeper) throws(LockboxError) {
+        let sealed: [UInt8] = try withState { state throws(LockboxError) in
+            state.header = try VaultHeader.load(from: state.database)
+            guard let slot = state.header.slots.first(where: { $0.kind == .external && $0.externalKind == keeper.slotKind }) else {
+                throw LockboxError(
+                    .notAvailable,
+                    "This keychain has no \(keeper.slotKind) unlock method. Enroll one with `lockbox enroll \(keeper.slotKind)`.")
+            }
+            return Array(slot.parameters.drop { $0 != 0 }.dropFirst())
+        }
+        let slotKey = try keeper.unseal(sealed)
+        try withState { state throws(LockboxError) in
+            state.header = try VaultHeader.load(from: state.database)
+            guard let slot = state.header.slots.first(where: { $0.kind == .external && $0.externalKind == keeper.slotKind }),
+                let master = try? Crypto.open(slot.wrappedMasterKey, key: slotKey, associatedData: state.header.slotAssociatedData(slot))
+            else {
+                throw LockboxError(.authFailed, "The key the \(keeper.slotKind) unsealed does not open this keychain (it was enrolled again since).")
+            }
+            try finishUnlock(master: master, presenceSecretKey: nil, state: state)
+        }
     }
 }

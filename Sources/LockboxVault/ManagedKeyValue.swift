@@ -1,4 +1,6 @@
+import FoundationEssentials
 import LockboxCore
+import Synchronization
 import VaultCrypto
 
 /// The vault's side of managed keys (LockboxKeys): the one rule it enforces for them, and the
@@ -14,6 +16,16 @@ package enum ManagedKeyValue {
     package static let version: UInt8 = 1
     /// Bit 0 of the flags byte.
     package static let nonExtractableFlag: UInt8 = 1
+    /// Bit 2 of the flags: the key was made inside the TPM (its value is the TPM's wrapped blob).
+    package static let hardwareFlag: UInt8 = 1 << 2
+
+    /// Whether a key item's public description (its `kSecAttrGeneric`, LockboxKeys'
+    /// `KeyDescriptor`: `"lbk1" | algorithm | purposes | flags | ...`) marks a hardware key.
+    /// For listings only: the sealed value stays the authority.
+    package static func isHardwareKey(descriptor: Data?) -> Bool {
+        guard let descriptor, descriptor.count >= 8, descriptor.starts(with: Array("lbk1".utf8)) else { return false }
+        return descriptor[descriptor.startIndex + 6] & hardwareFlag != 0
+    }
 
     /// True for a managed key's value that must not leave as bytes.
     package static func isNonExtractable(_ value: SecretBytes) -> Bool {
@@ -52,5 +64,43 @@ extension Vault {
             let derived = Crypto.deriveKey(from: master, context: "keybind1", identifier: 1)
             return Crypto.combine(derived, with: SecretBytes(copying: presence), context: "lockbox managed-key passphrase binding")
         }
+    }
+}
+
+/// What a managed key opened earlier was opened under: equal stamps mean that nothing in the
+/// file changed since (no write by this handle or any other connection) and that the vault
+/// stayed unlocked. The key API keeps an opened key only while the stamp stays the same.
+package struct KeyUseStamp: Equatable, Sendable {
+    let dataVersion: Int
+    let totalChanges: Int
+    let lockCount: Int
+}
+
+extension Vault {
+    /// The current stamp; nil when the vault is locked (then no opened key may be used). Checks
+    /// the lock as every read does (the kernel keyring entry, the idle timeout).
+    package func keyUseStamp() throws(LockboxError) -> KeyUseStamp? {
+        try withState { state throws(LockboxError) -> KeyUseStamp? in
+            guard try state.keys.currentMaster() != nil else { return nil }
+            return KeyUseStamp(
+                dataVersion: try state.database.dataVersion, totalChanges: state.database.totalChanges, lockCount: state.lockCount)
+        }
+    }
+}
+
+/// Whoever keeps something opened under the vault's keys, told when the vault is locked here.
+package final class LockObservers: Sendable {
+    private let observers = Mutex<[ObjectIdentifier: @Sendable () -> Void]>([:])
+
+    package func add(_ owner: AnyObject, _ body: @escaping @Sendable () -> Void) {
+        observers.withLock { $0[ObjectIdentifier(owner)] = body }
+    }
+
+    package func remove(_ owner: AnyObject) {
+        _ = observers.withLock { $0.removeValue(forKey: ObjectIdentifier(owner)) }
+    }
+
+    func notify() {
+        for body in observers.withLock({ Array($0.values) }) { body() }
     }
 }

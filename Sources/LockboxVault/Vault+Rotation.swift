@@ -82,7 +82,7 @@ extension Vault {
             // machines' *ThisDeviceOnly keys stay, with the old master kept for them.
             var removedMethods: [String] = []
             for slot in header.slots where slot.kind == .external {
-                removedMethods.append(String(decoding: slot.parameters, as: UTF8.self))
+                removedMethods.append(slot.externalKind)
             }
             header.slots.removeAll { $0.kind == .external }
             let mine: Set<String> = ["", device.identifier, KeyCache.deviceEntryPrefix + device.identifier]

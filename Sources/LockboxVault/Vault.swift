@@ -73,9 +73,14 @@ public final class Vault: ItemStore, Sendable {
     public let configuration: Configuration
 
     let state: Mutex<State>
+    /// Called after `lock()` and `lockAll()`: the key API drops the keys it opened.
+    package let lockObservers = LockObservers()
 
     /// Everything mutable, behind the mutex. SQLite connections are used by one thread at a time.
     final class State {
+        /// How many times this handle was locked: part of the stamp opened managed keys are
+        /// kept under (``KeyUseStamp``).
+        var lockCount = 0
         let database: Database
         var header: VaultHeader
         let keys: KeyCache
@@ -384,10 +389,12 @@ public final class Vault: ItemStore, Sendable {
     /// ``mayUnlockAutomatically``) until an explicit unlock.
     public func lock() {
         withState { state in
+            state.lockCount += 1
             state.keys.lock()
             state.integrity = nil
             markExplicitLock(state)
         }
+        lockObservers.notify()
     }
 
     /// Locks the vault at `path` without checking its contents first: a file that fails its
@@ -401,10 +408,12 @@ public final class Vault: ItemStore, Sendable {
     /// Forgets every cached key, as a reboot does (`afterFirstUnlock*` items lock too).
     public func lockAll() {
         withState { state in
+            state.lockCount += 1
             state.keys.forgetAll()
             state.integrity = nil
             markExplicitLock(state)
         }
+        lockObservers.notify()
     }
 
     /// What a passphrase change did.
@@ -564,7 +573,7 @@ public final class Vault: ItemStore, Sendable {
             return VaultStatus(
                 path: path, isUnlocked: unlocked, wasUnlockedSinceBoot: afterFirstUnlock,
                 readableClasses: readable, itemCount: count.integer(0) ?? 0,
-                unlockMethods: state.header.slots.map { $0.kind == .external ? String(decoding: $0.parameters, as: UTF8.self) : $0.kind.rawValue },
+                unlockMethods: state.header.slots.map { $0.kind == .external ? $0.externalKind : $0.kind.rawValue },
                 unlockCache: configuration.unlockCache,
                 failedUnlockAttempts: failed, schemaVersion: VaultSchema.current,
                 itemsBoundToOtherMachines: foreign.integer(0) ?? 0, hasPassphrase: state.header.hasPassphrase,

@@ -21,7 +21,7 @@ struct ProcessStartTests {
     }
 
     @Test(
-        "lockbox and the credential helpers load no Swift runtime, Foundation, HTTP stack, SQLite or libsodium as shared libraries",
+        "lockbox and the credential helpers load no Swift runtime, Foundation, HTTP stack, SQLite, libsodium, libcrypto or tss2 as shared libraries",
         arguments: ["lockbox", "git-credential-lockbox", "docker-credential-lockbox"])
     func startsLean(_ product: String) throws {
         let libraries = try sharedLibraries(builtProduct(product))
@@ -30,6 +30,8 @@ struct ProcessStartTests {
             "libcurl", "libFoundationNetworking", "libFoundation.so", "libswiftCore", "libgnutls", "lib_FoundationICU",
             // Linked from their static archives.
             "libsqlite3", "libsodium", "libkeyutils",
+            // Only lockbox-keys loads them, for the key verbs and the TPM.
+            "libcrypto", "libtss2",
         ]
         for unwanted in unwantedLibraries {
             #expect(!libraries.contains { $0.hasPrefix(unwanted) }, "\(product) links \(unwanted): \(libraries)")

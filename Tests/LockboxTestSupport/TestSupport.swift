@@ -171,3 +171,72 @@ public func contains(_ haystack: [UInt8], _ needle: [UInt8]) -> Bool {
     }
     return false
 }
+
+/// The software TPMs (swtpm) the hardware-key tests use, started by scripts/swtpm.
+public enum TestTPM {
+    /// The repository's root, from this file's place in it.
+    public static let repositoryRoot: String = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+        .deletingLastPathComponent().deletingLastPathComponent().path
+
+    /// The TCTI of the swtpm that scripts/test starts (`LOCKBOX_TPM_TCTI`, else this checkout's
+    /// scripts/swtpm instance). Throws, naming swtpm, when none is running.
+    public static func shared() throws -> String {
+        if let configured = ProcessInfo.processInfo.environment["LOCKBOX_TPM_TCTI"], !configured.isEmpty { return configured }
+        let socket = repositoryRoot + "/.build/swtpm/socket"
+        guard FileManager.default.fileExists(atPath: socket) else {
+            throw TestPeerMissing(
+                message: "no software TPM is running: the peer swtpm is started by `scripts/swtpm start` (scripts/test does it)")
+        }
+        return "swtpm:path=" + socket
+    }
+}
+
+public struct TestPeerMissing: Error, CustomStringConvertible {
+    public let message: String
+    public var description: String { message }
+}
+
+/// A swtpm of the test's own (another machine's TPM, or one to kill), a child of the test
+/// process, killed when the value goes away.
+public final class PrivateTPM: @unchecked Sendable {
+    public let directory = TemporaryDirectory("lockbox-tpm")
+    public let device: String
+    private let process = Process()
+
+    public init() throws {
+        let swtpm = "/usr/bin/swtpm"
+        guard FileManager.default.isExecutableFile(atPath: swtpm) else {
+            throw TestPeerMissing(message: "the test peer swtpm is not installed (scripts/swtpm start installs it)")
+        }
+        let state = directory.file("state")
+        try FileManager.default.createDirectory(atPath: state, withIntermediateDirectories: true)
+        let socket = directory.file("socket")
+        process.executableURL = URL(fileURLWithPath: swtpm)
+        process.arguments = [
+            "socket", "--tpm2", "--tpmstate", "dir=" + state, "--server", "type=unixio,path=" + socket,
+            "--ctrl", "type=unixio,path=" + socket + ".ctrl", "--flags", "not-need-init,startup-clear",
+        ]
+        process.standardInput = FileHandle.nullDevice
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        for _ in 0..<100 where !FileManager.default.fileExists(atPath: socket) {
+            usleep(50_000)
+        }
+        guard FileManager.default.fileExists(atPath: socket) else {
+            throw TestPeerMissing(message: "swtpm did not start (no socket \(socket) after 5 s)")
+        }
+        device = "swtpm:path=" + socket
+    }
+
+    /// Kills the TPM at once, as a device that disappears.
+    public func kill() {
+        guard process.isRunning else { return }
+        Glibc.kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+    }
+
+    deinit {
+        kill()
+    }
+}

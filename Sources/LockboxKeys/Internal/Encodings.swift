@@ -56,3 +56,17 @@ enum SSHEncoding {
         blob += bytes
     }
 }
+
+/// ECDSA's `ECDSA-Sig-Value` (RFC 3279): SEQUENCE { INTEGER r, INTEGER s }, DER.
+enum ECDSASignature {
+    static func der(r: [UInt8], s: [UInt8]) -> [UInt8] {
+        func integer(_ bytes: [UInt8]) -> [UInt8] {
+            var value = Array(bytes.drop { $0 == 0 })
+            if value.isEmpty { value = [0] }
+            if value[0] & 0x80 != 0 { value.insert(0, at: 0) }
+            return [0x02, UInt8(value.count)] + value
+        }
+        let body = integer(r) + integer(s)
+        return [0x30, UInt8(body.count)] + body
+    }
+}

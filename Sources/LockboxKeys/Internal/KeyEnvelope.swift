@@ -8,7 +8,7 @@ import VaultCrypto
 ///     magic (12) | version | flags | algorithm | purposes | public key length | public key
 ///     | binding check (32, only when bound to the passphrase) | secret
 ///
-/// `secret` is the private key (P-256: Apple's `04 || X || Y || D`; Ed25519: libsodium's
+/// `secret` is the TPM's key blob for a hardware key, else the private key (P-256: Apple's `04 || X || Y || D`; Ed25519: libsodium's
 /// seed || public key; X25519: the scalar; AES: the key), or, for a key bound to the
 /// passphrase, that sealed with the vault's passphrase binding key and the header bytes as
 /// associated data. The binding check (a keyed digest of a fixed text under the binding key)
@@ -19,6 +19,9 @@ struct KeyEnvelope {
         let rawValue: UInt8
         static let nonExtractable = Flags(rawValue: ManagedKeyValue.nonExtractableFlag)
         static let invalidatedByPassphraseChange = Flags(rawValue: 1 << 1)
+        /// Made inside the TPM: the secret is the TPM's key blob (TPM2B_PUBLIC || TPM2B_PRIVATE),
+        /// whose private part only that TPM can unwrap.
+        static let hardware = Flags(rawValue: ManagedKeyValue.hardwareFlag)
     }
 
     var flags: Flags

@@ -160,6 +160,9 @@ package final class Database {
 
     /// Rows changed by the last statement.
     package var changes: Int { Int(sqlite3_changes(handle)) }
+    /// Rows this connection has inserted, updated or deleted since it opened (with
+    /// `PRAGMA data_version` for other connections' writes: together, whether anything changed).
+    package var totalChanges: Int { Int(sqlite3_total_changes64(handle)) }
 
     /// Moves the WAL's content into the file and truncates the WAL, so that pages holding
     /// deleted or replaced values do not linger there. Best effort, and outside the injected

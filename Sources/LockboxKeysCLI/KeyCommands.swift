@@ -1,0 +1,161 @@
+import FoundationEssentials
+import Lockbox
+import LockboxCommandLine
+import LockboxKeys
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The key and TPM verbs. Nothing here prints a private key: there is no verb for it.
+struct KeyCommands {
+    let invocation: Invocation
+    var output = StandardStreams()
+
+    /// The largest message `sign` reads from standard input.
+    static let messageLimit = 16 * 1024 * 1024
+
+    func run() throws(LockboxError) -> ExitStatus {
+        switch invocation.command {
+        case .generateKey(let options):
+            let keys = SoftwareKeyStore(vault: try openVault())
+            guard let algorithm = KeyAlgorithm(rawValue: options.algorithm) else {
+                throw LockboxError(
+                    .param,
+                    "Unknown key algorithm; use one of " + KeyAlgorithm.allCases.map(\.rawValue).joined(separator: ", ") + ".")
+            }
+            var specification = KeySpecification(algorithm: algorithm, purposes: try purposes(options.purposes, algorithm: algorithm))
+            specification.applicationTag = Data(options.tag.utf8)
+            specification.label = options.label
+            if let accessibility = options.accessibility { specification.accessibility = accessibility }
+            if options.hardware {
+                specification.token = .hardware
+                if options.purposes.isEmpty { specification.purposes = [.sign, .verify] }
+            }
+            guard try keys.keys(applicationTag: specification.applicationTag, label: options.label).isEmpty else {
+                throw LockboxError(.duplicateItem, "A key with this tag (and label) exists; delete it first or pick another tag.")
+            }
+            let key = try keys.generate(specification)
+            if options.json {
+                output.print(Self.json(key))
+            } else if let publicKey = key.publicKey {
+                writeText(publicKey.pemRepresentation)
+            }
+            output.error("Made a \(key.token == .hardware ? "hardware (TPM)" : "software") \(algorithm) key for \(key.purposes).")
+            return .success
+        case .sign(let options):
+            let key = try findKey(options)
+            let message = try SecretInput.readAll(limit: Self.messageLimit)
+            let signature = try key.sign(message.withUnsafeBytes { Data($0) })
+            if options.raw {
+                signature.withUnsafeBytes { writeAll($0, to: STDOUT_FILENO) }
+            } else {
+                output.print(signature.base64EncodedString())
+            }
+            return .success
+        case .publicKey(let options):
+            let key = try findKey(options)
+            guard let publicKey = key.publicKey else {
+                throw LockboxError(.param, "An \(key.algorithm) key is symmetric and has no public half.")
+            }
+            switch options.format {
+            case "der": publicKey.derRepresentation.withUnsafeBytes { writeAll($0, to: STDOUT_FILENO) }
+            case "x963": publicKey.rawRepresentation.withUnsafeBytes { writeAll($0, to: STDOUT_FILENO) }
+            case "openssh": output.print(try publicKey.openSSHRepresentation(comment: key.label ?? options.tag))
+            default: writeText(publicKey.pemRepresentation)
+            }
+            return .success
+        case .deleteKey(let options):
+            let keys = SoftwareKeyStore(vault: try openVault())
+            let found = try keys.keys(applicationTag: Data(options.tag.utf8), label: options.label)
+            guard !found.isEmpty else { throw LockboxError(.itemNotFound, "No key with this tag is in the keychain.") }
+            for key in found { try key.delete() }
+            output.error("Deleted \(found.count) key\(found.count == 1 ? "" : "s").")
+            return .success
+        case .enrollTPM(let pcrs, let remove):
+            let vault = try openVault()
+            if remove {
+                try vault.unenroll(sealingKind: "tpm2")
+                output.error("The TPM unlock method was removed.")
+            } else {
+                try vault.enroll(sealing: TPMUnlockSlot(pcrs: pcrs))
+                output.error(
+                    "The TPM now unlocks this keychain (`lockbox unlock --tpm2`)"
+                        + (pcrs.isEmpty ? "." : " while PCRs \(pcrs.map(String.init).joined(separator: ",")) keep their current values."))
+            }
+            return .success
+        case .unlockTPM(let timeout):
+            var options = keychainOptions()
+            if let timeout { options.vault.idleTimeout = timeout }
+            try openVault(options).unlock(sealing: TPMUnlockSlot())
+            output.error("Unlocked with the TPM.")
+            return .success
+        default:
+            preconditionFailure("lockbox-keys runs only the key commands")
+        }
+    }
+
+    /// Text as it is (a PEM block ends with its own newline).
+    private func writeText(_ text: String) {
+        Array(text.utf8).withUnsafeBytes { writeAll($0, to: STDOUT_FILENO) }
+    }
+
+    private func findKey(_ options: KeyOptions) throws(LockboxError) -> ManagedKey {
+        let keys = SoftwareKeyStore(vault: try openVault())
+        let found = try keys.keys(applicationTag: Data(options.tag.utf8), label: options.label)
+        guard let key = found.first else { throw LockboxError(.itemNotFound, "No key with this tag is in the keychain.") }
+        guard found.count == 1 else {
+            throw LockboxError(.param, "\(found.count) keys have this tag; name one with --label.")
+        }
+        return key
+    }
+
+    private func purposes(_ names: [String], algorithm: KeyAlgorithm) throws(LockboxError) -> KeyPurposes {
+        guard !names.isEmpty else { return algorithm.possiblePurposes }
+        var purposes: KeyPurposes = []
+        for name in names {
+            switch name {
+            case "sign": purposes.insert(.sign)
+            case "verify": purposes.insert(.verify)
+            case "encrypt": purposes.insert(.encrypt)
+            case "decrypt": purposes.insert(.decrypt)
+            case "key-agreement", "keyAgreement": purposes.insert(.keyAgreement)
+            default:
+                throw LockboxError(.param, "Unknown key purpose; use sign, verify, encrypt, decrypt or key-agreement.")
+            }
+        }
+        return purposes
+    }
+
+    private func keychainOptions() -> Keychain.Options {
+        var options = Keychain.Options(backend: invocation.backend, path: invocation.keychain)
+        options.vault.authenticationContext = AuthenticationContext(verifier: TerminalVerifier())
+        if ProcessEnvironment.value("LOCKBOX_UNLOCK_CACHE") == "process" { options.vault.unlockCache = .processMemory }
+        return options
+    }
+
+    private func openVault(_ options: Keychain.Options? = nil) throws(LockboxError) -> Vault {
+        let opened = try Keychain.open(options ?? keychainOptions())
+        guard let vault = opened.vault else {
+            throw LockboxError(.unimplemented, "Managed keys live in the vault backend; this keychain is \(opened.backend.rawValue).")
+        }
+        return vault
+    }
+
+    static func json(_ key: ManagedKey) -> String {
+        struct Summary: Encodable {
+            var algorithm, purposes, token: String
+            var label: String?
+            var applicationLabel: String
+            var publicKey: String?
+        }
+        let summary = Summary(
+            algorithm: key.algorithm.rawValue, purposes: key.purposes.description, token: key.token.rawValue, label: key.label,
+            applicationLabel: key.applicationLabel.map { ($0 < 16 ? "0" : "") + String($0, radix: 16) }.joined(),
+            publicKey: key.publicKey?.pemRepresentation)
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+        guard let data = try? encoder.encode(summary) else { return "{}" }
+        return String(decoding: data, as: UTF8.self)
+    }
+}

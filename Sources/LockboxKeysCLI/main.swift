@@ -1,0 +1,44 @@
+import CProcessHardening
+import LockboxCommandLine
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+// The key verbs (`generate-key`, `sign`, `public-key`, `delete-key`) and the TPM unlock
+// (`enroll tpm2`, `unenroll tpm2`, `unlock --tpm2`) run here: `lockbox` hands them over with the
+// same arguments, so that only these verbs load libcrypto and the tss2 libraries. Calling it
+// directly works too.
+
+// No core dumps and no same-user ptrace: this process uses private keys.
+_ = lockbox_harden_process()
+
+let streams = StandardStreams()
+let status: ExitStatus
+do {
+    let invocation = try Parser.parse(Array(CommandLine.arguments.dropFirst()))
+    switch invocation.command {
+    case .help(let verb):
+        streams.print(verb.flatMap(Help.text(for:)) ?? Help.overview)
+        status = .success
+    case .version:
+        streams.print("lockbox-keys 0.1.0")
+        status = .success
+    case let command where command.usesKeys:
+        do {
+            status = try KeyCommands(invocation: invocation).run()
+        } catch {
+            streams.error("lockbox: \(error.description)")
+            status = error.code == .itemNotFound ? .itemNotFound : .failure
+        }
+    default:
+        streams.error(
+            "lockbox-keys: this program runs only the key and TPM commands (generate-key, sign, public-key, delete-key, "
+                + "enroll tpm2, unenroll tpm2, unlock --tpm2); run the others with `lockbox`.")
+        status = .usage
+    }
+} catch {
+    error.report(to: streams)
+    status = .usage
+}
+exit(status.rawValue)

@@ -1,0 +1,105 @@
+import Foundation
+import Lockbox
+import LockboxTestSupport
+import Testing
+
+/// The key verbs and the TPM unlock through the built `lockbox` (which runs `lockbox-keys` for
+/// them), against a software TPM of the test's own.
+@Suite("lockbox key commands and TPM unlock, end to end")
+struct KeyCommandTests {
+    let binary = builtProduct("lockbox")
+    let directory = TemporaryDirectory("lockbox-keys-cli")
+    var keychain: String { directory.file("keychains/keys.lockbox") }
+    static let passphrase = Array("keys passphrase\n".utf8)
+
+    func lockbox(_ arguments: [String], input: [UInt8] = [], tpm: PrivateTPM?, device: String? = nil) throws -> ProcessResult {
+        #expect(FileManager.default.isExecutableFile(atPath: builtProduct("lockbox-keys")), "lockbox-keys is not built")
+        var environment = ProcessInfo.processInfo.environment
+        environment["LOCKBOX_TPM_TCTI"] = device ?? tpm?.device
+        environment["XDG_STATE_HOME"] = directory.file("state")
+        return try run(binary, ["--keychain", keychain] + arguments, input: input, environment: environment)
+    }
+
+    @Test func hardwareKey_generateSignPublicKeyDumpStatusDelete() throws {
+        let tpm = try PrivateTPM()
+        #expect(try lockbox(["init", "--passphrase-stdin", "--kdf", "interactive"], input: Self.passphrase, tpm: tpm).status == 0)
+        defer { _ = try? lockbox(["lock", "--all"], tpm: tpm) }
+
+        let made = try lockbox(["generate-key", "--tag", "deploy", "--hardware"], tpm: tpm)
+        #expect(made.status == 0, "generate-key failed: \(made.standardError)")
+        #expect(made.standardOutput.hasPrefix("-----BEGIN PUBLIC KEY-----"))
+        #expect(made.standardError.contains("hardware (TPM)"))
+
+        let message = Array("sign me, from standard input".utf8)
+        let signed = try lockbox(["sign", "--tag", "deploy", "--raw"], input: message, tpm: tpm)
+        #expect(signed.status == 0, "sign failed: \(signed.standardError)")
+        let pem = directory.file("deploy.pem")
+        try made.standardOutput.write(toFile: pem, atomically: true, encoding: .utf8)
+        try Data(message).write(to: URL(fileURLWithPath: directory.file("message")))
+        try Data(signed.standardOutputBytes).write(to: URL(fileURLWithPath: directory.file("signature")))
+        let verified = try run(
+            "/usr/bin/openssl", ["dgst", "-sha256", "-verify", pem, "-signature", directory.file("signature"), directory.file("message")])
+        #expect(verified.standardOutput.contains("Verified OK"), "openssl did not verify: \(verified.standardError)")
+
+        let openSSH = try lockbox(["public-key", "--tag", "deploy", "--format", "openssh"], tpm: tpm)
+        #expect(openSSH.standardOutput.hasPrefix("ecdsa-sha2-nistp256 AAAA"))
+        #expect(try lockbox(["public-key", "--tag", "deploy"], tpm: tpm).standardOutput == made.standardOutput)
+
+        let dump = try lockbox(["dump"], tpm: tpm)
+        #expect(dump.standardOutput.contains("applicationTag: deploy"))
+        #expect(dump.standardOutput.contains("token: hardware (TPM)"))
+        let status = try lockbox(["status"], tpm: tpm)
+        #expect(status.standardOutput.contains("tpm: in use: 1 hardware key"))
+
+        #expect(try lockbox(["delete-key", "--tag", "deploy"], tpm: tpm).status == 0)
+        #expect(try lockbox(["sign", "--tag", "deploy"], input: message, tpm: tpm).status == 44)
+        #expect(try lockbox(["status"], tpm: tpm).standardOutput.contains("tpm: not in use"))
+    }
+
+    @Test func tpmUnlock_enrollLockUnlockWithoutPassphraseUnenroll() throws {
+        let tpm = try PrivateTPM()
+        #expect(try lockbox(["init", "--passphrase-stdin", "--kdf", "interactive"], input: Self.passphrase, tpm: tpm).status == 0)
+        defer { _ = try? lockbox(["lock", "--all"], tpm: tpm) }
+        let canary = makeCanary("tpm-unlock")
+        #expect(try lockbox(["add-generic-password", "-s", "svc", "-a", "acct"], input: Array(canary.utf8), tpm: tpm).status == 0)
+        // Without a slot, --tpm2 says so and changes nothing.
+        #expect(try lockbox(["unlock", "--tpm2"], tpm: tpm).standardError.contains("no tpm2 unlock method"))
+
+        let enrolled = try lockbox(["enroll", "tpm2", "--pcrs", "7"], tpm: tpm)
+        #expect(enrolled.status == 0, "enroll failed: \(enrolled.standardError)")
+        #expect(try lockbox(["status"], tpm: tpm).standardOutput.contains("unlock method tpm2"))
+        #expect(try lockbox(["lock"], tpm: tpm).status == 0)
+        #expect(try lockbox(["find-generic-password", "-s", "svc", "-a", "acct", "-w"], tpm: tpm).status != 0)
+        let unlocked = try lockbox(["unlock", "--tpm2"], tpm: tpm)
+        #expect(unlocked.status == 0, "unlock --tpm2 failed: \(unlocked.standardError)")
+        #expect(try lockbox(["find-generic-password", "-s", "svc", "-a", "acct", "-w"], tpm: tpm).standardOutput == canary + "\n")
+        #expect(!filesContaining(canary, in: directory.path).contains { !$0.hasSuffix(".log") })
+
+        #expect(try lockbox(["unenroll", "tpm2"], tpm: tpm).status == 0)
+        #expect(try lockbox(["lock"], tpm: tpm).status == 0)
+        #expect(try lockbox(["unlock", "--tpm2"], tpm: tpm).status != 0)
+    }
+
+    @Test func badInput_clearErrorsAndNothingStored() throws {
+        let tpm = try PrivateTPM()
+        #expect(try lockbox(["init", "--passphrase-stdin", "--kdf", "interactive"], input: Self.passphrase, tpm: tpm).status == 0)
+        defer { _ = try? lockbox(["lock", "--all"], tpm: tpm) }
+        let unknown = try lockbox(["generate-key", "--tag", "x", "--algorithm", "rsa4096"], tpm: tpm)
+        #expect(unknown.status == 1)
+        #expect(unknown.standardError.contains("Unknown key algorithm") && unknown.standardError.contains("-50"))
+        let wrongPurpose = try lockbox(["generate-key", "--tag", "x", "--algorithm", "x25519", "--purpose", "sign"], tpm: tpm)
+        #expect(wrongPurpose.standardError.contains("-50"))
+        let agreement = try lockbox(["generate-key", "--tag", "agree", "--algorithm", "x25519"], tpm: tpm)
+        #expect(agreement.status == 0)
+        let signWithAgreement = try lockbox(["sign", "--tag", "agree"], input: Array("m".utf8), tpm: tpm)
+        #expect(signWithAgreement.standardError.contains("-67731"))
+        let noTPM = try lockbox(["generate-key", "--tag", "hw", "--hardware"], tpm: nil, device: "device:/nonexistent/tpmrm9")
+        #expect(noTPM.status == 1)
+        #expect(noTPM.standardError.contains("-25291") && noTPM.standardError.contains("never falls back"), "\(noTPM.standardError)")
+        let dump = try lockbox(["dump"], tpm: tpm)
+        #expect(dump.standardOutput.components(separatedBy: "class: key").count == 2, "only the x25519 key is stored")
+        #expect(try lockbox(["lock"], tpm: tpm).status == 0)
+        let locked = try lockbox(["public-key", "--tag", "agree"], tpm: tpm)
+        #expect(locked.standardError.contains("-25308"))
+    }
+}

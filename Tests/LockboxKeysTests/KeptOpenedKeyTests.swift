@@ -1,0 +1,66 @@
+import Foundation
+import LockboxCore
+import LockboxKeys
+import LockboxTestSupport
+import LockboxVault
+import Testing
+
+/// Keys kept opened between operations: used only while the vault is unlocked and unchanged,
+/// so a deletion, an edit or a lock anywhere is seen at the next use.
+@Suite("managed keys, kept opened")
+struct KeptOpenedKeyTests {
+    let message = Data("sign me twice".utf8)
+
+    @Test(arguments: [KeyAlgorithm.p256, .ed25519])
+    func keyDeletedThroughAnotherConnection_isNotUsedAgain(_ algorithm: KeyAlgorithm) throws {
+        let fixture = try KeyFixture()
+        let key = try fixture.generate(algorithm, [.sign, .verify])
+        #expect(try key.isValidSignature(key.sign(message), for: message))
+        #expect(try key.isValidSignature(key.sign(message), for: message))
+        // Another process's handle on the same file deletes it.
+        let other = try fixture.vault.reopen()
+        try other.unlock(passphrase: fixture.vault.passphrase)
+        var query = Query(.key)
+        query.persistentReference = key.persistentReference
+        #expect(try other.delete(matching: query) == 1)
+        #expect(status { _ = try key.sign(self.message) } == LockboxError.Code.itemNotFound.rawValue)
+    }
+
+    @Test func descriptorEditedAfterUse_isRefusedAsTampered() throws {
+        let fixture = try KeyFixture()
+        let key = try fixture.generate(.p256, [.sign, .verify])
+        _ = try key.sign(message)
+        var query = Query(.key)
+        query.persistentReference = key.persistentReference
+        var generic = try #require(try fixture.vault.vault.items(matching: query).first?.attributes.generic)
+        generic[6] ^= 0x02  // claims the key is bound to the passphrase
+        var update = ItemUpdate()
+        update.attributes.generic = generic
+        try fixture.vault.vault.update(matching: query, to: update)
+        let edited = try #require(try fixture.keys.keys().first)
+        #expect(status { _ = try edited.sign(self.message) } == LockboxError.Code.decode.rawValue)
+    }
+
+    @Test func lock_dropsTheKeptKeys_andUnlockOpensThemAfresh() throws {
+        let fixture = try KeyFixture()
+        let key = try fixture.generate(.ed25519, [.sign, .verify])
+        _ = try key.sign(message)
+        fixture.vault.vault.lock()
+        #expect(status { _ = try key.sign(self.message) } == LockboxError.Code.interactionNotAllowed.rawValue)
+        try fixture.vault.vault.unlock(passphrase: fixture.vault.passphrase)
+        #expect(try key.isValidSignature(key.sign(message), for: message))
+        // A lock by another handle (another process's `lockbox lock`) is seen too.
+        fixture.vault.vault.lockAll()
+        #expect(status { _ = try key.sign(self.message) } == LockboxError.Code.interactionNotAllowed.rawValue)
+    }
+
+    @Test func accessControlledKey_asksAtEveryUseOutsideTheReuseWindow() throws {
+        let verifier = PassphraseVerifier()
+        let fixture = try KeyFixture()
+        let key = try fixture.generate(.p256, [.sign]) { $0.accessControl = .userPresence }
+        let context = AuthenticationContext(verifier: verifier)
+        _ = try key.sign(message, context: context)
+        _ = try key.sign(message, context: AuthenticationContext(verifier: verifier))
+        #expect(verifier.count == 2, "a kept key would have skipped the second question")
+    }
+}
