@@ -349,27 +349,65 @@ struct SecKeyTests {
         }
     }
 
+}
+
+/// `kSecAttrTokenIDSecureEnclave` maps to the machine's TPM 2.0 (swtpm in the tests). Serialized:
+/// the TPM in use (`SecKeyHardware.device`) is process-wide.
+@Suite("SecKey: kSecAttrTokenIDSecureEnclave on a TPM", .serialized)
+struct SecureEnclaveTokenTests {
+    let attributes: [String: Any] = [
+        kSecAttrKeyType as String: kSecAttrKeyTypeECSECPrimeRandom, kSecAttrKeySizeInBits as String: 256,
+        kSecAttrTokenID as String: kSecAttrTokenIDSecureEnclave,
+        kSecPrivateKeyAttrs as String: [kSecAttrIsPermanent as String: true, kSecAttrApplicationTag as String: Data("se".utf8)],
+    ]
+
     // On an Apple device without a Secure Enclave, SecKeyCreateRandomKey with
     // kSecAttrTokenIDSecureEnclave fails (developer.apple.com/documentation/security/protecting-keys-with-the-secure-enclave:
     // "Only devices with a Secure Enclave"): no silent software key instead.
     @Test func secureEnclaveToken_withoutHardware_failsClearly() throws {
         let fixture = try VaultFixture()
+        SecKeyHardware.device = "device:/nonexistent/tpmrm9"
+        defer { SecKeyHardware.device = nil }
         try SecItemStore.withStore(fixture.vault) {
-            let attributes: [String: Any] = [
-                kSecAttrKeyType as String: kSecAttrKeyTypeECSECPrimeRandom, kSecAttrKeySizeInBits as String: 256,
-                kSecAttrTokenID as String: kSecAttrTokenIDSecureEnclave,
-                kSecPrivateKeyAttrs as String: [kSecAttrIsPermanent as String: true, kSecAttrApplicationTag as String: Data("se".utf8)],
-            ]
             var error: Unmanaged<CFError>?
             #expect(SecKeyCreateRandomKey(attributes as CFDictionary, &error) == nil)
             let cfError = try #require(error?.takeRetainedValue())
             #expect(CFErrorGetCode(cfError) == Int(errSecUnimplemented))
+            #expect((CFErrorCopyDescription(cfError) as String?)?.contains("/nonexistent/tpmrm9") == true)
             var item: CFTypeRef?
             let query = [kSecClass as String: kSecClassKey, kSecAttrApplicationTag as String: Data("se".utf8), kSecReturnRef as String: true]
             #expect(SecItemCopyMatching(query as CFDictionary, &item) == errSecItemNotFound)
         }
     }
 
+    // With the TPM, the key is made inside it: it signs (ECDSA P-256, X9.62 DER as Apple gives),
+    // its public key verifies, and its private half is never exported, as a Secure Enclave
+    // key's is not (SecKeyCopyExternalRepresentation fails for it on iOS).
+    @Test func secureEnclaveToken_withTheTPM_signsAndNeverExports() throws {
+        let fixture = try VaultFixture()
+        SecKeyHardware.device = try TestTPM.shared()
+        defer { SecKeyHardware.device = nil }
+        #expect(SecKeyHardware.availability.isAvailable, "swtpm: \(SecKeyHardware.availability.reason)")
+        try SecItemStore.withStore(fixture.vault) {
+            var error: Unmanaged<CFError>?
+            let key = try #require(SecKeyCreateRandomKey(attributes as CFDictionary, &error), "\(String(describing: error))")
+            let message = Data("sign me inside the TPM".utf8)
+            let signature = try #require(SecKeyCreateSignature(key, .ecdsaSignatureMessageX962SHA256, message as CFData, &error) as Data?)
+            let publicKey = try #require(SecKeyCopyPublicKey(key))
+            #expect(SecKeyVerifySignature(publicKey, .ecdsaSignatureMessageX962SHA256, message as CFData, signature as CFData, &error))
+            #expect(SecKeyCopyExternalRepresentation(key, &error) == nil)
+            // Found again by its tag, it is the same key.
+            var item: CFTypeRef?
+            let query = [kSecClass as String: kSecClassKey, kSecAttrApplicationTag as String: Data("se".utf8), kSecReturnRef as String: true]
+            #expect(SecItemCopyMatching(query as CFDictionary, &item) == errSecSuccess)
+            let found = try #require(item.map { $0 as! SecKey })
+            let again = try #require(SecKeyCreateSignature(found, .ecdsaSignatureMessageX962SHA256, message as CFData, &error) as Data?)
+            #expect(SecKeyVerifySignature(publicKey, .ecdsaSignatureMessageX962SHA256, message as CFData, again as CFData, &error))
+        }
+    }
+}
+
+extension SecKeyTests {
     // Non-negotiable: key bytes never appear in a description or an error message.
     @Test func privateKeyBytes_neverAppearInDescriptionsOrErrors() throws {
         let fixture = try VaultFixture()

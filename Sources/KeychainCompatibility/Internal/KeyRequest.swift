@@ -2,6 +2,7 @@
 import Foundation
 import Lockbox
 import LockboxKeys
+import Synchronization
 
 /// The parameters of ``SecKeyCreateRandomKey(_:_:)``: top-level attributes, then
 /// `kSecPrivateKeyAttrs` (which wins for the private key, as on Apple platforms).
@@ -97,7 +98,7 @@ enum SecKeyStore {
         guard let vault = try SecItemStore.current() as? Vault else {
             throw LockboxError(.unimplemented, "Keys (SecKey) are kept in the vault; this keychain's backend has none.")
         }
-        return SoftwareKeyStore(vault: vault)
+        return SoftwareKeyStore(vault: vault, tpmDevice: SecKeyHardware.device)
     }
 
     /// The store a found key came from.
@@ -107,24 +108,48 @@ enum SecKeyStore {
 }
 
 /// Where `kSecAttrTokenID: kSecAttrTokenIDSecureEnclave` leads: the one place that maps Apple's
-/// Secure Enclave to the machine's key hardware.
+/// Secure Enclave to the machine's key hardware, a TPM 2.0 (``KeyToken/hardware``).
 ///
-/// Lockbox's software keys are not hardware-bound, and this build has no hardware key store,
-/// so asking for one fails with `errSecUnimplemented` (-4), as `SecKeyCreateRandomKey` does on
-/// an Apple device without a Secure Enclave; it never falls back to a software key. A hardware
-/// option of LockboxKeys plugs in here.
+/// A hardware key is a P-256 signing key made inside the TPM and kept in the keychain as the
+/// TPM's wrapped blob (docs/KEYS.md). On a machine without a usable TPM, asking for one fails
+/// with `errSecUnimplemented` (-4), as `SecKeyCreateRandomKey` does on an Apple device without
+/// a Secure Enclave, with the reason; it never falls back to a software key.
 public enum SecKeyHardware {
+    /// The TPM keys are made in, as a TCTI ("device:/dev/tpmrm0"); nil: `LOCKBOX_TPM_TCTI`, else
+    /// `/dev/tpmrm0`.
+    public static var device: String? {
+        get { configuredDevice.withLock { $0 } }
+        set { configuredDevice.withLock { $0 = newValue } }
+    }
+    private static let configuredDevice = Mutex<String?>(nil)
+
     /// Whether keys can be made in hardware on this machine, and why not.
     public static var availability: (isAvailable: Bool, reason: String) {
-        (false, "This machine has no key hardware Lockbox can use (no Secure Enclave equivalent); keys are software keys.")
+        let hardware = SoftwareKeyStore.hardwareAvailability(device: device)
+        return (hardware.isAvailable, hardware.reason)
     }
 
     static func createRandomKey(_ request: KeyRequest) throws(LockboxError) -> SecKey {
         let (isAvailable, reason) = availability
-        guard isAvailable, request.algorithm == .p256 else {
+        guard isAvailable else {
             throw LockboxError(.unimplemented, "kSecAttrTokenIDSecureEnclave: \(reason) Leave out kSecAttrTokenID for a software key.")
         }
-        throw LockboxError(.unimplemented, "kSecAttrTokenIDSecureEnclave: no hardware key store is connected in this build.")
+        guard request.algorithm == .p256 else {
+            throw LockboxError(.param, "kSecAttrTokenIDSecureEnclave makes P-256 keys only (kSecAttrKeyTypeECSECPrimeRandom).")
+        }
+        guard request.isPermanent else {
+            throw LockboxError(
+                .param, "A hardware key is kept in the keychain as the TPM's wrapped blob: give kSecAttrIsPermanent: true.")
+        }
+        var specification = request.specification
+        specification.token = .hardware
+        // The TPM signs; it does not agree keys or decrypt here.
+        specification.purposes = specification.purposes.intersection([.sign, .verify])
+        guard !specification.purposes.isEmpty else {
+            throw LockboxError(.param, "A hardware key signs and verifies; kSecAttrCanSign must not be false.")
+        }
+        let keys = try SecKeyStore.current()
+        return SecKey(.stored(try keys.generate(specification)), context: request.context)
     }
 }
 
