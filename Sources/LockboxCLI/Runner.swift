@@ -38,7 +38,7 @@ struct Runner {
             return .success
         case .unlock(let fromStandardInput, let timeout):
             var options = keychainOptions()
-            if let timeout { options.vault.idleTimeout = timeout }
+            if let timeout { options.vault.idleTimeout = .seconds(timeout) }
             let vault = try openVault(options)
             guard vault.hasPassphrase else {
                 // No passphrase (removed on purpose): this machine's device secret unlocks.

@@ -101,25 +101,48 @@ public protocol PresenceVerifier: Sendable {
 /// `LAContext` for Lockbox: how reads of access-controlled items authenticate.
 ///
 /// ```swift
-/// let context = AuthenticationContext(verifier: MyPassphraseDialog(), reuseDuration: 30)
+/// let context = AuthenticationContext(verifier: MyPassphraseDialog(), reuseDuration: .seconds(30))
 /// var query = Query.genericPassword(service: "bank", account: "alice")
 /// query.authenticationContext = context
 /// ```
 public final class AuthenticationContext: Sendable {
     /// Asks the user; nil means no interaction is possible.
     public let verifier: (any PresenceVerifier)?
-    /// Seconds a successful verification is reused (`touchIDAuthenticationAllowableReuseDuration`).
-    /// Default 0: every access asks.
-    public let reuseDuration: Double
+    /// How long a successful verification is reused (`touchIDAuthenticationAllowableReuseDuration`).
+    /// Default zero: every access asks.
+    public let reuseDuration: Duration
     /// `interactionNotAllowed`: fail with `errSecInteractionNotAllowed` instead of asking.
     public let interactionNotAllowed: Bool
+    /// Measures the reuse window.
+    package let clock: any LockboxClock
 
-    private let remembered = Mutex<[String: (proof: SecretBytes, at: Double)]>([:])
+    private let remembered = Mutex<[String: (proof: SecretBytes, at: Duration)]>([:])
 
-    public init(verifier: (any PresenceVerifier)? = nil, reuseDuration: Double = 0, interactionNotAllowed: Bool = false) {
+    /// A context that asks `verifier` and reuses a verification for `reuseDuration`.
+    ///
+    /// - Parameters:
+    ///   - verifier: Asks the user; nil when no interaction is possible.
+    ///   - reuseDuration: How long a successful verification spares the next prompt; zero
+    ///     (the default) asks on every access.
+    ///   - interactionNotAllowed: Fail with `errSecInteractionNotAllowed` instead of asking.
+    public convenience init(
+        verifier: (any PresenceVerifier)? = nil, reuseDuration: Duration = .zero, interactionNotAllowed: Bool = false
+    ) {
+        self.init(verifier: verifier, reuseDuration: reuseDuration, interactionNotAllowed: interactionNotAllowed, clock: SystemClock())
+    }
+
+    /// The same, with the reuse window measured in seconds as a `Double`.
+    @available(*, deprecated, message: "Pass the reuse window as a Duration, e.g. .seconds(30).")
+    public convenience init(verifier: (any PresenceVerifier)? = nil, reuseDuration seconds: Double, interactionNotAllowed: Bool = false) {
+        self.init(verifier: verifier, reuseDuration: .milliseconds(Int64((seconds * 1000).rounded())), interactionNotAllowed: interactionNotAllowed)
+    }
+
+    /// A context whose reuse window is measured with `clock`.
+    package init(verifier: (any PresenceVerifier)?, reuseDuration: Duration, interactionNotAllowed: Bool, clock: any LockboxClock) {
         self.verifier = verifier
         self.reuseDuration = reuseDuration
         self.interactionNotAllowed = interactionNotAllowed
+        self.clock = clock
     }
 
     /// Forgets every remembered verification (`LAContext.invalidate()`).
@@ -129,8 +152,8 @@ public final class AuthenticationContext: Sendable {
 
     /// A proof remembered for `realm` within the reuse window.
     package func rememberedProof(realm: String) -> SecretBytes? {
-        guard reuseDuration > 0 else { return nil }
-        let now = Self.monotonicSeconds()
+        guard reuseDuration > .zero else { return nil }
+        let now = clock.uptime()
         return remembered.withLock { entries in
             guard let entry = entries[realm] else { return nil }
             guard now - entry.at <= reuseDuration else {
@@ -142,14 +165,8 @@ public final class AuthenticationContext: Sendable {
     }
 
     package func remember(_ proof: SecretBytes, realm: String) {
-        guard reuseDuration > 0 else { return }
-        let now = Self.monotonicSeconds()
+        guard reuseDuration > .zero else { return }
+        let now = clock.uptime()
         remembered.withLock { $0[realm] = (proof, now) }
-    }
-
-    private static func monotonicSeconds() -> Double {
-        var time = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &time)
-        return Double(time.tv_sec) + Double(time.tv_nsec) / 1e9
     }
 }

@@ -29,7 +29,7 @@ public struct Query: Sendable {
     public init(
         _ itemClass: ItemClass, attributes: ItemAttributes = ItemAttributes(),
         limit: MatchLimit = .one, returning: ReturnOptions = .attributes,
-        synchronizable: SynchronizableMatch = .no
+        synchronizable: SynchronizableMatch = .notSynchronizable
     ) {
         self.itemClass = itemClass
         self.attributes = attributes
@@ -53,17 +53,26 @@ public struct Query: Sendable {
 
     /// How a query treats `kSecAttrSynchronizable`.
     public enum SynchronizableMatch: Sendable, Hashable {
-        /// Only non-synchronizable items (the attribute absent from the query).
-        case no
-        /// Only synchronizable items.
-        case yes
-        /// `kSecAttrSynchronizableAny`.
+        /// Only items that are not synchronizable (`kSecAttrSynchronizable` absent from the
+        /// query, or false). The default.
+        case notSynchronizable
+        /// Only synchronizable items (`kSecAttrSynchronizable` true).
+        case synchronizable
+        /// Both (`kSecAttrSynchronizableAny`).
         case any
 
+        /// The earlier name of ``notSynchronizable``.
+        @available(*, deprecated, renamed: "notSynchronizable")
+        public static var no: Self { .notSynchronizable }
+        /// The earlier name of ``synchronizable``.
+        @available(*, deprecated, renamed: "synchronizable")
+        public static var yes: Self { .synchronizable }
+
+        /// Whether an item whose `synchronizable` attribute is `value` (nil: absent) matches.
         public func matches(_ value: Bool?) -> Bool {
             switch self {
-            case .no: value != true
-            case .yes: value == true
+            case .notSynchronizable: value != true
+            case .synchronizable: value == true
             case .any: true
             }
         }

@@ -177,7 +177,7 @@ extension SecretBytes: CustomStringConvertible, CustomDebugStringConvertible, Cu
 }
 
 /// Compares two equally long buffers without an early exit.
-public func constantTimeEquals(_ left: UnsafeRawBufferPointer, _ right: UnsafeRawBufferPointer) -> Bool {
+package func constantTimeEquals(_ left: UnsafeRawBufferPointer, _ right: UnsafeRawBufferPointer) -> Bool {
     guard left.count == right.count else { return false }
     var difference: UInt8 = 0
     for index in 0..<left.count {
@@ -187,7 +187,7 @@ public func constantTimeEquals(_ left: UnsafeRawBufferPointer, _ right: UnsafeRa
 }
 
 /// Overwrites memory with zeros in a way the optimizer may not remove.
-public func wipe(_ buffer: UnsafeMutableRawBufferPointer) {
+package func wipe(_ buffer: UnsafeMutableRawBufferPointer) {
     guard let base = buffer.baseAddress, buffer.count > 0 else { return }
     #if canImport(Glibc)
     explicit_bzero(base, buffer.count)
@@ -198,7 +198,7 @@ public func wipe(_ buffer: UnsafeMutableRawBufferPointer) {
 
 extension Array where Element == UInt8 {
     /// Zeros the array's storage in place (for transient copies of key material).
-    public mutating func wipe() {
+    package mutating func wipe() {
         withUnsafeMutableBytes { LockboxCore.wipe($0) }
     }
 }

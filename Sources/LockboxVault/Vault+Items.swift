@@ -426,8 +426,8 @@ extension Vault {
         }
         if let selective { arguments = [selective] }
         switch query.synchronizable {
-        case .no: shape.insert(.onlyNotSynchronizable)
-        case .yes: shape.insert(.onlySynchronizable)
+        case .notSynchronizable: shape.insert(.onlyNotSynchronizable)
+        case .synchronizable: shape.insert(.onlySynchronizable)
         case .any: break
         }
         let needsMetadata = !residual.isEmpty

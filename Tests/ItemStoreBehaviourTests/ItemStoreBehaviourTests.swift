@@ -318,7 +318,7 @@ struct ItemStoreBehaviourTests {
         #expect(status { _ = try store.items(matching: query) } == -25300)
         query.synchronizable = .any
         #expect(try store.items(matching: query).count == 1)
-        query.synchronizable = .yes
+        query.synchronizable = .synchronizable
         #expect(try store.items(matching: query).first?.attributes.synchronizable == true)
     }
 

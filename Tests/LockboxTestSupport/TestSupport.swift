@@ -1,3 +1,4 @@
+import CTestIsolation
 import Foundation
 import Lockbox
 import Synchronization
@@ -23,6 +24,15 @@ public final class TemporaryDirectory: @unchecked Sendable {
     deinit {
         try? FileManager.default.removeItem(atPath: path)
     }
+}
+
+/// The temporary home every test process runs in (Tests/CTestIsolation): HOME and the XDG base
+/// directories point into it from before `main`, and the programs tests start inherit them.
+public enum TestHome {
+    /// The temporary home.
+    public static var path: String { String(cString: lockbox_test_home()) }
+    /// HOME as the test process was started with it.
+    public static var originalHome: String { String(cString: lockbox_test_original_home()) }
 }
 
 /// A recognisable secret that tests then search for in files and output.

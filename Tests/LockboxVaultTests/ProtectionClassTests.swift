@@ -71,7 +71,7 @@ final class ProtectionScenario {
     let fixture: VaultFixture
     let newPassphrase = SecretBytes(utf8: "a changed passphrase")
 
-    init(idleTimeout: UInt32 = 900) throws {
+    init(idleTimeout: Duration = .seconds(900)) throws {
         fixture = try VaultFixture { $0.idleTimeout = idleTimeout }
         for accessibility in Accessibility.allCases {
             try fixture.vault.add(
@@ -123,11 +123,17 @@ final class ProtectionScenario {
             vault.lock()
             return vault
         case .idleTimeoutPassed:
-            // Unlock with a 1 s idle timeout only now, so a slow machine cannot let it pass
-            // while the items are being added.
-            let short = try fixture.reopen { $0.idleTimeout = 1 }
+            // A handle that keeps its keys in the process, timed by a clock the test moves: the
+            // timeout passes without waiting (the kernel keyring's own countdown is tested in
+            // LockStateTests).
+            let clock = ManualClock()
+            let short = try fixture.reopen {
+                $0.idleTimeout = .seconds(60)
+                $0.unlockCache = .processMemory
+                $0.clock = clock
+            }
             try short.unlock(passphrase: fixture.passphrase)
-            Thread.sleep(forTimeInterval: 2.5)
+            clock.advance(by: .seconds(60))
             return short
         case .unlockedAgain:
             vault.lock()
@@ -186,7 +192,7 @@ final class ProtectionScenario {
 
 @Suite("Protection classes: every situation, every accessibility value")
 struct ProtectionClassTests {
-    func check(_ situation: Situation, _ accessibility: Accessibility, idleTimeout: UInt32 = 900) throws {
+    func check(_ situation: Situation, _ accessibility: Accessibility, idleTimeout: Duration = .seconds(900)) throws {
         let scenario = try ProtectionScenario(idleTimeout: idleTimeout)
         let vault = try scenario.enter(situation)
         defer { vault.lockAll() }
@@ -368,11 +374,14 @@ struct AccessControlTests {
     func reuseWindow_expires() throws {
         let fixture = try protectedVault()
         let verifier = ScriptedVerifier(.passphrase(VaultFixture.passphraseText))
-        let context = AuthenticationContext(verifier: verifier, reuseDuration: 1)
+        let clock = ManualClock()
+        let context = AuthenticationContext(verifier: verifier, reuseDuration: .seconds(30), interactionNotAllowed: false, clock: clock)
         _ = try read(fixture.vault, context: context).get()
+        clock.advance(by: .seconds(30))
         _ = try read(fixture.vault, context: context).get()
         #expect(verifier.calls == 1)
-        Thread.sleep(forTimeInterval: 1.3)
+        // The window runs from the verification, not from the last use.
+        clock.advance(by: .milliseconds(1))
         _ = try read(fixture.vault, context: context).get()
         #expect(verifier.calls == 2)
         // The default window is 0: every access asks.

@@ -225,7 +225,7 @@ struct SecretServiceStoreTests {
         var query = Query.genericPassword(service: service)
         query.synchronizable = .any
         #expect(try store.items(matching: query).count == 1)
-        query.synchronizable = .yes
+        query.synchronizable = .synchronizable
         #expect(try store.items(matching: query).first?.attributes.synchronizable == true)
         // Not a duplicate of the synchronizable one.
         try store.add(.genericPassword(service: service, account: "alice", data: SecretBytes(utf8: "local")))
