@@ -59,29 +59,56 @@ public enum Keychain {
         return Vault.defaultPath
     }
 
+    /// The unlock cache `LOCKBOX_UNLOCK_CACHE` asks for: `keyring` or `process`; nil when the
+    /// variable is unset or empty.
+    /// - Throws: `errSecParam` for any other value (names are exact and lower-case).
+    package static func unlockCache(environmentValue value: String?) throws(LockboxError) -> UnlockCache? {
+        guard let value, !value.isEmpty else { return nil }
+        switch value {
+        case "process": return .processMemory
+        case "keyring": return .kernelKeyring
+        default:
+            throw LockboxError(.param, "LOCKBOX_UNLOCK_CACHE must be `keyring` or `process`, not `\(value)`.")
+        }
+    }
+
+    /// The backend `LOCKBOX_BACKEND` names; nil when the variable is unset or empty.
+    /// - Throws: `errSecParam` for a name that is not a backend's (names are exact and lower-case).
+    package static func backend(environmentValue value: String?) throws(LockboxError) -> Backend? {
+        guard let value, !value.isEmpty else { return nil }
+        guard let backend = Backend(rawValue: value) else {
+            throw LockboxError(
+                .param,
+                "LOCKBOX_BACKEND=\(value) is not a backend; use one of: " + Backend.allCases.map(\.rawValue).joined(separator: ", ") + ".")
+        }
+        return backend
+    }
+
+    /// Applies `LOCKBOX_UNLOCK_CACHE` to a vault configuration.
+    /// - Throws: `errSecParam` when the variable holds something else than `keyring` or `process`.
+    package static func applyEnvironment(to configuration: inout Vault.Configuration) throws(LockboxError) {
+        if let cache = try unlockCache(environmentValue: ProcessEnvironment.value("LOCKBOX_UNLOCK_CACHE")) {
+            configuration.unlockCache = cache
+        }
+    }
+
     /// Opens the keychain. See the type's documentation for how the backend is chosen.
+    ///
+    /// - Parameter options: The backend, vault path and configurations; the defaults read
+    ///   `LOCKBOX_BACKEND`, `LOCKBOX_KEYCHAIN` and `LOCKBOX_UNLOCK_CACHE`.
+    /// - Returns: The store, the backend and why it was chosen.
+    /// - Throws: `errSecParam` for a malformed `LOCKBOX_BACKEND` or `LOCKBOX_UNLOCK_CACHE`;
+    ///   `errSecNoSuchKeychain` when there is no vault at the path; the backend's own error when
+    ///   it cannot be used (never a fallback to another backend).
     public static func open(_ options: Options = Options()) throws(LockboxError) -> Opened {
         var configuration = options.vault
-        if let cache = ProcessEnvironment.value("LOCKBOX_UNLOCK_CACHE") {
-            switch cache {
-            case "process": configuration.unlockCache = .processMemory
-            case "keyring": configuration.unlockCache = .kernelKeyring
-            default:
-                throw LockboxError(.param, "LOCKBOX_UNLOCK_CACHE must be `keyring` or `process`, not `\(cache)`.")
-            }
-        }
+        try applyEnvironment(to: &configuration)
         let backend: Backend
         let reason: String
         if let chosen = options.backend {
             backend = chosen
             reason = "chosen by the application"
-        } else if let name = ProcessEnvironment.nonEmpty("LOCKBOX_BACKEND") {
-            guard let chosen = Backend(rawValue: name) else {
-                throw LockboxError(
-                    .param,
-                    "LOCKBOX_BACKEND=\(name) is not a backend; use one of: "
-                        + Backend.allCases.map(\.rawValue).joined(separator: ", ") + ".")
-            }
+        } else if let chosen = try Self.backend(environmentValue: ProcessEnvironment.value("LOCKBOX_BACKEND")) {
             backend = chosen
             reason = "chosen by LOCKBOX_BACKEND"
         } else {

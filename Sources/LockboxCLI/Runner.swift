@@ -357,9 +357,7 @@ struct Runner {
     }
 
     private func applyEnvironment(to configuration: inout Vault.Configuration) throws(LockboxError) {
-        if ProcessEnvironment.value("LOCKBOX_UNLOCK_CACHE") == "process" {
-            configuration.unlockCache = .processMemory
-        }
+        try Keychain.applyEnvironment(to: &configuration)
     }
 
     static func json<T: Encodable>(_ value: T) -> String {
