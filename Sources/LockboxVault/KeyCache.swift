@@ -192,6 +192,18 @@ final class KeyCache {
         return Int(String(decoding: buffer[..<count].filter { $0 != UInt8(ascii: "\n") }, as: UTF8.self))
     }
 
+    /// Throws the cache's own error when `mode` cannot be used in this process (the kernel
+    /// keyring forbidden, as in some containers), so that a vault is not created that could
+    /// never be unlocked here.
+    static func checkUsable(_ mode: UnlockCache) throws(LockboxError) {
+        guard mode == .kernelKeyring else { return }
+        do throws(KernelKeyring.Absence) {
+            _ = try KernelKeyring.find(descriptionPrefix + "probe:absent")
+        } catch {
+            if let failure = unavailableError(error) { throw failure }
+        }
+    }
+
     private static func unavailableError(_ absence: KernelKeyring.Absence) -> LockboxError? {
         guard case .unavailable(let failure) = absence else { return nil }
         return unavailableError(failure)

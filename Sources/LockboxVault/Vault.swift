@@ -138,6 +138,8 @@ public final class Vault: ItemStore, Sendable {
         guard !passphrase.isEmpty else {
             throw LockboxError(.param, "The passphrase is empty. Choose a passphrase to protect the keychain.")
         }
+        // A vault whose keys could not be cached would be created, yet locked at once.
+        try KeyCache.checkUsable(configuration.unlockCache)
         let oldMask = umask(0o077)
         defer { umask(oldMask) }
         let database = try Database(path: path, create: true, busyTimeoutMilliseconds: configuration.busyTimeout.wholeMilliseconds)
