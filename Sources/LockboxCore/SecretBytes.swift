@@ -65,9 +65,11 @@ public final class SecretBytes: @unchecked Sendable {
                 fatalError("SecretBytes: out of memory mapping \(size) bytes")
             }
             raw = mapped
-            // Guard pages: touching them crashes instead of reading a neighbour's secret.
-            mprotect(raw, page, PROT_NONE)
-            mprotect(raw + (dataPages + 1) * page, page, PROT_NONE)
+            // Guard pages: touching them crashes instead of reading a neighbour's secret. A
+            // guard that did not apply would be a promise silently broken: stop.
+            guard mprotect(raw, page, PROT_NONE) == 0, mprotect(raw + (dataPages + 1) * page, page, PROT_NONE) == 0 else {
+                fatalError("SecretBytes: mprotect of a guard page failed (errno \(errno))")
+            }
             // Best effort, as libsodium does: RLIMIT_MEMLOCK may forbid it.
             _ = mlock(raw + page, dataPages * page)
             #if canImport(Glibc)
