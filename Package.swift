@@ -145,7 +145,7 @@ let package = Package(
         // Test targets depend on no executable target (that would link its objects and its link
         // flags into the tests): the tests run the programs that `swift build --build-tests`
         // makes beside them (lockbox, lockbox-stress, lockbox-auth-worker, the helpers).
-        .testTarget(name: "LockboxCoreTests", dependencies: ["LockboxCore"], swiftSettings: strict),
+        .testTarget(name: "LockboxCoreTests", dependencies: ["LockboxCore", "LockboxTestSupport"], swiftSettings: strict),
         .testTarget(
             name: "LockboxVaultTests",
             dependencies: ["LockboxVault", "VaultCrypto", "VaultStorage", "KeyProviders", "Lockbox", "LockboxTestSupport"],

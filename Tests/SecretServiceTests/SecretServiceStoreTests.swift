@@ -1,5 +1,6 @@
 import Foundation
 import LockboxCore
+import LockboxTestSupport
 import SecretService
 import Testing
 
@@ -249,8 +250,9 @@ struct SecretServiceStoreTests {
     @Test func vaultKey_storedThenReplaced_readsTheLatest_andDeleteRemovesIt() throws {
         let store = try TestBus.store()
         let vault = TestBus.unique("vault")
-        let first = SecretBytes(copying: (0..<32).map { _ in UInt8.random(in: 0...255) })
-        let second = SecretBytes(copying: (0..<32).map { _ in UInt8.random(in: 0...255) })
+        var generator = SeededGenerator("binary secrets")
+        let first = SecretBytes(copying: generator.bytes(32))
+        let second = SecretBytes(copying: generator.bytes(32))
         expectError(.itemNotFound) { try store.vaultKey(vaultIdentifier: vault) }
         try store.storeVaultKey(first, vaultIdentifier: vault)
         #expect(try store.vaultKey(vaultIdentifier: vault) == first)
