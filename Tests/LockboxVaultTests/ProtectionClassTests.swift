@@ -520,17 +520,19 @@ struct BackupTests {
 
     @Test("restoring merges: new items added, the newer copy wins, ties keep the existing item")
     func restore_mergesByModificationDate() throws {
-        // A second vault holds an older copy of one item, made before everything else.
-        let second = try VaultFixture()
+        // A second vault holds an older copy of one item, made before everything else. One
+        // clock for both vaults, moved between the writes, orders their modification dates.
+        let clock = ManualClock()
+        let second = try VaultFixture { $0.clock = clock }
         try second.vault.add(.genericPassword(service: "s", account: "old-in-vault", data: SecretBytes(utf8: "ancient")))
-        Thread.sleep(forTimeInterval: 0.01)
-        let fixture = try VaultFixture()
+        clock.advance(by: .seconds(1))
+        let fixture = try VaultFixture { $0.clock = clock }
         try fixture.vault.add(.genericPassword(service: "s", account: "old-in-vault", data: SecretBytes(utf8: "vault-1")))
         try fixture.vault.add(.genericPassword(service: "s", account: "same", data: SecretBytes(utf8: "same")))
         try fixture.vault.add(.genericPassword(service: "s", account: "only-in-backup", data: SecretBytes(utf8: "backup")))
         let file = fixture.directory.file("backup.lbx")
         _ = try fixture.vault.backup(to: file, passphrase: SecretBytes(utf8: "pw"))
-        Thread.sleep(forTimeInterval: 0.01)
+        clock.advance(by: .seconds(1))
         try fixture.vault.update(matching: .genericPassword(service: "s", account: "old-in-vault"), to: ItemUpdate(data: SecretBytes(utf8: "vault-2")))
         try fixture.vault.delete(matching: .genericPassword(service: "s", account: "only-in-backup"))
         let summary = try fixture.vault.restore(from: file, passphrase: SecretBytes(utf8: "pw"))
