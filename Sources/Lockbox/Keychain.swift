@@ -59,6 +59,14 @@ public enum Keychain {
         return Vault.defaultPath
     }
 
+    /// The desktop keyring (Secret Service) as the vault's key keeper, for
+    /// ``Vault/enroll(_:)``, ``Vault/unenroll(_:)`` and ``Vault/unlock(with:)``: the vault then
+    /// opens with the login session.
+    /// - Parameter options: Its ``Options/secretService`` configuration is used.
+    public static func desktopKeyring(_ options: Options = Options()) -> SecretServiceStore {
+        SecretServiceStore(configuration: options.secretService)
+    }
+
     /// The unlock cache `LOCKBOX_UNLOCK_CACHE` asks for: `keyring` or `process`; nil when the
     /// variable is unset or empty.
     /// - Throws: `errSecParam` for any other value (names are exact and lower-case).
@@ -131,7 +139,7 @@ public enum Keychain {
                         vault: vault)
                 }
                 do {
-                    try vault.unlock(with: SecretServiceStore(configuration: options.secretService))
+                    try vault.unlock(with: desktopKeyring(options))
                     note = "; unlocked with its key in the desktop keyring (Secret Service)"
                 } catch {
                     note = "; the desktop keyring could not unlock it (\(error.message))"

@@ -1,7 +1,6 @@
 import FoundationEssentials
 import Lockbox
 import LockboxCommandLine
-import SecretService
 
 /// Runs a parsed invocation.
 struct Runner {
@@ -53,7 +52,7 @@ struct Runner {
             // a vault by itself after a lock in the same session).
             if vault.enrolledKeepers.contains("secret-service") {
                 do {
-                    try vault.unlock(with: SecretServiceStore())
+                    try vault.unlock(with: Keychain.desktopKeyring(keychainOptions()))
                     output.error("Unlocked with the desktop keyring.")
                     return .success
                 } catch {
@@ -180,7 +179,7 @@ struct Runner {
             return .success
         case .enroll(_, let remove):
             let vault = try openVault()
-            let keyring = SecretServiceStore()
+            let keyring = Keychain.desktopKeyring(keychainOptions())
             if remove {
                 try vault.unenroll(keyring)
                 output.error("The desktop keyring no longer unlocks this keychain.")

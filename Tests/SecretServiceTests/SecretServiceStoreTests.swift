@@ -1,4 +1,5 @@
 import Foundation
+import Lockbox
 import LockboxCore
 import LockboxTestSupport
 import SecretService
@@ -253,20 +254,20 @@ struct SecretServiceStoreTests {
         var generator = SeededGenerator("binary secrets")
         let first = SecretBytes(copying: generator.bytes(32))
         let second = SecretBytes(copying: generator.bytes(32))
-        expectError(.itemNotFound) { try store.vaultKey(vaultIdentifier: vault) }
-        try store.storeVaultKey(first, vaultIdentifier: vault)
-        #expect(try store.vaultKey(vaultIdentifier: vault) == first)
-        try store.storeVaultKey(second, vaultIdentifier: vault)
-        #expect(try store.vaultKey(vaultIdentifier: vault) == second)
-        try store.deleteVaultKey(vaultIdentifier: vault)
-        expectError(.itemNotFound) { try store.vaultKey(vaultIdentifier: vault) }
-        expectError(.itemNotFound) { try store.deleteVaultKey(vaultIdentifier: vault) }
+        expectError(.itemNotFound) { try store.slotKey(vaultIdentifier: vault) }
+        try store.storeSlotKey(first, vaultIdentifier: vault)
+        #expect(try store.slotKey(vaultIdentifier: vault) == first)
+        try store.storeSlotKey(second, vaultIdentifier: vault)
+        #expect(try store.slotKey(vaultIdentifier: vault) == second)
+        try store.deleteSlotKey(vaultIdentifier: vault)
+        expectError(.itemNotFound) { try store.slotKey(vaultIdentifier: vault) }
+        expectError(.itemNotFound) { try store.deleteSlotKey(vaultIdentifier: vault) }
     }
 
     @Test func vaultKey_ofWrongLength_throwsParam() throws {
         let store = try TestBus.store()
         expectError(.param) {
-            try store.storeVaultKey(SecretBytes(copying: [1, 2, 3]), vaultIdentifier: TestBus.unique("vault"))
+            try store.storeSlotKey(SecretBytes(copying: [1, 2, 3]), vaultIdentifier: TestBus.unique("vault"))
         }
     }
 }
