@@ -34,6 +34,7 @@ public enum Keychain {
         /// The Secret Service backend's configuration.
         public var secretService = SecretServiceStore.Configuration()
 
+        /// Options that name a backend and a vault path; nil leaves each to the environment and the defaults.
         public init(backend: Backend? = nil, path: String? = nil) {
             self.backend = backend
             self.path = path
@@ -42,7 +43,9 @@ public enum Keychain {
 
     /// An opened keychain and why it was chosen.
     public struct Opened: Sendable {
+        /// The store to read and write items through.
         public let store: any ItemStore
+        /// The backend that was opened.
         public let backend: Backend
         /// One sentence on why this backend was chosen (for `lockbox status`).
         public let reason: String

@@ -11,8 +11,11 @@ import Glibc
 /// trust, so the biometry flags are accepted and never satisfied: reading such an item fails
 /// with `errSecAuthFailed`, as on a device without biometry.
 public struct AccessControl: Sendable, Hashable, CustomStringConvertible {
+    /// The constraints of an access-control object (`SecAccessControlCreateFlags`).
     public struct Flags: OptionSet, Sendable, Hashable {
+        /// The flags as a bit set.
         public let rawValue: Int
+        /// Flags from their bit set.
         public init(rawValue: Int) { self.rawValue = rawValue }
 
         /// `kSecAccessControlUserPresence`: any authentication the user can give.
@@ -29,13 +32,18 @@ public struct AccessControl: Sendable, Hashable, CustomStringConvertible {
         public static let and = Flags(rawValue: 1 << 15)
     }
 
+    /// What the user must do to use the item.
     public var flags: Flags
 
+    /// Access control with `flags`.
     public init(_ flags: Flags) {
         self.flags = flags
     }
 
+    /// Any authentication the user can give (here: the vault passphrase), as
+    /// `kSecAccessControlUserPresence`.
     public static let userPresence = AccessControl(.userPresence)
+    /// The device passcode (here: the vault passphrase), as `kSecAccessControlDevicePasscode`.
     public static let devicePasscode = AccessControl(.devicePasscode)
 
     /// True when the constraints can be met here: a passphrase satisfies them, biometry cannot.
@@ -81,8 +89,10 @@ public struct AccessControl: Sendable, Hashable, CustomStringConvertible {
 public struct AuthenticationRequest: Sendable {
     /// Why the keychain asks ("read api.example.com for alice").
     public var reason: String
+    /// The access control of the item being read.
     public var accessControl: AccessControl
 
+    /// A request shown to the user: why, and for which access control.
     public init(reason: String, accessControl: AccessControl) {
         self.reason = reason
         self.accessControl = accessControl
@@ -95,6 +105,12 @@ public struct AuthenticationRequest: Sendable {
 /// it, so a verifier cannot be skipped or faked. Throw `LockboxError(.userCanceled, ...)` when
 /// the user cancels.
 public protocol PresenceVerifier: Sendable {
+    /// Asks the user for the vault passphrase.
+    ///
+    /// - Parameter request: Why the passphrase is needed, to show the user.
+    /// - Returns: The passphrase the user entered.
+    /// - Throws: `errSecUserCanceled` when the user cancels; `errSecInteractionNotAllowed` when no
+    ///   one can be asked.
     func passphrase(for request: AuthenticationRequest) throws(LockboxError) -> SecretBytes
 }
 

@@ -26,6 +26,8 @@ public struct Query: Sendable {
     /// store's default (the vault's configured verifier, if any).
     public var authenticationContext: AuthenticationContext?
 
+    /// A query for items of `itemClass` with `attributes`; by default one match, its attributes,
+    /// and only items that are not synchronizable.
     public init(
         _ itemClass: ItemClass, attributes: ItemAttributes = ItemAttributes(),
         limit: MatchLimit = .one, returning: ReturnOptions = .attributes,
@@ -47,7 +49,9 @@ public struct Query: Sendable {
 
     /// `kSecMatchLimit`.
     public enum MatchLimit: Sendable, Hashable {
+        /// `kSecMatchLimitOne`: the first match.
         case one
+        /// `kSecMatchLimitAll`: every match.
         case all
     }
 
@@ -80,11 +84,16 @@ public struct Query: Sendable {
 
     /// What to return for each match.
     public struct ReturnOptions: OptionSet, Sendable, Hashable {
+        /// The options as a bit set.
         public let rawValue: Int
+        /// Options from their bit set.
         public init(rawValue: Int) { self.rawValue = rawValue }
 
+        /// `kSecReturnData`: the secret.
         public static let data = ReturnOptions(rawValue: 1)
+        /// `kSecReturnAttributes`: the attributes.
         public static let attributes = ReturnOptions(rawValue: 2)
+        /// `kSecReturnPersistentRef`: a reference that finds the item again.
         public static let persistentReference = ReturnOptions(rawValue: 4)
     }
 }

@@ -159,6 +159,7 @@ public final class SecretBytes: @unchecked Sendable {
         try body(UnsafeRawBufferPointer(start: start, count: count))
     }
 
+    /// Whether there are no bytes.
     public var isEmpty: Bool { count == 0 }
 }
 
@@ -173,8 +174,11 @@ extension SecretBytes: Equatable {
 }
 
 extension SecretBytes: CustomStringConvertible, CustomDebugStringConvertible, CustomReflectable {
+    /// `<redacted>`, whatever the bytes.
     public var description: String { "<redacted>" }
+    /// `SecretBytes(<redacted>, N bytes)`: the length, never the bytes.
     public var debugDescription: String { "SecretBytes(<redacted>, \(count) bytes)" }
+    /// A mirror with no children, so `dump` shows no bytes.
     public var customMirror: Mirror { Mirror(self, children: [], displayStyle: .struct) }
 }
 
