@@ -36,7 +36,9 @@ public enum SignOutReason: String, Sendable, Hashable, Codable {
 public struct AuthError: Error, Sendable, Hashable, CustomStringConvertible {
     /// What kind of failure this is. The raw value is the reason code events show.
     public struct Code: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
+        /// The code's name (`signed_out`, `network`, ...), stable across releases.
         public let rawValue: String
+        /// A code from its name.
         public init(rawValue: String) { self.rawValue = rawValue }
 
         /// There is no session: sign in again. ``AuthError/signOutReason`` says why, and the
@@ -71,6 +73,7 @@ public struct AuthError: Error, Sendable, Hashable, CustomStringConvertible {
         /// The caller's task was cancelled.
         public static let cancelled = Code(rawValue: "cancelled")
 
+        /// The code's name.
         public var description: String { rawValue }
 
         /// Lets `catch AuthError.signedOut` read naturally.
@@ -78,11 +81,13 @@ public struct AuthError: Error, Sendable, Hashable, CustomStringConvertible {
             (error as? AuthError)?.code == code
         }
 
+        /// Matches an `AuthError` by its code: `catch AuthError.network`.
         public static func ~= (code: Code, error: AuthError) -> Bool {
             error.code == code
         }
     }
 
+    /// What went wrong; match it rather than the message.
     public let code: Code
     /// What happened and what to do. Never contains a token; fixed text and sanitised codes.
     public let message: String
@@ -101,6 +106,7 @@ public struct AuthError: Error, Sendable, Hashable, CustomStringConvertible {
     /// For ``Code/network``: the `URLError` code (`-1001` when the request deadline passed).
     public let urlErrorCode: Int?
 
+    /// An error with `code`, a `message` without secrets, and the details the code calls for.
     public init(
         _ code: Code, _ message: String, signOutReason: SignOutReason? = nil, storeError: LockboxError? = nil,
         httpStatus: Int? = nil, oauthError: String? = nil, retryAfter: Int? = nil, urlErrorCode: Int? = nil
@@ -115,6 +121,7 @@ public struct AuthError: Error, Sendable, Hashable, CustomStringConvertible {
         self.urlErrorCode = urlErrorCode
     }
 
+    /// The message; it never contains a token.
     public var description: String { message }
 
     /// True when the session is gone and the user must sign in again.
@@ -131,16 +138,27 @@ public struct AuthError: Error, Sendable, Hashable, CustomStringConvertible {
         }
     }
 
+    /// ``Code/signedOut``, for `catch AuthError.signedOut`.
     public static let signedOut = Code.signedOut
+    /// ``Code/storeLocked``.
     public static let storeLocked = Code.storeLocked
+    /// ``Code/store``.
     public static let store = Code.store
+    /// ``Code/network``.
     public static let network = Code.network
+    /// ``Code/server``.
     public static let server = Code.server
+    /// ``Code/invalidResponse``.
     public static let invalidResponse = Code.invalidResponse
+    /// ``Code/responseTooLarge``.
     public static let responseTooLarge = Code.responseTooLarge
+    /// ``Code/redirectRefused``.
     public static let redirectRefused = Code.redirectRefused
+    /// ``Code/flowFailed``.
     public static let flowFailed = Code.flowFailed
+    /// ``Code/configuration``.
     public static let configuration = Code.configuration
+    /// ``Code/cancelled``.
     public static let cancelled = Code.cancelled
 }
 

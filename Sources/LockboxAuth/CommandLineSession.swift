@@ -12,6 +12,7 @@ import LockboxCore
 /// | `lockbox logout --retry` | ``retryPendingLogouts()`` |
 /// | `lockbox auth status` | ``status()`` |
 public struct CommandLineSession: Sendable {
+    /// Where sessions and the revocation outbox are kept.
     public let store: any ItemStore
     /// The directory of cross-process lock files; use `vault.path + ".oauth-locks"`.
     public let lockDirectory: String
@@ -34,7 +35,9 @@ public struct CommandLineSession: Sendable {
 
     /// A device sign-in waiting for the user.
     public struct PendingLogin: Sendable {
+        /// The client the login is for.
         public let configuration: ClientConfiguration
+        /// The device code and the user code to show.
         public let authorization: DeviceAuthorization
         /// "Open https://... and enter the code ABCD-EFGH." The code and URIs were checked to
         /// hold no control characters; the text is sanitised again for the terminal.
@@ -43,9 +46,13 @@ public struct CommandLineSession: Sendable {
 
     /// One stored session, for `lockbox auth status`. Holds no token.
     public struct SessionStatus: Sendable, Hashable, CustomStringConvertible {
+        /// The issuer the session belongs to.
         public let issuer: String
+        /// The client's identifier.
         public let clientID: String
+        /// The account name the session is stored under.
         public let account: String
+        /// The scopes granted.
         public let scope: [String]
 
         /// One line for a terminal; values read from the store are sanitised.
@@ -58,7 +65,9 @@ public struct CommandLineSession: Sendable {
 
     /// The answer of ``status()``.
     public struct Status: Sendable, Hashable {
+        /// The stored sessions.
         public let sessions: [SessionStatus]
+        /// Revocations waiting in the outbox for a retry.
         public let pendingRevocations: Int
 
         /// Lines for a terminal.

@@ -20,7 +20,9 @@ import LockboxCore
 /// ``TokenStore`` under a cross-process lock right before each refresh, so a token another
 /// process rotated is never presented twice (which a strict server treats as theft).
 public actor CredentialsManager {
+    /// The client and server this manager holds a session with.
     public nonisolated let configuration: ClientConfiguration
+    /// Where the session is stored: issuer, client and account.
     public nonisolated let key: CredentialKey
     private let tokenStore: any TokenStore
     private let transport: any HTTPTransport
@@ -401,6 +403,7 @@ public actor CredentialsManager {
         /// The revocation failed and waits in the outbox for ``RevocationOutbox/retryPending()``.
         public let queued: Bool
 
+        /// A result: whether the server revoked the session, and whether a revocation was queued.
         public init(revoked: Bool, queued: Bool) {
             self.revoked = revoked
             self.queued = queued

@@ -15,6 +15,7 @@ import LockboxCore
 /// try await manager.signIn(with: tokens)
 /// ```
 public struct DeviceAuthorizationFlow: Sendable {
+    /// The client and server this flow signs in to.
     public let configuration: ClientConfiguration
     private let transport: any HTTPTransport
     private let slowDownIncrement: Duration
@@ -149,6 +150,7 @@ public struct DeviceAuthorization: Sendable, CustomStringConvertible {
     public let verificationURI: URL
     /// The URI with the code filled in, for a QR code or a link; https.
     public let verificationURIComplete: URL?
+    /// When the device code expires; polling stops then.
     public let expiresAt: Date
     /// The polling interval the server asked for.
     public let interval: Duration
@@ -159,5 +161,6 @@ public struct DeviceAuthorization: Sendable, CustomStringConvertible {
             + (verificationURIComplete.map { " (or open \($0.absoluteString))" } ?? "") + "."
     }
 
+    /// The user code; the device code prints as `<redacted>`.
     public var description: String { "DeviceAuthorization(userCode: \(userCode), deviceCode: <redacted>)" }
 }

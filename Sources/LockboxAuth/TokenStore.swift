@@ -23,17 +23,21 @@ public protocol TokenStore: Sendable {
 
 /// Names one account's credentials: an issuer, a client and an account label.
 public struct CredentialKey: Sendable, Hashable, Codable, CustomStringConvertible {
+    /// The issuer's URL, as given.
     public var issuer: String
+    /// The client's identifier.
     public var clientID: String
     /// A label for the account; `default` when an app has one account per client.
     public var account: String
 
+    /// A key for `clientID` at `issuer`, under `account`.
     public init(issuer: String, clientID: String, account: String = "default") {
         self.issuer = issuer.hasSuffix("/") ? String(issuer.dropLast()) : issuer
         self.clientID = clientID
         self.account = account
     }
 
+    /// The key of `configuration`'s client, under `account`.
     public init(configuration: ClientConfiguration, account: String = "default") {
         self.init(issuer: configuration.issuer.absoluteString, clientID: configuration.clientID, account: account)
     }
@@ -48,6 +52,7 @@ public struct CredentialKey: Sendable, Hashable, Codable, CustomStringConvertibl
         Array(SHA256.hash(Array(storageAccount.utf8)).prefix(16)).hexString
     }
 
+    /// `client@issuer (account)`.
     public var description: String { "\(clientID)@\(issuer) (\(account))" }
 }
 
@@ -60,9 +65,13 @@ public struct ItemStoreTokenStore: TokenStore {
     /// The keychain service of refresh-token items.
     public static let service = "lockbox.oauth.refresh-token"
 
+    /// The item store the refresh token lives in.
     public let store: any ItemStore
+    /// Which session this store holds.
     public let key: CredentialKey
+    /// The accessibility of the stored refresh token.
     public let accessibility: Accessibility
+    /// The client configuration stored beside the token, if any.
     public let configuration: ClientConfiguration?
 
     /// - Parameters:
@@ -86,6 +95,8 @@ public struct ItemStoreTokenStore: TokenStore {
     // The async calls (the TokenStore conformance) go through `store.async`, off the
     // cooperative pool; the synchronous twins serve synchronous callers (tools, campaigns).
 
+    /// The stored refresh token; nil when there is none.
+    /// - Throws: `errSecInteractionNotAllowed` when the store is locked (never nil then).
     public func refreshToken() async throws(LockboxError) -> SecretBytes? {
         do {
             return try await store.async.data(matching: query)
@@ -94,6 +105,7 @@ public struct ItemStoreTokenStore: TokenStore {
         }
     }
 
+    /// The stored refresh token; nil when there is none (synchronous).
     public func refreshToken() throws(LockboxError) -> SecretBytes? {
         do {
             return try store.data(matching: query)
@@ -102,6 +114,7 @@ public struct ItemStoreTokenStore: TokenStore {
         }
     }
 
+    /// Stores `token`, replacing the earlier one.
     public func saveRefreshToken(_ token: SecretBytes) async throws(LockboxError) {
         let store = self.store.async
         do {
@@ -116,6 +129,7 @@ public struct ItemStoreTokenStore: TokenStore {
         }
     }
 
+    /// Stores `token`, replacing the earlier one (synchronous).
     public func saveRefreshToken(_ token: SecretBytes) throws(LockboxError) {
         do {
             try store.update(matching: query, to: replacement(token))
@@ -128,22 +142,26 @@ public struct ItemStoreTokenStore: TokenStore {
         }
     }
 
+    /// Removes the stored token and configuration.
     public func clearCredentials() async throws(LockboxError) {
         do {
             try await store.async.delete(matching: query)
         } catch LockboxError.itemNotFound {}
     }
 
+    /// Removes the stored token and configuration (synchronous).
     public func clearCredentials() throws(LockboxError) {
         do {
             try store.delete(matching: query)
         } catch LockboxError.itemNotFound {}
     }
 
+    /// Whether a refresh token is stored.
     public func hasCredentials() async throws(LockboxError) -> Bool {
         try await store.async.contains(query)
     }
 
+    /// Whether a refresh token is stored (synchronous).
     public func hasCredentials() throws(LockboxError) -> Bool {
         try store.contains(query)
     }
@@ -170,7 +188,9 @@ public struct ItemStoreTokenStore: TokenStore {
 
 /// A session found in a store: its key and configuration, never its token.
 public struct StoredSession: Sendable, Hashable {
+    /// Which session this is.
     public let key: CredentialKey
+    /// Its client configuration, when one was stored.
     public let configuration: ClientConfiguration?
 
     struct Metadata: Codable {
