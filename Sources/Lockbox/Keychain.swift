@@ -27,7 +27,7 @@ public enum Keychain {
     public struct Options: Sendable {
         /// The backend; nil to choose by environment and defaults.
         public var backend: Backend?
-        /// The vault file; nil for `LOCKBOX_KEYCHAIN`, then ``Vault/defaultPath``.
+        /// The vault file; nil for `LOCKBOX_KEYCHAIN`, then `Vault.defaultPath`.
         public var path: String?
         /// The vault's configuration.
         public var vault = Vault.Configuration()
@@ -63,7 +63,7 @@ public enum Keychain {
     }
 
     /// The desktop keyring (Secret Service) as the vault's key keeper, for
-    /// ``Vault/enroll(_:)``, ``Vault/unenroll(_:)`` and ``Vault/unlock(with:)``: the vault then
+    /// `Vault.enroll(_:)`, `Vault.unenroll(_:)` and `Vault.unlock(with:)`: the vault then
     /// opens with the login session.
     /// - Parameter options: Its ``Options/secretService`` configuration is used.
     public static func desktopKeyring(_ options: Options = Options()) -> SecretServiceStore {

@@ -19,7 +19,7 @@ public enum SignOutReason: String, Sendable, Hashable, Codable {
 }
 
 /// The errors of the credential lifecycle: a ``Code`` to match, a message that says what to do,
-/// and the cause where there is one (the store's ``LockboxError``, the HTTP status, the OAuth
+/// and the cause where there is one (the store's `LockboxError`, the HTTP status, the OAuth
 /// error code, the `URLError` code). Messages never contain a token.
 ///
 /// Match codes, not text; new codes may be added without breaking clients:

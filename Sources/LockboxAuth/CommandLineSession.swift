@@ -6,7 +6,7 @@ import LockboxCore
 ///
 /// | Command | Call |
 /// |---|---|
-/// | `lockbox login --issuer URL --client-id ID [--scope S]...` | ``beginLogin(issuer:clientID:scope:)``, print `instructions`, then ``completeLogin(_:)`` |
+/// | `lockbox login --issuer URL --client-id ID [--scope S]...` | ``beginLogin(issuer:clientID:scope:)``, print `instructions`, then `completeLogin` |
 /// | `lockbox token [--issuer URL] [--client-id ID]` | ``accessToken(issuer:clientID:)`` (write its bytes to stdout) |
 /// | `lockbox logout [--issuer URL] [--client-id ID]` | ``logout(issuer:clientID:)`` |
 /// | `lockbox logout --retry` | ``retryPendingLogouts()`` |
@@ -20,8 +20,15 @@ public struct CommandLineSession: Sendable {
     private let requestLimits: RequestLimits
     private let events: @Sendable (AuthEvent) -> Void
 
-    /// - Parameter requestLimits: the limits of a new sign-in's requests (stored with its
-    ///   configuration; later commands use the stored ones).
+    /// A session over `store`.
+    ///
+    /// - Parameters:
+    ///   - store: where sessions and the revocation outbox are kept.
+    ///   - lockDirectory: the directory of cross-process lock files.
+    ///   - transport: how requests reach the server.
+    ///   - requestLimits: the limits of a new sign-in's requests (stored with its
+    ///     configuration; later commands use the stored ones).
+    ///   - events: called synchronously for each ``AuthEvent``.
     public init(
         store: any ItemStore, lockDirectory: String, transport: any HTTPTransport = URLSessionTransport(),
         requestLimits: RequestLimits = RequestLimits(), events: @escaping @Sendable (AuthEvent) -> Void = { _ in }

@@ -64,11 +64,18 @@ public actor CredentialsManager {
     /// Lockbox never falls back to weaker storage.
     public private(set) var isPersistentSignInDisabled = false
 
+    /// A manager of the session `tokenStore` holds for `configuration`'s client.
+    ///
     /// - Parameters:
+    ///   - configuration: the client and its authorization server.
+    ///   - account: the account name the session is stored under.
+    ///   - tokenStore: where the refresh token is kept.
+    ///   - transport: how requests reach the server.
     ///   - lockDirectory: a directory for cross-process lock files; pass the same one in every
     ///     process sharing `tokenStore` (e.g. `vault.path + ".oauth-locks"`). `nil` limits
     ///     single flight to this process.
     ///   - outbox: where failed revocations wait for a retry; `nil` drops them.
+    ///   - now: the current time, for token expiry (tests move it instead of waiting).
     ///   - events: called synchronously for each ``AuthEvent``; keep it quick.
     public init(
         configuration: ClientConfiguration, account: String = "default", tokenStore: any TokenStore,

@@ -21,8 +21,14 @@ public struct DeviceAuthorizationFlow: Sendable {
     private let slowDownIncrement: Duration
     private let now: @Sendable () -> Date
 
-    /// - Parameter slowDownIncrement: added to the polling interval on each `slow_down`
-    ///   (RFC 8628 section 3.5 says 5 seconds; tests may shorten it).
+    /// A device flow for `configuration`'s client.
+    ///
+    /// - Parameters:
+    ///   - configuration: the client and its authorization server.
+    ///   - transport: how requests reach the server.
+    ///   - slowDownIncrement: added to the polling interval on each `slow_down`
+    ///     (RFC 8628 section 3.5 says 5 seconds; tests may shorten it).
+    ///   - now: the current time, for the device code's expiry.
     public init(
         configuration: ClientConfiguration, transport: any HTTPTransport = URLSessionTransport(),
         slowDownIncrement: Duration = .seconds(5), now: @escaping @Sendable () -> Date = { Date() }

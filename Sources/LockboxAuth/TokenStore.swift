@@ -6,7 +6,7 @@ import LockboxCore
 ///
 /// The calls are async: ``CredentialsManager`` is an actor on Swift's cooperative pool, and an
 /// implementation that blocks (a database busy wait, a D-Bus call) must do so off the pool, as
-/// ``ItemStoreTokenStore`` does through ``AsyncItemStore``.
+/// ``ItemStoreTokenStore`` does through `AsyncItemStore`.
 ///
 /// Errors keep their meaning: a locked store throws `interactionNotAllowed`, which the
 /// lifecycle treats as "try later", never as "signed out".
@@ -56,7 +56,7 @@ public struct CredentialKey: Sendable, Hashable, Codable, CustomStringConvertibl
     public var description: String { "\(clientID)@\(issuer) (\(account))" }
 }
 
-/// A ``TokenStore`` over any ``ItemStore`` (the vault, the Secret Service, ...): one generic
+/// A ``TokenStore`` over any `ItemStore` (the vault, the Secret Service, ...): one generic
 /// password per issuer, client and account, under the service ``ItemStoreTokenStore/service``.
 ///
 /// The item's `generic` attribute holds the non-secret client configuration, so tools such as
@@ -74,7 +74,11 @@ public struct ItemStoreTokenStore: TokenStore {
     /// The client configuration stored beside the token, if any.
     public let configuration: ClientConfiguration?
 
+    /// A token store for the session `key` in `store`.
+    ///
     /// - Parameters:
+    ///   - store: the item store the refresh token lives in.
+    ///   - key: which session: issuer, client and account.
     ///   - accessibility: `.afterFirstUnlockThisDeviceOnly` by default: a background service can
     ///     refresh while the session is locked, and the token never leaves this machine.
     ///   - configuration: stored next to the token (not secret) for listing sessions.
