@@ -22,7 +22,8 @@ extension SecretServiceStore {
     }
 
     /// The secret stored under `attributes` in schema `schema`; nil when there is none.
-    /// - Throws: `interactionNotAllowed` when the keyring is locked (never nil for a locked keyring).
+    /// - Throws: `interactionNotAllowed` when the keyring is locked (never nil for a locked
+    ///   keyring); `decode` when the item is there but gives no secret.
     package func schemaSecret(schema: String, attributes: [String: String], operation: String) throws(LockboxError) -> SecretBytes? {
         let attributes = Self.schemaAttributes(schema, attributes)
         return try withCollection(operation) { collection, cancellation throws(LockboxError) in
@@ -37,7 +38,9 @@ extension SecretServiceStore {
             let secrets = try Self.translate(operation) { () throws(GLibFailure) in
                 try collection.secrets(ofItems: [item], cancellable: cancellation)
             }
-            return secrets[item]
+            // An item that is there but gives no secret is damaged, not absent.
+            guard let secret = secrets[item] else { throw LockboxError.integrity("A secret in the desktop keyring") }
+            return secret
         }
     }
 
