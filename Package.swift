@@ -141,7 +141,7 @@ let package = Package(
         // binaries (`swift build` makes them) rather than depend on these targets: a test target
         // that depends on an executable target links its objects, and so its link flags.
         .executableTarget(
-            name: "LockboxCLI", dependencies: ["Lockbox", "LockboxCommandLine", "SecretService", "KeyProviders", "CProcessHardening"],
+            name: "LockboxCLI", dependencies: ["Lockbox", "LockboxCommandLine", "KeyProviders", "CProcessHardening"],
             swiftSettings: staticRuntime, linkerSettings: staticRuntimeLink),
         .executableTarget(
             name: "LockboxOAuthCLI", dependencies: ["Lockbox", "LockboxCommandLine", "LockboxAuth", "LockboxAuthKeyring", "LockboxCurlTransport", "CProcessHardening"],
@@ -170,12 +170,20 @@ let package = Package(
             name: "lockbox-auth-worker", dependencies: ["LockboxAuth", "Lockbox"], path: "Sources/LockboxAuthWorker",
             swiftSettings: strict),
 
+        // Every test process gets a temporary HOME and XDG directories before `main`, so no test
+        // writes into the real home (see Tests/CTestIsolation/test_isolation.c).
+        .target(name: "CTestIsolation", path: "Tests/CTestIsolation"),
         // Temporary directories, canaries and process helpers shared by the test targets.
-        .target(name: "LockboxTestSupport", dependencies: ["Lockbox"], path: "Tests/LockboxTestSupport", swiftSettings: strict),
-        .testTarget(name: "LockboxCoreTests", dependencies: ["LockboxCore"], swiftSettings: strict),
+        .target(
+            name: "LockboxTestSupport", dependencies: ["Lockbox", "CTestIsolation"], path: "Tests/LockboxTestSupport",
+            swiftSettings: strict),
+        // Test targets depend on no executable target (that would link its objects and its link
+        // flags into the tests): the tests run the programs that `swift build --build-tests`
+        // makes beside them (lockbox, lockbox-stress, lockbox-auth-worker, the helpers).
+        .testTarget(name: "LockboxCoreTests", dependencies: ["LockboxCore", "LockboxTestSupport"], swiftSettings: strict),
         .testTarget(
             name: "LockboxVaultTests",
-            dependencies: ["LockboxVault", "VaultCrypto", "VaultStorage", "KeyProviders", "Lockbox", "LockboxTestSupport", "LockboxStress"],
+            dependencies: ["LockboxVault", "VaultCrypto", "VaultStorage", "KeyProviders", "Lockbox", "LockboxTestSupport"],
             swiftSettings: strict),
         .testTarget(
             name: "ItemStoreBehaviourTests", dependencies: ["Lockbox", "SecretService", "LockboxTestSupport"],
@@ -186,7 +194,7 @@ let package = Package(
             swiftSettings: strict),
         .testTarget(
             name: "LockboxAuthTests",
-            dependencies: ["LockboxAuth", "LockboxAuthKeyring", "KeyProviders", "Lockbox", "LockboxTestSupport", "lockbox-auth-worker"],
+            dependencies: ["LockboxAuth", "LockboxAuthKeyring", "KeyProviders", "Lockbox", "LockboxTestSupport"],
             swiftSettings: strict),
         .testTarget(
             name: "KeychainCompatibilityTests",
@@ -198,7 +206,7 @@ let package = Package(
             swiftSettings: strict),
         .testTarget(
             name: "ReliabilityTests",
-            dependencies: ["LockboxCampaigns", "LockboxTestSupport", "LockboxStress", "VaultStorage"],
+            dependencies: ["LockboxCampaigns", "LockboxTestSupport", "VaultStorage"],
             swiftSettings: strict),
         .testTarget(
             name: "LockboxKeysTests",

@@ -95,7 +95,7 @@ func fuzzVaultFile(_ input: [UInt8]) {
     close(descriptor)
     var configuration = Vault.Configuration()
     configuration.unlockCache = .processMemory
-    configuration.busyTimeoutMilliseconds = 0
+    configuration.busyTimeout = .zero
     guard let vault = try? Vault.open(at: path, configuration: configuration) else { return }
     // A vault that opens may still be anything: a device-slot unlock reads the whole header.
     _ = try? vault.unlock()

@@ -276,7 +276,7 @@ private func keyResults(_ request: SecItemRequest, found: [SecKey]?) throws(Lock
 /// item matching the added attributes.
 private func addedItem(_ request: SecItemRequest, in store: any ItemStore) throws(LockboxError) -> CFTypeRef? {
     var lookup = query(request, request.itemClass!, limit: .all)
-    lookup.synchronizable = request.attributes.synchronizable == true ? .yes : .no
+    lookup.synchronizable = request.attributes.synchronizable == true ? .synchronizable : .notSynchronizable
     lookup.returning = request.returning.union(.attributes)
     let candidates = try store.items(matching: lookup)
     let newest = candidates.max { ($0.attributes.creationDate ?? .distantPast) < ($1.attributes.creationDate ?? .distantPast) }

@@ -204,7 +204,8 @@ public final class LAContext: NSObject, @unchecked Sendable {
         state.withLock { state in
             if let context = state.context { return context }
             let context = AuthenticationContext(
-                verifier: state.invalidated ? nil : Self.presenceVerifier, reuseDuration: state.reuseDuration,
+                verifier: state.invalidated ? nil : Self.presenceVerifier,
+                reuseDuration: .milliseconds(Int64((state.reuseDuration * 1000).rounded())),
                 interactionNotAllowed: state.interactionNotAllowed || state.invalidated)
             state.context = context
             return context

@@ -27,13 +27,14 @@ public enum Keychain {
     public struct Options: Sendable {
         /// The backend; nil to choose by environment and defaults.
         public var backend: Backend?
-        /// The vault file; nil for `LOCKBOX_KEYCHAIN`, then ``Vault/defaultPath``.
+        /// The vault file; nil for `LOCKBOX_KEYCHAIN`, then `Vault.defaultPath`.
         public var path: String?
         /// The vault's configuration.
         public var vault = Vault.Configuration()
         /// The Secret Service backend's configuration.
         public var secretService = SecretServiceStore.Configuration()
 
+        /// Options that name a backend and a vault path; nil leaves each to the environment and the defaults.
         public init(backend: Backend? = nil, path: String? = nil) {
             self.backend = backend
             self.path = path
@@ -42,7 +43,9 @@ public enum Keychain {
 
     /// An opened keychain and why it was chosen.
     public struct Opened: Sendable {
+        /// The store to read and write items through.
         public let store: any ItemStore
+        /// The backend that was opened.
         public let backend: Backend
         /// One sentence on why this backend was chosen (for `lockbox status`).
         public let reason: String
@@ -59,29 +62,64 @@ public enum Keychain {
         return Vault.defaultPath
     }
 
+    /// The desktop keyring (Secret Service) as the vault's key keeper, for
+    /// `Vault.enroll(_:)`, `Vault.unenroll(_:)` and `Vault.unlock(with:)`: the vault then
+    /// opens with the login session.
+    /// - Parameter options: Its ``Options/secretService`` configuration is used.
+    public static func desktopKeyring(_ options: Options = Options()) -> SecretServiceStore {
+        SecretServiceStore(configuration: options.secretService)
+    }
+
+    /// The unlock cache `LOCKBOX_UNLOCK_CACHE` asks for: `keyring` or `process`; nil when the
+    /// variable is unset or empty.
+    /// - Throws: `errSecParam` for any other value (names are exact and lower-case).
+    package static func unlockCache(environmentValue value: String?) throws(LockboxError) -> UnlockCache? {
+        guard let value, !value.isEmpty else { return nil }
+        switch value {
+        case "process": return .processMemory
+        case "keyring": return .kernelKeyring
+        default:
+            throw LockboxError(.param, "LOCKBOX_UNLOCK_CACHE must be `keyring` or `process`, not `\(value)`.")
+        }
+    }
+
+    /// The backend `LOCKBOX_BACKEND` names; nil when the variable is unset or empty.
+    /// - Throws: `errSecParam` for a name that is not a backend's (names are exact and lower-case).
+    package static func backend(environmentValue value: String?) throws(LockboxError) -> Backend? {
+        guard let value, !value.isEmpty else { return nil }
+        guard let backend = Backend(rawValue: value) else {
+            throw LockboxError(
+                .param,
+                "LOCKBOX_BACKEND=\(value) is not a backend; use one of: " + Backend.allCases.map(\.rawValue).joined(separator: ", ") + ".")
+        }
+        return backend
+    }
+
+    /// Applies `LOCKBOX_UNLOCK_CACHE` to a vault configuration.
+    /// - Throws: `errSecParam` when the variable holds something else than `keyring` or `process`.
+    package static func applyEnvironment(to configuration: inout Vault.Configuration) throws(LockboxError) {
+        if let cache = try unlockCache(environmentValue: ProcessEnvironment.value("LOCKBOX_UNLOCK_CACHE")) {
+            configuration.unlockCache = cache
+        }
+    }
+
     /// Opens the keychain. See the type's documentation for how the backend is chosen.
+    ///
+    /// - Parameter options: The backend, vault path and configurations; the defaults read
+    ///   `LOCKBOX_BACKEND`, `LOCKBOX_KEYCHAIN` and `LOCKBOX_UNLOCK_CACHE`.
+    /// - Returns: The store, the backend and why it was chosen.
+    /// - Throws: `errSecParam` for a malformed `LOCKBOX_BACKEND` or `LOCKBOX_UNLOCK_CACHE`;
+    ///   `errSecNoSuchKeychain` when there is no vault at the path; the backend's own error when
+    ///   it cannot be used (never a fallback to another backend).
     public static func open(_ options: Options = Options()) throws(LockboxError) -> Opened {
         var configuration = options.vault
-        if let cache = ProcessEnvironment.value("LOCKBOX_UNLOCK_CACHE") {
-            switch cache {
-            case "process": configuration.unlockCache = .processMemory
-            case "keyring": configuration.unlockCache = .kernelKeyring
-            default:
-                throw LockboxError(.param, "LOCKBOX_UNLOCK_CACHE must be `keyring` or `process`, not `\(cache)`.")
-            }
-        }
+        try applyEnvironment(to: &configuration)
         let backend: Backend
         let reason: String
         if let chosen = options.backend {
             backend = chosen
             reason = "chosen by the application"
-        } else if let name = ProcessEnvironment.nonEmpty("LOCKBOX_BACKEND") {
-            guard let chosen = Backend(rawValue: name) else {
-                throw LockboxError(
-                    .param,
-                    "LOCKBOX_BACKEND=\(name) is not a backend; use one of: "
-                        + Backend.allCases.map(\.rawValue).joined(separator: ", ") + ".")
-            }
+        } else if let chosen = try Self.backend(environmentValue: ProcessEnvironment.value("LOCKBOX_BACKEND")) {
             backend = chosen
             reason = "chosen by LOCKBOX_BACKEND"
         } else {
@@ -104,7 +142,7 @@ public enum Keychain {
                         vault: vault)
                 }
                 do {
-                    try vault.unlock(with: SecretServiceStore(configuration: options.secretService))
+                    try vault.unlock(with: desktopKeyring(options))
                     note = "; unlocked with its key in the desktop keyring (Secret Service)"
                 } catch {
                     note = "; the desktop keyring could not unlock it (\(error.message))"

@@ -26,14 +26,17 @@ public protocol AccessTokenCache: Sendable {
 /// An access token as a cache holds it: the credentials, and until when another process may
 /// use them without refreshing.
 public struct CachedAccessToken: Sendable, CustomStringConvertible {
+    /// The access token, its type, expiry and scope.
     public let credentials: Credentials
     /// The token's expiry minus the refresh leeway (see ``CredentialsManager/refreshLeeway(lifetime:)``).
     public let freshUntil: Date
 
+    /// An entry for `credentials`, usable without a refresh until `freshUntil`.
     public init(credentials: Credentials, freshUntil: Date) {
         self.credentials = credentials
         self.freshUntil = freshUntil
     }
 
+    /// The credentials' description (a fingerprint, never the token) and the freshness limit.
     public var description: String { "CachedAccessToken(\(credentials), freshUntil: \(freshUntil))" }
 }

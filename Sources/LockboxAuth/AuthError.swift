@@ -20,7 +20,7 @@ public enum SignOutReason: String, Sendable, Hashable, Codable {
 }
 
 /// The errors of the credential lifecycle: a ``Code`` to match, a message that says what to do,
-/// and the cause where there is one (the store's ``LockboxError``, the HTTP status, the OAuth
+/// and the cause where there is one (the store's `LockboxError`, the HTTP status, the OAuth
 /// error code, the `URLError` code). Messages never contain a token.
 ///
 /// Match codes, not text; new codes may be added without breaking clients:
@@ -37,7 +37,9 @@ public enum SignOutReason: String, Sendable, Hashable, Codable {
 public struct AuthError: Error, Sendable, Hashable, CustomStringConvertible {
     /// What kind of failure this is. The raw value is the reason code events show.
     public struct Code: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
+        /// The code's name (`signed_out`, `network`, ...), stable across releases.
         public let rawValue: String
+        /// A code from its name.
         public init(rawValue: String) { self.rawValue = rawValue }
 
         /// There is no session: sign in again. ``AuthError/signOutReason`` says why, and the
@@ -75,6 +77,7 @@ public struct AuthError: Error, Sendable, Hashable, CustomStringConvertible {
         /// lists them.
         public static let ambiguousSession = Code(rawValue: "ambiguous_session")
 
+        /// The code's name.
         public var description: String { rawValue }
 
         /// Lets `catch AuthError.signedOut` read naturally.
@@ -82,11 +85,13 @@ public struct AuthError: Error, Sendable, Hashable, CustomStringConvertible {
             (error as? AuthError)?.code == code
         }
 
+        /// Matches an `AuthError` by its code: `catch AuthError.network`.
         public static func ~= (code: Code, error: AuthError) -> Bool {
             error.code == code
         }
     }
 
+    /// What went wrong; match it rather than the message.
     public let code: Code
     /// What happened and what to do. Never contains a token; fixed text and sanitised codes.
     public let message: String
@@ -110,6 +115,7 @@ public struct AuthError: Error, Sendable, Hashable, CustomStringConvertible {
     /// For ``Code/ambiguousSession``: the sessions that matched.
     public let matchingSessions: [CredentialKey]
 
+    /// An error with `code`, a `message` without secrets, and the details the code calls for.
     public init(
         _ code: Code, _ message: String, signOutReason: SignOutReason? = nil, storeError: LockboxError? = nil,
         httpStatus: Int? = nil, oauthError: String? = nil, retryAfter: Duration? = nil, urlErrorCode: Int? = nil,
@@ -127,6 +133,7 @@ public struct AuthError: Error, Sendable, Hashable, CustomStringConvertible {
         self.matchingSessions = matchingSessions
     }
 
+    /// The message; it never contains a token.
     public var description: String { message }
 
     /// True when the session is gone and the user must sign in again.
@@ -143,17 +150,29 @@ public struct AuthError: Error, Sendable, Hashable, CustomStringConvertible {
         }
     }
 
+    /// ``Code/signedOut``, for `catch AuthError.signedOut`.
     public static let signedOut = Code.signedOut
+    /// ``Code/storeLocked``.
     public static let storeLocked = Code.storeLocked
+    /// ``Code/store``.
     public static let store = Code.store
+    /// ``Code/network``.
     public static let network = Code.network
+    /// ``Code/server``.
     public static let server = Code.server
+    /// ``Code/invalidResponse``.
     public static let invalidResponse = Code.invalidResponse
+    /// ``Code/responseTooLarge``.
     public static let responseTooLarge = Code.responseTooLarge
+    /// ``Code/redirectRefused``.
     public static let redirectRefused = Code.redirectRefused
+    /// ``Code/flowFailed``.
     public static let flowFailed = Code.flowFailed
+    /// ``Code/configuration``.
     public static let configuration = Code.configuration
+    /// ``Code/cancelled``.
     public static let cancelled = Code.cancelled
+    /// ``Code/ambiguousSession``.
     public static let ambiguousSession = Code.ambiguousSession
 }
 

@@ -15,10 +15,12 @@ import LockboxCore
 /// try await manager.signIn(with: tokens)
 /// ```
 public struct AuthorizationCodeFlow: Sendable {
+    /// The client and server this flow signs in to.
     public let configuration: ClientConfiguration
     private let transport: any HTTPTransport
     private let now: @Sendable () -> Date
 
+    /// A flow for `configuration`, over `transport`, reading the time from `now`.
     public init(configuration: ClientConfiguration, transport: any HTTPTransport = URLSessionTransport(), now: @escaping @Sendable () -> Date = { Date() }) {
         self.configuration = configuration
         self.transport = transport
@@ -71,6 +73,7 @@ public struct AuthorizationCodeFlow: Sendable {
 public final class AuthorizationCodeSession: Sendable {
     /// Open this in the user's browser.
     public let authorizationURL: URL
+    /// The loopback redirect URI registered for this attempt (`http://127.0.0.1:PORT/...`).
     public let redirectURI: String
     private let state: SecretBytes
     private let verifier: SecretBytes

@@ -8,16 +8,22 @@ import FoundationNetworking
 public struct ClientConfiguration: Sendable, Hashable, Codable {
     /// The issuer identifier (RFC 8414), e.g. `https://auth.example.com`.
     public var issuer: URL
+    /// The client's identifier at the authorization server.
     public var clientID: String
+    /// The token endpoint (RFC 6749 section 3.2).
     public var tokenEndpoint: URL
+    /// The revocation endpoint (RFC 7009), if the server has one.
     public var revocationEndpoint: URL?
+    /// The device authorization endpoint (RFC 8628), if the server has one.
     public var deviceAuthorizationEndpoint: URL?
+    /// The authorization endpoint, for the authorization-code flow with PKCE.
     public var authorizationEndpoint: URL?
     /// The scopes to ask for at sign-in.
     public var scope: [String]
     /// The total deadline and the answer size limit of every request to the server.
     public var requestLimits: RequestLimits
 
+    /// A client configuration given endpoint by endpoint (see also discovery).
     public init(
         issuer: URL, clientID: String, tokenEndpoint: URL, revocationEndpoint: URL? = nil,
         deviceAuthorizationEndpoint: URL? = nil, authorizationEndpoint: URL? = nil, scope: [String] = [],
@@ -79,12 +85,19 @@ public struct ClientConfiguration: Sendable, Hashable, Codable {
 
 /// Authorization server metadata (RFC 8414): the fields Lockbox uses.
 public struct AuthorizationServerMetadata: Sendable, Hashable {
+    /// `issuer`.
     public var issuer: URL
+    /// `token_endpoint`.
     public var tokenEndpoint: URL
+    /// `authorization_endpoint`.
     public var authorizationEndpoint: URL?
+    /// `revocation_endpoint`.
     public var revocationEndpoint: URL?
+    /// `device_authorization_endpoint`.
     public var deviceAuthorizationEndpoint: URL?
+    /// `code_challenge_methods_supported`.
     public var codeChallengeMethodsSupported: [String]
+    /// `grant_types_supported`.
     public var grantTypesSupported: [String]
 
     /// Fetches `/.well-known/oauth-authorization-server` for `issuer` and checks that the

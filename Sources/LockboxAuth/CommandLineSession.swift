@@ -13,6 +13,7 @@ import LockboxCore
 /// | `lockbox logout --retry` | ``retryPendingLogouts()`` |
 /// | `lockbox auth status` | ``status()`` |
 public struct CommandLineSession: Sendable {
+    /// Where sessions and the revocation outbox are kept.
     public let store: any ItemStore
     /// The directory of cross-process lock files; use `vault.path + ".oauth-locks"`.
     public let lockDirectory: String
@@ -22,10 +23,16 @@ public struct CommandLineSession: Sendable {
     private let requestLimits: RequestLimits
     private let events: @Sendable (AuthEvent) -> Void
 
+    /// A session over `store`.
+    ///
     /// - Parameters:
+    ///   - store: where sessions and the revocation outbox are kept.
+    ///   - lockDirectory: the directory of cross-process lock files.
+    ///   - transport: how requests reach the server.
     ///   - requestLimits: the limits of a new sign-in's requests (stored with its
     ///     configuration; later commands use the stored ones).
     ///   - accessTokenCache: shared between processes (the CLI passes the kernel keyring's).
+    ///   - events: called synchronously for each ``AuthEvent``.
     public init(
         store: any ItemStore, lockDirectory: String, transport: any HTTPTransport = URLSessionTransport(),
         requestLimits: RequestLimits = RequestLimits(), accessTokenCache: (any AccessTokenCache)? = nil,
@@ -41,6 +48,7 @@ public struct CommandLineSession: Sendable {
 
     /// A device sign-in waiting for the user.
     public struct PendingLogin: Sendable {
+        /// The client the login is for.
         public let configuration: ClientConfiguration
         /// What to show: ``DeviceAuthorization/userCode`` and the verification URIs, checked
         /// to hold no control characters.
@@ -49,7 +57,9 @@ public struct CommandLineSession: Sendable {
 
     /// A finished sign-in.
     public struct LoginResult: Sendable, Hashable {
+        /// The issuer signed in to.
         public let issuer: URL
+        /// The client that signed in.
         public let clientID: String
         /// What became of the session this sign-in replaced.
         public let replacedGrant: CredentialsManager.ReplacedGrant
@@ -57,8 +67,11 @@ public struct CommandLineSession: Sendable {
 
     /// One stored session, for `lockbox auth status`. Holds no token.
     public struct SessionStatus: Sendable, Hashable {
+        /// The issuer the session belongs to.
         public let issuer: String
+        /// The client's identifier.
         public let clientID: String
+        /// The account name the session is stored under.
         public let account: String
         /// The scopes asked for at sign-in.
         public let requestedScope: [String]
@@ -74,7 +87,9 @@ public struct CommandLineSession: Sendable {
 
     /// The answer of ``status()``.
     public struct Status: Sendable, Hashable {
+        /// The stored sessions.
         public let sessions: [SessionStatus]
+        /// Revocations waiting in the outbox for a retry.
         public let pendingRevocations: Int
     }
 

@@ -22,7 +22,9 @@ import LockboxCore
 /// before each refresh, so a token another process rotated is never presented twice (which a
 /// strict server treats as theft).
 public actor CredentialsManager {
+    /// The client and server this manager holds a session with.
     public nonisolated let configuration: ClientConfiguration
+    /// Where the session is stored: issuer, client and account.
     public nonisolated let key: CredentialKey
     private let tokenStore: any TokenStore
     private let transport: any HTTPTransport
@@ -65,7 +67,13 @@ public actor CredentialsManager {
     /// Lockbox never falls back to weaker storage.
     public private(set) var isPersistentSignInDisabled = false
 
+    /// A manager of the session `tokenStore` holds for `configuration`'s client.
+    ///
     /// - Parameters:
+    ///   - configuration: the client and its authorization server.
+    ///   - account: the account name the session is stored under.
+    ///   - tokenStore: where the refresh token is kept.
+    ///   - transport: how requests reach the server.
     ///   - lockDirectory: a directory for cross-process lock files; pass the same one in every
     ///     process sharing `tokenStore` (e.g. `vault.path + ".oauth-locks"`). `nil` limits
     ///     single flight to this process.
@@ -73,6 +81,7 @@ public actor CredentialsManager {
     ///   - accessTokenCache: where access tokens are shared with this user's other processes
     ///     (`KernelKeyringTokenCache` from `LockboxAuthKeyring`); `nil`, the default, keeps
     ///     them in this actor's memory only.
+    ///   - now: the current time, for token expiry (tests move it instead of waiting).
     ///   - events: called synchronously for each ``AuthEvent``; keep it quick.
     public init(
         configuration: ClientConfiguration, account: String = "default", tokenStore: any TokenStore,
@@ -484,6 +493,7 @@ public actor CredentialsManager {
         /// The revocation failed and waits in the outbox for ``RevocationOutbox/retryPending()``.
         public let queued: Bool
 
+        /// A result: whether the server revoked the session, and whether a revocation was queued.
         public init(revoked: Bool, queued: Bool) {
             self.revoked = revoked
             self.queued = queued

@@ -15,13 +15,20 @@ import LockboxCore
 /// try await manager.signIn(with: tokens)
 /// ```
 public struct DeviceAuthorizationFlow: Sendable {
+    /// The client and server this flow signs in to.
     public let configuration: ClientConfiguration
     private let transport: any HTTPTransport
     private let slowDownIncrement: Duration
     private let now: @Sendable () -> Date
 
-    /// - Parameter slowDownIncrement: added to the polling interval on each `slow_down`
-    ///   (RFC 8628 section 3.5 says 5 seconds; tests may shorten it).
+    /// A device flow for `configuration`'s client.
+    ///
+    /// - Parameters:
+    ///   - configuration: the client and its authorization server.
+    ///   - transport: how requests reach the server.
+    ///   - slowDownIncrement: added to the polling interval on each `slow_down`
+    ///     (RFC 8628 section 3.5 says 5 seconds; tests may shorten it).
+    ///   - now: the current time, for the device code's expiry.
     public init(
         configuration: ClientConfiguration, transport: any HTTPTransport = URLSessionTransport(),
         slowDownIncrement: Duration = .seconds(5), now: @escaping @Sendable () -> Date = { Date() }
@@ -149,9 +156,11 @@ public struct DeviceAuthorization: Sendable, CustomStringConvertible {
     public let verificationURI: URL
     /// The URI with the code filled in, for a QR code or a link; https.
     public let verificationURIComplete: URL?
+    /// When the device code expires; polling stops then.
     public let expiresAt: Date
     /// The polling interval the server asked for.
     public let interval: Duration
 
+    /// The user code; the device code prints as `<redacted>`.
     public var description: String { "DeviceAuthorization(userCode: \(userCode), deviceCode: <redacted>)" }
 }

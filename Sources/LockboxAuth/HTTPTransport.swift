@@ -15,6 +15,7 @@ public struct RequestLimits: Sendable, Hashable, Codable {
     /// Default 1 MiB.
     public var maximumResponseSize: Int
 
+    /// Limits: a deadline for each request and the largest response read.
     public init(deadline: Duration = .seconds(30), maximumResponseSize: Int = 1 << 20) {
         precondition(deadline > .zero, "a request deadline must be positive")
         precondition(maximumResponseSize > 0, "a response size limit must be positive")
@@ -26,6 +27,7 @@ public struct RequestLimits: Sendable, Hashable, Codable {
         case deadlineMilliseconds, maximumResponseSize
     }
 
+    /// Limits decoded from their stored form.
     public init(from decoder: any Decoder) throws {
         let container = try decoder.container(keyedBy: CodingKeys.self)
         let milliseconds = try container.decode(Int64.self, forKey: .deadlineMilliseconds)
@@ -36,6 +38,7 @@ public struct RequestLimits: Sendable, Hashable, Codable {
         self.init(deadline: .milliseconds(milliseconds), maximumResponseSize: size)
     }
 
+    /// Encodes the limits for storage with a session.
     public func encode(to encoder: any Encoder) throws {
         var container = encoder.container(keyedBy: CodingKeys.self)
         let (seconds, attoseconds) = deadline.components
@@ -79,10 +82,12 @@ public enum RedirectPolicy: Sendable, Hashable {
 
 /// What a transport must enforce for one request.
 public struct HTTPRequestOptions: Sendable, Hashable {
+    /// Which redirects the transport may follow.
     public var redirects: RedirectPolicy
     /// The largest body to read, in bytes; past it, the transport stops reading and throws.
     public var maximumResponseSize: Int
 
+    /// Options: the redirects allowed and the largest response read.
     public init(redirects: RedirectPolicy, maximumResponseSize: Int) {
         self.redirects = redirects
         self.maximumResponseSize = maximumResponseSize
@@ -115,6 +120,7 @@ public protocol HTTPTransport: Sendable {
 }
 
 extension HTTPTransport {
+    /// The default: sends with ``send(_:)`` and checks the answer against `options` afterwards.
     public func send(_ request: URLRequest, options: HTTPRequestOptions) async throws -> (Data, HTTPURLResponse) {
         let (data, response) = try await send(request)
         // After the fact, only the origin can be checked (the path of `response.url` may be
@@ -147,6 +153,8 @@ public struct URLSessionTransport: HTTPTransport {
         try await engine.send(request, options: HTTPRequestOptions(redirects: .sameOrigin, maximumResponseSize: .max))
     }
 
+    /// Sends `request`, following only the redirects `options` allow and reading at most
+    /// `options.maximumResponseSize` bytes of body.
     public func send(_ request: URLRequest, options: HTTPRequestOptions) async throws -> (Data, HTTPURLResponse) {
         try await engine.send(request, options: options)
     }

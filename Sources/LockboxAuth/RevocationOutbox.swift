@@ -16,10 +16,13 @@ public struct RevocationOutbox: Sendable {
     /// The keychain service of outbox items.
     public static let service = "lockbox.oauth.revocation-outbox"
 
+    /// Where queued revocations are kept.
     public let store: any ItemStore
+    /// The transport revocations are sent over.
     public let transport: any HTTPTransport
     private let events: @Sendable (AuthEvent) -> Void
 
+    /// An outbox in `store`, sending over `transport` and reporting to `events`.
     public init(
         store: any ItemStore, transport: any HTTPTransport = URLSessionTransport(),
         events: @escaping @Sendable (AuthEvent) -> Void = { _ in }
@@ -40,6 +43,7 @@ public struct RevocationOutbox: Sendable {
 
     /// The outcome of one revocation attempt.
     public enum Outcome: Sendable, Hashable {
+        /// The server revoked the token.
         case revoked
         /// Worth retrying (network, 5xx, 429); the reason code says which.
         case failed(String)
@@ -49,8 +53,11 @@ public struct RevocationOutbox: Sendable {
 
     /// The result of ``retryPending()``.
     public struct RetryResult: Sendable, Hashable {
+        /// Revocations that succeeded.
         public let revoked: Int
+        /// Revocations given up (refused for good, or too old).
         public let dropped: Int
+        /// Revocations still waiting.
         public let remaining: Int
     }
 

@@ -6,12 +6,15 @@ import LockboxCore
 
 /// A successful token endpoint answer (RFC 6749 section 5.1).
 public struct TokenResponse: Sendable, CustomStringConvertible {
+    /// The access token.
     public let accessToken: SecretBytes
+    /// `token_type`: `Bearer` or `DPoP`.
     public let tokenType: String
     /// `refresh_token`, when the server issued (or rotated) one.
     public let refreshToken: SecretBytes?
     /// `expires_in`.
     public let expiresIn: Duration?
+    /// The scopes granted (the requested ones when the server did not say).
     public let scope: [String]
     /// When the request was sent, by the local clock: expiry is measured from here, so the
     /// round trip counts against the token and a server clock that disagrees does not matter.
@@ -23,8 +26,10 @@ public struct TokenResponse: Sendable, CustomStringConvertible {
     /// it to decide who the user is.
     public let idTokenSubject: String?
 
+    /// When the access token expires, from `expires_in` and the time of the request.
     public var expiresAt: Date? { expiresIn.map { requestedAt.addingTimeInterval($0.timeInterval) } }
 
+    /// The token type, expiry and scope; never a token.
     public var description: String {
         "TokenResponse(access: \(TokenFingerprint.of(accessToken)), refresh: "
             + "\(refreshToken.map(TokenFingerprint.of) ?? "none"), expiresIn: \(expiresIn.map { "\($0)" } ?? "-"))"

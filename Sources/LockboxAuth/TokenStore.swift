@@ -6,7 +6,7 @@ import LockboxCore
 ///
 /// The calls are async: ``CredentialsManager`` is an actor on Swift's cooperative pool, and an
 /// implementation that blocks (a database busy wait, a D-Bus call) must do so off the pool, as
-/// ``ItemStoreTokenStore`` does through ``AsyncItemStore``.
+/// ``ItemStoreTokenStore`` does through `AsyncItemStore`.
 ///
 /// Errors keep their meaning: a locked store throws `interactionNotAllowed`, which the
 /// lifecycle treats as "try later", never as "signed out".
@@ -25,6 +25,7 @@ public protocol TokenStore: Sendable {
 }
 
 extension TokenStore {
+    /// Stores the refresh token and drops `details`: for stores that keep no session details.
     public func saveRefreshToken(_ token: SecretBytes, details: SessionDetails) async throws(LockboxError) {
         try await saveRefreshToken(token)
     }
@@ -37,6 +38,7 @@ public struct SessionDetails: Sendable, Hashable, Codable {
     /// True once a refresh returned a new refresh token; nil until a refresh was seen.
     public var refreshTokenRotates: Bool?
 
+    /// Details with what is known so far.
     public init(subject: String? = nil, refreshTokenRotates: Bool? = nil) {
         self.subject = subject
         self.refreshTokenRotates = refreshTokenRotates
@@ -45,17 +47,21 @@ public struct SessionDetails: Sendable, Hashable, Codable {
 
 /// Names one account's credentials: an issuer, a client and an account label.
 public struct CredentialKey: Sendable, Hashable, Codable, CustomStringConvertible {
+    /// The issuer's URL, as given.
     public var issuer: String
+    /// The client's identifier.
     public var clientID: String
     /// A label for the account; `default` when an app has one account per client.
     public var account: String
 
+    /// A key for `clientID` at `issuer`, under `account`.
     public init(issuer: String, clientID: String, account: String = "default") {
         self.issuer = issuer.hasSuffix("/") ? String(issuer.dropLast()) : issuer
         self.clientID = clientID
         self.account = account
     }
 
+    /// The key of `configuration`'s client, under `account`.
     public init(configuration: ClientConfiguration, account: String = "default") {
         self.init(issuer: configuration.issuer.absoluteString, clientID: configuration.clientID, account: account)
     }
@@ -71,10 +77,11 @@ public struct CredentialKey: Sendable, Hashable, Codable, CustomStringConvertibl
         Array(SHA256.hash(Array(storageAccount.utf8)).prefix(16)).hexString
     }
 
+    /// `client@issuer (account)`.
     public var description: String { "\(clientID)@\(issuer) (\(account))" }
 }
 
-/// A ``TokenStore`` over any ``ItemStore`` (the vault, the Secret Service, ...): one generic
+/// A ``TokenStore`` over any `ItemStore` (the vault, the Secret Service, ...): one generic
 /// password per issuer, client and account, under the service ``ItemStoreTokenStore/service``.
 ///
 /// The item's `generic` attribute holds the non-secret client configuration, so tools such as
@@ -83,12 +90,20 @@ public struct ItemStoreTokenStore: TokenStore {
     /// The keychain service of refresh-token items.
     public static let service = "lockbox.oauth.refresh-token"
 
+    /// The item store the refresh token lives in.
     public let store: any ItemStore
+    /// Which session this store holds.
     public let key: CredentialKey
+    /// The accessibility of the stored refresh token.
     public let accessibility: Accessibility
+    /// The client configuration stored beside the token, if any.
     public let configuration: ClientConfiguration?
 
+    /// A token store for the session `key` in `store`.
+    ///
     /// - Parameters:
+    ///   - store: the item store the refresh token lives in.
+    ///   - key: which session: issuer, client and account.
     ///   - accessibility: `.afterFirstUnlockThisDeviceOnly` by default: a background service can
     ///     refresh while the session is locked, and the token never leaves this machine.
     ///   - configuration: stored next to the token (not secret) for listing sessions.
@@ -109,6 +124,8 @@ public struct ItemStoreTokenStore: TokenStore {
     // The async calls (the TokenStore conformance) go through `store.async`, off the
     // cooperative pool; the synchronous twins serve synchronous callers (tools, campaigns).
 
+    /// The stored refresh token; nil when there is none.
+    /// - Throws: `errSecInteractionNotAllowed` when the store is locked (never nil then).
     public func refreshToken() async throws(LockboxError) -> SecretBytes? {
         do {
             return try await store.async.data(matching: query)
@@ -117,6 +134,7 @@ public struct ItemStoreTokenStore: TokenStore {
         }
     }
 
+    /// The stored refresh token; nil when there is none (synchronous).
     public func refreshToken() throws(LockboxError) -> SecretBytes? {
         do {
             return try store.data(matching: query)
@@ -125,6 +143,7 @@ public struct ItemStoreTokenStore: TokenStore {
         }
     }
 
+    /// Stores `token`, replacing the earlier one.
     public func saveRefreshToken(_ token: SecretBytes) async throws(LockboxError) {
         try await saveRefreshToken(token, details: SessionDetails())
     }
@@ -150,6 +169,7 @@ public struct ItemStoreTokenStore: TokenStore {
         }
     }
 
+    /// Stores `token`, replacing the earlier one (synchronous).
     public func saveRefreshToken(_ token: SecretBytes) throws(LockboxError) {
         do {
             try store.update(matching: query, to: replacement(token))
@@ -162,22 +182,26 @@ public struct ItemStoreTokenStore: TokenStore {
         }
     }
 
+    /// Removes the stored token and configuration.
     public func clearCredentials() async throws(LockboxError) {
         do {
             try await store.async.delete(matching: query)
         } catch LockboxError.itemNotFound {}
     }
 
+    /// Removes the stored token and configuration (synchronous).
     public func clearCredentials() throws(LockboxError) {
         do {
             try store.delete(matching: query)
         } catch LockboxError.itemNotFound {}
     }
 
+    /// Whether a refresh token is stored.
     public func hasCredentials() async throws(LockboxError) -> Bool {
         try await store.async.contains(query)
     }
 
+    /// Whether a refresh token is stored (synchronous).
     public func hasCredentials() throws(LockboxError) -> Bool {
         try store.contains(query)
     }
@@ -212,7 +236,9 @@ public struct ItemStoreTokenStore: TokenStore {
 
 /// A session found in a store: its key and configuration, never its token.
 public struct StoredSession: Sendable, Hashable {
+    /// Which session this is.
     public let key: CredentialKey
+    /// Its client configuration, when one was stored.
     public let configuration: ClientConfiguration?
     /// What was stored of the session beside its token.
     public let details: SessionDetails?

@@ -1,7 +1,6 @@
 import FoundationEssentials
 import Lockbox
 import LockboxCommandLine
-import SecretService
 
 #if canImport(Glibc)
 import Glibc
@@ -42,7 +41,7 @@ struct Runner {
             return .success
         case .unlock(let fromStandardInput, let timeout):
             var options = keychainOptions()
-            if let timeout { options.vault.idleTimeout = timeout }
+            if let timeout { options.vault.idleTimeout = .seconds(timeout) }
             let vault = try openVault(options)
             guard vault.hasPassphrase else {
                 // No passphrase (removed on purpose): this machine's device secret unlocks.
@@ -57,7 +56,7 @@ struct Runner {
             // a vault by itself after a lock in the same session).
             if vault.enrolledKeepers.contains("secret-service") {
                 do {
-                    try vault.unlock(with: SecretServiceStore())
+                    try vault.unlock(with: Keychain.desktopKeyring(keychainOptions()))
                     output.error("Unlocked with the desktop keyring.")
                     return .success
                 } catch {
@@ -185,7 +184,7 @@ struct Runner {
             return .success
         case .enroll(_, let remove):
             let vault = try openVault()
-            let keyring = SecretServiceStore()
+            let keyring = Keychain.desktopKeyring(keychainOptions())
             if remove {
                 try vault.unenroll(keyring)
                 output.error("The desktop keyring no longer unlocks this keychain.")
@@ -364,9 +363,7 @@ struct Runner {
     }
 
     private func applyEnvironment(to configuration: inout Vault.Configuration) throws(LockboxError) {
-        if ProcessEnvironment.value("LOCKBOX_UNLOCK_CACHE") == "process" {
-            configuration.unlockCache = .processMemory
-        }
+        try Keychain.applyEnvironment(to: &configuration)
     }
 
     static func json<T: Encodable>(_ value: T) -> String {

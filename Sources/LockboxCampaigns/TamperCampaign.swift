@@ -361,7 +361,7 @@ final class Campaign {
         path = root + "/vault/tamper.lockbox"
         var configuration = Vault.Configuration()
         configuration.keyDerivation = .interactive
-        configuration.idleTimeout = 0
+        configuration.idleTimeout = .zero
         configuration.device = DeviceIdentity(keyPath: root + "/state/device-key")
         keyringConfiguration = configuration
         keyringConfiguration.unlockCache = .kernelKeyring
@@ -411,7 +411,7 @@ final class Campaign {
             item.attributes.synchronizable = synchronizable
             item.accessControl = accessControl
             var query = Query.genericPassword(service: service, account: account, accessGroup: group)
-            query.synchronizable = synchronizable ? .yes : .no
+            query.synchronizable = synchronizable ? .synchronizable : .notSynchronizable
             query.returning = [.data]
             return Probe(name: name, item: item, query: query, olderValue: older, currentValue: current)
         }

@@ -11,8 +11,11 @@ import Glibc
 /// trust, so the biometry flags are accepted and never satisfied: reading such an item fails
 /// with `errSecAuthFailed`, as on a device without biometry.
 public struct AccessControl: Sendable, Hashable, CustomStringConvertible {
+    /// The constraints of an access-control object (`SecAccessControlCreateFlags`).
     public struct Flags: OptionSet, Sendable, Hashable {
+        /// The flags as a bit set.
         public let rawValue: Int
+        /// Flags from their bit set.
         public init(rawValue: Int) { self.rawValue = rawValue }
 
         /// `kSecAccessControlUserPresence`: any authentication the user can give.
@@ -29,13 +32,18 @@ public struct AccessControl: Sendable, Hashable, CustomStringConvertible {
         public static let and = Flags(rawValue: 1 << 15)
     }
 
+    /// What the user must do to use the item.
     public var flags: Flags
 
+    /// Access control with `flags`.
     public init(_ flags: Flags) {
         self.flags = flags
     }
 
+    /// Any authentication the user can give (here: the vault passphrase), as
+    /// `kSecAccessControlUserPresence`.
     public static let userPresence = AccessControl(.userPresence)
+    /// The device passcode (here: the vault passphrase), as `kSecAccessControlDevicePasscode`.
     public static let devicePasscode = AccessControl(.devicePasscode)
 
     /// True when the constraints can be met here: a passphrase satisfies them, biometry cannot.
@@ -81,8 +89,10 @@ public struct AccessControl: Sendable, Hashable, CustomStringConvertible {
 public struct AuthenticationRequest: Sendable {
     /// Why the keychain asks ("read api.example.com for alice").
     public var reason: String
+    /// The access control of the item being read.
     public var accessControl: AccessControl
 
+    /// A request shown to the user: why, and for which access control.
     public init(reason: String, accessControl: AccessControl) {
         self.reason = reason
         self.accessControl = accessControl
@@ -95,33 +105,62 @@ public struct AuthenticationRequest: Sendable {
 /// it, so a verifier cannot be skipped or faked. Throw `LockboxError(.userCanceled, ...)` when
 /// the user cancels.
 public protocol PresenceVerifier: Sendable {
+    /// Asks the user for the vault passphrase.
+    ///
+    /// - Parameter request: Why the passphrase is needed, to show the user.
+    /// - Returns: The passphrase the user entered.
+    /// - Throws: `errSecUserCanceled` when the user cancels; `errSecInteractionNotAllowed` when no
+    ///   one can be asked.
     func passphrase(for request: AuthenticationRequest) throws(LockboxError) -> SecretBytes
 }
 
 /// `LAContext` for Lockbox: how reads of access-controlled items authenticate.
 ///
 /// ```swift
-/// let context = AuthenticationContext(verifier: MyPassphraseDialog(), reuseDuration: 30)
+/// let context = AuthenticationContext(verifier: MyPassphraseDialog(), reuseDuration: .seconds(30))
 /// var query = Query.genericPassword(service: "bank", account: "alice")
 /// query.authenticationContext = context
 /// ```
 public final class AuthenticationContext: Sendable {
     /// Asks the user; nil means no interaction is possible.
     public let verifier: (any PresenceVerifier)?
-    /// Seconds a successful verification is reused (`touchIDAuthenticationAllowableReuseDuration`).
-    /// Default 0: every access asks.
-    public let reuseDuration: Double
+    /// How long a successful verification is reused (`touchIDAuthenticationAllowableReuseDuration`).
+    /// Default zero: every access asks.
+    public let reuseDuration: Duration
     /// `interactionNotAllowed`: fail with `errSecInteractionNotAllowed` instead of asking.
     public let interactionNotAllowed: Bool
+    /// Measures the reuse window.
+    package let clock: any LockboxClock
 
-    private let remembered = Mutex<[String: (proof: SecretBytes, at: Double)]>([:])
+    private let remembered = Mutex<[String: (proof: SecretBytes, at: Duration)]>([:])
     /// The context whose verifications this one reuses (see ``withoutInteraction()``).
     private let base: AuthenticationContext?
 
-    public init(verifier: (any PresenceVerifier)? = nil, reuseDuration: Double = 0, interactionNotAllowed: Bool = false) {
+    /// A context that asks `verifier` and reuses a verification for `reuseDuration`.
+    ///
+    /// - Parameters:
+    ///   - verifier: Asks the user; nil when no interaction is possible.
+    ///   - reuseDuration: How long a successful verification spares the next prompt; zero
+    ///     (the default) asks on every access.
+    ///   - interactionNotAllowed: Fail with `errSecInteractionNotAllowed` instead of asking.
+    public convenience init(
+        verifier: (any PresenceVerifier)? = nil, reuseDuration: Duration = .zero, interactionNotAllowed: Bool = false
+    ) {
+        self.init(verifier: verifier, reuseDuration: reuseDuration, interactionNotAllowed: interactionNotAllowed, clock: SystemClock())
+    }
+
+    /// The same, with the reuse window measured in seconds as a `Double`.
+    @available(*, deprecated, message: "Pass the reuse window as a Duration, e.g. .seconds(30).")
+    public convenience init(verifier: (any PresenceVerifier)? = nil, reuseDuration seconds: Double, interactionNotAllowed: Bool = false) {
+        self.init(verifier: verifier, reuseDuration: .milliseconds(Int64((seconds * 1000).rounded())), interactionNotAllowed: interactionNotAllowed)
+    }
+
+    /// A context whose reuse window is measured with `clock`.
+    package init(verifier: (any PresenceVerifier)?, reuseDuration: Duration, interactionNotAllowed: Bool, clock: any LockboxClock) {
         self.verifier = verifier
         self.reuseDuration = reuseDuration
         self.interactionNotAllowed = interactionNotAllowed
+        self.clock = clock
         base = nil
     }
 
@@ -129,6 +168,7 @@ public final class AuthenticationContext: Sendable {
         verifier = nil
         reuseDuration = base.reuseDuration
         interactionNotAllowed = true
+        clock = base.clock
         self.base = base
     }
 
@@ -146,8 +186,8 @@ public final class AuthenticationContext: Sendable {
     /// A proof remembered for `realm` within the reuse window.
     package func rememberedProof(realm: String) -> SecretBytes? {
         if let base { return base.rememberedProof(realm: realm) }
-        guard reuseDuration > 0 else { return nil }
-        let now = Self.monotonicSeconds()
+        guard reuseDuration > .zero else { return nil }
+        let now = clock.uptime()
         return remembered.withLock { entries in
             guard let entry = entries[realm] else { return nil }
             guard now - entry.at <= reuseDuration else {
@@ -160,14 +200,8 @@ public final class AuthenticationContext: Sendable {
 
     package func remember(_ proof: SecretBytes, realm: String) {
         if let base { return base.remember(proof, realm: realm) }
-        guard reuseDuration > 0 else { return }
-        let now = Self.monotonicSeconds()
+        guard reuseDuration > .zero else { return }
+        let now = clock.uptime()
         remembered.withLock { $0[realm] = (proof, now) }
-    }
-
-    private static func monotonicSeconds() -> Double {
-        var time = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &time)
-        return Double(time.tv_sec) + Double(time.tv_nsec) / 1e9
     }
 }

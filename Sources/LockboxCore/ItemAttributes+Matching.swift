@@ -25,10 +25,10 @@ extension ItemAttributes {
 /// Apple's data-protection keychain rejects a second item whose primary key equals an
 /// existing one with `errSecDuplicateItem`. Access group and synchronizable are part of every
 /// class's key (an item of the same name may exist once per group and once per sync state).
-public enum PrimaryKey {
+package enum PrimaryKey {
     /// A canonical, unambiguous encoding of `attributes`' primary key for `itemClass`.
     /// Absent attributes encode differently from empty ones.
-    public static func encode(_ itemClass: ItemClass, _ attributes: ItemAttributes, includingGroup: Bool = true) -> [UInt8] {
+    package static func encode(_ itemClass: ItemClass, _ attributes: ItemAttributes, includingGroup: Bool = true) -> [UInt8] {
         var encoder = FieldEncoder()
         encoder.string(itemClass.rawValue)
         for field in ItemAttributes.primaryKeyFields(of: itemClass) {
@@ -43,7 +43,7 @@ public enum PrimaryKey {
 
     /// Encodes a class's "name" attribute, the one most queries give (service, server,
     /// application tag, issuer), or nil when it is not set.
-    public static func encodeName(_ itemClass: ItemClass, _ attributes: ItemAttributes) -> [UInt8]? {
+    package static func encodeName(_ itemClass: ItemClass, _ attributes: ItemAttributes) -> [UInt8]? {
         let field = ItemAttributes.nameField(of: itemClass)
         guard field.isSet(in: attributes) else { return nil }
         var encoder = FieldEncoder()
@@ -54,7 +54,7 @@ public enum PrimaryKey {
 
     /// True when every primary-key attribute of the class (group and sync excluded) is set in
     /// `attributes`, so a digest of them identifies candidates exactly.
-    public static func isComplete(_ itemClass: ItemClass, _ attributes: ItemAttributes) -> Bool {
+    package static func isComplete(_ itemClass: ItemClass, _ attributes: ItemAttributes) -> Bool {
         ItemAttributes.primaryKeyFields(of: itemClass).allSatisfy { $0.isSet(in: attributes) }
     }
 }

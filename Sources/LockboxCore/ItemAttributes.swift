@@ -74,6 +74,7 @@ public struct ItemAttributes: Sendable, Hashable {
     /// `kSecAttrSerialNumber` (DER).
     public var serialNumber: Data?
 
+    /// Attributes of a generic password, the usual ones named.
     public init(
         service: String? = nil, account: String? = nil, label: String? = nil,
         accessibility: Accessibility? = nil, accessGroup: String? = nil
@@ -103,18 +104,30 @@ public struct ItemAttributes: Sendable, Hashable {
 
 /// `kSecAttrProtocol` values: Apple's four-character codes.
 public struct InternetProtocol: RawRepresentable, Sendable, Hashable {
+    /// The four-character code Apple's Keychain uses.
     public let rawValue: String
+    /// A protocol from its four-character code.
     public init(rawValue: String) { self.rawValue = rawValue }
 
+    /// `kSecAttrProtocolHTTP`.
     public static let http = InternetProtocol(rawValue: "http")
+    /// `kSecAttrProtocolHTTPS`.
     public static let https = InternetProtocol(rawValue: "htps")
+    /// `kSecAttrProtocolFTP`.
     public static let ftp = InternetProtocol(rawValue: "ftp ")
+    /// `kSecAttrProtocolFTPS`.
     public static let ftps = InternetProtocol(rawValue: "ftps")
+    /// `kSecAttrProtocolSSH`.
     public static let ssh = InternetProtocol(rawValue: "ssh ")
+    /// `kSecAttrProtocolIMAP`.
     public static let imap = InternetProtocol(rawValue: "imap")
+    /// `kSecAttrProtocolIMAPS`.
     public static let imaps = InternetProtocol(rawValue: "imps")
+    /// `kSecAttrProtocolSMTP`.
     public static let smtp = InternetProtocol(rawValue: "smtp")
+    /// `kSecAttrProtocolLDAP`.
     public static let ldap = InternetProtocol(rawValue: "ldap")
+    /// `kSecAttrProtocolLDAPS`.
     public static let ldaps = InternetProtocol(rawValue: "ldps")
 
     /// Names as scripts write them (`https`, `ssh`), mapped to Apple's codes.
@@ -129,28 +142,42 @@ public struct InternetProtocol: RawRepresentable, Sendable, Hashable {
 
 /// `kSecAttrAuthenticationType` values: Apple's four-character codes.
 public struct AuthenticationType: RawRepresentable, Sendable, Hashable {
+    /// The four-character code Apple's Keychain uses.
     public let rawValue: String
+    /// An authentication type from its four-character code.
     public init(rawValue: String) { self.rawValue = rawValue }
 
+    /// `kSecAttrAuthenticationTypeDefault`.
     public static let `default` = AuthenticationType(rawValue: "dflt")
+    /// `kSecAttrAuthenticationTypeHTTPBasic`.
     public static let httpBasic = AuthenticationType(rawValue: "http")
+    /// `kSecAttrAuthenticationTypeHTTPDigest`.
     public static let httpDigest = AuthenticationType(rawValue: "httd")
+    /// `kSecAttrAuthenticationTypeHTMLForm`.
     public static let htmlForm = AuthenticationType(rawValue: "form")
+    /// `kSecAttrAuthenticationTypeNTLM`.
     public static let ntlm = AuthenticationType(rawValue: "ntlm")
 }
 
 /// `kSecAttrKeyClass` values.
 public enum KeyClass: String, Sendable, Hashable, CaseIterable {
+    /// `kSecAttrKeyClassPublic`, `kSecAttrKeyClassPrivate` and `kSecAttrKeyClassSymmetric`.
     case `public`, `private`, symmetric
 }
 
 /// `kSecAttrKeyType` values.
 public struct KeyType: RawRepresentable, Sendable, Hashable {
+    /// The value Apple's Keychain uses (`kSecAttrKeyType*`).
     public let rawValue: String
+    /// A key type from its value.
     public init(rawValue: String) { self.rawValue = rawValue }
 
+    /// `kSecAttrKeyTypeRSA`.
     public static let rsa = KeyType(rawValue: "42")
+    /// `kSecAttrKeyTypeECSECPrimeRandom` (P-256 and the other NIST curves).
     public static let ecSECPrimeRandom = KeyType(rawValue: "73")
+    /// `kSecAttrKeyTypeAES`.
     public static let aes = KeyType(rawValue: "2147483649")
+    /// Ed25519 (no Keychain constant; Lockbox's own value).
     public static let ed25519 = KeyType(rawValue: "ed25519")
 }

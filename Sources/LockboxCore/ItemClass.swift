@@ -59,8 +59,11 @@ public enum Accessibility: String, Sendable, Hashable, CaseIterable, Codable {
 
     /// The three lock levels a class key can belong to.
     public enum Availability: Sendable, Hashable {
+        /// Only while the vault is unlocked (`whenUnlocked*`).
         case whileUnlocked
+        /// From the first unlock after boot until reboot (`afterFirstUnlock*`).
         case afterFirstUnlock
+        /// Whenever the file can be read (`always*`).
         case always
     }
 

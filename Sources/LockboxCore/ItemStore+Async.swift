@@ -16,6 +16,7 @@ public struct AsyncItemStore: Sendable {
     /// The store whose calls this runs.
     public let store: any ItemStore
 
+    /// Async access to `store`: each call runs off Swift's cooperative pool.
     public init(_ store: any ItemStore) {
         self.store = store
     }

@@ -17,7 +17,9 @@
 public struct LockboxError: Error, Sendable, Hashable, CustomStringConvertible {
     /// An error code: Apple's `OSStatus` value for the condition.
     public struct Code: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
+        /// Apple's `OSStatus` value.
         public let rawValue: Int32
+        /// The code for an `OSStatus` value.
         public init(rawValue: Int32) { self.rawValue = rawValue }
 
         /// `errSecUserCanceled`: the user cancelled an authentication prompt.
@@ -59,6 +61,7 @@ public struct LockboxError: Error, Sendable, Hashable, CustomStringConvertible {
         /// which has since changed or been removed). Delete it and make a new one.
         public static let invalidKeyRef = Code(rawValue: -67712)
 
+        /// `OSStatus N`.
         public var description: String { "OSStatus \(rawValue)" }
 
         /// Lets `catch LockboxError.itemNotFound` read naturally.
@@ -66,6 +69,7 @@ public struct LockboxError: Error, Sendable, Hashable, CustomStringConvertible {
             (error as? LockboxError)?.code == code
         }
 
+        /// Matches a `LockboxError` by its code: `catch LockboxError.itemNotFound`.
         public static func ~= (code: Code, error: LockboxError) -> Bool {
             error.code == code
         }
@@ -92,18 +96,21 @@ public struct LockboxError: Error, Sendable, Hashable, CustomStringConvertible {
             Cause(operation: operation, sqliteExtendedCode: nil, errno: errno)
         }
 
+        /// The operation and its result code or `errno`.
         public var description: String {
             if let sqliteExtendedCode { return "\(operation): SQLite result \(sqliteExtendedCode)" }
             return "\(operation): errno \(errno ?? 0)"
         }
     }
 
+    /// What went wrong, as Apple's `OSStatus`.
     public let code: Code
     /// The human-readable message. It never contains a secret.
     public let message: String
     /// The underlying failure, for callers and tests that match codes rather than text.
     public let cause: Cause?
 
+    /// An error with `code`, a `message` that says what to do, and the underlying `cause`.
     public init(_ code: Code, _ message: String, cause: Cause? = nil) {
         self.code = code
         self.message = message
@@ -122,22 +129,39 @@ public struct LockboxError: Error, Sendable, Hashable, CustomStringConvertible {
     /// `message (OSStatus -25308)`: scripts can match the status in text form.
     public var description: String { "\(message) (OSStatus \(status))" }
 
+    /// `errSecItemNotFound` (-25300), for `catch LockboxError.itemNotFound`.
     public static let itemNotFound = Code.itemNotFound
+    /// `errSecDuplicateItem` (-25299).
     public static let duplicateItem = Code.duplicateItem
+    /// `errSecInteractionNotAllowed` (-25308): locked, never "not found".
     public static let interactionNotAllowed = Code.interactionNotAllowed
+    /// `errSecAuthFailed` (-25293).
     public static let authFailed = Code.authFailed
+    /// `errSecUserCanceled` (-128).
     public static let userCanceled = Code.userCanceled
+    /// `errSecParam` (-50).
     public static let param = Code.param
+    /// `errSecDecode` (-26275): a failed open or a damaged or tampered record.
     public static let decode = Code.decode
+    /// `errSecIO` (-36).
     public static let io = Code.io
+    /// `errSecNotAvailable` (-25291).
     public static let notAvailable = Code.notAvailable
+    /// `errSecMissingEntitlement` (-34018).
     public static let missingEntitlement = Code.missingEntitlement
+    /// `errSecNoSuchKeychain` (-25294).
     public static let noSuchKeychain = Code.noSuchKeychain
+    /// `errSecDuplicateKeychain` (-25296).
     public static let duplicateKeychain = Code.duplicateKeychain
+    /// `errSecUnimplemented` (-4).
     public static let unimplemented = Code.unimplemented
+    /// `errSecAllocate` (-108).
     public static let allocate = Code.allocate
+    /// `errSecDataNotAvailable` (-25316).
     public static let dataNotAvailable = Code.dataNotAvailable
+    /// `errSecKeyUsageIncorrect` (-67731).
     public static let keyUsageIncorrect = Code.keyUsageIncorrect
+    /// `errSecInvalidKeyRef` (-67712).
     public static let invalidKeyRef = Code.invalidKeyRef
 }
 

@@ -26,10 +26,12 @@ public struct Query: Sendable {
     /// store's default (the vault's configured verifier, if any).
     public var authenticationContext: AuthenticationContext?
 
+    /// A query for items of `itemClass` with `attributes`; by default one match, its attributes,
+    /// and only items that are not synchronizable.
     public init(
         _ itemClass: ItemClass, attributes: ItemAttributes = ItemAttributes(),
         limit: MatchLimit = .one, returning: ReturnOptions = .attributes,
-        synchronizable: SynchronizableMatch = .no
+        synchronizable: SynchronizableMatch = .notSynchronizable
     ) {
         self.itemClass = itemClass
         self.attributes = attributes
@@ -47,23 +49,34 @@ public struct Query: Sendable {
 
     /// `kSecMatchLimit`.
     public enum MatchLimit: Sendable, Hashable {
+        /// `kSecMatchLimitOne`: the first match.
         case one
+        /// `kSecMatchLimitAll`: every match.
         case all
     }
 
     /// How a query treats `kSecAttrSynchronizable`.
     public enum SynchronizableMatch: Sendable, Hashable {
-        /// Only non-synchronizable items (the attribute absent from the query).
-        case no
-        /// Only synchronizable items.
-        case yes
-        /// `kSecAttrSynchronizableAny`.
+        /// Only items that are not synchronizable (`kSecAttrSynchronizable` absent from the
+        /// query, or false). The default.
+        case notSynchronizable
+        /// Only synchronizable items (`kSecAttrSynchronizable` true).
+        case synchronizable
+        /// Both (`kSecAttrSynchronizableAny`).
         case any
 
+        /// The earlier name of ``notSynchronizable``.
+        @available(*, deprecated, renamed: "notSynchronizable")
+        public static var no: Self { .notSynchronizable }
+        /// The earlier name of ``synchronizable``.
+        @available(*, deprecated, renamed: "synchronizable")
+        public static var yes: Self { .synchronizable }
+
+        /// Whether an item whose `synchronizable` attribute is `value` (nil: absent) matches.
         public func matches(_ value: Bool?) -> Bool {
             switch self {
-            case .no: value != true
-            case .yes: value == true
+            case .notSynchronizable: value != true
+            case .synchronizable: value == true
             case .any: true
             }
         }
@@ -71,11 +84,16 @@ public struct Query: Sendable {
 
     /// What to return for each match.
     public struct ReturnOptions: OptionSet, Sendable, Hashable {
+        /// The options as a bit set.
         public let rawValue: Int
+        /// Options from their bit set.
         public init(rawValue: Int) { self.rawValue = rawValue }
 
+        /// `kSecReturnData`: the secret.
         public static let data = ReturnOptions(rawValue: 1)
+        /// `kSecReturnAttributes`: the attributes.
         public static let attributes = ReturnOptions(rawValue: 2)
+        /// `kSecReturnPersistentRef`: a reference that finds the item again.
         public static let persistentReference = ReturnOptions(rawValue: 4)
     }
 }

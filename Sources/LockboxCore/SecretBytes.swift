@@ -65,9 +65,11 @@ public final class SecretBytes: @unchecked Sendable {
                 fatalError("SecretBytes: out of memory mapping \(size) bytes")
             }
             raw = mapped
-            // Guard pages: touching them crashes instead of reading a neighbour's secret.
-            mprotect(raw, page, PROT_NONE)
-            mprotect(raw + (dataPages + 1) * page, page, PROT_NONE)
+            // Guard pages: touching them crashes instead of reading a neighbour's secret. A
+            // guard that did not apply would be a promise silently broken: stop.
+            guard mprotect(raw, page, PROT_NONE) == 0, mprotect(raw + (dataPages + 1) * page, page, PROT_NONE) == 0 else {
+                fatalError("SecretBytes: mprotect of a guard page failed (errno \(errno))")
+            }
             // Best effort, as libsodium does: RLIMIT_MEMLOCK may forbid it.
             _ = mlock(raw + page, dataPages * page)
             #if canImport(Glibc)
@@ -157,6 +159,7 @@ public final class SecretBytes: @unchecked Sendable {
         try body(UnsafeRawBufferPointer(start: start, count: count))
     }
 
+    /// Whether there are no bytes.
     public var isEmpty: Bool { count == 0 }
 }
 
@@ -171,13 +174,16 @@ extension SecretBytes: Equatable {
 }
 
 extension SecretBytes: CustomStringConvertible, CustomDebugStringConvertible, CustomReflectable {
+    /// `<redacted>`, whatever the bytes.
     public var description: String { "<redacted>" }
+    /// `SecretBytes(<redacted>, N bytes)`: the length, never the bytes.
     public var debugDescription: String { "SecretBytes(<redacted>, \(count) bytes)" }
+    /// A mirror with no children, so `dump` shows no bytes.
     public var customMirror: Mirror { Mirror(self, children: [], displayStyle: .struct) }
 }
 
 /// Compares two equally long buffers without an early exit.
-public func constantTimeEquals(_ left: UnsafeRawBufferPointer, _ right: UnsafeRawBufferPointer) -> Bool {
+package func constantTimeEquals(_ left: UnsafeRawBufferPointer, _ right: UnsafeRawBufferPointer) -> Bool {
     guard left.count == right.count else { return false }
     var difference: UInt8 = 0
     for index in 0..<left.count {
@@ -187,7 +193,7 @@ public func constantTimeEquals(_ left: UnsafeRawBufferPointer, _ right: UnsafeRa
 }
 
 /// Overwrites memory with zeros in a way the optimizer may not remove.
-public func wipe(_ buffer: UnsafeMutableRawBufferPointer) {
+package func wipe(_ buffer: UnsafeMutableRawBufferPointer) {
     guard let base = buffer.baseAddress, buffer.count > 0 else { return }
     #if canImport(Glibc)
     explicit_bzero(base, buffer.count)
@@ -198,7 +204,7 @@ public func wipe(_ buffer: UnsafeMutableRawBufferPointer) {
 
 extension Array where Element == UInt8 {
     /// Zeros the array's storage in place (for transient copies of key material).
-    public mutating func wipe() {
+    package mutating func wipe() {
         withUnsafeMutableBytes { LockboxCore.wipe($0) }
     }
 }

@@ -86,7 +86,7 @@ struct KeyCommands {
             return .success
         case .unlockTPM(let timeout):
             var options = keychainOptions()
-            if let timeout { options.vault.idleTimeout = timeout }
+            if let timeout { options.vault.idleTimeout = .seconds(timeout) }
             try openVault(options).unlock(sealing: TPMUnlockSlot())
             output.error("Unlocked with the TPM.")
             return .success

@@ -123,7 +123,9 @@ final class KeyCache {
     private var afterFirstUnlockSerial: KernelKeyring.Serial?
     private var master: SecretBytes?
     private var idleTimeout: UInt32 = 0
-    private var lastUse: timespec = timespec()
+    private var lastUse: Duration = .zero
+    /// Measures the idle timeout.
+    let clock: any LockboxClock
     private var afterFirstUnlock: AfterFirstUnlockKeys?
     private var whileUnlockedClassKeys = SmallMap<Accessibility, SecretBytes>()
     private var indexKeys = SmallMap<ItemClass, SecretBytes>()
@@ -133,7 +135,8 @@ final class KeyCache {
     private var masterCheckedThisOperation = false
     private var afterFirstUnlockCheckedThisOperation = false
 
-    init(vaultID: [UInt8], mode: UnlockCache, device: DeviceSecret, path: String) {
+    init(vaultID: [UInt8], mode: UnlockCache, device: DeviceSecret, path: String, clock: any LockboxClock) {
+        self.clock = clock
         self.mode = mode
         self.device = device
         self.vaultID = vaultID
@@ -189,6 +192,18 @@ final class KeyCache {
         return Int(String(decoding: buffer[..<count].filter { $0 != UInt8(ascii: "\n") }, as: UTF8.self))
     }
 
+    /// Throws the cache's own error when `mode` cannot be used in this process (the kernel
+    /// keyring forbidden, as in some containers), so that a vault is not created that could
+    /// never be unlocked here.
+    static func checkUsable(_ mode: UnlockCache) throws(LockboxError) {
+        guard mode == .kernelKeyring else { return }
+        do throws(KernelKeyring.Absence) {
+            _ = try KernelKeyring.find(descriptionPrefix + "probe:absent")
+        } catch {
+            if let failure = unavailableError(error) { throw failure }
+        }
+    }
+
     private static func unavailableError(_ absence: KernelKeyring.Absence) -> LockboxError? {
         guard case .unavailable(let failure) = absence else { return nil }
         return unavailableError(failure)
@@ -234,7 +249,7 @@ final class KeyCache {
         }
         self.master = master
         self.afterFirstUnlock = keys
-        clock_gettime(CLOCK_MONOTONIC, &lastUse)
+        lastUse = clock.uptime()
     }
 
     private func storeEntries(master: SecretBytes, afterFirstUnlock: SecretBytes) throws(KernelKeyring.Failure) {
@@ -359,9 +374,8 @@ final class KeyCache {
         switch mode {
         case .processMemory:
             if master != nil, idleTimeout > 0 {
-                var now = timespec()
-                clock_gettime(CLOCK_MONOTONIC, &now)
-                if now.tv_sec - lastUse.tv_sec >= Int(idleTimeout) {
+                let now = clock.uptime()
+                if now - lastUse >= .seconds(idleTimeout) {
                     dropWhileUnlocked()
                 } else {
                     lastUse = now
@@ -481,10 +495,9 @@ final class KeyCache {
     /// applying.
     private func refreshIdleTimeout(_ serial: KernelKeyring.Serial) throws(KernelKeyring.Absence) {
         guard idleTimeout > 0 else { return }
-        var now = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &now)
+        let now = clock.uptime()
         // One system call per second at most: the timeout is measured in seconds anyway.
-        if now.tv_sec != lastUse.tv_sec {
+        if now - lastUse >= .seconds(1) {
             do {
                 try KernelKeyring.setTimeout(serial, seconds: idleTimeout)
             } catch {

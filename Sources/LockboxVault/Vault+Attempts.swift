@@ -57,7 +57,7 @@ extension Vault {
         } else if state.rememberedGeneration.exists {
             // This machine knows the vault: an unauthenticated or missing record is tampering.
             attempts = Attempts(
-                failures: max(stored?.0.failures ?? 0, Self.tamperedFailureCount), lastFailure: Date().timeIntervalSince1970)
+                failures: max(stored?.0.failures ?? 0, Self.tamperedFailureCount), lastFailure: configuration.clock.sinceEpoch().secondsValue)
         } else {
             attempts = stored?.0 ?? Attempts(failures: 0, lastFailure: 0)
         }
@@ -86,11 +86,12 @@ extension Vault {
         try statement.run()
     }
 
-    /// Seconds to wait before the next passphrase check.
-    func secondsToWait(_ state: State) throws(LockboxError) -> Double {
+    /// How long to wait before the next passphrase check (at most 30 s).
+    func delayBeforeNextCheck(_ state: State) throws(LockboxError) -> Duration {
         let attempts = try readAttempts(state)
-        let wait = Double(Self.delay(afterFailures: attempts.failures)) - (Date().timeIntervalSince1970 - attempts.lastFailure)
-        return min(max(wait, 0), 30)
+        let now = configuration.clock.sinceEpoch().secondsValue
+        let wait = Double(Self.delay(afterFailures: attempts.failures)) - (now - attempts.lastFailure)
+        return .milliseconds(Int64((min(max(wait, 0), 30) * 1000).rounded(.up)))
     }
 
     /// Counts a failed check; returns the new count.
@@ -98,7 +99,7 @@ extension Vault {
         try state.database.writeTransaction { () throws(LockboxError) -> Int in
             var attempts = try readAttempts(state)
             attempts.failures = min(attempts.failures + 1, Self.maximumFailureCount)
-            attempts.lastFailure = Date().timeIntervalSince1970
+            attempts.lastFailure = configuration.clock.sinceEpoch().secondsValue
             try writeAttempts(attempts, state: state)
             return attempts.failures
         }
@@ -112,13 +113,6 @@ extension Vault {
         try state.database.writeTransaction { () throws(LockboxError) in
             try writeAttempts(Attempts(failures: 0, lastFailure: 0), state: state)
         }
-    }
-
-    static func sleep(seconds: Double) {
-        guard seconds > 0 else { return }
-        var interval = timespec(tv_sec: Int(seconds), tv_nsec: Int((seconds - seconds.rounded(.down)) * 1e9))
-        var remaining = timespec()
-        while nanosleep(&interval, &remaining) != 0 && errno == EINTR { interval = remaining }
     }
 
     func wrongPassphrase(failures: Int, _ what: String) -> LockboxError {

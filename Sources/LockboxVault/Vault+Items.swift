@@ -14,7 +14,7 @@ extension Vault {
     public func add(contentsOf items: [Item]) throws(LockboxError) {
         var prepared: [(ItemClass, ItemAttributes, SecretBytes, AccessControl?)] = []
         prepared.reserveCapacity(items.count)
-        let now = Date()
+        let now = currentDate()
         for item in items {
             var attributes = item.attributes
             attributes.accessGroup = try resolvedGroupForWriting(attributes.accessGroup)
@@ -136,8 +136,8 @@ extension Vault {
                         data = try row.openData(itemKey: itemKey, prefix: prefix)
                     }
                     attributes.apply(update.attributes)
-                    attributes.creationDate = attributes.creationDate ?? Date()
-                    attributes.modificationDate = Date()
+                    attributes.creationDate = attributes.creationDate ?? currentDate()
+                    attributes.modificationDate = currentDate()
                     try checkSizes(data: data, attributes: attributes)
                     // A new accessibility means a new class key: the item key is rewrapped.
                     let keys = try keysForWriting(query.itemClass, attributes.accessibility ?? .default, state: state)
@@ -493,8 +493,8 @@ extension Vault {
         }
         if let selective { arguments = [selective] }
         switch query.synchronizable {
-        case .no: shape.insert(.onlyNotSynchronizable)
-        case .yes: shape.insert(.onlySynchronizable)
+        case .notSynchronizable: shape.insert(.onlyNotSynchronizable)
+        case .synchronizable: shape.insert(.onlySynchronizable)
         case .any: break
         }
         let residualPredicate = AttributePredicate(residual)
@@ -668,5 +668,12 @@ extension ItemAttributes {
     /// Clears the attribute a name digest already matched.
     mutating func clearName(of itemClass: ItemClass) {
         Self.nameField(of: itemClass).set(nil, in: &self)
+    }
+}
+
+extension Vault {
+    /// Now, for creation and modification dates: the configuration's clock.
+    func currentDate() -> Date {
+        Date(timeIntervalSince1970: configuration.clock.sinceEpoch().secondsValue)
     }
 }

@@ -28,9 +28,9 @@ public final class Vault: ItemStore, Sendable {
     public struct Configuration: Sendable {
         /// The largest value (`kSecValueData`) accepted, in bytes. Default 64 KiB.
         public var maximumValueSize = 64 * 1024
-        /// Seconds of inactivity after which `whenUnlocked` items lock again; 0 never.
-        /// Default 15 minutes.
-        public var idleTimeout: UInt32 = 900
+        /// Inactivity after which `whenUnlocked` items lock again, in whole seconds (a fraction
+        /// is rounded up); zero never. Default 15 minutes.
+        public var idleTimeout: Duration = .seconds(900)
         /// Argon2id strength for new passphrase slots. Default `.moderate` (libsodium's
         /// MODERATE); `.interactive` is the floor.
         public var keyDerivation: KeyDerivationStrength = .moderate
@@ -40,14 +40,23 @@ public final class Vault: ItemStore, Sendable {
         /// to the first one (or ``Vault/defaultAccessGroup``). Groups are namespaces, not
         /// walls: any process of the same user can open the file with other groups.
         public var accessGroups: [String]?
-        /// Milliseconds to wait for another process's write before giving up.
-        public var busyTimeoutMilliseconds: Int32 = 10_000
+        /// How long to wait for another process's write before giving up. Default 10 s.
+        public var busyTimeout: Duration = .seconds(10)
+        /// ``busyTimeout`` in milliseconds.
+        @available(*, deprecated, renamed: "busyTimeout")
+        public var busyTimeoutMilliseconds: Int32 {
+            get { busyTimeout.wholeMilliseconds }
+            set { busyTimeout = .milliseconds(newValue) }
+        }
         /// Where this machine's device secret comes from (`*ThisDeviceOnly` items).
         public var device = DeviceIdentity()
         /// The authentication used for access-controlled items when a query brings no
         /// ``AuthenticationContext`` of its own. Nil: such items read as locked (-25308).
         public var authenticationContext: AuthenticationContext?
+        /// Measures the idle timeout and the failed-unlock delay, and waits that delay.
+        package var clock: any LockboxClock = SystemClock()
 
+        /// The defaults.
         public init() {}
     }
 
@@ -138,9 +147,11 @@ public final class Vault: ItemStore, Sendable {
         guard !passphrase.isEmpty else {
             throw LockboxError(.param, "The passphrase is empty. Choose a passphrase to protect the keychain.")
         }
+        // A vault whose keys could not be cached would be created, yet locked at once.
+        try KeyCache.checkUsable(configuration.unlockCache)
         let oldMask = umask(0o077)
         defer { umask(oldMask) }
-        let database = try Database(path: path, create: true, busyTimeoutMilliseconds: configuration.busyTimeoutMilliseconds)
+        let database = try Database(path: path, create: true, busyTimeoutMilliseconds: configuration.busyTimeout.wholeMilliseconds)
         try FilePermissions.makePrivate(path)
         guard let identity = try FilePermissions.check(directory: directory, files: [path])[path] else {
             throw LockboxError(.io, "\(path) was removed while it was being created.")
@@ -172,7 +183,7 @@ public final class Vault: ItemStore, Sendable {
             try integrity.save(to: database)
         }
 
-        let keys = KeyCache(vaultID: header.vaultID, mode: configuration.unlockCache, device: device, path: path)
+        let keys = KeyCache(vaultID: header.vaultID, mode: configuration.unlockCache, device: device, path: path, clock: configuration.clock)
         let remembered = RememberedGeneration(vaultID: header.vaultID, vaultPath: path, device: configuration.device)
         remembered.write(1)
         let vault = Vault(
@@ -204,12 +215,13 @@ public final class Vault: ItemStore, Sendable {
         }
         let oldMask = umask(0o077)
         defer { umask(oldMask) }
-        let database = try Database(path: path, create: false, busyTimeoutMilliseconds: configuration.busyTimeoutMilliseconds)
+        let database = try Database(path: path, create: false, busyTimeoutMilliseconds: configuration.busyTimeout.wholeMilliseconds)
         try FilePermissions.confirmOpened(identity, path: path, opened: database.openedFileIdentity)
         try VaultSchema.migrate(database)
         let header = try VaultHeader.load(from: database)
         let keys = KeyCache(
-            vaultID: header.vaultID, mode: configuration.unlockCache, device: try DeviceSecret.load(configuration.device), path: path)
+            vaultID: header.vaultID, mode: configuration.unlockCache, device: try DeviceSecret.load(configuration.device), path: path,
+            clock: configuration.clock)
         let remembered = RememberedGeneration(vaultID: header.vaultID, vaultPath: path, device: configuration.device)
         let vault = Vault(
             path: path, configuration: configuration,
@@ -317,12 +329,12 @@ public final class Vault: ItemStore, Sendable {
     /// the outcome.
     func checkPassphrase(_ passphrase: SecretBytes, failure: String) throws(LockboxError) -> VerifiedPassphrase {
         for _ in 0..<3 {
-            let (header, wait): (VaultHeader, Double) = try withState { state throws(LockboxError) in
+            let (header, wait): (VaultHeader, Duration) = try withState { state throws(LockboxError) in
                 let header = try VaultHeader.load(from: state.database)
                 state.header = header
-                return (header, try secondsToWait(state))
+                return (header, try delayBeforeNextCheck(state))
             }
-            Self.sleep(seconds: wait)
+            configuration.clock.sleep(for: wait)
             let derived = try Self.deriveSlotKeys(header, passphrase: passphrase)
             let outcome: VerifiedPassphrase? = try withState { state throws(LockboxError) -> VerifiedPassphrase? in
                 let current = try VaultHeader.load(from: state.database)
@@ -635,7 +647,7 @@ public final class Vault: ItemStore, Sendable {
             classKeys[accessibility] = key
         }
         let afterFirstUnlock = AfterFirstUnlockKeys(indexRoot: try state.header.indexRoot(master: master), classKeys: classKeys)
-        try state.keys.store(master: master, afterFirstUnlock: afterFirstUnlock, idleTimeout: configuration.idleTimeout)
+        try state.keys.store(master: master, afterFirstUnlock: afterFirstUnlock, idleTimeout: configuration.idleTimeout.wholeSecondsRoundedUp)
     }
 
     package static func delay(afterFailures failures: Int) -> Int {

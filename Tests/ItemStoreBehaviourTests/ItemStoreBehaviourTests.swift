@@ -26,6 +26,25 @@ enum Backend: String, CaseIterable, CustomTestStringConvertible {
             return (collection.store, collection)
         }
     }
+
+    /// Locks the store made by ``makeStore(maximumValueSize:)`` as its user would (`lock`, or
+    /// the desktop keyring's own lock).
+    func lock(_ owner: AnyObject) throws {
+        if let fixture = owner as? VaultFixture {
+            fixture.vault.lock()
+        } else if let collection = owner as? SecretServiceCollection {
+            try collection.runScript(["lock", collection.path])
+        }
+    }
+
+    /// Unlocks it again.
+    func unlock(_ owner: AnyObject) throws {
+        if let fixture = owner as? VaultFixture {
+            try fixture.vault.unlock(passphrase: fixture.passphrase)
+        } else if let collection = owner as? SecretServiceCollection {
+            try collection.runScript(["unlock", collection.path, collection.password])
+        }
+    }
 }
 
 /// A fresh, empty, unlocked collection in the test session's gnome-keyring (the suite expects
@@ -35,6 +54,7 @@ final class SecretServiceCollection {
         .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
         .appendingPathComponent("scripts/secret-service").path
     let path: String
+    let password: String
     let store: SecretServiceStore
 
     struct NoBus: Error, CustomStringConvertible {
@@ -53,13 +73,20 @@ final class SecretServiceCollection {
             throw NoBus()
         }
         let suffix = UUID().uuidString.prefix(8).lowercased()
-        let created = try run(Self.script, ["create-collection", "suite-\(suffix)", "password-\(suffix)"])
+        password = "password-\(suffix)"
+        let created = try run(Self.script, ["create-collection", "suite-\(suffix)", password])
         guard created.status == 0 else { throw CreateFailed(description: "create-collection failed: \(created.standardError)") }
         path = created.standardOutput.trimmingCharacters(in: .whitespacesAndNewlines)
         store = SecretServiceStore(
             configuration: .init(
                 busAddress: address, collection: path, defaultAccessGroup: Vault.defaultAccessGroup,
                 maximumValueSize: maximumValueSize))
+    }
+
+    /// Runs scripts/secret-service with `arguments`, failing on a non-zero status.
+    func runScript(_ arguments: [String]) throws {
+        let result = try run(Self.script, arguments)
+        guard result.status == 0 else { throw CreateFailed(description: "\(arguments[0]) failed: \(result.standardError)") }
     }
 
     deinit {
@@ -174,6 +201,31 @@ struct ItemStoreBehaviourTests {
         #expect(status { _ = try store.items(matching: missing) } == -25300)
         #expect(status { try store.update(matching: missing, to: ItemUpdate(data: SecretBytes(utf8: "x"))) } == -25300)
         #expect(status { try store.delete(matching: missing) } == -25300)
+    }
+
+    @Test("a locked store answers errSecInteractionNotAllowed for an item it holds, never not found", arguments: Backend.allCases, classes)
+    func lockedStore_neverAnswersNotFound(backend: Backend, itemClass: ItemClass) throws {
+        let (store, owner) = try backend.makeStore()
+        defer { withExtendedLifetime(owner) {} }
+        let item = sampleItem(itemClass, secret: "kept while locked")
+        try store.add(item)
+        try backend.lock(owner)
+        var byLabel = Query(itemClass, limit: .all, returning: .attributes)
+        byLabel.attributes.label = "label 0"
+        let outcomes: [(String, Int32?)] = [
+            ("the data", status { _ = try store.data(matching: query(for: item)) }),
+            ("the item", status { _ = try store.item(matching: query(for: item, returning: .attributes)) }),
+            ("every item of the class", status { _ = try store.items(matching: Query(itemClass, limit: .all, returning: [.data])) }),
+            ("a match by label", status { _ = try store.items(matching: byLabel) }),
+            ("an update", status { try store.update(matching: query(for: item), to: ItemUpdate(data: SecretBytes(utf8: "x"))) }),
+            ("a delete", status { try store.delete(matching: query(for: item)) }),
+        ]
+        for (what, outcome) in outcomes {
+            #expect(outcome == -25308, "\(what) while locked gave \(outcome.map(String.init) ?? "success")")
+        }
+        // Nothing was changed or removed while locked.
+        try backend.unlock(owner)
+        #expect(try store.data(matching: query(for: item)) == SecretBytes(utf8: "kept while locked"))
     }
 
     @Test("update replaces data and attributes", arguments: Backend.allCases, classes)
@@ -318,7 +370,7 @@ struct ItemStoreBehaviourTests {
         #expect(status { _ = try store.items(matching: query) } == -25300)
         query.synchronizable = .any
         #expect(try store.items(matching: query).count == 1)
-        query.synchronizable = .yes
+        query.synchronizable = .synchronizable
         #expect(try store.items(matching: query).first?.attributes.synchronizable == true)
     }
 

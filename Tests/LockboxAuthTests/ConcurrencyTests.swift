@@ -10,13 +10,12 @@ extension LifecycleTests {
     @Test func hundredConcurrentCallers_withExpiredAccessToken_shareExactlyOneRefresh() async throws {
         let server = try await TestServer.running()
         let vault = try TestVault()
-        let manager = vault.manager(try await server.configuration())
-        // The signed-in access token lives 1 s and has expired when the callers arrive; the
-        // refreshed one lives an hour.
-        try await server.faults(["access_token_lifetime": 1])
+        let clock = ShiftedClock()
+        let manager = vault.manager(try await server.configuration(), clock: clock)
+        // The signed-in access token lives an hour; to the manager two have passed when the
+        // callers arrive, so it has expired. The refreshed one lives an hour from then.
         _ = try await server.signIn(manager)
-        try await Task.sleep(for: .milliseconds(1100))
-        try await server.faults(["access_token_lifetime": 3600])
+        clock.advance(by: .seconds(7200))
         let before = try await server.counters()
 
         let statuses = try await withThrowingTaskGroup(of: Int.self) { group in
@@ -37,13 +36,16 @@ extension LifecycleTests {
     @Test func cancelledWaiter_duringSharedRefresh_leavesAtOnceWithoutCancellingIt() async throws {
         let server = try await TestServer.running()
         let vault = try TestVault()
-        let manager = vault.manager(try await server.configuration())
+        let transport = ObservedTransport()
+        let manager = vault.manager(try await server.configuration(), transport: transport)
         _ = try await server.signIn(manager)
         try await server.faults(["token_delay": 1.0])
         let before = try await server.counters()
 
+        let requests = transport.requestsStarted(toPathEnding: "/token")
         let cancelled = Task { try await manager.credentials(minTTL: forceRefresh) }
-        try await Task.sleep(for: .milliseconds(100))
+        // The refresh has reached the server before the second caller comes.
+        #expect(try await transport.waitForRequest(toPathEnding: "/token", after: requests), "the refresh never started")
         let waiter = Task { try await manager.credentials(minTTL: forceRefresh) }
         let clock = ContinuousClock()
         let cancelledAt = clock.now

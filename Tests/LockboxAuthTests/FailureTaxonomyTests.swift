@@ -115,13 +115,16 @@ extension LifecycleTests {
         let vault = try TestVault()
         let events = EventRecorder()
         let configuration = try await server.configuration()
-        let manager = vault.manager(configuration, events: events, accessibility: .whenUnlocked)
+        let transport = ObservedTransport()
+        let manager = vault.manager(configuration, events: events, accessibility: .whenUnlocked, transport: transport)
         _ = try await server.signIn(manager)
         // The refresh reads the stored token, then the server takes a second to answer, and
         // the vault locks in between: the rotated token cannot be written.
         try await server.faults(["token_delay": 1.0])
+        let requests = transport.requestsStarted(toPathEnding: "/token")
         let refresh = Task { try await manager.credentials(minTTL: forceRefresh) }
-        try await Task.sleep(for: .milliseconds(300))
+        // Lock once the refresh request is at the server, i.e. past its read of the stored token.
+        #expect(try await transport.waitForRequest(toPathEnding: "/token", after: requests), "the refresh never started")
         vault.vault.lock()
         let credentials = try await refresh.value
 

@@ -19,7 +19,8 @@ extension LifecycleTests {
         // The user approves in a browser while the CLI polls.
         let flow = DeviceAuthorizationFlow(configuration: pending.configuration, slowDownIncrement: .seconds(1))
         async let login = session.completeLogin(pending, flow: flow)
-        try await Task.sleep(for: .milliseconds(1500))
+        // Approve once the server has told the CLI to slow down (its first poll).
+        #expect(try await eventually { try await server.counters()["slow_downs"] == 1 }, "the CLI never polled")
         try await server.admin("POST", "test/device/approve", ["user_code": pending.authorization.userCode])
         let result = try await login
 

@@ -134,13 +134,58 @@ struct TestVault {
 
     func manager(
         _ configuration: ClientConfiguration, events: EventRecorder = EventRecorder(),
-        accessibility: Accessibility = .afterFirstUnlockThisDeviceOnly, transport: any HTTPTransport = URLSessionTransport()
+        accessibility: Accessibility = .afterFirstUnlockThisDeviceOnly, transport: any HTTPTransport = URLSessionTransport(),
+        clock: ShiftedClock = ShiftedClock()
     ) -> CredentialsManager {
         CredentialsManager(
             configuration: configuration, tokenStore: tokenStore(for: configuration, accessibility: accessibility),
             transport: transport, lockDirectory: lockDirectory,
             outbox: RevocationOutbox(store: vault, transport: transport, events: events.record),
-            events: events.record)
+            now: clock.now, events: events.record)
+    }
+}
+
+/// The real transport, noting each request as it starts, so a test can wait for "the refresh
+/// has reached the server" instead of sleeping and hoping it has.
+final class ObservedTransport: HTTPTransport {
+    private let inner = URLSessionTransport()
+    private let started = Mutex<[String]>([])
+
+    func send(_ request: URLRequest) async throws -> (Data, HTTPURLResponse) {
+        note(request)
+        return try await inner.send(request)
+    }
+
+    func send(_ request: URLRequest, options: HTTPRequestOptions) async throws -> (Data, HTTPURLResponse) {
+        note(request)
+        return try await inner.send(request, options: options)
+    }
+
+    private func note(_ request: URLRequest) {
+        started.withLock { $0.append(request.url?.path ?? "") }
+    }
+
+    /// How many requests to a path ending in `suffix` have started.
+    func requestsStarted(toPathEnding suffix: String) -> Int {
+        started.withLock { $0.filter { $0.hasSuffix(suffix) }.count }
+    }
+
+    /// Waits until one more request to `suffix` than `count` has started.
+    func waitForRequest(toPathEnding suffix: String, after count: Int) async throws -> Bool {
+        try await eventually { requestsStarted(toPathEnding: suffix) > count }
+    }
+}
+
+/// The manager's idea of the time: the real time plus an offset the test moves forward, so a
+/// token expires without waiting (the server keeps the real time).
+final class ShiftedClock: Sendable {
+    private let offset = Mutex<TimeInterval>(0)
+
+    var now: @Sendable () -> Date { { [self] in Date().addingTimeInterval(offset.withLock { $0 }) } }
+
+    func advance(by duration: Duration) {
+        let (seconds, attoseconds) = duration.components
+        offset.withLock { $0 += Double(seconds) + Double(attoseconds) / 1e18 }
     }
 }
 

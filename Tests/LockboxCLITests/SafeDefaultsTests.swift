@@ -159,16 +159,17 @@ struct SafeDefaultsTests {
     func raw_roundTripsAll256ByteValues() throws {
         try initialize()
         defer { lockAll() }
+        var generator = SeededGenerator("raw_roundTripsAll256ByteValues")
         let values: [[UInt8]] = [
             Array(0...255), Array((0...255).reversed()), [0x00], [0x0A], [0x0D, 0x0A], Array("key\n".utf8), Array("key\r\n".utf8),
-            Array("key\n\n".utf8), Array("key\r".utf8), [0x00, 0x00, 0x0A, 0x00], (0..<4096).map { _ in UInt8.random(in: 0...255) } + [0x0A],
+            Array("key\n\n".utf8), Array("key\r".utf8), [0x00, 0x00, 0x0A, 0x00], generator.bytes(4096) + [0x0A],
         ]
         for (index, value) in values.enumerated() {
             let add = try lockbox(["add-generic-password", "-s", "bin", "-a", "\(index)", "--raw"], input: value)
             #expect(add.status == 0, "value \(index): \(add.standardError)")
             let read = try secret("bin", "\(index)")
             #expect(read.status == 0)
-            #expect(read.standardOutputBytes == value, "value \(index) came back different")
+            #expect(read.standardOutputBytes == value, "value \(index) came back different (seed \(generator.seed))")
         }
     }
 
@@ -200,7 +201,8 @@ struct SafeDefaultsTests {
         try initialize()
         defer { lockAll() }
         let limit = 64 * 1024
-        var largest = (0..<limit).map { _ in UInt8.random(in: 0...255) }
+        var generator = SeededGenerator("maximumSize_isExact_andOneMoreIsRefused")
+        var largest = generator.bytes(limit)
         largest[limit - 1] = 0x0A
         let raw = try lockbox(["add-generic-password", "-s", "big", "-a", "raw", "--raw"], input: largest)
         #expect(raw.status == 0, "\(raw.standardError)")

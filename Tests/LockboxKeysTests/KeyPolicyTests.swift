@@ -200,7 +200,7 @@ struct KeyPolicyTests {
         let key = try fixture.generate(.p256, [.sign]) { $0.accessControl = .userPresence }
         #expect(key.accessControl == .userPresence)
         let verifier = PassphraseVerifier()
-        let context = AuthenticationContext(verifier: verifier, reuseDuration: 60)
+        let context = AuthenticationContext(verifier: verifier, reuseDuration: .seconds(60))
         _ = try key.sign(message, context: context)
         _ = try key.sign(message, context: context)
         #expect(verifier.count == 1, "the reuse window spares the second prompt")

@@ -1,3 +1,4 @@
+import CTestIsolation
 import Foundation
 import Lockbox
 import Synchronization
@@ -22,6 +23,45 @@ public final class TemporaryDirectory: @unchecked Sendable {
 
     deinit {
         try? FileManager.default.removeItem(atPath: path)
+    }
+}
+
+/// The temporary home every test process runs in (Tests/CTestIsolation): HOME and the XDG base
+/// directories point into it from before `main`, and the programs tests start inherit them.
+public enum TestHome {
+    /// The temporary home.
+    public static var path: String { String(cString: lockbox_test_home()) }
+    /// HOME as the test process was started with it.
+    public static var originalHome: String { String(cString: lockbox_test_original_home()) }
+}
+
+/// A reproducible source of random test data (SplitMix64). The seed comes from
+/// `LOCKBOX_TEST_SEED` when set, else from the system; it is printed at creation, so a failure
+/// seen once can be repeated with `LOCKBOX_TEST_SEED=N swift test --filter ...`. Put ``seed``
+/// into assertion comments too.
+public struct SeededGenerator: RandomNumberGenerator, Sendable {
+    public let seed: UInt64
+    private var state: UInt64
+
+    /// - Parameter label: names the test in the printed line.
+    public init(_ label: String, seed: UInt64? = nil) {
+        let chosen = seed ?? ProcessInfo.processInfo.environment["LOCKBOX_TEST_SEED"].flatMap { UInt64($0) } ?? UInt64.random(in: 0...UInt64.max)
+        self.seed = chosen
+        state = chosen
+        print("\(label): random seed \(chosen) (LOCKBOX_TEST_SEED=\(chosen) repeats it)")
+    }
+
+    public mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var mixed = state
+        mixed = (mixed ^ (mixed >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        mixed = (mixed ^ (mixed >> 27)) &* 0x94D0_49BB_1331_11EB
+        return mixed ^ (mixed >> 31)
+    }
+
+    /// `count` random bytes.
+    public mutating func bytes(_ count: Int) -> [UInt8] {
+        (0..<count).map { _ in UInt8.random(in: 0...255, using: &self) }
     }
 }
 

@@ -641,7 +641,7 @@ struct AttackerReviewTests {
         // The attacker puts the earlier, correctly MACed record back.
         try database.execute("UPDATE unlock_attempts SET failures = \(saved![0]), last_failure = \(saved![1]), mac = \(saved![2]) WHERE id = 1")
         #expect(try failures(fixture.vault) >= 3)
-        #expect(try fixture.vault.withState { state throws(LockboxError) in try fixture.vault.secondsToWait(state) } > 0)
+        #expect(try fixture.vault.withState { state throws(LockboxError) in try fixture.vault.delayBeforeNextCheck(state) } > .zero)
     }
 
     @Test(
@@ -653,12 +653,16 @@ struct AttackerReviewTests {
         fixture.vault.lockAll()
         let database = try Database(path: fixture.path, create: false)
         try database.execute("DELETE FROM class_keys WHERE device_id LIKE 'v2:%'; DELETE FROM unlock_attempts")
-        let guesser = try fixture.reopen()
+        // The throttle's waits are taken on a clock the test reads (30 s each, not slept here).
+        let clock = ManualClock()
+        let guesser = try fixture.reopen { $0.clock = clock }
         #expect(try failures(guesser) >= 3)
-        #expect(try guesser.withState { state throws(LockboxError) in try guesser.secondsToWait(state) } > 0)
+        #expect(try guesser.withState { state throws(LockboxError) in try guesser.delayBeforeNextCheck(state) } > .zero)
         // The oracle: a right guess is told apart from a wrong one.
         #expect(status { try guesser.unlock(passphrase: SecretBytes(utf8: "wrong guess")) } == -25293)
         #expect(status { try guesser.unlock(passphrase: fixture.passphrase) } == -26275)
+        // A missing record counts as the longest delay: every guess waited it.
+        #expect(clock.sleeps == [.seconds(30), .seconds(30)])
     }
 
     @Test("same user while locked: deleting or editing the attempt record does not reset the throttle")

@@ -98,18 +98,73 @@ struct LockStateTests {
         #expect(try other.data(matching: query) == SecretBytes(utf8: "v"))
     }
 
-    @Test("after the idle timeout a whenUnlocked item is locked again")
+    @Test("after the idle timeout a whenUnlocked item is locked again; each use restarts the countdown")
     func idleTimeout_locksWhenUnlockedItems() throws {
         let fixture = try VaultFixture()
         try fixture.vault.add(.genericPassword(service: "svc", account: "alice", data: SecretBytes(utf8: "v")))
-        // The idle timeout is set by the unlock that starts it.
-        let short = try fixture.reopen { $0.idleTimeout = 1 }
+        let clock = ManualClock()
+        let handle = try fixture.reopen {
+            $0.idleTimeout = .seconds(60)
+            $0.unlockCache = .processMemory
+            $0.clock = clock
+        }
+        try handle.unlock(passphrase: fixture.passphrase)
+        clock.advance(by: .seconds(59))
+        #expect(try handle.data(matching: query) == SecretBytes(utf8: "v"))
+        clock.advance(by: .seconds(59))
+        #expect(try handle.data(matching: query) == SecretBytes(utf8: "v"), "a use did not restart the countdown")
+        clock.advance(by: .seconds(60))
+        #expect(status { _ = try handle.data(matching: query) } == -25308)
+        // The lookup keys stay: this is "locked", and never "not found".
+        #expect(status { _ = try handle.data(matching: .genericPassword(service: "svc", account: "nobody")) } == -25300)
+        #expect(try handle.status().wasUnlockedSinceBoot)
+        try handle.unlock(passphrase: fixture.passphrase)
+        #expect(try handle.data(matching: query) == SecretBytes(utf8: "v"))
+    }
+
+    @Test("in the kernel keyring the idle timeout is the unlocked key's own countdown, which every process shares")
+    func idleTimeout_kernelKeyring_expiresTheKey() throws {
+        let fixture = try VaultFixture()
+        try fixture.vault.add(.genericPassword(service: "svc", account: "alice", data: SecretBytes(utf8: "v")))
+        // The kernel's countdown cannot be moved by a test clock: this one test waits for it,
+        // polling, with the shortest timeout the kernel takes (1 s, which ends within 2 s).
+        let short = try fixture.reopen { $0.idleTimeout = .seconds(1) }
         try short.unlock(passphrase: fixture.passphrase)
-        Thread.sleep(forTimeInterval: 2.5)
+        // Polled in the keyring itself: a read through a handle is a use, which restarts the
+        // countdown.
+        let description = "lockbox:v1:\(fixture.vault.identifier):unlocked"
+        let started = ContinuousClock.now
+        while (try? KernelKeyring.find(description)) != nil, ContinuousClock.now - started < .seconds(5) {
+            Thread.sleep(forTimeInterval: 0.05)
+        }
+        #expect(ContinuousClock.now - started < .seconds(5), "the unlocked key never expired")
         #expect(status { _ = try short.data(matching: query) } == -25308)
         #expect(status { _ = try fixture.vault.data(matching: query) } == -25308)
-        // The lookup keys stay: this is "locked", and never "not found".
         #expect(try short.status().wasUnlockedSinceBoot)
+    }
+
+    @Test("after failed passphrases the next check waits the delay, less the time already passed")
+    func failedUnlocks_nextCheckWaitsTheDelay() throws {
+        let clock = ManualClock()
+        let fixture = try VaultFixture {
+            $0.unlockCache = .processMemory
+            $0.clock = clock
+        }
+        let wrong = SecretBytes(utf8: "wrong guess")
+        // The first three failures cost nothing; from then on 1, 2, 4 ... s (at most 30).
+        for _ in 0..<3 { #expect(status { try fixture.vault.unlock(passphrase: wrong) } == -25293) }
+        #expect(clock.sleeps.isEmpty)
+        #expect(status { try fixture.vault.unlock(passphrase: wrong) } == -25293)
+        #expect(clock.sleeps == [.seconds(1)])
+        #expect(status { try fixture.vault.unlock(passphrase: wrong) } == -25293)
+        #expect(clock.sleeps == [.seconds(1), .seconds(2)])
+        // Time that passed since the last failure counts toward the wait.
+        clock.advance(by: .milliseconds(2500))
+        try fixture.vault.unlock(passphrase: fixture.passphrase)
+        #expect(clock.sleeps == [.seconds(1), .seconds(2), .milliseconds(1500)])
+        // A success clears the count: the next failures start again without a wait.
+        #expect(status { try fixture.vault.unlock(passphrase: wrong) } == -25293)
+        #expect(clock.sleeps.count == 3)
     }
 
     @Test("afterFirstUnlock items stay readable after lock and lock at reboot")

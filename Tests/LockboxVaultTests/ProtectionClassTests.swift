@@ -71,7 +71,7 @@ final class ProtectionScenario {
     let fixture: VaultFixture
     let newPassphrase = SecretBytes(utf8: "a changed passphrase")
 
-    init(idleTimeout: UInt32 = 900) throws {
+    init(idleTimeout: Duration = .seconds(900)) throws {
         fixture = try VaultFixture { $0.idleTimeout = idleTimeout }
         for accessibility in Accessibility.allCases {
             try fixture.vault.add(
@@ -123,11 +123,17 @@ final class ProtectionScenario {
             vault.lock()
             return vault
         case .idleTimeoutPassed:
-            // Unlock with a 1 s idle timeout only now, so a slow machine cannot let it pass
-            // while the items are being added.
-            let short = try fixture.reopen { $0.idleTimeout = 1 }
+            // A handle that keeps its keys in the process, timed by a clock the test moves: the
+            // timeout passes without waiting (the kernel keyring's own countdown is tested in
+            // LockStateTests).
+            let clock = ManualClock()
+            let short = try fixture.reopen {
+                $0.idleTimeout = .seconds(60)
+                $0.unlockCache = .processMemory
+                $0.clock = clock
+            }
             try short.unlock(passphrase: fixture.passphrase)
-            Thread.sleep(forTimeInterval: 2.5)
+            clock.advance(by: .seconds(60))
             return short
         case .unlockedAgain:
             vault.lock()
@@ -186,7 +192,7 @@ final class ProtectionScenario {
 
 @Suite("Protection classes: every situation, every accessibility value")
 struct ProtectionClassTests {
-    func check(_ situation: Situation, _ accessibility: Accessibility, idleTimeout: UInt32 = 900) throws {
+    func check(_ situation: Situation, _ accessibility: Accessibility, idleTimeout: Duration = .seconds(900)) throws {
         let scenario = try ProtectionScenario(idleTimeout: idleTimeout)
         let vault = try scenario.enter(situation)
         defer { vault.lockAll() }
@@ -391,11 +397,14 @@ struct AccessControlTests {
     func reuseWindow_expires() throws {
         let fixture = try protectedVault()
         let verifier = ScriptedVerifier(.passphrase(VaultFixture.passphraseText))
-        let context = AuthenticationContext(verifier: verifier, reuseDuration: 1)
+        let clock = ManualClock()
+        let context = AuthenticationContext(verifier: verifier, reuseDuration: .seconds(30), interactionNotAllowed: false, clock: clock)
         _ = try read(fixture.vault, context: context).get()
+        clock.advance(by: .seconds(30))
         _ = try read(fixture.vault, context: context).get()
         #expect(verifier.calls == 1)
-        Thread.sleep(forTimeInterval: 1.3)
+        // The window runs from the verification, not from the last use.
+        clock.advance(by: .milliseconds(1))
         _ = try read(fixture.vault, context: context).get()
         #expect(verifier.calls == 2)
         // The default window is 0: every access asks.
@@ -587,17 +596,19 @@ struct BackupTests {
 
     @Test("restoring merges: new items added, the newer copy wins, ties keep the existing item")
     func restore_mergesByModificationDate() throws {
-        // A second vault holds an older copy of one item, made before everything else.
-        let second = try VaultFixture()
+        // A second vault holds an older copy of one item, made before everything else. One
+        // clock for both vaults, moved between the writes, orders their modification dates.
+        let clock = ManualClock()
+        let second = try VaultFixture { $0.clock = clock }
         try second.vault.add(.genericPassword(service: "s", account: "old-in-vault", data: SecretBytes(utf8: "ancient")))
-        Thread.sleep(forTimeInterval: 0.01)
-        let fixture = try VaultFixture()
+        clock.advance(by: .seconds(1))
+        let fixture = try VaultFixture { $0.clock = clock }
         try fixture.vault.add(.genericPassword(service: "s", account: "old-in-vault", data: SecretBytes(utf8: "vault-1")))
         try fixture.vault.add(.genericPassword(service: "s", account: "same", data: SecretBytes(utf8: "same")))
         try fixture.vault.add(.genericPassword(service: "s", account: "only-in-backup", data: SecretBytes(utf8: "backup")))
         let file = fixture.directory.file("backup.lbx")
         _ = try fixture.vault.backup(to: file, passphrase: SecretBytes(utf8: "pw"))
-        Thread.sleep(forTimeInterval: 0.01)
+        clock.advance(by: .seconds(1))
         try fixture.vault.update(matching: .genericPassword(service: "s", account: "old-in-vault"), to: ItemUpdate(data: SecretBytes(utf8: "vault-2")))
         try fixture.vault.delete(matching: .genericPassword(service: "s", account: "only-in-backup"))
         let summary = try fixture.vault.restore(from: file, passphrase: SecretBytes(utf8: "pw"))
@@ -631,9 +642,16 @@ struct BackupTests {
             let target = try VaultFixture()
             let restored = try target.vault.restore(from: file, passphrase: SecretBytes(utf8: "pw"))
             #expect(restored.added == counts.last)
-            var all = Query(.genericPassword, limit: .all, returning: [.data, .attributes])
-            all.attributes.service = "stress"
-            for item in (try? target.vault.items(matching: all)) ?? [] {
+            // Every restored item: the writer's ("stress") and the counter they all update.
+            let all = Query(.genericPassword, limit: .all, returning: [.data, .attributes])
+            guard restored.added > 0 else {
+                // Taken before the writer's first item: an empty backup restores nothing.
+                #expect(status { _ = try target.vault.items(matching: all) } == -25300)
+                continue
+            }
+            let items = try target.vault.items(matching: all)
+            #expect(items.count == restored.added)
+            for item in items where item.attributes.service == "stress" {
                 #expect(item.data == SecretBytes(utf8: "value-\(item.attributes.account ?? "")"))
             }
         }

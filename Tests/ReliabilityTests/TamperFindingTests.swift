@@ -115,10 +115,13 @@ struct TamperFindingTests {
             try database.firstRow("SELECT quote(failures), quote(last_failure), quote(mac) FROM unlock_attempts WHERE id = 1") {
                 [$0.text(0) ?? "NULL", $0.text(1) ?? "NULL", $0.text(2) ?? "NULL"]
             })
-        let guesser = try fixture.reopen()
+        // The fourth guess waits 1 s: on a clock the test moves, not slept.
+        let clock = ManualClock()
+        let guesser = try fixture.reopen { $0.clock = clock }
         for _ in 0..<4 {
             #expect(status { try guesser.unlock(passphrase: SecretBytes(utf8: "wrong guess")) } == -25293)
         }
+        #expect(clock.sleeps == [.seconds(1)])
         #expect(try guesser.status().failedUnlockAttempts == 4)
         try database.execute(
             "UPDATE unlock_attempts SET failures = \(saved[0]), last_failure = \(saved[1]), mac = \(saved[2]) WHERE id = 1")

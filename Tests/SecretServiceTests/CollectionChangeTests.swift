@@ -1,4 +1,5 @@
 import Foundation
+import Lockbox
 import LockboxCore
 import SecretService
 import Testing
@@ -14,14 +15,14 @@ struct CollectionChangeTests {
         let store = try TestBus.store(collection: path)
         let service = TestBus.unique("between")
         try store.add(.genericPassword(service: service, account: "alice", data: SecretBytes(utf8: "first")))
-        try store.storeVaultKey(SecretBytes(copying: [UInt8](repeating: 7, count: 32)), vaultIdentifier: service)
+        try store.storeSlotKey(SecretBytes(copying: [UInt8](repeating: 7, count: 32)), vaultIdentifier: service)
         #expect(try store.data(matching: .genericPassword(service: service, account: "alice")).utf8String == "first")
 
         try outside(["lock", path])
         expectError(.interactionNotAllowed) { try store.data(matching: .genericPassword(service: service, account: "alice")) }
         expectError(.interactionNotAllowed) { try store.items(matching: .genericPassword(service: service, account: "nobody")) }
-        expectError(.interactionNotAllowed) { try store.vaultKey(vaultIdentifier: service) }
-        expectError(.interactionNotAllowed) { try store.vaultKey(vaultIdentifier: TestBus.unique("no-such-vault")) }
+        expectError(.interactionNotAllowed) { try store.slotKey(vaultIdentifier: service) }
+        expectError(.interactionNotAllowed) { try store.slotKey(vaultIdentifier: TestBus.unique("no-such-vault")) }
         expectError(.interactionNotAllowed) {
             try store.add(.genericPassword(service: service, account: "bob", data: SecretBytes(utf8: "x")))
         }
@@ -33,7 +34,7 @@ struct CollectionChangeTests {
 
         try outside(["unlock", path, password])
         #expect(try store.data(matching: .genericPassword(service: service, account: "alice")).utf8String == "first")
-        #expect(try store.vaultKey(vaultIdentifier: service).count == 32)
+        #expect(try store.slotKey(vaultIdentifier: service).count == 32)
         try store.add(.genericPassword(service: service, account: "bob", data: SecretBytes(utf8: "second")))
         #expect(try store.data(matching: .genericPassword(service: service, account: "bob")).utf8String == "second")
     }

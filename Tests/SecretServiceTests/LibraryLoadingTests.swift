@@ -1,4 +1,5 @@
 import Foundation
+import Lockbox
 import LockboxCore
 import LockboxTestSupport
 @testable import SecretService
@@ -122,8 +123,8 @@ struct LibraryLoadingTests {
             ("add", { try store.add(.genericPassword(service: "on-demand", account: "a", data: SecretBytes(utf8: "v"))) }),
             ("update", { try store.update(matching: .genericPassword(service: "on-demand"), to: ItemUpdate(data: SecretBytes(utf8: "w"))) }),
             ("delete", { try store.delete(matching: .genericPassword(service: "on-demand")) }),
-            ("vaultKey", { _ = try store.vaultKey(vaultIdentifier: "on-demand") }),
-            ("deleteVaultKey", { try store.deleteVaultKey(vaultIdentifier: "on-demand") }),
+            ("slotKey", { _ = try store.slotKey(vaultIdentifier: "on-demand") }),
+            ("deleteSlotKey", { try store.deleteSlotKey(vaultIdentifier: "on-demand") }),
         ]
         for (name, call) in calls {
             let error = expectError(.notAvailable, call)

@@ -1,5 +1,7 @@
 import Foundation
+import Lockbox
 import LockboxCore
+import LockboxTestSupport
 import SecretService
 import Testing
 
@@ -225,7 +227,7 @@ struct SecretServiceStoreTests {
         var query = Query.genericPassword(service: service)
         query.synchronizable = .any
         #expect(try store.items(matching: query).count == 1)
-        query.synchronizable = .yes
+        query.synchronizable = .synchronizable
         #expect(try store.items(matching: query).first?.attributes.synchronizable == true)
         // Not a duplicate of the synchronizable one.
         try store.add(.genericPassword(service: service, account: "alice", data: SecretBytes(utf8: "local")))
@@ -249,22 +251,23 @@ struct SecretServiceStoreTests {
     @Test func vaultKey_storedThenReplaced_readsTheLatest_andDeleteRemovesIt() throws {
         let store = try TestBus.store()
         let vault = TestBus.unique("vault")
-        let first = SecretBytes(copying: (0..<32).map { _ in UInt8.random(in: 0...255) })
-        let second = SecretBytes(copying: (0..<32).map { _ in UInt8.random(in: 0...255) })
-        expectError(.itemNotFound) { try store.vaultKey(vaultIdentifier: vault) }
-        try store.storeVaultKey(first, vaultIdentifier: vault)
-        #expect(try store.vaultKey(vaultIdentifier: vault) == first)
-        try store.storeVaultKey(second, vaultIdentifier: vault)
-        #expect(try store.vaultKey(vaultIdentifier: vault) == second)
-        try store.deleteVaultKey(vaultIdentifier: vault)
-        expectError(.itemNotFound) { try store.vaultKey(vaultIdentifier: vault) }
-        expectError(.itemNotFound) { try store.deleteVaultKey(vaultIdentifier: vault) }
+        var generator = SeededGenerator("binary secrets")
+        let first = SecretBytes(copying: generator.bytes(32))
+        let second = SecretBytes(copying: generator.bytes(32))
+        expectError(.itemNotFound) { try store.slotKey(vaultIdentifier: vault) }
+        try store.storeSlotKey(first, vaultIdentifier: vault)
+        #expect(try store.slotKey(vaultIdentifier: vault) == first)
+        try store.storeSlotKey(second, vaultIdentifier: vault)
+        #expect(try store.slotKey(vaultIdentifier: vault) == second)
+        try store.deleteSlotKey(vaultIdentifier: vault)
+        expectError(.itemNotFound) { try store.slotKey(vaultIdentifier: vault) }
+        expectError(.itemNotFound) { try store.deleteSlotKey(vaultIdentifier: vault) }
     }
 
     @Test func vaultKey_ofWrongLength_throwsParam() throws {
         let store = try TestBus.store()
         expectError(.param) {
-            try store.storeVaultKey(SecretBytes(copying: [1, 2, 3]), vaultIdentifier: TestBus.unique("vault"))
+            try store.storeSlotKey(SecretBytes(copying: [1, 2, 3]), vaultIdentifier: TestBus.unique("vault"))
         }
     }
 }

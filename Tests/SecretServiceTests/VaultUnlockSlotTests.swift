@@ -30,9 +30,9 @@ struct VaultUnlockSlotTests {
         fixture.vault.lockAll()
         try fixture.vault.unlock(passphrase: fixture.passphrase)
         let identifier = fixture.vault.identifier
-        #expect(try keyring.vaultKey(vaultIdentifier: identifier).count == 32)
+        #expect(try keyring.slotKey(vaultIdentifier: identifier).count == 32)
         try fixture.vault.unenroll(keyring)
-        #expect(throws: LockboxError.self) { _ = try keyring.vaultKey(vaultIdentifier: identifier) }
+        #expect(throws: LockboxError.self) { _ = try keyring.slotKey(vaultIdentifier: identifier) }
         fixture.vault.lockAll()
         #expect(throws: LockboxError.self) { try fixture.vault.unlock(with: keyring) }
     }

@@ -26,7 +26,7 @@ struct SecItemRequest {
     var itemClass: ItemClass?
     var attributes = ItemAttributes()
     /// `kSecAttrSynchronizable` as a query reads it: absent means non-synchronizable only.
-    var synchronizable: Query.SynchronizableMatch = .no
+    var synchronizable: Query.SynchronizableMatch = .notSynchronizable
     var limit: Limit = .one
     var returning: Query.ReturnOptions = []
     var returnsReference = false
@@ -220,7 +220,7 @@ struct SecItemRequest {
             throw Self.failure(errSecParam, "kSecAttrSynchronizable must be a Boolean or kSecAttrSynchronizableAny.")
         }
         if role.isQuery {
-            synchronizable = flag ? .yes : .no
+            synchronizable = flag ? .synchronizable : .notSynchronizable
         } else {
             attributes.synchronizable = flag
         }
