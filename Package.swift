@@ -27,6 +27,7 @@ let package = Package(
         .library(name: "LockboxKeys", targets: ["LockboxKeys"]),
         .executable(name: "lockbox", targets: ["LockboxCLI"]),
         .executable(name: "lockbox-oauth", targets: ["LockboxOAuthCLI"]),
+        .executable(name: "lockbox-ssh-agent", targets: ["LockboxSSHAgentCLI"]),
         .executable(name: "lockbox-bench", targets: ["LockboxBenchmark"]),
         .executable(name: "lockbox-stress", targets: ["LockboxStress"]),
         .executable(name: "lockbox-campaign", targets: ["LockboxCampaign"]),
@@ -78,6 +79,9 @@ let package = Package(
             name: "LockboxKeys", dependencies: ["LockboxCore", "LockboxVault", "VaultCrypto", "KeyCrypto"],
             swiftSettings: strict),
 
+        // The SSH agent protocol over managed keys: the parser, the answers, the socket.
+        .target(name: "LockboxSSHAgent", dependencies: ["LockboxCore", "LockboxKeys"], swiftSettings: strict),
+
         // libsecret's functions, declared from its documented ABI and opened with dlopen on first
         // use: nothing links libsecret or GLib, so binaries start without them.
         .target(name: "CLibSecretLoader", linkerSettings: [.linkedLibrary("dl")]),
@@ -115,6 +119,12 @@ let package = Package(
             swiftSettings: staticRuntime, linkerSettings: staticRuntimeLink),
         .executableTarget(
             name: "LockboxOAuthCLI", dependencies: ["Lockbox", "LockboxCommandLine", "LockboxAuth", "CProcessHardening"],
+            swiftSettings: strict),
+        // `lockbox ssh-agent` runs this program, as the OAuth verbs run `lockbox-oauth`: only it
+        // loads libcrypto and Foundation.
+        .executableTarget(
+            name: "LockboxSSHAgentCLI",
+            dependencies: ["Lockbox", "LockboxCommandLine", "LockboxKeys", "LockboxSSHAgent", "CProcessHardening"],
             swiftSettings: strict),
         .executableTarget(
             name: "LockboxBenchmark",
@@ -165,6 +175,10 @@ let package = Package(
             dependencies: ["LockboxKeys", "KeyCrypto", "VaultCrypto", "LockboxVault", "Lockbox", "KeychainCompatibility", "LockboxTestSupport"],
             swiftSettings: strict),
         .testTarget(
+            name: "LockboxSSHAgentTests",
+            dependencies: ["LockboxSSHAgent", "LockboxKeys", "Lockbox", "LockboxTestSupport"],
+            swiftSettings: strict),
+        .testTarget(
             name: "LockboxCLITests",
             dependencies: ["Lockbox", "LockboxTestSupport"],
             swiftSettings: strict),
@@ -181,6 +195,7 @@ if Context.environment["LOCKBOX_FUZZ"] == "1" {
             name: "LockboxFuzz",
             dependencies: [
                 "LockboxCore", "LockboxVault", "VaultCrypto", "CredentialHelpers", "LockboxAuth", "LockboxCommandLine", "LockboxKeys",
+                "LockboxSSHAgent",
             ],
             path: "Fuzz/Sources"))
 }

@@ -12,14 +12,14 @@ import Glibc
 enum OAuthHelper {
     static let name = "lockbox-oauth"
 
-    /// Replaces this process with `lockbox-oauth` and the same arguments. Returns only when that
-    /// fails, with the reason.
-    static func exec(arguments: [String]) -> String {
+    /// Replaces this process with `helper` (`lockbox-oauth`, or `lockbox-ssh-agent` for
+    /// `lockbox ssh-agent`) and the arguments. Returns only when that fails, with the reason.
+    static func exec(arguments: [String], helper name: String = name) -> String {
         let executable = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
         let directory = executable.lastIndex(of: "/").map { String(executable[..<$0]) } ?? "."
         let helper = directory + "/" + name
         guard access(helper, X_OK) == 0 else {
-            return "The OAuth commands run \(name), which is not installed beside this lockbox (\(helper)). "
+            return "This command runs \(name), which is not installed beside this lockbox (\(helper)). "
                 + "Build it with `swift build -c release --product \(name)` and copy it next to lockbox."
         }
         var argv: [UnsafeMutablePointer<CChar>?] = ([helper] + arguments).map { strdup($0) }

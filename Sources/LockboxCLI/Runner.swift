@@ -196,6 +196,8 @@ struct Runner {
             return .success
         case .login, .token, .logout, .authStatus:
             preconditionFailure("OAuth commands run through AuthCommands")
+        case .sshAgent:
+            preconditionFailure("ssh-agent runs in lockbox-ssh-agent")
         }
     }
 

@@ -17,6 +17,10 @@ do {
     if invocation.command.isAuthentication {
         streams.error("lockbox: \(OAuthHelper.exec(arguments: arguments))")
         status = .failure
+    } else if case .sshAgent(let agentArguments) = invocation.command {
+        let keychain = invocation.keychain.map { ["--keychain", $0] } ?? []
+        streams.error("lockbox: \(OAuthHelper.exec(arguments: keychain + agentArguments, helper: "lockbox-ssh-agent"))")
+        status = .failure
     } else {
         do {
             status = try Runner(invocation: invocation).run()
