@@ -167,6 +167,11 @@ package final class AgentListener: Sendable {
     private static func removeOnSignal(_ path: String) {
         signalSocketPath = strdup(path)
         signal(SIGPIPE, SIG_IGN)
+        // A parent may have started the agent with these blocked (a mask is inherited).
+        var stopping = sigset_t()
+        sigemptyset(&stopping)
+        for signalNumber in [SIGTERM, SIGINT, SIGHUP] { sigaddset(&stopping, signalNumber) }
+        pthread_sigmask(SIG_UNBLOCK, &stopping, nil)
         for signalNumber in [SIGTERM, SIGINT, SIGHUP] {
             signal(signalNumber) { _ in
                 if let path = signalSocketPath { unlink(path) }
