@@ -1,6 +1,7 @@
 import FoundationEssentials
 import LockboxCore
 import LockboxKeys
+import Synchronization
 
 /// Answers one request at a time. The agent offers keys and signs with them; it never hands a
 /// key out, never takes one in (`ssh-add FILE`), and removes nothing: keys are managed in the
@@ -11,6 +12,10 @@ package final class AgentResponder: Sendable {
     /// for the context's reuse window (one prompt for a `git pull` and the next ones).
     package let context: AuthenticationContext
     private let log: @Sendable (String) -> Void
+    /// The identities of the last listing, by key blob: a client lists, then signs, and the
+    /// signature need not list again. Only the lookup is cached: every signature still goes
+    /// through the key store, which refuses a locked keychain or a deleted key.
+    private let listed = Mutex<[[UInt8]: AgentIdentity]>([:])
 
     package init(keys: any AgentKeySource, context: AuthenticationContext, log: @escaping @Sendable (String) -> Void = { _ in }) {
         self.keys = keys
@@ -34,14 +39,20 @@ package final class AgentResponder: Sendable {
         switch request {
         case .requestIdentities:
             do {
-                return AgentReply.identities(try keys.identities().map { ($0.keyBlob, $0.comment) })
+                let identities = try keys.identities()
+                listed.withLock { cache in
+                    cache = Dictionary(identities.map { ($0.keyBlob, $0) }, uniquingKeysWith: { first, _ in first })
+                }
+                return AgentReply.identities(identities.map { ($0.keyBlob, $0.comment) })
             } catch {
                 log("could not list the keys: \(error.description)")
                 return AgentReply.failure
             }
         case .sign(let keyBlob, let data, _):
             do {
-                guard let identity = try keys.identities().first(where: { $0.keyBlob == keyBlob }) else {
+                var identity = listed.withLock { $0[keyBlob] }
+                if identity == nil { identity = try keys.identities().first(where: { $0.keyBlob == keyBlob }) }
+                guard let identity else {
                     log("refused to sign: the key is not one this agent offers")
                     return AgentReply.failure
                 }
