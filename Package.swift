@@ -25,6 +25,7 @@ let package = Package(
         .library(name: "KeychainCompatibility", targets: ["KeychainCompatibility"]),
         .library(name: "LockboxAuth", targets: ["LockboxAuth"]),
         .library(name: "LockboxKeys", targets: ["LockboxKeys"]),
+        .library(name: "LockboxAuthKeys", targets: ["LockboxAuthKeys"]),
         .executable(name: "lockbox", targets: ["LockboxCLI"]),
         .executable(name: "lockbox-oauth", targets: ["LockboxOAuthCLI"]),
         .executable(name: "lockbox-ssh-agent", targets: ["LockboxSSHAgentCLI"]),
@@ -98,6 +99,8 @@ let package = Package(
 
         // The OAuth 2.0 credential lifecycle, over the small TokenStore interface.
         .target(name: "LockboxAuth", dependencies: ["LockboxCore"], swiftSettings: strict),
+        // Managed keys as LockboxAuth's DPoP signers: the one place that knows both.
+        .target(name: "LockboxAuthKeys", dependencies: ["LockboxCore", "LockboxAuth", "LockboxKeys"], swiftSettings: strict),
 
         // The facade applications import.
         .target(name: "Lockbox", dependencies: ["LockboxCore", "LockboxVault", "SecretService"], swiftSettings: strict),
@@ -173,6 +176,10 @@ let package = Package(
         .testTarget(
             name: "LockboxKeysTests",
             dependencies: ["LockboxKeys", "KeyCrypto", "VaultCrypto", "LockboxVault", "Lockbox", "KeychainCompatibility", "LockboxTestSupport"],
+            swiftSettings: strict),
+        .testTarget(
+            name: "LockboxAuthKeysTests",
+            dependencies: ["LockboxAuthKeys", "LockboxAuth", "LockboxKeys", "Lockbox", "LockboxTestSupport"],
             swiftSettings: strict),
         .testTarget(
             name: "LockboxSSHAgentTests",
