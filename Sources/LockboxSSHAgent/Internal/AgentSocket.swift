@@ -101,7 +101,9 @@ package final class AgentListener: Sendable {
             }
             var timeout = timeval(tv_sec: Self.idleSeconds, tv_usec: 0)
             _ = setsockopt(connection, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
-            Thread.detachNewThread {
+            // A dispatch worker, not a new thread: the pool's threads are already running, so a
+            // short request (a listing) does not wait for a thread to be made and scheduled.
+            DispatchQueue.global().async {
                 AgentConnection.serve(connection, responder: responder)
                 close(connection)
                 active.subtract(1, ordering: .relaxed)
