@@ -34,6 +34,7 @@ let package = Package(
         .executable(name: "lockbox-campaign", targets: ["LockboxCampaign"]),
         .executable(name: "lockbox-peer-bench", targets: ["LockboxPeerBenchmark"]),
         .executable(name: "lockbox-key-bench", targets: ["LockboxKeyBenchmark"]),
+        .executable(name: "lockbox-dpop-bench", targets: ["LockboxDPoPBenchmark"]),
         .executable(name: "git-credential-lockbox", targets: ["GitCredentialHelper"]),
         .executable(name: "docker-credential-lockbox", targets: ["DockerCredentialHelper"]),
     ],
@@ -141,6 +142,10 @@ let package = Package(
         // Managed-key signatures against OpenSSL's and libsodium's in-process calls (docs/KEYS.md).
         .executableTarget(
             name: "LockboxKeyBenchmark", dependencies: ["LockboxKeys", "KeyCrypto", "VaultCrypto", "LockboxVault"],
+            swiftSettings: strict),
+        // A DPoP proof against the signature inside it (docs/AUTH.md).
+        .executableTarget(
+            name: "LockboxDPoPBenchmark", dependencies: ["LockboxAuth", "LockboxAuthKeys", "LockboxKeys", "LockboxCore", "LockboxVault"],
             swiftSettings: strict),
         // The in-process side of scripts/compare-peers (docs/PERFORMANCE.md).
         .executableTarget(name: "LockboxPeerBenchmark", dependencies: ["Lockbox"], swiftSettings: strict),
