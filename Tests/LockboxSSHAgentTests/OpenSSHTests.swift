@@ -35,6 +35,22 @@ struct OpenSSHTests {
         #expect(try permissions(fixture.socket) == 0o600)
     }
 
+    @Test("`lockbox ssh-agent generate` makes a non-extractable agent key and prints its line; list prints it; an RSA type is a usage error")
+    func generateAndList_throughLockbox() throws {
+        let fixture = try AgentFixture()
+        let lockbox = builtProduct("lockbox")
+        let generated = try run(lockbox, ["--keychain", fixture.vault.path, "ssh-agent", "generate", "--type", "ecdsa", "--comment", "made@cli"], timeout: 60)
+        #expect(generated.status == 0, "generate: \(generated.standardError)")
+        #expect(generated.standardOutput.hasPrefix("ecdsa-sha2-nistp256 AAAA") && generated.standardOutput.hasSuffix(" made@cli\n"))
+        let keys = try fixture.keys.keys(applicationTag: ManagedKeySource.applicationTag)
+        #expect(keys.count == 1 && keys.first?.isExtractable == false)
+        let list = try run(lockbox, ["--keychain", fixture.vault.path, "ssh-agent", "list"], timeout: 60)
+        #expect(list.status == 0 && list.standardOutput == generated.standardOutput)
+        let rsa = try run(lockbox, ["--keychain", fixture.vault.path, "ssh-agent", "generate", "--type", "rsa"], timeout: 60)
+        #expect(rsa.status == 64)
+        #expect(try fixture.keys.keys(applicationTag: ManagedKeySource.applicationTag).count == 1)
+    }
+
     @Test("ssh logs into a local sshd with each key through the agent", arguments: [KeyAlgorithm.ed25519, .p256])
     func ssh_logsInThroughTheAgent(algorithm: KeyAlgorithm) throws {
         let server = try LocalSSHServer.running()
