@@ -27,14 +27,17 @@ let package = Package(
         .library(name: "LockboxAuth", targets: ["LockboxAuth"]),
         .library(name: "LockboxAuthKeyring", targets: ["LockboxAuthKeyring"]),
         .library(name: "LockboxKeys", targets: ["LockboxKeys"]),
+        .library(name: "LockboxAuthKeys", targets: ["LockboxAuthKeys"]),
         .executable(name: "lockbox", targets: ["LockboxCLI"]),
         .executable(name: "lockbox-oauth", targets: ["LockboxOAuthCLI"]),
         .executable(name: "lockbox-keys", targets: ["LockboxKeysCLI"]),
+        .executable(name: "lockbox-ssh-agent", targets: ["LockboxSSHAgentCLI"]),
         .executable(name: "lockbox-bench", targets: ["LockboxBenchmark"]),
         .executable(name: "lockbox-stress", targets: ["LockboxStress"]),
         .executable(name: "lockbox-campaign", targets: ["LockboxCampaign"]),
         .executable(name: "lockbox-peer-bench", targets: ["LockboxPeerBenchmark"]),
         .executable(name: "lockbox-key-bench", targets: ["LockboxKeyBenchmark"]),
+        .executable(name: "lockbox-dpop-bench", targets: ["LockboxDPoPBenchmark"]),
         .executable(name: "git-credential-lockbox", targets: ["GitCredentialHelper"]),
         .executable(name: "docker-credential-lockbox", targets: ["DockerCredentialHelper"]),
     ],
@@ -95,6 +98,9 @@ let package = Package(
             name: "LockboxKeys", dependencies: ["LockboxCore", "LockboxVault", "VaultCrypto", "KeyCrypto", "TPMAccess"],
             swiftSettings: strict),
 
+        // The SSH agent protocol over managed keys: the parser, the answers, the socket.
+        .target(name: "LockboxSSHAgent", dependencies: ["LockboxCore", "LockboxKeys"], swiftSettings: strict),
+
         // libsecret's functions, declared from its documented ABI and opened with dlopen on first
         // use: nothing links libsecret or GLib, so binaries start without them.
         .target(name: "CLibSecretLoader", linkerSettings: [.linkedLibrary("dl")]),
@@ -118,6 +124,8 @@ let package = Package(
         // An HTTPTransport over libcurl (the only CCurl importer) whose waits sleep in poll(2):
         // URLSession on Linux keeps most of a core busy while a server takes its time.
         .target(name: "LockboxCurlTransport", dependencies: ["CCurl", "LockboxAuth", "LockboxCore"], swiftSettings: strict),
+        // Managed keys as LockboxAuth's DPoP signers: the one place that knows both.
+        .target(name: "LockboxAuthKeys", dependencies: ["LockboxCore", "LockboxAuth", "LockboxKeys"], swiftSettings: strict),
 
         // The facade applications import.
         .target(name: "Lockbox", dependencies: ["LockboxCore", "LockboxVault", "SecretService"], swiftSettings: strict),
@@ -151,6 +159,12 @@ let package = Package(
         .executableTarget(
             name: "LockboxKeysCLI", dependencies: ["Lockbox", "LockboxCommandLine", "LockboxKeys", "CProcessHardening"],
             swiftSettings: strict),
+        // `lockbox ssh-agent` runs this program, as the OAuth verbs run `lockbox-oauth`: only it
+        // loads libcrypto and Foundation.
+        .executableTarget(
+            name: "LockboxSSHAgentCLI",
+            dependencies: ["Lockbox", "LockboxCommandLine", "LockboxKeys", "LockboxSSHAgent", "CProcessHardening"],
+            swiftSettings: strict),
         .executableTarget(
             name: "LockboxBenchmark",
             dependencies: ["Lockbox", "VaultCrypto", "VaultStorage"],
@@ -163,6 +177,10 @@ let package = Package(
         // Managed-key signatures against OpenSSL's and libsodium's in-process calls (docs/KEYS.md).
         .executableTarget(
             name: "LockboxKeyBenchmark", dependencies: ["LockboxKeys", "KeyCrypto", "VaultCrypto", "LockboxVault"],
+            swiftSettings: strict),
+        // A DPoP proof against the signature inside it (docs/AUTH.md).
+        .executableTarget(
+            name: "LockboxDPoPBenchmark", dependencies: ["LockboxAuth", "LockboxAuthKeys", "LockboxKeys", "LockboxCore", "LockboxVault"],
             swiftSettings: strict),
         // The in-process side of scripts/compare-peers (docs/PERFORMANCE.md).
         .executableTarget(name: "LockboxPeerBenchmark", dependencies: ["Lockbox"], swiftSettings: strict),
@@ -215,6 +233,14 @@ let package = Package(
             ],
             swiftSettings: strict),
         .testTarget(
+            name: "LockboxAuthKeysTests",
+            dependencies: ["LockboxAuthKeys", "LockboxAuth", "LockboxKeys", "Lockbox", "LockboxTestSupport"],
+            swiftSettings: strict),
+        .testTarget(
+            name: "LockboxSSHAgentTests",
+            dependencies: ["LockboxSSHAgent", "LockboxKeys", "Lockbox", "LockboxTestSupport"],
+            swiftSettings: strict),
+        .testTarget(
             name: "LockboxCLITests",
             dependencies: ["Lockbox", "LockboxTestSupport"],
             swiftSettings: strict),
@@ -240,6 +266,7 @@ if Context.environment["LOCKBOX_FUZZ"] == "1" {
             dependencies: [
                 "LockboxCore", "LockboxVault", "VaultCrypto", "CredentialHelpers", "LockboxAuth", "LockboxCommandLine", "LockboxKeys",
                 "TPMAccess",
+                "LockboxSSHAgent",
             ],
             path: "Fuzz/Sources"))
 }

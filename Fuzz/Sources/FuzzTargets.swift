@@ -15,6 +15,7 @@ import LockboxCommandLine
 @testable import LockboxCore
 @testable import LockboxKeys
 import TPMAccess
+@testable import LockboxSSHAgent
 @testable import LockboxVault
 @testable import VaultCrypto
 
@@ -38,6 +39,8 @@ enum FuzzTarget: String, CaseIterable {
     /// Public keys (DER, PEM, X9.63, raw), signatures to verify, a stored key's envelope and
     /// public descriptor.
     case keyEncoding = "key-encoding"
+    /// A byte stream sent to the SSH agent: frames, requests, the answers to them.
+    case sshAgent = "ssh-agent"
 }
 
 nonisolated(unsafe) var selectedTarget: FuzzTarget = .vaultRecord
@@ -76,6 +79,7 @@ func fuzzOneInput(_ data: UnsafePointer<UInt8>?, _ size: Int) -> Int32 {
     case .tokenResponse: fuzzTokenResponse(input)
     case .loopbackRedirect: fuzzLoopbackRedirect(input)
     case .keyEncoding: fuzzKeyEncoding(input)
+    case .sshAgent: fuzzSSHAgent(input)
     }
     return 0
 }
@@ -283,4 +287,52 @@ func hexBytes(_ hex: String) -> [UInt8] {
         index = next
     }
     return bytes
+}
+
+// MARK: SSH agent
+
+/// Two keys the agent offers, signing without a vault (the fuzzer exercises the protocol, not
+/// the key store): the answers to every accepted request must be well-formed frames.
+struct FuzzKeySource: AgentKeySource {
+    static let keys: [(PublicKey, [UInt8])] = {
+        let ed25519 = try! PublicKey(rawRepresentation: Data(repeating: 7, count: 32), algorithm: .ed25519)
+        let der: [UInt8] = [0x30, 0x06, 0x02, 0x01, 0x01, 0x02, 0x01, 0x7F]
+        let p256Point = Data([4] + [0x6B, 0x17, 0xD1, 0xF2, 0xE1, 0x2C, 0x42, 0x47, 0xF8, 0xBC, 0xE6, 0xE5, 0x63, 0xA4, 0x40, 0xF2,
+            0x77, 0x03, 0x7D, 0x81, 0x2D, 0xEB, 0x33, 0xA0, 0xF4, 0xA1, 0x39, 0x45, 0xD8, 0x98, 0xC2, 0x96,
+            0x4F, 0xE3, 0x42, 0xE2, 0xFE, 0x1A, 0x7F, 0x9B, 0x8E, 0xE7, 0xEB, 0x4A, 0x7C, 0x0F, 0x9E, 0x16,
+            0x2B, 0xCE, 0x33, 0x57, 0x6B, 0x31, 0x5E, 0xCE, 0xCB, 0xB6, 0x40, 0x68, 0x37, 0xBF, 0x51, 0xF5])
+        return [(ed25519, [UInt8](repeating: 1, count: 64)), (try! PublicKey(x963Representation: p256Point), der)]
+    }()
+
+    func identities() throws(LockboxError) -> [AgentIdentity] {
+        Self.keys.map { key, signature in
+            AgentIdentity(publicKey: key, comment: "fuzz") { (_, _) throws(LockboxError) in Data(signature) }
+        }
+    }
+}
+
+let fuzzResponder = AgentResponder(keys: FuzzKeySource(), context: AuthenticationContext(interactionNotAllowed: true))
+
+func fuzzSSHAgent(_ input: [UInt8]) {
+    var decoder = FrameDecoder()
+    decoder.append(input)
+    while true {
+        guard let body = try? decoder.nextBody() else { return }
+        let reply = fuzzResponder.reply(toBody: body)
+        // Every answer is one whole frame with a known type.
+        guard reply.count >= 5 else { roundTripFailed("agent reply frame") }
+        var frames = FrameDecoder()
+        frames.append(reply)
+        guard let replyBody = try? frames.nextBody(), frames.pendingByteCount == 0,
+            [AgentMessageType.failure, AgentMessageType.identitiesAnswer, AgentMessageType.signResponse].contains(replyBody[0])
+        else { roundTripFailed("agent reply frame") }
+        // A request that parses encodes nothing the parser cannot read back.
+        if case .sign(let blob, let data, let flags)? = try? AgentRequest(body: body[...]) {
+            var again: [UInt8] = [AgentMessageType.signRequest]
+            WireWriter.appendString(blob, to: &again)
+            WireWriter.appendString(data, to: &again)
+            WireWriter.appendUInt32(flags, to: &again)
+            guard again == body else { roundTripFailed("sign request") }
+        }
+    }
 }

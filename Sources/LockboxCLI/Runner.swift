@@ -202,6 +202,8 @@ struct Runner {
             preconditionFailure("OAuth commands run through AuthCommands")
         case .generateKey, .sign, .publicKey, .deleteKey, .enrollTPM, .unlockTPM:
             preconditionFailure("key commands run in lockbox-keys")
+        case .sshAgent:
+            preconditionFailure("ssh-agent runs in lockbox-ssh-agent")
         }
     }
 

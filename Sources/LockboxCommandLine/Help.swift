@@ -37,6 +37,8 @@ package enum Help {
           token                      print a fresh access token (for scripts)
           logout                     revoke the tokens and forget the session
           auth status                who is signed in (never a token)
+        SSH:
+          ssh-agent                  serve the keychain's SSH keys to ssh, ssh-add and git
 
         The keychain is PATH, else $LOCKBOX_KEYCHAIN, else $XDG_DATA_HOME/lockbox/default.lockbox.
         The backend is --backend, else $LOCKBOX_BACKEND, else the vault (`lockbox status` says why).
@@ -253,6 +255,16 @@ package enum Help {
 
                 Lists the signed-in sessions (issuer, client, account, scopes asked for and granted,
                 when the shared access token expires) and pending revocations. Never prints a token.
+                """
+        case "ssh-agent":
+            return """
+                usage: lockbox [--keychain PATH] ssh-agent [serve] [-a SOCKET] [--reuse-seconds N]
+                       lockbox [--keychain PATH] ssh-agent generate --type ed25519|ecdsa [--comment TEXT] [--user-presence]
+                       lockbox [--keychain PATH] ssh-agent list
+
+                Serves the keychain's SSH keys over the SSH agent protocol on SOCKET (default
+                $XDG_RUNTIME_DIR/lockbox/ssh-agent.sock), in the foreground; generate makes a
+                non-extractable key for it and prints the public key line. See docs/SSH-AGENT.md.
                 """
         case "dump", "dump-keychain":
             return """

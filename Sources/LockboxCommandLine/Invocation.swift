@@ -32,6 +32,8 @@ package enum Command {
     case token(issuer: String?, clientID: String?)
     case logout(issuer: String?, clientID: String?, retry: Bool)
     case authStatus(json: Bool)
+    /// `ssh-agent ...`: run by `lockbox-ssh-agent`, which parses its own options.
+    case sshAgent(arguments: [String])
     case generateKey(KeyOptions)
     case sign(KeyOptions)
     case publicKey(KeyOptions)
@@ -347,6 +349,8 @@ package enum Parser {
                 json = true
             }
             return .authStatus(json: json)
+        case "ssh-agent":
+            return .sshAgent(arguments: reader.options)
         case "dump", "dump-keychain":
             var json = false
             while let option = reader.next() {
