@@ -182,6 +182,27 @@ struct SharedTokenCacheTests {
         Self.forget(vault, configuration)
     }
 
+    /// A server naming an absurd lifetime (10^17 s) must not crash the refresh or the cache's
+    /// millisecond and timeout arithmetic: the lifetime is taken as ten years at most.
+    @Test func absurdExpiresIn_isBounded_andLockboxTokenStillAnswers() async throws {
+        let server = try await TestServer.running()
+        let vault = try TestVault()
+        let configuration = try await server.configuration()
+        _ = try await server.signIn(try Self.manager(vault, configuration))
+        Self.forget(vault, configuration)
+        try await server.faults(["access_token_lifetime": 100_000_000_000_000_000])
+
+        let token = try run(builtProduct("lockbox"), ["--keychain", vault.vault.path, "token"], timeout: 60)
+        #expect(token.status == 0, "lockbox token: status \(token.status), \(token.standardError)")
+        #expect(!token.standardOutput.isEmpty)
+        let entry = try #require(try Self.cachedEntry(vault, configuration), "the refreshed token is shared")
+        let tenYearsAndADay = Int64((Date().timeIntervalSince1970 + Double(10 * 366 * 24 * 3600 + 86_400)) * 1000)
+        #expect(entry.expiresAtMilliseconds < tenYearsAndADay)
+        #expect(entry.freshUntilMilliseconds < entry.expiresAtMilliseconds)
+        try await server.faults(["access_token_lifetime": 3600])
+        Self.forget(vault, configuration)
+    }
+
     @Test func signingInAgain_revokesTheReplacedGrant() async throws {
         let server = try await TestServer.running()
         let vault = try TestVault()
