@@ -84,6 +84,38 @@ struct SharedTokenCacheTests {
         #expect(afterLogout.standardOutput.isEmpty)
     }
 
+    /// The cache outlives `lockbox lock --all`: a new process's manager must not hand out the
+    /// cached token while the refresh token cannot be read (the store says locked, and the
+    /// session is kept), nor after the session was removed from the store behind the cache.
+    @Test func lockedKeychain_orSessionRemovedFromTheStore_getsNoCachedToken() async throws {
+        let server = try await TestServer.running()
+        let vault = try TestVault()
+        let configuration = try await server.configuration()
+        let tokens = try await server.signIn(try Self.manager(vault, configuration))
+        #expect(try Self.cachedEntry(vault, configuration) != nil)
+
+        vault.vault.lockAll()
+        await #expect {
+            try await Self.manager(vault, configuration).credentials()
+        } throws: { isAuthError($0, .storeLocked) }
+        #expect(try Self.cachedEntry(vault, configuration) != nil, "a locked store keeps the session and its cache")
+        let lone = try Self.loneLockbox(in: vault.directory)
+        let locked = try run(lone, ["--keychain", vault.vault.path, "token"])
+        #expect(locked.status == 1 && locked.standardOutput.isEmpty, "lockbox token while locked: \(locked.standardOutput)")
+
+        try vault.vault.unlock(passphrase: TestVault.passphrase)
+        let before = try await server.counters()
+        #expect(try await Self.manager(vault, configuration).credentials().accessToken == tokens.accessToken)
+        #expect(try await server.counters()["refresh_requests"] == before["refresh_requests"])
+
+        try await vault.tokenStore(for: configuration).clearCredentials()
+        await #expect {
+            try await Self.manager(vault, configuration).credentials()
+        } throws: { isAuthError($0, .signedOut) }
+        #expect(try Self.cachedEntry(vault, configuration) == nil)
+        Self.forget(vault, configuration)
+    }
+
     @Test func invalidGrant_removesTheCachedToken() async throws {
         let server = try await TestServer.running()
         let vault = try TestVault()
