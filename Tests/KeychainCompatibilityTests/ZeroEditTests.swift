@@ -77,6 +77,39 @@ struct ZeroEditTests {
         }
     }
 
+    // The same blob/text distinction, against a crafted string: a CFString may start with a NUL,
+    // so the string that spells a Data account's stored text (NUL, `data:`, base64) is still
+    // another account, and nothing done with it reaches the Data account's item.
+    @Test func stringSpellingADataAccountsStoredText_isAnotherAccount() throws {
+        let fixture = try VaultFixture()
+        try SecItemStore.withStore(fixture.vault) {
+            let account = Data("alice".utf8)
+            let forged = "\u{0}data:" + account.base64EncodedString()
+            #expect(SecItemAdd(password(account) as CFDictionary, nil) == errSecSuccess)
+            let byForged: [String: Any] = [
+                kSecClass as String: kSecClassGenericPassword, kSecAttrService as String: "api.example.com",
+                kSecAttrAccount as String: forged,
+            ]
+            var result: CFTypeRef?
+            #expect(SecItemCopyMatching(byForged as CFDictionary, &result) == errSecItemNotFound)
+            #expect(SecItemUpdate(byForged as CFDictionary, [kSecValueData as String: Data("changed".utf8)] as CFDictionary) == errSecItemNotFound)
+            #expect(SecItemDelete(byForged as CFDictionary) == errSecItemNotFound)
+            #expect(SecItemAdd(password(forged) as CFDictionary, nil) == errSecSuccess)
+
+            var forgedQuery = byForged
+            forgedQuery[kSecReturnAttributes as String] = true
+            #expect(SecItemCopyMatching(forgedQuery as CFDictionary, &result) == errSecSuccess)
+            #expect((result as? [String: Any])?[kSecAttrAccount as String] as? String == forged)
+            var dataQuery = forgedQuery
+            dataQuery[kSecAttrAccount as String] = account
+            dataQuery[kSecReturnData as String] = true
+            #expect(SecItemCopyMatching(dataQuery as CFDictionary, &result) == errSecSuccess)
+            let attributes = try #require(result as? [String: Any])
+            #expect(attributes[kSecAttrAccount as String] as? Data == account)
+            #expect(attributes[kSecValueData as String] as? Data == Data("secret".utf8))
+        }
+    }
+
     // Apple's SecAccessControl.c, SecAccessControlCreateWithFlags: every access control gets
     // `SecAccessControlAddConstraintForOperation(access_control, kAKSKeyOpDelete, kCFBooleanTrue)`,
     // so SecItemDelete never asks the user; kSecUseAuthenticationUISkip leaves
