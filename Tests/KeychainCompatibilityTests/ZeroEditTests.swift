@@ -163,6 +163,38 @@ struct ZeroEditTests {
         }
     }
 
+    // The process-wide store and entitlements: these tests share them, so they run in this
+    // serialized suite.
+    @Test func setDefault_outsideWithStore_sendsCallsToThatStore() throws {
+        let fixture = try VaultFixture()
+        SecItemStore.setDefault(fixture.vault)
+        defer { SecItemStore.setDefault(nil) }
+        #expect(SecItemAdd(password("set-default-\(UUID())") as CFDictionary, nil) == errSecSuccess)
+        var query = Query.genericPassword(service: "api.example.com")
+        query.limit = .all
+        #expect(try fixture.vault.items(matching: query).count == 1)
+    }
+
+    // An iOS process whose entitlements hold no keychain access group gets
+    // errSecMissingEntitlement (-34018) from every SecItem call; declared entitlements without a
+    // group (an entitlements file with neither keychain-access-groups nor application-identifier,
+    // and no bundle identifier) must not read as "no entitlements", which opens every group.
+    @Test func declaredEntitlementsNamingNoGroup_areMissingEntitlement_notEveryGroup() throws {
+        SecItemStore.setDefault(nil)
+        SecItemStore.setEntitlements(KeychainEntitlements(applicationIdentifier: nil, keychainAccessGroups: [""]))
+        defer { SecItemStore.setEntitlements(nil) }
+        #expect(status { _ = try SecItemStore.current() } == errSecMissingEntitlement)
+        let query: [String: Any] = [kSecClass as String: kSecClassGenericPassword, kSecMatchLimit as String: kSecMatchLimitAll]
+        #expect(SecItemCopyMatching(query as CFDictionary, nil) == errSecMissingEntitlement)
+
+        // Such a file: an Xcode entitlements file with other keys only.
+        let directory = TemporaryDirectory("lockbox-entitlements-empty")
+        let empty = directory.file("Empty.entitlements")
+        try Data("<plist version=\"1.0\"><dict><key>aps-environment</key><string>development</string></dict></plist>".utf8)
+            .write(to: URL(fileURLWithPath: empty))
+        #expect(try KeychainEntitlements(contentsOf: URL(fileURLWithPath: empty)).accessGroups.isEmpty)
+    }
+
     // Access groups: "Sharing access to keychain items among a collection of apps"
     // (developer.apple.com/documentation/security/sharing-access-to-keychain-items-among-a-collection-of-apps):
     // the app's groups are keychain-access-groups, then its application identifier, then its
