@@ -116,6 +116,35 @@ struct SharedTokenCacheTests {
         Self.forget(vault, configuration)
     }
 
+    /// One identity (issuer, client, account) signed in twice, in the vault and in the desktop
+    /// keyring (maybe as different users of the server): `lockbox --backend secret-service token`
+    /// must answer with the desktop keyring's session, never from the vault session's cache entry.
+    @Test func desktopKeyringSession_neverAnswersWithTheVaultSessionsCachedToken() async throws {
+        let bus = ProcessInfo.processInfo.environment["DBUS_SESSION_BUS_ADDRESS"] ?? ""
+        try #require(!bus.isEmpty, "No D-Bus session bus: run the tests inside `scripts/secret-service run -- swift test ...`")
+        let server = try await TestServer.running()
+        let vault = try TestVault()
+        let configuration = try await server.configuration()
+        let vaultTokens = try await server.signIn(try Self.manager(vault, configuration))
+        let vaultToken = vaultTokens.accessToken.withUnsafeBytes { String(decoding: $0, as: UTF8.self) }
+
+        let desktop = try Keychain.open(Keychain.Options(backend: .secretService, path: vault.vault.path)).store
+        let desktopStore = ItemStoreTokenStore(store: desktop, key: CredentialKey(configuration: configuration), configuration: configuration)
+        defer { try? desktopStore.clearCredentials() }
+        _ = try await server.signIn(CredentialsManager(configuration: configuration, tokenStore: desktopStore, lockDirectory: vault.lockDirectory))
+
+        let viaDesktop = try run(builtProduct("lockbox"), ["--keychain", vault.vault.path, "--backend", "secret-service", "token"], timeout: 60)
+        #expect(viaDesktop.status == 0, "lockbox --backend secret-service token: \(viaDesktop.standardError)")
+        #expect(!viaDesktop.standardOutput.isEmpty)
+        #expect(viaDesktop.standardOutput != vaultToken + "\n", "the desktop keyring's session answered with the vault session's token")
+        let viaVault = try run(builtProduct("lockbox"), ["--keychain", vault.vault.path, "token"])
+        #expect(viaVault.standardOutput == vaultToken + "\n")
+        #expect(viaVault.standardOutput != viaDesktop.standardOutput)
+        Self.forget(vault, configuration)
+        try? AccessTokenKeyring.remove(
+            namespace: vault.lockDirectory + "\u{0}secret-service", identity: CredentialKey(configuration: configuration).storageAccount)
+    }
+
     @Test func invalidGrant_removesTheCachedToken() async throws {
         let server = try await TestServer.running()
         let vault = try TestVault()
