@@ -145,6 +145,47 @@ struct SharedTokenCacheTests {
             namespace: vault.lockDirectory + "\u{0}secret-service", identity: CredentialKey(configuration: configuration).storageAccount)
     }
 
+    /// Entries planted under a session's description (garbage, truncated, lengths past the end,
+    /// an empty token, a valid entry for another identity, a stale one): `lockbox token` answers
+    /// none of them, crashes on none, and prints nothing planted.
+    @Test func plantedCacheEntries_areNeverServed_andNeverCrashTheFastPath() async throws {
+        let server = try await TestServer.running()
+        let vault = try TestVault()
+        let configuration = try await server.configuration()
+        let identity = CredentialKey(configuration: configuration).storageAccount
+        try await vault.tokenStore(for: configuration).saveRefreshToken(SecretBytes(utf8: "not-a-real-refresh-token"))
+        let description = AccessTokenKeyring.description(namespace: vault.lockDirectory, identity: identity)
+        let lone = try Self.loneLockbox(in: vault.directory)
+        let planted = "PLANTED-" + UUID().uuidString
+        let future = Int64((Date().timeIntervalSince1970 + 3600) * 1000)
+
+        func entry(identity: String, fresh: Int64 = future, token: String = planted) throws -> [UInt8] {
+            let other = AccessTokenKeyring.Entry(
+                token: SecretBytes(utf8: token), tokenType: "Bearer", expiresAtMilliseconds: future, freshUntilMilliseconds: fresh,
+                scope: "api", identity: identity)
+            try AccessTokenKeyring.store(other, namespace: vault.lockDirectory + "/planted", timeout: 60)
+            defer { try? AccessTokenKeyring.remove(namespace: vault.lockDirectory + "/planted", identity: identity) }
+            let serial = try KernelKeyring.find(AccessTokenKeyring.description(namespace: vault.lockDirectory + "/planted", identity: identity))
+            return try KernelKeyring.read(serial).withUnsafeBytes { Array($0) }
+        }
+        let valid = try entry(identity: identity)
+        var payloads: [[UInt8]] = [[1], [2] + valid.dropFirst(), Array(valid.prefix(20)), [1] + [UInt8](repeating: 0xff, count: 40)]
+        payloads.append(try entry(identity: identity + "x"))
+        payloads.append(try entry(identity: identity, fresh: future - 7_200_000))
+        payloads.append(Array(valid.prefix(valid.count - planted.utf8.count)))
+        for (index, payload) in payloads.enumerated() {
+            _ = try KernelKeyring.store(SecretBytes(copying: payload), description: description, timeout: 60)
+            let result = try run(lone, ["--keychain", vault.vault.path, "token"])
+            #expect(result.status == 1, "planted payload \(index): status \(result.status), \(result.standardError)")
+            #expect(result.standardOutput.isEmpty, "planted payload \(index) was served")
+            #expect(!result.standardError.contains(planted))
+        }
+        // The real entry, for contrast, is served.
+        _ = try KernelKeyring.store(SecretBytes(copying: valid), description: description, timeout: 60)
+        #expect(try run(lone, ["--keychain", vault.vault.path, "token"]).standardOutput == planted + "\n")
+        Self.forget(vault, configuration)
+    }
+
     @Test func invalidGrant_removesTheCachedToken() async throws {
         let server = try await TestServer.running()
         let vault = try TestVault()
