@@ -66,6 +66,12 @@ enum TokenEndpoint {
             guard let object, let access = object["access_token"] as? String, !access.isEmpty else {
                 throw .invalidResponse("the token response has no access_token", status: 200)
             }
+            // RFC 6749, appendix A.12: access-token = 1*VSCHAR. Anything else (a terminal
+            // escape, CR LF) would reach a terminal through `lockbox token` and an
+            // Authorization header.
+            guard access.utf8.allSatisfy({ (0x20...0x7E).contains($0) }) else {
+                throw .invalidResponse("the access_token holds characters outside RFC 6749's VSCHAR (control or non-ASCII)", status: 200)
+            }
             let tokenType = object["token_type"] as? String ?? "Bearer"
             guard tokenType.lowercased() == "bearer" else {
                 throw .invalidResponse("unsupported token_type", status: 200)

@@ -186,6 +186,25 @@ struct SharedTokenCacheTests {
         Self.forget(vault, configuration)
     }
 
+    /// An access token is 1*VSCHAR (RFC 6749, appendix A.12). One holding a terminal escape or
+    /// CR LF would be printed by `lockbox token` into a terminal, shared in the cache, and sent
+    /// in an Authorization header: the response is refused instead.
+    @Test func accessTokenWithControlCharacters_isRefused_andNeverPrinted() async throws {
+        let server = try await TestServer.running()
+        let vault = try TestVault()
+        let configuration = try await server.configuration()
+        _ = try await server.signIn(try Self.manager(vault, configuration))
+        Self.forget(vault, configuration)
+        try await server.faults(["canary_access_token": "evil\u{1b}]0;pwned\u{07}\r\nX-Injected: 1"])
+
+        let token = try run(builtProduct("lockbox"), ["--keychain", vault.vault.path, "token"], timeout: 60)
+        #expect(token.status == 1, "lockbox token: status \(token.status)")
+        #expect(token.standardOutput.isEmpty, "printed: \(token.standardOutput.debugDescription)")
+        #expect(!token.standardError.contains("\u{1b}") && !token.standardError.contains("X-Injected"))
+        #expect(token.standardError.contains("(invalid_response"), "\(token.standardError)")
+        #expect(try Self.cachedEntry(vault, configuration) == nil)
+    }
+
     @Test func invalidGrant_removesTheCachedToken() async throws {
         let server = try await TestServer.running()
         let vault = try TestVault()
