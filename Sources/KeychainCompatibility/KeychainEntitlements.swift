@@ -38,10 +38,12 @@ public struct KeychainEntitlements: Sendable, Hashable {
         self.applicationGroups = applicationGroups
     }
 
-    /// The groups in Apple's order, without repeats; the first is the default.
+    /// The groups in Apple's order, without repeats or empty names; the first is the default.
     public var accessGroups: [String] {
         var seen = Set<String>()
-        return (keychainAccessGroups + [applicationIdentifier].compactMap { $0 } + applicationGroups).filter { seen.insert($0).inserted }
+        return (keychainAccessGroups + [applicationIdentifier].compactMap { $0 } + applicationGroups).filter {
+            !$0.isEmpty && seen.insert($0).inserted
+        }
     }
 
     /// Reads an entitlements property list.
@@ -83,7 +85,9 @@ public struct KeychainEntitlements: Sendable, Hashable {
             let directory = executable.deletingLastPathComponent()
             for name in [executable.lastPathComponent + ".entitlements", "lockbox.entitlements"] {
                 let candidate = directory.appendingPathComponent(name)
-                if FileManager.default.fileExists(atPath: candidate.path) {
+                // Not followed: a symbolic link whose target is missing is an error below, never
+                // the absence of a file (which would leave every group open).
+                if (try? FileManager.default.attributesOfItem(atPath: candidate.path)) != nil {
                     var entitlements = try KeychainEntitlements(contentsOf: candidate)
                     if entitlements.applicationIdentifier == nil { entitlements.applicationIdentifier = bundleIdentifier }
                     return entitlements

@@ -63,7 +63,17 @@ public enum SecItemStore {
         if let store = taskStore { return store }
         if let store = processStore.withLock({ $0 }) { return store }
         var options = Keychain.Options()
-        if let groups = try entitlements()?.accessGroups, !groups.isEmpty {
+        if let entitlements = try entitlements() {
+            // Declared entitlements that name no group (a file with neither
+            // keychain-access-groups nor application-identifier, and no bundle identifier) give
+            // no group, as on iOS; read as "no entitlements" they would open every group.
+            let groups = entitlements.accessGroups
+            guard !groups.isEmpty else {
+                throw LockboxError(
+                    .missingEntitlement,
+                    "The declared entitlements name no keychain access group: add keychain-access-groups or "
+                        + "application-identifier to the entitlements file, or a CFBundleIdentifier to Info.plist.")
+            }
             options.vault.accessGroups = groups
         }
         let opened = try Keychain.open(options).store

@@ -241,7 +241,7 @@ public actor CredentialsManager {
         if let current, current.isFresh(for: minTTL, at: now()) {
             return current
         }
-        if refreshTask == nil, let cached = await freshFromCache(minTTL: minTTL, rejecting: nil) {
+        if refreshTask == nil, let cached = try await freshFromCache(minTTL: minTTL, rejecting: nil) {
             return cached
         }
         return try await sharedRefresh(minTTL: minTTL, rejecting: nil)
@@ -332,7 +332,7 @@ public actor CredentialsManager {
             let lock = try await acquireCrossProcessLock()
             defer { withExtendedLifetime(lock) {} }
             // Another process may have refreshed while this one waited for the lock.
-            if memoryOnlyRefreshToken == nil, let cached = await freshFromCache(minTTL: minTTL, rejecting: rejected) {
+            if memoryOnlyRefreshToken == nil, let cached = try await freshFromCache(minTTL: minTTL, rejecting: rejected) {
                 return cached
             }
             return try await refresh()
@@ -567,7 +567,12 @@ public actor CredentialsManager {
 
     /// A token from the cache that is fresh for `minTTL` (or its own leeway), adopted as the
     /// current one; nil on a miss. A cached token the server just rejected is removed.
-    private func freshFromCache(minTTL: Duration?, rejecting rejected: String?) async -> Credentials? {
+    ///
+    /// The cache outlives a lock of the keychain, and a session removed from the store by other
+    /// means (a logout whose removal from the cache failed, a deleted item): a cached token is
+    /// handed out only while the store can be read now and still holds the session.
+    /// - Throws: ``AuthError/Code/storeLocked`` (or the store's error) when the store cannot say.
+    private func freshFromCache(minTTL: Duration?, rejecting rejected: String?) async throws(AuthError) -> Credentials? {
         guard let accessTokenCache else { return nil }
         let cached: CachedAccessToken?
         do {
@@ -584,6 +589,15 @@ public actor CredentialsManager {
         }
         let fresh = minTTL.map { credentials.isValid(for: $0, at: now()) } ?? (now() < cached.freshUntil)
         guard fresh else { return nil }
+        do {
+            guard try await tokenStore.hasCredentials() else {
+                await removeFromCache()
+                return nil
+            }
+        } catch {
+            if error.code == .interactionNotAllowed { knownState = .storeLocked }
+            throw AuthError.from(error)
+        }
         current = credentials
         if knownState != .refreshing { knownState = .signedIn(accessTokenExpiresAt: credentials.expiresAt) }
         emit(.accessTokenFromCache, "fresh", credentials.fingerprint)

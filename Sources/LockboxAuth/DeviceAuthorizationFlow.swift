@@ -70,7 +70,7 @@ public struct DeviceAuthorizationFlow: Sendable {
         let complete = try (object["verification_uri_complete"] as? String).map { text throws(AuthError) in
             try Self.verificationURI(text, field: "verification_uri_complete")
         }
-        let expiresIn = (object["expires_in"] as? NSNumber)?.intValue ?? 600
+        let expiresIn = TokenEndpoint.boundedLifetime(object["expires_in"]) ?? 600
         let interval = max(1, (object["interval"] as? NSNumber)?.intValue ?? 5)
         return DeviceAuthorization(
             deviceCode: SecretBytes(utf8: deviceCode), userCode: userCode, verificationURI: uri,

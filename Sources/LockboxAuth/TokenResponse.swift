@@ -71,12 +71,18 @@ enum TokenEndpoint {
             guard let object, let access = object["access_token"] as? String, !access.isEmpty else {
                 throw .invalidResponse("the token response has no access_token", status: 200)
             }
+            // RFC 6749, appendix A.12: access-token = 1*VSCHAR. Anything else (a terminal
+            // escape, CR LF) would reach a terminal through `lockbox token` and an
+            // Authorization header.
+            guard access.utf8.allSatisfy({ (0x20...0x7E).contains($0) }) else {
+                throw .invalidResponse("the access_token holds characters outside RFC 6749's VSCHAR (control or non-ASCII)", status: 200)
+            }
             let tokenType = object["token_type"] as? String ?? "Bearer"
             guard tokenType.lowercased() == "bearer" else {
                 throw .invalidResponse("unsupported token_type", status: 200)
             }
             let refresh = (object["refresh_token"] as? String).flatMap { $0.isEmpty ? nil : SecretBytes(utf8: $0) }
-            let expiresIn = (object["expires_in"] as? NSNumber)?.intValue ?? (object["expires_in"] as? String).flatMap { Int($0) }
+            let expiresIn = boundedLifetime(object["expires_in"])
             let scope = (object["scope"] as? String)?.split(separator: " ").map(String.init) ?? []
             var offset: Duration?
             if let header = response.value(forHTTPHeaderField: "Date"), let serverDate = httpDate(header) {
@@ -106,6 +112,20 @@ enum TokenEndpoint {
             let subject = claims["sub"] as? String, !subject.isEmpty, subject.count <= 256, TerminalText.isPrintable(subject)
         else { return nil }
         return subject
+    }
+
+    /// The longest lifetime taken from an `expires_in`: ten years. A server that names more
+    /// (say 10^17 seconds) gets this, so that expiry and freshness stay within what dates,
+    /// milliseconds and the kernel keyring's timeout can hold instead of overflowing them.
+    static let maximumLifetimeSeconds = 10 * 366 * 24 * 3600
+
+    /// An `expires_in` (a JSON number, or a decimal string) as whole seconds within
+    /// 0 ... ``maximumLifetimeSeconds``; nil when absent or not a number.
+    static func boundedLifetime(_ value: Any?) -> Int? {
+        let seconds: Double? =
+            if let number = value as? NSNumber { number.doubleValue } else { (value as? String).flatMap { Int($0) }.map(Double.init) }
+        guard let seconds, !seconds.isNaN else { return nil }
+        return Int(min(max(seconds, 0), Double(maximumLifetimeSeconds)))
     }
 
     /// Keeps error codes to the RFC's character set, so a hostile server cannot smuggle text.

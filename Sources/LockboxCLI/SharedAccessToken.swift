@@ -23,7 +23,7 @@ enum SharedAccessToken {
             return false
         }
         guard let opened = try? Keychain.open(options) else { return false }
-        let namespace = (opened.vault?.path ?? Keychain.vaultPath(explicit: options.path)) + ".oauth-locks"
+        let namespace = opened.accessTokenCacheNamespace(explicitPath: options.path)
         var query = Query.genericPassword(service: refreshTokenService)
         query.limit = .all
         query.returning = .attributes

@@ -23,9 +23,10 @@ struct AuthCommands {
             var options = Keychain.Options(backend: invocation.backend, path: invocation.keychain)
             options.vault.authenticationContext = AuthenticationContext(verifier: TerminalVerifier())
             let opened = try Keychain.open(options)
-            let lockDirectory = (opened.vault?.path ?? Keychain.vaultPath(explicit: invocation.keychain)) + ".oauth-locks"
+            let lockDirectory = opened.oauthLockDirectory(explicitPath: invocation.keychain)
+            let namespace = opened.accessTokenCacheNamespace(explicitPath: invocation.keychain)
             let cache: (any AccessTokenCache)? =
-                AccessTokenCacheSetting.isEnabled ? try KernelKeyringTokenCache(namespace: lockDirectory) : nil
+                AccessTokenCacheSetting.isEnabled ? try KernelKeyringTokenCache(namespace: namespace) : nil
             // libcurl directly: URLSession on Linux spins while it waits for an answer.
             session = CommandLineSession(
                 store: opened.store, lockDirectory: lockDirectory, transport: CurlTransport(), accessTokenCache: cache)

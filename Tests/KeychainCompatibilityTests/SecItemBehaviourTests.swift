@@ -156,15 +156,8 @@ import Testing
 
     // MARK: The store
 
-    @Test func setDefault_outsideWithStore_sendsCallsToThatStore() throws {
-        let fixture = try VaultFixture()
-        SecItemStore.setDefault(fixture.vault)
-        defer { SecItemStore.setDefault(nil) }
-        #expect(addPassword(account: "set-default-\(UUID())") == errSecSuccess)
-        var query = Query.genericPassword(service: "api.example.com")
-        query.limit = .all
-        #expect(try fixture.vault.items(matching: query).count == 1)
-    }
+    // setDefault, process-wide, is tested in ZeroEditTests, serialized with the other tests of
+    // the process-wide store and entitlements.
 
     @Test func withStore_nestedAndInChildTasks_eachCallSeesItsOwnVault() async throws {
         let first = try VaultFixture()

@@ -243,6 +243,54 @@ struct SecKeyTests {
         }
     }
 
+    // The attacker's reads of a non-extractable key whose bytes the test knows (made in memory,
+    // added with kSecAttrIsExtractable false): no SecItem path hands them out, an update that
+    // claims extractability changes nothing, and a backup leaves the key out.
+    @Test func nonExtractableKey_bytesLeaveThroughNoSecItemPath() throws {
+        let fixture = try VaultFixture()
+        try SecItemStore.withStore(fixture.vault) {
+            var error: Unmanaged<CFError>?
+            let made = try #require(SecKeyCreateRandomKey([kSecAttrKeyType as String: kSecAttrKeyTypeECSECPrimeRandom] as CFDictionary, &error))
+            let bytes = try externalRepresentation(made)
+            let scalar = bytes.suffix(32)
+            let tag = Data("com.example.sealed".utf8)
+            let add: [String: Any] = [
+                kSecClass as String: kSecClassKey, kSecAttrApplicationTag as String: tag, kSecValueRef as String: made,
+                kSecAttrIsExtractable as String: false, kSecReturnPersistentRef as String: true,
+            ]
+            var added: CFTypeRef?
+            #expect(SecItemAdd(add as CFDictionary, &added) == errSecSuccess)
+            let reference = try #require((added as? [String: Any])?[kSecValuePersistentRef as String] as? Data ?? added as? Data)
+            func leaks(_ value: Any?) -> Bool { "\(value ?? "")".contains(scalar.map { String(format: "%02x", $0) }.joined()) || (value as? Data)?.range(of: scalar) != nil }
+
+            let byTag: [String: Any] = [kSecClass as String: kSecClassKey, kSecAttrApplicationTag as String: tag]
+            var result: CFTypeRef?
+            for returning in [[kSecReturnData as String: true], [kSecReturnData as String: true, kSecReturnAttributes as String: true]] {
+                #expect(SecItemCopyMatching(byTag.merging(returning) { $1 } as CFDictionary, &result) == errSecDataNotAvailable)
+                #expect(result == nil)
+            }
+            let byReference: [String: Any] = [kSecValuePersistentRef as String: reference, kSecReturnData as String: true]
+            #expect(SecItemCopyMatching(byReference as CFDictionary, &result) == errSecDataNotAvailable)
+            #expect(SecItemCopyMatching(byTag.merging([kSecReturnAttributes as String: true, kSecMatchLimit as String: kSecMatchLimitAll]) { $1 } as CFDictionary, &result) == errSecSuccess)
+            #expect(!leaks(result))
+            for returning in [[kSecReturnRef as String: true], [kSecReturnRef as String: true, kSecReturnAttributes as String: true]] {
+                #expect(SecItemCopyMatching(byTag.merging(returning) { $1 } as CFDictionary, &result) == errSecSuccess)
+                let key = try #require((result as? [String: Any])?[kSecValueRef as String] as? SecKey ?? (result.map { $0 as! SecKey }))
+                #expect(SecKeyCopyExternalRepresentation(key, &error) == nil)
+                #expect(!leaks(SecKeyCopyAttributes(key)))
+            }
+            // A caller claiming extractability afterwards changes nothing.
+            _ = SecItemUpdate(byTag as CFDictionary, [kSecAttrIsExtractable as String: true] as CFDictionary)
+            #expect(SecItemCopyMatching(byTag.merging([kSecReturnRef as String: true]) { $1 } as CFDictionary, &result) == errSecSuccess)
+            #expect(SecKeyCopyExternalRepresentation(result as! SecKey, &error) == nil)
+            #expect(SecItemCopyMatching(byTag.merging([kSecReturnData as String: true]) { $1 } as CFDictionary, &result) == errSecDataNotAvailable)
+
+            let backup = fixture.directory.file("backup.lockbox")
+            let summary = try fixture.vault.backup(to: backup, passphrase: SecretBytes(utf8: "backup passphrase"))
+            #expect(summary.skippedNonExtractableKeys == 1)
+        }
+    }
+
     // A DPoP key store's round trip: a key made by CryptoKit-style code as bytes, added with
     // kSecValueRef, found with kSecReturnRef (developer.apple.com/documentation/security/storing-keys-in-the-keychain),
     // exported again, deleted by reference.

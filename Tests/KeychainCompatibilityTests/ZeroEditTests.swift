@@ -77,6 +77,39 @@ struct ZeroEditTests {
         }
     }
 
+    // The same blob/text distinction, against a crafted string: a CFString may start with a NUL,
+    // so the string that spells a Data account's stored text (NUL, `data:`, base64) is still
+    // another account, and nothing done with it reaches the Data account's item.
+    @Test func stringSpellingADataAccountsStoredText_isAnotherAccount() throws {
+        let fixture = try VaultFixture()
+        try SecItemStore.withStore(fixture.vault) {
+            let account = Data("alice".utf8)
+            let forged = "\u{0}data:" + account.base64EncodedString()
+            #expect(SecItemAdd(password(account) as CFDictionary, nil) == errSecSuccess)
+            let byForged: [String: Any] = [
+                kSecClass as String: kSecClassGenericPassword, kSecAttrService as String: "api.example.com",
+                kSecAttrAccount as String: forged,
+            ]
+            var result: CFTypeRef?
+            #expect(SecItemCopyMatching(byForged as CFDictionary, &result) == errSecItemNotFound)
+            #expect(SecItemUpdate(byForged as CFDictionary, [kSecValueData as String: Data("changed".utf8)] as CFDictionary) == errSecItemNotFound)
+            #expect(SecItemDelete(byForged as CFDictionary) == errSecItemNotFound)
+            #expect(SecItemAdd(password(forged) as CFDictionary, nil) == errSecSuccess)
+
+            var forgedQuery = byForged
+            forgedQuery[kSecReturnAttributes as String] = true
+            #expect(SecItemCopyMatching(forgedQuery as CFDictionary, &result) == errSecSuccess)
+            #expect((result as? [String: Any])?[kSecAttrAccount as String] as? String == forged)
+            var dataQuery = forgedQuery
+            dataQuery[kSecAttrAccount as String] = account
+            dataQuery[kSecReturnData as String] = true
+            #expect(SecItemCopyMatching(dataQuery as CFDictionary, &result) == errSecSuccess)
+            let attributes = try #require(result as? [String: Any])
+            #expect(attributes[kSecAttrAccount as String] as? Data == account)
+            #expect(attributes[kSecValueData as String] as? Data == Data("secret".utf8))
+        }
+    }
+
     // Apple's SecAccessControl.c, SecAccessControlCreateWithFlags: every access control gets
     // `SecAccessControlAddConstraintForOperation(access_control, kAKSKeyOpDelete, kCFBooleanTrue)`,
     // so SecItemDelete never asks the user; kSecUseAuthenticationUISkip leaves
@@ -128,6 +161,38 @@ struct ZeroEditTests {
             excluded[kSecAttrSynchronizable as String] = false
             #expect(SecItemCopyMatching(excluded as CFDictionary, &found) == errSecItemNotFound)
         }
+    }
+
+    // The process-wide store and entitlements: these tests share them, so they run in this
+    // serialized suite.
+    @Test func setDefault_outsideWithStore_sendsCallsToThatStore() throws {
+        let fixture = try VaultFixture()
+        SecItemStore.setDefault(fixture.vault)
+        defer { SecItemStore.setDefault(nil) }
+        #expect(SecItemAdd(password("set-default-\(UUID())") as CFDictionary, nil) == errSecSuccess)
+        var query = Query.genericPassword(service: "api.example.com")
+        query.limit = .all
+        #expect(try fixture.vault.items(matching: query).count == 1)
+    }
+
+    // An iOS process whose entitlements hold no keychain access group gets
+    // errSecMissingEntitlement (-34018) from every SecItem call; declared entitlements without a
+    // group (an entitlements file with neither keychain-access-groups nor application-identifier,
+    // and no bundle identifier) must not read as "no entitlements", which opens every group.
+    @Test func declaredEntitlementsNamingNoGroup_areMissingEntitlement_notEveryGroup() throws {
+        SecItemStore.setDefault(nil)
+        SecItemStore.setEntitlements(KeychainEntitlements(applicationIdentifier: nil, keychainAccessGroups: [""]))
+        defer { SecItemStore.setEntitlements(nil) }
+        #expect(status { _ = try SecItemStore.current() } == errSecMissingEntitlement)
+        let query: [String: Any] = [kSecClass as String: kSecClassGenericPassword, kSecMatchLimit as String: kSecMatchLimitAll]
+        #expect(SecItemCopyMatching(query as CFDictionary, nil) == errSecMissingEntitlement)
+
+        // Such a file: an Xcode entitlements file with other keys only.
+        let directory = TemporaryDirectory("lockbox-entitlements-empty")
+        let empty = directory.file("Empty.entitlements")
+        try Data("<plist version=\"1.0\"><dict><key>aps-environment</key><string>development</string></dict></plist>".utf8)
+            .write(to: URL(fileURLWithPath: empty))
+        #expect(try KeychainEntitlements(contentsOf: URL(fileURLWithPath: empty)).accessGroups.isEmpty)
     }
 
     // Access groups: "Sharing access to keychain items among a collection of apps"

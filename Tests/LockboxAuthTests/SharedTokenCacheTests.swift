@@ -84,6 +84,127 @@ struct SharedTokenCacheTests {
         #expect(afterLogout.standardOutput.isEmpty)
     }
 
+    /// The cache outlives `lockbox lock --all`: a new process's manager must not hand out the
+    /// cached token while the refresh token cannot be read (the store says locked, and the
+    /// session is kept), nor after the session was removed from the store behind the cache.
+    @Test func lockedKeychain_orSessionRemovedFromTheStore_getsNoCachedToken() async throws {
+        let server = try await TestServer.running()
+        let vault = try TestVault()
+        let configuration = try await server.configuration()
+        let tokens = try await server.signIn(try Self.manager(vault, configuration))
+        #expect(try Self.cachedEntry(vault, configuration) != nil)
+
+        vault.vault.lockAll()
+        await #expect {
+            try await Self.manager(vault, configuration).credentials()
+        } throws: { isAuthError($0, .storeLocked) }
+        #expect(try Self.cachedEntry(vault, configuration) != nil, "a locked store keeps the session and its cache")
+        let lone = try Self.loneLockbox(in: vault.directory)
+        let locked = try run(lone, ["--keychain", vault.vault.path, "token"])
+        #expect(locked.status == 1 && locked.standardOutput.isEmpty, "lockbox token while locked: \(locked.standardOutput)")
+
+        try vault.vault.unlock(passphrase: TestVault.passphrase)
+        let before = try await server.counters()
+        #expect(try await Self.manager(vault, configuration).credentials().accessToken == tokens.accessToken)
+        #expect(try await server.counters()["refresh_requests"] == before["refresh_requests"])
+
+        try await vault.tokenStore(for: configuration).clearCredentials()
+        await #expect {
+            try await Self.manager(vault, configuration).credentials()
+        } throws: { isAuthError($0, .signedOut) }
+        #expect(try Self.cachedEntry(vault, configuration) == nil)
+        Self.forget(vault, configuration)
+    }
+
+    /// One identity (issuer, client, account) signed in twice, in the vault and in the desktop
+    /// keyring (maybe as different users of the server): `lockbox --backend secret-service token`
+    /// must answer with the desktop keyring's session, never from the vault session's cache entry.
+    @Test func desktopKeyringSession_neverAnswersWithTheVaultSessionsCachedToken() async throws {
+        let bus = ProcessInfo.processInfo.environment["DBUS_SESSION_BUS_ADDRESS"] ?? ""
+        try #require(!bus.isEmpty, "No D-Bus session bus: run the tests inside `scripts/secret-service run -- swift test ...`")
+        let server = try await TestServer.running()
+        let vault = try TestVault()
+        let configuration = try await server.configuration()
+        let vaultTokens = try await server.signIn(try Self.manager(vault, configuration))
+        let vaultToken = vaultTokens.accessToken.withUnsafeBytes { String(decoding: $0, as: UTF8.self) }
+
+        let desktop = try Keychain.open(Keychain.Options(backend: .secretService, path: vault.vault.path)).store
+        let desktopStore = ItemStoreTokenStore(store: desktop, key: CredentialKey(configuration: configuration), configuration: configuration)
+        defer { try? desktopStore.clearCredentials() }
+        _ = try await server.signIn(CredentialsManager(configuration: configuration, tokenStore: desktopStore, lockDirectory: vault.lockDirectory))
+
+        let viaDesktop = try run(builtProduct("lockbox"), ["--keychain", vault.vault.path, "--backend", "secret-service", "token"], timeout: 60)
+        #expect(viaDesktop.status == 0, "lockbox --backend secret-service token: \(viaDesktop.standardError)")
+        #expect(!viaDesktop.standardOutput.isEmpty)
+        #expect(viaDesktop.standardOutput != vaultToken + "\n", "the desktop keyring's session answered with the vault session's token")
+        let viaVault = try run(builtProduct("lockbox"), ["--keychain", vault.vault.path, "token"])
+        #expect(viaVault.standardOutput == vaultToken + "\n")
+        #expect(viaVault.standardOutput != viaDesktop.standardOutput)
+        Self.forget(vault, configuration)
+        try? AccessTokenKeyring.remove(
+            namespace: vault.lockDirectory + "\u{0}secret-service", identity: CredentialKey(configuration: configuration).storageAccount)
+    }
+
+    /// Entries planted under a session's description (garbage, truncated, lengths past the end,
+    /// an empty token, a valid entry for another identity, a stale one): `lockbox token` answers
+    /// none of them, crashes on none, and prints nothing planted.
+    @Test func plantedCacheEntries_areNeverServed_andNeverCrashTheFastPath() async throws {
+        let server = try await TestServer.running()
+        let vault = try TestVault()
+        let configuration = try await server.configuration()
+        let identity = CredentialKey(configuration: configuration).storageAccount
+        try await vault.tokenStore(for: configuration).saveRefreshToken(SecretBytes(utf8: "not-a-real-refresh-token"))
+        let description = AccessTokenKeyring.description(namespace: vault.lockDirectory, identity: identity)
+        let lone = try Self.loneLockbox(in: vault.directory)
+        let planted = "PLANTED-" + UUID().uuidString
+        let future = Int64((Date().timeIntervalSince1970 + 3600) * 1000)
+
+        func entry(identity: String, fresh: Int64 = future, token: String = planted) throws -> [UInt8] {
+            let other = AccessTokenKeyring.Entry(
+                token: SecretBytes(utf8: token), tokenType: "Bearer", expiresAtMilliseconds: future, freshUntilMilliseconds: fresh,
+                scope: "api", identity: identity)
+            try AccessTokenKeyring.store(other, namespace: vault.lockDirectory + "/planted", timeout: 60)
+            defer { try? AccessTokenKeyring.remove(namespace: vault.lockDirectory + "/planted", identity: identity) }
+            let serial = try KernelKeyring.find(AccessTokenKeyring.description(namespace: vault.lockDirectory + "/planted", identity: identity))
+            return try KernelKeyring.read(serial).withUnsafeBytes { Array($0) }
+        }
+        let valid = try entry(identity: identity)
+        var payloads: [[UInt8]] = [[1], [2] + valid.dropFirst(), Array(valid.prefix(20)), [1] + [UInt8](repeating: 0xff, count: 40)]
+        payloads.append(try entry(identity: identity + "x"))
+        payloads.append(try entry(identity: identity, fresh: future - 7_200_000))
+        payloads.append(Array(valid.prefix(valid.count - planted.utf8.count)))
+        for (index, payload) in payloads.enumerated() {
+            _ = try KernelKeyring.store(SecretBytes(copying: payload), description: description, timeout: 60)
+            let result = try run(lone, ["--keychain", vault.vault.path, "token"])
+            #expect(result.status == 1, "planted payload \(index): status \(result.status), \(result.standardError)")
+            #expect(result.standardOutput.isEmpty, "planted payload \(index) was served")
+            #expect(!result.standardError.contains(planted))
+        }
+        // The real entry, for contrast, is served.
+        _ = try KernelKeyring.store(SecretBytes(copying: valid), description: description, timeout: 60)
+        #expect(try run(lone, ["--keychain", vault.vault.path, "token"]).standardOutput == planted + "\n")
+        Self.forget(vault, configuration)
+    }
+
+    /// An access token is 1*VSCHAR (RFC 6749, appendix A.12). One holding a terminal escape or
+    /// CR LF would be printed by `lockbox token` into a terminal, shared in the cache, and sent
+    /// in an Authorization header: the response is refused instead.
+    @Test func accessTokenWithControlCharacters_isRefused_andNeverPrinted() async throws {
+        let server = try await TestServer.running()
+        let vault = try TestVault()
+        let configuration = try await server.configuration()
+        _ = try await server.signIn(try Self.manager(vault, configuration))
+        Self.forget(vault, configuration)
+        try await server.faults(["canary_access_token": "evil\u{1b}]0;pwned\u{07}\r\nX-Injected: 1"])
+
+        let token = try run(builtProduct("lockbox"), ["--keychain", vault.vault.path, "token"], timeout: 60)
+        #expect(token.status == 1, "lockbox token: status \(token.status)")
+        #expect(token.standardOutput.isEmpty, "printed: \(token.standardOutput.debugDescription)")
+        #expect(!token.standardError.contains("\u{1b}") && !token.standardError.contains("X-Injected"))
+        #expect(token.standardError.contains("(invalid_response"), "\(token.standardError)")
+        #expect(try Self.cachedEntry(vault, configuration) == nil)
+    }
+
     @Test func invalidGrant_removesTheCachedToken() async throws {
         let server = try await TestServer.running()
         let vault = try TestVault()
@@ -179,6 +300,27 @@ struct SharedTokenCacheTests {
         texts.append(try String(contentsOfFile: "/proc/self/environ", encoding: .utf8))
         #expect(files.count > 0)
         #expect(!texts.contains { $0.contains(canary) })
+        Self.forget(vault, configuration)
+    }
+
+    /// A server naming an absurd lifetime (10^17 s) must not crash the refresh or the cache's
+    /// millisecond and timeout arithmetic: the lifetime is taken as ten years at most.
+    @Test func absurdExpiresIn_isBounded_andLockboxTokenStillAnswers() async throws {
+        let server = try await TestServer.running()
+        let vault = try TestVault()
+        let configuration = try await server.configuration()
+        _ = try await server.signIn(try Self.manager(vault, configuration))
+        Self.forget(vault, configuration)
+        try await server.faults(["access_token_lifetime": 100_000_000_000_000_000])
+
+        let token = try run(builtProduct("lockbox"), ["--keychain", vault.vault.path, "token"], timeout: 60)
+        #expect(token.status == 0, "lockbox token: status \(token.status), \(token.standardError)")
+        #expect(!token.standardOutput.isEmpty)
+        let entry = try #require(try Self.cachedEntry(vault, configuration), "the refreshed token is shared")
+        let tenYearsAndADay = Int64((Date().timeIntervalSince1970 + Double(10 * 366 * 24 * 3600 + 86_400)) * 1000)
+        #expect(entry.expiresAtMilliseconds < tenYearsAndADay)
+        #expect(entry.freshUntilMilliseconds < entry.expiresAtMilliseconds)
+        try await server.faults(["access_token_lifetime": 3600])
         Self.forget(vault, configuration)
     }
 

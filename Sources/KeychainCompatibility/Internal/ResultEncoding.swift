@@ -41,6 +41,10 @@ enum ResultEncoding {
                 // Accessibility and synchronizable are always returned, with their defaults.
                 let value = field.value(in: item.attributes) ?? field.valueWhenAbsent
             else { continue }
+            if SecItemRequest.blobTextKeys.contains(field.secItemKey), case .text(let text) = value {
+                dictionary[field.secItemKey] = BlobText.decode(text)
+                continue
+            }
             dictionary[field.secItemKey] = secItemValue(value, kind: field.kind)
         }
         return dictionary
@@ -51,12 +55,10 @@ enum ResultEncoding {
     static func secItemValue(_ value: AttributeValue, kind: AttributeKind) -> Any {
         switch value {
         case .text(let text):
-            if let data = BlobText.decode(text) { data } else {
             switch kind {
             case .accessibility: Accessibility(rawValue: text).map(AccessibilityCode.code(for:)) ?? text
             case .keyClass: KeyClass(rawValue: text).map(KeyClassCode.code(for:)) ?? text
             default: text
-            }
             }
         case .bytes(let bytes): bytes
         case .integer(let integer): integer

@@ -335,7 +335,7 @@ struct SecItemRequest {
             if let data = QueryValue.data(value) {
                 read = .text(BlobText.encode(data))
             } else {
-                read = .text(try string())
+                read = .text(BlobText.encode(string: try string()))
             }
         case .text, .internetProtocol, .authenticationType:
             read = .text(try string())
