@@ -26,6 +26,7 @@ let package = Package(
         .library(name: "LocalAuthentication", targets: ["LocalAuthentication"]),
         .library(name: "LockboxAuth", targets: ["LockboxAuth"]),
         .library(name: "LockboxKeys", targets: ["LockboxKeys"]),
+        .library(name: "LockboxSync", targets: ["LockboxSync"]),
         .executable(name: "lockbox", targets: ["LockboxCLI"]),
         .executable(name: "lockbox-oauth", targets: ["LockboxOAuthCLI"]),
         .executable(name: "lockbox-bench", targets: ["LockboxBenchmark"]),
@@ -45,6 +46,9 @@ let package = Package(
         // OpenSSL's libcrypto, for P-256 and AES-GCM (managed keys). Linked as a shared library,
         // unlike the three above: see `KeyCrypto`.
         .systemLibrary(name: "CCrypto", providers: [.apt(["libssl-dev"])]),
+        // PostgreSQL's client library, for sync (the only CLibPQ importer is LockboxSync).
+        // Linked as a shared library: libpq.a would pull in OpenSSL, Kerberos and LDAP.
+        .systemLibrary(name: "CLibPQ", providers: [.apt(["libpq-dev"])]),
 
         // The model and the backend SPI. No C imports.
         .target(name: "LockboxCore", swiftSettings: strict),
@@ -78,6 +82,10 @@ let package = Package(
         .target(
             name: "LockboxKeys", dependencies: ["LockboxCore", "LockboxVault", "VaultCrypto", "KeyCrypto"],
             swiftSettings: strict),
+
+        // End-to-end encrypted sync of synchronizable items through PostgreSQL (docs/SYNC.md).
+        .target(
+            name: "LockboxSync", dependencies: ["CLibPQ", "LockboxCore", "LockboxVault", "VaultCrypto"], swiftSettings: strict),
 
         // libsecret's functions, declared from its documented ABI and opened with dlopen on first
         // use: nothing links libsecret or GLib, so binaries start without them.
@@ -174,6 +182,10 @@ let package = Package(
         .testTarget(
             name: "LockboxKeysTests",
             dependencies: ["LockboxKeys", "KeyCrypto", "VaultCrypto", "LockboxVault", "Lockbox", "KeychainCompatibility", "LockboxTestSupport"],
+            swiftSettings: strict),
+        .testTarget(
+            name: "LockboxSyncTests",
+            dependencies: ["LockboxSync", "LockboxVault", "Lockbox", "LockboxTestSupport"],
             swiftSettings: strict),
         .testTarget(
             name: "LockboxCLITests",
