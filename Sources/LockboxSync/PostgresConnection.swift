@@ -38,6 +38,8 @@ final class PostgresConnection {
                 .notAvailable,
                 "Cannot reach the sync database (\(reason)). The local keychain is unaffected; check the connection string and that the server runs, then sync again.")
         }
+        // The server's notices (such as "already exists, skipping") are not for the user.
+        try execute("SET client_min_messages TO warning")
     }
 
     deinit { PQfinish(connection) }
