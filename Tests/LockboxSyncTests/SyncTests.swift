@@ -60,6 +60,12 @@ final class Machine: @unchecked Sendable {
         try vault.delete(matching: query(service, account))
     }
 
+    /// The vault's own full check (integrity record, every row) after sync changed it.
+    func verify() throws -> Bool {
+        let report = try Vault.verify(at: vault.path, configuration: vault.configuration)
+        return report.isSound && report.checkedItems == report.items
+    }
+
     func count() throws -> Int {
         var query = Query(.genericPassword, limit: .all, synchronizable: .any)
         query.returning = [.attributes]
@@ -113,6 +119,7 @@ struct SyncTests {
         for machine in machines {
             #expect(try machine.value("mail.example", "alice") == "from B")
             #expect(try machine.count() == 1)
+            #expect(try machine.verify())
         }
         // Nothing left to do: a further round writes and applies nothing.
         for group in groups {
@@ -147,6 +154,7 @@ struct SyncTests {
         for machine in machines {
             #expect(try machine.value("db.example", "app") == nil)
             #expect(try machine.value("ci.example", "bot") == "token-2")
+            #expect(try machine.verify())
         }
     }
 
