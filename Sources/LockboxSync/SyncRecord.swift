@@ -79,7 +79,7 @@ struct SyncRecord {
             }
             return count
         }
-        return input.withUnsafeBytes { bytes in Crypto.keyedDigest(Array(bytes), key: keys.content) }
+        return Crypto.keyedDigest(input, key: keys.content)
     }
 
     /// The sealed payload: the record's metadata and attributes in one box, the value in another.
