@@ -30,7 +30,8 @@ final class PostgresConnection {
         guard let connection = PQconnectdb(conninfo) else {
             throw LockboxError(.allocate, "Cannot allocate a PostgreSQL connection.")
         }
-        self.connection = connection
+        // Checked before `self.connection` is set: once it is, a throw runs `deinit`, which
+        // finishes the connection.
         guard PQstatus(connection) == CONNECTION_OK else {
             let reason = Self.message(connection)
             PQfinish(connection)
@@ -38,6 +39,7 @@ final class PostgresConnection {
                 .notAvailable,
                 "Cannot reach the sync database (\(reason)). The local keychain is unaffected; check the connection string and that the server runs, then sync again.")
         }
+        self.connection = connection
         // The server's notices (such as "already exists, skipping") are not for the user.
         try execute("SET client_min_messages TO warning")
     }

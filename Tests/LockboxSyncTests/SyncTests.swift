@@ -274,6 +274,23 @@ struct SyncTests {
         #expect(error?.code == .decode)
     }
 
+    @Test("An unreachable database is an error that changes nothing; the vault stays usable")
+    func unreachableDatabase() throws {
+        let (groups, machines) = try threeMachines()
+        try machines[0].add("u.example", "user", "kept")
+        // A socket directory with no server in it.
+        let closed = TemporaryDirectory("lockbox-sync-closed")
+        let unreachable = "host=\(closed.path) port=1 dbname=postgres user=lockbox connect_timeout=2"
+        let offline = try SyncGroup(groups[0].groupID, vault: machines[0].vault, database: unreachable)
+        let error = #expect(throws: LockboxError.self) { try offline.sync() }
+        #expect(error?.code == .notAvailable)
+        #expect(try machines[0].value("u.example", "user") == "kept")
+        try machines[0].set("u.example", "user", "still writable")
+        #expect(try groups[0].sync().pushed == 1)
+        try groups[1].sync()
+        #expect(try machines[1].value("u.example", "user") == "still writable")
+    }
+
     @Test("Joining with a wrong passphrase fails; a joined vault keeps the group key as a ThisDeviceOnly item")
     func joining() throws {
         let database = try testDatabase()
