@@ -32,7 +32,8 @@ public final class SyncGroup {
 
     /// What one ``sync()`` did.
     public struct Report: Sendable, Equatable {
-        /// Records this device wrote (edits and tombstones).
+        /// Records this device wrote (edits and tombstones); a record the database already held
+        /// is not counted.
         public var pushed = 0
         /// Records of other devices applied here (including deletes).
         public var pulled = 0
@@ -241,6 +242,7 @@ public final class SyncGroup {
 
         var written: [(id: String, record: SyncRecord)] = []
         var superseding: [(id: String, record: SyncRecord)] = []
+        var writes = 0
         let cursor = state.cursor
         try connection.transaction { () throws(LockboxError) in
             // The group row's lock orders every writer of the group: versions commit in order.
@@ -256,6 +258,12 @@ public final class SyncGroup {
                     if remote.stamp == change.record.stamp {
                         // Written by an earlier run that stopped before saving its state.
                         written.append(change)
+                        continue
+                    }
+                    if remote.contentDigest == change.record.contentDigest && remote.isTombstone == change.record.isTombstone {
+                        // The same content already (a state file lost, an item applied before
+                        // its state was saved): adopt the database's record, write nothing.
+                        written.append((change.id, remote))
                         continue
                     }
                     if change.record.stamp < remote.stamp {
@@ -275,6 +283,7 @@ public final class SyncGroup {
                         .bytes(change.record.seal(group: groupID, itemID: change.id, version: counter, keys: keys)),
                     ])
                 written.append(change)
+                writes += 1
             }
             try connection.execute(
                 "UPDATE lockbox_sync_groups SET counter = $2 WHERE group_id = $1", [.text(groupID), .integer(counter)])
@@ -283,7 +292,7 @@ public final class SyncGroup {
             state.entries[change.id] = SyncState.Entry(
                 stamp: change.record.stamp, contentDigest: change.record.contentDigest, isTombstone: change.record.isTombstone)
         }
-        report.pushed += written.count
+        report.pushed += writes
         for change in superseding {
             try apply(change.record, id: change.id, local: &local)
             state.entries[change.id] = SyncState.Entry(

@@ -213,6 +213,32 @@ struct SyncTests {
         #expect(try machines[1].value("b.example", "two") == "2")
     }
 
+    @Test("A pull repeated after a crash, or after the state file was lost, applies and writes nothing twice")
+    func crashDuringPull() throws {
+        let (groups, machines) = try threeMachines()
+        try groups[1].sync()
+        let empty = try Data(contentsOf: URL(fileURLWithPath: groups[1].statePath))
+        try machines[0].add("p.example", "one", "1")
+        try machines[0].add("p.example", "two", "2")
+        try groups[0].sync()
+        #expect(try groups[1].sync().pulled == 2)
+        let counter = try PostgresConnection(try testDatabase()).execute(
+            "SELECT counter FROM lockbox_sync_groups WHERE group_id = $1", [.text(groups[0].groupID)]).first?[0]
+        // As if machine B died after applying, before saving its cursor.
+        try empty.write(to: URL(fileURLWithPath: groups[1].statePath))
+        #expect(try groups[1].sync() == SyncGroup.Report())
+        // And with no state at all (a new device identifier, cursor 0).
+        try FileManager.default.removeItem(atPath: groups[1].statePath)
+        let report = try groups[1].sync()
+        #expect(report.pulled == 0)
+        #expect(report.superseded == 0)
+        #expect(try machines[1].count() == 2)
+        let after = try PostgresConnection(try testDatabase()).execute(
+            "SELECT counter FROM lockbox_sync_groups WHERE group_id = $1", [.text(groups[0].groupID)]).first?[0]
+        #expect(after == counter, "a repeated pull wrote new versions")
+        #expect(try machines[1].verify())
+    }
+
     @Test("A connection dropped in the middle of a push leaves nothing half-written; the next sync completes it")
     func droppedConnection() throws {
         let (groups, machines) = try threeMachines()
