@@ -1,6 +1,7 @@
 import FoundationEssentials
 import LockboxCore
 import LockboxVault
+import Synchronization
 import VaultCrypto
 
 /// A vault's membership of a sync group: synchronizable items, end-to-end encrypted, through a
@@ -21,7 +22,7 @@ import VaultCrypto
 /// earlier than the version the writer had seen); equal times go to the greater device
 /// identifier. A delete is such a write (a tombstone): it wins over older edits, so a device
 /// that edited offline before the delete does not bring the item back.
-public final class SyncGroup {
+public final class SyncGroup: Sendable {
     /// The group's public identifier (hex).
     public let groupID: String
     public let vault: Vault
@@ -29,6 +30,8 @@ public final class SyncGroup {
     let keys: SyncKeys
     /// Where this vault keeps what it knows of the group (see ``SyncState``).
     public let statePath: String
+    /// One sync at a time through this value (the state file is read, then rewritten).
+    private let syncing = Mutex(())
 
     /// What one ``sync()`` did.
     public struct Report: Sendable, Equatable {
@@ -169,16 +172,18 @@ public final class SyncGroup {
         guard try vault.isUnlocked else {
             throw LockboxError.locked("Unlock it to sync: locked items cannot be read, and are never taken for deleted ones.")
         }
-        let connection = try PostgresConnection(database)
-        try SyncSchema.migrate(connection)
-        var state = try SyncState.load(statePath, keys: keys) ?? SyncState(device: Crypto.randomBytes(8).hexString)
-        var local = try localItems()
-        var report = Report()
-        try push(connection, state: &state, local: &local, report: &report)
-        try state.save(statePath, keys: keys)
-        try pull(connection, state: &state, local: &local, report: &report)
-        try state.save(statePath, keys: keys)
-        return report
+        return try syncing.withLock { _ throws(LockboxError) -> Report in
+            let connection = try PostgresConnection(database)
+            try SyncSchema.migrate(connection)
+            var state = try SyncState.load(statePath, keys: keys) ?? SyncState(device: Crypto.randomBytes(8).hexString)
+            var local = try localItems()
+            var report = Report()
+            try push(connection, state: &state, local: &local, report: &report)
+            try state.save(statePath, keys: keys)
+            try pull(connection, state: &state, local: &local, report: &report)
+            try state.save(statePath, keys: keys)
+            return report
+        }
     }
 
     /// This vault's synchronizable items by opaque identifier.

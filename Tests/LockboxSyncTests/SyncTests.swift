@@ -75,12 +75,6 @@ final class Machine: @unchecked Sendable {
     }
 }
 
-/// A value handed to another thread that the test no longer touches meanwhile.
-struct UncheckedBox<Value>: @unchecked Sendable {
-    let value: Value
-    init(_ value: Value) { self.value = value }
-}
-
 let groupPassphrase = SecretBytes(utf8: "group passphrase for the sync tests")
 
 /// Three machines in one new group: the first creates it, the others join.
@@ -250,9 +244,9 @@ struct SyncTests {
         try blocker.execute("SELECT counter FROM lockbox_sync_groups WHERE group_id = $1 FOR UPDATE", [.text(groups[0].groupID)])
         let failed = Mutex(false)
         let done = DispatchSemaphore(value: 0)
-        let group = UncheckedBox(groups[0])
+        let group = groups[0]
         Thread.detachNewThread {
-            do { try group.value.sync() } catch { failed.withLock { $0 = true } }
+            do { try group.sync() } catch { failed.withLock { $0 = true } }
             done.signal()
         }
         // A third session looks: inside a transaction, pg_stat_activity is a snapshot.
