@@ -28,6 +28,7 @@ let package = Package(
         .library(name: "LockboxAuthKeyring", targets: ["LockboxAuthKeyring"]),
         .library(name: "LockboxKeys", targets: ["LockboxKeys"]),
         .library(name: "LockboxAuthKeys", targets: ["LockboxAuthKeys"]),
+        .library(name: "LockboxSync", targets: ["LockboxSync"]),
         .executable(name: "lockbox", targets: ["LockboxCLI"]),
         .executable(name: "lockbox-oauth", targets: ["LockboxOAuthCLI"]),
         .executable(name: "lockbox-keys", targets: ["LockboxKeysCLI"]),
@@ -56,6 +57,9 @@ let package = Package(
         // The tss2 ESAPI libraries (TPM 2.0), linked as shared libraries: the TCTI loader opens
         // the transport's library (device, swtpm) at run time, and they need libcrypto.
         .systemLibrary(name: "CTss2", providers: [.apt(["libtss2-dev"])]),
+        // PostgreSQL's client library, for sync (the only CLibPQ importer is LockboxSync).
+        // Linked as a shared library: libpq.a would pull in OpenSSL, Kerberos and LDAP.
+        .systemLibrary(name: "CLibPQ", providers: [.apt(["libpq-dev"])]),
 
         // The model and the backend SPI. No C imports.
         .target(name: "LockboxCore", swiftSettings: strict),
@@ -100,6 +104,9 @@ let package = Package(
 
         // The SSH agent protocol over managed keys: the parser, the answers, the socket.
         .target(name: "LockboxSSHAgent", dependencies: ["LockboxCore", "LockboxKeys"], swiftSettings: strict),
+        // End-to-end encrypted sync of synchronizable items through PostgreSQL (docs/SYNC.md).
+        .target(
+            name: "LockboxSync", dependencies: ["CLibPQ", "LockboxCore", "LockboxVault", "VaultCrypto"], swiftSettings: strict),
 
         // libsecret's functions, declared from its documented ABI and opened with dlopen on first
         // use: nothing links libsecret or GLib, so binaries start without them.
@@ -239,6 +246,10 @@ let package = Package(
         .testTarget(
             name: "LockboxSSHAgentTests",
             dependencies: ["LockboxSSHAgent", "LockboxKeys", "Lockbox", "LockboxTestSupport"],
+            swiftSettings: strict),
+        .testTarget(
+            name: "LockboxSyncTests",
+            dependencies: ["LockboxSync", "LockboxVault", "Lockbox", "LockboxTestSupport"],
             swiftSettings: strict),
         .testTarget(
             name: "LockboxCLITests",

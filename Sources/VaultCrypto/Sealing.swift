@@ -142,6 +142,20 @@ package enum Crypto {
         return digest
     }
 
+    /// Keyed BLAKE2b-256 of a secret input, read in place from its guarded memory.
+    package static func keyedDigest(_ input: SecretBytes, key: SecretBytes) -> [UInt8] {
+        ensureInitialized()
+        var digest = [UInt8](repeating: 0, count: 32)
+        input.withUnsafeBytes { inputBytes in
+            key.withUnsafeBytes { keyBytes in
+                _ = crypto_generichash(
+                    &digest, 32, inputBytes.baseAddress?.assumingMemoryBound(to: UInt8.self), UInt64(inputBytes.count),
+                    keyBytes.baseAddress!.assumingMemoryBound(to: UInt8.self), keyBytes.count)
+            }
+        }
+        return digest
+    }
+
     /// A fresh X25519 key pair for sealing to a public key (access control: anyone may seal an
     /// item key for the user; only the user's verification releases the secret half).
     package static func generateKeyPair() -> (publicKey: [UInt8], secretKey: SecretBytes) {

@@ -1,0 +1,135 @@
+internal import CLibPQ
+import LockboxCore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One libpq connection (the only CLibPQ importer). Parameters go separately from the SQL text
+/// (`PQexecParams`), as text; `bytea` travels in PostgreSQL's hex form. The connection string
+/// may name a password file (`passfile=`); libpq's messages never carry the password.
+final class PostgresConnection {
+    private let connection: OpaquePointer
+
+    /// A parameter or a column: text, or nil for SQL NULL.
+    enum Value {
+        case text(String)
+        case bytes([UInt8])
+        case integer(Int64)
+
+        var sqlText: String {
+            switch self {
+            case .text(let text): text
+            case .integer(let value): String(value)
+            case .bytes(let bytes): "\\x" + bytes.hexString
+            }
+        }
+    }
+
+    init(_ conninfo: String) throws(LockboxError) {
+        guard let connection = PQconnectdb(conninfo) else {
+            throw LockboxError(.allocate, "Cannot allocate a PostgreSQL connection.")
+        }
+        // Checked before `self.connection` is set: once it is, a throw runs `deinit`, which
+        // finishes the connection.
+        guard PQstatus(connection) == CONNECTION_OK else {
+            let reason = Self.message(connection)
+            PQfinish(connection)
+            throw LockboxError(
+                .notAvailable,
+                "Cannot reach the sync database (\(reason)). The local keychain is unaffected; check the connection string and that the server runs, then sync again.")
+        }
+        self.connection = connection
+        // The server's notices (such as "already exists, skipping") are not for the user.
+        try execute("SET client_min_messages TO warning")
+    }
+
+    deinit { PQfinish(connection) }
+
+    private static func message(_ connection: OpaquePointer) -> String {
+        guard let text = PQerrorMessage(connection) else { return "no message" }
+        return String(cString: text).split(whereSeparator: { $0.isNewline }).first.map(String.init) ?? "no message"
+    }
+
+    /// Runs one statement; the rows of its result, each column as text (nil for NULL).
+    @discardableResult
+    func execute(_ sql: String, _ parameters: [Value] = []) throws(LockboxError) -> [[String?]] {
+        let texts = parameters.map { strdup($0.sqlText) }
+        defer { texts.forEach { free($0) } }
+        let pointers = texts.map { UnsafePointer<CChar>($0) }
+        let result = pointers.withUnsafeBufferPointer { buffer in
+            PQexecParams(connection, sql, Int32(buffer.count), nil, buffer.baseAddress, nil, nil, 0)
+        }
+        guard let result else {
+            throw LockboxError(.io, "The sync database did not answer (\(Self.message(connection))). Sync again later.")
+        }
+        defer { PQclear(result) }
+        let status = PQresultStatus(result)
+        guard status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK else {
+            let text = PQresultErrorMessage(result).map { String(cString: $0) } ?? ""
+            let reason = text.split(whereSeparator: { $0.isNewline }).first.map(String.init) ?? "no message"
+            throw LockboxError(.io, "The sync database refused a statement (\(reason)). Sync again later.")
+        }
+        var rows: [[String?]] = []
+        let rowCount = PQntuples(result)
+        let columnCount = PQnfields(result)
+        rows.reserveCapacity(Int(rowCount))
+        for row in 0..<rowCount {
+            var columns: [String?] = []
+            for column in 0..<columnCount {
+                if PQgetisnull(result, row, column) == 1 {
+                    columns.append(nil)
+                } else {
+                    columns.append(String(cString: PQgetvalue(result, row, column)))
+                }
+            }
+            rows.append(columns)
+        }
+        return rows
+    }
+
+    /// Runs `body` in a transaction: committed when it returns, rolled back when it throws.
+    func transaction<T>(_ body: () throws(LockboxError) -> T) throws(LockboxError) -> T {
+        try execute("BEGIN")
+        do {
+            let value = try body()
+            try execute("COMMIT")
+            return value
+        } catch {
+            _ = try? execute("ROLLBACK")
+            throw error
+        }
+    }
+
+    /// A `bytea` column in hex form (`\x...`) as bytes.
+    static func bytes(_ text: String?) throws(LockboxError) -> [UInt8] {
+        guard let text, text.hasPrefix("\\x") else { throw LockboxError.integrity("A sync record") }
+        let digits = Array(text.utf8.dropFirst(2))
+        guard digits.count % 2 == 0 else { throw LockboxError.integrity("A sync record") }
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(digits.count / 2)
+        var index = 0
+        while index < digits.count {
+            guard let high = hexValue(digits[index]), let low = hexValue(digits[index + 1]) else {
+                throw LockboxError.integrity("A sync record")
+            }
+            bytes.append(high << 4 | low)
+            index += 2
+        }
+        return bytes
+    }
+
+    private static func hexValue(_ digit: UInt8) -> UInt8? {
+        switch digit {
+        case UInt8(ascii: "0")...UInt8(ascii: "9"): digit - UInt8(ascii: "0")
+        case UInt8(ascii: "a")...UInt8(ascii: "f"): digit - UInt8(ascii: "a") + 10
+        case UInt8(ascii: "A")...UInt8(ascii: "F"): digit - UInt8(ascii: "A") + 10
+        default: nil
+        }
+    }
+
+    static func integer(_ text: String?) throws(LockboxError) -> Int64 {
+        guard let text, let value = Int64(text) else { throw LockboxError.integrity("A sync record") }
+        return value
+    }
+}

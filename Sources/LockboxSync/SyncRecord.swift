@@ -1,0 +1,145 @@
+import FoundationEssentials
+import LockboxCore
+import VaultCrypto
+
+/// The keys a group key derives: each purpose its own subkey.
+struct SyncKeys: Sendable {
+    /// Seals records.
+    let sealing: SecretBytes
+    /// Names items: opaque identifiers are keyed digests of primary keys.
+    let naming: SecretBytes
+    /// Digests of item contents, to tell changed items from unchanged ones.
+    let content: SecretBytes
+    /// Authenticates the local sync state file.
+    let state: SecretBytes
+
+    init(groupKey: SecretBytes) {
+        sealing = Crypto.deriveKey(from: groupKey, context: "lbxsync1", identifier: 1)
+        naming = Crypto.deriveKey(from: groupKey, context: "lbxsync1", identifier: 2)
+        content = Crypto.deriveKey(from: groupKey, context: "lbxsync1", identifier: 3)
+        state = Crypto.deriveKey(from: groupKey, context: "lbxsync1", identifier: 4)
+    }
+}
+
+/// Which of two writes of one item wins: the later modification; at equal times, the greater
+/// device identifier. Every device orders the same pair the same way, so all converge.
+struct SyncStamp: Sendable, Hashable, Comparable {
+    /// Milliseconds since 1970 on the writer's clock.
+    var modified: Int64
+    var device: String
+
+    static func < (lhs: SyncStamp, rhs: SyncStamp) -> Bool {
+        (lhs.modified, lhs.device) < (rhs.modified, rhs.device)
+    }
+}
+
+/// One item's state as a record in the database, opened.
+struct SyncRecord {
+    var stamp: SyncStamp
+    /// Nil for a tombstone.
+    var item: Item?
+    /// The keyed digest of the item's content (class, attributes without dates, value); empty
+    /// for a tombstone.
+    var contentDigest: [UInt8]
+
+    var isTombstone: Bool { item == nil }
+
+    static func associatedData(group: String, itemID: String, version: Int64) -> [UInt8] {
+        var encoder = FieldEncoder()
+        encoder.string("lockbox.sync.record.v1")
+        encoder.string(group)
+        encoder.string(itemID)
+        encoder.integer(Int(version))
+        return encoder.bytes
+    }
+
+    /// The attributes that travel: dates are the receiving vault's own.
+    static func travelling(_ attributes: ItemAttributes) -> ItemAttributes {
+        var attributes = attributes
+        attributes.creationDate = nil
+        attributes.modificationDate = nil
+        return attributes
+    }
+
+    static func contentDigest(_ item: Item, keys: SyncKeys) -> [UInt8] {
+        var encoder = FieldEncoder()
+        encoder.string(item.itemClass.rawValue)
+        encoder.bytes(travelling(item.attributes).encoded())
+        let head = encoder.bytes
+        // The value is digested from guarded memory, prefixed by the rest.
+        let input = SecretBytes(capacity: head.count + (item.data?.count ?? 0) + 1) { buffer in
+            buffer.copyBytes(from: head)
+            var count = head.count
+            if let data = item.data {
+                buffer[count] = 1
+                data.withUnsafeBytes { bytes in
+                    UnsafeMutableRawBufferPointer(rebasing: buffer[(count + 1)...]).copyMemory(from: bytes)
+                }
+                count += 1 + data.count
+            }
+            return count
+        }
+        return Crypto.keyedDigest(input, key: keys.content)
+    }
+
+    /// The sealed payload: the record's metadata and attributes in one box, the value in another.
+    func seal(group: String, itemID: String, version: Int64, keys: SyncKeys) -> [UInt8] {
+        let associated = Self.associatedData(group: group, itemID: itemID, version: version)
+        var meta = FieldEncoder()
+        meta.integer(Int(stamp.modified))
+        meta.string(stamp.device)
+        meta.string(item?.itemClass.rawValue)
+        meta.bytes(item.map { Self.travelling($0.attributes).encoded() })
+        meta.bytes(contentDigest)
+        var payload = FieldEncoder()
+        payload.bytes(Crypto.seal(meta.bytes, key: keys.sealing, associatedData: associated + [0]))
+        payload.bytes(item?.data.map { Crypto.seal($0, key: keys.sealing, associatedData: associated + [1]) })
+        return payload.bytes
+    }
+
+    /// Opens a payload; any mismatch (another item's or version's record, an edited byte) is an
+    /// integrity error.
+    static func open(_ payload: [UInt8], group: String, itemID: String, version: Int64, keys: SyncKeys) throws(LockboxError) -> SyncRecord {
+        let associated = associatedData(group: group, itemID: itemID, version: version)
+        let failure = LockboxError.integrity("A record of the sync database")
+        let metaBox: [UInt8]
+        let valueBox: [UInt8]?
+        do {
+            var outer = FieldDecoder(payload)
+            guard let box = try outer.bytes() else { throw failure }
+            metaBox = box
+            valueBox = try outer.bytes()
+            guard outer.isAtEnd else { throw failure }
+        } catch { throw failure }
+        guard let meta = try? Crypto.openBytes(metaBox, key: keys.sealing, associatedData: associated + [0]) else { throw failure }
+        let modified: Int
+        let device: String
+        let className: String?
+        let attributeBytes: [UInt8]?
+        let digest: [UInt8]?
+        do {
+            var decoder = FieldDecoder(meta)
+            guard let time = try decoder.integer(), let writer = try decoder.string() else { throw failure }
+            modified = time
+            device = writer
+            className = try decoder.string()
+            attributeBytes = try decoder.bytes()
+            digest = try decoder.bytes()
+            guard decoder.isAtEnd else { throw failure }
+        } catch { throw failure }
+        let stamp = SyncStamp(modified: Int64(modified), device: device)
+        guard let className else {
+            guard valueBox == nil else { throw failure }
+            return SyncRecord(stamp: stamp, item: nil, contentDigest: [])
+        }
+        guard let itemClass = ItemClass(rawValue: className), let attributeBytes,
+            let attributes = try? ItemAttributes(decoding: attributeBytes), let digest
+        else { throw failure }
+        var item = Item(itemClass, attributes: attributes)
+        if let valueBox {
+            guard let value = try? Crypto.open(valueBox, key: keys.sealing, associatedData: associated + [1]) else { throw failure }
+            item.data = value
+        }
+        return SyncRecord(stamp: stamp, item: item, contentDigest: digest)
+    }
+}

@@ -1,0 +1,332 @@
+import Foundation
+import Lockbox
+import LockboxTestSupport
+import LockboxVault
+import Synchronization
+import Testing
+
+@testable import LockboxSync
+
+/// The test database that scripts/postgres starts (scripts/test exports its connection string).
+func testDatabase() throws -> String {
+    try #require(
+        ProcessInfo.processInfo.environment["LOCKBOX_TEST_POSTGRES"],
+        "LOCKBOX_TEST_POSTGRES is not set: start PostgreSQL with `scripts/postgres start` and export its output")
+}
+
+/// A simulated machine: its own XDG tree (data, state: its own device key) and vault.
+final class Machine: @unchecked Sendable {
+    let directory = TemporaryDirectory("lockbox-sync-machine")
+    let vault: Vault
+
+    init() throws {
+        var configuration = Vault.Configuration()
+        configuration.keyDerivation = .interactive
+        configuration.device = DeviceIdentity(keyPath: directory.file("state/lockbox/device-key"))
+        vault = try Vault.create(
+            at: directory.file("data/lockbox/default.lockbox"), passphrase: SecretBytes(utf8: "machine passphrase"),
+            configuration: configuration)
+    }
+
+    deinit { vault.lockAll() }
+
+    func add(_ service: String, _ account: String, _ value: String, accessibility: Accessibility? = nil, synchronizable: Bool = true) throws {
+        var item = Item.genericPassword(service: service, account: account, data: SecretBytes(utf8: value), accessibility: accessibility)
+        item.attributes.synchronizable = synchronizable
+        try vault.add(item)
+    }
+
+    func query(_ service: String, _ account: String) -> Query {
+        var query = Query.genericPassword(service: service, account: account)
+        query.synchronizable = .synchronizable
+        return query
+    }
+
+    /// The value of a synchronizable item, nil when there is none.
+    func value(_ service: String, _ account: String) throws -> String? {
+        var query = query(service, account)
+        query.limit = .all
+        query.returning = [.data]
+        guard try vault.contains(query) else { return nil }
+        let data = try vault.data(matching: query)
+        return data.withUnsafeBytes { bytes in String(decoding: bytes, as: UTF8.self) }
+    }
+
+    func set(_ service: String, _ account: String, _ value: String) throws {
+        try vault.update(matching: query(service, account), to: ItemUpdate(data: SecretBytes(utf8: value)))
+    }
+
+    func delete(_ service: String, _ account: String) throws {
+        try vault.delete(matching: query(service, account))
+    }
+
+    /// The vault's own full check (integrity record, every row) after sync changed it.
+    func verify() throws -> Bool {
+        let report = try Vault.verify(at: vault.path, configuration: vault.configuration)
+        return report.isSound && report.checkedItems == report.items
+    }
+
+    func count() throws -> Int {
+        var query = Query(.genericPassword, limit: .all, synchronizable: .any)
+        query.returning = [.attributes]
+        guard try vault.contains(query) else { return 0 }
+        // Not the group key, which each machine keeps for itself.
+        return try vault.items(matching: query).filter { $0.attributes.accessGroup != SyncGroup.keyAccessGroup }.count
+    }
+}
+
+let groupPassphrase = SecretBytes(utf8: "group passphrase for the sync tests")
+
+/// Three machines in one new group: the first creates it, the others join.
+func threeMachines() throws -> (groups: [SyncGroup], machines: [Machine]) {
+    let database = try testDatabase()
+    let machines = [try Machine(), try Machine(), try Machine()]
+    let first = try SyncGroup.create(vault: machines[0].vault, database: database, passphrase: groupPassphrase)
+    var groups = [first]
+    for machine in machines.dropFirst() {
+        groups.append(try SyncGroup.join(first.groupID, vault: machine.vault, database: database, passphrase: groupPassphrase))
+    }
+    return (groups, machines)
+}
+
+/// A later modification time than anything before it (the rule compares milliseconds).
+func tick() { usleep(5_000) }
+
+@Suite("Sync through PostgreSQL", .serialized)
+struct SyncTests {
+    @Test("An item added on one machine reaches the two others; edits on two machines converge to the later one")
+    func concurrentEditsConverge() throws {
+        let (groups, machines) = try threeMachines()
+        try machines[0].add("mail.example", "alice", "v1")
+        #expect(try groups[0].sync().pushed == 1)
+        for group in groups.dropFirst() { try group.sync() }
+        #expect(try machines[1].value("mail.example", "alice") == "v1")
+        #expect(try machines[2].value("mail.example", "alice") == "v1")
+
+        // Both edit before either syncs; the second edit is the later one and wins everywhere.
+        try machines[0].set("mail.example", "alice", "from A")
+        tick()
+        try machines[1].set("mail.example", "alice", "from B")
+        try groups[0].sync()
+        try groups[1].sync()
+        for group in groups { try group.sync() }
+        for machine in machines {
+            #expect(try machine.value("mail.example", "alice") == "from B")
+            #expect(try machine.count() == 1)
+            #expect(try machine.verify())
+        }
+        // Nothing left to do: a further round writes and applies nothing.
+        for group in groups {
+            let report = try group.sync()
+            #expect(report == SyncGroup.Report())
+        }
+    }
+
+    @Test("An edit made offline syncs later; a delete propagates and an older offline edit does not bring the item back")
+    func offlineEditsAndDeletes() throws {
+        let (groups, machines) = try threeMachines()
+        try machines[0].add("db.example", "app", "one")
+        try machines[0].add("ci.example", "bot", "token-1")
+        for group in groups { try group.sync() }
+        #expect(try machines[2].value("ci.example", "bot") == "token-1")
+
+        // Machine C is offline: it edits both items.
+        try machines[2].set("db.example", "app", "edited offline")
+        try machines[2].set("ci.example", "bot", "token-2")
+        tick()
+        // Later, A deletes one of them and syncs; B follows.
+        try machines[0].delete("db.example", "app")
+        try groups[0].sync()
+        try groups[1].sync()
+        #expect(try machines[1].value("db.example", "app") == nil)
+
+        // C comes back: its edit of the deleted item is older than the delete and loses; its
+        // other edit wins.
+        let report = try groups[2].sync()
+        #expect(report.superseded == 1)
+        for group in groups { try group.sync() }
+        for machine in machines {
+            #expect(try machine.value("db.example", "app") == nil)
+            #expect(try machine.value("ci.example", "bot") == "token-2")
+            #expect(try machine.verify())
+        }
+    }
+
+    @Test("ThisDeviceOnly and non-synchronizable items never reach the database; no service, account or value is in clear")
+    func databaseHoldsNoClearText() throws {
+        let (groups, machines) = try threeMachines()
+        let canaries = (0..<6).map { makeCanary("sync\($0)") }
+        try machines[0].add(canaries[0], canaries[1], canaries[2])
+        try machines[0].add(canaries[3], "local", canaries[4], accessibility: .whenUnlockedThisDeviceOnly)
+        try machines[0].add(canaries[5], "local", canaries[4], synchronizable: false)
+        try groups[0].sync()
+        try groups[1].sync()
+        #expect(try machines[1].value(canaries[0], canaries[1]) == canaries[2])
+        #expect(try machines[1].count() == 1)
+
+        let connection = try PostgresConnection(try testDatabase())
+        let rows = try connection.execute(
+            "SELECT item_id, version, device_id, payload FROM lockbox_sync_items WHERE group_id = $1", [.text(groups[0].groupID)])
+        #expect(rows.count == 1)
+        // Every table, as text, and every bytea column decoded.
+        var dump = ""
+        for table in ["lockbox_sync_groups", "lockbox_sync_items", "lockbox_sync_devices", "lockbox_sync_schema"] {
+            for row in try connection.execute("SELECT t::text FROM \(table) t") { dump += (row[0] ?? "") + "\n" }
+        }
+        var bytes = Array(dump.utf8)
+        for row in try connection.execute("SELECT payload FROM lockbox_sync_items") { bytes += try PostgresConnection.bytes(row[0]) }
+        for row in try connection.execute("SELECT key_wrap FROM lockbox_sync_groups") { bytes += try PostgresConnection.bytes(row[0]) }
+        #expect(dump.contains(groups[0].groupID))
+        for canary in canaries + ["mail.example", "alice"] {
+            #expect(!contains(bytes, Array(canary.utf8)), "\(canary) is in the database in clear")
+        }
+    }
+
+    @Test("A sync that stops after its push committed, before its state was saved, neither loses nor duplicates")
+    func crashAfterCommit() throws {
+        let (groups, machines) = try threeMachines()
+        try machines[0].add("a.example", "one", "1")
+        try groups[0].sync()
+        let before = try Data(contentsOf: URL(fileURLWithPath: groups[0].statePath))
+        try machines[0].add("b.example", "two", "2")
+        try machines[0].set("a.example", "one", "1b")
+        let counter = { () throws -> String? in
+            try PostgresConnection(try testDatabase()).execute(
+                "SELECT counter FROM lockbox_sync_groups WHERE group_id = $1", [.text(groups[0].groupID)]).first?[0] ?? nil
+        }
+        try groups[0].sync()
+        let afterFirst = try counter()
+        // As if the process died right after the push's commit: the state file is the old one.
+        try before.write(to: URL(fileURLWithPath: groups[0].statePath))
+        let report = try groups[0].sync()
+        #expect(report.pulled == 0)
+        #expect(try counter() == afterFirst, "the repeated push wrote new versions")
+        try groups[1].sync()
+        #expect(try machines[1].count() == 2)
+        #expect(try machines[1].value("a.example", "one") == "1b")
+        #expect(try machines[1].value("b.example", "two") == "2")
+    }
+
+    @Test("A pull repeated after a crash, or after the state file was lost, applies and writes nothing twice")
+    func crashDuringPull() throws {
+        let (groups, machines) = try threeMachines()
+        try groups[1].sync()
+        let empty = try Data(contentsOf: URL(fileURLWithPath: groups[1].statePath))
+        try machines[0].add("p.example", "one", "1")
+        try machines[0].add("p.example", "two", "2")
+        try groups[0].sync()
+        #expect(try groups[1].sync().pulled == 2)
+        let counter = try PostgresConnection(try testDatabase()).execute(
+            "SELECT counter FROM lockbox_sync_groups WHERE group_id = $1", [.text(groups[0].groupID)]).first?[0]
+        // As if machine B died after applying, before saving its cursor.
+        try empty.write(to: URL(fileURLWithPath: groups[1].statePath))
+        #expect(try groups[1].sync() == SyncGroup.Report())
+        // And with no state at all (a new device identifier, cursor 0).
+        try FileManager.default.removeItem(atPath: groups[1].statePath)
+        let report = try groups[1].sync()
+        #expect(report.pulled == 0)
+        #expect(report.superseded == 0)
+        #expect(try machines[1].count() == 2)
+        let after = try PostgresConnection(try testDatabase()).execute(
+            "SELECT counter FROM lockbox_sync_groups WHERE group_id = $1", [.text(groups[0].groupID)]).first?[0]
+        #expect(after == counter, "a repeated pull wrote new versions")
+        #expect(try machines[1].verify())
+    }
+
+    @Test("A connection dropped in the middle of a push leaves nothing half-written; the next sync completes it")
+    func droppedConnection() throws {
+        let (groups, machines) = try threeMachines()
+        for index in 0..<5 { try machines[0].add("svc\(index).example", "user", "value \(index)") }
+        // Another session holds the group row, so the push waits inside its transaction; that
+        // session then kills the waiting backend, as a network failure would.
+        let blocker = try PostgresConnection(try testDatabase())
+        try blocker.execute("BEGIN")
+        try blocker.execute("SELECT counter FROM lockbox_sync_groups WHERE group_id = $1 FOR UPDATE", [.text(groups[0].groupID)])
+        let failed = Mutex(false)
+        let done = DispatchSemaphore(value: 0)
+        let group = groups[0]
+        Thread.detachNewThread {
+            do { try group.sync() } catch { failed.withLock { $0 = true } }
+            done.signal()
+        }
+        // A third session looks: inside a transaction, pg_stat_activity is a snapshot.
+        let watcher = try PostgresConnection(try testDatabase())
+        var killed = false
+        for _ in 0..<200 where !killed {
+            let rows = try watcher.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%FOR UPDATE%' AND pid <> pg_backend_pid()")
+            killed = !rows.isEmpty
+            if !killed { usleep(20_000) }
+        }
+        #expect(killed)
+        if !killed { try blocker.execute("ROLLBACK") }
+        done.wait()
+        if killed { try blocker.execute("ROLLBACK") }
+        #expect(failed.withLock { $0 })
+        let rows = try blocker.execute("SELECT count(*) FROM lockbox_sync_items WHERE group_id = $1", [.text(groups[0].groupID)])
+        #expect(rows.first?[0] == "0")
+        #expect(try groups[0].sync().pushed == 5)
+        try groups[1].sync()
+        #expect(try machines[1].count() == 5)
+    }
+
+    @Test("A database rolled back below what a device saw, or a record moved to another version, is an error")
+    func rollbackAndReplayAreErrors() throws {
+        let (groups, machines) = try threeMachines()
+        try machines[0].add("r.example", "user", "first")
+        try groups[0].sync()
+        try groups[1].sync()
+        let connection = try PostgresConnection(try testDatabase())
+        let id = groups[0].groupID
+        // A record relabelled with a newer version fails to open.
+        let old = try connection.execute("SELECT item_id, payload FROM lockbox_sync_items WHERE group_id = $1", [.text(id)])
+        try machines[0].set("r.example", "user", "second")
+        try groups[0].sync()
+        try connection.execute(
+            "UPDATE lockbox_sync_items SET payload = $3, version = 100 WHERE group_id = $1 AND item_id = $2",
+            [.text(id), .text(old[0][0]!), .bytes(try PostgresConnection.bytes(old[0][1]))])
+        try connection.execute("UPDATE lockbox_sync_groups SET counter = 100 WHERE group_id = $1", [.text(id)])
+        #expect(throws: LockboxError.self) { try groups[1].sync() }
+        #expect(try machines[1].value("r.example", "user") == "first")
+        // The counter set back below what machine A pulled.
+        try connection.execute("UPDATE lockbox_sync_groups SET counter = 0 WHERE group_id = $1", [.text(id)])
+        let error = #expect(throws: LockboxError.self) { try groups[0].sync() }
+        #expect(error?.code == .decode)
+    }
+
+    @Test("An unreachable database is an error that changes nothing; the vault stays usable")
+    func unreachableDatabase() throws {
+        let (groups, machines) = try threeMachines()
+        try machines[0].add("u.example", "user", "kept")
+        // A socket directory with no server in it.
+        let closed = TemporaryDirectory("lockbox-sync-closed")
+        let unreachable = "host=\(closed.path) port=1 dbname=postgres user=lockbox connect_timeout=2"
+        let offline = try SyncGroup(groups[0].groupID, vault: machines[0].vault, database: unreachable)
+        let error = #expect(throws: LockboxError.self) { try offline.sync() }
+        #expect(error?.code == .notAvailable)
+        #expect(try machines[0].value("u.example", "user") == "kept")
+        try machines[0].set("u.example", "user", "still writable")
+        #expect(try groups[0].sync().pushed == 1)
+        try groups[1].sync()
+        #expect(try machines[1].value("u.example", "user") == "still writable")
+    }
+
+    @Test("Joining with a wrong passphrase fails; a joined vault keeps the group key as a ThisDeviceOnly item")
+    func joining() throws {
+        let database = try testDatabase()
+        let (groups, machines) = try threeMachines()
+        let stranger = try Machine()
+        let error = #expect(throws: LockboxError.self) {
+            try SyncGroup.join(groups[0].groupID, vault: stranger.vault, database: database, passphrase: SecretBytes(utf8: "wrong"))
+        }
+        #expect(error?.code == .authFailed)
+        var query = Query.genericPassword(service: SyncGroup.keyService, account: groups[0].groupID, accessGroup: SyncGroup.keyAccessGroup)
+        query.returning = [.attributes]
+        let item = try machines[1].vault.item(matching: query)
+        #expect(item.attributes.accessibility == .afterFirstUnlockThisDeviceOnly)
+        #expect(item.attributes.synchronizable != true)
+        // The group opens again from the vault alone.
+        let reopened = try SyncGroup(groups[0].groupID, vault: machines[1].vault, database: database)
+        #expect(try reopened.sync() == SyncGroup.Report())
+    }
+}
