@@ -145,6 +145,35 @@ struct SharedTokenCacheTests {
             namespace: vault.lockDirectory + "\u{0}secret-service", identity: CredentialKey(configuration: configuration).storageAccount)
     }
 
+    /// Where the kernel keyring does not exist (a seccomp profile forbids `keyctl`), the shared
+    /// cache cannot be used: `lockbox token` says so and names the switch that turns it off,
+    /// never silently doing without; with the switch, the token comes from the store as before.
+    /// The session is in the desktop keyring, which needs no kernel keyring.
+    @Test func withoutAKernelKeyring_theCacheFailsNamingTheSwitch_andTheSwitchWorks() async throws {
+        let bus = ProcessInfo.processInfo.environment["DBUS_SESSION_BUS_ADDRESS"] ?? ""
+        try #require(!bus.isEmpty, "No D-Bus session bus: run the tests inside `scripts/secret-service run -- swift test ...`")
+        let server = try await TestServer.running()
+        let vault = try TestVault()
+        let configuration = try await server.configuration()
+        let desktop = try Keychain.open(Keychain.Options(backend: .secretService, path: vault.vault.path)).store
+        let desktopStore = ItemStoreTokenStore(store: desktop, key: CredentialKey(configuration: configuration), configuration: configuration)
+        defer { try? desktopStore.clearCredentials() }
+        _ = try await server.signIn(CredentialsManager(configuration: configuration, tokenStore: desktopStore, lockDirectory: vault.lockDirectory))
+
+        let wrapper = NoKernelKeyring.wrapper(in: vault.directory.path)
+        let arguments = [wrapper, builtProduct("lockbox"), "--keychain", vault.vault.path, "--backend", "secret-service", "token"]
+        let refused = try run("/usr/bin/python3", arguments, timeout: 60)
+        #expect(refused.status != 0)
+        #expect(refused.standardOutput.isEmpty, "nothing printed without the cache the command was asked to use")
+        #expect(refused.standardError.contains("LOCKBOX_ACCESS_TOKEN_CACHE=off"), "\(refused.standardError)")
+
+        var environment = ProcessInfo.processInfo.environment
+        environment["LOCKBOX_ACCESS_TOKEN_CACHE"] = "off"
+        let uncached = try run("/usr/bin/python3", arguments, environment: environment, timeout: 60)
+        #expect(uncached.status == 0, "with LOCKBOX_ACCESS_TOKEN_CACHE=off: \(uncached.standardError)")
+        #expect(!uncached.standardOutput.isEmpty)
+    }
+
     /// Entries planted under a session's description (garbage, truncated, lengths past the end,
     /// an empty token, a valid entry for another identity, a stale one): `lockbox token` answers
     /// none of them, crashes on none, and prints nothing planted.
