@@ -127,6 +127,26 @@ package struct CrashCampaign {
             report.integrityChecks += 1
             if integrity != "ok" { report.violations.append("kill \(iteration): integrity_check says \(integrity)") }
 
+            // The passphrase: the acknowledged one, or for a change in flight the old or the new.
+            // Checked first: a writer killed during a change leaves the keychain locked (its
+            // cached keys were dropped before the change committed), and this unlocks it.
+            if let pending = inFlight, pending.operation == "passphrase" {
+                report.passphraseChecks += 1
+                if (try? vault.unlock(passphrase: SecretBytes(utf8: pending.value))) != nil {
+                    passphrase = pending.value
+                    report.inFlightFoundNew += 1
+                } else if (try? vault.unlock(passphrase: SecretBytes(utf8: passphrase))) != nil {
+                    report.inFlightFoundOld += 1
+                } else {
+                    report.violations.append("kill \(iteration) during a passphrase change: neither passphrase unlocks")
+                }
+            } else if passphraseChanged {
+                report.passphraseChecks += 1
+                if (try? vault.unlock(passphrase: SecretBytes(utf8: passphrase))) == nil {
+                    report.violations.append("kill \(iteration): the acknowledged passphrase does not unlock")
+                }
+            }
+
             var all = Query(.genericPassword, limit: .all, returning: [.data, .attributes])
             all.attributes.service = "crash"
             var found: [String: String] = [:]
@@ -176,24 +196,6 @@ package struct CrashCampaign {
                 }
             } catch {
                 report.violations.append("kill \(iteration): reading the refresh token failed: \(error)")
-            }
-
-            // The passphrase: the acknowledged one, or for a change in flight the old or the new.
-            if let pending = inFlight, pending.operation == "passphrase" {
-                report.passphraseChecks += 1
-                if (try? vault.unlock(passphrase: SecretBytes(utf8: pending.value))) != nil {
-                    passphrase = pending.value
-                    report.inFlightFoundNew += 1
-                } else if (try? vault.unlock(passphrase: SecretBytes(utf8: passphrase))) != nil {
-                    report.inFlightFoundOld += 1
-                } else {
-                    report.violations.append("kill \(iteration) during a passphrase change: neither passphrase unlocks")
-                }
-            } else if passphraseChanged {
-                report.passphraseChecks += 1
-                if (try? vault.unlock(passphrase: SecretBytes(utf8: passphrase))) == nil {
-                    report.violations.append("kill \(iteration): the acknowledged passphrase does not unlock")
-                }
             }
 
             // Backups: an acknowledged one is complete; none is ever half-written in place.

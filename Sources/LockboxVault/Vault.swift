@@ -461,13 +461,27 @@ public final class Vault: ItemStore, Sendable {
         let slotKey = try Self.deriveSlotKey(slot, passphrase: new)
         return try withState { state throws(LockboxError) -> PassphraseChange in
             try upgradeRows(state, master: verified.master, presenceSecretKey: presence)
-            let change = try rotateKeys(
-                state, oldMaster: verified.master, newMaster: newMaster, presence: presence, expected: verified.header
-            ) { header throws(LockboxError) in
-                guard let index = header.slots.firstIndex(where: { $0.id == slot.id && $0.kind == .passphrase }) else {
-                    throw LockboxError(.io, "The keychain's passphrase changed while it was being changed. Try again.")
+            // The kernel keyring's keys are dropped before the rotation commits and stored anew
+            // after: a process killed in between leaves the keychain locked, to be unlocked with
+            // the passphrase that was committed, never stale keys that no longer open the file
+            // (which would read as damage). Meanwhile other processes find it locked.
+            state.keys.forgetAll()
+            state.integrity = nil
+            let change: PassphraseChange
+            do throws(LockboxError) {
+                change = try rotateKeys(
+                    state, oldMaster: verified.master, newMaster: newMaster, presence: presence, expected: verified.header
+                ) { header throws(LockboxError) in
+                    guard let index = header.slots.firstIndex(where: { $0.id == slot.id && $0.kind == .passphrase }) else {
+                        throw LockboxError(.io, "The keychain's passphrase changed while it was being changed. Try again.")
+                    }
+                    header.slots[index] = Self.wrap(slot, master: newMaster, presenceKey: presence, slotKey: slotKey, header: header)
                 }
-                header.slots[index] = Self.wrap(slot, master: newMaster, presenceKey: presence, slotKey: slotKey, header: header)
+            } catch {
+                // Nothing was changed: the keychain stays unlocked with the keys it had.
+                state.header = (try? VaultHeader.load(from: state.database)) ?? state.header
+                try? cacheUnlockedKeys(master: verified.master, state: state)
+                throw error
             }
             try cacheUnlockedKeys(master: newMaster, state: state)
             markExplicitLock(state)
