@@ -22,18 +22,6 @@ extension Vault {
     /// Call it first in a transaction, before any other statement: the remembered generation is
     /// read before the snapshot starts, so the snapshot holds at least every write it counts.
     func currentIntegrity(_ state: State) throws(LockboxError) -> IntegrityCache {
-        // Within one transaction the snapshot, and so what was verified, stays what it was.
-        if let transaction = state.database.currentTransaction, transaction == state.integrityTransaction,
-            let cached = state.integrity
-        {
-            return cached
-        }
-        let cache = try loadIntegrity(state)
-        state.integrityTransaction = state.database.currentTransaction
-        return cache
-    }
-
-    private func loadIntegrity(_ state: State) throws(LockboxError) -> IntegrityCache {
         let remembered = state.rememberedGeneration.read()
         let dataVersion = try state.database.dataVersion
         if let cached = state.integrity, cached.dataVersion == dataVersion { return cached }

@@ -99,9 +99,6 @@ public final class Vault: ItemStore, Sendable {
         var statementByShape = SmallMap<PlanShape, Statement>()
         /// What this connection verified of the integrity state (see ``IntegrityState``).
         var integrity: IntegrityCache?
-        /// The transaction in which `integrity` was last confirmed current (see
-        /// `Database.currentTransaction`).
-        var integrityTransaction: Int?
         let rememberedGeneration: RememberedGeneration
         /// User verification an operation needs, asked outside the lock (see
         /// `withStateVerifyingUser`), and the proof the next run of the operation is given.

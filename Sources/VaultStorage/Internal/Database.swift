@@ -103,19 +103,11 @@ package final class Database {
         try transaction("BEGIN DEFERRED", body)
     }
 
-    /// The transaction `body` runs in: a number no other transaction of this connection had,
-    /// nil outside one. Lets a caller do once per transaction what one snapshot makes redundant.
-    package private(set) var currentTransaction: Int?
-    private var transactionCount = 0
-
     private func transaction<T>(_ begin: String, _ body: () throws(LockboxError) -> T) throws(LockboxError) -> T {
         // Prepared once and kept: compiling BEGIN and COMMIT again costs more than a small read.
         let start = try statement(begin)
         try start.run()
         start.reset()
-        transactionCount += 1
-        currentTransaction = transactionCount
-        defer { currentTransaction = nil }
         do {
             let value = try body()
             let commit = try statement("COMMIT")
