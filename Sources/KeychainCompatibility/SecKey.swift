@@ -319,7 +319,7 @@ public func SecKeyCopyExternalRepresentation(_ key: SecKey, _ error: UnsafeMutab
             guard managed.algorithm == .p256 else {
                 throw LockboxError(.param, "Only P-256 private keys have an external representation here.")
             }
-            let secret = try SecKeyStore.keys(of: managed).exportPrivateKey(of: managed, context: key.context)
+            let secret = try SecKeyStore.current().exportPrivateKey(of: managed, context: key.context)
             return secret.withUnsafeBytes { NSData(bytes: $0.baseAddress, length: $0.count) }
         }
     }

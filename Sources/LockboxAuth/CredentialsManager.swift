@@ -197,24 +197,34 @@ public actor CredentialsManager {
         guard let previous, previous != new else { return .noPreviousSession }
         await removeFromCache()
         guard let endpoint = configuration.revocationEndpoint else { return .notRevoked }
-        let fingerprint = TokenFingerprint.of(previous)
         let outboxID = try await outbox?.enqueue(
             token: previous, hint: "refresh_token", endpoint: endpoint, clientID: configuration.clientID, account: key.description)
+        let outcome = await revokeRefreshToken(previous, queuedAs: outboxID, endpoint: endpoint, reason: "replaced_by_sign_in")
+        return outcome.revoked ? .revoked : outcome.queued ? .queued : .notRevoked
+    }
+
+    /// Revokes a refresh token already queued in the outbox (as `outboxID`, when there is an
+    /// outbox) and settles the queue entry: removed once the server answered, kept for a retry
+    /// when it could not be reached.
+    private func revokeRefreshToken(
+        _ token: SecretBytes, queuedAs outboxID: String?, endpoint: URL, reason success: String
+    ) async -> (revoked: Bool, queued: Bool) {
+        let fingerprint = TokenFingerprint.of(token)
         switch await RevocationOutbox.revoke(
-            token: previous, hint: "refresh_token", endpoint: endpoint, clientID: configuration.clientID, transport: transport,
+            token: token, hint: "refresh_token", endpoint: endpoint, clientID: configuration.clientID, transport: transport,
             limits: configuration.requestLimits)
         {
         case .revoked:
             if let outboxID { await outbox?.remove(outboxID) }
-            emit(.revocationSucceeded, "replaced_by_sign_in", fingerprint)
-            return .revoked
+            emit(.revocationSucceeded, success, fingerprint)
+            return (true, false)
         case .refused(let reason):
             if let outboxID { await outbox?.remove(outboxID) }
             emit(.revocationDropped, reason, fingerprint)
-            return .notRevoked
+            return (false, false)
         case .failed(let reason):
             emit(outboxID == nil ? .revocationDropped : .revocationQueued, reason, fingerprint)
-            return outboxID == nil ? .notRevoked : .queued
+            return (false, outboxID != nil)
         }
     }
 
@@ -544,23 +554,8 @@ public actor CredentialsManager {
                 limits: configuration.requestLimits)
         }
         guard let refreshToken else { return LogoutResult(revoked: false, queued: false) }
-        let fingerprint = TokenFingerprint.of(refreshToken)
-        switch await RevocationOutbox.revoke(
-            token: refreshToken, hint: "refresh_token", endpoint: endpoint, clientID: configuration.clientID, transport: transport,
-            limits: configuration.requestLimits)
-        {
-        case .revoked:
-            if let outboxID { await outbox?.remove(outboxID) }
-            emit(.revocationSucceeded, "revoked", fingerprint)
-            return LogoutResult(revoked: true, queued: false)
-        case .refused(let reason):
-            if let outboxID { await outbox?.remove(outboxID) }
-            emit(.revocationDropped, reason, fingerprint)
-            return LogoutResult(revoked: false, queued: false)
-        case .failed(let reason):
-            emit(.revocationQueued, reason, fingerprint)
-            return LogoutResult(revoked: false, queued: outboxID != nil)
-        }
+        let outcome = await revokeRefreshToken(refreshToken, queuedAs: outboxID, endpoint: endpoint, reason: "revoked")
+        return LogoutResult(revoked: outcome.revoked, queued: outcome.queued)
     }
 
     // MARK: The shared cache

@@ -100,11 +100,6 @@ enum SecKeyStore {
         }
         return SoftwareKeyStore(vault: vault, tpmDevice: SecKeyHardware.device)
     }
-
-    /// The store a found key came from.
-    static func keys(of key: ManagedKey) throws(LockboxError) -> SoftwareKeyStore {
-        try current()
-    }
 }
 
 /// Where `kSecAttrTokenID: kSecAttrTokenIDSecureEnclave` leads: the one place that maps Apple's
