@@ -33,6 +33,8 @@ let package = Package(
         .executable(name: "lockbox-oauth", targets: ["LockboxOAuthCLI"]),
         .executable(name: "lockbox-keys", targets: ["LockboxKeysCLI"]),
         .executable(name: "lockbox-ssh-agent", targets: ["LockboxSSHAgentCLI"]),
+        .executable(name: "lockbox-sync", targets: ["LockboxSyncCLI"]),
+        .executable(name: "lockbox-sync-bench", targets: ["LockboxSyncBenchmark"]),
         .executable(name: "lockbox-bench", targets: ["LockboxBenchmark"]),
         .executable(name: "lockbox-stress", targets: ["LockboxStress"]),
         .executable(name: "lockbox-campaign", targets: ["LockboxCampaign"]),
@@ -106,7 +108,7 @@ let package = Package(
         .target(name: "LockboxSSHAgent", dependencies: ["LockboxCore", "LockboxKeys"], swiftSettings: strict),
         // End-to-end encrypted sync of synchronizable items through PostgreSQL (docs/SYNC.md).
         .target(
-            name: "LockboxSync", dependencies: ["CLibPQ", "LockboxCore", "LockboxVault", "VaultCrypto"], swiftSettings: strict),
+            name: "LockboxSync", dependencies: ["CLibPQ", "LockboxCore", "LockboxVault", "VaultCrypto", "VaultStorage"], swiftSettings: strict),
 
         // libsecret's functions, declared from its documented ABI and opened with dlopen on first
         // use: nothing links libsecret or GLib, so binaries start without them.
@@ -172,6 +174,13 @@ let package = Package(
             name: "LockboxSSHAgentCLI",
             dependencies: ["Lockbox", "LockboxCommandLine", "LockboxKeys", "LockboxSSHAgent", "CProcessHardening"],
             swiftSettings: strict),
+        // `lockbox sync` runs this program: only it loads libpq.
+        .executableTarget(
+            name: "LockboxSyncCLI", dependencies: ["Lockbox", "LockboxCommandLine", "LockboxSync", "CProcessHardening"],
+            swiftSettings: strict),
+        // Sync against a plain COPY of the same rows, and an incremental sync (docs/SYNC.md).
+        .executableTarget(
+            name: "LockboxSyncBenchmark", dependencies: ["LockboxSync", "LockboxVault", "Lockbox"], swiftSettings: strict),
         .executableTarget(
             name: "LockboxBenchmark",
             dependencies: ["Lockbox", "VaultCrypto", "VaultStorage"],

@@ -39,6 +39,8 @@ package enum Help {
           auth status                who is signed in (never a token)
         SSH:
           ssh-agent                  serve the keychain's SSH keys to ssh, ssh-add and git
+        Sync:
+          sync                       synchronizable items end-to-end encrypted through PostgreSQL
 
         The keychain is PATH, else $LOCKBOX_KEYCHAIN, else $XDG_DATA_HOME/lockbox/default.lockbox.
         The backend is --backend, else $LOCKBOX_BACKEND, else the vault (`lockbox status` says why).
@@ -265,6 +267,19 @@ package enum Help {
                 Serves the keychain's SSH keys over the SSH agent protocol on SOCKET (default
                 $XDG_RUNTIME_DIR/lockbox/ssh-agent.sock), in the foreground; generate makes a
                 non-extractable key for it and prints the public key line. See docs/SSH-AGENT.md.
+                """
+        case "sync":
+            return """
+                usage: lockbox [--keychain PATH] sync create --database CONNINFO [--passphrase-stdin]
+                       lockbox [--keychain PATH] sync invite [--minutes N]
+                       lockbox [--keychain PATH] sync join GROUP --database CONNINFO [--passphrase-stdin]
+                       lockbox [--keychain PATH] sync status [--json]
+                       lockbox [--keychain PATH] sync now
+                       lockbox [--keychain PATH] sync remove-device DEVICE [--passphrase-stdin]
+
+                Keeps synchronizable items the same on several machines, end-to-end encrypted,
+                through a PostgreSQL database. Pairing codes and passphrases are read from standard
+                input or the terminal. See docs/SYNC.md.
                 """
         case "dump", "dump-keychain":
             return """

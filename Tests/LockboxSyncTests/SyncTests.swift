@@ -89,6 +89,13 @@ func threeMachines() throws -> (groups: [SyncGroup], machines: [Machine]) {
     return (groups, machines)
 }
 
+/// Puts back a copy of a sync state taken after a sync (SQLite folds its log into the file when
+/// the last connection closes, so the file alone is the whole state).
+func restoreState(_ data: Data?, at path: String) throws {
+    for suffix in ["-wal", "-shm"] { try? FileManager.default.removeItem(atPath: path + suffix) }
+    if let data { try data.write(to: URL(fileURLWithPath: path)) } else { try FileManager.default.removeItem(atPath: path) }
+}
+
 /// A later modification time than anything before it (the rule compares milliseconds).
 func tick() { usleep(5_000) }
 
@@ -197,7 +204,7 @@ struct SyncTests {
         try groups[0].sync()
         let afterFirst = try counter()
         // As if the process died right after the push's commit: the state file is the old one.
-        try before.write(to: URL(fileURLWithPath: groups[0].statePath))
+        try restoreState(before, at: groups[0].statePath)
         let report = try groups[0].sync()
         #expect(report.pulled == 0)
         #expect(try counter() == afterFirst, "the repeated push wrote new versions")
@@ -219,10 +226,10 @@ struct SyncTests {
         let counter = try PostgresConnection(try testDatabase()).execute(
             "SELECT counter FROM lockbox_sync_groups WHERE group_id = $1", [.text(groups[0].groupID)]).first?[0]
         // As if machine B died after applying, before saving its cursor.
-        try empty.write(to: URL(fileURLWithPath: groups[1].statePath))
+        try restoreState(empty, at: groups[1].statePath)
         #expect(try groups[1].sync() == SyncGroup.Report())
         // And with no state at all (a new device identifier, cursor 0).
-        try FileManager.default.removeItem(atPath: groups[1].statePath)
+        try restoreState(nil, at: groups[1].statePath)
         let report = try groups[1].sync()
         #expect(report.pulled == 0)
         #expect(report.superseded == 0)
