@@ -52,8 +52,15 @@ public final class SyncGroup: Sendable {
         /// Local edits that lost to a later write of another device (that write was applied).
         public var superseded = 0
 
+        /// Vault rows the push read to find changes: the rows written since the last push, not
+        /// every synchronizable item (rows a pull added are read once, by the next push).
+        public var examined = 0
+
         /// A report of nothing done.
         public init() {}
+
+        /// True when this sync wrote nothing to the database or the vault.
+        public var changedNothing: Bool { pushed == 0 && pulled == 0 && superseded == 0 }
     }
 
     static let keyService = "lockbox.sync.group-key"
@@ -375,6 +382,7 @@ public final class SyncGroup: Sendable {
 
     func push(_ connection: PostgresConnection, state: SyncState, report: inout Report) throws(LockboxError) {
         let found = try localChanges(state: state)
+        report.examined = found.rows.count
         var pending = SyncState.Changes()
         pending.rows = found.rows.mapValues { $0 }
         pending.generation = found.generation
