@@ -29,6 +29,7 @@ let package = Package(
         .library(name: "LockboxKeys", targets: ["LockboxKeys"]),
         .library(name: "LockboxAuthKeys", targets: ["LockboxAuthKeys"]),
         .library(name: "LockboxSync", targets: ["LockboxSync"]),
+        .library(name: "LockboxFleet", targets: ["LockboxFleet"]),
         .executable(name: "lockbox", targets: ["LockboxCLI"]),
         .executable(name: "lockbox-oauth", targets: ["LockboxOAuthCLI"]),
         .executable(name: "lockbox-keys", targets: ["LockboxKeysCLI"]),
@@ -109,6 +110,14 @@ let package = Package(
         // End-to-end encrypted sync of synchronizable items through PostgreSQL (docs/SYNC.md).
         .target(
             name: "LockboxSync", dependencies: ["CLibPQ", "LockboxCore", "LockboxVault", "VaultCrypto", "VaultStorage"], swiftSettings: strict),
+
+        // A fleet's OAuth session in a sync group's database: LockboxAuth's store, cache and lock.
+        .target(
+            name: "LockboxFleet", dependencies: ["LockboxAuth", "LockboxSync", "LockboxCore", "VaultCrypto"], swiftSettings: strict),
+        // The fleet test's worker: one process of one machine asking for tokens.
+        .executableTarget(
+            name: "lockbox-fleet-worker", dependencies: ["LockboxFleet", "LockboxAuth", "LockboxSync", "Lockbox"],
+            path: "Sources/LockboxFleetWorker", swiftSettings: strict),
 
         // libsecret's functions, declared from its documented ABI and opened with dlopen on first
         // use: nothing links libsecret or GLib, so binaries start without them.

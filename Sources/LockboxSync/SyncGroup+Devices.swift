@@ -240,6 +240,7 @@ extension SyncGroup {
                         "UPDATE lockbox_sync_items SET version = $3, payload = $4 WHERE group_id = $1 AND item_id = $2",
                         [.text(groupID), .text(id), .integer(counter), .bytes(opened.seal(group: groupID, itemID: id, version: counter, keys: new))])
                 }
+                try resealFleetSessions(connection, from: old, to: new)
                 try connection.execute(
                     "UPDATE lockbox_sync_groups SET counter = $2, key_epoch = $3, key_wrap = $4 WHERE group_id = $1",
                     [.text(groupID), .integer(counter), .integer(new.epoch), wrap.map { .bytes($0) } ?? .null])

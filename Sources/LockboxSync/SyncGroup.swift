@@ -341,73 +341,81 @@ public final class SyncGroup: Sendable {
         Int64(((date ?? Date()).timeIntervalSince1970 * 1000).rounded(.down))
     }
 
-    /// What changed in the vault since the state's generation: the items to push (by
-    /// identifier), the identifiers whose row went away or changed item, and the row mapping to
-    /// record. Only changed rows are read; a delete is noticed by the count of synchronizable
-    /// rows, and only then are all row identifiers compared.
-    func localChanges(state: SyncState) throws(LockboxError) -> (
-        generation: Int, items: [String: LocalItem], former: Set<String>, rows: [Data: String??]
-    ) {
+    /// What changed in the vault since the state's generation: the rows to read (written since,
+    /// or unknown to the state) and the rows that went away (with the item each held). Nothing
+    /// is opened here; a delete is noticed by the count of synchronizable rows, and only then
+    /// are all row identifiers compared.
+    func localChanges(state: SyncState) throws(LockboxError) -> (generation: Int, toRead: [Data], gone: [Data: String?]) {
         var scan = try vault.synchronizableChanges(since: state.generation)
         var unknown = 0
         for reference in scan.changed where try state.row(reference) == nil { unknown += 1 }
         var toRead = scan.changed
-        var rows: [Data: String??] = [:]
-        var former = Set<String>()
+        var gone: [Data: String?] = [:]
         if scan.count != (try state.rowCount) + unknown {
             // A row this device knew is gone: compare every row identifier once.
             scan = try vault.synchronizableChanges(since: state.generation, listingAll: true)
             let present = scan.all ?? []
             let known = try state.allRows()
-            for (reference, id) in known where !present.contains(reference) {
-                rows[reference] = .some(.none)
-                if let id { former.insert(id) }
-            }
+            for (reference, id) in known where !present.contains(reference) { gone[reference] = id }
             let changed = Set(scan.changed)
             toRead = scan.changed + present.filter { known[$0] == nil && !changed.contains($0) }
         }
-        var items: [String: LocalItem] = [:]
-        for reference in toRead {
-            if case .some(.some(let old)) = try state.row(reference) { former.insert(old) }
-            if let local = try readLocal(reference) {
-                let id = itemID(local.item)
-                items[id] = local
-                rows[reference] = .some(.some(id))
-            } else {
-                rows[reference] = .some(.some(nil))
-            }
-        }
-        return (scan.generation, items, former.subtracting(items.keys), rows)
+        return (scan.generation, toRead, gone)
     }
+
+    /// Rows read and pushed per database transaction: bounds the values held in guarded memory.
+    static let pushBatch = 500
 
     func push(_ connection: PostgresConnection, state: SyncState, report: inout Report) throws(LockboxError) {
         let found = try localChanges(state: state)
-        report.examined = found.rows.count
-        var pending = SyncState.Changes()
-        pending.rows = found.rows.mapValues { $0 }
-        pending.generation = found.generation
-        // What changed here since the last push: edits and additions, then deletes.
-        var changes: [(id: String, record: SyncRecord)] = []
-        for (id, entry) in found.items.sorted(by: { $0.key < $1.key }) {
-            let known = try state.entry(id)
-            if let known, !known.isTombstone, known.contentDigest == entry.digest { continue }
-            // Causally after the version this device had seen, whatever its clock says.
-            let modified = max(Self.milliseconds(entry.item.attributes.modificationDate), (known?.stamp.modified ?? 0) + 1)
-            var item = entry.item
-            item.attributes = SyncRecord.travelling(item.attributes)
-            item.persistentReference = nil
-            changes.append((id, SyncRecord(stamp: SyncStamp(modified: modified, device: device.id), item: item, contentDigest: entry.digest)))
+        report.examined = found.toRead.count
+        var former = Set(found.gone.values.compactMap { $0 })
+        var produced = Set<String>()
+        for start in stride(from: 0, to: found.toRead.count, by: Self.pushBatch) {
+            var pending = SyncState.Changes()
+            var changes: [(id: String, record: SyncRecord)] = []
+            for reference in found.toRead[start..<min(start + Self.pushBatch, found.toRead.count)] {
+                if case .some(.some(let old)) = try state.row(reference) { former.insert(old) }
+                guard let local = try readLocal(reference) else {
+                    pending.rows[reference] = .some(.some(nil))
+                    continue
+                }
+                let id = itemID(local.item)
+                produced.insert(id)
+                pending.rows[reference] = .some(.some(id))
+                let known = try state.entry(id)
+                if let known, !known.isTombstone, known.contentDigest == local.digest { continue }
+                // Causally after the version this device had seen, whatever its clock says.
+                let modified = max(Self.milliseconds(local.item.attributes.modificationDate), (known?.stamp.modified ?? 0) + 1)
+                var item = local.item
+                item.attributes = SyncRecord.travelling(item.attributes)
+                item.persistentReference = nil
+                changes.append((id, SyncRecord(stamp: SyncStamp(modified: modified, device: device.id), item: item, contentDigest: local.digest)))
+            }
+            try write(changes, connection: connection, state: state, pending: &pending, report: &report)
+            try state.commit(pending)
         }
-        for id in found.former.sorted() {
+        // Deletes: items whose row went away or now holds another item.
+        var pending = SyncState.Changes()
+        for (reference, _) in found.gone { pending.rows[reference] = .some(.none) }
+        var tombstones: [(id: String, record: SyncRecord)] = []
+        for id in former.subtracting(produced).sorted() {
             guard let known = try state.entry(id), !known.isTombstone else { continue }
             let modified = max(Self.milliseconds(nil), known.stamp.modified + 1)
-            changes.append((id, SyncRecord(stamp: SyncStamp(modified: modified, device: device.id), item: nil, contentDigest: [])))
+            tombstones.append((id, SyncRecord(stamp: SyncStamp(modified: modified, device: device.id), item: nil, contentDigest: [])))
         }
-        guard !changes.isEmpty else {
-            if !pending.rows.isEmpty || found.generation != state.generation { try state.commit(pending) }
-            return
-        }
+        try write(tombstones, connection: connection, state: state, pending: &pending, report: &report)
+        pending.generation = found.generation
+        try state.commit(pending)
+    }
 
+    /// Writes one batch of changes in one transaction; a change that loses to the database's
+    /// record has that record applied here instead.
+    func write(
+        _ changes: [(id: String, record: SyncRecord)], connection: PostgresConnection, state: SyncState,
+        pending: inout SyncState.Changes, report: inout Report
+    ) throws(LockboxError) {
+        guard !changes.isEmpty else { return }
         var written: [(id: String, record: SyncRecord)] = []
         var superseding: [(id: String, record: SyncRecord)] = []
         var writes = 0
@@ -416,17 +424,14 @@ public final class SyncGroup: Sendable {
         try connection.transaction { () throws(LockboxError) in
             // The group row's lock orders every writer of the group: versions commit in order.
             var counter = try lockedCounter(connection, cursor: cursor, epoch: keys.epoch)
-            // The database's records of the changed items, in one round trip per thousand.
+            // The database's records of the changed items, in one round trip.
             var existing: [String: (version: Int64, payload: String?)] = [:]
-            for start in stride(from: 0, to: changes.count, by: 1000) {
-                let ids = changes[start..<min(start + 1000, changes.count)].map(\.id)
-                for row in try connection.execute(
-                    "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 AND item_id = ANY($2::text[])",
-                    [.text(groupID), .text("{" + ids.joined(separator: ",") + "}")])
-                {
-                    guard let id = row[0] else { throw LockboxError.integrity("A record of the sync database") }
-                    existing[id] = (try PostgresConnection.integer(row[1]), row[2])
-                }
+            for row in try connection.execute(
+                "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 AND item_id = ANY($2::text[])",
+                [.text(groupID), .text("{" + changes.map(\.id).joined(separator: ",") + "}")])
+            {
+                guard let id = row[0] else { throw LockboxError.integrity("A record of the sync database") }
+                existing[id] = (try PostgresConnection.integer(row[1]), row[2])
             }
             for change in changes {
                 if let row = existing[change.id] {
@@ -481,7 +486,6 @@ public final class SyncGroup: Sendable {
                 stamp: change.record.stamp, contentDigest: change.record.contentDigest, isTombstone: change.record.isTombstone)
             report.superseded += 1
         }
-        try state.commit(pending)
     }
 
     /// The vault row holding `id`: as this phase recorded it so far, else as the state knows it.
@@ -579,9 +583,13 @@ public final class SyncGroup: Sendable {
             report.pulled += 1
             pending.entries[id] = entry
             if existing == nil, let item = record.item {
-                // New here: added with the others in one vault transaction below.
+                // New here: added with others in one vault transaction.
                 guard Self.isEligible(item), itemID(item) == id else { throw LockboxError.integrity("A record of the sync database") }
                 additions.append((id, record))
+                if additions.count >= Self.pushBatch {
+                    try add(additions, pending: &pending)
+                    additions.removeAll()
+                }
                 continue
             }
             if let reference = try apply(record, id: id, existing: existing) {
@@ -590,20 +598,7 @@ public final class SyncGroup: Sendable {
                 pending.rows[existing] = .some(.none)
             }
         }
-        if !additions.isEmpty {
-            do {
-                // Their rows are mapped to items by the next push, which reads every row
-                // written since it last ran (a push always runs before a pull).
-                try vault.add(contentsOf: additions.compactMap(\.record.item))
-            } catch where error.code == .duplicateItem {
-                // Already here under another row (a state lost): one at a time, as updates.
-                for addition in additions {
-                    if let reference = try apply(addition.record, id: addition.id, existing: nil) {
-                        pending.rows[reference] = .some(.some(addition.id))
-                    }
-                }
-            }
-        }
+        try add(additions, pending: &pending)
         pending.cursor = counter
         try state.commit(pending)
         try connection.execute(
@@ -612,6 +607,23 @@ public final class SyncGroup: Sendable {
             ON CONFLICT (group_id, device_id) DO UPDATE SET pulled_version = excluded.pulled_version, last_sync = now()
             """,
             [.text(groupID), .text(device.id), .integer(counter)])
+    }
+
+    /// Adds pulled items new here in one vault transaction. Their rows are mapped to items by
+    /// the next push, which reads every row written since it last ran (a push always runs
+    /// before a pull).
+    func add(_ additions: [(id: String, record: SyncRecord)], pending: inout SyncState.Changes) throws(LockboxError) {
+        guard !additions.isEmpty else { return }
+        do {
+            try vault.add(contentsOf: additions.compactMap(\.record.item))
+        } catch where error.code == .duplicateItem {
+            // Already here under another row (a state lost): one at a time, as updates.
+            for addition in additions {
+                if let reference = try apply(addition.record, id: addition.id, existing: nil) {
+                    pending.rows[reference] = .some(.some(addition.id))
+                }
+            }
+        }
     }
 
     /// Applies another device's record through the vault's own add, update and delete, so its

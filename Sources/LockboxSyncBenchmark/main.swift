@@ -48,7 +48,10 @@ func machine(_ name: String) throws -> Vault {
     var configuration = Vault.Configuration()
     configuration.keyDerivation = .interactive
     configuration.device = DeviceIdentity(keyPath: root + "/\(name)/state/device-key")
-    try FileManager.default.createDirectory(atPath: root + "/\(name)/data", withIntermediateDirectories: true)
+    try FileManager.default.createDirectory(
+        atPath: root + "/\(name)/data", withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+    chmod(root, 0o700)
+    chmod(root + "/\(name)", 0o700)
     return try Vault.create(at: root + "/\(name)/data/default.lockbox", passphrase: SecretBytes(utf8: "benchmark"), configuration: configuration)
 }
 
