@@ -347,6 +347,7 @@ public final class SyncGroup: Sendable {
     /// are all row identifiers compared.
     func localChanges(state: SyncState) throws(LockboxError) -> (generation: Int, toRead: [Data], gone: [Data: String?]) {
         var scan = try vault.synchronizableChanges(since: state.generation)
+        if scan.isUnchanged { return (scan.generation, [], [:]) }
         var unknown = 0
         for reference in scan.changed where try state.row(reference) == nil { unknown += 1 }
         var toRead = scan.changed

@@ -14,6 +14,9 @@ public struct SynchronizableChanges: Sendable {
     public var changed: [Data]
     /// Persistent references of every synchronizable row, when asked for (`listingAll`).
     public var all: Set<Data>?
+    /// True when the vault's generation is still `since`: nothing was written, and the rows
+    /// were not listed (`count` is then 0).
+    public var isUnchanged = false
 }
 
 extension Vault {
@@ -22,7 +25,8 @@ extension Vault {
     /// cost is one pass over the rows' identifiers, not a decryption of every item.
     ///
     /// Nothing is opened, so nothing here is trusted as content: read each changed row through
-    /// ``items(matching:)`` (which authenticates it) before using it. A row whose generation
+    /// ``items(matching:)`` (which authenticates it) before using it. When nothing was written
+    /// since `since`, the answer says so without listing (``SynchronizableChanges/isUnchanged``). A row whose generation
     /// column was edited fails that authentication when read.
     ///
     /// - Parameters:
@@ -34,6 +38,10 @@ extension Vault {
             try state.database.readTransaction { () throws(LockboxError) -> SynchronizableChanges in
                 let integrity = try currentIntegrity(state)
                 let generation = integrity.state?.generation ?? 0
+                // Every write moves the generation: an unchanged one needs no listing.
+                if generation == since && since > 0 && !listingAll {
+                    return SynchronizableChanges(generation: generation, count: 0, changed: [], all: nil, isUnchanged: true)
+                }
                 let statement = try state.database.statement("SELECT id, version FROM items WHERE synchronizable = 1")
                 defer { statement.reset() }
                 var changes = SynchronizableChanges(generation: generation, count: 0, changed: [], all: listingAll ? [] : nil)

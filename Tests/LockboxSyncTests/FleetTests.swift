@@ -64,8 +64,22 @@ extension SyncTests {
             let line = String(output.prefix { $0 != "\t" })
             return (try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any]) ?? ["outcome": "no answer: \(output)"]
         }
+        // The sign-in's tokens are canaries: they must never be found in the database.
+        let canaries = [makeCanary("fleet-access"), makeCanary("fleet-refresh")]
+        try await server.admin("POST", "test/faults", ["canary_access_token": canaries[0], "canary_refresh_token": canaries[1]])
         let signIn = parsed(worker(0, ["sign-in"], timeout: 60))
         #expect(signIn["outcome"] as? String == "ok", "sign-in: \(signIn)")
+        // The database holds the signed-in session sealed: neither canary token in clear.
+        let rows = try PostgresConnection(database).execute(
+            "SELECT session_id, version, refresh_token, access_token FROM lockbox_fleet_sessions WHERE group_id = $1",
+            [.text(groups[0].groupID)])
+        #expect(rows.count == 1 && rows.first?[2] != nil && rows.first?[3] != nil, "the session is not in the database")
+        var stored: [UInt8] = []
+        for row in rows {
+            stored += Array((row[0] ?? "").utf8)
+            for column in [row[2], row[3]] where column != nil { stored += try PostgresConnection.bytes(column) }
+        }
+        for canary in canaries { #expect(!contains(stored, Array(canary.utf8)), "a token is in the database in clear") }
         let before = try await server.counters()
 
         let duration = 13.0
@@ -94,9 +108,5 @@ extension SyncTests {
         #expect(after["families_revoked"] == before["families_revoked"])
         #expect(after["refresh_rejections"] == before["refresh_rejections"])
         try await server.admin("POST", "test/faults", ["access_token_lifetime": 3600])
-        // The database holds the session sealed: neither token in clear.
-        let rows = try PostgresConnection(database).execute(
-            "SELECT session_id, version FROM lockbox_fleet_sessions WHERE group_id = $1", [.text(groups[0].groupID)])
-        #expect(rows.count == 1)
     }
 }

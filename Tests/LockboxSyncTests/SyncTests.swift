@@ -179,13 +179,20 @@ struct SyncTests {
         var dump = ""
         for table in [
             "lockbox_sync_groups", "lockbox_sync_items", "lockbox_sync_devices", "lockbox_sync_schema", "lockbox_sync_key_grants",
-            "lockbox_sync_invitations",
+            "lockbox_sync_invitations", "lockbox_fleet_sessions",
         ] {
             for row in try connection.execute("SELECT t::text FROM \(table) t") { dump += (row[0] ?? "") + "\n" }
         }
         var bytes = Array(dump.utf8)
-        for row in try connection.execute("SELECT payload FROM lockbox_sync_items") { bytes += try PostgresConnection.bytes(row[0]) }
-        for row in try connection.execute("SELECT key_wrap FROM lockbox_sync_groups") { bytes += try PostgresConnection.bytes(row[0]) }
+        for column in [
+            ("payload", "lockbox_sync_items"), ("key_wrap", "lockbox_sync_groups"), ("public_key", "lockbox_sync_devices"),
+            ("sealed_key", "lockbox_sync_key_grants"), ("key_wrap", "lockbox_sync_invitations"),
+            ("refresh_token", "lockbox_fleet_sessions"), ("access_token", "lockbox_fleet_sessions"),
+        ] {
+            for row in try connection.execute("SELECT \(column.0) FROM \(column.1) WHERE \(column.0) IS NOT NULL") {
+                bytes += try PostgresConnection.bytes(row[0])
+            }
+        }
         #expect(dump.contains(groups[0].groupID))
         for canary in canaries + ["mail.example", "alice"] {
             #expect(!contains(bytes, Array(canary.utf8)), "\(canary) is in the database in clear")
