@@ -45,3 +45,6 @@ int lockbox_pidfd_open(pid_t pid) {
 int lockbox_pidfd_probe(int pidfd) {
     return (int)syscall(SYS_pidfd_send_signal, pidfd, 0, NULL, 0);
 }
+
+#include <fcntl.h>
+_Static_assert(LOCKBOX_O_PATH == O_PATH, "O_PATH differs on this architecture");

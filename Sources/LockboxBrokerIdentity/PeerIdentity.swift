@@ -83,3 +83,11 @@ public struct PeerIdentity: Sendable, Hashable, CustomStringConvertible {
         try PeerIdentification(socket: socket, hashExecutable: hashExecutable, between: nil).run()
     }
 }
+
+extension PeerIdentity {
+    /// `identify`, calling `between` after the process is pinned and before anything else is
+    /// read, so that a test can make it exit in the middle.
+    package static func identify(socket: Int32, hashExecutable: Bool, between: @escaping () -> Void) throws(LockboxError) -> PeerIdentity {
+        try PeerIdentification(socket: socket, hashExecutable: hashExecutable, between: between).run()
+    }
+}

@@ -3,6 +3,9 @@
 
 #include <sys/types.h>
 
+/// O_PATH (an open that only names a file), which Glibc's Swift module hides behind _GNU_SOURCE.
+#define LOCKBOX_O_PATH 0x200000
+
 /// The credentials the kernel recorded for a Unix socket's peer when it connected
 /// (SO_PEERCRED). Returns 0, or -1 with errno set.
 int lockbox_peer_credentials(int socket, pid_t *pid, uid_t *uid, gid_t *gid);
