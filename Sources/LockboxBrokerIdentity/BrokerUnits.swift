@@ -87,7 +87,7 @@ public enum BrokerUnits {
 
     /// One `ExecStart=` word: as is when plain, else in double quotes; `%` and `$` doubled so
     /// that systemd expands neither.
-    static func execQuoted(_ word: String) -> String {
+    package static func execQuoted(_ word: String) -> String {
         let escaped = word.replacing("%", with: "%%").replacing("$", with: "$$")
         let plain = !word.isEmpty && word.utf8.allSatisfy { !" \t\"'\\;".utf8.contains($0) }
         if plain { return escaped }

@@ -1,6 +1,8 @@
 /// SHA-256 (FIPS 180-4), for pinning an executable: the broker hashes the file a peer runs and
 /// needs no cryptographic library for it.
-struct SHA256 {
+package struct SHA256 {
+    package init() {}
+
     private var state: [UInt32] = [
         0x6a09_e667, 0xbb67_ae85, 0x3c6e_f372, 0xa54f_f53a, 0x510e_527f, 0x9b05_688c, 0x1f83_d9ab, 0x5be0_cd19,
     ]
@@ -18,7 +20,7 @@ struct SHA256 {
         0x748f_82ee, 0x78a5_636f, 0x84c8_7814, 0x8cc7_0208, 0x90be_fffa, 0xa450_6ceb, 0xbef9_a3f7, 0xc671_78f2,
     ]
 
-    mutating func update(_ bytes: UnsafeRawBufferPointer) {
+    package mutating func update(_ bytes: UnsafeRawBufferPointer) {
         length &+= UInt64(bytes.count)
         var offset = 0
         if !pending.isEmpty {
@@ -37,12 +39,12 @@ struct SHA256 {
         if offset < bytes.count { pending.append(contentsOf: bytes[offset...]) }
     }
 
-    mutating func update(_ bytes: [UInt8]) {
+    package mutating func update(_ bytes: [UInt8]) {
         bytes.withUnsafeBytes { update($0) }
     }
 
     /// The digest, lower-case hexadecimal.
-    mutating func finalizeHex() -> String {
+    package mutating func finalizeHex() -> String {
         let bitLength = length &* 8
         var padding: [UInt8] = [0x80]
         let remainder = (pending.count + 1) % 64

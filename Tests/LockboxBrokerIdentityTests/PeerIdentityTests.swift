@@ -1,0 +1,159 @@
+import Foundation
+import LockboxBrokerIdentity
+import LockboxCore
+import LockboxTestSupport
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Real client processes connect to a real socket; the broker side identifies them.
+@Suite struct PeerIdentityTests {
+    @Test func connectedChild_isIdentifiedByExecutableUidPidAndStartTime() throws {
+        let listener = try Listener()
+        let client = try ClientProcess(connectingTo: listener.path)
+        defer { client.finish() }
+        let connection = try listener.accept()
+        defer { close(connection) }
+
+        let identity = try PeerIdentity.identify(socket: connection)
+
+        #expect(identity.pid == client.pid)
+        #expect(identity.uid == geteuid())
+        #expect(identity.executablePath == realPath(systemPython))
+        #expect(identity.startTime == (try startTime(of: client.pid)))
+        #expect(identity.executableSHA256 == nil)
+        let cgroup = try String(contentsOfFile: "/proc/\(client.pid)/cgroup", encoding: .utf8)
+        if let unit = SystemdCgroup.userService(cgroupFile: cgroup, uid: geteuid()) {
+            #expect(identity.kind == .systemdUnit(unit))
+        } else {
+            #expect(identity.kind == .executable(path: realPath(systemPython)))
+            #expect(identity.name == "exe:" + realPath(systemPython))
+        }
+    }
+
+    @Test func hashedExecutable_isTheRunningFileEvenAfterThePathIsReplaced() throws {
+        let listener = try Listener()
+        let copy = listener.directory.file("client-a")
+        _ = try run("/bin/cp", [realPath(systemPython), copy])
+        let expected = try sha256sum(copy)
+        let client = try ClientProcess(connectingTo: listener.path, program: [copy], environment: ["PYTHONHOME": "/usr"])
+        defer { client.finish() }
+        let connection = try listener.accept()
+        defer { close(connection) }
+
+        // Another program is put at the path: the process still runs the file it started from.
+        let replacement = listener.directory.file("replacement")
+        _ = try run("/bin/cp", ["/bin/true", replacement])
+        #expect(rename(replacement, copy) == 0)
+        let identity = try PeerIdentity.identify(socket: connection, hashExecutable: true)
+
+        #expect(identity.executablePath == copy)
+        #expect(identity.executableSHA256 == expected)
+        #expect(identity.executableSHA256 != (try sha256sum(copy)))
+    }
+
+    @Test func twoExecutables_haveTwoIdentities() throws {
+        let listener = try Listener()
+        var names: [String] = []
+        for name in ["client-a", "client-b"] {
+            let copy = listener.directory.file(name)
+            _ = try run("/bin/cp", [realPath(systemPython), copy])
+            let client = try ClientProcess(connectingTo: listener.path, program: [copy], environment: ["PYTHONHOME": "/usr"])
+            let connection = try listener.accept()
+            defer { close(connection) }
+            names.append(try PeerIdentity.identify(socket: connection).name)
+            client.finish()
+        }
+        #expect(names == ["exe:" + listener.directory.file("client-a"), "exe:" + listener.directory.file("client-b")])
+    }
+
+    @Test func processThatExitedAndWasReaped_isRefused() throws {
+        let listener = try Listener()
+        let client = try ClientProcess(connectingTo: listener.path, exitAtOnce: true)
+        let connection = try listener.accept()
+        defer { close(connection) }
+        #expect(client.reap() == 0)
+
+        let error = #expect(throws: LockboxError.self) { try PeerIdentity.identify(socket: connection) }
+        #expect(error?.code == .authFailed)
+        #expect(error?.message.contains("exited") == true)
+    }
+
+    @Test func zombieProcess_isRefused() throws {
+        let listener = try Listener()
+        let client = try ClientProcess(connectingTo: listener.path, exitAtOnce: true)
+        defer { client.reap() }
+        let connection = try listener.accept()
+        defer { close(connection) }
+        try client.waitUntilZombie()
+
+        let error = #expect(throws: LockboxError.self) { try PeerIdentity.identify(socket: connection) }
+        #expect(error?.code == .authFailed)
+    }
+
+    @Test(arguments: [true, false])
+    func processKilledMidIdentification_isRefused(reaped: Bool) throws {
+        let listener = try Listener()
+        let client = try ClientProcess(connectingTo: listener.path)
+        defer { client.reap() }
+        let connection = try listener.accept()
+        defer { close(connection) }
+
+        let error = #expect(throws: LockboxError.self) {
+            try PeerIdentity.identify(socket: connection, hashExecutable: true) {
+                client.kill()
+                if reaped { client.reap() } else { try? client.waitUntilZombie() }
+            }
+        }
+        #expect(error?.code == .authFailed)
+        #expect(error?.message.contains("exited") == true)
+    }
+
+    @Test(.enabled(if: geteuid() == 0, "needs root to run a client as another user"))
+    func clientOfAnotherUser_isRefused() throws {
+        let listener = try Listener(mode: 0o755)
+        let client = try ClientProcess(
+            connectingTo: listener.path, program: ["/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", systemPython])
+        defer { client.finish() }
+        let connection = try listener.accept()
+        defer { close(connection) }
+
+        let error = #expect(throws: LockboxError.self) { try PeerIdentity.identify(socket: connection) }
+        #expect(error?.code == .authFailed)
+        #expect(error?.message.contains("runs as user 65534") == true)
+    }
+
+    /// A non-dumpable client hides /proc/PID/exe from processes without CAP_SYS_PTRACE: an
+    /// ordinary user's broker refuses it with the reason, root's identifies it.
+    @Test func nonDumpableClient_isRefusedByAnOrdinaryUsersBroker() throws {
+        let listener = try Listener()
+        let client = try ClientProcess(
+            connectingTo: listener.path, beforeConnect: "import ctypes; assert ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) == 0")
+        defer { client.finish() }
+        let connection = try listener.accept()
+        defer { close(connection) }
+
+        if geteuid() == 0 {
+            #expect(try PeerIdentity.identify(socket: connection).executablePath == realPath(systemPython))
+        } else {
+            let error = #expect(throws: LockboxError.self) { try PeerIdentity.identify(socket: connection) }
+            #expect(error?.code == .authFailed)
+            #expect(error?.message.contains("PR_SET_DUMPABLE") == true)
+        }
+    }
+
+    @Test func notAUnixSocket_isAnIOError() throws {
+        var ends: [Int32] = [0, 0]
+        #expect(pipe(&ends) == 0)
+        defer { ends.forEach { close($0) } }
+        let error = #expect(throws: LockboxError.self) { try PeerIdentity.identify(socket: ends[0]) }
+        #expect(error?.code == .io)
+    }
+}
+
+func sha256sum(_ path: String) throws -> String {
+    let result = try run("/usr/bin/sha256sum", [path])
+    return String(String(decoding: result.standardOutputBytes, as: UTF8.self).prefix(64))
+}
