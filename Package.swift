@@ -163,7 +163,7 @@ let package = Package(
         // binaries (`swift build` makes them) rather than depend on these targets: a test target
         // that depends on an executable target links its objects, and so its link flags.
         .executableTarget(
-            name: "LockboxCLI", dependencies: ["Lockbox", "LockboxCommandLine", "KeyProviders", "CProcessHardening"],
+            name: "LockboxCLI", dependencies: ["Lockbox", "LockboxCommandLine", "KeyProviders", "CProcessHardening", "LockboxBrokerIdentity"],
             swiftSettings: staticRuntime, linkerSettings: staticRuntimeLink),
         .executableTarget(
             name: "LockboxOAuthCLI", dependencies: ["Lockbox", "LockboxCommandLine", "LockboxAuth", "LockboxAuthKeyring", "LockboxCurlTransport", "CProcessHardening"],

@@ -94,6 +94,14 @@ public enum BrokerUnits {
         return "\"" + escaped.replacing("\\", with: "\\\\").replacing("\"", with: "\\\"") + "\""
     }
 
+    /// `lockboxd` beside this process's executable (installed with `lockbox`).
+    public static var defaultBrokerExecutable: String {
+        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
+        let count = readlink("/proc/self/exe", &buffer, buffer.count - 1)
+        let own = count > 0 ? String(decoding: buffer[0..<count].map { UInt8(bitPattern: $0) }, as: UTF8.self) : ""
+        return (own.lastIndex(of: "/").map { String(own[...$0]) } ?? "/usr/bin/") + "lockboxd"
+    }
+
     /// `$XDG_RUNTIME_DIR`, where a running user manager has its private socket.
     public static var environmentRuntimeDirectory: String? { ProcessEnvironment.value("XDG_RUNTIME_DIR") }
 
@@ -124,11 +132,16 @@ public enum BrokerUnits {
     ///   - directory: the unit directory; `defaultDirectory` when nil.
     ///   - runtimeDirectory: where to look for a running user manager (`$XDG_RUNTIME_DIR`).
     /// - Throws: `duplicateItem` for a unit file that is not Lockbox's; `param` for a bad
-    ///   command; `io` when a file cannot be written or `systemctl` fails.
+    ///   command or a program that is not there; `io` when a file cannot be written or `systemctl` fails.
     public static func install(
         brokerCommand: [String], directory: String? = nil, runtimeDirectory: String? = BrokerUnits.environmentRuntimeDirectory
     ) throws(LockboxError) -> Outcome {
         let directory = directory ?? defaultDirectory
+        if let program = brokerCommand.first, program.hasPrefix("/"), access(program, X_OK) != 0 {
+            throw LockboxError(
+                .param, "\(program) is not an executable program, so systemd could not start the broker. "
+                    + "Build lockboxd (swift build -c release --product lockboxd), install it there, or give its path with --lockboxd.")
+        }
         let units = [(socketUnitName, socketUnit), (serviceUnitName, try serviceUnit(brokerCommand: brokerCommand))]
         try UnitFiles.makeDirectories(directory + "/sockets.target.wants")
         for (name, _) in units { try UnitFiles.checkReplaceable(directory + "/" + name) }
