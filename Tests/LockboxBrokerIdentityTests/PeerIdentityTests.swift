@@ -144,6 +144,26 @@ import Glibc
         }
     }
 
+    @Test func programRunFromAMemfd_isRefused() throws {
+        let listener = try Listener()
+        let inner = "import socket, sys; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); sys.stdin.buffer.read()"
+        let outer = """
+            import os, sys
+            fd = os.memfd_create("client", 0)
+            with open("\(realPath(systemPython))", "rb") as f:
+                os.write(fd, f.read())
+            os.execve(f"/proc/self/fd/{fd}", ["python3", "-c", sys.argv[1], sys.argv[2]], dict(os.environ, PYTHONHOME="/usr"))
+            """
+        let client = try ClientProcess([systemPython, "-c", outer, inner, listener.path])
+        defer { client.finish() }
+        let connection = try listener.accept()
+        defer { close(connection) }
+
+        let error = #expect(throws: LockboxError.self) { try PeerIdentity.identify(socket: connection) }
+        #expect(error?.code == .authFailed)
+        #expect(error?.message.contains("/memfd:client") == true)
+    }
+
     @Test func notAUnixSocket_isAnIOError() throws {
         var ends: [Int32] = [0, 0]
         #expect(pipe(&ends) == 0)

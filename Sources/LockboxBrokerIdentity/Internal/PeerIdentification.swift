@@ -56,7 +56,8 @@ struct PeerIdentification {
         } else if let unit = SystemdCgroup.userService(cgroupFile: try Self.text(process, "cgroup", pid), uid: uid) {
             kind = .systemdUnit(unit)
         } else {
-            guard executablePath.hasPrefix("/") else {
+            // A memfd's target is "/memfd:NAME (deleted)": no file anyone can name.
+            guard executablePath.hasPrefix("/"), !executablePath.hasPrefix("/memfd:") else {
                 throw Self.refused("Process \(pid) runs no file with a path (\(executablePath)); only programs run from a file can be identified.")
             }
             kind = .executable(path: executablePath)
