@@ -86,8 +86,13 @@ public struct PeerIdentity: Sendable, Hashable, CustomStringConvertible {
 
 extension PeerIdentity {
     /// `identify`, calling `between` after the process is pinned and before anything else is
-    /// read, so that a test can make it exit in the middle.
-    package static func identify(socket: Int32, hashExecutable: Bool, between: @escaping () -> Void) throws(LockboxError) -> PeerIdentity {
-        try PeerIdentification(socket: socket, hashExecutable: hashExecutable, between: between).run()
+    /// read, so that a test can make it exit in the middle; with `socketPidfd` false, the pidfd
+    /// comes from `pidfd_open` as on kernels without `SO_PEERPIDFD`.
+    package static func identify(
+        socket: Int32, hashExecutable: Bool = false, socketPidfd: Bool, between: (() -> Void)? = nil
+    ) throws(LockboxError) -> PeerIdentity {
+        var identification = PeerIdentification(socket: socket, hashExecutable: hashExecutable, between: between)
+        identification.socketPidfd = socketPidfd
+        return try identification.run()
     }
 }

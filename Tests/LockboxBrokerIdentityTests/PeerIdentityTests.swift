@@ -10,14 +10,18 @@ import Glibc
 
 /// Real client processes connect to a real socket; the broker side identifies them.
 @Suite struct PeerIdentityTests {
-    @Test func connectedChild_isIdentifiedByExecutableUidPidAndStartTime() throws {
+    /// Both ways of pinning: the kernel's SO_PEERPIDFD, and pidfd_open as older kernels do.
+    static let pinnings = [true, false]
+
+    @Test(arguments: pinnings)
+    func connectedChild_isIdentifiedByExecutableUidPidAndStartTime(socketPidfd: Bool) throws {
         let listener = try Listener()
         let client = try ClientProcess(connectingTo: listener.path)
         defer { client.finish() }
         let connection = try listener.accept()
         defer { close(connection) }
 
-        let identity = try PeerIdentity.identify(socket: connection)
+        let identity = try PeerIdentity.identify(socket: connection, socketPidfd: socketPidfd)
 
         #expect(identity.pid == client.pid)
         #expect(identity.uid == geteuid())
@@ -69,19 +73,21 @@ import Glibc
         #expect(names == ["exe:" + listener.directory.file("client-a"), "exe:" + listener.directory.file("client-b")])
     }
 
-    @Test func processThatExitedAndWasReaped_isRefused() throws {
+    @Test(arguments: pinnings)
+    func processThatExitedAndWasReaped_isRefused(socketPidfd: Bool) throws {
         let listener = try Listener()
         let client = try ClientProcess(connectingTo: listener.path, exitAtOnce: true)
         let connection = try listener.accept()
         defer { close(connection) }
         #expect(client.reap() == 0)
 
-        let error = #expect(throws: LockboxError.self) { try PeerIdentity.identify(socket: connection) }
+        let error = #expect(throws: LockboxError.self) { try PeerIdentity.identify(socket: connection, socketPidfd: socketPidfd) }
         #expect(error?.code == .authFailed)
         #expect(error?.message.contains("exited") == true)
     }
 
-    @Test func zombieProcess_isRefused() throws {
+    @Test(arguments: pinnings)
+    func zombieProcess_isRefused(socketPidfd: Bool) throws {
         let listener = try Listener()
         let client = try ClientProcess(connectingTo: listener.path, exitAtOnce: true)
         defer { client.reap() }
@@ -89,12 +95,12 @@ import Glibc
         defer { close(connection) }
         try client.waitUntilZombie()
 
-        let error = #expect(throws: LockboxError.self) { try PeerIdentity.identify(socket: connection) }
+        let error = #expect(throws: LockboxError.self) { try PeerIdentity.identify(socket: connection, socketPidfd: socketPidfd) }
         #expect(error?.code == .authFailed)
     }
 
-    @Test(arguments: [true, false])
-    func processKilledMidIdentification_isRefused(reaped: Bool) throws {
+    @Test(arguments: [true, false], pinnings)
+    func processKilledMidIdentification_isRefused(reaped: Bool, socketPidfd: Bool) throws {
         let listener = try Listener()
         let client = try ClientProcess(connectingTo: listener.path)
         defer { client.reap() }
@@ -102,7 +108,7 @@ import Glibc
         defer { close(connection) }
 
         let error = #expect(throws: LockboxError.self) {
-            try PeerIdentity.identify(socket: connection, hashExecutable: true) {
+            try PeerIdentity.identify(socket: connection, hashExecutable: true, socketPidfd: socketPidfd) {
                 client.kill()
                 if reaped { client.reap() } else { try? client.waitUntilZombie() }
             }

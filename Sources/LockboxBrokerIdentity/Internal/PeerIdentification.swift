@@ -11,6 +11,9 @@ struct PeerIdentification {
     let socket: Int32
     let hashExecutable: Bool
     let between: (() -> Void)?
+    /// Whether the kernel's `SO_PEERPIDFD` is asked first (tests also run the `pidfd_open` path
+    /// that kernels before 6.5 take).
+    var socketPidfd = true
 
     /// `.flatpak-info` is a few hundred bytes; anything this large is not one.
     static let flatpakInfoLimit = 64 * 1024
@@ -35,7 +38,7 @@ struct PeerIdentification {
             throw Self.refused("The kernel names no process for the client (it is in a pid namespace the broker cannot see).")
         }
 
-        let pidfd = try Self.pidfd(socket: socket, pid: pid)
+        let pidfd = try Self.pidfd(socket: socket, pid: pid, fromSocket: socketPidfd)
         guard let process = FileDescriptor.open("/proc/\(pid)", flags: LOCKBOX_O_PATH | O_DIRECTORY) else {
             throw Self.exited(pid)
         }
@@ -93,19 +96,22 @@ struct PeerIdentification {
 
     /// The kernel's pidfd for the peer (SO_PEERPIDFD, taken when it connected), else one opened
     /// now for its pid (older kernels: the start-time check then covers the gap).
-    static func pidfd(socket: Int32, pid: pid_t) throws(LockboxError) -> FileDescriptor {
-        let fromSocket = lockbox_peer_pidfd(socket)
-        if fromSocket >= 0 {
-            let descriptor = FileDescriptor(fromSocket)
-            // The pid the pidfd refers to now: -1 once the process has been reaped.
-            guard let pidLine = fdinfoPid(descriptor.raw) else { return descriptor }
-            guard pidLine == pid else { throw exited(pid) }
-            return descriptor
-        }
-        let socketErrno = errno
-        guard socketErrno == ENOPROTOOPT || socketErrno == EINVAL else {
-            if socketErrno == ESRCH { throw exited(pid) }
-            throw LockboxError(.io, "Taking the client's pidfd failed.", cause: .systemCall("getsockopt(SO_PEERPIDFD)", errno: socketErrno))
+    static func pidfd(socket: Int32, pid: pid_t, fromSocket useSocket: Bool) throws(LockboxError) -> FileDescriptor {
+        if useSocket {
+            let fromSocket = lockbox_peer_pidfd(socket)
+            if fromSocket >= 0 {
+                let descriptor = FileDescriptor(fromSocket)
+                // The pid the pidfd refers to now: -1 once the process has been reaped.
+                guard let pidLine = fdinfoPid(descriptor.raw) else { return descriptor }
+                guard pidLine == pid else { throw exited(pid) }
+                return descriptor
+            }
+            let socketErrno = errno
+            guard socketErrno == ENOPROTOOPT || socketErrno == EINVAL else {
+                if socketErrno == ESRCH { throw exited(pid) }
+                throw LockboxError(
+                    .io, "Taking the client's pidfd failed.", cause: .systemCall("getsockopt(SO_PEERPIDFD)", errno: socketErrno))
+            }
         }
         let opened = lockbox_pidfd_open(pid)
         guard opened >= 0 else {
