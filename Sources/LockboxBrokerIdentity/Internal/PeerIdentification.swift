@@ -1,5 +1,6 @@
 import CPeerIdentity
 import LockboxCore
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -211,8 +212,32 @@ struct PeerIdentification {
             }
             throw exited(pid)
         }
+        guard let status = executable.status() else { throw exited(pid) }
+        let version = FileVersion(status)
+        if let known = digests.withLock({ $0[version] }) { return known }
         var hash = SHA256()
         guard executable.readChunks({ hash.update($0) }) else { throw exited(pid) }
-        return hash.finalizeHex()
+        let digest = hash.finalizeHex()
+        digests.withLock { cache in
+            if cache.count >= 256 { cache.removeAll() }
+            cache[version] = digest
+        }
+        return digest
     }
+
+    /// One version of a file: writing to it, or replacing it, changes the modification and
+    /// change times (and a file being executed cannot be opened for writing at all).
+    struct FileVersion: Hashable {
+        let fields: [Int]
+        init(_ status: stat) {
+            fields = [
+                Int(status.st_dev), Int(status.st_ino), Int(status.st_size), Int(status.st_mtim.tv_sec), Int(status.st_mtim.tv_nsec),
+                Int(status.st_ctim.tv_sec), Int(status.st_ctim.tv_nsec),
+            ]
+        }
+    }
+
+    /// Digests of executables already hashed, so that a program that connects again costs a
+    /// `fstat`, not a read of its whole file.
+    static let digests = Mutex<[FileVersion: String]>([:])
 }

@@ -62,35 +62,40 @@ package struct SHA256 {
     }
 
     private mutating func compress(_ block: UnsafeRawBufferPointer) {
-        var schedule = [UInt32](repeating: 0, count: 64)
-        for index in 0..<16 {
-            schedule[index] =
-                UInt32(block[4 * index]) << 24 | UInt32(block[4 * index + 1]) << 16 | UInt32(block[4 * index + 2]) << 8
-                | UInt32(block[4 * index + 3])
+        // The message schedule lives on the stack: one heap allocation per block would cost
+        // more than the rounds.
+        withUnsafeTemporaryAllocation(of: UInt32.self, capacity: 64) { schedule in
+            for index in 0..<16 {
+                schedule[index] =
+                    UInt32(block[4 * index]) << 24 | UInt32(block[4 * index + 1]) << 16 | UInt32(block[4 * index + 2]) << 8
+                    | UInt32(block[4 * index + 3])
+            }
+            for index in 16..<64 {
+                let s0 = rotate(schedule[index - 15], 7) ^ rotate(schedule[index - 15], 18) ^ (schedule[index - 15] >> 3)
+                let s1 = rotate(schedule[index - 2], 17) ^ rotate(schedule[index - 2], 19) ^ (schedule[index - 2] >> 10)
+                schedule[index] = schedule[index - 16] &+ s0 &+ schedule[index - 7] &+ s1
+            }
+            var (a, b, c, d, e, f, g, h) = (state[0], state[1], state[2], state[3], state[4], state[5], state[6], state[7])
+            Self.roundConstants.withUnsafeBufferPointer { constants in
+                for index in 0..<64 {
+                    let sum1 = rotate(e, 6) ^ rotate(e, 11) ^ rotate(e, 25)
+                    let choice = (e & f) ^ (~e & g)
+                    let temporary1 = h &+ sum1 &+ choice &+ constants[index] &+ schedule[index]
+                    let sum0 = rotate(a, 2) ^ rotate(a, 13) ^ rotate(a, 22)
+                    let majority = (a & b) ^ (a & c) ^ (b & c)
+                    let temporary2 = sum0 &+ majority
+                    (h, g, f, e, d, c, b, a) = (g, f, e, d &+ temporary1, c, b, a, temporary1 &+ temporary2)
+                }
+            }
+            state[0] &+= a
+            state[1] &+= b
+            state[2] &+= c
+            state[3] &+= d
+            state[4] &+= e
+            state[5] &+= f
+            state[6] &+= g
+            state[7] &+= h
         }
-        for index in 16..<64 {
-            let s0 = rotate(schedule[index - 15], 7) ^ rotate(schedule[index - 15], 18) ^ (schedule[index - 15] >> 3)
-            let s1 = rotate(schedule[index - 2], 17) ^ rotate(schedule[index - 2], 19) ^ (schedule[index - 2] >> 10)
-            schedule[index] = schedule[index - 16] &+ s0 &+ schedule[index - 7] &+ s1
-        }
-        var (a, b, c, d, e, f, g, h) = (state[0], state[1], state[2], state[3], state[4], state[5], state[6], state[7])
-        for index in 0..<64 {
-            let sum1 = rotate(e, 6) ^ rotate(e, 11) ^ rotate(e, 25)
-            let choice = (e & f) ^ (~e & g)
-            let temporary1 = h &+ sum1 &+ choice &+ Self.roundConstants[index] &+ schedule[index]
-            let sum0 = rotate(a, 2) ^ rotate(a, 13) ^ rotate(a, 22)
-            let majority = (a & b) ^ (a & c) ^ (b & c)
-            let temporary2 = sum0 &+ majority
-            (h, g, f, e, d, c, b, a) = (g, f, e, d &+ temporary1, c, b, a, temporary1 &+ temporary2)
-        }
-        state[0] &+= a
-        state[1] &+= b
-        state[2] &+= c
-        state[3] &+= d
-        state[4] &+= e
-        state[5] &+= f
-        state[6] &+= g
-        state[7] &+= h
     }
 
     private func rotate(_ value: UInt32, _ count: UInt32) -> UInt32 { value >> count | value << (32 - count) }
