@@ -35,7 +35,6 @@ public enum BrokerUnits {
         \(marker)
         [Unit]
         Description=Lockbox keychain broker socket
-        Documentation=file:///usr/share/doc/lockbox/BROKER.md
 
         [Socket]
         ListenStream=%t/lockbox/lockboxd.sock
@@ -53,7 +52,6 @@ public enum BrokerUnits {
         \(marker)
         [Unit]
         Description=Lockbox keychain broker
-        Documentation=file:///usr/share/doc/lockbox/BROKER.md
         Requires=lockboxd.socket
         After=lockboxd.socket
 
