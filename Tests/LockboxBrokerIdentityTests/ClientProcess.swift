@@ -36,6 +36,8 @@ final class Listener {
         guard poll(&poller, 1, 20_000) == 1 else { throw TestFailure("no client connected to \(path) within 20 s") }
         let connection = Glibc.accept(descriptor, nil, nil)
         guard connection >= 0 else { throw TestFailure("accept: errno \(errno)") }
+        // Not inherited by the clients other tests start meanwhile.
+        _ = fcntl(connection, F_SETFD, FD_CLOEXEC)
         return connection
     }
 

@@ -1,3 +1,4 @@
+import CPeerIdentity
 import Foundation
 import LockboxBrokerIdentity
 import LockboxCore
@@ -115,6 +116,116 @@ import Glibc
         }
         #expect(error?.code == .authFailed)
         #expect(error?.message.contains("exited") == true)
+    }
+
+    /// The process that connected hands the connection to a child and closes its own end. The
+    /// kernel's SO_PEERPIDFD still names the process that connected (it is alive); a pidfd
+    /// opened by number is only trusted for a process that holds the connection, so that path
+    /// refuses it.
+    @Test func connectionGivenAwayByItsProcess_isRefusedWhenPinnedByNumber() throws {
+        let listener = try Listener()
+        let client = try ClientProcess(
+            [
+                systemPython, "-c",
+                """
+                import ctypes, os, socket, sys
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.connect(sys.argv[1])
+                if os.fork() == 0:
+                    ctypes.CDLL(None).prctl(1, 9)
+                    sys.stdin.buffer.read()
+                    os._exit(0)
+                s.close()
+                sys.stdin.buffer.read()
+                """,
+                listener.path,
+            ])
+        defer { client.finish() }
+        let connection = try listener.accept()
+        defer { close(connection) }
+        // The child has the connection once the parent no longer holds its end.
+        let connected = client.pid
+        var peerInode: UInt32 = 0
+        #expect(lockbox_unix_peer_inode(connection, &peerInode) == 0)
+        func holdsASocket() -> Bool {
+            let descriptors = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(connected)/fd")) ?? []
+            return descriptors.contains {
+                (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(connected)/fd/\($0)")) == "socket:[\(peerInode)]"
+            }
+        }
+        var waited = 0
+        while holdsASocket() && waited < 400 {
+            usleep(25_000)
+            waited += 1
+        }
+        try #require(!holdsASocket(), "process \(connected) kept its socket")
+
+        let error = #expect(throws: LockboxError.self) { try PeerIdentity.identify(socket: connection, socketPidfd: false) }
+        #expect(error?.code == .authFailed)
+        #expect(error?.message.contains("does not hold the connection") == true, "\(error?.message ?? "")")
+        #expect(try PeerIdentity.identify(socket: connection, socketPidfd: true).pid == connected)
+    }
+
+    /// The attack pinning exists for: the process that connected exits, leaving the connection
+    /// to a child, and another program is started under its process number (clone3 with
+    /// set_tid, which needs root). Neither path identifies the newcomer.
+    @Test(.enabled(if: geteuid() == 0, "needs root to choose a new process's number (clone3 set_tid)"))
+    func processNumberReusedAfterTheClientExited_isRefused() throws {
+        let listener = try Listener()
+        let client = try ClientProcess(
+            [
+                systemPython, "-c",
+                """
+                import os, socket, sys
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.connect(sys.argv[1])
+                if os.fork() == 0:
+                    sys.stdin.buffer.read()
+                os._exit(0)
+                """,
+                listener.path,
+            ])
+        defer { client.finish() }
+        let connection = try listener.accept()
+        defer { close(connection) }
+        #expect(client.reap() == 0)
+        let number = client.pid
+
+        // A program started under the same number, by clone3(set_tid).
+        let impostor = try ClientProcess([
+            systemPython, "-c",
+            """
+            import ctypes, os, struct, sys
+            libc = ctypes.CDLL(None, use_errno=True)
+            tid = (ctypes.c_int * 1)(int(sys.argv[1]))
+            arguments = ctypes.create_string_buffer(struct.pack("11Q", 0, 0, 0, 0, 17, 0, 0, 0, ctypes.addressof(tid), 1, 0))
+            child = libc.syscall(435, arguments, 88)
+            if child == 0:
+                os.execv("/usr/bin/python3", ["python3", "-c", "import sys; sys.stdin.buffer.read()"])
+            if child < 0:
+                print("clone3:", os.strerror(ctypes.get_errno()), file=sys.stderr)
+                sys.exit(1)
+            os.waitpid(child, 0)
+            """,
+            String(number),
+        ])
+        defer { impostor.finish() }
+        var started = false
+        for _ in 0..<400 {
+            if let link = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(number)/exe"), link.contains("python") {
+                started = true
+                break
+            }
+            usleep(25_000)
+        }
+        try #require(started, "no process took number \(number) (clone3 with set_tid failed, or the number was taken)")
+
+        for socketPidfd in [false, true] {
+            let error = #expect(throws: LockboxError.self) { try PeerIdentity.identify(socket: connection, socketPidfd: socketPidfd) }
+            #expect(error?.code == .authFailed)
+        }
+        let byNumber = #expect(throws: LockboxError.self) { try PeerIdentity.identify(socket: connection, socketPidfd: false) }
+        #expect(byNumber?.message.contains("does not hold the connection") == true, "\(byNumber?.message ?? "")")
     }
 
     @Test(.enabled(if: geteuid() == 0, "needs root to run a client as another user"))

@@ -22,4 +22,9 @@ int lockbox_pidfd_open(pid_t pid);
 /// errno ESRCH once it has been reaped.
 int lockbox_pidfd_probe(int pidfd);
 
+/// The inode of the socket at the other end of a connected Unix socket, asked of the kernel's
+/// socket diagnostics (NETLINK_SOCK_DIAG, UNIX_DIAG_PEER). Returns 0, or -1 with errno set
+/// (ENOENT when the kernel reports no peer).
+int lockbox_unix_peer_inode(int socket, unsigned int *peer_inode);
+
 #endif

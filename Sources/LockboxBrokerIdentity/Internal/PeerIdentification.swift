@@ -39,7 +39,7 @@ struct PeerIdentification {
             throw Self.refused("The kernel names no process for the client (it is in a pid namespace the broker cannot see).")
         }
 
-        let pidfd = try Self.pidfd(socket: socket, pid: pid, fromSocket: socketPidfd)
+        let (pidfd, fromSocket) = try Self.pidfd(socket: socket, pid: pid, fromSocket: socketPidfd)
         guard let process = FileDescriptor.open("/proc/\(pid)", flags: LOCKBOX_O_PATH | O_DIRECTORY) else {
             throw Self.exited(pid)
         }
@@ -48,8 +48,12 @@ struct PeerIdentification {
         try Self.checkAlive(pidfd, pid)
         let startTime = try Self.startTime(process, pid)
         guard startTime <= startedBy else {
-            throw Self.refused("Process \(pid) started after the connection was made: its number was reused; connect again.")
+            throw Self.refused("process \(pid) started after the connection was made: its number was reused; connect again.")
         }
+        // A pidfd opened by number may name a later process that reuses the number of one that
+        // connected and exited (leaving the connection to another): that process does not hold
+        // the connection's other end.
+        if !fromSocket { try Self.checkHoldsPeer(of: socket, process, pid) }
 
         between?()
 
@@ -97,15 +101,15 @@ struct PeerIdentification {
 
     /// The kernel's pidfd for the peer (SO_PEERPIDFD, taken when it connected), else one opened
     /// now for its pid (older kernels: the start-time check then covers the gap).
-    static func pidfd(socket: Int32, pid: pid_t, fromSocket useSocket: Bool) throws(LockboxError) -> FileDescriptor {
+    static func pidfd(socket: Int32, pid: pid_t, fromSocket useSocket: Bool) throws(LockboxError) -> (FileDescriptor, fromSocket: Bool) {
         if useSocket {
             let fromSocket = lockbox_peer_pidfd(socket)
             if fromSocket >= 0 {
                 let descriptor = FileDescriptor(fromSocket)
                 // The pid the pidfd refers to now: -1 once the process has been reaped.
-                guard let pidLine = fdinfoPid(descriptor.raw) else { return descriptor }
+                guard let pidLine = fdinfoPid(descriptor.raw) else { return (descriptor, true) }
                 guard pidLine == pid else { throw exited(pid) }
-                return descriptor
+                return (descriptor, true)
             }
             let socketErrno = errno
             guard socketErrno == ENOPROTOOPT || socketErrno == EINVAL else {
@@ -121,7 +125,43 @@ struct PeerIdentification {
                 .io, "Opening a pidfd for process \(pid) failed; the broker needs Linux 5.3 or later.",
                 cause: .systemCall("pidfd_open", errno: errno))
         }
-        return FileDescriptor(opened)
+        return (FileDescriptor(opened), false)
+    }
+
+    /// Throws unless the process has a descriptor of the socket at the other end of `socket`.
+    static func checkHoldsPeer(of socket: Int32, _ process: FileDescriptor, _ pid: pid_t) throws(LockboxError) {
+        var peerInode: UInt32 = 0
+        guard lockbox_unix_peer_inode(socket, &peerInode) == 0 else {
+            if errno == ENOENT { throw exited(pid) }
+            throw LockboxError(
+                .notAvailable,
+                "The broker cannot ask the kernel which socket its client holds (NETLINK_SOCK_DIAG failed), which it needs on "
+                    + "kernels before 6.5 to pin a client against pid reuse. Load the unix_diag module (modprobe unix_diag).",
+                cause: .systemCall("sock_diag(UNIX_DIAG_PEER)", errno: errno))
+        }
+        guard let descriptors = FileDescriptor.open("fd", relativeTo: process, flags: O_RDONLY | O_DIRECTORY) else {
+            if errno == EACCES || errno == EPERM {
+                throw refused("process \(pid) is not dumpable (PR_SET_DUMPABLE 0), so the broker may not check that it holds the connection.")
+            }
+            throw exited(pid)
+        }
+        let expected = "socket:[\(peerInode)]"
+        let duplicate = dup(descriptors.raw)
+        guard duplicate >= 0 else { throw LockboxError(.io, "Duplicating a descriptor failed.", cause: .systemCall("dup", errno: errno)) }
+        guard let directory = fdopendir(duplicate) else {
+            close(duplicate)
+            throw exited(pid)
+        }
+        defer { closedir(directory) }
+        var buffer = [CChar](repeating: 0, count: 64)
+        while let entry = readdir(directory) {
+            let count = withUnsafeBytes(of: entry.pointee.d_name) { name in
+                readlinkat(descriptors.raw, name.baseAddress!.assumingMemoryBound(to: CChar.self), &buffer, buffer.count - 1)
+            }
+            guard count > 0 else { continue }
+            if String(decoding: buffer[0..<count].map { UInt8(bitPattern: $0) }, as: UTF8.self) == expected { return }
+        }
+        throw refused("process \(pid) does not hold the connection: it is not the process that connected (its number was reused).")
     }
 
     /// The `Pid:` line of a pidfd's fdinfo; nil when the kernel does not show one.
