@@ -33,10 +33,10 @@ struct PeerIdentification {
                 cause: .systemCall("getsockopt(SO_PEERCRED)", errno: errno))
         }
         guard uid == geteuid() else {
-            throw Self.refused("The client runs as user \(uid), not as the broker's user \(geteuid()); each user runs their own broker.")
+            throw Self.refused("the client runs as user \(uid), not as the broker's user \(geteuid()); each user runs their own broker.")
         }
         guard pid > 0 else {
-            throw Self.refused("The kernel names no process for the client (it is in a pid namespace the broker cannot see).")
+            throw Self.refused("the kernel names no process for the client (it is in a pid namespace the broker cannot see).")
         }
 
         let (pidfd, fromSocket) = try Self.pidfd(socket: socket, pid: pid, fromSocket: socketPidfd)
@@ -66,7 +66,7 @@ struct PeerIdentification {
         } else {
             // A memfd's target is "/memfd:NAME (deleted)": no file anyone can name.
             guard executablePath.hasPrefix("/"), !executablePath.hasPrefix("/memfd:") else {
-                throw Self.refused("Process \(pid) runs no file with a path (\(executablePath)); only programs run from a file can be identified.")
+                throw Self.refused("process \(pid) runs no file with a path (\(executablePath)); only programs run from a file can be identified.")
             }
             kind = .executable(path: executablePath)
         }
@@ -161,7 +161,9 @@ struct PeerIdentification {
             guard count > 0 else { continue }
             if String(decoding: buffer[0..<count].map { UInt8(bitPattern: $0) }, as: UTF8.self) == expected { return }
         }
-        throw refused("process \(pid) does not hold the connection: it is not the process that connected (its number was reused).")
+        throw refused(
+            "process \(pid) does not hold the connection, so it cannot be shown to be the process that connected (its number may "
+                + "have been reused); connect again from the process that uses the connection.")
     }
 
     /// The `Pid:` line of a pidfd's fdinfo; nil when the kernel does not show one.
