@@ -296,3 +296,32 @@ final class PolicyDirectory {
         #expect(hash.finalizeHex() == "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0")
     }
 }
+
+@Suite struct BrokerPolicyParserRobustnessTests {
+    /// Random mutations of a valid policy either parse or fail as errSecParam naming a line;
+    /// nothing else (no crash, no other code).
+    @Test func mutatedPolicies_parseOrFailWithALineNumber() {
+        var random = SeededGenerator("mutatedPolicies")
+        let base = Array(BrokerPolicyTests.policy.utf8)
+        let alphabet = Array("[]=#;,: \t\n\r/.-_abcAB09é\u{0}".utf8)
+        for _ in 0..<2000 {
+            var bytes = base
+            for _ in 0..<Int.random(in: 1...8, using: &random) {
+                let position = Int.random(in: 0..<bytes.count, using: &random)
+                switch Int.random(in: 0..<3, using: &random) {
+                case 0: bytes[position] = alphabet.randomElement(using: &random)!
+                case 1: bytes.insert(alphabet.randomElement(using: &random)!, at: position)
+                default: if bytes.count > 1 { bytes.remove(at: position) }
+                }
+            }
+            let text = String(decoding: bytes, as: UTF8.self)
+            do {
+                let policy = try BrokerPolicy(parsing: text, path: "mutated.conf")
+                #expect(policy.entries.allSatisfy { $0.executableSHA256.map { $0.utf8.count == 64 } ?? true }, "seed \(random.seed)")
+            } catch {
+                #expect(error.code == .param, "seed \(random.seed)")
+                #expect(error.message.hasPrefix("mutated.conf, line "), "seed \(random.seed): \(error.message)")
+            }
+        }
+    }
+}
