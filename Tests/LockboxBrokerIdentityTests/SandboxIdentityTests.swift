@@ -134,3 +134,35 @@ import Glibc
         #expect(try PeerIdentity.identify(socket: connection).kind == .systemdUnit(unit))
     }
 }
+
+/// The parsers of text another process controls (its `/.flatpak-info`, its cgroup path) answer
+/// every input with a valid name or nil.
+@Suite struct PeerTextParserRobustnessTests {
+    @Test func mutatedFlatpakInfoAndCgroupFiles_giveAValidNameOrNil() {
+        var random = SeededGenerator("peerTextParsers")
+        let flatpakInfo = Array("[Application]\nname=org.example.App\nruntime=runtime/x/y/z\n[Instance]\nid=1\n".utf8)
+        let cgroup = Array("0::/user.slice/user-1000.slice/user@1000.service/app.slice/backup.service\n".utf8)
+        let alphabet = Array("[]=#:/\n\r .-_@\\aZ9é\u{0}".utf8)
+        for _ in 0..<3000 {
+            for (sample, isFlatpak) in [(flatpakInfo, true), (cgroup, false)] {
+                var bytes = sample
+                for _ in 0..<Int.random(in: 1...6, using: &random) {
+                    let position = Int.random(in: 0..<bytes.count, using: &random)
+                    if Bool.random(using: &random) {
+                        bytes[position] = alphabet.randomElement(using: &random)!
+                    } else {
+                        bytes.insert(alphabet.randomElement(using: &random)!, at: position)
+                    }
+                }
+                let text = String(decoding: bytes, as: UTF8.self)
+                if isFlatpak {
+                    if let appID = FlatpakInfo.appID(keyFile: text) {
+                        #expect(!appID.contains(":") && !appID.contains("/") && appID.contains("."), "seed \(random.seed): \(appID)")
+                    }
+                } else if let unit = SystemdCgroup.userService(cgroupFile: text, uid: 1000) {
+                    #expect(unit.hasSuffix(".service") && !unit.contains("/"), "seed \(random.seed): \(unit)")
+                }
+            }
+        }
+    }
+}
