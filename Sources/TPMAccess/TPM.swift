@@ -62,7 +62,7 @@ package final class TPM: Sendable {
     /// Whether this TPM can make keys now, and if not why. Connects (and makes the storage
     /// key) to find out.
     package func availability() -> (isAvailable: Bool, reason: String) {
-        if device.hasPrefix("device:") || !device.contains(":") {
+        if device.hasPrefix("device:") || !device.utf8.contains(UInt8(ascii: ":")) {
             let path = device.hasPrefix("device:") ? String(device.dropFirst("device:".count)) : device
             let node = path.isEmpty ? "/dev/tpmrm0" : path
             if access(node, F_OK) != 0 {
@@ -376,7 +376,9 @@ package final class TPM: Sendable {
     /// Whether the kernel's resource manager stands between this process and the TPM (it
     /// swaps objects in and out and flushes a process's objects when it exits). Without it
     /// (swtpm, /dev/tpm0) the TPM serves one connection at a time and has three object slots.
-    private var hasResourceManager: Bool { device.contains("tpmrm") }
+    // (No `String.contains(_:)` here: with Foundation in sight it resolves to Foundation's, and
+    // the static `lockbox`, which links this module, would then link CoreFoundation.)
+    private var hasResourceManager: Bool { device.firstRange(of: "tpmrm") != nil }
 
     /// Without a resource manager, objects a killed process left loaded stay until flushed:
     /// this connection is the only one, so every transient object found at its start is such
