@@ -159,7 +159,8 @@ let package = Package(
             name: "LockboxOAuthCLI", dependencies: ["Lockbox", "LockboxCommandLine", "LockboxAuth", "LockboxAuthKeyring", "LockboxCurlTransport", "CProcessHardening"],
             swiftSettings: strict),
         // The key verbs and the TPM unlock, which `lockbox` runs for them: only they load
-        // libcrypto and the tss2 libraries.
+        // libcrypto, and the tss2 libraries (which `lockbox` opens itself only to unseal a
+        // TPM-sealed device key).
         .executableTarget(
             name: "LockboxKeysCLI", dependencies: ["Lockbox", "LockboxCommandLine", "LockboxKeys", "CProcessHardening"],
             swiftSettings: strict),
