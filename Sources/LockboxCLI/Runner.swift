@@ -89,7 +89,10 @@ struct Runner {
             let status = try vault.status()
             let tpm = Self.tpmUse(vault, status: status)
             let device = vault.configuration.device
-            let deviceKey = "\((try? device.storage)?.description ?? "unreadable") (\(device.resolvedKeyPath))"
+            var deviceKey = "\((try? device.storage)?.description ?? "unreadable") (\(device.resolvedKeyPath))"
+            if let unavailable = vault.deviceKeyUnavailability {
+                deviceKey += "; not available here, ThisDeviceOnly items cannot be read (OSStatus \(unavailable.status))"
+            }
             if json {
                 output.print(
                     Self.json(

@@ -247,3 +247,12 @@ extension DeviceIdentity {
         return outcome
     }
 }
+
+extension Vault {
+    /// Why this machine's device key could not be had when the vault was opened (its TPM does
+    /// not unseal it here, or no TPM can be used); nil when it is at hand. `*ThisDeviceOnly`
+    /// items then throw this error, and the other items work as usual.
+    public var deviceKeyUnavailability: LockboxError? {
+        withState { $0.device.unavailability }
+    }
+}

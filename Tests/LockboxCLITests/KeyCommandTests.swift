@@ -132,6 +132,7 @@ struct KeyCommandTests {
         #expect(try lockbox(["lock", "--all"], tpm: tpm).status == 0)
         #expect(try lockbox(["unlock", "--passphrase-stdin"], input: Self.passphrase, tpm: other).status == 0)
         #expect(try lockbox(["find-generic-password", "-s", "portable", "-a", "acct", "-w"], tpm: other).standardOutput == "p\n")
+        #expect(try lockbox(["status"], tpm: other).standardOutput.contains("not available here, ThisDeviceOnly items cannot be read (OSStatus -25293)"))
         let refused = try lockbox(["find-generic-password", "-s", "local", "-a", "acct", "-w"], tpm: other)
         #expect(refused.status == 1 && refused.standardError.contains("-25293"), "\(refused.standardError)")
         #expect(refused.standardError.contains("does not unseal it here") && !refused.standardOutput.contains(canary))
@@ -140,6 +141,7 @@ struct KeyCommandTests {
         let missing = "device:/nonexistent/tpmrm9"
         let noTPM = try lockbox(["find-generic-password", "-s", "local", "-a", "acct", "-w"], tpm: nil, device: missing)
         #expect(noTPM.status == 1 && noTPM.standardError.contains("-25291") && noTPM.standardError.contains("tpmrm9"), "\(noTPM.standardError)")
-        #expect(try lockbox(["status"], tpm: nil, device: missing).standardOutput.contains("device key: sealed by the TPM"))
+        let noTPMStatus = try lockbox(["status"], tpm: nil, device: missing).standardOutput
+        #expect(noTPMStatus.contains("device key: sealed by the TPM") && noTPMStatus.contains("(OSStatus -25291)"), "\(noTPMStatus)")
     }
 }
