@@ -91,19 +91,36 @@ public final class Vault: ItemStore, Sendable {
         /// kept under (``KeyUseStamp``).
         var lockCount = 0
         let database: Database
-        var header: VaultHeader
+        var header: VaultHeader {
+            didSet { cachedHeaderBinding = nil }
+        }
+        /// ``IntegrityState/headerBinding(_:key:)`` of ``header``, computed once per header
+        /// (the key, derived from the `always` class key the header wraps, goes with it).
+        private var cachedHeaderBinding: [UInt8]?
         let keys: KeyCache
         var device: DeviceSecret { keys.device }
         /// SQL text per query shape (see `PlanShape`).
         var sqlByShape = SmallMap<PlanShape, String>()
         var statementByShape = SmallMap<PlanShape, Statement>()
         /// What this connection verified of the integrity state (see ``IntegrityState``).
-        var integrity: IntegrityCache?
+        var integrity: IntegrityCache? {
+            didSet { if integrity == nil { integrityConfirmedIn = nil } }
+        }
+        /// The transaction (``Database/transactionSerial``) in which ``integrity`` was last
+        /// confirmed against the file: within it, the snapshot cannot move.
+        var integrityConfirmedIn: Int?
         let rememberedGeneration: RememberedGeneration
         /// User verification an operation needs, asked outside the lock (see
         /// `withStateVerifyingUser`), and the proof the next run of the operation is given.
         var presenceRequest: PresenceRequest?
         var presenceProof: PresenceProof?
+
+        func headerBinding(key: SecretBytes) -> [UInt8] {
+            if let cachedHeaderBinding { return cachedHeaderBinding }
+            let binding = IntegrityState.headerBinding(header, key: key)
+            cachedHeaderBinding = binding
+            return binding
+        }
 
         init(database: Database, header: VaultHeader, keys: KeyCache, rememberedGeneration: RememberedGeneration) {
             self.database = database
@@ -587,7 +604,7 @@ public final class Vault: ItemStore, Sendable {
             let count = try state.database.statement("SELECT count(*) FROM items")
             _ = try count.step()
             let failed = try readAttempts(state).failures
-            let generation = try IntegrityState.load(from: state.database)?.generation
+            let generation = try IntegrityState.loadGeneration(from: state.database)
             var readable: [Accessibility] = []
             for accessibility in Accessibility.allCases
             where (try? state.keys.classKey(for: accessibility, header: state.header)) != nil {
