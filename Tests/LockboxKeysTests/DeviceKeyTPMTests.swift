@@ -162,4 +162,58 @@ struct DeviceKeyTPMTests {
             status { _ = try Vault.open(at: directory.file("keychains/device.lockbox"), configuration: configuration(tpm.device)) }
                 == LockboxError.Code.decode.rawValue)
     }
+    @Test func failedMigration_leavesTheClearFileAsItWas() throws {
+        let tpm = try PrivateTPM()
+        _ = try vaultWithItems(tpm.device)
+        let clearKey = try #require(FileManager.default.contents(atPath: keyPath))
+        tpm.kill()
+        #expect(status { try identity(tpm.device).sealWithTPM() } == LockboxError.Code.notAvailable.rawValue)
+        #expect(FileManager.default.contents(atPath: keyPath) == clearKey)
+        #expect(try identity(tpm.device).storage == .file)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: directory.file("state/lockbox")).allSatisfy { !$0.contains(".sealing-") })
+    }
+
+    @Test func pcrBoundDeviceKey_refusedOnceThePCRChanges_portableItemsStillRead() throws {
+        let tpm = try PrivateTPM()
+        let (path, passphrase) = try vaultWithItems(tpm.device)
+        try identity(tpm.device).sealWithTPM(pcrs: [16])
+        try TPMTestAccess.extendPCR(16, device: tpm.device)
+        let vault = try Vault.open(at: path, configuration: configuration(tpm.device))
+        try vault.unlock(passphrase: passphrase)
+        #expect(try vault.data(matching: .genericPassword(service: "portable", account: "a")) == SecretBytes(utf8: "portable"))
+        let error = try #require(throws: LockboxError.self) { try vault.data(matching: .genericPassword(service: "local", account: "a")) }
+        #expect(error.code == .authFailed && error.message.contains("PCRs it is bound to changed"))
+        #expect(vault.deviceKeyUnavailability?.code == .authFailed)
+        vault.lockAll()
+    }
+
+    /// Keys cached in the kernel keyring by a process without the device secret hold a mark
+    /// for the device-bound classes; a process that has the secret never takes the mark for a key.
+    @Test func keysCachedWithoutTheDeviceKey_areNeverServedAsKeys() throws {
+        let tpm = try PrivateTPM()
+        let other = try PrivateTPM()
+        var shared = configuration(tpm.device)
+        shared.unlockCache = .kernelKeyring
+        let path = directory.file("keychains/cached.lockbox")
+        let passphrase = SecretBytes(utf8: "cached passphrase")
+        try identity(tpm.device).sealWithTPM()
+        let made = try Vault.create(at: path, passphrase: passphrase, configuration: shared)
+        defer { made.lockAll() }
+        try made.add(
+            Item.genericPassword(
+                service: "after", account: "a", data: SecretBytes(utf8: "after first unlock, here"), accessibility: .afterFirstUnlockThisDeviceOnly))
+        made.lockAll()
+
+        var elsewhere = shared
+        elsewhere.device.tpmDevice = other.device
+        try Vault.open(at: path, configuration: elsewhere).unlock(passphrase: passphrase)
+        let here = try Vault.open(at: path, configuration: shared)
+        #expect(try here.data(matching: .genericPassword(service: "after", account: "a")) == SecretBytes(utf8: "after first unlock, here"))
+        here.lock()
+        let locked = try #require(throws: LockboxError.self) { try here.data(matching: .genericPassword(service: "after", account: "a")) }
+        #expect(locked.code == .interactionNotAllowed && locked.message.contains("were not kept"), "\(locked.message)")
+        try here.unlock(passphrase: passphrase)
+        here.lock()
+        #expect(try here.data(matching: .genericPassword(service: "after", account: "a")) == SecretBytes(utf8: "after first unlock, here"))
+    }
 }
