@@ -55,9 +55,6 @@ let package = Package(
         // libcurl, for the CLI's HTTP transport: linked as a shared library, which
         // FoundationNetworking already loads into lockbox-oauth.
         .systemLibrary(name: "CCurl", providers: [.apt(["libcurl4-openssl-dev"])]),
-        // The tss2 ESAPI libraries (TPM 2.0), linked as shared libraries: the TCTI loader opens
-        // the transport's library (device, swtpm) at run time, and they need libcrypto.
-        .systemLibrary(name: "CTss2", providers: [.apt(["libtss2-dev"])]),
         // PostgreSQL's client library, for sync (the only CLibPQ importer is LockboxSync).
         // Linked as a shared library: libpq.a would pull in OpenSSL, Kerberos and LDAP.
         .systemLibrary(name: "CLibPQ", providers: [.apt(["libpq-dev"])]),
@@ -78,7 +75,7 @@ let package = Package(
             linkerSettings: staticArchive("keyutils")),
         .target(
             name: "LockboxVault",
-            dependencies: ["LockboxCore", "VaultCrypto", "VaultStorage", "KeyProviders"],
+            dependencies: ["LockboxCore", "VaultCrypto", "VaultStorage", "KeyProviders", "TPMAccess"],
             swiftSettings: strict),
 
         // Managed keys' cryptography over OpenSSL (the only CCrypto importer): P-256 ECDSA and
@@ -89,14 +86,14 @@ let package = Package(
         .target(
             name: "KeyCrypto", dependencies: ["CCrypto", "LockboxCore"], swiftSettings: strict,
             linkerSettings: [.linkedLibrary("crypto", .when(platforms: [.linux]))]),
-        // A TPM 2.0 through ESAPI (the only CTss2 importer): keys made inside it, signatures,
-        // secrets sealed to it. Only programs that use keys or the TPM link it.
-        .target(
-            name: "TPMAccess", dependencies: ["CTss2", "LockboxCore"], swiftSettings: strict,
-            linkerSettings: [
-                .linkedLibrary("tss2-esys", .when(platforms: [.linux])), .linkedLibrary("tss2-tctildr", .when(platforms: [.linux])),
-                .linkedLibrary("tss2-mu", .when(platforms: [.linux])), .linkedLibrary("tss2-rc", .when(platforms: [.linux])),
-            ]),
+        // The tss2 ESAPI functions (TPM 2.0), declared by Debian's libtss2-dev headers and opened
+        // with dlopen on first use: the libraries (and the libcrypto they load) are mapped only by
+        // a process that reaches a TPM, so every program may link TPMAccess, the static `lockbox`
+        // included, which reads a TPM-sealed device key.
+        .target(name: "CTss2Loader", linkerSettings: [.linkedLibrary("dl")]),
+        // A TPM 2.0 through ESAPI (the only CTss2Loader importer): keys made inside it,
+        // signatures, secrets sealed to it (the vault's TPM unlock slot and device key).
+        .target(name: "TPMAccess", dependencies: ["CTss2Loader", "LockboxCore"], swiftSettings: strict),
         // Keys in Lockbox's own terms (generate for a purpose, sign, encrypt, agree, export the
         // public half), stored as vault items of class `.key`.
         .target(
@@ -169,7 +166,8 @@ let package = Package(
             name: "LockboxOAuthCLI", dependencies: ["Lockbox", "LockboxCommandLine", "LockboxAuth", "LockboxAuthKeyring", "LockboxCurlTransport", "CProcessHardening"],
             swiftSettings: strict),
         // The key verbs and the TPM unlock, which `lockbox` runs for them: only they load
-        // libcrypto and the tss2 libraries.
+        // libcrypto, and the tss2 libraries (which `lockbox` opens itself only to unseal a
+        // TPM-sealed device key).
         .executableTarget(
             name: "LockboxKeysCLI", dependencies: ["Lockbox", "LockboxCommandLine", "LockboxKeys", "CProcessHardening"],
             swiftSettings: strict),

@@ -17,6 +17,7 @@ package enum Help {
           set-passphrase             set one again
           enroll secret-service      let the desktop keyring unlock it with your login session
           enroll tpm2 [--pcrs 7]     let the TPM unlock it with no passphrase (a service at boot)
+          enroll tpm2 --device-key   seal this machine's device key (ThisDeviceOnly items) by the TPM
           backup FILE                write the portable items to a sealed backup file
           restore FILE               merge a backup into this keychain (newer copy wins)
         Items:
@@ -200,12 +201,19 @@ package enum Help {
             return """
                 usage: lockbox [--keychain PATH] \(verb) secret-service
                        lockbox [--keychain PATH] enroll tpm2 [--pcrs 0,7]   |   unenroll tpm2
+                       lockbox enroll tpm2 --device-key [--pcrs 0,7]
 
                 tpm2: seals a key that unlocks this keychain with the machine's TPM 2.0 (and with
                 --pcrs, to those PCRs' current values), kept in the keychain file. `lockbox unlock
                 --tpm2` then unlocks with no passphrase and no desktop session (a service at boot,
                 like systemd-cryptenroll --tpm2-device). A copy of the file opens on no other
                 machine. LOCKBOX_TPM_TCTI names another TPM (swtpm:path=SOCKET).
+
+                tpm2 --device-key: seals this machine's device key (which binds the ThisDeviceOnly
+                items of every keychain) by the TPM, in place of the clear key file: the same key,
+                so nothing stored changes, but a copy of the file opens those items on no other
+                machine. Without the TPM they read as unavailable, never from a key file.
+                `lockbox status` says where the device key lives.
 
 
                 enroll: keeps a key that unlocks this keychain in the desktop keyring (GNOME

@@ -40,6 +40,8 @@ package enum Command {
     case deleteKey(KeyOptions)
     /// `enroll tpm2 [--pcrs LIST]`, `unenroll tpm2`.
     case enrollTPM(pcrs: [Int], remove: Bool)
+    /// `enroll tpm2 --device-key [--pcrs LIST]`: this machine's device key, sealed by the TPM.
+    case sealDeviceKey(pcrs: [Int])
     /// `unlock --tpm2`.
     case unlockTPM(timeout: UInt32?)
     /// `broker install-units [--lockboxd PATH]`, `broker uninstall-units`.
@@ -49,7 +51,7 @@ package enum Command {
     /// they load libcrypto and the tss2 libraries.
     package var usesKeys: Bool {
         switch self {
-        case .generateKey, .sign, .publicKey, .deleteKey, .enrollTPM, .unlockTPM: true
+        case .generateKey, .sign, .publicKey, .deleteKey, .enrollTPM, .sealDeviceKey, .unlockTPM: true
         default: false
         }
     }
@@ -249,7 +251,12 @@ package enum Parser {
             let keeper = reader.next()
             if keeper == "tpm2" {
                 var pcrs: [Int] = []
+                var deviceKey = false
                 while let option = reader.next() {
+                    if option == "--device-key", verb == "enroll" {
+                        deviceKey = true
+                        continue
+                    }
                     guard option == "--pcrs", verb == "enroll" else { throw reader.unknown(option) }
                     let list = try reader.value(for: option)
                     for part in list.split(separator: ",") {
@@ -259,7 +266,7 @@ package enum Parser {
                         pcrs.append(pcr)
                     }
                 }
-                return .enrollTPM(pcrs: pcrs, remove: verb == "unenroll")
+                return deviceKey ? .sealDeviceKey(pcrs: pcrs) : .enrollTPM(pcrs: pcrs, remove: verb == "unenroll")
             }
             guard let keeper, keeper == "secret-service", reader.next() == nil else {
                 throw UsageError(message: "usage: lockbox \(verb) secret-service|tpm2", verb: verb)

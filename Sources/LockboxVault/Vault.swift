@@ -174,6 +174,7 @@ public final class Vault: ItemStore, Sendable {
         try VaultSchema.migrate(database)
 
         let device = try DeviceSecret.load(configuration.device)
+        if let unavailable = device.unavailability { throw unavailable }
         let master = Crypto.generateKey()
         let presence = Crypto.generateKeyPair()
         var header = VaultHeader(
@@ -275,7 +276,7 @@ public final class Vault: ItemStore, Sendable {
                 throw LockboxError(.authFailed, "This keychain has a passphrase: unlock it with the passphrase.")
             }
             guard let master = try? Crypto.open(
-                slot.wrappedMasterKey, key: Self.deviceSlotKey(state.device), associatedData: header.slotAssociatedData(slot))
+                slot.wrappedMasterKey, key: try Self.deviceSlotKey(state.device), associatedData: header.slotAssociatedData(slot))
             else {
                 throw LockboxError(
                     .authFailed, "This keychain's passphrase-free unlock belongs to another machine; it cannot be unlocked here.")
@@ -305,6 +306,8 @@ public final class Vault: ItemStore, Sendable {
             }
         }
         try cacheUnlockedKeys(master: master, state: state)
+        // Checked without keys before (no device secret for the `always` key): check it again.
+        if state.integrity?.keys == nil { state.integrity = nil }
         try clearFailedAttempts(state)
         markExplicitLock(state)
     }
@@ -405,8 +408,8 @@ public final class Vault: ItemStore, Sendable {
         return nil
     }
 
-    static func deviceSlotKey(_ device: DeviceSecret) -> SecretBytes {
-        Crypto.combine(device.secret, with: SecretBytes(utf8: "slot"), context: "lockbox.device-slot.v1")
+    static func deviceSlotKey(_ device: DeviceSecret) throws(LockboxError) -> SecretBytes {
+        Crypto.combine(try device.secret, with: SecretBytes(utf8: "slot"), context: "lockbox.device-slot.v1")
     }
 
     /// Locks: `whenUnlocked*` items become unreadable (-25308) in every process until the
@@ -527,7 +530,7 @@ public final class Vault: ItemStore, Sendable {
                 let nextID = (header.slots.map(\.id).max() ?? 0) + 1
                 var slot = VaultHeader.KeySlot(id: nextID, kind: .device, parameters: [], wrappedMasterKey: [])
                 slot.wrappedMasterKey = Crypto.seal(
-                    master, key: Self.deviceSlotKey(state.device), associatedData: header.slotAssociatedData(slot))
+                    master, key: try Self.deviceSlotKey(state.device), associatedData: header.slotAssociatedData(slot))
                 header.slots.removeAll { $0.kind == .device }
                 header.slots.append(slot)
                 header.wrappedClassKeys = header.wrappedClassKeys.filter { $0.accessibility != .whenPasscodeSetThisDeviceOnly }
@@ -669,6 +672,11 @@ public final class Vault: ItemStore, Sendable {
     func cacheUnlockedKeys(master: SecretBytes, state: State) throws(LockboxError) {
         var classKeys = SmallMap<Accessibility, SecretBytes>()
         for accessibility in AfterFirstUnlockKeys.classes {
+            if accessibility.isThisDeviceOnly && state.device.unavailability != nil {
+                // Without the device secret: a mark, never a key (see `KeyCache.classKey(for:)`).
+                classKeys[accessibility] = KeyCache.unavailableClassKey
+                continue
+            }
             guard let key = try KeyCache.unwrapClassKey(accessibility, header: state.header, master: master, device: state.device) else {
                 throw LockboxError.integrity("The \(accessibility.rawValue) class key")
             }
