@@ -12,20 +12,21 @@ import LockboxCore
 public struct DPoPProofFactory: Sendable {
     /// The session's key: it signs every proof, and its public half goes in each proof's `jwk`.
     public let key: any ProofSigningKey
+    /// The servers' latest nonces, used by the requests Lockbox sends with these proofs.
+    public let nonces: DPoPNonces
     private let now: @Sendable () -> Date
 
-    /// Proofs signed by `key`; `now` gives their `iat` (tests pass a fixed clock).
-    public init(key: any ProofSigningKey, now: @escaping @Sendable () -> Date = Date.init) {
+    /// Proofs signed by `key`; `now` gives their `iat` (tests pass a fixed clock); `nonces`
+    /// remembers each server's latest `DPoP-Nonce`.
+    public init(key: any ProofSigningKey, nonces: DPoPNonces = .shared, now: @escaping @Sendable () -> Date = Date.init) {
         self.key = key
+        self.nonces = nonces
         self.now = now
     }
 
     /// The JWK SHA-256 thumbprint (RFC 7638) of the key, base64url: the `jkt` a server binds
     /// tokens to (`cnf.jkt`).
-    public var thumbprint: String {
-        let canonical = "{" + key.publicJWK.sorted { $0.key < $1.key }.map { "\"\($0.key)\":\"\($0.value)\"" }.joined(separator: ",") + "}"
-        return SHA256.hash(Array(canonical.utf8)).base64URLString
-    }
+    public var thumbprint: String { key.jwkThumbprint }
 
     /// A proof for one request.
     /// - Parameters:
