@@ -445,30 +445,6 @@ public actor CredentialsManager {
 
     /// One refresh. Runs with the cross-process lock held.
     private func refresh() async throws(AuthError) -> Credentials {
-        // With DPoP, the first proof is signed while the store is read: both run off the pool,
-        // so the signature costs the refresh little or no time of its own.
-        let proofs: DPoPProofFactory?
-        let firstProof: Task<Result<String, AuthError>, Never>?
-        if configuration.usesDPoP {
-            let sessionProofs: DPoPProofFactory
-            do {
-                sessionProofs = try await requireSessionProofs()
-            } catch {
-                emit(.refreshFailed, error.reasonCode, nil)
-                throw error
-            }
-            proofs = sessionProofs
-            firstProof = Task { [endpoint = configuration.tokenEndpoint] () async -> Result<String, AuthError> in
-                do throws(AuthError) {
-                    return .success(try await sessionProofs.proof(for: URLRequest(method: "POST", url: endpoint)))
-                } catch {
-                    return .failure(error)
-                }
-            }
-        } else {
-            proofs = nil
-            firstProof = nil
-        }
         // Read the latest token: another process may have rotated it since we last looked.
         let refreshToken: SecretBytes
         if let memoryOnly = memoryOnlyRefreshToken {
@@ -502,9 +478,9 @@ public actor CredentialsManager {
         ])
         let result: TokenEndpointResult
         do {
-            let prepared = try await firstProof?.value.get()
+            let proofs = configuration.usesDPoP ? try await requireSessionProofs() : nil
             result = try await TokenEndpoint.call(
-                request, transport: transport, limits: configuration.requestLimits, now: now, dpop: proofs, firstProof: prepared)
+                request, transport: transport, limits: configuration.requestLimits, now: now, dpop: proofs)
         } catch {
             emit(.refreshFailed, error.reasonCode, fingerprint)
             throw error

@@ -102,14 +102,6 @@ extension DPoPProofFactory {
     }
 }
 
-extension URLRequest {
-    /// A request with only a method and a URL: what a proof is made for.
-    init(method: String, url: URL) {
-        self.init(url: url)
-        httpMethod = method
-    }
-}
-
 /// What a resource server's `WWW-Authenticate` answer says about a DPoP request.
 enum DPoPChallenge {
     /// `error="use_dpop_nonce"`: retry with the nonce the answer carries.
