@@ -468,6 +468,8 @@ public actor CredentialsManager {
         let fingerprint = TokenFingerprint.of(refreshToken)
         if let last = lastRefreshTokenFingerprint, last != fingerprint {
             emit(.refreshTokenChangedElsewhere, "rotated_by_another_process", fingerprint)
+            // Another process may have signed in again, with a new DPoP key: read it anew.
+            sessionProofs = nil
         }
         lastRefreshTokenFingerprint = fingerprint
         emit(.refreshStarted, current == nil ? "no_access_token" : "expiring", fingerprint)

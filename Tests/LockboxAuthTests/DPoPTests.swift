@@ -296,6 +296,25 @@ extension LifecycleTests {
             #expect(try vault.sessionKeys(manager.key).isEmpty)
         }
 
+        @Test("another process signs in again with a new key: this manager's next refresh reads the new key")
+        func signInElsewhere_isFollowedByTheNextRefresh() async throws {
+            let server = try await TestServer.running()
+            let vault = try TestVault()
+            let configuration = try await server.dpopConfiguration()
+            let first = vault.dpopManager(configuration)
+            _ = try await server.signInWithDPoP(first)
+            #expect(try await first.send(server.api("api/dpop/resource")).1.statusCode == 200)
+            let other = vault.dpopManager(configuration)
+            _ = try await server.signInWithDPoP(other)
+
+            let refreshed = try await first.credentials(minTTL: forceRefresh)
+            #expect(refreshed.tokenType == "DPoP")
+            #expect(try await first.send(server.api("api/dpop/resource")).1.statusCode == 200)
+            let bound = try #require(try await vault.dpopKeys.boundKey(for: first.key)?.jwkThumbprint)
+            #expect(try await server.boundThumbprints().contains(bound))
+            #expect(try vault.sessionKeys(first.key).count == 1)
+        }
+
         @Test("canary tokens and proofs appear in no description, error or event")
         func canaries_appearNowhere() async throws {
             let server = try await TestServer.running()
