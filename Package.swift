@@ -224,7 +224,7 @@ let package = Package(
             swiftSettings: strict),
         .testTarget(
             name: "LockboxAuthTests",
-            dependencies: ["LockboxAuth", "LockboxAuthKeyring", "KeyProviders", "Lockbox", "LockboxTestSupport"],
+            dependencies: ["LockboxAuth", "LockboxAuthKeyring", "LockboxAuthKeys", "LockboxKeys", "KeyProviders", "Lockbox", "LockboxTestSupport"],
             swiftSettings: strict),
         .testTarget(
             name: "KeychainCompatibilityTests",
