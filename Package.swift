@@ -30,6 +30,7 @@ let package = Package(
         .library(name: "LockboxAuthKeys", targets: ["LockboxAuthKeys"]),
         .library(name: "LockboxSync", targets: ["LockboxSync"]),
         .library(name: "LockboxFleet", targets: ["LockboxFleet"]),
+        .library(name: "LockboxBrokerIdentity", targets: ["LockboxBrokerIdentity"]),
         .executable(name: "lockbox", targets: ["LockboxCLI"]),
         .executable(name: "lockbox-oauth", targets: ["LockboxOAuthCLI"]),
         .executable(name: "lockbox-keys", targets: ["LockboxKeysCLI"]),
@@ -57,9 +58,6 @@ let package = Package(
         // libcurl, for the CLI's HTTP transport: linked as a shared library, which
         // FoundationNetworking already loads into lockbox-oauth.
         .systemLibrary(name: "CCurl", providers: [.apt(["libcurl4-openssl-dev"])]),
-        // The tss2 ESAPI libraries (TPM 2.0), linked as shared libraries: the TCTI loader opens
-        // the transport's library (device, swtpm) at run time, and they need libcrypto.
-        .systemLibrary(name: "CTss2", providers: [.apt(["libtss2-dev"])]),
         // PostgreSQL's client library, for sync (the only CLibPQ importer is LockboxSync).
         // Linked as a shared library: libpq.a would pull in OpenSSL, Kerberos and LDAP.
         .systemLibrary(name: "CLibPQ", providers: [.apt(["libpq-dev"])]),
@@ -80,7 +78,7 @@ let package = Package(
             linkerSettings: staticArchive("keyutils")),
         .target(
             name: "LockboxVault",
-            dependencies: ["LockboxCore", "VaultCrypto", "VaultStorage", "KeyProviders"],
+            dependencies: ["LockboxCore", "VaultCrypto", "VaultStorage", "KeyProviders", "TPMAccess"],
             swiftSettings: strict),
 
         // Managed keys' cryptography over OpenSSL (the only CCrypto importer): P-256 ECDSA and
@@ -91,14 +89,14 @@ let package = Package(
         .target(
             name: "KeyCrypto", dependencies: ["CCrypto", "LockboxCore"], swiftSettings: strict,
             linkerSettings: [.linkedLibrary("crypto", .when(platforms: [.linux]))]),
-        // A TPM 2.0 through ESAPI (the only CTss2 importer): keys made inside it, signatures,
-        // secrets sealed to it. Only programs that use keys or the TPM link it.
-        .target(
-            name: "TPMAccess", dependencies: ["CTss2", "LockboxCore"], swiftSettings: strict,
-            linkerSettings: [
-                .linkedLibrary("tss2-esys", .when(platforms: [.linux])), .linkedLibrary("tss2-tctildr", .when(platforms: [.linux])),
-                .linkedLibrary("tss2-mu", .when(platforms: [.linux])), .linkedLibrary("tss2-rc", .when(platforms: [.linux])),
-            ]),
+        // The tss2 ESAPI functions (TPM 2.0), declared by Debian's libtss2-dev headers and opened
+        // with dlopen on first use: the libraries (and the libcrypto they load) are mapped only by
+        // a process that reaches a TPM, so every program may link TPMAccess, the static `lockbox`
+        // included, which reads a TPM-sealed device key.
+        .target(name: "CTss2Loader", linkerSettings: [.linkedLibrary("dl")]),
+        // A TPM 2.0 through ESAPI (the only CTss2Loader importer): keys made inside it,
+        // signatures, secrets sealed to it (the vault's TPM unlock slot and device key).
+        .target(name: "TPMAccess", dependencies: ["CTss2Loader", "LockboxCore"], swiftSettings: strict),
         // Keys in Lockbox's own terms (generate for a purpose, sign, encrypt, agree, export the
         // public half), stored as vault items of class `.key`.
         .target(
@@ -157,6 +155,12 @@ let package = Package(
         // Apple's LocalAuthentication (`LAContext`, `LAError`) over Lockbox's presence check.
         .target(name: "LocalAuthentication", dependencies: ["KeychainCompatibility", "Lockbox"], swiftSettings: strict),
 
+        // Who is at the other end of the broker's socket (SO_PEERCRED, pidfd, /proc), which access
+        // groups the policy grants it, and the broker's systemd user units. The C side holds the
+        // calls Swift cannot make (struct ucred, syscall(2)).
+        .target(name: "CPeerIdentity"),
+        .target(name: "LockboxBrokerIdentity", dependencies: ["LockboxCore", "CPeerIdentity"], swiftSettings: strict),
+
         // prctl(2) is variadic and cannot be called from Swift: a few lines of C do it.
         .target(name: "CProcessHardening"),
         // The CLI's argument parser, apart from the executable so the fuzzer can link it.
@@ -167,13 +171,14 @@ let package = Package(
         // binaries (`swift build` makes them) rather than depend on these targets: a test target
         // that depends on an executable target links its objects, and so its link flags.
         .executableTarget(
-            name: "LockboxCLI", dependencies: ["Lockbox", "LockboxCommandLine", "KeyProviders", "CProcessHardening"],
+            name: "LockboxCLI", dependencies: ["Lockbox", "LockboxCommandLine", "KeyProviders", "CProcessHardening", "LockboxBrokerIdentity"],
             swiftSettings: staticRuntime, linkerSettings: staticRuntimeLink),
         .executableTarget(
             name: "LockboxOAuthCLI", dependencies: ["Lockbox", "LockboxCommandLine", "LockboxAuth", "LockboxAuthKeyring", "LockboxCurlTransport", "CProcessHardening"],
             swiftSettings: strict),
         // The key verbs and the TPM unlock, which `lockbox` runs for them: only they load
-        // libcrypto and the tss2 libraries.
+        // libcrypto, and the tss2 libraries (which `lockbox` opens itself only to unseal a
+        // TPM-sealed device key).
         .executableTarget(
             name: "LockboxKeysCLI", dependencies: ["Lockbox", "LockboxCommandLine", "LockboxKeys", "CProcessHardening"],
             swiftSettings: strict),
@@ -237,7 +242,7 @@ let package = Package(
             swiftSettings: strict),
         .testTarget(
             name: "LockboxAuthTests",
-            dependencies: ["LockboxAuth", "LockboxAuthKeyring", "KeyProviders", "Lockbox", "LockboxTestSupport"],
+            dependencies: ["LockboxAuth", "LockboxAuthKeyring", "LockboxAuthKeys", "LockboxKeys", "KeyProviders", "Lockbox", "LockboxTestSupport"],
             swiftSettings: strict),
         .testTarget(
             name: "KeychainCompatibilityTests",
@@ -268,6 +273,9 @@ let package = Package(
         .testTarget(
             name: "LockboxSyncTests",
             dependencies: ["LockboxSync", "LockboxVault", "Lockbox", "LockboxTestSupport"],
+            swiftSettings: strict),
+        .testTarget(
+            name: "LockboxBrokerIdentityTests", dependencies: ["LockboxBrokerIdentity", "LockboxTestSupport"],
             swiftSettings: strict),
         .testTarget(
             name: "LockboxCLITests",

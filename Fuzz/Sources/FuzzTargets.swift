@@ -260,6 +260,11 @@ func fuzzKeyEncoding(_ input: [UInt8]) {
     // A hardware key's TPM blob and a TPM-sealed unlock slot, as stored: decoded without a TPM.
     _ = TPM.decodesKeyBlob(input)
     _ = TPM.decodesSealed(input)
+    // A TPM-sealed device key file: the one it decodes is written back to the same bytes.
+    if let sealed = DeviceKeyFile.decode(input) {
+        if sealed.bytes != input { roundTripFailed("sealed device key file") }
+        _ = sealed.pcrs
+    }
     // A TPM signature's r and s (any bytes, up to the 32 of a P-256 scalar each) as DER: always
     // one that the verifier parses (true or false, never a thrown "not DER").
     if input.count >= 2 {

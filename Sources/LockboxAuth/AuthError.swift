@@ -76,6 +76,10 @@ public struct AuthError: Error, Sendable, Hashable, CustomStringConvertible {
         /// Several stored sessions match what was asked for: ``AuthError/matchingSessions``
         /// lists them.
         public static let ambiguousSession = Code(rawValue: "ambiguous_session")
+        /// The server refused the session's DPoP proof (`invalid_dpop_proof`), or asked for a
+        /// fresh nonce again after a retry with its nonce (`use_dpop_nonce`), or gave no usable
+        /// nonce: ``AuthError/oauthError`` says which. Credentials are kept.
+        public static let proofRejected = Code(rawValue: "dpop_proof_rejected")
 
         /// The code's name.
         public var description: String { rawValue }
@@ -145,7 +149,7 @@ public struct AuthError: Error, Sendable, Hashable, CustomStringConvertible {
         switch code {
         case .signedOut: signOutReason?.rawValue ?? code.rawValue
         case .server: oauthError ?? httpStatus.map { "http_\($0)" } ?? code.rawValue
-        case .flowFailed: oauthError ?? code.rawValue
+        case .flowFailed, .proofRejected: oauthError ?? code.rawValue
         default: code.rawValue
         }
     }
@@ -172,6 +176,8 @@ public struct AuthError: Error, Sendable, Hashable, CustomStringConvertible {
     public static let configuration = Code.configuration
     /// ``Code/cancelled``.
     public static let cancelled = Code.cancelled
+    /// ``Code/proofRejected``.
+    public static let proofRejected = Code.proofRejected
     /// ``Code/ambiguousSession``.
     public static let ambiguousSession = Code.ambiguousSession
 }
@@ -208,6 +214,27 @@ extension AuthError {
     }
 
     static let cancelledError = AuthError(.cancelled, "Cancelled.")
+
+    /// The server refused a DPoP proof (`invalid_dpop_proof`).
+    static func proofRefused(status: Int) -> AuthError {
+        AuthError(
+            .proofRejected,
+            "The server refused the session's DPoP proof (invalid_dpop_proof, HTTP \(status)). Credentials are kept; check "
+                + "the system clock (a proof carries the time), then try again.",
+            httpStatus: status, oauthError: "invalid_dpop_proof")
+    }
+
+    /// The server asked for a nonce again after a retry with its own, or gave none to use.
+    static func nonceNotSettled(status: Int, nonceGiven: Bool) -> AuthError {
+        AuthError(
+            .proofRejected,
+            (nonceGiven
+                ? "The server asked for a new DPoP nonce again after a retry with the nonce it gave (use_dpop_nonce, HTTP \(status)); "
+                    + "the request was not repeated further. "
+                : "The server asked for a DPoP nonce (use_dpop_nonce, HTTP \(status)) without a valid DPoP-Nonce header to use. ")
+                + "Credentials are kept; try again later, and report the server's nonce handling if this persists.",
+            httpStatus: status, oauthError: "use_dpop_nonce")
+    }
 
     static func responseTooLarge(limit: Int) -> AuthError {
         AuthError(

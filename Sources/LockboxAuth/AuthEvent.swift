@@ -39,6 +39,9 @@ public struct AuthEvent: Sendable, Hashable, CustomStringConvertible {
         /// The shared cache failed to store, read or remove an entry (the reason says which);
         /// the session goes on, at the cost of refreshes.
         case accessTokenCacheFailed = "access_token_cache_failed"
+        /// A logout or a sign-out could not delete the session's DPoP key (a locked keychain);
+        /// the next sign-in deletes it.
+        case dpopKeyNotDeleted = "dpop_key_not_deleted"
     }
 
     /// What happened.

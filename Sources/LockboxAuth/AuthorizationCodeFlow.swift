@@ -18,17 +18,27 @@ public struct AuthorizationCodeFlow: Sendable {
     /// The client and server this flow signs in to.
     public let configuration: ClientConfiguration
     private let transport: any HTTPTransport
+    private let dpop: DPoPProofFactory?
     private let now: @Sendable () -> Date
 
     /// A flow for `configuration`, over `transport`, reading the time from `now`.
-    public init(configuration: ClientConfiguration, transport: any HTTPTransport = URLSessionTransport(), now: @escaping @Sendable () -> Date = { Date() }) {
+    ///
+    /// With ``ClientConfiguration/usesDPoP``, pass `dpop`, the new session's proofs from
+    /// ``CredentialsManager/signInProofs()``: the code exchange carries a proof and the tokens
+    /// come back bound to its key.
+    public init(
+        configuration: ClientConfiguration, transport: any HTTPTransport = URLSessionTransport(), dpop: DPoPProofFactory? = nil,
+        now: @escaping @Sendable () -> Date = { Date() }
+    ) {
         self.configuration = configuration
         self.transport = transport
+        self.dpop = dpop
         self.now = now
     }
 
     /// Opens the loopback listener and builds the authorization URL to open in a browser.
     public func start(scope: [String]? = nil, extraParameters: [String: String] = [:]) throws(AuthError) -> AuthorizationCodeSession {
+        try DPoPProofFactory.check(dpop, for: configuration)
         guard let endpoint = configuration.authorizationEndpoint,
             var components = URLComponents(url: endpoint, resolvingAgainstBaseURL: false)
         else {
@@ -57,7 +67,7 @@ public struct AuthorizationCodeFlow: Sendable {
         guard let url = components.url else { throw .configuration("the authorization URL is malformed") }
         return AuthorizationCodeSession(
             authorizationURL: url, redirectURI: redirectURI, state: state, verifier: verifier, listener: listener,
-            configuration: configuration, transport: transport, now: now)
+            configuration: configuration, transport: transport, dpop: dpop, now: now)
     }
 
     /// 32 random bytes, base64url: 43 characters, as RFC 7636 recommends for a verifier.
@@ -80,12 +90,14 @@ public final class AuthorizationCodeSession: Sendable {
     private let listener: LoopbackListener
     private let configuration: ClientConfiguration
     private let transport: any HTTPTransport
+    private let dpop: DPoPProofFactory?
     private let now: @Sendable () -> Date
 
     init(
         authorizationURL: URL, redirectURI: String, state: SecretBytes, verifier: SecretBytes, listener: LoopbackListener,
-        configuration: ClientConfiguration, transport: any HTTPTransport, now: @escaping @Sendable () -> Date
+        configuration: ClientConfiguration, transport: any HTTPTransport, dpop: DPoPProofFactory?, now: @escaping @Sendable () -> Date
     ) {
+        self.dpop = dpop
         self.authorizationURL = authorizationURL
         self.redirectURI = redirectURI
         self.state = state
@@ -118,7 +130,7 @@ public final class AuthorizationCodeSession: Sendable {
             ("grant_type", "authorization_code"), ("code", code), ("redirect_uri", redirectURI),
             ("client_id", configuration.clientID), ("code_verifier", verifier.temporaryString),
         ])
-        switch try await TokenEndpoint.call(request, transport: transport, limits: configuration.requestLimits, now: now) {
+        switch try await TokenEndpoint.call(request, transport: transport, limits: configuration.requestLimits, now: now, dpop: dpop) {
         case .success(let tokens):
             return tokens
         case .oauthError(let status, let error, _):

@@ -22,13 +22,19 @@ public struct ClientConfiguration: Sendable, Hashable, Codable {
     public var scope: [String]
     /// The total deadline and the answer size limit of every request to the server.
     public var requestLimits: RequestLimits
+    /// Sender-constrained tokens (DPoP, RFC 9449): each session gets a non-extractable key at
+    /// sign-in, every token and API request carries a proof signed by it, and the server binds
+    /// the tokens to it, so a stolen refresh or access token is useless without the key. Needs
+    /// a ``DPoPKeyStore`` in ``CredentialsManager``. Off by default.
+    public var usesDPoP: Bool
 
     /// A client configuration given endpoint by endpoint (see also discovery).
     public init(
         issuer: URL, clientID: String, tokenEndpoint: URL, revocationEndpoint: URL? = nil,
         deviceAuthorizationEndpoint: URL? = nil, authorizationEndpoint: URL? = nil, scope: [String] = [],
-        requestLimits: RequestLimits = RequestLimits()
+        requestLimits: RequestLimits = RequestLimits(), usesDPoP: Bool = false
     ) {
+        self.usesDPoP = usesDPoP
         self.issuer = issuer
         self.clientID = clientID
         self.tokenEndpoint = tokenEndpoint
@@ -52,7 +58,7 @@ public struct ClientConfiguration: Sendable, Hashable, Codable {
 
     private enum CodingKeys: String, CodingKey {
         case issuer, clientID, tokenEndpoint, revocationEndpoint, deviceAuthorizationEndpoint, authorizationEndpoint, scope
-        case requestLimits
+        case requestLimits, usesDPoP
     }
 
     /// Decodes configurations stored before `requestLimits` existed with the default limits.
@@ -65,7 +71,8 @@ public struct ClientConfiguration: Sendable, Hashable, Codable {
             deviceAuthorizationEndpoint: try container.decodeIfPresent(URL.self, forKey: .deviceAuthorizationEndpoint),
             authorizationEndpoint: try container.decodeIfPresent(URL.self, forKey: .authorizationEndpoint),
             scope: try container.decode([String].self, forKey: .scope),
-            requestLimits: try container.decodeIfPresent(RequestLimits.self, forKey: .requestLimits) ?? RequestLimits())
+            requestLimits: try container.decodeIfPresent(RequestLimits.self, forKey: .requestLimits) ?? RequestLimits(),
+            usesDPoP: try container.decodeIfPresent(Bool.self, forKey: .usesDPoP) ?? false)
     }
 
     /// Discovers the server's endpoints (RFC 8414) and builds a configuration.

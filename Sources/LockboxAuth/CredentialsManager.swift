@@ -32,10 +32,14 @@ public actor CredentialsManager {
     private let refreshLock: (any RefreshLock)?
     private let outbox: RevocationOutbox?
     private let accessTokenCache: (any AccessTokenCache)?
+    private let dpopKeys: (any DPoPKeyStore)?
+    private let nonces: DPoPNonces
     private let now: @Sendable () -> Date
     private let eventHandler: @Sendable (AuthEvent) -> Void
 
     private var current: Credentials?
+    /// The proofs of the session's DPoP key, once read from ``dpopKeys``.
+    private var sessionProofs: DPoPProofFactory?
     /// Set only when persisting a rotated token failed: the session goes on in memory.
     private var memoryOnlyRefreshToken: SecretBytes?
     private var lastRefreshTokenFingerprint: String?
@@ -84,15 +88,21 @@ public actor CredentialsManager {
     ///     them in this actor's memory only.
     ///   - refreshLock: a lock shared beyond this machine (a fleet's); when given, it replaces
     ///     the `lockDirectory` file lock.
-    ///   - now: the current time, for token expiry (tests move it instead of waiting).
+    ///   - dpopKeys: where the session's DPoP key lives (`ManagedDPoPKeyStore` from
+    ///     `LockboxAuthKeys`); required when ``ClientConfiguration/usesDPoP`` is on.
+    ///   - nonces: the servers' latest DPoP nonces; by default this process's.
+    ///   - now: the current time, for token expiry and proofs' `iat` (tests move it instead of
+    ///     waiting).
     ///   - events: called synchronously for each ``AuthEvent``; keep it quick.
     public init(
         configuration: ClientConfiguration, account: String = "default", tokenStore: any TokenStore,
         transport: any HTTPTransport = URLSessionTransport(), lockDirectory: String? = nil,
         outbox: RevocationOutbox? = nil, accessTokenCache: (any AccessTokenCache)? = nil, refreshLock: (any RefreshLock)? = nil,
-        now: @escaping @Sendable () -> Date = { Date() },
+        dpopKeys: (any DPoPKeyStore)? = nil, nonces: DPoPNonces = .shared, now: @escaping @Sendable () -> Date = { Date() },
         events: @escaping @Sendable (AuthEvent) -> Void = { _ in }
     ) {
+        self.dpopKeys = dpopKeys
+        self.nonces = nonces
         let key = CredentialKey(configuration: configuration, account: account)
         self.configuration = configuration
         self.key = key
@@ -156,9 +166,39 @@ public actor CredentialsManager {
         case notRevoked
     }
 
+    /// Proofs for a new sign-in: with ``ClientConfiguration/usesDPoP``, a new non-extractable
+    /// key in the ``DPoPKeyStore``, to pass to the flow; nil when DPoP is off. The key becomes
+    /// the session's in ``signIn(with:)``; until then the current session and its key are
+    /// untouched.
+    ///
+    /// ```swift
+    /// let flow = DeviceAuthorizationFlow(configuration: configuration, dpop: try await manager.signInProofs())
+    /// let authorization = try await flow.start()
+    /// try await manager.signIn(with: try await flow.waitForApproval(authorization))
+    /// ```
+    /// - Throws: ``AuthError/Code/configuration`` when DPoP is on and the manager has no key
+    ///   store; the key store's error (``AuthError/Code/storeLocked``, ...).
+    public func signInProofs() async throws(AuthError) -> DPoPProofFactory? {
+        guard configuration.usesDPoP else { return nil }
+        let keys = try requireKeyStore()
+        do {
+            return DPoPProofFactory(key: try await keys.makeKey(for: key), nonces: nonces, now: now)
+        } catch {
+            throw AuthError.from(error)
+        }
+    }
+
+    private func requireKeyStore() throws(AuthError) -> any DPoPKeyStore {
+        guard let dpopKeys else {
+            throw .configuration("DPoP is turned on for this client, but the CredentialsManager has no DPoPKeyStore (dpopKeys)")
+        }
+        return dpopKeys
+    }
+
     /// Starts a session from a flow's token response: revokes the grant it replaces (RFC
     /// 7009; queued in the outbox when the server cannot be reached), then stores the new
-    /// refresh token.
+    /// refresh token. With DPoP, the response's key becomes the session's key and the
+    /// replaced session's key is deleted.
     /// - Returns: what became of the replaced grant.
     /// - Throws: ``AuthError/Code/invalidResponse`` when the response has no refresh token;
     ///   store errors (nothing is kept in memory then, so a locked store never yields a session
@@ -168,6 +208,14 @@ public actor CredentialsManager {
         guard let refresh = response.refreshToken else {
             throw .invalidResponse("the server issued no refresh token; ask for offline access")
         }
+        let proofKey = response.proofKey
+        if configuration.usesDPoP != (proofKey != nil) {
+            throw .configuration(
+                configuration.usesDPoP
+                    ? "DPoP is turned on for this client, but the tokens are not bound to a key: sign in with signInProofs()"
+                    : "the tokens are bound to a DPoP key, but this client's configuration does not turn on usesDPoP")
+        }
+        let keys = configuration.usesDPoP ? try requireKeyStore() : nil
         let lock = try await acquireCrossProcessLock()
         defer { withExtendedLifetime(lock) {} }
         let replaced: ReplacedGrant
@@ -176,6 +224,7 @@ public actor CredentialsManager {
             if previous == nil { previous = try await tokenStore.refreshToken() }
             replaced = try await revokeReplaced(previous, by: refresh)
             try await tokenStore.saveRefreshToken(refresh, details: SessionDetails(subject: response.idTokenSubject))
+            if let keys, let proofKey { try await keys.bind(proofKey, to: key) }
         } catch let error as LockboxError {
             throw AuthError.from(error)
         } catch let error as AuthError {
@@ -188,6 +237,7 @@ public actor CredentialsManager {
         rotationStoreError = nil
         signOutReason = nil
         lastRefreshTokenFingerprint = TokenFingerprint.of(refresh)
+        sessionProofs = proofKey.map { DPoPProofFactory(key: $0, nonces: nonces, now: now) }
         let credentials = Credentials(response)
         current = credentials
         knownState = .signedIn(accessTokenExpiresAt: credentials.expiresAt)
@@ -262,12 +312,52 @@ public actor CredentialsManager {
         return try await sharedRefresh(minTTL: minTTL, rejecting: nil)
     }
 
-    /// `request` with an `Authorization: Bearer` header carrying a valid access token.
+    /// `request` with an `Authorization` header carrying a valid access token: `Bearer`, or
+    /// for a DPoP session `DPoP` with a proof for this request's method and URL in the `DPoP`
+    /// header (send it once: the server refuses a proof it has seen).
     public func authorizedRequest(_ request: URLRequest, minTTL: Duration? = nil) async throws(AuthError) -> URLRequest {
         let credentials = try await credentials(minTTL: minTTL)
+        return try await authorized(request, with: credentials)
+    }
+
+    /// `request` carrying `credentials`: a bearer token, or a DPoP-bound token with a fresh
+    /// proof bound to it (`ath`) and to the server's latest nonce.
+    private func authorized(_ request: URLRequest, with credentials: Credentials) async throws(AuthError) -> URLRequest {
         var request = request
-        request.setValue(credentials.authorizationHeaderValue, forHTTPHeaderField: "Authorization")
+        guard credentials.tokenType == "DPoP" else {
+            request.setValue(credentials.authorizationHeaderValue, forHTTPHeaderField: "Authorization")
+            return request
+        }
+        let proofs = try await requireSessionProofs()
+        request.setValue("DPoP " + credentials.accessToken.temporaryString, forHTTPHeaderField: "Authorization")
+        request.setValue(try await proofs.proof(for: request, accessToken: credentials.accessToken), forHTTPHeaderField: "DPoP")
         return request
+    }
+
+    /// Sends `request` with `credentials`; for a DPoP session, answers a resource server's
+    /// `use_dpop_nonce` challenge by one retry with its nonce (the server did not act on a
+    /// request it refused for its nonce), and turns `invalid_dpop_proof` into an error.
+    private func exchange(_ request: URLRequest, with credentials: Credentials) async throws(AuthError) -> (Data, HTTPURLResponse) {
+        var retriedWithNonce = false
+        while true {
+            let answer = try await transport.exchangeBearerRequest(try await authorized(request, with: credentials))
+            guard credentials.tokenType == "DPoP", let url = request.url else { return answer }
+            let nonceGiven = nonces.remember(from: answer.1, for: url) != nil
+            switch DPoPChallenge(answer.1) {
+            case .other:
+                return answer
+            case .invalidProof:
+                emit(.requestNotRetried, "invalid_dpop_proof", credentials.fingerprint)
+                throw .proofRefused(status: answer.1.statusCode)
+            case .useNonce:
+                guard nonceGiven, !retriedWithNonce else {
+                    emit(.requestNotRetried, "use_dpop_nonce", credentials.fingerprint)
+                    throw .nonceNotSettled(status: answer.1.statusCode, nonceGiven: nonceGiven)
+                }
+                retriedWithNonce = true
+                emit(.requestRetried, "use_dpop_nonce", credentials.fingerprint)
+            }
+        }
     }
 
     /// Sends `request` with a valid access token, applying the 401 policy: on a 401
@@ -279,9 +369,7 @@ public actor CredentialsManager {
     /// redirects come back as the answer.
     public func send(_ request: URLRequest, minTTL: Duration? = nil) async throws(AuthError) -> (Data, HTTPURLResponse) {
         let used = try await credentials(minTTL: minTTL)
-        var first = request
-        first.setValue(used.authorizationHeaderValue, forHTTPHeaderField: "Authorization")
-        let answer = try await transport.exchangeBearerRequest(first)
+        let answer = try await exchange(request, with: used)
         guard Self.isInvalidTokenChallenge(answer.1) else { return answer }
 
         let fresh = try await credentialsReplacing(used)
@@ -290,9 +378,7 @@ public actor CredentialsManager {
             return answer
         }
         emit(.requestRetried, "invalid_token", fresh.fingerprint)
-        var retry = request
-        retry.setValue(fresh.authorizationHeaderValue, forHTTPHeaderField: "Authorization")
-        return try await transport.exchangeBearerRequest(retry)
+        return try await exchange(request, with: fresh)
     }
 
     /// Whether repeating `request` cannot do harm twice.
@@ -386,6 +472,8 @@ public actor CredentialsManager {
         let fingerprint = TokenFingerprint.of(refreshToken)
         if let last = lastRefreshTokenFingerprint, last != fingerprint {
             emit(.refreshTokenChangedElsewhere, "rotated_by_another_process", fingerprint)
+            // Another process may have signed in again, with a new DPoP key: read it anew.
+            sessionProofs = nil
         }
         lastRefreshTokenFingerprint = fingerprint
         emit(.refreshStarted, current == nil ? "no_access_token" : "expiring", fingerprint)
@@ -396,7 +484,9 @@ public actor CredentialsManager {
         ])
         let result: TokenEndpointResult
         do {
-            result = try await TokenEndpoint.call(request, transport: transport, limits: configuration.requestLimits, now: now)
+            let proofs = configuration.usesDPoP ? try await requireSessionProofs() : nil
+            result = try await TokenEndpoint.call(
+                request, transport: transport, limits: configuration.requestLimits, now: now, dpop: proofs)
         } catch {
             emit(.refreshFailed, error.reasonCode, fingerprint)
             throw error
@@ -489,6 +579,7 @@ public actor CredentialsManager {
         if clearStore {
             // A locked store cannot be cleared now; the token is dead at the server anyway.
             try? await tokenStore.clearCredentials()
+            await deleteSessionKeys()
         }
         current = nil
         memoryOnlyRefreshToken = nil
@@ -539,6 +630,7 @@ public actor CredentialsManager {
         } catch {
             throw AuthError.from(error)
         }
+        await deleteSessionKeys()
         await removeFromCache()
         let accessToken = current?.accessToken
         current = nil
@@ -624,6 +716,45 @@ public actor CredentialsManager {
             try await accessTokenCache.removeAccessToken(for: key)
         } catch {
             emit(.accessTokenCacheFailed, "remove", nil)
+        }
+    }
+
+    // MARK: The DPoP key
+
+    /// The proofs of the session's key, read from the key store on first use.
+    /// - Throws: the store's error (``AuthError/Code/storeLocked`` when locked); ``AuthError/Code/store``
+    ///   when the session has no key (the tokens cannot be used without it: sign in again).
+    private func requireSessionProofs() async throws(AuthError) -> DPoPProofFactory {
+        if let sessionProofs { return sessionProofs }
+        let keys = try requireKeyStore()
+        let bound: (any ProofSigningKey)?
+        do {
+            bound = try await keys.boundKey(for: key)
+        } catch {
+            if error.code == .interactionNotAllowed { knownState = .storeLocked }
+            throw AuthError.from(error)
+        }
+        guard let bound else {
+            throw AuthError(
+                .store,
+                "The session's DPoP key is missing from the keychain, and its tokens are bound to that key. Nothing was "
+                    + "changed; sign in again to start a session with a new key.",
+                storeError: LockboxError(.itemNotFound, "No DPoP key is bound to this session."))
+        }
+        let proofs = DPoPProofFactory(key: bound, nonces: nonces, now: now)
+        sessionProofs = proofs
+        return proofs
+    }
+
+    /// Deletes the session's DPoP keys with the session. A failure leaves an unbound key that
+    /// the next sign-in's ``DPoPKeyStore/bind(_:to:)`` removes.
+    private func deleteSessionKeys() async {
+        sessionProofs = nil
+        guard let dpopKeys else { return }
+        do {
+            try await dpopKeys.deleteKeys(for: key)
+        } catch {
+            emit(.dpopKeyNotDeleted, error.code == .interactionNotAllowed ? "store_locked" : "store_error", nil)
         }
     }
 

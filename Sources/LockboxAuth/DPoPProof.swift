@@ -12,20 +12,21 @@ import LockboxCore
 public struct DPoPProofFactory: Sendable {
     /// The session's key: it signs every proof, and its public half goes in each proof's `jwk`.
     public let key: any ProofSigningKey
+    /// The servers' latest nonces, used by the requests Lockbox sends with these proofs.
+    public let nonces: DPoPNonces
     private let now: @Sendable () -> Date
 
-    /// Proofs signed by `key`; `now` gives their `iat` (tests pass a fixed clock).
-    public init(key: any ProofSigningKey, now: @escaping @Sendable () -> Date = Date.init) {
+    /// Proofs signed by `key`; `now` gives their `iat` (tests pass a fixed clock); `nonces`
+    /// remembers each server's latest `DPoP-Nonce`.
+    public init(key: any ProofSigningKey, nonces: DPoPNonces = .shared, now: @escaping @Sendable () -> Date = Date.init) {
         self.key = key
+        self.nonces = nonces
         self.now = now
     }
 
     /// The JWK SHA-256 thumbprint (RFC 7638) of the key, base64url: the `jkt` a server binds
     /// tokens to (`cnf.jkt`).
-    public var thumbprint: String {
-        let canonical = "{" + key.publicJWK.sorted { $0.key < $1.key }.map { "\"\($0.key)\":\"\($0.value)\"" }.joined(separator: ",") + "}"
-        return SHA256.hash(Array(canonical.utf8)).base64URLString
-    }
+    public var thumbprint: String { key.jwkThumbprint }
 
     /// A proof for one request.
     /// - Parameters:
@@ -59,15 +60,17 @@ public struct DPoPProofFactory: Sendable {
     /// 16 random bytes, base64url: unique per proof, so a server can refuse a replay.
     static func identifier() -> String {
         var generator = SystemRandomNumberGenerator()
-        return (0..<16).map { _ in UInt8.random(in: .min ... .max, using: &generator) }.base64URLString
+        let words = (generator.next() as UInt64, generator.next() as UInt64)
+        return withUnsafeBytes(of: words) { Array($0) }.base64URLString
     }
 
     /// `htu`: the URL without query and fragment.
     static func targetURI(_ url: URL) -> String {
-        guard var components = URLComponents(url: url, resolvingAgainstBaseURL: false) else { return url.absoluteString }
-        components.query = nil
-        components.fragment = nil
-        return components.string ?? url.absoluteString
+        // Cut at the first "?" or "#" rather than through URLComponents, which costs a good part
+        // of a signature on Linux; neither character can appear unescaped before them.
+        let text = url.absoluteString
+        guard let end = text.firstIndex(where: { $0 == "?" || $0 == "#" }) else { return text }
+        return String(text[..<end])
     }
 
     /// A JSON string literal: quotes, backslashes and control characters escaped.

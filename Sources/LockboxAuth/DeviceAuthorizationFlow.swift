@@ -19,6 +19,7 @@ public struct DeviceAuthorizationFlow: Sendable {
     public let configuration: ClientConfiguration
     private let transport: any HTTPTransport
     private let slowDownIncrement: Duration
+    private let dpop: DPoPProofFactory?
     private let now: @Sendable () -> Date
 
     /// A device flow for `configuration`'s client.
@@ -28,11 +29,15 @@ public struct DeviceAuthorizationFlow: Sendable {
     ///   - transport: how requests reach the server.
     ///   - slowDownIncrement: added to the polling interval on each `slow_down`
     ///     (RFC 8628 section 3.5 says 5 seconds; tests may shorten it).
+    ///   - dpop: with ``ClientConfiguration/usesDPoP``, the new session's proofs from
+    ///     ``CredentialsManager/signInProofs()``: each poll carries a proof and the tokens come
+    ///     back bound to its key.
     ///   - now: the current time, for the device code's expiry.
     public init(
         configuration: ClientConfiguration, transport: any HTTPTransport = URLSessionTransport(),
-        slowDownIncrement: Duration = .seconds(5), now: @escaping @Sendable () -> Date = { Date() }
+        slowDownIncrement: Duration = .seconds(5), dpop: DPoPProofFactory? = nil, now: @escaping @Sendable () -> Date = { Date() }
     ) {
+        self.dpop = dpop
         self.configuration = configuration
         self.transport = transport
         self.slowDownIncrement = slowDownIncrement
@@ -41,6 +46,7 @@ public struct DeviceAuthorizationFlow: Sendable {
 
     /// Asks the server for a device code and a user code.
     public func start(scope: [String]? = nil) async throws(AuthError) -> DeviceAuthorization {
+        try DPoPProofFactory.check(dpop, for: configuration)
         guard let endpoint = configuration.deviceAuthorizationEndpoint else {
             throw .configuration("the server has no device_authorization_endpoint")
         }
@@ -96,6 +102,7 @@ public struct DeviceAuthorizationFlow: Sendable {
     /// - Throws: ``AuthError/Code/flowFailed`` with `access_denied` or `expired_token` as its
     ///   ``AuthError/oauthError``; ``AuthError/Code/cancelled``.
     public func waitForApproval(_ authorization: DeviceAuthorization) async throws(AuthError) -> TokenResponse {
+        try DPoPProofFactory.check(dpop, for: configuration)
         var interval = authorization.interval
         var backoff = Duration.zero
         while true {
@@ -113,7 +120,8 @@ public struct DeviceAuthorizationFlow: Sendable {
             ])
             let result: TokenEndpointResult
             do {
-                result = try await TokenEndpoint.call(request, transport: transport, limits: configuration.requestLimits, now: now)
+                result = try await TokenEndpoint.call(
+                    request, transport: transport, limits: configuration.requestLimits, now: now, dpop: dpop)
             } catch AuthError.network {
                 backoff = Self.nextBackoff(backoff, interval: interval)
                 continue

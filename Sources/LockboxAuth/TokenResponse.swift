@@ -25,6 +25,9 @@ public struct TokenResponse: Sendable, CustomStringConvertible {
     /// display (`lockbox auth status`). Read without checking the token's signature: never use
     /// it to decide who the user is.
     public let idTokenSubject: String?
+    /// The DPoP key the tokens are bound to (`token_type` `DPoP`); nil for bearer tokens.
+    /// ``CredentialsManager/signIn(with:)`` makes it the session's key.
+    public let proofKey: (any ProofSigningKey)?
 
     /// When the access token expires, from `expires_in` and the time of the request.
     public var expiresAt: Date? { expiresIn.map { requestedAt.addingTimeInterval($0.timeInterval) } }
@@ -32,12 +35,13 @@ public struct TokenResponse: Sendable, CustomStringConvertible {
     /// The token type, expiry and scope; never a token.
     public var description: String {
         "TokenResponse(access: \(TokenFingerprint.of(accessToken)), refresh: "
-            + "\(refreshToken.map(TokenFingerprint.of) ?? "none"), expiresIn: \(expiresIn.map { "\($0)" } ?? "-"))"
+            + "\(refreshToken.map(TokenFingerprint.of) ?? "none"), type: \(tokenType), expiresIn: \(expiresIn.map { "\($0)" } ?? "-"))"
     }
 
     init(accessToken: SecretBytes, tokenType: String, refreshToken: SecretBytes?, expiresIn: Duration?, scope: [String], requestedAt: Date, serverClockOffset: Duration?,
-        idTokenSubject: String? = nil
+        idTokenSubject: String? = nil, proofKey: (any ProofSigningKey)? = nil
     ) {
+        self.proofKey = proofKey
         self.accessToken = accessToken
         self.tokenType = tokenType
         self.refreshToken = refreshToken
@@ -60,11 +64,43 @@ enum TokenEndpointResult {
 enum TokenEndpoint {
     /// Sends `request` to a token endpoint: no redirect is followed, and `limits` bound the
     /// time and the size of the answer.
+    ///
+    /// With `dpop`, each attempt carries a fresh proof with the server's latest nonce; a
+    /// `use_dpop_nonce` answer is retried once with the nonce it gave, and the tokens must come
+    /// back bound (`token_type` `DPoP`).
+    /// - Throws: ``AuthError/Code/proofRejected`` when the server refuses the proof, or asks
+    ///   for a nonce again after the retry.
     static func call(
-        _ request: URLRequest, transport: any HTTPTransport, limits: RequestLimits = RequestLimits(), now: @Sendable () -> Date
+        _ request: URLRequest, transport: any HTTPTransport, limits: RequestLimits = RequestLimits(), now: @Sendable () -> Date,
+        dpop: DPoPProofFactory? = nil
     ) async throws(AuthError) -> TokenEndpointResult {
+        guard let dpop else {
+            return try await attempt(request, transport: transport, limits: limits, now: now, dpop: nil).result
+        }
+        var retriedWithNonce = false
+        while true {
+            var signed = request
+            signed.setValue(try await dpop.proof(for: request), forHTTPHeaderField: "DPoP")
+            let (result, nonceGiven) = try await attempt(signed, transport: transport, limits: limits, now: now, dpop: dpop)
+            switch result {
+            case .oauthError(let status, "invalid_dpop_proof", _):
+                throw .proofRefused(status: status)
+            case .oauthError(let status, "use_dpop_nonce", _):
+                // Only a nonce this very answer carried counts: an older one was just refused.
+                guard nonceGiven, !retriedWithNonce else { throw .nonceNotSettled(status: status, nonceGiven: nonceGiven) }
+                retriedWithNonce = true
+            default:
+                return result
+            }
+        }
+    }
+
+    private static func attempt(
+        _ request: URLRequest, transport: any HTTPTransport, limits: RequestLimits, now: @Sendable () -> Date, dpop: DPoPProofFactory?
+    ) async throws(AuthError) -> (result: TokenEndpointResult, nonceGiven: Bool) {
         let requestedAt = now()
         let (data, response) = try await transport.exchange(request, limits: limits, redirects: .refuse)
+        let nonceGiven = request.url.flatMap { url in dpop?.nonces.remember(from: response, for: url) } != nil
         let retryAfter = response.value(forHTTPHeaderField: "Retry-After").flatMap { Int($0.trimmingCharacters(in: .whitespaces)) }
         let object = (try? JSONSerialization.jsonObject(with: data)) as? [String: Any]
         if response.statusCode == 200 {
@@ -77,8 +113,17 @@ enum TokenEndpoint {
             guard access.utf8.allSatisfy({ (0x20...0x7E).contains($0) }) else {
                 throw .invalidResponse("the access_token holds characters outside RFC 6749's VSCHAR (control or non-ASCII)", status: 200)
             }
-            let tokenType = object["token_type"] as? String ?? "Bearer"
-            guard tokenType.lowercased() == "bearer" else {
+            let tokenType = (object["token_type"] as? String ?? "Bearer").lowercased()
+            switch (tokenType, dpop != nil) {
+            case ("bearer", false), ("dpop", true):
+                break
+            case ("bearer", true):
+                throw .invalidResponse(
+                    "the server answered a DPoP request with a Bearer token, which is not bound to the session's key; the "
+                        + "server may not support DPoP (turn usesDPoP off for it) or ignored the proof", status: 200)
+            case ("dpop", false):
+                throw .invalidResponse("the server issued a DPoP-bound token to a request without a proof", status: 200)
+            default:
                 throw .invalidResponse("unsupported token_type", status: 200)
             }
             let refresh = (object["refresh_token"] as? String).flatMap { $0.isEmpty ? nil : SecretBytes(utf8: $0) }
@@ -88,16 +133,16 @@ enum TokenEndpoint {
             if let header = response.value(forHTTPHeaderField: "Date"), let serverDate = httpDate(header) {
                 offset = .milliseconds(Int64((serverDate.timeIntervalSince(now()) * 1000).rounded()))
             }
-            return .success(
+            return (.success(
                 TokenResponse(
-                    accessToken: SecretBytes(utf8: access), tokenType: "Bearer", refreshToken: refresh,
+                    accessToken: SecretBytes(utf8: access), tokenType: dpop == nil ? "Bearer" : "DPoP", refreshToken: refresh,
                     expiresIn: expiresIn.map { .seconds($0) }, scope: scope, requestedAt: requestedAt, serverClockOffset: offset,
-                    idTokenSubject: (object["id_token"] as? String).flatMap(subject(ofIDToken:))))
+                    idTokenSubject: (object["id_token"] as? String).flatMap(subject(ofIDToken:)), proofKey: dpop?.key)), nonceGiven)
         }
         if let error = object?["error"] as? String {
-            return .oauthError(status: response.statusCode, error: sanitize(error), retryAfter: retryAfter)
+            return (.oauthError(status: response.statusCode, error: sanitize(error), retryAfter: retryAfter), nonceGiven)
         }
-        return .httpError(status: response.statusCode, retryAfter: retryAfter)
+        return (.httpError(status: response.statusCode, retryAfter: retryAfter), nonceGiven)
     }
 
     /// The `sub` claim of a JWT's payload, when it is printable and at most 256 characters.

@@ -1,5 +1,6 @@
 import FoundationEssentials
 import Lockbox
+import LockboxBrokerIdentity
 import LockboxCommandLine
 
 #if canImport(Glibc)
@@ -88,10 +89,18 @@ struct Runner {
             }
             let status = try vault.status()
             let tpm = Self.tpmUse(vault, status: status)
+            let device = vault.configuration.device
+            var deviceKey = "\((try? device.storage)?.description ?? "unreadable") (\(device.resolvedKeyPath))"
+            if let unavailable = vault.deviceKeyUnavailability {
+                deviceKey += "; not available here, ThisDeviceOnly items cannot be read (OSStatus \(unavailable.status))"
+            }
             if json {
-                output.print(Self.json(StatusReport(backend: opened.backend.rawValue, reason: opened.reason, vault: status, tpm: tpm)))
+                output.print(
+                    Self.json(
+                        StatusReport(backend: opened.backend.rawValue, reason: opened.reason, vault: status, tpm: tpm, deviceKey: deviceKey)))
             } else {
-                output.print(Self.describe(status, backend: opened.backend.rawValue, reason: opened.reason) + "\ntpm: \(tpm)")
+                output.print(
+                    Self.describe(status, backend: opened.backend.rawValue, reason: opened.reason) + "\ntpm: \(tpm)\ndevice key: \(deviceKey)")
             }
             return .success
         case .verify(let acceptOlder, let json):
@@ -200,12 +209,19 @@ struct Runner {
             return .success
         case .login, .token, .logout, .authStatus:
             preconditionFailure("OAuth commands run through AuthCommands")
-        case .generateKey, .sign, .publicKey, .deleteKey, .enrollTPM, .unlockTPM:
+        case .generateKey, .sign, .publicKey, .deleteKey, .enrollTPM, .sealDeviceKey, .unlockTPM:
             preconditionFailure("key commands run in lockbox-keys")
         case .sshAgent:
             preconditionFailure("ssh-agent runs in lockbox-ssh-agent")
         case .sync:
             preconditionFailure("sync runs in lockbox-sync")
+        case .brokerUnits(let install, let lockboxd):
+            let outcome =
+                install
+                ? try BrokerUnits.install(brokerCommand: [lockboxd ?? BrokerUnits.defaultBrokerExecutable])
+                : try BrokerUnits.uninstall()
+            output.print(outcome.message)
+            return .success
         }
     }
 
@@ -453,6 +469,8 @@ struct StatusReport: Encodable {
     var reason: String
     var vault: VaultStatus
     var tpm: String
+    /// Where this machine's device key lives (`file`, `sealed by the TPM`), and its path.
+    var deviceKey: String
 }
 
 /// An item's attributes for printing: never its data.

@@ -248,6 +248,7 @@ struct TableSpec {
         TableSpec(name: "key_slots", columns: [], key: ["id"], match: ["id"]),
         TableSpec(name: "class_keys", columns: [], key: ["accessibility", "device_id"], match: ["accessibility", "device_id"]),
         TableSpec(name: "vault_state", columns: [], key: ["id"], match: ["id"]),
+        TableSpec(name: "integrity_groups", columns: [], key: ["id"], match: ["id"]),
         TableSpec(name: "unlock_attempts", columns: [], key: ["id"], match: ["id"]),
     ]
 }
@@ -1130,6 +1131,9 @@ extension Campaign {
             // vault_state and unlock_attempts allow id 1 only (a CHECK constraint, which the
             // attacker's connection ignores).
             copy.values[spec.key[0]] = .integer(2)
+        case "integrity_groups":
+            // Ids 0 to 15 are taken; 16 is outside the CHECK constraint.
+            copy.values[spec.key[0]] = .integer(16)
         default:
             break
         }

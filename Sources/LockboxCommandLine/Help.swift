@@ -17,6 +17,7 @@ package enum Help {
           set-passphrase             set one again
           enroll secret-service      let the desktop keyring unlock it with your login session
           enroll tpm2 [--pcrs 7]     let the TPM unlock it with no passphrase (a service at boot)
+          enroll tpm2 --device-key   seal this machine's device key (ThisDeviceOnly items) by the TPM
           backup FILE                write the portable items to a sealed backup file
           restore FILE               merge a backup into this keychain (newer copy wins)
         Items:
@@ -41,6 +42,9 @@ package enum Help {
           ssh-agent                  serve the keychain's SSH keys to ssh, ssh-add and git
         Sync:
           sync                       synchronizable items end-to-end encrypted through PostgreSQL
+        Broker:
+          broker install-units       let systemd start lockboxd on the first connection
+          broker uninstall-units     remove those units
 
         The keychain is PATH, else $LOCKBOX_KEYCHAIN, else $XDG_DATA_HOME/lockbox/default.lockbox.
         The backend is --backend, else $LOCKBOX_BACKEND, else the vault (`lockbox status` says why).
@@ -199,12 +203,19 @@ package enum Help {
             return """
                 usage: lockbox [--keychain PATH] \(verb) secret-service
                        lockbox [--keychain PATH] enroll tpm2 [--pcrs 0,7]   |   unenroll tpm2
+                       lockbox enroll tpm2 --device-key [--pcrs 0,7]
 
                 tpm2: seals a key that unlocks this keychain with the machine's TPM 2.0 (and with
                 --pcrs, to those PCRs' current values), kept in the keychain file. `lockbox unlock
                 --tpm2` then unlocks with no passphrase and no desktop session (a service at boot,
                 like systemd-cryptenroll --tpm2-device). A copy of the file opens on no other
                 machine. LOCKBOX_TPM_TCTI names another TPM (swtpm:path=SOCKET).
+
+                tpm2 --device-key: seals this machine's device key (which binds the ThisDeviceOnly
+                items of every keychain) by the TPM, in place of the clear key file: the same key,
+                so nothing stored changes, but a copy of the file opens those items on no other
+                machine. Without the TPM they read as unavailable, never from a key file.
+                `lockbox status` says where the device key lives.
 
 
                 enroll: keeps a key that unlocks this keychain in the desktop keyring (GNOME
@@ -280,6 +291,19 @@ package enum Help {
                 Keeps synchronizable items the same on several machines, end-to-end encrypted,
                 through a PostgreSQL database. Pairing codes and passphrases are read from standard
                 input or the terminal. See docs/SYNC.md.
+                """
+        case "broker":
+            return """
+                usage: lockbox broker install-units [--lockboxd PATH]
+                       lockbox broker uninstall-units
+
+                install-units writes lockboxd.socket and lockboxd.service to
+                $XDG_CONFIG_HOME/systemd/user/ and enables the socket: systemd then starts lockboxd
+                (PATH, default the lockboxd beside lockbox) on the first connection to
+                $XDG_RUNTIME_DIR/lockbox/lockboxd.sock. With a running user manager it reloads it
+                and starts the socket; without one it says so. uninstall-units stops and removes
+                them. Unit files that lockbox did not write are never replaced or removed.
+                See docs/BROKER.md.
                 """
         case "dump", "dump-keychain":
             return """

@@ -41,14 +41,18 @@ package enum Command {
     case deleteKey(KeyOptions)
     /// `enroll tpm2 [--pcrs LIST]`, `unenroll tpm2`.
     case enrollTPM(pcrs: [Int], remove: Bool)
+    /// `enroll tpm2 --device-key [--pcrs LIST]`: this machine's device key, sealed by the TPM.
+    case sealDeviceKey(pcrs: [Int])
     /// `unlock --tpm2`.
     case unlockTPM(timeout: UInt32?)
+    /// `broker install-units [--lockboxd PATH]`, `broker uninstall-units`.
+    case brokerUnits(install: Bool, lockboxd: String?)
 
     /// Commands that use managed keys or the TPM: they run in `lockbox-keys`, so that only
     /// they load libcrypto and the tss2 libraries.
     package var usesKeys: Bool {
         switch self {
-        case .generateKey, .sign, .publicKey, .deleteKey, .enrollTPM, .unlockTPM: true
+        case .generateKey, .sign, .publicKey, .deleteKey, .enrollTPM, .sealDeviceKey, .unlockTPM: true
         default: false
         }
     }
@@ -248,7 +252,12 @@ package enum Parser {
             let keeper = reader.next()
             if keeper == "tpm2" {
                 var pcrs: [Int] = []
+                var deviceKey = false
                 while let option = reader.next() {
+                    if option == "--device-key", verb == "enroll" {
+                        deviceKey = true
+                        continue
+                    }
                     guard option == "--pcrs", verb == "enroll" else { throw reader.unknown(option) }
                     let list = try reader.value(for: option)
                     for part in list.split(separator: ",") {
@@ -258,7 +267,7 @@ package enum Parser {
                         pcrs.append(pcr)
                     }
                 }
-                return .enrollTPM(pcrs: pcrs, remove: verb == "unenroll")
+                return deviceKey ? .sealDeviceKey(pcrs: pcrs) : .enrollTPM(pcrs: pcrs, remove: verb == "unenroll")
             }
             guard let keeper, keeper == "secret-service", reader.next() == nil else {
                 throw UsageError(message: "usage: lockbox \(verb) secret-service|tpm2", verb: verb)
@@ -354,6 +363,16 @@ package enum Parser {
             return .sshAgent(arguments: reader.options)
         case "sync":
             return .sync(arguments: reader.options)
+        case "broker":
+            let usage = "usage: lockbox broker install-units [--lockboxd PATH] | uninstall-units"
+            let action = reader.next()
+            guard action == "install-units" || action == "uninstall-units" else { throw UsageError(message: usage, verb: verb) }
+            var lockboxd: String?
+            while let option = reader.next() {
+                guard option == "--lockboxd", action == "install-units" else { throw reader.unknown(option) }
+                lockboxd = try reader.value(for: option)
+            }
+            return .brokerUnits(install: action == "install-units", lockboxd: lockboxd)
         case "dump", "dump-keychain":
             var json = false
             while let option = reader.next() {

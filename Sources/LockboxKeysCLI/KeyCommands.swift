@@ -84,6 +84,21 @@ struct KeyCommands {
                         + (pcrs.isEmpty ? "." : " while PCRs \(pcrs.map(String.init).joined(separator: ",")) keep their current values."))
             }
             return .success
+        case .sealDeviceKey(let pcrs):
+            let device = keychainOptions().vault.device
+            let outcome = try device.sealWithTPM(pcrs: pcrs)
+            let bound = pcrs.isEmpty ? "" : " while PCRs \(pcrs.map(String.init).joined(separator: ",")) keep their current values"
+            switch outcome {
+            case .migratedFromFile:
+                output.error(
+                    "The device key is now sealed by the TPM\(bound); the clear key file was replaced (\(device.resolvedKeyPath)). "
+                        + "ThisDeviceOnly items stay readable here, and a copy of the file opens them nowhere else.")
+            case .created:
+                output.error("A new device key was made, sealed by the TPM\(bound) (\(device.resolvedKeyPath)).")
+            case .resealed:
+                output.error("The device key was sealed again by the TPM\(bound) (\(device.resolvedKeyPath)).")
+            }
+            return .success
         case .unlockTPM(let timeout):
             var options = keychainOptions()
             if let timeout { options.vault.idleTimeout = .seconds(timeout) }

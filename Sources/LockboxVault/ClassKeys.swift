@@ -36,8 +36,10 @@ extension KeyCache {
         return header.version == 1 || id.accessibility == .alwaysThisDeviceOnly
     }
 
-    static func deviceWrappingKey(device: DeviceSecret, header: VaultHeader) -> SecretBytes {
-        Crypto.combine(device.secret, with: SecretBytes(copying: header.vaultID), context: "lockbox.device-wrap.v2")
+    /// Nil when this machine's device secret is unavailable (a TPM that does not unseal it).
+    static func deviceWrappingKey(device: DeviceSecret, header: VaultHeader) -> SecretBytes? {
+        guard let secret = device.availableSecret else { return nil }
+        return Crypto.combine(secret, with: SecretBytes(copying: header.vaultID), context: "lockbox.device-wrap.v2")
     }
 
     /// The key that wraps entry `id`, if it can be had: the master key (bound to the device
@@ -60,7 +62,8 @@ extension KeyCache {
             base = master
         }
         guard id.accessibility.isThisDeviceOnly else { return base }
-        return Crypto.combine(base, with: device.secret, context: "lockbox.this-device-only.v1")
+        guard let secret = device.availableSecret else { return nil }
+        return Crypto.combine(base, with: secret, context: "lockbox.this-device-only.v1")
     }
 
     static func openEntry(_ id: VaultHeader.ClassKeyID, header: VaultHeader, wrappingKey: SecretBytes) -> SecretBytes? {
@@ -127,6 +130,8 @@ extension KeyCache {
         var added = false
         for accessibility in Accessibility.allCases {
             if accessibility == .whenPasscodeSetThisDeviceOnly && !header.hasPassphrase { continue }
+            // Without this machine's device secret nothing bound to it can be made (or read).
+            if device.availableSecret == nil && (accessibility.isThisDeviceOnly || accessibility.availability == .always) { continue }
             var key: SecretBytes?
             if let id = masterEntry(accessibility, device: device, header: header) {
                 if header.wrappedClassKeys[id] == nil {

@@ -9,22 +9,32 @@ import Glibc
 /// Where this machine's device secret comes from: the key that `*ThisDeviceOnly` class keys
 /// are bound to, kept outside the vault file and outside every backup.
 ///
-/// The secret is a random key in `$XDG_STATE_HOME/lockbox/device-key` (mode 0600) mixed with
+/// The secret is a random key in `$XDG_STATE_HOME/lockbox/device-key` mixed with
 /// `/etc/machine-id`. A vault file copied to another machine, or restored there, cannot open
-/// its `ThisDeviceOnly` items. It is no hardware boundary: a process of the same user can read
-/// the key file (see the threat model); a TPM-sealed device key is a later unlock method.
+/// its `ThisDeviceOnly` items. The key is kept one of two ways (``DeviceKeyStorage``):
+///
+/// - in clear in the file (mode 0600), the default: no hardware boundary, a process of the same
+///   user can read it, and a copy of the file carries the items along (see the threat model);
+/// - sealed by the machine's TPM 2.0 (``sealWithTPM(pcrs:)``, `lockbox-keys enroll tpm2
+///   --device-key`): the file holds only a blob that this TPM alone unseals, so a copy of the file
+///   (and of the vault) opens no `ThisDeviceOnly` item anywhere else.
 public struct DeviceIdentity: Sendable, Hashable {
     /// The device key file; nil for `$XDG_STATE_HOME/lockbox/device-key`.
     public var keyPath: String?
     /// The machine identity mixed into the device secret.
     public var machineIDPath: String = "/etc/machine-id"
+    /// The TPM that seals the device key, as a TCTI configuration (`device:/dev/tpmrm0`,
+    /// `swtpm:path=...`); nil for `LOCKBOX_TPM_TCTI`, else `/dev/tpmrm0`.
+    public var tpmDevice: String?
 
-    public init(keyPath: String? = nil, machineIDPath: String = "/etc/machine-id") {
+    public init(keyPath: String? = nil, machineIDPath: String = "/etc/machine-id", tpmDevice: String? = nil) {
         self.keyPath = keyPath
         self.machineIDPath = machineIDPath
+        self.tpmDevice = tpmDevice
     }
 
-    var resolvedKeyPath: String {
+    /// The device key file's path.
+    public var resolvedKeyPath: String {
         if let keyPath { return keyPath }
         if let state = ProcessEnvironment.value("XDG_STATE_HOME"), state.hasPrefix("/") {
             return state + "/lockbox/device-key"
@@ -34,40 +44,97 @@ public struct DeviceIdentity: Sendable, Hashable {
 }
 
 /// The loaded device secret and its public identifier (which names this machine's rows).
+///
+/// The secret is missing when the device key is sealed by a TPM that does not unseal it here
+/// (no TPM, another TPM, changed PCRs): the identifier is still known (the sealed file names
+/// it), so this machine's `*ThisDeviceOnly` rows are found, and reading them throws
+/// ``unavailability`` instead of reading as absent; the other classes work as usual.
 final class DeviceSecret: Sendable {
-    let secret: SecretBytes
+    private let key: SecretBytes?
     /// Hex, not secret: stored in the `device_id` column of this machine's items.
     let identifier: String
+    /// Why the secret is missing (nil when it is at hand).
+    let unavailability: LockboxError?
 
     init(secret: SecretBytes) {
-        self.secret = secret
-        let digest = Crypto.keyedDigest(Array("lockbox.device-id.v1".utf8), key: secret)
-        identifier = Array(digest.prefix(8)).hexString
+        key = secret
+        identifier = Self.identifier(of: secret)
+        unavailability = nil
     }
 
-    /// Reads the device key file, creating it (0600, in a 0700 directory) on first use.
+    private init(identifier: String, unavailability: LockboxError) {
+        key = nil
+        self.identifier = identifier
+        self.unavailability = unavailability
+    }
+
+    static func identifier(of secret: SecretBytes) -> String {
+        let digest = Crypto.keyedDigest(Array("lockbox.device-id.v1".utf8), key: secret)
+        return Array(digest.prefix(8)).hexString
+    }
+
+    /// The secret; throws ``unavailability`` when this machine cannot have it.
+    var secret: SecretBytes {
+        get throws(LockboxError) {
+            guard let key else { throw unavailability! }
+            return key
+        }
+    }
+
+    /// The secret, or nil when it is unavailable here.
+    var availableSecret: SecretBytes? { key }
+
+    /// Reads the device key (unsealing it with the TPM when it is sealed), creating a key file
+    /// (0600, in a 0700 directory) on first use.
     static func load(_ identity: DeviceIdentity) throws(LockboxError) -> DeviceSecret {
         let path = identity.resolvedKeyPath
-        var key = try readKeyFile(path)
-        if key == nil {
-            try FilePermissions.createPrivateDirectory(FilePermissions.directory(of: path))
-            let fresh = Crypto.generateKey()
-            let descriptor = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600)
-            if descriptor >= 0 {
-                let written = fresh.withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
-                fsync(descriptor)
-                close(descriptor)
-                guard written == Crypto.keyByteCount else {
-                    unlink(path)
-                    throw LockboxError(.io, "Cannot write the device key \(path).")
+        switch try DeviceKeyFile.read(path) {
+        case .sealed(let sealed):
+            do throws(LockboxError) {
+                let key = try sealed.unseal(identity)
+                let secret = DeviceSecret(secret: combine(key, identity))
+                guard secret.identifier == sealed.identifier else {
+                    throw LockboxError(
+                        .decode, "The device key \(path) names another key than the one its TPM blob holds: the file was edited.")
                 }
+                return secret
+            } catch where error.code == .decode {
+                throw error
+            } catch {
+                return DeviceSecret(identifier: sealed.identifier, unavailability: error)
             }
-            // Another process may have won the race: read whatever is there now.
-            key = try readKeyFile(path)
+        case .clear(let key):
+            return DeviceSecret(secret: combine(key, identity))
+        case nil:
+            try createKeyFile(path)
+            guard case .clear(let key) = try DeviceKeyFile.read(path) else { return try load(identity) }
+            return DeviceSecret(secret: combine(key, identity))
         }
-        guard let key else { throw LockboxError(.io, "Cannot create the device key \(path).") }
+    }
+
+    /// The device key file's key mixed with the machine identity.
+    static func combine(_ key: SecretBytes, _ identity: DeviceIdentity) -> SecretBytes {
         let machineID = machineIdentity(identity.machineIDPath)
-        return DeviceSecret(secret: Crypto.combine(key, with: SecretBytes(utf8: machineID), context: "lockbox.device.v1"))
+        return Crypto.combine(key, with: SecretBytes(utf8: machineID), context: "lockbox.device.v1")
+    }
+
+    /// Makes a clear device key file unless one exists (another process may win the race:
+    /// its file is then read like any other).
+    static func createKeyFile(_ path: String) throws(LockboxError) {
+        try FilePermissions.createPrivateDirectory(FilePermissions.directory(of: path))
+        let fresh = Crypto.generateKey()
+        let descriptor = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        guard descriptor >= 0 else {
+            if errno == EEXIST { return }
+            throw LockboxError(.io, "Cannot create the device key \(path).")
+        }
+        let written = fresh.withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
+        let synced = fsync(descriptor)
+        close(descriptor)
+        guard written == Crypto.keyByteCount, synced == 0 else {
+            unlink(path)
+            throw LockboxError(.io, "Cannot write the device key \(path).")
+        }
     }
 
     /// The machine identity file's first line without surrounding white space; empty when the
@@ -86,26 +153,5 @@ final class DeviceSecret: Sendable {
         while start < end && isSpace(bytes[start]) { start += 1 }
         while end > start && isSpace(bytes[end - 1]) { end -= 1 }
         return String(decoding: bytes[start..<end], as: UTF8.self)
-    }
-
-    private static func readKeyFile(_ path: String) throws(LockboxError) -> SecretBytes? {
-        guard FilePermissions.exists(path) else { return nil }
-        guard let identity = try FilePermissions.check(directory: FilePermissions.directory(of: path), files: [path])[path] else {
-            return nil
-        }
-        let descriptor = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
-        guard descriptor >= 0 else { throw LockboxError(.io, "Cannot read the device key \(path).") }
-        defer { close(descriptor) }
-        var info = stat()
-        guard fstat(descriptor, &info) == 0, FilePermissions.Identity(info) == identity else {
-            throw LockboxError(.io, "The device key \(path) was replaced while it was being read.")
-        }
-        let key = SecretBytes(capacity: Crypto.keyByteCount) { buffer in
-            max(0, read(descriptor, buffer.baseAddress, buffer.count))
-        }
-        guard key.count == Crypto.keyByteCount else {
-            throw LockboxError(.io, "The device key \(path) is damaged (wrong size). Move it away to create a new one; ThisDeviceOnly items will be lost.")
-        }
-        return key
     }
 }

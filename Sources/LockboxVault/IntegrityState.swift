@@ -24,14 +24,32 @@ import Glibc
 struct IntegrityState {
     static let bucketCount = 256
     static let accumulatorSize = 32
+    /// Buckets are stored and digested in groups (schema 3): a write rewrites and rehashes the
+    /// one group of its bucket, not all 8 KiB of accumulators.
+    static let groupCount = 16
+    static let bucketsPerGroup = bucketCount / groupCount
+    static let groupSize = bucketsPerGroup * accumulatorSize
+    /// How the MACs are computed: 2 over every accumulator, 3 over a digest per group. A state
+    /// of format 2 is verified as such and rewritten in format 3 at the next write.
+    static let currentFormat = 3
 
     var generation: Int
     var accumulators: [UInt8]
     var mac: [UInt8] = []
     var alwaysMAC: [UInt8] = []
+    var format = IntegrityState.currentFormat
+    /// Per group: its digest under the element key, while its accumulators are unchanged.
+    private var groupDigests: [[UInt8]?] = Array(repeating: nil, count: IntegrityState.groupCount)
+    /// Groups whose stored row is out of date (all of them for a state not read from the file).
+    private(set) var unsavedGroups: [Bool] = Array(repeating: true, count: IntegrityState.groupCount)
 
     static func empty() -> IntegrityState {
         IntegrityState(generation: 0, accumulators: [UInt8](repeating: 0, count: bucketCount * accumulatorSize))
+    }
+
+    init(generation: Int, accumulators: [UInt8]) {
+        self.generation = generation
+        self.accumulators = accumulators
     }
 
     /// The keys: `state` from the index root (nil before the first unlock), `always` from the
@@ -133,10 +151,24 @@ struct IntegrityState {
     /// row present twice counts twice instead of cancelling out.
     mutating func add(_ row: RowIdentity, key: SecretBytes) {
         Self.add(Self.element(row, key: key), to: &accumulators, at: row.bucket * Self.accumulatorSize)
+        changed(bucket: row.bucket)
     }
 
     mutating func remove(_ row: RowIdentity, key: SecretBytes) {
         Self.subtract(Self.element(row, key: key), from: &accumulators, at: row.bucket * Self.accumulatorSize)
+        changed(bucket: row.bucket)
+    }
+
+    private mutating func changed(bucket: Int) {
+        let group = bucket / Self.bucketsPerGroup
+        groupDigests[group] = nil
+        unsavedGroups[group] = true
+    }
+
+    /// Every group is written at the next save (a state rebuilt or converted).
+    mutating func markAllUnsaved() {
+        unsavedGroups = Array(repeating: true, count: Self.groupCount)
+        groupDigests = Array(repeating: nil, count: Self.groupCount)
     }
 
     static func add(_ value: [UInt8], to accumulator: inout [UInt8], at start: Int) {
@@ -162,7 +194,26 @@ struct IntegrityState {
         accumulators[bucket * Self.accumulatorSize..<(bucket + 1) * Self.accumulatorSize]
     }
 
-    private func authenticatedBytes(vaultID: [UInt8], header: VaultHeader) -> [UInt8] {
+    /// What the MACs cover: the vault, the generation, the accumulators (in format 3 through one
+    /// digest per group) and the header (through its digest, ``headerBinding(_:key:)``).
+    private mutating func authenticatedBytes(vaultID: [UInt8], headerBinding: [UInt8], keys: Keys) -> [UInt8] {
+        var encoder = FieldEncoder()
+        encoder.string("lockbox.state.v3")
+        encoder.bytes(vaultID)
+        encoder.integer(generation)
+        for group in 0..<Self.groupCount {
+            if groupDigests[group] == nil {
+                groupDigests[group] = Crypto.keyedDigest(
+                    Array(accumulators[group * Self.groupSize..<(group + 1) * Self.groupSize]), key: keys.element)
+            }
+            encoder.bytes(groupDigests[group]!)
+        }
+        encoder.bytes(headerBinding)
+        return encoder.bytes
+    }
+
+    /// Format 2: every accumulator and the header's bytes, as they are.
+    private func authenticatedBytesVersion2(vaultID: [UInt8], header: VaultHeader) -> [UInt8] {
         var encoder = FieldEncoder()
         encoder.string("lockbox.state.v2")
         encoder.bytes(vaultID)
@@ -173,17 +224,38 @@ struct IntegrityState {
         return encoder.bytes
     }
 
+    /// The header as the state's MACs bind it: a digest of its authenticated bytes and its MAC,
+    /// computed once per header (``Vault/State/headerBinding(key:)`` keeps it).
+    static func headerBinding(_ header: VaultHeader, key: SecretBytes) -> [UInt8] {
+        var encoder = FieldEncoder()
+        encoder.bytes(header.authenticatedBytes())
+        encoder.bytes(header.mac)
+        return Crypto.keyedDigest(encoder.bytes, key: key)
+    }
+
     mutating func seal(header: VaultHeader, keys: Keys) {
+        seal(vaultID: header.vaultID, headerBinding: Self.headerBinding(header, key: keys.element), keys: keys)
+    }
+
+    /// Seals in the current format.
+    mutating func seal(vaultID: [UInt8], headerBinding: [UInt8], keys: Keys) {
         guard let stateKey = keys.state else { preconditionFailure("writing the integrity state needs the index root") }
-        let bytes = authenticatedBytes(vaultID: header.vaultID, header: header)
+        format = Self.currentFormat
+        let bytes = authenticatedBytes(vaultID: vaultID, headerBinding: headerBinding, keys: keys)
         mac = Crypto.keyedDigest(bytes, key: stateKey)
         alwaysMAC = Crypto.keyedDigest(bytes, key: keys.always)
     }
 
+    private mutating func verifiedBytes(header: VaultHeader, headerBinding: [UInt8]?, keys: Keys) -> [UInt8] {
+        if format == 2 { return authenticatedBytesVersion2(vaultID: header.vaultID, header: header) }
+        return authenticatedBytes(
+            vaultID: header.vaultID, headerBinding: headerBinding ?? Self.headerBinding(header, key: keys.element), keys: keys)
+    }
+
     /// Checks the MAC the available keys allow: the index-root one when present, otherwise the
     /// `always` one.
-    func verify(header: VaultHeader, keys: Keys) -> Bool {
-        let bytes = authenticatedBytes(vaultID: header.vaultID, header: header)
+    mutating func verify(header: VaultHeader, headerBinding: [UInt8]? = nil, keys: Keys) -> Bool {
+        let bytes = verifiedBytes(header: header, headerBinding: headerBinding, keys: keys)
         if let stateKey = keys.state {
             return Self.equal(Crypto.keyedDigest(bytes, key: stateKey), mac)
         }
@@ -191,8 +263,8 @@ struct IntegrityState {
     }
 
     /// Checks every MAC the keys allow (both when the index root is there), for `verify`.
-    func verifyEvery(header: VaultHeader, keys: Keys) -> Bool {
-        let bytes = authenticatedBytes(vaultID: header.vaultID, header: header)
+    mutating func verifyEvery(header: VaultHeader, keys: Keys) -> Bool {
+        let bytes = verifiedBytes(header: header, headerBinding: nil, keys: keys)
         let always = Self.equal(Crypto.keyedDigest(bytes, key: keys.always), alwaysMAC)
         guard let stateKey = keys.state else { return always }
         return always && Self.equal(Crypto.keyedDigest(bytes, key: stateKey), mac)
@@ -207,41 +279,100 @@ struct IntegrityState {
 
     /// The stored state, or nil when the vault has none yet (a file from before schema 2 that
     /// has not been unlocked since). A malformed state is `errSecDecode`.
+    ///
+    /// From schema 3 the accumulators live in `integrity_groups`, one row per group. A state of
+    /// format 2 whose accumulators are still in `vault_state` (written before the schema
+    /// changed) is read from there, and all its groups are written at the next save.
     static func load(from database: Database) throws(LockboxError) -> IntegrityState? {
-        let statement = try database.statement("SELECT generation, accumulators, mac, always_mac FROM vault_state WHERE id = 1")
+        let statement = try database.statement("SELECT generation, accumulators, mac, always_mac, format FROM vault_state WHERE id = 1")
         defer { statement.reset() }
         guard try statement.step() else { return nil }
-        guard let generation = statement.integer(0), generation >= 0, let accumulators = statement.blob(1),
-            accumulators.count == bucketCount * accumulatorSize, let mac = statement.blob(2), let alwaysMAC = statement.blob(3)
-        else {
-            throw LockboxError.integrity("The keychain's integrity record")
+        let malformed = LockboxError.integrity("The keychain's integrity record")
+        guard let generation = statement.integer(0), generation >= 0, let inline = statement.blob(1),
+            let mac = statement.blob(2), let alwaysMAC = statement.blob(3), let format = statement.integer(4), format == 2 || format == 3
+        else { throw malformed }
+        var state: IntegrityState
+        if inline.count == bucketCount * accumulatorSize && format == 2 {
+            state = IntegrityState(generation: generation, accumulators: inline)
+        } else {
+            guard inline.isEmpty else { throw malformed }
+            state = IntegrityState(generation: generation, accumulators: try loadGroups(from: database))
+            state.unsavedGroups = Array(repeating: false, count: groupCount)
         }
-        return IntegrityState(generation: generation, accumulators: accumulators, mac: mac, alwaysMAC: alwaysMAC)
+        state.mac = mac
+        state.alwaysMAC = alwaysMAC
+        state.format = format
+        return state
     }
 
-    func save(to database: Database) throws(LockboxError) {
-        let statement = try database.statement(
-            "INSERT OR REPLACE INTO vault_state (id, generation, accumulators, mac, always_mac) VALUES (1, ?, ?, ?, ?)")
-        statement.bind(1, generation)
-        statement.bind(2, accumulators)
-        statement.bind(3, mac)
-        statement.bind(4, alwaysMAC)
-        try statement.run()
-    }
-
-    /// The accumulator of `bucket` recomputed from the rows whose `bucket` column names it.
-    /// A row whose lookup digest belongs to another bucket, or an id present twice, is
-    /// tampering. (A row whose column names a bucket it does not belong to is not counted here;
-    /// every row served is checked for that, and full recounts group by the digest.)
-    static func computeAccumulator(bucket: Int, database: Database, key: SecretBytes) throws(LockboxError) -> [UInt8] {
-        let statement = try database.statement("SELECT \(RowIdentity.columns) FROM items WHERE bucket = ?")
+    private static func loadGroups(from database: Database) throws(LockboxError) -> [UInt8] {
+        let statement = try database.statement("SELECT id, accumulators FROM integrity_groups ORDER BY id")
         defer { statement.reset() }
-        statement.bind(1, bucket)
+        var accumulators: [UInt8] = []
+        accumulators.reserveCapacity(bucketCount * accumulatorSize)
+        var expected = 0
+        while try statement.step() {
+            guard statement.integer(0) == expected, let group = statement.blob(1), group.count == groupSize else {
+                throw LockboxError.integrity("The keychain's integrity record")
+            }
+            accumulators += group
+            expected += 1
+        }
+        guard expected == groupCount else { throw LockboxError.integrity("The keychain's integrity record") }
+        return accumulators
+    }
+
+    /// The stored generation alone (for `status`); nil when there is no state.
+    static func loadGeneration(from database: Database) throws(LockboxError) -> Int? {
+        try database.firstRow("SELECT generation FROM vault_state WHERE id = 1") { $0.integer(0) } ?? nil
+    }
+
+    /// Writes the state row and the groups that changed since it was read.
+    mutating func save(to database: Database) throws(LockboxError) {
+        precondition(format == Self.currentFormat, "a state is saved in the current format")
+        let statement = try database.statement(
+            "INSERT OR REPLACE INTO vault_state (id, generation, accumulators, mac, always_mac, format) VALUES (1, ?, X'', ?, ?, ?)")
+        statement.bind(1, generation)
+        statement.bind(2, mac)
+        statement.bind(3, alwaysMAC)
+        statement.bind(4, format)
+        try statement.run()
+        let group = try database.statement("INSERT OR REPLACE INTO integrity_groups (id, accumulators) VALUES (?, ?)")
+        for index in 0..<Self.groupCount where unsavedGroups[index] {
+            group.bind(1, index)
+            group.bind(2, Array(accumulators[index * Self.groupSize..<(index + 1) * Self.groupSize]))
+            try group.run()
+            group.reset()
+        }
+        unsavedGroups = Array(repeating: false, count: Self.groupCount)
+    }
+
+    /// The accumulator of `bucket` recomputed from the rows whose lookup digest starts with the
+    /// bucket's byte (a range of the lookup index). A row found there that belongs to another
+    /// bucket (a digest that is not a blob sorts before every blob, into bucket 0's range), or
+    /// an id present twice, is tampering; so is a row whose `bucket` column disagrees, which
+    /// every row served is checked for too.
+    static func computeAccumulator(bucket: Int, database: Database, key: SecretBytes) throws(LockboxError) -> [UInt8] {
+        let statement: Statement
+        switch bucket {
+        case 0:
+            statement = try database.statement("SELECT \(RowIdentity.columns) FROM items WHERE lookup_digest < X'01'")
+        case bucketCount - 1:
+            statement = try database.statement("SELECT \(RowIdentity.columns) FROM items WHERE lookup_digest >= X'FF'")
+        default:
+            statement = try database.statement(
+                "SELECT \(RowIdentity.columns) FROM items WHERE lookup_digest >= ? AND lookup_digest < ?")
+            statement.bind(1, [UInt8(bucket)])
+            statement.bind(2, [UInt8(bucket + 1)])
+        }
+        defer { statement.reset() }
         var accumulator = [UInt8](repeating: 0, count: accumulatorSize)
         var ids = Set<[UInt8]>()
         while try statement.step() {
             let row = try RowIdentity(statement, first: 0)
-            guard row.bucket == bucket, ids.insert(row.id).inserted else { throw LockboxError.integrity("The keychain's rows") }
+            guard row.bucket == bucket, row.storedBucket == bucket, ids.insert(row.id).inserted else {
+                throw LockboxError.integrity("The keychain's rows")
+            }
             add(element(row, key: key), to: &accumulator, at: 0)
         }
         return accumulator

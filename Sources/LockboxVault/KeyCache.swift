@@ -470,15 +470,32 @@ final class KeyCache {
         return key
     }
 
+    /// What the cached `afterFirstUnlock` keys hold for a `*ThisDeviceOnly` class when the
+    /// vault was unlocked without this machine's device secret: zeros, which no random key is.
+    static let unavailableClassKey = SecretBytes(copying: [UInt8](repeating: 0, count: Crypto.keyByteCount))
+
     /// The class key for `accessibility`, if available in the current lock state (and, for
     /// `*ThisDeviceOnly` classes, on this machine).
     func classKey(for accessibility: Accessibility, header: VaultHeader) throws(LockboxError) -> SecretBytes? {
+        // This machine's device secret is sealed by a TPM that does not unseal it here.
+        if accessibility.isThisDeviceOnly, let unavailable = device.unavailability { throw unavailable }
         switch accessibility.availability {
         case .afterFirstUnlock:
-            return try currentAfterFirstUnlockKeys()?.classKeys[accessibility]
+            guard let key = try currentAfterFirstUnlockKeys()?.classKeys[accessibility] else { return nil }
+            guard key == Self.unavailableClassKey else { return key }
+            // Cached by a process that had no device secret: the class key comes from the header
+            // while the vault is unlocked, and never is the mark itself.
+            guard let master = try currentMaster() else {
+                throw LockboxError.locked(
+                    "Its ThisDeviceOnly keys were not kept: this machine's device key was unavailable when it was last unlocked. "
+                        + "Unlock it again with `lockbox unlock`.")
+            }
+            return try Self.unwrapClassKey(accessibility, header: header, master: master, device: device)
         case .always:
             if let key = alwaysClassKeys[accessibility] { return key }
-            guard let key = try Self.unwrapClassKey(accessibility, header: header, master: nil, device: device) else { return nil }
+            // Without the device secret only the master-wrapped copy opens (the vault unlocked).
+            let master = device.unavailability == nil ? nil : try currentMaster()
+            guard let key = try Self.unwrapClassKey(accessibility, header: header, master: master, device: device) else { return nil }
             alwaysClassKeys[accessibility] = key
             return key
         case .whileUnlocked:

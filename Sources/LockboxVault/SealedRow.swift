@@ -176,12 +176,16 @@ struct SealedRow {
     }
 
     func openData(itemKey: SecretBytes, prefix: FieldEncoder) throws(LockboxError) -> SecretBytes {
-        guard let data = try? Crypto.open(secret, key: itemKey, associatedData: associatedData(prefix: prefix, .data)) else {
+        let associatedData = associatedData(prefix: prefix, .data)
+        guard format >= 2 else {
+            guard let data = try? Crypto.open(secret, key: itemKey, associatedData: associatedData) else { throw LockboxError.integrity() }
+            return data
+        }
+        // A malformed padding is as much tampering as a wrong tag.
+        guard let data = try? Crypto.open(secret, key: itemKey, associatedData: associatedData, extracting: Padding.unpadded) else {
             throw LockboxError.integrity()
         }
-        guard format >= 2 else { return data }
-        guard let unpadded = Padding.unpadded(data) else { throw LockboxError.integrity() }
-        return unpadded
+        return data
     }
 
     /// The columns ``read(from:)`` expects, in order. Queries that need no metadata or value

@@ -25,7 +25,10 @@ extension Vault {
     static let tamperedFailureCount = 8
 
     private static func attemptsKey(_ state: State) -> SecretBytes {
-        Crypto.combine(state.device.secret, with: SecretBytes(copying: state.header.vaultID), context: "lockbox.attempts.v2")
+        // Without the device secret (its TPM does not unseal it here) the record is bound to
+        // the device identifier alone: the mirrored count in the state directory still applies.
+        let secret = state.device.availableSecret ?? SecretBytes(utf8: "lockbox.unavailable-device:" + state.device.identifier)
+        return Crypto.combine(secret, with: SecretBytes(copying: state.header.vaultID), context: "lockbox.attempts.v2")
     }
 
     private static func attemptsMAC(_ attempts: Attempts, state: State) -> [UInt8] {

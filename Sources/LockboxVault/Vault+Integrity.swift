@@ -22,13 +22,25 @@ extension Vault {
     /// Call it first in a transaction, before any other statement: the remembered generation is
     /// read before the snapshot starts, so the snapshot holds at least every write it counts.
     func currentIntegrity(_ state: State) throws(LockboxError) -> IntegrityCache {
+        // Confirmed already in this transaction: its snapshot, and so the state, is the same.
+        if let cached = state.integrity, state.database.isInTransaction,
+            state.integrityConfirmedIn == state.database.transactionSerial
+        {
+            return cached
+        }
+        let cache = try confirmIntegrity(state)
+        if state.database.isInTransaction { state.integrityConfirmedIn = state.database.transactionSerial }
+        return cache
+    }
+
+    private func confirmIntegrity(_ state: State) throws(LockboxError) -> IntegrityCache {
         let remembered = state.rememberedGeneration.read()
         let dataVersion = try state.database.dataVersion
         if let cached = state.integrity, cached.dataVersion == dataVersion { return cached }
         // Another connection wrote: the header may have changed too.
         let header = try VaultHeader.load(from: state.database)
         state.header = header
-        guard let stored = try IntegrityState.load(from: state.database) else {
+        guard var stored = try IntegrityState.load(from: state.database) else {
             guard header.version == 1, remembered == 0, try !hasCurrentFormatRows(state.database) else {
                 throw LockboxError.integrity("The keychain's integrity record (it is missing)")
             }
@@ -40,7 +52,7 @@ extension Vault {
         guard header.version >= 2 else { throw LockboxError.integrity("The keychain header (its version)") }
         let keys = try integrityKeys(state)
         if let keys {
-            guard stored.verify(header: header, keys: keys) else {
+            guard stored.verify(header: header, headerBinding: state.headerBinding(key: keys.element), keys: keys) else {
                 throw LockboxError.integrity("The keychain's integrity record")
             }
             // Only a verified generation can be compared or remembered.
@@ -112,17 +124,18 @@ extension Vault {
         let generation = try state.database.writeTransaction { () throws(LockboxError) -> Int? in
             var header = try VaultHeader.load(from: state.database)
             guard header.verify(master: master) else { throw LockboxError.integrity("The keychain header") }
-            let stored = try IntegrityState.load(from: state.database)
+            var stored = try IntegrityState.load(from: state.database)
             var keys: IntegrityState.Keys?
-            if let stored {
+            if var loaded = stored {
                 guard let always = try KeyCache.unwrapClassKey(.always, header: header, master: master, device: device) else {
                     throw LockboxError.integrity("The always class key")
                 }
                 let current = IntegrityState.Keys(indexRoot: try header.indexRoot(master: master), alwaysClassKey: always)
-                guard stored.verify(header: header, keys: current) else { throw LockboxError.integrity("The keychain's integrity record") }
+                guard loaded.verify(header: header, keys: current) else { throw LockboxError.integrity("The keychain's integrity record") }
                 let remembered = state.rememberedGeneration.read()
-                guard stored.generation >= remembered else { throw rolledBack(found: stored.generation, remembered: remembered) }
+                guard loaded.generation >= remembered else { throw rolledBack(found: loaded.generation, remembered: remembered) }
                 keys = current
+                stored = loaded
             }
             try edit(&header)
             header.seal(master: master)
@@ -199,9 +212,9 @@ extension Vault {
             touchedBuckets.insert(old.bucket)
         }
 
-        fileprivate func finish(header: VaultHeader) throws(LockboxError) {
+        fileprivate func finish(state: State) throws(LockboxError) {
             integrity.generation = generation
-            integrity.seal(header: header, keys: keys)
+            integrity.seal(vaultID: state.header.vaultID, headerBinding: state.headerBinding(key: keys.element), keys: keys)
             try integrity.save(to: database)
         }
     }
@@ -215,7 +228,7 @@ extension Vault {
         let value = try state.database.writeTransaction { () throws(LockboxError) -> T in
             let writer = try rowWriter(state)
             let value = try body(writer)
-            try writer.finish(header: state.header)
+            try writer.finish(state: state)
             committed = writer.integrity
             // Read inside the transaction: a commit by another connection right after ours
             // must change it again, so the cache below never covers a write it did not see.
@@ -394,7 +407,7 @@ extension Vault {
 
     /// Verifies a stored integrity state and every bucket with the keys `header` and `master`
     /// give, and the generation against the remembered one.
-    func verifyBeforeRebuilding(_ stored: IntegrityState, header: VaultHeader, master: SecretBytes, state: State) throws(LockboxError) {
+    func verifyBeforeRebuilding(_ stored: consuming IntegrityState, header: VaultHeader, master: SecretBytes, state: State) throws(LockboxError) {
         guard let always = try KeyCache.unwrapClassKey(.always, header: header, master: master, device: state.device) else {
             throw LockboxError.integrity("The always class key")
         }

@@ -385,7 +385,9 @@ extension Vault {
         /// Attributes still to compare after decryption.
         var residual: AttributePredicate
         /// Attributes the digest stood for: an opened row must carry exactly these.
-        var covered: AttributePredicate
+        var covered: AttributePredicate { AttributePredicate(coveredAttributes, among: coveredFields) }
+        var coveredAttributes: ItemAttributes
+        var coveredFields: [AttributeField]
         /// The lookup digest searched for, when the query names a full primary key.
         var lookupDigest: [UInt8]?
         /// The access group asked for, when one.
@@ -510,7 +512,7 @@ extension Vault {
             state.sqlByShape[shape] = sql
         }
         return QueryPlan(
-            sql: sql, arguments: arguments, residual: residualPredicate, covered: AttributePredicate(covered, among: coveredFields),
+            sql: sql, arguments: arguments, residual: residualPredicate, coveredAttributes: covered, coveredFields: coveredFields,
             lookupDigest: lookupDigest,
             group: selectedGroup, accessibility: wantedAccessibility, needsMetadata: needsMetadata,
             readsMetadata: shape.contains(.metadataColumn), itemClass: query.itemClass, shape: shape)

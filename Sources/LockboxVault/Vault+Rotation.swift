@@ -52,6 +52,8 @@ extension Vault {
         editHeader: (inout VaultHeader) throws(LockboxError) -> Void
     ) throws(LockboxError) -> PassphraseChange {
         let device = state.device
+        // The device-bound class keys could not be carried over: their items would be lost.
+        if let unavailable = device.unavailability { throw unavailable }
         let change = try state.database.writeTransaction { () throws(LockboxError) -> (PassphraseChange, Int) in
             state.integrity = nil
             var header = try VaultHeader.load(from: state.database)

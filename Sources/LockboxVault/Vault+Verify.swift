@@ -46,7 +46,7 @@ extension Vault {
                     throw LockboxError.locked("Unlock it once (`lockbox unlock`) so that it can be verified.")
                 }
                 let stored = try IntegrityState.load(from: state.database)
-                if let stored {
+                if var stored {
                     report.generation = stored.generation
                     if !stored.verifyEvery(header: header, keys: keys) {
                         report.problems.append("The integrity record or the header was modified.")

@@ -91,19 +91,36 @@ public final class Vault: ItemStore, Sendable {
         /// kept under (``KeyUseStamp``).
         var lockCount = 0
         let database: Database
-        var header: VaultHeader
+        var header: VaultHeader {
+            didSet { cachedHeaderBinding = nil }
+        }
+        /// ``IntegrityState/headerBinding(_:key:)`` of ``header``, computed once per header
+        /// (the key, derived from the `always` class key the header wraps, goes with it).
+        private var cachedHeaderBinding: [UInt8]?
         let keys: KeyCache
         var device: DeviceSecret { keys.device }
         /// SQL text per query shape (see `PlanShape`).
         var sqlByShape = SmallMap<PlanShape, String>()
         var statementByShape = SmallMap<PlanShape, Statement>()
         /// What this connection verified of the integrity state (see ``IntegrityState``).
-        var integrity: IntegrityCache?
+        var integrity: IntegrityCache? {
+            didSet { if integrity == nil { integrityConfirmedIn = nil } }
+        }
+        /// The transaction (``Database/transactionSerial``) in which ``integrity`` was last
+        /// confirmed against the file: within it, the snapshot cannot move.
+        var integrityConfirmedIn: Int?
         let rememberedGeneration: RememberedGeneration
         /// User verification an operation needs, asked outside the lock (see
         /// `withStateVerifyingUser`), and the proof the next run of the operation is given.
         var presenceRequest: PresenceRequest?
         var presenceProof: PresenceProof?
+
+        func headerBinding(key: SecretBytes) -> [UInt8] {
+            if let cachedHeaderBinding { return cachedHeaderBinding }
+            let binding = IntegrityState.headerBinding(header, key: key)
+            cachedHeaderBinding = binding
+            return binding
+        }
 
         init(database: Database, header: VaultHeader, keys: KeyCache, rememberedGeneration: RememberedGeneration) {
             self.database = database
@@ -157,6 +174,7 @@ public final class Vault: ItemStore, Sendable {
         try VaultSchema.migrate(database)
 
         let device = try DeviceSecret.load(configuration.device)
+        if let unavailable = device.unavailability { throw unavailable }
         let master = Crypto.generateKey()
         let presence = Crypto.generateKeyPair()
         var header = VaultHeader(
@@ -258,7 +276,7 @@ public final class Vault: ItemStore, Sendable {
                 throw LockboxError(.authFailed, "This keychain has a passphrase: unlock it with the passphrase.")
             }
             guard let master = try? Crypto.open(
-                slot.wrappedMasterKey, key: Self.deviceSlotKey(state.device), associatedData: header.slotAssociatedData(slot))
+                slot.wrappedMasterKey, key: try Self.deviceSlotKey(state.device), associatedData: header.slotAssociatedData(slot))
             else {
                 throw LockboxError(
                     .authFailed, "This keychain's passphrase-free unlock belongs to another machine; it cannot be unlocked here.")
@@ -288,6 +306,8 @@ public final class Vault: ItemStore, Sendable {
             }
         }
         try cacheUnlockedKeys(master: master, state: state)
+        // Checked without keys before (no device secret for the `always` key): check it again.
+        if state.integrity?.keys == nil { state.integrity = nil }
         try clearFailedAttempts(state)
         markExplicitLock(state)
     }
@@ -388,8 +408,8 @@ public final class Vault: ItemStore, Sendable {
         return nil
     }
 
-    static func deviceSlotKey(_ device: DeviceSecret) -> SecretBytes {
-        Crypto.combine(device.secret, with: SecretBytes(utf8: "slot"), context: "lockbox.device-slot.v1")
+    static func deviceSlotKey(_ device: DeviceSecret) throws(LockboxError) -> SecretBytes {
+        Crypto.combine(try device.secret, with: SecretBytes(utf8: "slot"), context: "lockbox.device-slot.v1")
     }
 
     /// Locks: `whenUnlocked*` items become unreadable (-25308) in every process until the
@@ -510,7 +530,7 @@ public final class Vault: ItemStore, Sendable {
                 let nextID = (header.slots.map(\.id).max() ?? 0) + 1
                 var slot = VaultHeader.KeySlot(id: nextID, kind: .device, parameters: [], wrappedMasterKey: [])
                 slot.wrappedMasterKey = Crypto.seal(
-                    master, key: Self.deviceSlotKey(state.device), associatedData: header.slotAssociatedData(slot))
+                    master, key: try Self.deviceSlotKey(state.device), associatedData: header.slotAssociatedData(slot))
                 header.slots.removeAll { $0.kind == .device }
                 header.slots.append(slot)
                 header.wrappedClassKeys = header.wrappedClassKeys.filter { $0.accessibility != .whenPasscodeSetThisDeviceOnly }
@@ -584,7 +604,7 @@ public final class Vault: ItemStore, Sendable {
             let count = try state.database.statement("SELECT count(*) FROM items")
             _ = try count.step()
             let failed = try readAttempts(state).failures
-            let generation = try IntegrityState.load(from: state.database)?.generation
+            let generation = try IntegrityState.loadGeneration(from: state.database)
             var readable: [Accessibility] = []
             for accessibility in Accessibility.allCases
             where (try? state.keys.classKey(for: accessibility, header: state.header)) != nil {
@@ -652,6 +672,11 @@ public final class Vault: ItemStore, Sendable {
     func cacheUnlockedKeys(master: SecretBytes, state: State) throws(LockboxError) {
         var classKeys = SmallMap<Accessibility, SecretBytes>()
         for accessibility in AfterFirstUnlockKeys.classes {
+            if accessibility.isThisDeviceOnly && state.device.unavailability != nil {
+                // Without the device secret: a mark, never a key (see `KeyCache.classKey(for:)`).
+                classKeys[accessibility] = KeyCache.unavailableClassKey
+                continue
+            }
             guard let key = try KeyCache.unwrapClassKey(accessibility, header: state.header, master: master, device: state.device) else {
                 throw LockboxError.integrity("The \(accessibility.rawValue) class key")
             }

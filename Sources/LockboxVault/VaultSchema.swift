@@ -15,13 +15,20 @@ enum VaultSchema {
     ///   of rows) detects replayed, deleted and rolled-back rows; the attempt counter is
     ///   authenticated. The schema step adds the columns; the rows are resealed at the first
     ///   unlock (``Vault/upgradeRows``), which needs the keys.
-    static let current = 2
+    /// - 3: the accumulators move to `integrity_groups`, one row per group of 16 buckets, and
+    ///   the state's MACs cover a digest per group, so a write rewrites one small row instead of
+    ///   8 KiB; bucket checks read a range of the lookup index, and the two indexes only they
+    ///   and class scans used (`items_by_bucket`, `items_by_class`) are dropped. The schema step
+    ///   needs no keys: a state of format 2 stays readable where it is until the next write
+    ///   converts it (``IntegrityState/load(from:)``).
+    static let current = 3
 
     /// Takes a vault from `version` to `version + 1`. A later schema adds a case here.
     static func migrate(_ database: Database, from version: Int) throws(LockboxError) {
         switch version {
         case 0: try createVersion1(database)
         case 1: try addVersion2(database)
+        case 2: try addVersion3(database)
         default: throw LockboxError(.param, "No migration from keychain schema version \(version).")
         }
     }
@@ -62,6 +69,19 @@ enum VaultSchema {
                 always_mac BLOB NOT NULL
             );
             ALTER TABLE unlock_attempts ADD COLUMN mac BLOB;
+            """)
+    }
+
+    private static func addVersion3(_ database: Database) throws(LockboxError) {
+        try database.execute(
+            """
+            CREATE TABLE integrity_groups (
+                id INTEGER PRIMARY KEY CHECK (id >= 0 AND id < 16),
+                accumulators BLOB NOT NULL
+            );
+            ALTER TABLE vault_state ADD COLUMN format INTEGER NOT NULL DEFAULT 2;
+            DROP INDEX items_by_bucket;
+            DROP INDEX items_by_class;
             """)
     }
 

@@ -1,4 +1,4 @@
-internal import CTss2
+internal import CTss2Loader
 import LockboxCore
 import Synchronization
 
@@ -62,7 +62,7 @@ package final class TPM: Sendable {
     /// Whether this TPM can make keys now, and if not why. Connects (and makes the storage
     /// key) to find out.
     package func availability() -> (isAvailable: Bool, reason: String) {
-        if device.hasPrefix("device:") || !device.contains(":") {
+        if device.hasPrefix("device:") || !device.utf8.contains(UInt8(ascii: ":")) {
             let path = device.hasPrefix("device:") ? String(device.dropFirst("device:".count)) : device
             let node = path.isEmpty ? "/dev/tpmrm0" : path
             if access(node, F_OK) != 0 {
@@ -110,15 +110,15 @@ package final class TPM: Sendable {
             var creationData: UnsafeMutablePointer<TPM2B_CREATION_DATA>?
             var creationHash: UnsafeMutablePointer<TPM2B_DIGEST>?
             var creationTicket: UnsafeMutablePointer<TPMT_TK_CREATION>?
-            let result = Esys_Create(
+            let result = Self.tss2.Esys_Create(
                 connection.esys, parent, Constant.password, Constant.none, Constant.none, &sensitive, &template, &outsideInfo,
                 &creationPCR, &outPrivate, &outPublic, &creationData, &creationHash, &creationTicket)
             defer {
-                Esys_Free(outPrivate)
-                Esys_Free(outPublic)
-                Esys_Free(creationData)
-                Esys_Free(creationHash)
-                Esys_Free(creationTicket)
+                Self.tss2.Esys_Free(outPrivate)
+                Self.tss2.Esys_Free(outPublic)
+                Self.tss2.Esys_Free(creationData)
+                Self.tss2.Esys_Free(creationHash)
+                Self.tss2.Esys_Free(creationTicket)
             }
             try check(result, "Esys_Create", &connection)
             guard let outPrivate, let outPublic else { throw Self.failure("Esys_Create returned no key") }
@@ -147,8 +147,8 @@ package final class TPM: Sendable {
             validation.tag = Constant.hashCheckTag
             validation.hierarchy = Constant.nullHierarchy
             var signature: UnsafeMutablePointer<TPMT_SIGNATURE>?
-            let result = Esys_Sign(connection.esys, handle, Constant.password, Constant.none, Constant.none, &toSign, &scheme, &validation, &signature)
-            defer { Esys_Free(signature) }
+            let result = Self.tss2.Esys_Sign(connection.esys, handle, Constant.password, Constant.none, Constant.none, &toSign, &scheme, &validation, &signature)
+            defer { Self.tss2.Esys_Free(signature) }
             try check(result, "Esys_Sign", &connection)
             guard let signature, signature.pointee.sigAlg == Constant.algorithmECDSA else {
                 throw Self.failure("Esys_Sign returned no ECDSA signature")
@@ -172,9 +172,9 @@ package final class TPM: Sendable {
         let esys = connection.withLock { $0!.esys }
         return {
             var signature: UnsafeMutablePointer<TPMT_SIGNATURE>?
-            let result = Esys_Sign(esys, handle, Constant.password, Constant.none, Constant.none, &digest, &scheme, &validation, &signature)
+            let result = Self.tss2.Esys_Sign(esys, handle, Constant.password, Constant.none, Constant.none, &digest, &scheme, &validation, &signature)
             precondition(result == 0, "Esys_Sign failed")
-            Esys_Free(signature)
+            Self.tss2.Esys_Free(signature)
         }
     }
 
@@ -187,7 +187,7 @@ package final class TPM: Sendable {
             values.count = 1
             values.digests.0.hashAlg = Constant.algorithmSHA256
             Self.copy(digest, into: &values.digests.0.digest.sha256)
-            let result = Esys_PCR_Extend(connection.esys, ESYS_TR(index), Constant.password, Constant.none, Constant.none, &values)
+            let result = Self.tss2.Esys_PCR_Extend(connection.esys, ESYS_TR(index), Constant.password, Constant.none, Constant.none, &values)
             try check(result, "Esys_PCR_Extend", &connection)
         }
     }
@@ -196,7 +196,7 @@ package final class TPM: Sendable {
     package func forget(blob: [UInt8]) {
         connection.withLock { connection in
             guard var current = connection, let handle = current.loaded.removeValue(forKey: blob) else { return }
-            _ = Esys_FlushContext(current.esys, handle)
+            _ = Self.tss2.Esys_FlushContext(current.esys, handle)
             connection = current
         }
     }
@@ -222,7 +222,7 @@ package final class TPM: Sendable {
             } else {
                 let policy = try policyDigest(pcrs: pcrs, trial: true, &connection)
                 template.publicArea.authPolicy = policy.digest
-                _ = Esys_FlushContext(connection.esys, policy.session)
+                _ = Self.tss2.Esys_FlushContext(connection.esys, policy.session)
             }
             var sensitive = TPM2B_SENSITIVE_CREATE()
             secret.withUnsafeBytes { bytes in
@@ -237,15 +237,15 @@ package final class TPM: Sendable {
             var creationData: UnsafeMutablePointer<TPM2B_CREATION_DATA>?
             var creationHash: UnsafeMutablePointer<TPM2B_DIGEST>?
             var creationTicket: UnsafeMutablePointer<TPMT_TK_CREATION>?
-            let result = Esys_Create(
+            let result = Self.tss2.Esys_Create(
                 connection.esys, parent, Constant.password, Constant.none, Constant.none, &sensitive, &template, &outsideInfo,
                 &creationPCR, &outPrivate, &outPublic, &creationData, &creationHash, &creationTicket)
             defer {
-                Esys_Free(outPrivate)
-                Esys_Free(outPublic)
-                Esys_Free(creationData)
-                Esys_Free(creationHash)
-                Esys_Free(creationTicket)
+                Self.tss2.Esys_Free(outPrivate)
+                Self.tss2.Esys_Free(outPublic)
+                Self.tss2.Esys_Free(creationData)
+                Self.tss2.Esys_Free(creationHash)
+                Self.tss2.Esys_Free(creationTicket)
             }
             try check(result, "Esys_Create", &connection)
             guard let outPrivate, let outPublic else { throw Self.failure("Esys_Create returned no sealed object") }
@@ -265,13 +265,13 @@ package final class TPM: Sendable {
             var publicPart = inPublic
             var privatePart = inPrivate
             var handle: ESYS_TR = Constant.none
-            let loaded = Esys_Load(connection.esys, parent, Constant.password, Constant.none, Constant.none, &privatePart, &publicPart, &handle)
+            let loaded = Self.tss2.Esys_Load(connection.esys, parent, Constant.password, Constant.none, Constant.none, &privatePart, &publicPart, &handle)
             if Self.isTransportFailure(loaded) { try check(loaded, "Esys_Load", &connection) }
             guard loaded == 0 else {
                 throw LockboxError(
                     .authFailed, "This TPM cannot open the sealed secret: it was sealed by another TPM, or the TPM was cleared.")
             }
-            defer { _ = Esys_FlushContext(connection.esys, handle) }
+            defer { _ = Self.tss2.Esys_FlushContext(connection.esys, handle) }
             var authorization = Constant.password
             var session: ESYS_TR?
             if !pcrs.isEmpty {
@@ -279,13 +279,13 @@ package final class TPM: Sendable {
                 authorization = policy.session
                 session = policy.session
             }
-            defer { if let session { _ = Esys_FlushContext(connection.esys, session) } }
+            defer { if let session { _ = Self.tss2.Esys_FlushContext(connection.esys, session) } }
             var data: UnsafeMutablePointer<TPM2B_SENSITIVE_DATA>?
-            let result = Esys_Unseal(connection.esys, handle, authorization, Constant.none, Constant.none, &data)
+            let result = Self.tss2.Esys_Unseal(connection.esys, handle, authorization, Constant.none, Constant.none, &data)
             defer {
                 if let data {
                     withUnsafeMutableBytes(of: &data.pointee) { sodiumStyleWipe($0) }
-                    Esys_Free(data)
+                    Self.tss2.Esys_Free(data)
                 }
             }
             if Self.isTransportFailure(result) { try check(result, "Esys_Unseal", &connection) }
@@ -322,6 +322,19 @@ package final class TPM: Sendable {
         return (try? unmarshal(blob)) != nil
     }
 
+    /// Closes this process's connection (it is made again on the next call). Without the
+    /// kernel's resource manager (swtpm, /dev/tpm0) the TPM serves one connection at a time: a
+    /// process that only unseals its device key lets others in at once.
+    package func disconnect() {
+        connection.withLock { slot in
+            guard var current = slot else { return }
+            for handle in current.loaded.values { _ = Self.tss2.Esys_FlushContext(current.esys, handle) }
+            if let primary = current.primary { _ = Self.tss2.Esys_FlushContext(current.esys, primary) }
+            disconnect(&current)
+            slot = nil
+        }
+    }
+
     // MARK: Internals
 
     private func withConnection<T>(_ body: (inout Connection) throws(LockboxError) -> T) throws(LockboxError) -> T {
@@ -334,6 +347,7 @@ package final class TPM: Sendable {
     }
 
     private func connect() throws(LockboxError) -> Connection {
+        try Self.loadLibrary()
         Self.shared.withLock { _ in
             // The tss2 libraries log every failure to standard error, which is the caller's (a
             // command's output, a service's journal): Lockbox reports failures as errors. Set
@@ -341,17 +355,17 @@ package final class TPM: Sendable {
             _ = setenv("TSS2_LOG", "all+none", 0)
         }
         var tcti: OpaquePointer?
-        let loaded = Tss2_TctiLdr_Initialize(device, &tcti)
+        let loaded = Self.tss2.Tss2_TctiLdr_Initialize(device, &tcti)
         guard loaded == 0, let tcti else {
             throw LockboxError(
                 .notAvailable,
                 "The TPM at \(device) cannot be reached (\(Self.describe(loaded))). Check that it exists and that this user may use it.")
         }
         var esys: OpaquePointer?
-        let initialized = Esys_Initialize(&esys, tcti, nil)
+        let initialized = Self.tss2.Esys_Initialize(&esys, tcti, nil)
         guard initialized == 0, let esys else {
             var owned: OpaquePointer? = tcti
-            Tss2_TctiLdr_Finalize(&owned)
+            Self.tss2.Tss2_TctiLdr_Finalize(&owned)
             throw LockboxError(.notAvailable, "The TPM at \(device) cannot be used (\(Self.describe(initialized))).")
         }
         var connection = Connection(esys: esys, tcti: tcti)
@@ -362,7 +376,9 @@ package final class TPM: Sendable {
     /// Whether the kernel's resource manager stands between this process and the TPM (it
     /// swaps objects in and out and flushes a process's objects when it exits). Without it
     /// (swtpm, /dev/tpm0) the TPM serves one connection at a time and has three object slots.
-    private var hasResourceManager: Bool { device.contains("tpmrm") }
+    // (No `String.contains(_:)` here: with Foundation in sight it resolves to Foundation's, and
+    // the static `lockbox`, which links this module, would then link CoreFoundation.)
+    private var hasResourceManager: Bool { device.firstRange(of: "tpmrm") != nil }
 
     /// Without a resource manager, objects a killed process left loaded stay until flushed:
     /// this connection is the only one, so every transient object found at its start is such
@@ -370,17 +386,17 @@ package final class TPM: Sendable {
     private func flushLeftovers(_ connection: inout Connection) {
         var more: TPMI_YES_NO = 0
         var data: UnsafeMutablePointer<TPMS_CAPABILITY_DATA>?
-        guard Esys_GetCapability(connection.esys, Constant.none, Constant.none, Constant.none, Constant.capabilityHandles,
+        guard Self.tss2.Esys_GetCapability(connection.esys, Constant.none, Constant.none, Constant.none, Constant.capabilityHandles,
             Constant.firstTransient, 64, &more, &data) == 0, let data
         else { return }
-        defer { Esys_Free(data) }
+        defer { Self.tss2.Esys_Free(data) }
         var handles = data.pointee.data.handles
         let count = min(Int(handles.count), MemoryLayout.size(ofValue: handles.handle) / MemoryLayout<TPM2_HANDLE>.size)
         withUnsafeBytes(of: &handles.handle) { raw in
             for handle in raw.bindMemory(to: TPM2_HANDLE.self).prefix(count) {
                 var object: ESYS_TR = Constant.none
-                if Esys_TR_FromTPMPublic(connection.esys, handle, Constant.none, Constant.none, Constant.none, &object) == 0 {
-                    _ = Esys_FlushContext(connection.esys, object)
+                if Self.tss2.Esys_TR_FromTPMPublic(connection.esys, handle, Constant.none, Constant.none, Constant.none, &object) == 0 {
+                    _ = Self.tss2.Esys_FlushContext(connection.esys, object)
                 }
             }
         }
@@ -389,9 +405,9 @@ package final class TPM: Sendable {
     /// Closes the connection after a transport failure; `withConnection` then drops it.
     private func disconnect(_ connection: inout Connection) {
         var esys: OpaquePointer? = connection.esys
-        Esys_Finalize(&esys)
+        Self.tss2.Esys_Finalize(&esys)
         var tcti: OpaquePointer? = connection.tcti
-        Tss2_TctiLdr_Finalize(&tcti)
+        Self.tss2.Tss2_TctiLdr_Finalize(&tcti)
         connection.isClosed = true
     }
 
@@ -435,13 +451,13 @@ package final class TPM: Sendable {
         var creationData: UnsafeMutablePointer<TPM2B_CREATION_DATA>?
         var creationHash: UnsafeMutablePointer<TPM2B_DIGEST>?
         var creationTicket: UnsafeMutablePointer<TPMT_TK_CREATION>?
-        let result = Esys_CreatePrimary(
+        let result = Self.tss2.Esys_CreatePrimary(
             connection.esys, Constant.owner, Constant.password, Constant.none, Constant.none, &sensitive, &template, &outsideInfo,
             &creationPCR, &handle, &outPublic, &creationData, &creationHash, &creationTicket)
-        Esys_Free(outPublic)
-        Esys_Free(creationData)
-        Esys_Free(creationHash)
-        Esys_Free(creationTicket)
+        Self.tss2.Esys_Free(outPublic)
+        Self.tss2.Esys_Free(creationData)
+        Self.tss2.Esys_Free(creationHash)
+        Self.tss2.Esys_Free(creationTicket)
         try check(result, "Esys_CreatePrimary", &connection)
         connection.primary = handle
         return handle
@@ -452,7 +468,7 @@ package final class TPM: Sendable {
         let parent = try primaryKey(&connection)
         var (inPublic, inPrivate) = try Self.unmarshal(blob)
         var handle: ESYS_TR = Constant.none
-        let result = Esys_Load(connection.esys, parent, Constant.password, Constant.none, Constant.none, &inPrivate, &inPublic, &handle)
+        let result = Self.tss2.Esys_Load(connection.esys, parent, Constant.password, Constant.none, Constant.none, &inPrivate, &inPublic, &handle)
         if Self.isTransportFailure(result) { try check(result, "Esys_Load", &connection) }
         guard result == 0 else {
             throw LockboxError(
@@ -463,7 +479,7 @@ package final class TPM: Sendable {
         // A few keys stay loaded: behind the resource manager it swaps them; without one the
         // TPM has three object slots, for the storage key, one key and a sealed object.
         if connection.loaded.count >= (hasResourceManager ? 8 : 1), let (oldBlob, oldHandle) = connection.loaded.first {
-            _ = Esys_FlushContext(connection.esys, oldHandle)
+            _ = Self.tss2.Esys_FlushContext(connection.esys, oldHandle)
             connection.loaded.removeValue(forKey: oldBlob)
         }
         connection.loaded[blob] = handle
@@ -478,7 +494,7 @@ package final class TPM: Sendable {
         var symmetric = TPMT_SYM_DEF()
         symmetric.algorithm = Constant.algorithmNull
         var session: ESYS_TR = Constant.none
-        let started = Esys_StartAuthSession(
+        let started = Self.tss2.Esys_StartAuthSession(
             connection.esys, Constant.none, Constant.none, Constant.none, Constant.none, Constant.none, nil,
             trial ? Constant.sessionTrial : Constant.sessionPolicy, &symmetric, Constant.algorithmSHA256, &session)
         try check(started, "Esys_StartAuthSession", &connection)
@@ -490,13 +506,13 @@ package final class TPM: Sendable {
             for pcr in pcrs { bytes[pcr / 8] |= UInt8(1 << (pcr % 8)) }
         }
         var empty = TPM2B_DIGEST()
-        let applied = Esys_PolicyPCR(connection.esys, session, Constant.none, Constant.none, Constant.none, &empty, &selection)
-        if applied != 0 { _ = Esys_FlushContext(connection.esys, session) }
+        let applied = Self.tss2.Esys_PolicyPCR(connection.esys, session, Constant.none, Constant.none, Constant.none, &empty, &selection)
+        if applied != 0 { _ = Self.tss2.Esys_FlushContext(connection.esys, session) }
         try check(applied, "Esys_PolicyPCR", &connection)
         var digest: UnsafeMutablePointer<TPM2B_DIGEST>?
-        let got = Esys_PolicyGetDigest(connection.esys, session, Constant.none, Constant.none, Constant.none, &digest)
-        defer { Esys_Free(digest) }
-        if got != 0 { _ = Esys_FlushContext(connection.esys, session) }
+        let got = Self.tss2.Esys_PolicyGetDigest(connection.esys, session, Constant.none, Constant.none, Constant.none, &digest)
+        defer { Self.tss2.Esys_Free(digest) }
+        if got != 0 { _ = Self.tss2.Esys_FlushContext(connection.esys, session) }
         try check(got, "Esys_PolicyGetDigest", &connection)
         guard let digest else { throw Self.failure("Esys_PolicyGetDigest returned nothing") }
         return (session, digest.pointee)
@@ -507,18 +523,19 @@ package final class TPM: Sendable {
         var privatePart = privatePart
         var buffer = [UInt8](repeating: 0, count: MemoryLayout<TPM2B_PUBLIC>.size + MemoryLayout<TPM2B_PRIVATE>.size)
         var offset = 0
-        let first = Tss2_MU_TPM2B_PUBLIC_Marshal(&publicPart, &buffer, buffer.count, &offset)
-        let second = Tss2_MU_TPM2B_PRIVATE_Marshal(&privatePart, &buffer, buffer.count, &offset)
+        let first = Self.tss2.Tss2_MU_TPM2B_PUBLIC_Marshal(&publicPart, &buffer, buffer.count, &offset)
+        let second = Self.tss2.Tss2_MU_TPM2B_PRIVATE_Marshal(&privatePart, &buffer, buffer.count, &offset)
         guard first == 0, second == 0 else { throw failure("cannot encode the TPM's key blobs") }
         return Array(buffer[..<offset])
     }
 
     private static func unmarshal(_ blob: [UInt8]) throws(LockboxError) -> (TPM2B_PUBLIC, TPM2B_PRIVATE) {
+        try loadLibrary()
         var publicPart = TPM2B_PUBLIC()
         var privatePart = TPM2B_PRIVATE()
         var offset = 0
-        guard Tss2_MU_TPM2B_PUBLIC_Unmarshal(blob, blob.count, &offset, &publicPart) == 0,
-            Tss2_MU_TPM2B_PRIVATE_Unmarshal(blob, blob.count, &offset, &privatePart) == 0, offset == blob.count,
+        guard Self.tss2.Tss2_MU_TPM2B_PUBLIC_Unmarshal(blob, blob.count, &offset, &publicPart) == 0,
+            Self.tss2.Tss2_MU_TPM2B_PRIVATE_Unmarshal(blob, blob.count, &offset, &privatePart) == 0, offset == blob.count,
             // Only the one encoding the TPM made: a blob that encodes back to other bytes (an
             // empty public area, a size that disagrees with its contents) is not one.
             (try? marshal(public: publicPart, private: privatePart)) == blob
@@ -540,8 +557,40 @@ package final class TPM: Sendable {
     }
 
     private static func describe(_ result: TSS2_RC) -> String {
-        guard let text = Tss2_RC_Decode(result) else { return "TPM result 0x" + String(result, radix: 16) }
+        guard case .success(let library) = library, let text = library.functions.Tss2_RC_Decode(result) else {
+            return "TPM result 0x" + String(result, radix: 16)
+        }
         return String(cString: text)
+    }
+
+    // MARK: The libraries
+
+    /// The tss2 functions, opened with dlopen on first use (see CTss2Loader): programs that
+    /// link this module load the TPM libraries only when they reach a TPM.
+    private struct Library: @unchecked Sendable {
+        // Function pointers into libraries that stay loaded for the rest of the process.
+        let functions: lockbox_tss2
+    }
+
+    private static let library: Result<Library, LockboxError> = {
+        var reason = [CChar](repeating: 0, count: 512)
+        guard let table = lockbox_tss2_load(&reason, reason.count) else {
+            let text = reason.withUnsafeBufferPointer { String(cString: $0.baseAddress!) }
+            return .failure(LockboxError(.notAvailable, "The TPM cannot be used here: \(text)."))
+        }
+        return .success(Library(functions: table.pointee))
+    }()
+
+    /// Loads the tss2 libraries; throws `notAvailable`, naming the missing library.
+    private static func loadLibrary() throws(LockboxError) {
+        _ = try library.get()
+    }
+
+    /// The loaded functions: only reached after ``loadLibrary()`` succeeded (a connection or a
+    /// decoded blob exists).
+    private static var tss2: lockbox_tss2 {
+        guard case .success(let library) = library else { preconditionFailure("the tss2 libraries are loaded before use") }
+        return library.functions
     }
 
     private static func failure(_ what: String) -> LockboxError {

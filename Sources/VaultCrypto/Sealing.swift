@@ -1,4 +1,7 @@
 internal import CSodium
+#if canImport(Glibc)
+import Glibc
+#endif
 import LockboxCore
 
 /// The vault's cryptography, over libsodium. This target is the only importer of CSodium.
@@ -91,6 +94,28 @@ package enum Crypto {
             let opened = box.withUnsafeBytes { decrypt($0, into: output, key: key, associatedData: associatedData) }
             guard opened else { throw OpenFailure() }
             return plaintextCount
+        }
+    }
+
+    /// Opens a box into protected memory and keeps only the part `extract` names in the
+    /// plaintext (a value without its padding, say), moved to the front: no second copy of the
+    /// plaintext is made. Nil from `extract` fails like a wrong tag.
+    package static func open(
+        _ box: [UInt8], key: SecretBytes, associatedData: [UInt8], extracting extract: (UnsafeRawBufferPointer) -> Range<Int>?
+    ) throws(OpenFailure) -> SecretBytes {
+        ensureInitialized()
+        guard box.count >= sealOverhead else { throw OpenFailure() }
+        let plaintextCount = box.count - sealOverhead
+        return try SecretBytes(capacity: plaintextCount) { (output: UnsafeMutableRawBufferPointer) throws(OpenFailure) -> Int in
+            let opened = box.withUnsafeBytes { decrypt($0, into: output, key: key, associatedData: associatedData) }
+            guard opened, let range = extract(UnsafeRawBufferPointer(output)), range.upperBound <= plaintextCount else {
+                throw OpenFailure()
+            }
+            if range.lowerBound > 0 && !range.isEmpty {
+                memmove(output.baseAddress!, output.baseAddress! + range.lowerBound, range.count)
+            }
+            // SecretBytes wipes what lies past the count returned.
+            return range.count
         }
     }
 

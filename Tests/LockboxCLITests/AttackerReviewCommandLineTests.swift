@@ -51,7 +51,6 @@ struct AttackerReviewCommandLineTests {
             DROP TABLE items; DROP TABLE kept;
             ALTER TABLE loose RENAME TO items;
             CREATE INDEX items_by_lookup ON items(lookup_digest);
-            CREATE INDEX items_by_bucket ON items(bucket, id, version, primary_digest, lookup_digest, name_digest);
             """)
         let find = try lockbox(["find-generic-password", "-s", "svcA", "-a", "alice", "-w"])
         #expect(!find.standardOutput.contains("alice-canary-1"), "the consumed value came back")

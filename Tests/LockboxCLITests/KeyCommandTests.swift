@@ -102,4 +102,46 @@ struct KeyCommandTests {
         let locked = try lockbox(["public-key", "--tag", "agree"], tpm: tpm)
         #expect(locked.standardError.contains("-25308"))
     }
+    /// The device key sealed by the TPM through the CLI; the static `lockbox` (which loads the
+    /// tss2 libraries only for this) reads a ThisDeviceOnly item with it, and a copy of the
+    /// state directory on another TPM, or with no TPM, reads none of them.
+    @Test func sealedDeviceKey_staticLockboxReadsThisDeviceOnly_andNoOtherTPMDoes() throws {
+        let tpm = try PrivateTPM()
+        #expect(try lockbox(["init", "--passphrase-stdin", "--kdf", "interactive"], input: Self.passphrase, tpm: tpm).status == 0)
+        defer { _ = try? lockbox(["lock", "--all"], tpm: tpm) }
+        let canary = makeCanary("device-key")
+        let added = try lockbox(
+            ["add-generic-password", "-s", "local", "-a", "acct", "--accessibility", "whenUnlockedThisDeviceOnly"], input: Array(canary.utf8),
+            tpm: tpm)
+        #expect(added.status == 0, "\(added.standardError)")
+        #expect(try lockbox(["add-generic-password", "-s", "portable", "-a", "acct"], input: Array("p".utf8), tpm: tpm).status == 0)
+        #expect(try lockbox(["status"], tpm: tpm).standardOutput.contains("device key: file (not hardware-bound)"))
+
+        let sealed = try lockbox(["enroll", "tpm2", "--device-key"], tpm: tpm)
+        #expect(sealed.status == 0, "\(sealed.standardError)")
+        #expect(sealed.standardError.contains("clear key file was replaced"))
+        let status = try lockbox(["status"], tpm: tpm)
+        #expect(status.standardOutput.contains("device key: sealed by the TPM ("), "\(status.standardOutput)")
+        #expect(try lockbox(["status", "--json"], tpm: tpm).standardOutput.contains("\"deviceKey\""))
+        let read = try lockbox(["find-generic-password", "-s", "local", "-a", "acct", "-w"], tpm: tpm)
+        #expect(read.standardOutput == canary + "\n", "\(read.standardError)")
+        #expect(!filesContaining(canary, in: directory.path).contains { !$0.hasSuffix(".log") })
+
+        // Another machine: the same files, another TPM.
+        let other = try PrivateTPM()
+        #expect(try lockbox(["lock", "--all"], tpm: tpm).status == 0)
+        #expect(try lockbox(["unlock", "--passphrase-stdin"], input: Self.passphrase, tpm: other).status == 0)
+        #expect(try lockbox(["find-generic-password", "-s", "portable", "-a", "acct", "-w"], tpm: other).standardOutput == "p\n")
+        #expect(try lockbox(["status"], tpm: other).standardOutput.contains("not available here, ThisDeviceOnly items cannot be read (OSStatus -25293)"))
+        let refused = try lockbox(["find-generic-password", "-s", "local", "-a", "acct", "-w"], tpm: other)
+        #expect(refused.status == 1 && refused.standardError.contains("-25293"), "\(refused.standardError)")
+        #expect(refused.standardError.contains("does not unseal it here") && !refused.standardOutput.contains(canary))
+
+        // No TPM at all: a clear error naming it, and the sealed file is left as it is.
+        let missing = "device:/nonexistent/tpmrm9"
+        let noTPM = try lockbox(["find-generic-password", "-s", "local", "-a", "acct", "-w"], tpm: nil, device: missing)
+        #expect(noTPM.status == 1 && noTPM.standardError.contains("-25291") && noTPM.standardError.contains("tpmrm9"), "\(noTPM.standardError)")
+        let noTPMStatus = try lockbox(["status"], tpm: nil, device: missing).standardOutput
+        #expect(noTPMStatus.contains("device key: sealed by the TPM") && noTPMStatus.contains("(OSStatus -25291)"), "\(noTPMStatus)")
+    }
 }

@@ -85,8 +85,6 @@ struct AttackerReviewTests {
             ALTER TABLE items_loose RENAME TO items;
             CREATE INDEX items_by_lookup ON items(lookup_digest);
             CREATE INDEX items_by_name ON items(name_digest);
-            CREATE INDEX items_by_class ON items(item_class, access_group);
-            CREATE INDEX items_by_bucket ON items(bucket, id, version, primary_digest, lookup_digest, name_digest);
             """)
     }
 

@@ -69,7 +69,7 @@ struct FileTests {
     @Test("a vault from a newer schema is refused, and the current one is recorded")
     func newerSchema_isRefused() throws {
         let fixture = try VaultFixture()
-        #expect(try fixture.vault.withDatabase { database throws(LockboxError) in try database.userVersion } == 2)
+        #expect(try fixture.vault.withDatabase { database throws(LockboxError) in try database.userVersion } == 3)
         try fixture.vault.withDatabase { database throws(LockboxError) in try database.execute("PRAGMA user_version = 99") }
         do {
             _ = try Vault.open(at: fixture.path)

@@ -7,12 +7,13 @@ import VaultStorage
 @testable import LockboxVault
 
 /// Every released file format keeps opening: the committed schema-1 vault and backup
-/// (Tests/Fixtures/vault-v1, written by the first release) are opened, upgraded in place and
-/// read back item by item.
+/// (Tests/Fixtures/vault-v1, written by the first release) and the schema-2 vault
+/// (Tests/Fixtures/vault-v2) are opened, upgraded in place and read back item by item.
 @Suite("File format compatibility")
 struct FormatCompatibilityTests {
-    static let fixtures = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
-        .appendingPathComponent("Fixtures/vault-v1").path
+    static let fixtureRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .appendingPathComponent("Fixtures").path
+    static let fixtures = fixtureRoot + "/vault-v1"
     static let passphrase = SecretBytes(utf8: "fixture-passphrase-v1")
 
     static let expected: [(Query, String)] = [
@@ -31,27 +32,34 @@ struct FormatCompatibilityTests {
         let path: String
         let configuration: Vault.Configuration
 
-        init() throws {
+        /// `version`: the fixture's schema version (Tests/Fixtures/vault-v<version>).
+        init(version: Int = 1) throws {
             let manager = FileManager.default
+            let fixtures = FormatCompatibilityTests.fixtureRoot + "/vault-v\(version)"
             let keychains = directory.file("keychains")
             let state = directory.file("state")
             for folder in [keychains, state] {
                 try manager.createDirectory(atPath: folder, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
             }
-            path = keychains + "/v1.lockbox"
-            try manager.copyItem(atPath: FormatCompatibilityTests.fixtures + "/v1.lockbox", toPath: path)
-            try manager.copyItem(atPath: FormatCompatibilityTests.fixtures + "/device-key", toPath: state + "/device-key")
+            path = keychains + "/v\(version).lockbox"
+            try manager.copyItem(atPath: fixtures + "/v\(version).lockbox", toPath: path)
+            try manager.copyItem(atPath: fixtures + "/device-key", toPath: state + "/device-key")
             try manager.setAttributes([.posixPermissions: 0o600], ofItemAtPath: path)
             try manager.setAttributes([.posixPermissions: 0o600], ofItemAtPath: state + "/device-key")
             var configuration = Vault.Configuration()
             configuration.unlockCache = .processMemory
-            configuration.device = DeviceIdentity(keyPath: state + "/device-key", machineIDPath: FormatCompatibilityTests.fixtures + "/machine-id")
+            configuration.device = DeviceIdentity(keyPath: state + "/device-key", machineIDPath: fixtures + "/machine-id")
             self.configuration = configuration
         }
     }
 
-    func checkEveryItem(_ vault: Vault) throws {
+    /// The fixture's items; the schema-2 fixture changed bob's value and added ivan.
+    func checkEveryItem(_ vault: Vault, version: Int = 1) throws {
         for (query, value) in Self.expected {
+            if version == 2 && query.attributes.account == "bob" {
+                #expect(try vault.data(matching: query) == SecretBytes(utf8: "changed-at-v2"))
+                continue
+            }
             #expect(try vault.data(matching: query) == SecretBytes(utf8: value), "\(query.attributes.service ?? query.attributes.server ?? "")")
         }
         #expect(try vault.data(matching: .genericPassword(service: "svc.binary", account: "henry"))
@@ -59,6 +67,75 @@ struct FormatCompatibilityTests {
         var presence = Query.genericPassword(service: "svc.presence", account: "frank")
         presence.authenticationContext = AuthenticationContext(verifier: ScriptedVerifier(.passphrase("fixture-passphrase-v1")))
         #expect(try vault.data(matching: presence) == SecretBytes(utf8: "presence"))
+        if version == 2 {
+            var query = Query.genericPassword(service: "svc.v2", account: "ivan")
+            query.returning = [.attributes, .data]
+            let ivan = try vault.items(matching: query)
+            #expect(ivan.first?.data == SecretBytes(utf8: "written-at-v2"))
+            #expect(ivan.first?.attributes.label == "label v2")
+        }
+    }
+
+    /// The integrity record as stored: its format, the bytes left in `vault_state`, the groups.
+    func storedRecord(_ vault: Vault) throws -> (format: Int, inline: Int, groups: Int) {
+        try vault.withDatabase { database throws(LockboxError) in
+            let format = try database.firstRow("SELECT format, length(accumulators) FROM vault_state") {
+                ($0.integer(0) ?? 0, $0.integer(1) ?? -1)
+            }
+            let groups = try database.firstRow("SELECT count(*) FROM integrity_groups") { $0.integer(0) ?? 0 } ?? 0
+            return (format?.0 ?? 0, format?.1 ?? -1, groups)
+        }
+    }
+
+    @Test("the schema-2 vault opens, every item reads back, and its first write moves the integrity record to groups")
+    func version2Vault_opensAndConverts() throws {
+        let copy = try Copy(version: 2)
+        let vault = try Vault.open(at: copy.path, configuration: copy.configuration)
+        #expect(try vault.withDatabase { database throws(LockboxError) in try database.userVersion } == VaultSchema.current)
+        #expect(status { _ = try vault.data(matching: .genericPassword(service: "svc.example", account: "alice")) } == -25308)
+        // Until a write, the record stays in its format-2 place and is verified as such.
+        #expect(try storedRecord(vault) == (2, 8192, 0))
+        try vault.unlock(passphrase: Self.passphrase)
+        try checkEveryItem(vault, version: 2)
+        #expect(try Vault.verify(at: copy.path, configuration: copy.configuration).isSound)
+        let before = try vault.status().generation
+        #expect(before == 3)
+
+        try vault.update(matching: .genericPassword(service: "svc.v2", account: "ivan"), to: ItemUpdate(data: SecretBytes(utf8: "at-v3")))
+        #expect(try storedRecord(vault) == (3, 0, 16))
+        #expect(try vault.status().generation == 4)
+        // Another handle (another process) reads the converted file, and writes go on there.
+        let other = try Vault.open(at: copy.path, configuration: copy.configuration)
+        try other.unlock(passphrase: Self.passphrase)
+        #expect(try other.data(matching: .genericPassword(service: "svc.v2", account: "ivan")) == SecretBytes(utf8: "at-v3"))
+        try other.add(.genericPassword(service: "svc.v3", account: "judy", data: SecretBytes(utf8: "new")))
+        #expect(try vault.data(matching: .genericPassword(service: "svc.v3", account: "judy")) == SecretBytes(utf8: "new"))
+        #expect(try Vault.verify(at: copy.path, configuration: copy.configuration).isSound)
+
+        // The groups are authenticated: a group's accumulators swapped with another's is a
+        // tampered record, never a read.
+        try vault.withDatabase { database throws(LockboxError) in
+            let select = try database.statement("SELECT id, accumulators FROM integrity_groups ORDER BY id")
+            var groups: [[UInt8]] = []
+            while try select.step() { groups.append(select.blob(1) ?? []) }
+            select.reset()
+            let empty = [UInt8](repeating: 0, count: 512)
+            guard let used = groups.firstIndex(where: { $0 != empty }), let unused = groups.firstIndex(of: empty) else {
+                Issue.record("the fixture should leave some groups empty and others not")
+                return
+            }
+            for (id, bytes) in [(used, empty), (unused, groups[used])] {
+                let update = try database.statement("UPDATE integrity_groups SET accumulators = ? WHERE id = ?")
+                update.bind(1, bytes)
+                update.bind(2, id)
+                try update.run()
+                update.reset()
+            }
+        }
+        #expect(status {
+            let third = try Vault.open(at: copy.path, configuration: copy.configuration)
+            _ = try third.data(matching: .genericPassword(service: "svc.v3", account: "judy"))
+        } == -26275)
     }
 
     @Test("the schema-1 vault opens, is upgraded at its first unlock, and every item reads back exactly")

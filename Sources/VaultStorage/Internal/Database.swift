@@ -103,11 +103,21 @@ package final class Database {
         try transaction("BEGIN DEFERRED", body)
     }
 
+    /// Counts the transactions begun on this connection; with ``isInTransaction``, says whether
+    /// something learned from the file belongs to the snapshot of the transaction running now.
+    package private(set) var transactionSerial = 0
+
+    /// True while a transaction of ``readTransaction(_:)`` or ``writeTransaction(_:)`` runs.
+    package private(set) var isInTransaction = false
+
     private func transaction<T>(_ begin: String, _ body: () throws(LockboxError) -> T) throws(LockboxError) -> T {
         // Prepared once and kept: compiling BEGIN and COMMIT again costs more than a small read.
         let start = try statement(begin)
         try start.run()
         start.reset()
+        transactionSerial &+= 1
+        isInTransaction = true
+        defer { isInTransaction = false }
         do {
             let value = try body()
             let commit = try statement("COMMIT")

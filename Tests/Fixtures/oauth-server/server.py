@@ -9,6 +9,14 @@ It behaves as a careful production server would, and adds test-only switches und
   PKCE S256 required; RFC 8414 discovery;
 - a protected API: GET /api/resource (scope "api"), POST /api/orders (non-idempotent, scope
   "api"), GET /api/admin (scope "admin", so a token without it gets 403 insufficient_scope);
+- DPoP (RFC 9449): a token request carrying a proof gets tokens bound to the proof's key
+  (`token_type` DPoP, the key's thumbprint recorded as the tokens' `cnf.jkt`); a bound refresh
+  token is refreshed only with a proof of the same key; every proof is checked (signature by
+  the header's `jwk`, `typ`, `alg` ES256, `htm`, `htu`, `iat` within a minute, `jti` never
+  seen before, `ath` at the resource, and a server nonce for the client "lockbox-dpop-nonce");
+  GET/POST /api/dpop/resource is the protected resource that checks `ath` and the binding;
+  GET /test/dpop/bindings lists token fingerprints with their `jkt`, POST
+  /test/dpop/expire-nonces forgets the nonces handed out;
 - fault switches (POST /test/faults), counters (GET /test/counters), an event log
   (GET /test/log, with token fingerprints only), reset (POST /test/reset), device approval
   (POST /test/device/approve).
@@ -22,6 +30,7 @@ DIR/rogue.key; writes DIR/url, DIR/rogue-url and DIR/plain-url once listening).
 """
 
 import argparse
+import base64
 import hashlib
 import json
 import os
@@ -39,7 +48,11 @@ from authlib.oauth2.rfc6750.token import BearerTokenGenerator
 from authlib.oauth2.rfc7009 import RevocationEndpoint
 from authlib.oauth2.rfc7636 import CodeChallenge
 from authlib.oauth2.rfc8628 import DeviceAuthorizationEndpoint, DeviceCodeGrant, DeviceCredentialDict
-from flask import Flask, Response, jsonify, redirect, request
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
+from flask import Flask, Response, g, jsonify, redirect, request
 from werkzeug.serving import make_server
 
 DEVICE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
@@ -63,6 +76,8 @@ class State:
         self.device_credentials = {}
         self.device_grants = {}
         self.device_last_poll = {}
+        self.dpop_nonces = {}   # nonce -> time issued
+        self.dpop_jtis = {}     # jti -> time it may be forgotten
         self.faults = {
             "token_delay": 0.0,            # seconds to wait before handling /token
             "token_503": 0,                # next N /token calls answer 503 + Retry-After
@@ -80,6 +95,9 @@ class State:
             "device_user_code": "",        # shown instead of the real user_code (once)
             "device_verification_uri": "",           # replaces verification_uri (once)
             "device_verification_uri_complete": "",  # replaces verification_uri_complete (once)
+            "dpop_nonce_loop": False,      # every DPoP request is answered use_dpop_nonce with a new nonce
+            "dpop_nonce_header": "",       # sent verbatim as DPoP-Nonce in nonce challenges
+            "dpop_answer_bearer": False,   # a DPoP token request gets an unbound Bearer token
         }
         self.counters = {
             "refresh_requests": 0,
@@ -104,6 +122,12 @@ class State:
             "token_redirects": 0,
             "redirected_token_requests": 0,
             "plain_http_requests": 0,
+            "dpop_proofs_accepted": 0,
+            "dpop_proofs_rejected": 0,
+            "dpop_nonce_challenges": 0,
+            "dpop_replays": 0,
+            "dpop_binding_refusals": 0,
+            "dpop_api_calls": 0,
         }
         self.log = []
 
@@ -122,9 +146,10 @@ STATE = State()
 class Client:
     """A public client (no secret), as a CLI or desktop app is."""
 
-    def __init__(self, client_id, scope):
+    def __init__(self, client_id, scope, require_dpop_nonce=False):
         self.client_id = client_id
         self.scope = scope
+        self.require_dpop_nonce = require_dpop_nonce
 
     def get_client_id(self):
         return self.client_id
@@ -162,6 +187,7 @@ class Client:
 CLIENTS = {
     "lockbox-cli": Client("lockbox-cli", "api"),
     "lockbox-admin": Client("lockbox-admin", "api admin"),
+    "lockbox-dpop-nonce": Client("lockbox-dpop-nonce", "api", require_dpop_nonce=True),
 }
 
 
@@ -177,6 +203,7 @@ class Token:
         self.family = family
         self.access_revoked = False
         self.refresh_consumed = False
+        self.jkt = None  # the DPoP key's thumbprint (cnf.jkt) when the tokens are bound
 
     def check_client(self, client):
         return client.get_client_id() == self.client_id
@@ -210,6 +237,7 @@ def save_token(payload, req):
     client_id = req.client.get_client_id()
     user = getattr(req, "user", None) or "test-user"
     token = Token(payload, client_id, user, family)
+    token.jkt = g.get("dpop_jkt")
     if previous is not None and isinstance(previous, Token) and not token.refresh_token:
         token.refresh_token = previous.refresh_token
     STATE.by_access[token.access_token] = token
@@ -217,7 +245,7 @@ def save_token(payload, req):
         STATE.by_refresh[payload["refresh_token"]] = token
     STATE.record(
         "token_issued", family=family, access=fingerprint(token.access_token),
-        refresh=fingerprint(payload.get("refresh_token")), grant=req.payload.grant_type)
+        refresh=fingerprint(payload.get("refresh_token")), grant=req.payload.grant_type, jkt=token.jkt)
 
 
 def next_token(canary_fault, size):
@@ -409,7 +437,128 @@ class Revocation(RevocationEndpoint):
 
 class AccessTokenValidator(BearerTokenValidator):
     def authenticate_token(self, token_string):
-        return STATE.by_access.get(token_string)
+        token = STATE.by_access.get(token_string)
+        # A DPoP-bound token is no bearer token: presented as one, it is refused.
+        return None if token is not None and token.jkt else token
+
+
+# DPoP (RFC 9449) proof checking.
+
+DPOP_IAT_WINDOW = 60      # seconds a proof's iat may differ from the server's clock
+DPOP_NONCE_LIFETIME = 300
+DPOP_MAX_PROOF = 8192
+
+
+class ProofError(Exception):
+    def __init__(self, error, description):
+        super().__init__(description)
+        self.error = error  # "invalid_dpop_proof" or "use_dpop_nonce"
+        self.description = description
+
+
+def b64url_decode(text):
+    if not isinstance(text, str) or any(c in text for c in "+/="):
+        raise ValueError("not base64url")
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def b64url(data):
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def jwk_thumbprint(jwk):
+    canonical = json.dumps({k: jwk[k] for k in ("crv", "kty", "x", "y")}, separators=(",", ":"), sort_keys=True)
+    return b64url(hashlib.sha256(canonical.encode()).digest())
+
+
+def new_nonce():
+    nonce = secrets.token_urlsafe(24)
+    STATE.dpop_nonces[nonce] = time.time()
+    return nonce
+
+
+def nonce_header():
+    planted = STATE.faults["dpop_nonce_header"]
+    return planted if planted else new_nonce()
+
+
+def check_proof(method, access_token=None, require_nonce=False):
+    """Checks the request's one DPoP header; returns the key's thumbprint or raises ProofError."""
+    values = request.headers.getlist("DPoP")
+    if len(values) != 1:
+        raise ProofError("invalid_dpop_proof", "exactly one DPoP header is required")
+    proof = values[0]
+    if len(proof) > DPOP_MAX_PROOF or proof.count(".") != 2:
+        raise ProofError("invalid_dpop_proof", "not a compact JWS")
+    header_part, payload_part, signature_part = proof.split(".")
+    try:
+        header = json.loads(b64url_decode(header_part))
+        payload = json.loads(b64url_decode(payload_part))
+        signature = b64url_decode(signature_part)
+    except (ValueError, UnicodeDecodeError):
+        raise ProofError("invalid_dpop_proof", "undecodable")
+    if not isinstance(header, dict) or not isinstance(payload, dict):
+        raise ProofError("invalid_dpop_proof", "header and claims must be objects")
+    if header.get("typ") != "dpop+jwt" or header.get("alg") != "ES256":
+        raise ProofError("invalid_dpop_proof", "typ must be dpop+jwt and alg ES256")
+    jwk = header.get("jwk")
+    if (not isinstance(jwk, dict) or "d" in jwk or jwk.get("kty") != "EC" or jwk.get("crv") != "P-256"
+            or not isinstance(jwk.get("x"), str) or not isinstance(jwk.get("y"), str)):
+        raise ProofError("invalid_dpop_proof", "jwk must be a public P-256 key")
+    try:
+        x, y = b64url_decode(jwk["x"]), b64url_decode(jwk["y"])
+        if len(x) != 32 or len(y) != 32 or len(signature) != 64:
+            raise ValueError("sizes")
+        key = ec.EllipticCurvePublicNumbers(int.from_bytes(x, "big"), int.from_bytes(y, "big"), ec.SECP256R1()).public_key()
+        key.verify(encode_dss_signature(int.from_bytes(signature[:32], "big"), int.from_bytes(signature[32:], "big")),
+                   (header_part + "." + payload_part).encode(), ec.ECDSA(hashes.SHA256()))
+    except (ValueError, InvalidSignature):
+        raise ProofError("invalid_dpop_proof", "bad signature")
+    if payload.get("htm") != method:
+        raise ProofError("invalid_dpop_proof", "htm does not match")
+    if payload.get("htu") != BASE_URL["url"] + request.path:
+        raise ProofError("invalid_dpop_proof", "htu does not match")
+    iat = payload.get("iat")
+    now = time.time()
+    if not isinstance(iat, int) or abs(now - iat) > DPOP_IAT_WINDOW:
+        raise ProofError("invalid_dpop_proof", "iat outside the window")
+    jti = payload.get("jti")
+    if not isinstance(jti, str) or not 0 < len(jti) <= 256:
+        raise ProofError("invalid_dpop_proof", "jti missing")
+    for seen, forget_at in list(STATE.dpop_jtis.items()):
+        if forget_at < now:
+            del STATE.dpop_jtis[seen]
+    if jti in STATE.dpop_jtis:
+        STATE.count("dpop_replays")
+        raise ProofError("invalid_dpop_proof", "jti already used")
+    if access_token is not None:
+        if payload.get("ath") != b64url(hashlib.sha256(access_token.encode()).digest()):
+            raise ProofError("invalid_dpop_proof", "ath does not match the access token")
+    if STATE.faults["dpop_nonce_loop"]:
+        raise ProofError("use_dpop_nonce", "a new nonce, again")
+    if require_nonce:
+        issued = STATE.dpop_nonces.get(payload.get("nonce"))
+        if issued is None or now - issued > DPOP_NONCE_LIFETIME:
+            raise ProofError("use_dpop_nonce", "a nonce is required")
+    STATE.dpop_jtis[jti] = now + 2 * DPOP_IAT_WINDOW
+    STATE.count("dpop_proofs_accepted")
+    return jwk_thumbprint(jwk)
+
+
+def proof_refusal(error, status):
+    """The answer to a refused proof: the token endpoint's JSON error (400), or a resource's
+    WWW-Authenticate challenge (401); a nonce challenge carries a new nonce."""
+    if error.error == "use_dpop_nonce":
+        STATE.count("dpop_nonce_challenges")
+    else:
+        STATE.count("dpop_proofs_rejected")
+    STATE.record("dpop_refused", error=error.error, reason=error.description)
+    headers = {}
+    if error.error == "use_dpop_nonce":
+        headers["DPoP-Nonce"] = nonce_header()
+    if status == 401:
+        headers["WWW-Authenticate"] = 'DPoP error="%s", algs="ES256"' % error.error
+    return jsonify({"error": error.error}), status, headers
 
 
 BASE_URL = {"url": ""}
@@ -467,6 +616,7 @@ def metadata_for(issuer):
         "token_endpoint_auth_methods_supported": ["none"],
         "revocation_endpoint_auth_methods_supported": ["none"],
         "scopes_supported": ["api", "admin"],
+        "dpop_signing_alg_values_supported": ["ES256"],
     })
 
 
@@ -521,8 +671,15 @@ def token():
             STATE.record("token_503")
             return jsonify({"error": "temporarily_unavailable"}), 503, {"Retry-After": "1"}
         is_refresh = request.form.get("grant_type") == "refresh_token"
+        refused = dpop_token_request(is_refresh)
+        if refused is not None:
+            return refused
         before = STATE.counters["refresh_successes"]
         response = authorization.create_token_response()
+        if g.get("dpop_jkt") and response.status_code == 200:
+            body = json.loads(response.get_data())
+            body["token_type"] = "DPoP"
+            response.set_data(json.dumps(body))
         rotated = is_refresh and STATE.counters["refresh_successes"] > before
         drop = rotated and STATE.faults["token_drop_after_rotate"] > 0
         if drop:
@@ -542,6 +699,27 @@ def token():
                 pass
             connection.close()
     return response
+
+
+def dpop_token_request(is_refresh):
+    """Checks the proof of a token request, if it has one, and the binding of a refresh token.
+    Sets g.dpop_jkt to the key the new tokens are bound to; returns an answer when refused."""
+    client = CLIENTS.get(request.form.get("client_id", ""))
+    if "DPoP" in request.headers:
+        try:
+            jkt = check_proof("POST", require_nonce=client is not None and client.require_dpop_nonce)
+        except ProofError as error:
+            return proof_refusal(error, 400)
+        if not STATE.faults["dpop_answer_bearer"]:
+            g.dpop_jkt = jkt
+    if is_refresh:
+        bound = STATE.by_refresh.get(request.form.get("refresh_token", ""))
+        if bound is not None and bound.jkt and bound.jkt != g.get("dpop_jkt"):
+            # A bound refresh token without its key's proof: refused, and left usable by its holder.
+            STATE.count("dpop_binding_refusals")
+            STATE.record("dpop_binding_refused", refresh=fingerprint(bound.refresh_token))
+            return jsonify({"error": "invalid_dpop_proof"}), 400
+    return None
 
 
 @app.post("/token-redirected")
@@ -614,6 +792,40 @@ def api_always_401():
     """Rejects every token, as a misconfigured resource server would: clients must not loop."""
     STATE.count("api_always_401")
     return jsonify({"error": "invalid_token"}), 401, {"WWW-Authenticate": 'Bearer error="invalid_token"'}
+
+
+@app.route("/api/dpop/resource", methods=["GET", "POST"])
+def api_dpop_resource():
+    """A resource that takes DPoP-bound tokens only: `Authorization: DPoP <token>` and a proof
+    by the token's key for this request, bound to the token (ath)."""
+    scheme, _, token_string = request.headers.get("Authorization", "").partition(" ")
+    with STATE.lock:
+        token = STATE.by_access.get(token_string)
+        if (scheme.lower() != "dpop" or token is None or token.jkt is None or token.is_expired() or token.is_revoked()):
+            return jsonify({"error": "invalid_token"}), 401, {"WWW-Authenticate": 'DPoP error="invalid_token", algs="ES256"'}
+        try:
+            jkt = check_proof(request.method, access_token=token_string,
+                              require_nonce=CLIENTS[token.client_id].require_dpop_nonce)
+        except ProofError as error:
+            return proof_refusal(error, 401)
+        if jkt != token.jkt:
+            return proof_refusal(ProofError("invalid_dpop_proof", "the proof's key is not the token's"), 401)
+        STATE.count("dpop_api_calls")
+        return jsonify({"ok": True, "method": request.method, "jkt": jkt})
+
+
+@app.get("/test/dpop/bindings")
+def test_dpop_bindings():
+    with STATE.lock:
+        return jsonify([{"access": fingerprint(token.access_token), "refresh": fingerprint(token.refresh_token),
+                         "jkt": token.jkt, "client_id": token.client_id} for token in STATE.by_access.values()])
+
+
+@app.post("/test/dpop/expire-nonces")
+def test_dpop_expire_nonces():
+    with STATE.lock:
+        STATE.dpop_nonces.clear()
+    return jsonify({"ok": True})
 
 
 @app.get("/api/admin")
