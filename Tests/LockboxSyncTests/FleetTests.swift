@@ -84,10 +84,18 @@ extension SyncTests {
 
         let duration = 13.0
         let outputs = Mutex<[String]>([])
-        DispatchQueue.concurrentPerform(iterations: 12) { index in
-            let output = worker(index % 3, ["calls", String(duration)], timeout: duration + 60)
-            outputs.withLock { $0.append(output) }
+        // Twelve threads, so all twelve processes run at once (Dispatch would run only as many
+        // as there are cores).
+        let finished = DispatchGroup()
+        for index in 0..<12 {
+            finished.enter()
+            Thread.detachNewThread {
+                let output = worker(index % 3, ["calls", String(duration)], timeout: duration + 60)
+                outputs.withLock { $0.append(output) }
+                finished.leave()
+            }
         }
+        finished.wait()
         let results = outputs.withLock { $0 }.map(parsed)
         let after = try await server.counters()
         #expect(results.count == 12)
