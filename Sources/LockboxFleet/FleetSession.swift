@@ -22,7 +22,9 @@ import VaultCrypto
 /// one. The lock is held by a connection of its own: a machine that dies holding it loses it
 /// when the server notices the connection is gone.
 public struct FleetSession: Sendable {
+    /// The sync group whose database and keys hold the session.
     public let group: SyncGroup
+    /// Which session: issuer, client and account.
     public let key: CredentialKey
 
     /// The session `key` in `group`'s database.
@@ -31,8 +33,11 @@ public struct FleetSession: Sendable {
         self.key = key
     }
 
+    /// The refresh token's store, for `CredentialsManager(tokenStore:)`.
     public var tokenStore: FleetTokenStore { FleetTokenStore(group: group, key: key) }
+    /// The shared access token, for `CredentialsManager(accessTokenCache:)`.
     public var accessTokenCache: FleetAccessTokenCache { FleetAccessTokenCache(group: group) }
+    /// The fleet-wide refresh lock, for `CredentialsManager(refreshLock:)`.
     public var refreshLock: FleetRefreshLock { FleetRefreshLock(group: group) }
 }
 

@@ -104,6 +104,7 @@ extension SyncGroup {
 
     /// A device of the group as the database lists it.
     public struct Device: Sendable, Equatable {
+        /// The device's identifier (random, public).
         public var id: String
         /// How far it has pulled (a group version).
         public var pulledVersion: Int64

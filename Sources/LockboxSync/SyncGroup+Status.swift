@@ -5,8 +5,11 @@ import LockboxVault
 extension SyncGroup {
     /// What `lockbox sync status` shows.
     public struct Status: Sendable {
+        /// The group's identifier.
         public var groupID: String
+        /// This device's identifier in the group.
         public var deviceID: String
+        /// The key epoch this device holds (after catching up, when the database answered).
         public var keyEpoch: Int64
         /// The group version this device has pulled up to.
         public var pulledVersion: Int64

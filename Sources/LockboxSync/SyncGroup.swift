@@ -25,6 +25,7 @@ import VaultCrypto
 public final class SyncGroup: Sendable {
     /// The group's public identifier (hex).
     public let groupID: String
+    /// The vault whose synchronizable items this group syncs.
     public let vault: Vault
     let database: String
     /// This vault's identity in the group (see ``DeviceSecret``).
