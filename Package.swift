@@ -29,11 +29,14 @@ let package = Package(
         .library(name: "LockboxKeys", targets: ["LockboxKeys"]),
         .library(name: "LockboxAuthKeys", targets: ["LockboxAuthKeys"]),
         .library(name: "LockboxSync", targets: ["LockboxSync"]),
+        .library(name: "LockboxFleet", targets: ["LockboxFleet"]),
         .library(name: "LockboxBrokerIdentity", targets: ["LockboxBrokerIdentity"]),
         .executable(name: "lockbox", targets: ["LockboxCLI"]),
         .executable(name: "lockbox-oauth", targets: ["LockboxOAuthCLI"]),
         .executable(name: "lockbox-keys", targets: ["LockboxKeysCLI"]),
         .executable(name: "lockbox-ssh-agent", targets: ["LockboxSSHAgentCLI"]),
+        .executable(name: "lockbox-sync", targets: ["LockboxSyncCLI"]),
+        .executable(name: "lockbox-sync-bench", targets: ["LockboxSyncBenchmark"]),
         .executable(name: "lockbox-bench", targets: ["LockboxBenchmark"]),
         .executable(name: "lockbox-stress", targets: ["LockboxStress"]),
         .executable(name: "lockbox-campaign", targets: ["LockboxCampaign"]),
@@ -104,7 +107,15 @@ let package = Package(
         .target(name: "LockboxSSHAgent", dependencies: ["LockboxCore", "LockboxKeys"], swiftSettings: strict),
         // End-to-end encrypted sync of synchronizable items through PostgreSQL (docs/SYNC.md).
         .target(
-            name: "LockboxSync", dependencies: ["CLibPQ", "LockboxCore", "LockboxVault", "VaultCrypto"], swiftSettings: strict),
+            name: "LockboxSync", dependencies: ["CLibPQ", "LockboxCore", "LockboxVault", "VaultCrypto", "VaultStorage"], swiftSettings: strict),
+
+        // A fleet's OAuth session in a sync group's database: LockboxAuth's store, cache and lock.
+        .target(
+            name: "LockboxFleet", dependencies: ["LockboxAuth", "LockboxSync", "LockboxCore", "VaultCrypto"], swiftSettings: strict),
+        // The fleet test's worker: one process of one machine asking for tokens.
+        .executableTarget(
+            name: "lockbox-fleet-worker", dependencies: ["LockboxFleet", "LockboxAuth", "LockboxSync", "Lockbox"],
+            path: "Sources/LockboxFleetWorker", swiftSettings: strict),
 
         // libsecret's functions, declared from its documented ABI and opened with dlopen on first
         // use: nothing links libsecret or GLib, so binaries start without them.
@@ -177,6 +188,13 @@ let package = Package(
             name: "LockboxSSHAgentCLI",
             dependencies: ["Lockbox", "LockboxCommandLine", "LockboxKeys", "LockboxSSHAgent", "CProcessHardening"],
             swiftSettings: strict),
+        // `lockbox sync` runs this program: only it loads libpq.
+        .executableTarget(
+            name: "LockboxSyncCLI", dependencies: ["Lockbox", "LockboxCommandLine", "LockboxSync", "CProcessHardening"],
+            swiftSettings: strict),
+        // Sync against a plain COPY of the same rows, and an incremental sync (docs/SYNC.md).
+        .executableTarget(
+            name: "LockboxSyncBenchmark", dependencies: ["LockboxSync", "LockboxVault", "Lockbox"], swiftSettings: strict),
         .executableTarget(
             name: "LockboxBenchmark",
             dependencies: ["Lockbox", "VaultCrypto", "VaultStorage"],

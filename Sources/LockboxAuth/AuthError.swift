@@ -247,8 +247,9 @@ extension AuthError {
         AuthError(.redirectRefused, "The authorization server answered with a redirect that was not followed: \(detail).", httpStatus: status)
     }
 
-    /// A store error: `storeLocked` when the store is locked, `store` otherwise.
-    static func from(_ error: LockboxError) -> AuthError {
+    /// A store error as the lifecycle reports it: `storeLocked` when the store is locked, `store`
+    /// otherwise (for ``TokenStore`` and ``RefreshLock`` implementations).
+    public static func from(_ error: LockboxError) -> AuthError {
         if error.code == .interactionNotAllowed {
             return AuthError(
                 .storeLocked, "The keychain is locked; credentials are kept. Unlock it and try again.", storeError: error)

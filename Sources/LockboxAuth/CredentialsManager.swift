@@ -29,6 +29,7 @@ public actor CredentialsManager {
     private let tokenStore: any TokenStore
     private let transport: any HTTPTransport
     private let lockFilePath: String?
+    private let refreshLock: (any RefreshLock)?
     private let outbox: RevocationOutbox?
     private let accessTokenCache: (any AccessTokenCache)?
     private let dpopKeys: (any DPoPKeyStore)?
@@ -85,6 +86,8 @@ public actor CredentialsManager {
     ///   - accessTokenCache: where access tokens are shared with this user's other processes
     ///     (`KernelKeyringTokenCache` from `LockboxAuthKeyring`); `nil`, the default, keeps
     ///     them in this actor's memory only.
+    ///   - refreshLock: a lock shared beyond this machine (a fleet's); when given, it replaces
+    ///     the `lockDirectory` file lock.
     ///   - dpopKeys: where the session's DPoP key lives (`ManagedDPoPKeyStore` from
     ///     `LockboxAuthKeys`); required when ``ClientConfiguration/usesDPoP`` is on.
     ///   - nonces: the servers' latest DPoP nonces; by default this process's.
@@ -94,8 +97,8 @@ public actor CredentialsManager {
     public init(
         configuration: ClientConfiguration, account: String = "default", tokenStore: any TokenStore,
         transport: any HTTPTransport = URLSessionTransport(), lockDirectory: String? = nil,
-        outbox: RevocationOutbox? = nil, accessTokenCache: (any AccessTokenCache)? = nil, dpopKeys: (any DPoPKeyStore)? = nil,
-        nonces: DPoPNonces = .shared, now: @escaping @Sendable () -> Date = { Date() },
+        outbox: RevocationOutbox? = nil, accessTokenCache: (any AccessTokenCache)? = nil, refreshLock: (any RefreshLock)? = nil,
+        dpopKeys: (any DPoPKeyStore)? = nil, nonces: DPoPNonces = .shared, now: @escaping @Sendable () -> Date = { Date() },
         events: @escaping @Sendable (AuthEvent) -> Void = { _ in }
     ) {
         self.dpopKeys = dpopKeys
@@ -106,6 +109,7 @@ public actor CredentialsManager {
         self.tokenStore = tokenStore
         self.transport = transport
         self.lockFilePath = lockDirectory.map { $0 + "/" + key.lockName + ".lock" }
+        self.refreshLock = refreshLock
         self.outbox = outbox
         self.accessTokenCache = accessTokenCache
         self.now = now
@@ -756,7 +760,8 @@ public actor CredentialsManager {
 
     // MARK: Helpers
 
-    private func acquireCrossProcessLock() async throws(AuthError) -> FileLock? {
+    private func acquireCrossProcessLock() async throws(AuthError) -> (any RefreshLockHold)? {
+        if let refreshLock { return try await refreshLock.acquire(for: key) }
         guard let lockFilePath else { return nil }
         return try await FileLock.acquire(path: lockFilePath)
     }

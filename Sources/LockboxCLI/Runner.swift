@@ -213,6 +213,8 @@ struct Runner {
             preconditionFailure("key commands run in lockbox-keys")
         case .sshAgent:
             preconditionFailure("ssh-agent runs in lockbox-ssh-agent")
+        case .sync:
+            preconditionFailure("sync runs in lockbox-sync")
         case .brokerUnits(let install, let lockboxd):
             let outcome =
                 install

@@ -24,6 +24,10 @@ do {
     } else if invocation.command.usesKeys {
         streams.error("lockbox: \(OAuthHelper.exec(OAuthHelper.keysName, arguments: arguments))")
         status = .failure
+    } else if case .sync(let syncArguments) = invocation.command {
+        let keychain = invocation.keychain.map { ["--keychain", $0] } ?? []
+        streams.error("lockbox: \(OAuthHelper.exec("lockbox-sync", arguments: keychain + syncArguments))")
+        status = .failure
     } else if case .sshAgent(let agentArguments) = invocation.command {
         let keychain = invocation.keychain.map { ["--keychain", $0] } ?? []
         streams.error("lockbox: \(OAuthHelper.exec("lockbox-ssh-agent", arguments: keychain + agentArguments))")

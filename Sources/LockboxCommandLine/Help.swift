@@ -40,6 +40,8 @@ package enum Help {
           auth status                who is signed in (never a token)
         SSH:
           ssh-agent                  serve the keychain's SSH keys to ssh, ssh-add and git
+        Sync:
+          sync                       synchronizable items end-to-end encrypted through PostgreSQL
         Broker:
           broker install-units       let systemd start lockboxd on the first connection
           broker uninstall-units     remove those units
@@ -276,6 +278,19 @@ package enum Help {
                 Serves the keychain's SSH keys over the SSH agent protocol on SOCKET (default
                 $XDG_RUNTIME_DIR/lockbox/ssh-agent.sock), in the foreground; generate makes a
                 non-extractable key for it and prints the public key line. See docs/SSH-AGENT.md.
+                """
+        case "sync":
+            return """
+                usage: lockbox [--keychain PATH] sync create --database CONNINFO [--passphrase-stdin]
+                       lockbox [--keychain PATH] sync invite [--minutes N]
+                       lockbox [--keychain PATH] sync join GROUP --database CONNINFO [--passphrase-stdin]
+                       lockbox [--keychain PATH] sync status [--json]
+                       lockbox [--keychain PATH] sync now
+                       lockbox [--keychain PATH] sync remove-device DEVICE [--passphrase-stdin]
+
+                Keeps synchronizable items the same on several machines, end-to-end encrypted,
+                through a PostgreSQL database. Pairing codes and passphrases are read from standard
+                input or the terminal. See docs/SYNC.md.
                 """
         case "broker":
             return """

@@ -34,6 +34,7 @@ package enum Command {
     case authStatus(json: Bool)
     /// `ssh-agent ...`: run by `lockbox-ssh-agent`, which parses its own options.
     case sshAgent(arguments: [String])
+    case sync(arguments: [String])
     case generateKey(KeyOptions)
     case sign(KeyOptions)
     case publicKey(KeyOptions)
@@ -360,6 +361,8 @@ package enum Parser {
             return .authStatus(json: json)
         case "ssh-agent":
             return .sshAgent(arguments: reader.options)
+        case "sync":
+            return .sync(arguments: reader.options)
         case "broker":
             let usage = "usage: lockbox broker install-units [--lockboxd PATH] | uninstall-units"
             let action = reader.next()

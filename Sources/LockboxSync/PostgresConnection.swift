@@ -8,17 +8,19 @@ import Glibc
 /// One libpq connection (the only CLibPQ importer). Parameters go separately from the SQL text
 /// (`PQexecParams`), as text; `bytea` travels in PostgreSQL's hex form. The connection string
 /// may name a password file (`passfile=`); libpq's messages never carry the password.
-final class PostgresConnection {
+package final class PostgresConnection {
     private let connection: OpaquePointer
 
     /// A parameter or a column: text, or nil for SQL NULL.
-    enum Value {
+    package enum Value {
         case text(String)
         case bytes([UInt8])
         case integer(Int64)
+        case null
 
-        var sqlText: String {
+        var sqlText: String? {
             switch self {
+            case .null: nil
             case .text(let text): text
             case .integer(let value): String(value)
             case .bytes(let bytes): "\\x" + bytes.hexString
@@ -26,7 +28,7 @@ final class PostgresConnection {
         }
     }
 
-    init(_ conninfo: String) throws(LockboxError) {
+    package init(_ conninfo: String) throws(LockboxError) {
         guard let connection = PQconnectdb(conninfo) else {
             throw LockboxError(.allocate, "Cannot allocate a PostgreSQL connection.")
         }
@@ -53,10 +55,10 @@ final class PostgresConnection {
 
     /// Runs one statement; the rows of its result, each column as text (nil for NULL).
     @discardableResult
-    func execute(_ sql: String, _ parameters: [Value] = []) throws(LockboxError) -> [[String?]] {
-        let texts = parameters.map { strdup($0.sqlText) }
+    package func execute(_ sql: String, _ parameters: [Value] = []) throws(LockboxError) -> [[String?]] {
+        let texts = parameters.map { $0.sqlText.flatMap { strdup($0) } }
         defer { texts.forEach { free($0) } }
-        let pointers = texts.map { UnsafePointer<CChar>($0) }
+        let pointers = texts.map { $0.map { UnsafePointer<CChar>($0) } }
         let result = pointers.withUnsafeBufferPointer { buffer in
             PQexecParams(connection, sql, Int32(buffer.count), nil, buffer.baseAddress, nil, nil, 0)
         }
@@ -88,6 +90,33 @@ final class PostgresConnection {
         return rows
     }
 
+    /// Runs `COPY (...) TO STDOUT` and reads every row, as a plain dump would: the floor a
+    /// sync's pull is measured against. Returns the rows' and the bytes' counts.
+    package func copyOut(_ sql: String) throws(LockboxError) -> (rows: Int, bytes: Int) {
+        guard let result = PQexec(connection, sql) else {
+            throw LockboxError(.io, "The sync database did not answer (\(Self.message(connection))).")
+        }
+        let status = PQresultStatus(result)
+        PQclear(result)
+        guard status == PGRES_COPY_OUT else { throw LockboxError(.io, "COPY did not start (\(Self.message(connection))).") }
+        var rows = 0
+        var bytes = 0
+        while true {
+            var buffer: UnsafeMutablePointer<CChar>?
+            let count = PQgetCopyData(connection, &buffer, 0)
+            if count > 0 {
+                rows += 1
+                bytes += Int(count)
+                PQfreemem(buffer)
+                continue
+            }
+            if count == -2 { throw LockboxError(.io, "COPY failed (\(Self.message(connection))).") }
+            break
+        }
+        while let finished = PQgetResult(connection) { PQclear(finished) }
+        return (rows, bytes)
+    }
+
     /// Runs `body` in a transaction: committed when it returns, rolled back when it throws.
     func transaction<T>(_ body: () throws(LockboxError) -> T) throws(LockboxError) -> T {
         try execute("BEGIN")
@@ -102,7 +131,7 @@ final class PostgresConnection {
     }
 
     /// A `bytea` column in hex form (`\x...`) as bytes.
-    static func bytes(_ text: String?) throws(LockboxError) -> [UInt8] {
+    package static func bytes(_ text: String?) throws(LockboxError) -> [UInt8] {
         guard let text, text.hasPrefix("\\x") else { throw LockboxError.integrity("A sync record") }
         let digits = Array(text.utf8.dropFirst(2))
         guard digits.count % 2 == 0 else { throw LockboxError.integrity("A sync record") }
@@ -128,7 +157,7 @@ final class PostgresConnection {
         }
     }
 
-    static func integer(_ text: String?) throws(LockboxError) -> Int64 {
+    package static func integer(_ text: String?) throws(LockboxError) -> Int64 {
         guard let text, let value = Int64(text) else { throw LockboxError.integrity("A sync record") }
         return value
     }

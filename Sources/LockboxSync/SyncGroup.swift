@@ -25,13 +25,23 @@ import VaultCrypto
 public final class SyncGroup: Sendable {
     /// The group's public identifier (hex).
     public let groupID: String
+    /// The vault whose synchronizable items this group syncs.
     public let vault: Vault
     let database: String
-    let keys: SyncKeys
+    /// This vault's identity in the group (see ``DeviceSecret``).
+    let device: DeviceSecret
+    /// The group's keys at the newest epoch this device holds.
+    private let current: Mutex<SyncKeys>
     /// Where this vault keeps what it knows of the group (see ``SyncState``).
     public let statePath: String
-    /// One sync at a time through this value (the state file is read, then rewritten).
-    private let syncing = Mutex(())
+    /// One sync at a time through this value (the state is read, then rewritten).
+    let syncing = Mutex(())
+
+    var keys: SyncKeys { current.withLock { $0 } }
+    /// This device's identifier in the group (random, public).
+    public var deviceID: String { device.id }
+    /// The key epoch this device holds: 0 at creation, one more at each device removal.
+    public var keyEpoch: Int64 { keys.epoch }
 
     /// What one ``sync()`` did.
     public struct Report: Sendable, Equatable {
@@ -42,48 +52,60 @@ public final class SyncGroup: Sendable {
         public var pulled = 0
         /// Local edits that lost to a later write of another device (that write was applied).
         public var superseded = 0
+
+        /// Vault rows the push read to find changes: the rows written since the last push, not
+        /// every synchronizable item (rows a pull added are read once, by the next push).
+        public var examined = 0
+
+        /// A report of nothing done.
+        public init() {}
+
+        /// True when this sync wrote nothing to the database or the vault.
+        public var changedNothing: Bool { pushed == 0 && pulled == 0 && superseded == 0 }
     }
 
     static let keyService = "lockbox.sync.group-key"
+    static let deviceService = "lockbox.sync.device"
     static let keyAccessGroup = "lockbox.sync"
 
-    private init(groupID: String, vault: Vault, database: String, groupKey: SecretBytes) {
+    init(groupID: String, vault: Vault, database: String, keys: SyncKeys, device: DeviceSecret) {
         self.groupID = groupID
         self.vault = vault
         self.database = database
-        keys = SyncKeys(groupKey: groupKey)
-        statePath = vault.path + ".sync/" + groupID + ".state"
+        self.device = device
+        current = Mutex(keys)
+        statePath = SyncState.path(vault: vault.path, groupID: groupID)
+    }
+
+    func install(_ keys: SyncKeys) throws(LockboxError) {
+        try Self.storeGroupKeys(keys, groupID: groupID, in: vault)
+        current.withLock { $0 = keys }
     }
 
     // MARK: Creating, joining, opening
 
-    /// Creates a group (this vault is its first device): a random group key, kept in this vault
-    /// as a `ThisDeviceOnly` item, and in the database only sealed by a key derived from
-    /// `passphrase` (Argon2id), for other devices to join with.
-    public static func create(vault: Vault, database: String, passphrase: SecretBytes) throws(LockboxError) -> SyncGroup {
-        guard !passphrase.isEmpty else {
-            throw LockboxError(.param, "The group passphrase is empty. Choose one to protect the sync group.")
+    /// Creates a group (this vault is its first device): random group keys, kept in this vault
+    /// as a `ThisDeviceOnly` item. With `passphrase`, the database also holds them sealed by a
+    /// key derived from it (Argon2id), for other devices to join with; without, devices join
+    /// only with a pairing code (``pairingCode(validFor:)``).
+    public static func create(vault: Vault, database: String, passphrase: SecretBytes? = nil) throws(LockboxError) -> SyncGroup {
+        if let passphrase, passphrase.isEmpty {
+            throw LockboxError(.param, "The group passphrase is empty. Choose one to protect the sync group, or create the group without one.")
         }
         let connection = try PostgresConnection(database)
         try SyncSchema.migrate(connection)
         let groupID = Crypto.randomBytes(16).hexString
-        let groupKey = Crypto.generateKey()
-        let derivation = PassphraseKeyDerivation(strength: .interactive)
-        guard let wrappingKey = try derivation.deriveKey(from: passphrase) else {
-            throw LockboxError(.allocate, "Cannot allocate memory to derive the group key. Free some memory and try again.")
-        }
-        var wrap = FieldEncoder()
-        wrap.bytes(derivation.encoded())
-        wrap.bytes(Crypto.seal(groupKey, key: wrappingKey, associatedData: keyWrapAssociatedData(groupID, derivation.encoded())))
-        try storeGroupKey(groupKey, groupID: groupID, in: vault)
+        let keys = SyncKeys.generate()
+        let wrap = try passphrase.map { passphrase throws(LockboxError) in try wrapKeys(keys, groupID: groupID, purpose: "passphrase", secret: passphrase) }
         try connection.execute(
-            "INSERT INTO lockbox_sync_groups (group_id, counter, key_wrap) VALUES ($1, 0, $2)",
-            [.text(groupID), .bytes(wrap.bytes)])
-        return SyncGroup(groupID: groupID, vault: vault, database: database, groupKey: groupKey)
+            "INSERT INTO lockbox_sync_groups (group_id, counter, key_wrap, key_epoch) VALUES ($1, 0, $2, 0)",
+            [.text(groupID), wrap.map { .bytes($0) } ?? .null])
+        return try enroll(groupID: groupID, vault: vault, database: database, keys: keys, connection: connection)
     }
 
-    /// Joins an existing group with its passphrase; the group key is then kept in this vault.
-    /// - Throws: `authFailed` for a wrong passphrase; `itemNotFound` when there is no such group.
+    /// Joins an existing group with its passphrase; the group keys are then kept in this vault.
+    /// - Throws: `authFailed` for a wrong passphrase (or a group that has none since a device
+    ///   was removed); `itemNotFound` when there is no such group.
     public static func join(
         _ groupID: String, vault: Vault, database: String, passphrase: SecretBytes
     ) throws(LockboxError) -> SyncGroup {
@@ -93,59 +115,159 @@ public final class SyncGroup: Sendable {
         guard let row = rows.first else {
             throw LockboxError(.itemNotFound, "There is no sync group \(groupID) in that database. Check the group identifier.")
         }
-        var decoder = FieldDecoder(try PostgresConnection.bytes(row[0]))
-        guard let parameters = try? decoder.bytes(), let box = try? decoder.bytes(), decoder.isAtEnd,
-            let derivation = PassphraseKeyDerivation(decoding: parameters), derivation.meetsMinimum
-        else { throw LockboxError.integrity("The sync group's key") }
-        guard let wrappingKey = try derivation.deriveKey(from: passphrase) else {
-            throw LockboxError(.allocate, "Cannot allocate memory to derive the group key. Free some memory and try again.")
+        guard row[0] != nil else {
+            throw LockboxError(
+                .authFailed, "The sync group \(groupID) has no passphrase (it was created without one, or a device was removed). Join it with a pairing code from one of its devices.")
         }
-        guard let groupKey = try? Crypto.open(box, key: wrappingKey, associatedData: keyWrapAssociatedData(groupID, parameters)),
-            groupKey.count == Crypto.keyByteCount
-        else {
-            throw LockboxError(.authFailed, "The group passphrase is wrong. Enter the passphrase the group was created with.")
-        }
-        try storeGroupKey(groupKey, groupID: groupID, in: vault)
-        return SyncGroup(groupID: groupID, vault: vault, database: database, groupKey: groupKey)
+        let keys = try unwrapKeys(try PostgresConnection.bytes(row[0]), groupID: groupID, purpose: "passphrase", secret: passphrase)
+        return try enroll(groupID: groupID, vault: vault, database: database, keys: keys, connection: connection)
     }
 
-    /// A group this vault already belongs to, with the group key from the vault.
+    /// Joins an existing group with a one-time pairing code that one of its devices showed
+    /// (``pairingCode(validFor:)``). The code is used up by the attempt, right or wrong.
+    /// - Throws: `authFailed` for a wrong, used or expired code.
+    public static func join(
+        _ groupID: String, vault: Vault, database: String, pairingCode: String
+    ) throws(LockboxError) -> SyncGroup {
+        let code = PairingCode.normalized(pairingCode)
+        guard code.count == PairingCode.length else {
+            throw LockboxError(.param, "A pairing code has \(PairingCode.length) letters and digits (dashes optional). Check the code shown on the other device.")
+        }
+        let connection = try PostgresConnection(database)
+        try SyncSchema.migrate(connection)
+        let invitation = String(code.prefix(PairingCode.invitationLength))
+        // Taken and removed in one statement: a code serves one attempt only.
+        let rows = try connection.execute(
+            "DELETE FROM lockbox_sync_invitations WHERE group_id = $1 AND invitation_id = $2 RETURNING key_wrap, expires_at > now()",
+            [.text(groupID), .text(invitation)])
+        let refused = LockboxError(
+            .authFailed, "The pairing code is wrong, already used or expired. Ask a device of the group for a new one (`lockbox sync invite`).")
+        guard let row = rows.first, row[1] == "t" else { throw refused }
+        let secret = SecretBytes(copying: Array(code.utf8))
+        let keys: SyncKeys
+        do {
+            keys = try unwrapKeys(try PostgresConnection.bytes(row[0]), groupID: groupID, purpose: "invitation:" + invitation, secret: secret)
+        } catch where error.code == .authFailed {
+            throw refused
+        }
+        return try enroll(groupID: groupID, vault: vault, database: database, keys: keys, connection: connection)
+    }
+
+    /// A group this vault already belongs to, with its keys from the vault.
     /// - Throws: `itemNotFound` when this vault has not joined the group.
     public convenience init(_ groupID: String, vault: Vault, database: String) throws(LockboxError) {
         var query = Query.genericPassword(service: Self.keyService, account: groupID, accessGroup: Self.keyAccessGroup)
-        query.returning = [.data]
-        let groupKey: SecretBytes
+        query.returning = [.data, .attributes]
+        let item: Item
         do {
-            groupKey = try vault.data(matching: query)
+            item = try vault.item(matching: query)
         } catch where error.code == .itemNotFound {
-            throw LockboxError(.itemNotFound, "This keychain has not joined the sync group \(groupID). Join it with the group passphrase.")
+            throw LockboxError(.itemNotFound, "This keychain has not joined the sync group \(groupID). Join it with a pairing code or the group passphrase.")
         }
-        guard groupKey.count == Crypto.keyByteCount else { throw LockboxError.integrity("The sync group's key") }
-        self.init(groupID: groupID, vault: vault, database: database, groupKey: groupKey)
+        guard let secrets = item.data, secrets.count == 2 * Crypto.keyByteCount, let generic = item.attributes.generic,
+            let epoch = Int64(String(decoding: generic, as: UTF8.self))
+        else { throw LockboxError.integrity("The sync group's key") }
+        guard let device = try DeviceSecret.load(groupID: groupID, from: vault) else {
+            throw LockboxError.integrity("The sync device key")
+        }
+        self.init(groupID: groupID, vault: vault, database: database, keys: SyncKeys(secrets: secrets, epoch: epoch), device: device)
     }
 
-    static func keyWrapAssociatedData(_ groupID: String, _ parameters: [UInt8]) -> [UInt8] {
+    /// The groups this vault belongs to (their identifiers).
+    public static func groups(in vault: Vault) throws(LockboxError) -> [String] {
+        var query = Query(.genericPassword, limit: .all, returning: [.attributes])
+        query.attributes.service = keyService
+        query.attributes.accessGroup = keyAccessGroup
+        do {
+            return try vault.items(matching: query).compactMap { $0.attributes.account }.sorted()
+        } catch where error.code == .itemNotFound {
+            return []
+        }
+    }
+
+    /// Keeps the keys and a device identity in `vault`, and registers the device (its public key
+    /// attested with the group key) in the database.
+    static func enroll(
+        groupID: String, vault: Vault, database: String, keys: SyncKeys, connection: PostgresConnection
+    ) throws(LockboxError) -> SyncGroup {
+        let device: DeviceSecret
+        if let existing = try DeviceSecret.load(groupID: groupID, from: vault) {
+            device = existing
+        } else {
+            device = try DeviceSecret.create(groupID: groupID, in: vault)
+        }
+        try storeGroupKeys(keys, groupID: groupID, in: vault)
+        let group = SyncGroup(groupID: groupID, vault: vault, database: database, keys: keys, device: device)
+        try connection.execute(
+            """
+            INSERT INTO lockbox_sync_devices (group_id, device_id, pulled_version, public_key, attestation) VALUES ($1, $2, 0, $3, $4)
+            ON CONFLICT (group_id, device_id) DO UPDATE SET public_key = excluded.public_key, attestation = excluded.attestation
+            """,
+            [.text(groupID), .text(device.id), .bytes(device.publicKey), .bytes(group.attestation(device.id, device.publicKey, keys: keys))])
+        return group
+    }
+
+    /// Seals the group keys under a key derived from `secret` (a passphrase or a pairing code)
+    /// with Argon2id.
+    static func wrapKeys(_ keys: SyncKeys, groupID: String, purpose: String, secret: SecretBytes) throws(LockboxError) -> [UInt8] {
+        let derivation = PassphraseKeyDerivation(strength: .interactive)
+        guard let wrappingKey = try derivation.deriveKey(from: secret) else {
+            throw LockboxError(.allocate, "Cannot allocate memory to derive the group key. Free some memory and try again.")
+        }
+        var wrap = FieldEncoder()
+        wrap.bytes(derivation.encoded())
+        wrap.integer(Int(keys.epoch))
+        wrap.bytes(
+            Crypto.seal(
+                keys.secrets, key: wrappingKey,
+                associatedData: keyWrapAssociatedData(groupID, derivation.encoded(), epoch: keys.epoch, purpose: purpose)))
+        return wrap.bytes
+    }
+
+    static func unwrapKeys(_ wrap: [UInt8], groupID: String, purpose: String, secret: SecretBytes) throws(LockboxError) -> SyncKeys {
+        var decoder = FieldDecoder(wrap)
+        guard let parameters = try? decoder.bytes(), let epoch = try? decoder.integer(), let box = try? decoder.bytes(), decoder.isAtEnd,
+            let derivation = PassphraseKeyDerivation(decoding: parameters), derivation.meetsMinimum
+        else { throw LockboxError.integrity("The sync group's key") }
+        guard let wrappingKey = try derivation.deriveKey(from: secret) else {
+            throw LockboxError(.allocate, "Cannot allocate memory to derive the group key. Free some memory and try again.")
+        }
+        guard
+            let secrets = try? Crypto.open(
+                box, key: wrappingKey, associatedData: keyWrapAssociatedData(groupID, parameters, epoch: Int64(epoch), purpose: purpose)),
+            secrets.count == 2 * Crypto.keyByteCount
+        else {
+            throw LockboxError(.authFailed, "The group passphrase is wrong. Enter the passphrase the group was created with.")
+        }
+        return SyncKeys(secrets: secrets, epoch: Int64(epoch))
+    }
+
+    static func keyWrapAssociatedData(_ groupID: String, _ parameters: [UInt8], epoch: Int64, purpose: String) -> [UInt8] {
         var encoder = FieldEncoder()
-        encoder.string("lockbox.sync.group-key.v1")
+        encoder.string("lockbox.sync.group-key.v2")
         encoder.string(groupID)
         encoder.bytes(parameters)
+        encoder.integer(Int(epoch))
+        encoder.string(purpose)
         return encoder.bytes
     }
 
-    /// The group key as an item of this vault: sealed by its `afterFirstUnlockThisDeviceOnly`
-    /// class key, so it never leaves the machine (not in backups, not in a copied file), and
-    /// never synchronized.
-    static func storeGroupKey(_ key: SecretBytes, groupID: String, in vault: Vault) throws(LockboxError) {
-        let item = Item.genericPassword(
-            service: keyService, account: groupID, data: key, accessibility: .afterFirstUnlockThisDeviceOnly,
+    /// The group keys as an item of this vault: sealed by its `afterFirstUnlockThisDeviceOnly`
+    /// class key, so they never leave the machine (not in backups, not in a copied file), and
+    /// never synchronized. The epoch is the item's `generic` attribute.
+    static func storeGroupKeys(_ keys: SyncKeys, groupID: String, in vault: Vault) throws(LockboxError) {
+        let epoch = Data(String(keys.epoch).utf8)
+        var item = Item.genericPassword(
+            service: keyService, account: groupID, data: keys.secrets, accessibility: .afterFirstUnlockThisDeviceOnly,
             accessGroup: keyAccessGroup, label: "Lockbox sync group key")
+        item.attributes.generic = epoch
         do {
             try vault.add(item)
         } catch where error.code == .duplicateItem {
             let query = Query.genericPassword(service: keyService, account: groupID, accessGroup: keyAccessGroup)
-            guard try vault.data(matching: query) == key else {
-                throw LockboxError(.duplicateItem, "This keychain already holds another key for the sync group \(groupID).")
-            }
+            var attributes = item.attributes
+            attributes.generic = epoch
+            try vault.update(matching: query, to: ItemUpdate(attributes: attributes, data: keys.secrets))
         }
     }
 
@@ -160,13 +282,15 @@ public final class SyncGroup: Sendable {
     static let syncedClasses: [ItemClass] = [.genericPassword, .internetPassword, .certificate]
 
     /// Pushes this vault's changes since the last sync, then pulls the other devices' (only
-    /// records newer than this device's cursor). Each phase is one database transaction; a
-    /// crash or a dropped connection at any point loses nothing and duplicates nothing: run it
-    /// again.
+    /// records newer than this device's cursor). Finding the changes costs a pass over the
+    /// vault's row identifiers plus reading the changed rows, not a read of every item. Each
+    /// phase is one database transaction; a crash or a dropped connection at any point loses
+    /// nothing and duplicates nothing: run it again.
     /// - Throws: `interactionNotAllowed` when the vault is locked (a locked item is never taken
     ///   for a deleted one); `notAvailable` when the database cannot be reached (the vault is
     ///   untouched); `decode` when the database served a record that fails to open, or one
-    ///   older than this device has already seen (a replay).
+    ///   older than this device has already seen (a replay); `authFailed` when this device was
+    ///   removed from the group.
     @discardableResult
     public func sync() throws(LockboxError) -> Report {
         guard try vault.isUnlocked else {
@@ -175,45 +299,39 @@ public final class SyncGroup: Sendable {
         return try syncing.withLock { _ throws(LockboxError) -> Report in
             let connection = try PostgresConnection(database)
             try SyncSchema.migrate(connection)
-            var state = try SyncState.load(statePath, keys: keys) ?? SyncState(device: Crypto.randomBytes(8).hexString)
-            var local = try localItems()
+            try catchUpKeys(connection)
+            let state = try SyncState(path: statePath, device: device.id, key: device.stateKey)
             var report = Report()
-            try push(connection, state: &state, local: &local, report: &report)
-            try state.save(statePath, keys: keys)
-            try pull(connection, state: &state, local: &local, report: &report)
-            try state.save(statePath, keys: keys)
+            try push(connection, state: state, report: &report)
+            try pull(connection, state: state, report: &report)
             return report
         }
     }
 
-    /// This vault's synchronizable items by opaque identifier.
-    func localItems() throws(LockboxError) -> [String: LocalItem] {
-        var result: [String: LocalItem] = [:]
+    static func isEligible(_ item: Item) -> Bool {
+        item.attributes.synchronizable == true && item.accessControl == nil
+            && !(item.attributes.accessibility ?? .default).isThisDeviceOnly && syncedClasses.contains(item.itemClass)
+    }
+
+    /// The item in the vault row `reference`, when it syncs; nil when the row is gone or does
+    /// not sync (another class, ThisDeviceOnly, access control).
+    func readLocal(_ reference: Data) throws(LockboxError) -> LocalItem? {
         for itemClass in Self.syncedClasses {
-            let listing = Query(itemClass, limit: .all, returning: [.attributes, .persistentReference], synchronizable: .synchronizable)
-            let listed: [Item]
-            do { listed = try vault.items(matching: listing) } catch where error.code == .itemNotFound { continue }
-            let eligible = listed.filter { item in
-                item.accessControl == nil && !(item.attributes.accessibility ?? .default).isThisDeviceOnly
+            var query = Query(itemClass, returning: [.attributes, .data, .persistentReference], synchronizable: .any)
+            query.persistentReference = reference
+            let item: Item
+            do {
+                item = try vault.item(matching: query)
+            } catch where error.code == .itemNotFound {
+                continue
+            } catch where error.code == .authFailed || error.code == .userCanceled || error.code == .interactionNotAllowed {
+                // An access-controlled item (its value needs the user): it does not sync.
+                return nil
             }
-            if eligible.isEmpty { continue }
-            var items: [Item]
-            if eligible.count == listed.count {
-                items = try vault.items(
-                    matching: Query(itemClass, limit: .all, returning: [.attributes, .data, .persistentReference], synchronizable: .synchronizable))
-            } else {
-                items = []
-                for candidate in eligible {
-                    var query = Query(itemClass, returning: [.attributes, .data, .persistentReference], synchronizable: .any)
-                    query.persistentReference = candidate.persistentReference
-                    items += try vault.items(matching: query)
-                }
-            }
-            for item in items where item.accessControl == nil && !(item.attributes.accessibility ?? .default).isThisDeviceOnly {
-                result[itemID(item)] = LocalItem(item: item, digest: SyncRecord.contentDigest(item, keys: keys))
-            }
+            guard Self.isEligible(item) else { return nil }
+            return LocalItem(item: item, digest: SyncRecord.contentDigest(item, keys: keys))
         }
-        return result
+        return nil
     }
 
     func itemID(_ item: Item) -> String {
@@ -224,50 +342,111 @@ public final class SyncGroup: Sendable {
         Int64(((date ?? Date()).timeIntervalSince1970 * 1000).rounded(.down))
     }
 
-    func push(
-        _ connection: PostgresConnection, state: inout SyncState, local: inout [String: LocalItem], report: inout Report
-    ) throws(LockboxError) {
-        // What changed here since the last sync: edits and additions, then deletes.
-        var changes: [(id: String, record: SyncRecord)] = []
-        for (id, entry) in local.sorted(by: { $0.key < $1.key }) {
-            let known = state.entries[id]
-            if let known, !known.isTombstone, known.contentDigest == entry.digest { continue }
-            // Causally after the version this device had seen, whatever its clock says.
-            let modified = max(Self.milliseconds(entry.item.attributes.modificationDate), (known?.stamp.modified ?? 0) + 1)
-            var item = entry.item
-            item.attributes = SyncRecord.travelling(item.attributes)
-            item.persistentReference = nil
-            changes.append((id, SyncRecord(stamp: SyncStamp(modified: modified, device: state.device), item: item, contentDigest: entry.digest)))
+    /// What changed in the vault since the state's generation: the rows to read (written since,
+    /// or unknown to the state) and the rows that went away (with the item each held). Nothing
+    /// is opened here; a delete is noticed by the count of synchronizable rows, and only then
+    /// are all row identifiers compared.
+    func localChanges(state: SyncState) throws(LockboxError) -> (generation: Int, toRead: [Data], gone: [Data: String?]) {
+        var scan = try vault.synchronizableChanges(since: state.generation)
+        if scan.isUnchanged { return (scan.generation, [], [:]) }
+        var unknown = 0
+        for reference in scan.changed where try state.row(reference) == nil { unknown += 1 }
+        var toRead = scan.changed
+        var gone: [Data: String?] = [:]
+        if scan.count != (try state.rowCount) + unknown {
+            // A row this device knew is gone: compare every row identifier once.
+            scan = try vault.synchronizableChanges(since: state.generation, listingAll: true)
+            let present = scan.all ?? []
+            let known = try state.allRows()
+            for (reference, id) in known where !present.contains(reference) { gone[reference] = id }
+            let changed = Set(scan.changed)
+            toRead = scan.changed + present.filter { known[$0] == nil && !changed.contains($0) }
         }
-        for (id, known) in state.entries.sorted(by: { $0.key < $1.key }) where !known.isTombstone && local[id] == nil {
-            let modified = max(Self.milliseconds(nil), known.stamp.modified + 1)
-            changes.append((id, SyncRecord(stamp: SyncStamp(modified: modified, device: state.device), item: nil, contentDigest: [])))
-        }
-        guard !changes.isEmpty else { return }
+        return (scan.generation, toRead, gone)
+    }
 
+    /// Rows read and pushed per database transaction: bounds the values held in guarded memory.
+    static let pushBatch = 500
+
+    func push(_ connection: PostgresConnection, state: SyncState, report: inout Report) throws(LockboxError) {
+        let found = try localChanges(state: state)
+        report.examined = found.toRead.count
+        var former = Set(found.gone.values.compactMap { $0 })
+        var produced = Set<String>()
+        for start in stride(from: 0, to: found.toRead.count, by: Self.pushBatch) {
+            var pending = SyncState.Changes()
+            var changes: [(id: String, record: SyncRecord)] = []
+            for reference in found.toRead[start..<min(start + Self.pushBatch, found.toRead.count)] {
+                if case .some(.some(let old)) = try state.row(reference) { former.insert(old) }
+                guard let local = try readLocal(reference) else {
+                    pending.rows[reference] = .some(.some(nil))
+                    continue
+                }
+                let id = itemID(local.item)
+                produced.insert(id)
+                pending.rows[reference] = .some(.some(id))
+                let known = try state.entry(id)
+                if let known, !known.isTombstone, known.contentDigest == local.digest { continue }
+                // Causally after the version this device had seen, whatever its clock says.
+                let modified = max(Self.milliseconds(local.item.attributes.modificationDate), (known?.stamp.modified ?? 0) + 1)
+                var item = local.item
+                item.attributes = SyncRecord.travelling(item.attributes)
+                item.persistentReference = nil
+                changes.append((id, SyncRecord(stamp: SyncStamp(modified: modified, device: device.id), item: item, contentDigest: local.digest)))
+            }
+            try write(changes, connection: connection, state: state, pending: &pending, report: &report)
+            try state.commit(pending)
+        }
+        // Deletes: items whose row went away or now holds another item.
+        var pending = SyncState.Changes()
+        for (reference, _) in found.gone { pending.rows[reference] = .some(.none) }
+        var tombstones: [(id: String, record: SyncRecord)] = []
+        for id in former.subtracting(produced).sorted() {
+            guard let known = try state.entry(id), !known.isTombstone else { continue }
+            let modified = max(Self.milliseconds(nil), known.stamp.modified + 1)
+            tombstones.append((id, SyncRecord(stamp: SyncStamp(modified: modified, device: device.id), item: nil, contentDigest: [])))
+        }
+        try write(tombstones, connection: connection, state: state, pending: &pending, report: &report)
+        pending.generation = found.generation
+        try state.commit(pending)
+    }
+
+    /// Writes one batch of changes in one transaction; a change that loses to the database's
+    /// record has that record applied here instead.
+    func write(
+        _ changes: [(id: String, record: SyncRecord)], connection: PostgresConnection, state: SyncState,
+        pending: inout SyncState.Changes, report: inout Report
+    ) throws(LockboxError) {
+        guard !changes.isEmpty else { return }
         var written: [(id: String, record: SyncRecord)] = []
         var superseding: [(id: String, record: SyncRecord)] = []
         var writes = 0
         let cursor = state.cursor
+        let keys = self.keys
         try connection.transaction { () throws(LockboxError) in
             // The group row's lock orders every writer of the group: versions commit in order.
-            var counter = try lockedCounter(connection, cursor: cursor)
+            var counter = try lockedCounter(connection, cursor: cursor, epoch: keys.epoch)
+            // The database's records of the changed items, in one round trip.
+            var existing: [String: (version: Int64, payload: String?)] = [:]
+            for row in try connection.execute(
+                "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 AND item_id = ANY($2::text[])",
+                [.text(groupID), .text("{" + changes.map(\.id).joined(separator: ",") + "}")])
+            {
+                guard let id = row[0] else { throw LockboxError.integrity("A record of the sync database") }
+                existing[id] = (try PostgresConnection.integer(row[1]), row[2])
+            }
             for change in changes {
-                let rows = try connection.execute(
-                    "SELECT version, payload FROM lockbox_sync_items WHERE group_id = $1 AND item_id = $2",
-                    [.text(groupID), .text(change.id)])
-                if let row = rows.first {
+                if let row = existing[change.id] {
                     let remote = try SyncRecord.open(
-                        try PostgresConnection.bytes(row[1]), group: groupID, itemID: change.id,
-                        version: try PostgresConnection.integer(row[0]), keys: keys)
+                        try PostgresConnection.bytes(row.payload), group: groupID, itemID: change.id, version: row.version, keys: keys)
                     if remote.stamp == change.record.stamp {
                         // Written by an earlier run that stopped before saving its state.
                         written.append(change)
                         continue
                     }
                     if remote.contentDigest == change.record.contentDigest && remote.isTombstone == change.record.isTombstone {
-                        // The same content already (a state file lost, an item applied before
-                        // its state was saved): adopt the database's record, write nothing.
+                        // The same content already (a state lost, an item applied before its
+                        // state was saved): adopt the database's record, write nothing.
                         written.append((change.id, remote))
                         continue
                     }
@@ -294,121 +473,204 @@ public final class SyncGroup: Sendable {
                 "UPDATE lockbox_sync_groups SET counter = $2 WHERE group_id = $1", [.text(groupID), .integer(counter)])
         }
         for change in written {
-            state.entries[change.id] = SyncState.Entry(
+            pending.entries[change.id] = SyncState.Entry(
                 stamp: change.record.stamp, contentDigest: change.record.contentDigest, isTombstone: change.record.isTombstone)
         }
         report.pushed += writes
         for change in superseding {
-            try apply(change.record, id: change.id, local: &local)
-            state.entries[change.id] = SyncState.Entry(
+            let existing = Self.reference(of: change.id, pending: pending, state: state)
+            if let reference = try apply(change.record, id: change.id, existing: try existing()) {
+                pending.rows[reference] = .some(.some(change.id))
+            } else if let old = try existing() {
+                pending.rows[old] = .some(.none)
+            }
+            pending.entries[change.id] = SyncState.Entry(
                 stamp: change.record.stamp, contentDigest: change.record.contentDigest, isTombstone: change.record.isTombstone)
             report.superseded += 1
         }
     }
 
+    /// The vault row holding `id`: as this phase recorded it so far, else as the state knows it.
+    static func reference(of id: String, pending: SyncState.Changes, state: SyncState) -> () throws(LockboxError) -> Data? {
+        { () throws(LockboxError) -> Data? in
+            if let (reference, _) = pending.rows.first(where: { $0.value == .some(.some(id)) }) { return reference }
+            guard let reference = try state.reference(of: id) else { return nil }
+            // Recorded as gone or as another item in this phase.
+            if let change = pending.rows[reference], change != .some(.some(id)) { return nil }
+            return reference
+        }
+    }
+
     /// The group's counter, row-locked until the transaction ends. A counter below what this
-    /// device has pulled means the database was rolled back (restored, or replayed).
-    private func lockedCounter(_ connection: PostgresConnection, cursor: Int64) throws(LockboxError) -> Int64 {
+    /// device has pulled means the database was rolled back (restored, or replayed); another
+    /// key epoch means a device was removed since this device caught up.
+    private func lockedCounter(_ connection: PostgresConnection, cursor: Int64, epoch: Int64) throws(LockboxError) -> Int64 {
         let rows = try connection.execute(
-            "SELECT counter FROM lockbox_sync_groups WHERE group_id = $1 FOR UPDATE", [.text(groupID)])
+            "SELECT counter, key_epoch FROM lockbox_sync_groups WHERE group_id = $1 FOR UPDATE", [.text(groupID)])
         guard let row = rows.first else {
             throw LockboxError(.itemNotFound, "The sync group \(groupID) is not in the database any more. Nothing was changed here.")
         }
         let counter = try PostgresConnection.integer(row[0])
         guard counter >= cursor else { throw rolledBack() }
+        guard try PostgresConnection.integer(row[1]) == epoch else {
+            throw LockboxError(.io, "The sync group's key changed during this sync (a device was removed). Sync again.")
+        }
         return counter
     }
 
-    private func rolledBack() -> LockboxError {
+    func rolledBack() -> LockboxError {
         LockboxError(
             .decode,
             "The sync database is older than what this device already saw: it was rolled back or is replaying old records. "
                 + "Nothing was applied; have the database restored to its latest state.")
     }
 
-    func pull(
-        _ connection: PostgresConnection, state: inout SyncState, local: inout [String: LocalItem], report: inout Report
-    ) throws(LockboxError) {
+    func pull(_ connection: PostgresConnection, state: SyncState, report: inout Report) throws(LockboxError) {
         let cursor = state.cursor
+        let keys = self.keys
         // One snapshot: the counter and the records below it agree.
         let (counter, rows) = try connection.transaction { () throws(LockboxError) -> (Int64, [[String?]]) in
             try connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             let counterRows = try connection.execute(
-                "SELECT counter FROM lockbox_sync_groups WHERE group_id = $1", [.text(groupID)])
+                "SELECT counter, key_epoch FROM lockbox_sync_groups WHERE group_id = $1", [.text(groupID)])
             guard let counterRow = counterRows.first else {
                 throw LockboxError(.itemNotFound, "The sync group \(groupID) is not in the database any more. Nothing was changed here.")
             }
             let counter = try PostgresConnection.integer(counterRow[0])
             guard counter >= cursor else { throw rolledBack() }
+            guard try PostgresConnection.integer(counterRow[1]) == keys.epoch else {
+                throw LockboxError(.io, "The sync group's key changed during this sync (a device was removed). Sync again.")
+            }
             let rows = try connection.execute(
                 "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 AND version > $2 ORDER BY version",
                 [.text(groupID), .integer(cursor)])
             return (counter, rows)
         }
+        var pending = SyncState.Changes()
+        var additions: [(id: String, record: SyncRecord)] = []
+        // Rows written here since the push (by another process): checked before overwriting.
+        var recent: Set<Data>?
         for row in rows {
             guard let id = row[0] else { throw LockboxError.integrity("A record of the sync database") }
             let version = try PostgresConnection.integer(row[1])
             guard version > cursor, version <= counter else { throw LockboxError.integrity("A record of the sync database") }
             let record = try SyncRecord.open(try PostgresConnection.bytes(row[2]), group: groupID, itemID: id, version: version, keys: keys)
-            let known = state.entries[id]
+            var known = pending.entries[id]
+            if known == nil { known = try state.entry(id) }
             if let known {
                 if known.stamp == record.stamp { continue }
                 if record.stamp < known.stamp { throw rolledBack() }
             }
             let entry = SyncState.Entry(stamp: record.stamp, contentDigest: record.contentDigest, isTombstone: record.isTombstone)
-            if let mine = local[id], mine.digest != known?.contentDigest, mine.digest != record.contentDigest {
-                // Edited here since the last push: the next push settles it by the same rule.
+            let existing = try Self.reference(of: id, pending: pending, state: state)()
+            if let existing {
+                if recent == nil { recent = Set(try vault.synchronizableChanges(since: state.generation).changed) }
+                if recent?.contains(existing) == true, let mine = try readLocal(existing), itemID(mine.item) == id {
+                    if mine.digest != known?.contentDigest && mine.digest != record.contentDigest {
+                        // Edited here since the last push: the next push settles it by the same rule.
+                        continue
+                    }
+                    if mine.digest == record.contentDigest && !record.isTombstone {
+                        pending.entries[id] = entry
+                        continue
+                    }
+                } else if let known, !known.isTombstone, !record.isTombstone, known.contentDigest == record.contentDigest {
+                    pending.entries[id] = entry
+                    continue
+                }
+            } else if record.isTombstone {
+                pending.entries[id] = entry
                 continue
             }
-            if local[id] == nil && record.isTombstone {
-                state.entries[id] = entry
+            report.pulled += 1
+            pending.entries[id] = entry
+            if existing == nil, let item = record.item {
+                // New here: added with others in one vault transaction.
+                guard Self.isEligible(item), itemID(item) == id else { throw LockboxError.integrity("A record of the sync database") }
+                additions.append((id, record))
+                if additions.count >= Self.pushBatch {
+                    try add(additions, pending: &pending)
+                    additions.removeAll()
+                }
                 continue
             }
-            if local[id]?.digest != record.contentDigest || record.isTombstone {
-                try apply(record, id: id, local: &local)
-                report.pulled += 1
+            if let reference = try apply(record, id: id, existing: existing) {
+                pending.rows[reference] = .some(.some(id))
+            } else if let existing {
+                pending.rows[existing] = .some(.none)
             }
-            state.entries[id] = entry
         }
-        state.cursor = counter
+        try add(additions, pending: &pending)
+        pending.cursor = counter
+        try state.commit(pending)
         try connection.execute(
             """
-            INSERT INTO lockbox_sync_devices (group_id, device_id, pulled_version) VALUES ($1, $2, $3)
-            ON CONFLICT (group_id, device_id) DO UPDATE SET pulled_version = excluded.pulled_version
+            INSERT INTO lockbox_sync_devices (group_id, device_id, pulled_version, last_sync) VALUES ($1, $2, $3, now())
+            ON CONFLICT (group_id, device_id) DO UPDATE SET pulled_version = excluded.pulled_version, last_sync = now()
             """,
-            [.text(groupID), .text(state.device), .integer(counter)])
+            [.text(groupID), .text(device.id), .integer(counter)])
+    }
+
+    /// Adds pulled items new here in one vault transaction. Their rows are mapped to items by
+    /// the next push, which reads every row written since it last ran (a push always runs
+    /// before a pull).
+    func add(_ additions: [(id: String, record: SyncRecord)], pending: inout SyncState.Changes) throws(LockboxError) {
+        guard !additions.isEmpty else { return }
+        do {
+            try vault.add(contentsOf: additions.compactMap(\.record.item))
+        } catch where error.code == .duplicateItem {
+            // Already here under another row (a state lost): one at a time, as updates.
+            for addition in additions {
+                if let reference = try apply(addition.record, id: addition.id, existing: nil) {
+                    pending.rows[reference] = .some(.some(addition.id))
+                }
+            }
+        }
     }
 
     /// Applies another device's record through the vault's own add, update and delete, so its
-    /// integrity record stays current.
-    func apply(_ record: SyncRecord, id: String, local: inout [String: LocalItem]) throws(LockboxError) {
+    /// integrity record stays current. Returns the row that holds the item afterwards (nil after
+    /// a delete).
+    func apply(_ record: SyncRecord, id: String, existing: Data?) throws(LockboxError) -> Data? {
         guard let item = record.item else {
-            if let existing = local[id] {
-                do {
-                    _ = try vault.delete(matching: referenceQuery(existing.item))
-                } catch where error.code == .itemNotFound {}
-                local[id] = nil
+            if let existing {
+                for itemClass in Self.syncedClasses {
+                    var query = Query(itemClass, synchronizable: .any)
+                    query.persistentReference = existing
+                    do {
+                        _ = try vault.delete(matching: query)
+                    } catch where error.code == .itemNotFound {}
+                }
             }
-            return
+            return nil
         }
-        guard item.attributes.synchronizable == true, !(item.attributes.accessibility ?? .default).isThisDeviceOnly,
-            Self.syncedClasses.contains(item.itemClass), itemID(item) == id
-        else { throw LockboxError.integrity("A record of the sync database") }
-        if let existing = local[id] {
-            try vault.update(matching: referenceQuery(existing.item), to: ItemUpdate(attributes: item.attributes, data: item.data))
-        } else {
-            try vault.add(item)
+        guard Self.isEligible(item), itemID(item) == id else { throw LockboxError.integrity("A record of the sync database") }
+        var updated = false
+        if let existing {
+            var query = Query(item.itemClass, synchronizable: .any)
+            query.persistentReference = existing
+            do {
+                try vault.update(matching: query, to: ItemUpdate(attributes: item.attributes, data: item.data))
+                updated = true
+            } catch where error.code == .itemNotFound {}
         }
-        var stored = item
-        var query = Query(item.itemClass, returning: [.persistentReference], synchronizable: .synchronizable)
-        query.attributes = item.attributes
-        stored.persistentReference = try vault.items(matching: query).first?.persistentReference
-        local[id] = LocalItem(item: stored, digest: record.contentDigest)
+        if !updated {
+            do {
+                try vault.add(item)
+            } catch where error.code == .duplicateItem {
+                // The row moved (another process re-added it): update it by its attributes.
+                try vault.update(matching: Query.primaryKey(of: item), to: ItemUpdate(attributes: item.attributes, data: item.data))
+            }
+        }
+        return try vault.item(matching: Query.primaryKey(of: item, returning: [.persistentReference])).persistentReference
     }
+}
 
-    func referenceQuery(_ item: Item) -> Query {
-        var query = Query(item.itemClass, synchronizable: .any)
-        query.persistentReference = item.persistentReference
+extension Query {
+    /// The query that finds exactly `item` by its class's primary-key attributes.
+    static func primaryKey(of item: Item, returning: ReturnOptions = .attributes) -> Query {
+        var query = Query(item.itemClass, returning: returning, synchronizable: .synchronizable)
+        query.attributes = item.attributes
         return query
     }
 }

@@ -2,22 +2,66 @@ import FoundationEssentials
 import LockboxCore
 import VaultCrypto
 
-/// The keys a group key derives: each purpose its own subkey.
+/// The keys a group's secrets derive, each purpose its own subkey. The group has a base key,
+/// fixed for its life, which names items and digests their contents (so identifiers and the
+/// local state survive a rotation), and an epoch key, replaced when a device is removed, which
+/// seals everything the database holds: a removed device keeps the base key but opens nothing
+/// sealed afterwards.
 struct SyncKeys: Sendable {
-    /// Seals records.
+    /// Seals records (epoch key).
     let sealing: SecretBytes
-    /// Names items: opaque identifiers are keyed digests of primary keys.
+    /// Attests devices' public keys: a MAC over group, device and key (epoch key).
+    let devices: SecretBytes
+    /// Seals fleet sessions' tokens (epoch key).
+    let fleet: SecretBytes
+    /// Names items: opaque identifiers are keyed digests of primary keys (base key).
     let naming: SecretBytes
-    /// Digests of item contents, to tell changed items from unchanged ones.
+    /// Digests of item contents, to tell changed items from unchanged ones (base key).
     let content: SecretBytes
-    /// Authenticates the local sync state file.
-    let state: SecretBytes
+    /// The key epoch: 0 at creation, one more at each rotation.
+    let epoch: Int64
+    /// Both secrets as stored in the vault and wrapped for other devices: base key, epoch key.
+    let secrets: SecretBytes
 
-    init(groupKey: SecretBytes) {
-        sealing = Crypto.deriveKey(from: groupKey, context: "lbxsync1", identifier: 1)
-        naming = Crypto.deriveKey(from: groupKey, context: "lbxsync1", identifier: 2)
-        content = Crypto.deriveKey(from: groupKey, context: "lbxsync1", identifier: 3)
-        state = Crypto.deriveKey(from: groupKey, context: "lbxsync1", identifier: 4)
+    init(secrets: SecretBytes, epoch: Int64) {
+        precondition(secrets.count == 2 * Crypto.keyByteCount, "the group secrets are two keys")
+        let base = SecretBytes(capacity: Crypto.keyByteCount) { buffer in
+            secrets.withUnsafeBytes { buffer.copyMemory(from: UnsafeRawBufferPointer(rebasing: $0[0..<Crypto.keyByteCount])) }
+            return Crypto.keyByteCount
+        }
+        let epochKey = SecretBytes(capacity: Crypto.keyByteCount) { buffer in
+            secrets.withUnsafeBytes { buffer.copyMemory(from: UnsafeRawBufferPointer(rebasing: $0[Crypto.keyByteCount...])) }
+            return Crypto.keyByteCount
+        }
+        naming = Crypto.deriveKey(from: base, context: "lbxsync1", identifier: 2)
+        content = Crypto.deriveKey(from: base, context: "lbxsync1", identifier: 3)
+        sealing = Crypto.deriveKey(from: epochKey, context: "lbxsync2", identifier: 1)
+        devices = Crypto.deriveKey(from: epochKey, context: "lbxsync2", identifier: 5)
+        fleet = Crypto.deriveKey(from: epochKey, context: "lbxsync2", identifier: 6)
+        self.epoch = epoch
+        self.secrets = secrets
+    }
+
+    /// New secrets: a fresh base key and epoch key.
+    static func generate() -> SyncKeys {
+        SyncKeys(secrets: joined(Crypto.generateKey(), Crypto.generateKey()), epoch: 0)
+    }
+
+    /// The same base key with a fresh epoch key, one epoch later.
+    func rotated() -> SyncKeys {
+        let base = SecretBytes(capacity: Crypto.keyByteCount) { buffer in
+            secrets.withUnsafeBytes { buffer.copyMemory(from: UnsafeRawBufferPointer(rebasing: $0[0..<Crypto.keyByteCount])) }
+            return Crypto.keyByteCount
+        }
+        return SyncKeys(secrets: Self.joined(base, Crypto.generateKey()), epoch: epoch + 1)
+    }
+
+    private static func joined(_ first: SecretBytes, _ second: SecretBytes) -> SecretBytes {
+        SecretBytes(capacity: first.count + second.count) { buffer in
+            first.withUnsafeBytes { buffer.copyMemory(from: $0) }
+            second.withUnsafeBytes { UnsafeMutableRawBufferPointer(rebasing: buffer[first.count...]).copyMemory(from: $0) }
+            return first.count + second.count
+        }
     }
 }
 
@@ -46,7 +90,7 @@ struct SyncRecord {
 
     static func associatedData(group: String, itemID: String, version: Int64) -> [UInt8] {
         var encoder = FieldEncoder()
-        encoder.string("lockbox.sync.record.v1")
+        encoder.string("lockbox.sync.record.v2")
         encoder.string(group)
         encoder.string(itemID)
         encoder.integer(Int(version))

@@ -8,7 +8,13 @@ import LockboxCore
 /// - `lockbox_sync_items`: the latest sealed record of each item (a tombstone after a delete):
 ///   the item's opaque identifier (a keyed digest of its primary key), the counter value it was
 ///   written at (`version`) and the device that wrote it.
-/// - `lockbox_sync_devices`: how far each device has pulled.
+/// - `lockbox_sync_devices`: each device's public key (attested with the group key), how far it
+///   has pulled and when it last synced.
+/// - `lockbox_sync_key_grants`: the group key of an epoch sealed to one device's public key
+///   (written when a device is removed and the key rotates).
+/// - `lockbox_sync_invitations`: one-time pairing codes' wraps of the group key, until used or
+///   expired.
+/// - `lockbox_fleet_sessions`: OAuth sessions a fleet shares, sealed with the group key.
 enum SyncSchema {
     /// Migration N takes the schema from version N-1 to N. Never edit one that has shipped:
     /// append another.
@@ -38,7 +44,40 @@ enum SyncSchema {
             pulled_version bigint NOT NULL,
             PRIMARY KEY (group_id, device_id))
         """,
-        ]
+        ],
+        // 2: devices and key epochs (pairing codes, removal with key rotation), fleet sessions.
+        [
+            "ALTER TABLE lockbox_sync_groups ADD COLUMN key_epoch bigint NOT NULL DEFAULT 0",
+            "ALTER TABLE lockbox_sync_groups ALTER COLUMN key_wrap DROP NOT NULL",
+            "ALTER TABLE lockbox_sync_devices ADD COLUMN public_key bytea",
+            "ALTER TABLE lockbox_sync_devices ADD COLUMN attestation bytea",
+            "ALTER TABLE lockbox_sync_devices ADD COLUMN last_sync timestamptz",
+            """
+        CREATE TABLE lockbox_sync_key_grants (
+            group_id text NOT NULL REFERENCES lockbox_sync_groups ON DELETE CASCADE,
+            device_id text NOT NULL,
+            epoch bigint NOT NULL,
+            sealed_key bytea NOT NULL,
+            PRIMARY KEY (group_id, device_id, epoch))
+        """,
+            """
+        CREATE TABLE lockbox_sync_invitations (
+            group_id text NOT NULL REFERENCES lockbox_sync_groups ON DELETE CASCADE,
+            invitation_id text NOT NULL,
+            key_wrap bytea NOT NULL,
+            expires_at timestamptz NOT NULL,
+            PRIMARY KEY (group_id, invitation_id))
+        """,
+            """
+        CREATE TABLE lockbox_fleet_sessions (
+            group_id text NOT NULL REFERENCES lockbox_sync_groups ON DELETE CASCADE,
+            session_id text NOT NULL,
+            version bigint NOT NULL,
+            refresh_token bytea,
+            access_token bytea,
+            PRIMARY KEY (group_id, session_id))
+        """,
+        ],
     ]
 
     static var currentVersion: Int { migrations.count }

@@ -1,80 +1,258 @@
 import FoundationEssentials
 import LockboxCore
 import VaultCrypto
+import VaultStorage
 
 #if canImport(Glibc)
 import Glibc
 #endif
 
-/// What one device knows of its group, kept next to its vault (`VAULT.sync/GROUP.state`, mode
-/// 0600): its device identifier, how far it has pulled (`cursor`), and per item the last
-/// version it saw or wrote (stamp and content digest). Nothing in it is secret (identifiers
-/// are opaque, digests keyed); it is authenticated with a key of the group, so an edited file
-/// is an error, not a reason to re-send or skip items.
+/// What one device knows of its group, in a small SQLite file next to its vault
+/// (`VAULT.sync/GROUP.db`, mode 0600), so that a sync reads and writes only what changed:
 ///
-/// It is written after each phase of a sync commits; a crash before that only repeats work:
-/// pushing an item whose record is already the database's is a no-op, and pulling a record
-/// already applied changes nothing.
-struct SyncState {
+/// - `progress`: how far this device has pulled (`cursor`, a database version) and pushed
+///   (`generation`, the vault's write generation its last push covered).
+/// - `entries`: per item (opaque identifier) the last version this device saw or wrote: its
+///   stamp, content digest and whether it is a tombstone.
+/// - `rows`: which vault row (persistent reference) holds which item; nil for a synchronizable
+///   row that does not sync (ThisDeviceOnly, access control). A row known here and gone from
+///   the vault is a delete.
+///
+/// Nothing in it is secret (identifiers are opaque, digests keyed); each row carries a MAC made
+/// with the device's state key, so an edited row (which could make this device push a delete
+/// the user never made) is an error, not a reason to act.
+///
+/// Each phase of a sync updates it in one SQLite transaction after the database committed; a
+/// crash before that only repeats work: pushing an item whose record is already the
+/// database's writes nothing, and pulling a record already applied changes nothing.
+final class SyncState {
     struct Entry: Equatable {
         var stamp: SyncStamp
         var contentDigest: [UInt8]
         var isTombstone: Bool
     }
 
-    var device: String
-    var cursor: Int64 = 0
-    var entries: [String: Entry] = [:]
+    private let database: Database
+    private let key: SecretBytes
+    let device: String
+    private(set) var cursor: Int64
+    private(set) var generation: Int
 
-    static func load(_ path: String, keys: SyncKeys) throws(LockboxError) -> SyncState? {
-        guard let data = FileManager.default.contents(atPath: path) else { return nil }
-        let failure = LockboxError.integrity("The sync state \(path)")
-        var outer = FieldDecoder(Array(data))
-        guard let body = try? outer.bytes(), let mac = try? outer.bytes(), outer.isAtEnd,
-            Crypto.keyedDigest(body, key: keys.state) == mac
-        else { throw failure }
-        var decoder = FieldDecoder(body)
-        guard let tag = try? decoder.string(), tag == "lockbox.sync.state.v1",
-            let device = try? decoder.string(), let cursor = try? decoder.integer(), let count = try? decoder.integer()
-        else { throw failure }
-        var state = SyncState(device: device, cursor: Int64(cursor))
-        for _ in 0..<max(0, count) {
-            guard let id = try? decoder.string(), let modified = try? decoder.integer(), let writer = try? decoder.string(),
-                let digest = try? decoder.bytes(), let tombstone = try? decoder.integer()
-            else { throw failure }
-            state.entries[id] = Entry(
-                stamp: SyncStamp(modified: Int64(modified), device: writer), contentDigest: digest, isTombstone: tombstone == 1)
-        }
-        guard decoder.isAtEnd else { throw failure }
-        return state
-    }
+    static func path(vault: String, groupID: String) -> String { vault + ".sync/" + groupID + ".db" }
 
-    func save(_ path: String, keys: SyncKeys) throws(LockboxError) {
-        var encoder = FieldEncoder()
-        encoder.string("lockbox.sync.state.v1")
-        encoder.string(device)
-        encoder.integer(Int(cursor))
-        encoder.integer(entries.count)
-        for (id, entry) in entries.sorted(by: { $0.key < $1.key }) {
-            encoder.string(id)
-            encoder.integer(Int(entry.stamp.modified))
-            encoder.string(entry.stamp.device)
-            encoder.bytes(entry.contentDigest)
-            encoder.integer(entry.isTombstone ? 1 : 0)
-        }
-        var outer = FieldEncoder()
-        outer.bytes(encoder.bytes)
-        outer.bytes(Crypto.keyedDigest(encoder.bytes, key: keys.state))
+    /// Opens (creating when missing) the state of `device` in the group.
+    init(path: String, device: String, key: SecretBytes) throws(LockboxError) {
         let directory = String(path[..<(path.lastIndex(of: "/") ?? path.startIndex)])
         let oldMask = umask(0o077)
         defer { umask(oldMask) }
-        do {
-            if !directory.isEmpty {
-                try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-            }
-            try Data(outer.bytes).write(to: URL(fileURLWithPath: path), options: .atomic)
-        } catch {
-            throw LockboxError(.io, "Cannot write the sync state \(path). Check the disk and the directory's permissions, then sync again.")
+        if !directory.isEmpty && mkdir(directory, 0o700) != 0 && errno != EEXIST {
+            throw LockboxError(.io, "Cannot create \(directory). Check the directory's permissions, then sync again.")
         }
+        database = try Database(path: path, create: true)
+        self.key = key
+        self.device = device
+        try database.execute(
+            """
+            CREATE TABLE IF NOT EXISTS progress (
+                id INTEGER PRIMARY KEY CHECK (id = 1), device TEXT NOT NULL, cursor INTEGER NOT NULL,
+                generation INTEGER NOT NULL, mac BLOB NOT NULL);
+            CREATE TABLE IF NOT EXISTS entries (
+                item_id TEXT PRIMARY KEY, modified INTEGER NOT NULL, writer TEXT NOT NULL, digest BLOB NOT NULL,
+                tombstone INTEGER NOT NULL, mac BLOB NOT NULL) WITHOUT ROWID;
+            CREATE TABLE IF NOT EXISTS rows (
+                reference BLOB PRIMARY KEY, item_id TEXT, mac BLOB NOT NULL) WITHOUT ROWID;
+            CREATE INDEX IF NOT EXISTS rows_by_item ON rows(item_id);
+            """)
+        let statement = try database.statement("SELECT device, cursor, generation, mac FROM progress WHERE id = 1")
+        defer { statement.reset() }
+        if try statement.step() {
+            let stored = statement.text(0) ?? ""
+            let cursor = Int64(statement.integer(1) ?? -1)
+            let generation = statement.integer(2) ?? -1
+            guard statement.blob(3) == Self.progressMAC(device: stored, cursor: cursor, generation: generation, key: key) else {
+                throw LockboxError.integrity("The sync state \(path)")
+            }
+            if stored == device {
+                self.cursor = cursor
+                self.generation = generation
+            } else {
+                // The state of another device identity (joined again): start over; the first
+                // sync adopts what the database already holds.
+                self.cursor = 0
+                self.generation = 0
+                try database.execute("DELETE FROM entries; DELETE FROM rows; DELETE FROM progress")
+            }
+        } else {
+            cursor = 0
+            generation = 0
+        }
+    }
+
+    // MARK: MACs
+
+    private static func progressMAC(device: String, cursor: Int64, generation: Int, key: SecretBytes) -> [UInt8] {
+        var encoder = FieldEncoder()
+        encoder.string("progress")
+        encoder.string(device)
+        encoder.integer(Int(cursor))
+        encoder.integer(generation)
+        return Crypto.keyedDigest(encoder.bytes, key: key)
+    }
+
+    private func entryMAC(_ id: String, _ entry: Entry) -> [UInt8] {
+        var encoder = FieldEncoder()
+        encoder.string("entry")
+        encoder.string(id)
+        encoder.integer(Int(entry.stamp.modified))
+        encoder.string(entry.stamp.device)
+        encoder.bytes(entry.contentDigest)
+        encoder.integer(entry.isTombstone ? 1 : 0)
+        return Crypto.keyedDigest(encoder.bytes, key: key)
+    }
+
+    private func rowMAC(_ reference: [UInt8], _ id: String?) -> [UInt8] {
+        var encoder = FieldEncoder()
+        encoder.string("row")
+        encoder.bytes(reference)
+        encoder.string(id)
+        return Crypto.keyedDigest(encoder.bytes, key: key)
+    }
+
+    private var failure: LockboxError { LockboxError.integrity("The sync state \(database.path)") }
+
+    // MARK: Reading
+
+    func entry(_ id: String) throws(LockboxError) -> Entry? {
+        let statement = try database.statement("SELECT modified, writer, digest, tombstone, mac FROM entries WHERE item_id = ?")
+        defer { statement.reset() }
+        statement.bind(1, id)
+        guard try statement.step() else { return nil }
+        let entry = Entry(
+            stamp: SyncStamp(modified: Int64(statement.integer(0) ?? 0), device: statement.text(1) ?? ""),
+            contentDigest: statement.blob(2) ?? [], isTombstone: statement.integer(3) == 1)
+        guard statement.blob(4) == entryMAC(id, entry) else { throw failure }
+        return entry
+    }
+
+    /// The item a vault row held at the last sync: `.some(nil)` for a row that does not sync,
+    /// nil for a row this device does not know.
+    func row(_ reference: Data) throws(LockboxError) -> String?? {
+        let statement = try database.statement("SELECT item_id, mac FROM rows WHERE reference = ?")
+        defer { statement.reset() }
+        statement.bind(1, Array(reference))
+        guard try statement.step() else { return nil }
+        let id = statement.text(0)
+        guard statement.blob(1) == rowMAC(Array(reference), id) else { throw failure }
+        return .some(id)
+    }
+
+    /// The vault row that holds `id`, if this device knows one.
+    func reference(of id: String) throws(LockboxError) -> Data? {
+        let statement = try database.statement("SELECT reference, mac FROM rows WHERE item_id = ?")
+        defer { statement.reset() }
+        statement.bind(1, id)
+        guard try statement.step(), let reference = statement.blob(0) else { return nil }
+        guard statement.blob(1) == rowMAC(reference, id) else { throw failure }
+        return Data(reference)
+    }
+
+    var rowCount: Int {
+        get throws(LockboxError) {
+            let statement = try database.statement("SELECT count(*) FROM rows")
+            defer { statement.reset() }
+            _ = try statement.step()
+            return statement.integer(0) ?? 0
+        }
+    }
+
+    /// Every known row and the item it holds (the slow path that finds deletes).
+    func allRows() throws(LockboxError) -> [Data: String?] {
+        let statement = try database.statement("SELECT reference, item_id, mac FROM rows")
+        defer { statement.reset() }
+        var rows: [Data: String?] = [:]
+        while try statement.step() {
+            let reference = statement.blob(0) ?? []
+            let id = statement.text(1)
+            guard statement.blob(2) == rowMAC(reference, id) else { throw failure }
+            rows[Data(reference)] = .some(id)
+        }
+        return rows
+    }
+
+    /// Items with a live entry (not tombstones): how many, for `lockbox sync status`.
+    var liveEntryCount: Int {
+        get throws(LockboxError) {
+            let statement = try database.statement("SELECT count(*) FROM entries WHERE tombstone = 0")
+            defer { statement.reset() }
+            _ = try statement.step()
+            return statement.integer(0) ?? 0
+        }
+    }
+
+    // MARK: Writing
+
+    /// Changes of one phase, applied in one transaction.
+    struct Changes {
+        var entries: [String: Entry] = [:]
+        /// Reference -> item (nil: a row that does not sync); `.none` as a value removes the row.
+        var rows: [Data: String??] = [:]
+        var cursor: Int64?
+        var generation: Int?
+    }
+
+    func commit(_ changes: Changes) throws(LockboxError) {
+        try database.writeTransaction { () throws(LockboxError) in
+            let putEntry = try database.statement(
+                "INSERT OR REPLACE INTO entries (item_id, modified, writer, digest, tombstone, mac) VALUES (?, ?, ?, ?, ?, ?)")
+            for (id, entry) in changes.entries {
+                putEntry.reset()
+                putEntry.bind(1, id)
+                putEntry.bind(2, Int(entry.stamp.modified))
+                putEntry.bind(3, entry.stamp.device)
+                putEntry.bind(4, entry.contentDigest)
+                putEntry.bind(5, entry.isTombstone ? 1 : 0)
+                putEntry.bind(6, entryMAC(id, entry))
+                try putEntry.run()
+            }
+            putEntry.reset()
+            let putRow = try database.statement("INSERT OR REPLACE INTO rows (reference, item_id, mac) VALUES (?, ?, ?)")
+            let dropRow = try database.statement("DELETE FROM rows WHERE reference = ?")
+            for (reference, id) in changes.rows {
+                if let id {
+                    putRow.reset()
+                    putRow.bind(1, Array(reference))
+                    putRow.bind(2, id)
+                    putRow.bind(3, rowMAC(Array(reference), id))
+                    try putRow.run()
+                } else {
+                    dropRow.reset()
+                    dropRow.bind(1, Array(reference))
+                    try dropRow.run()
+                }
+            }
+            putRow.reset()
+            dropRow.reset()
+            let cursor = changes.cursor ?? self.cursor
+            let generation = changes.generation ?? self.generation
+            let putProgress = try database.statement(
+                "INSERT OR REPLACE INTO progress (id, device, cursor, generation, mac) VALUES (1, ?, ?, ?, ?)")
+            defer { putProgress.reset() }
+            putProgress.bind(1, device)
+            putProgress.bind(2, Int(cursor))
+            putProgress.bind(3, generation)
+            putProgress.bind(4, Self.progressMAC(device: device, cursor: cursor, generation: generation, key: key))
+            try putProgress.run()
+        }
+        if let cursor = changes.cursor { self.cursor = cursor }
+        if let generation = changes.generation { self.generation = generation }
+    }
+
+    /// Forgets what this device pushed and pulled (after a key rotation re-sealed every record).
+    func reset() throws(LockboxError) {
+        try database.writeTransaction { () throws(LockboxError) in
+            try database.execute("DELETE FROM entries; DELETE FROM rows; DELETE FROM progress")
+        }
+        cursor = 0
+        generation = 0
     }
 }

@@ -1,0 +1,19 @@
+import LockboxCore
+
+/// A lock that makes refreshes single-flight beyond one process: ``CredentialsManager`` takes
+/// it before each refresh, then reads the cached access token and the stored refresh token
+/// again, so a token another holder rotated is never presented twice.
+///
+/// Without one, the manager uses an `flock` on a file in its `lockDirectory` (one machine).
+/// `LockboxFleet`'s PostgreSQL advisory lock is one for a fleet of machines.
+public protocol RefreshLock: Sendable {
+    /// Waits until this caller holds the lock for `key`. The lock is held until the returned
+    /// value is released; an implementation must also lose it when its holder dies.
+    /// Implementations wait outside Swift's cooperative pool.
+    func acquire(for key: CredentialKey) async throws(AuthError) -> any RefreshLockHold
+}
+
+/// A held ``RefreshLock``: released when the last reference to it goes away.
+public protocol RefreshLockHold: AnyObject, Sendable {}
+
+extension FileLock: RefreshLockHold {}

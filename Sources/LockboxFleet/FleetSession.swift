@@ -1,0 +1,156 @@
+import Foundation
+import LockboxAuth
+import LockboxCore
+import LockboxSync
+import VaultCrypto
+
+/// One OAuth session shared by the machines of a sync group (docs/SYNC.md, "A fleet's OAuth
+/// session"): the refresh token and the current access token live in the group's PostgreSQL
+/// database, sealed with a key only the group's machines hold, and refreshes are single-flight
+/// across every machine through a PostgreSQL advisory lock.
+///
+/// ```swift
+/// let fleet = FleetSession(group: try SyncGroup(groupID, vault: vault, database: conninfo), key: CredentialKey(configuration: configuration))
+/// let manager = CredentialsManager(
+///     configuration: configuration, tokenStore: fleet.tokenStore,
+///     accessTokenCache: fleet.accessTokenCache, refreshLock: fleet.refreshLock)
+/// ```
+///
+/// The manager takes the lock, then reads the shared access token and the stored refresh token
+/// again, as it does with the one-machine `flock`: a machine that waited uses the token another
+/// refreshed, and a rotated refresh token is seen by everyone before anyone presents the old
+/// one. The lock is held by a connection of its own: a machine that dies holding it loses it
+/// when the server notices the connection is gone.
+public struct FleetSession: Sendable {
+    /// The sync group whose database and keys hold the session.
+    public let group: SyncGroup
+    /// Which session: issuer, client and account.
+    public let key: CredentialKey
+
+    /// The session `key` in `group`'s database.
+    public init(group: SyncGroup, key: CredentialKey) {
+        self.group = group
+        self.key = key
+    }
+
+    /// The refresh token's store, for `CredentialsManager(tokenStore:)`.
+    public var tokenStore: FleetTokenStore { FleetTokenStore(group: group, key: key) }
+    /// The shared access token, for `CredentialsManager(accessTokenCache:)`.
+    public var accessTokenCache: FleetAccessTokenCache { FleetAccessTokenCache(group: group) }
+    /// The fleet-wide refresh lock, for `CredentialsManager(refreshLock:)`.
+    public var refreshLock: FleetRefreshLock { FleetRefreshLock(group: group) }
+}
+
+/// The refresh token in the group's database (see ``FleetSession``).
+public struct FleetTokenStore: TokenStore {
+    let group: SyncGroup
+    let key: CredentialKey
+
+    private var session: String { group.fleetSessionID(key.storageAccount) }
+
+    public func refreshToken() async throws(LockboxError) -> SecretBytes? {
+        let group = group
+        let session = session
+        return try await BlockingCall.run { () throws(LockboxError) -> SecretBytes? in
+            try group.readFleet(try group.fleetConnection(), session: session, field: .refreshToken)?.secret
+        }
+    }
+
+    public func saveRefreshToken(_ token: SecretBytes) async throws(LockboxError) {
+        let group = group
+        let session = session
+        try await BlockingCall.run { () throws(LockboxError) in
+            try group.writeFleet(try group.fleetConnection(), session: session, field: .refreshToken, secret: token)
+        }
+    }
+
+    public func clearCredentials() async throws(LockboxError) {
+        let group = group
+        let session = session
+        try await BlockingCall.run { () throws(LockboxError) in
+            try group.clearFleet(try group.fleetConnection(), session: session)
+        }
+    }
+
+    public func hasCredentials() async throws(LockboxError) -> Bool {
+        try await refreshToken() != nil
+    }
+}
+
+/// The current access token in the group's database, sealed, so the fleet refreshes once per
+/// lifetime rather than once per machine (see ``FleetSession``).
+public struct FleetAccessTokenCache: AccessTokenCache {
+    let group: SyncGroup
+
+    public func cachedAccessToken(for key: CredentialKey) async throws(LockboxError) -> CachedAccessToken? {
+        let group = group
+        let session = group.fleetSessionID(key.storageAccount)
+        return try await BlockingCall.run { () throws(LockboxError) -> CachedAccessToken? in
+            guard let stored = try group.readFleet(try group.fleetConnection(), session: session, field: .accessToken) else { return nil }
+            var decoder = FieldDecoder(stored.details)
+            guard let type = try? decoder.string(), let expires = try? decoder.integer(), let fresh = try? decoder.integer(),
+                let scope = try? decoder.string(), decoder.isAtEnd
+            else { throw LockboxError.integrity("A fleet session in the sync database") }
+            let credentials = Credentials(
+                accessToken: stored.secret, tokenType: type, expiresAt: Date(timeIntervalSince1970: Double(expires) / 1000),
+                scope: scope.split(separator: " ").map(String.init))
+            let freshUntil = Date(timeIntervalSince1970: Double(fresh) / 1000)
+            return freshUntil > Date() ? CachedAccessToken(credentials: credentials, freshUntil: freshUntil) : nil
+        }
+    }
+
+    public func storeAccessToken(_ token: CachedAccessToken, for key: CredentialKey) async throws(LockboxError) {
+        let group = group
+        let session = group.fleetSessionID(key.storageAccount)
+        guard let expiresAt = token.credentials.expiresAt else {
+            try await removeAccessToken(for: key)
+            return
+        }
+        var details = FieldEncoder()
+        details.string(token.credentials.tokenType)
+        details.integer(Int(expiresAt.timeIntervalSince1970 * 1000))
+        details.integer(Int(token.freshUntil.timeIntervalSince1970 * 1000))
+        details.string(token.credentials.scope.joined(separator: " "))
+        let encoded = details.bytes
+        let secret = token.credentials.accessToken
+        try await BlockingCall.run { () throws(LockboxError) in
+            try group.writeFleet(try group.fleetConnection(), session: session, field: .accessToken, secret: secret, details: encoded)
+        }
+    }
+
+    public func removeAccessToken(for key: CredentialKey) async throws(LockboxError) {
+        let group = group
+        let session = group.fleetSessionID(key.storageAccount)
+        try await BlockingCall.run { () throws(LockboxError) in
+            try group.writeFleet(try group.fleetConnection(), session: session, field: .accessToken, secret: nil)
+        }
+    }
+}
+
+/// A PostgreSQL advisory lock per session, on a connection of its own (see ``FleetSession``).
+public struct FleetRefreshLock: RefreshLock {
+    let group: SyncGroup
+
+    public func acquire(for key: CredentialKey) async throws(AuthError) -> any RefreshLockHold {
+        let group = group
+        let session = group.fleetSessionID(key.storageAccount)
+        do {
+            return try await BlockingCall.run { () throws(LockboxError) -> FleetLockHold in
+                FleetLockHold(try group.lockFleetSession(session))
+            }
+        } catch {
+            throw AuthError.from(error)
+        }
+    }
+}
+
+/// The connection that holds an advisory lock: closing it (when the hold is released, or the
+/// process dies) releases the lock.
+final class FleetLockHold: RefreshLockHold, @unchecked Sendable {
+    // Only kept alive, never used after init: closed in its deinit.
+    private let connection: PostgresConnection
+
+    init(_ connection: PostgresConnection) {
+        self.connection = connection
+    }
+}

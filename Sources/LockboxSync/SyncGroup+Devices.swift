@@ -1,0 +1,317 @@
+import FoundationEssentials
+import LockboxCore
+import LockboxVault
+import VaultCrypto
+
+/// One device's identity in a group: a random identifier, an X25519 key pair (rotated group
+/// keys are sealed to its public half) and a key that authenticates the local sync state. The
+/// secret halves are an item of the vault (`afterFirstUnlockThisDeviceOnly`, never synced,
+/// never in a backup); the identifier and public key are its `generic` attribute.
+struct DeviceSecret: Sendable {
+    let id: String
+    let publicKey: [UInt8]
+    let secretKey: SecretBytes
+    let stateKey: SecretBytes
+
+    static func load(groupID: String, from vault: Vault) throws(LockboxError) -> DeviceSecret? {
+        var query = Query.genericPassword(service: SyncGroup.deviceService, account: groupID, accessGroup: SyncGroup.keyAccessGroup)
+        query.returning = [.data, .attributes]
+        let item: Item
+        do { item = try vault.item(matching: query) } catch where error.code == .itemNotFound { return nil }
+        var decoder = FieldDecoder(Array(item.attributes.generic ?? Data()))
+        guard let data = item.data, data.count == 64, let id = try? decoder.string(), let publicKey = try? decoder.bytes(),
+            publicKey.count == 32, decoder.isAtEnd
+        else { throw LockboxError.integrity("The sync device key") }
+        let secretKey = SecretBytes(capacity: 32) { buffer in
+            data.withUnsafeBytes { buffer.copyMemory(from: UnsafeRawBufferPointer(rebasing: $0[0..<32])) }
+            return 32
+        }
+        let stateKey = SecretBytes(capacity: 32) { buffer in
+            data.withUnsafeBytes { buffer.copyMemory(from: UnsafeRawBufferPointer(rebasing: $0[32..<64])) }
+            return 32
+        }
+        return DeviceSecret(id: id, publicKey: publicKey, secretKey: secretKey, stateKey: stateKey)
+    }
+
+    static func create(groupID: String, in vault: Vault) throws(LockboxError) -> DeviceSecret {
+        let (publicKey, secretKey) = Crypto.generateKeyPair()
+        let stateKey = Crypto.generateKey()
+        let id = Crypto.randomBytes(8).hexString
+        let data = SecretBytes(capacity: 64) { buffer in
+            secretKey.withUnsafeBytes { buffer.copyMemory(from: $0) }
+            stateKey.withUnsafeBytes { UnsafeMutableRawBufferPointer(rebasing: buffer[32...]).copyMemory(from: $0) }
+            return 64
+        }
+        var generic = FieldEncoder()
+        generic.string(id)
+        generic.bytes(publicKey)
+        var item = Item.genericPassword(
+            service: SyncGroup.deviceService, account: groupID, data: data, accessibility: .afterFirstUnlockThisDeviceOnly,
+            accessGroup: SyncGroup.keyAccessGroup, label: "Lockbox sync device key")
+        item.attributes.generic = Data(generic.bytes)
+        try vault.add(item)
+        return DeviceSecret(id: id, publicKey: publicKey, secretKey: secretKey, stateKey: stateKey)
+    }
+}
+
+/// One-time pairing codes: 16 characters of Crockford's base32 (80 random bits), shown as
+/// four groups of four. The first four name the invitation row; the whole code, through
+/// Argon2id, is the key that seals the group keys in it.
+enum PairingCode {
+    static let length = 16
+    static let invitationLength = 4
+    private static let alphabet = Array("0123456789ABCDEFGHJKMNPQRSTVWXYZ")
+
+    static func generate() -> String {
+        let bytes = Crypto.randomBytes(10)
+        var bits = 0
+        var value = 0
+        var code = ""
+        for byte in bytes {
+            value = value << 8 | Int(byte)
+            bits += 8
+            while bits >= 5 {
+                bits -= 5
+                code.append(alphabet[(value >> bits) & 31])
+            }
+            value &= (1 << bits) - 1
+        }
+        return code
+    }
+
+    /// Upper case, dashes and spaces dropped, the letters people confuse mapped (O->0, I/L->1).
+    static func normalized(_ text: String) -> String {
+        String(
+            text.uppercased().compactMap { character -> Character? in
+                switch character {
+                case "-", " ": nil
+                case "O": "0"
+                case "I", "L": "1"
+                default: character
+                }
+            })
+    }
+
+    static func displayed(_ code: String) -> String {
+        stride(from: 0, to: code.count, by: 4).map { start in
+            String(code.dropFirst(start).prefix(4))
+        }.joined(separator: "-")
+    }
+}
+
+extension SyncGroup {
+    // MARK: Devices
+
+    /// A device of the group as the database lists it.
+    public struct Device: Sendable, Equatable {
+        /// The device's identifier (random, public).
+        public var id: String
+        /// How far it has pulled (a group version).
+        public var pulledVersion: Int64
+        /// When it last synced (the database's clock), if ever.
+        public var lastSync: String?
+        /// False when its public key's attestation fails with the current key: a row this
+        /// group's devices did not write (never granted a key).
+        public var isAttested: Bool
+    }
+
+    /// The attestation of a device's public key: a MAC with the epoch's device key.
+    func attestation(_ deviceID: String, _ publicKey: [UInt8], keys: SyncKeys) -> [UInt8] {
+        var encoder = FieldEncoder()
+        encoder.string("lockbox.sync.device.v1")
+        encoder.string(groupID)
+        encoder.string(deviceID)
+        encoder.bytes(publicKey)
+        encoder.integer(Int(keys.epoch))
+        return Crypto.keyedDigest(encoder.bytes, key: keys.devices)
+    }
+
+    /// The group's devices.
+    public func devices() throws(LockboxError) -> [Device] {
+        let connection = try PostgresConnection(database)
+        try SyncSchema.migrate(connection)
+        try catchUpKeys(connection)
+        return try devices(connection)
+    }
+
+    func devices(_ connection: PostgresConnection) throws(LockboxError) -> [Device] {
+        let keys = self.keys
+        return try connection.execute(
+            """
+            SELECT device_id, pulled_version, to_char(last_sync AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'), public_key, attestation
+            FROM lockbox_sync_devices WHERE group_id = $1 ORDER BY device_id
+            """, [.text(groupID)]
+        ).map { row throws(LockboxError) -> Device in
+            let id = row[0] ?? ""
+            let attested: Bool
+            if let key = row[3], let mac = row[4] {
+                attested = try PostgresConnection.bytes(mac) == attestation(id, try PostgresConnection.bytes(key), keys: keys)
+            } else {
+                attested = false
+            }
+            return Device(id: id, pulledVersion: try PostgresConnection.integer(row[1]), lastSync: row[2], isAttested: attested)
+        }
+    }
+
+    /// A one-time pairing code for another device to join with (``join(_:vault:database:pairingCode:)``):
+    /// show it to the user of the new device. It works once, until `validFor` has passed.
+    public func pairingCode(validFor: Duration = .seconds(600)) throws(LockboxError) -> String {
+        let connection = try PostgresConnection(database)
+        try SyncSchema.migrate(connection)
+        try catchUpKeys(connection)
+        let keys = self.keys
+        for _ in 0..<8 {
+            let code = PairingCode.generate()
+            let invitation = String(code.prefix(PairingCode.invitationLength))
+            let wrap = try Self.wrapKeys(
+                keys, groupID: groupID, purpose: "invitation:" + invitation, secret: SecretBytes(copying: Array(code.utf8)))
+            let rows = try connection.execute(
+                """
+                INSERT INTO lockbox_sync_invitations (group_id, invitation_id, key_wrap, expires_at)
+                VALUES ($1, $2, $3, now() + make_interval(secs => $4)) ON CONFLICT DO NOTHING RETURNING 1
+                """,
+                [.text(groupID), .text(invitation), .bytes(wrap), .integer(validFor.components.seconds)])
+            if !rows.isEmpty { return PairingCode.displayed(code) }
+        }
+        throw LockboxError(.duplicateItem, "Too many pairing codes are pending for this group. Use or let one expire, then try again.")
+    }
+
+    /// Removes a device: the group's epoch key is replaced, the new one sealed to each remaining
+    /// device's public key, every record re-sealed with it, and pending pairing codes dropped.
+    /// The removed device keeps what it already had, but opens nothing written afterwards.
+    ///
+    /// The group passphrase is dropped too (the removed device may know it): pass
+    /// `newPassphrase` to let devices join with a passphrase again.
+    /// - Throws: `itemNotFound` when there is no such device; `param` for this device itself.
+    public func removeDevice(_ deviceID: String, newPassphrase: SecretBytes? = nil) throws(LockboxError) {
+        guard deviceID != device.id else {
+            throw LockboxError(.param, "A device cannot remove itself. Remove it from another device of the group.")
+        }
+        try syncing.withLock { _ throws(LockboxError) in
+            let connection = try PostgresConnection(database)
+            try SyncSchema.migrate(connection)
+            try catchUpKeys(connection)
+            let old = keys
+            let new = old.rotated()
+            let wrap = try newPassphrase.map { passphrase throws(LockboxError) in
+                try Self.wrapKeys(new, groupID: groupID, purpose: "passphrase", secret: passphrase)
+            }
+            try connection.transaction { () throws(LockboxError) in
+                let group = try connection.execute(
+                    "SELECT counter, key_epoch FROM lockbox_sync_groups WHERE group_id = $1 FOR UPDATE", [.text(groupID)])
+                guard let row = group.first, try PostgresConnection.integer(row[1]) == old.epoch else {
+                    throw LockboxError(.io, "The sync group's key changed meanwhile (another device was removed). Try again.")
+                }
+                var counter = try PostgresConnection.integer(row[0])
+                let listed = try devices(connection)
+                guard listed.contains(where: { $0.id == deviceID }) else {
+                    throw LockboxError(.itemNotFound, "The sync group has no device \(deviceID). `lockbox sync status` lists its devices.")
+                }
+                let keyRows = try connection.execute(
+                    "SELECT device_id, public_key FROM lockbox_sync_devices WHERE group_id = $1", [.text(groupID)])
+                for keyRow in keyRows {
+                    guard let id = keyRow[0], id != deviceID, listed.first(where: { $0.id == id })?.isAttested == true else { continue }
+                    let publicKey = try PostgresConnection.bytes(keyRow[1])
+                    try connection.execute(
+                        "INSERT INTO lockbox_sync_key_grants (group_id, device_id, epoch, sealed_key) VALUES ($1, $2, $3, $4)",
+                        [.text(groupID), .text(id), .integer(new.epoch), .bytes(grant(new, to: id, publicKey: publicKey, under: old))])
+                    try connection.execute(
+                        "UPDATE lockbox_sync_devices SET attestation = $3 WHERE group_id = $1 AND device_id = $2",
+                        [.text(groupID), .text(id), .bytes(attestation(id, publicKey, keys: new))])
+                }
+                // Unattested rows (never granted a key) go with the removed device.
+                for listedDevice in listed where listedDevice.id == deviceID || !listedDevice.isAttested {
+                    try connection.execute(
+                        "DELETE FROM lockbox_sync_devices WHERE group_id = $1 AND device_id = $2", [.text(groupID), .text(listedDevice.id)])
+                    try connection.execute(
+                        "DELETE FROM lockbox_sync_key_grants WHERE group_id = $1 AND device_id = $2", [.text(groupID), .text(listedDevice.id)])
+                }
+                try connection.execute("DELETE FROM lockbox_sync_invitations WHERE group_id = $1", [.text(groupID)])
+                // Every record again under the new key, at new versions: the old ciphertext is gone
+                // from the table, and every device pulls the new one (already applied: no change).
+                let records = try connection.execute(
+                    "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 ORDER BY version", [.text(groupID)])
+                for record in records {
+                    guard let id = record[0] else { throw LockboxError.integrity("A record of the sync database") }
+                    let opened = try SyncRecord.open(
+                        try PostgresConnection.bytes(record[2]), group: groupID, itemID: id, version: try PostgresConnection.integer(record[1]),
+                        keys: old)
+                    counter += 1
+                    try connection.execute(
+                        "UPDATE lockbox_sync_items SET version = $3, payload = $4 WHERE group_id = $1 AND item_id = $2",
+                        [.text(groupID), .text(id), .integer(counter), .bytes(opened.seal(group: groupID, itemID: id, version: counter, keys: new))])
+                }
+                try resealFleetSessions(connection, from: old, to: new)
+                try connection.execute(
+                    "UPDATE lockbox_sync_groups SET counter = $2, key_epoch = $3, key_wrap = $4 WHERE group_id = $1",
+                    [.text(groupID), .integer(counter), .integer(new.epoch), wrap.map { .bytes($0) } ?? .null])
+            }
+            try install(new)
+        }
+    }
+
+    /// The new epoch's secrets sealed to a device's public key, with a MAC under the previous
+    /// epoch's device key: the database alone cannot hand a device keys of its own making.
+    func grant(_ keys: SyncKeys, to deviceID: String, publicKey: [UInt8], under previous: SyncKeys) -> [UInt8] {
+        var content = FieldEncoder()
+        content.string("lockbox.sync.grant.v1")
+        content.string(groupID)
+        content.string(deviceID)
+        content.integer(Int(keys.epoch))
+        keys.secrets.withUnsafeBytes { content.bytes(Array($0)) }
+        let box = Crypto.seal(content.bytes, toPublicKey: publicKey)
+        var sealed = FieldEncoder()
+        sealed.bytes(box)
+        sealed.bytes(grantMAC(box, deviceID: deviceID, epoch: keys.epoch, under: previous))
+        return sealed.bytes
+    }
+
+    private func grantMAC(_ box: [UInt8], deviceID: String, epoch: Int64, under previous: SyncKeys) -> [UInt8] {
+        var encoder = FieldEncoder()
+        encoder.string("lockbox.sync.grant-mac.v1")
+        encoder.string(groupID)
+        encoder.string(deviceID)
+        encoder.integer(Int(epoch))
+        encoder.bytes(box)
+        return Crypto.keyedDigest(encoder.bytes, key: previous.devices)
+    }
+
+    /// Moves this device to the group's current epoch, one grant at a time (each is checked
+    /// with the key of the epoch before it).
+    /// - Throws: `authFailed` when this device was removed (no grant for it).
+    func catchUpKeys(_ connection: PostgresConnection) throws(LockboxError) {
+        let rows = try connection.execute("SELECT key_epoch FROM lockbox_sync_groups WHERE group_id = $1", [.text(groupID)])
+        guard let row = rows.first else {
+            throw LockboxError(.itemNotFound, "The sync group \(groupID) is not in the database any more. Nothing was changed here.")
+        }
+        let epoch = try PostgresConnection.integer(row[0])
+        guard epoch >= keys.epoch else { throw rolledBack() }
+        while keys.epoch < epoch {
+            let previous = keys
+            let next = previous.epoch + 1
+            let grants = try connection.execute(
+                "SELECT sealed_key FROM lockbox_sync_key_grants WHERE group_id = $1 AND device_id = $2 AND epoch = $3",
+                [.text(groupID), .text(device.id), .integer(next)])
+            guard let grantRow = grants.first else {
+                throw LockboxError(
+                    .authFailed,
+                    "This device was removed from the sync group \(groupID): it holds no key for what the group wrote since. Join again with a pairing code from a device of the group.")
+            }
+            let failure = LockboxError.integrity("The sync group's key grant")
+            var outer = FieldDecoder(try PostgresConnection.bytes(grantRow[0]))
+            guard let box = try? outer.bytes(), let mac = try? outer.bytes(), outer.isAtEnd,
+                mac == grantMAC(box, deviceID: device.id, epoch: next, under: previous),
+                let content = try? Crypto.open(box, publicKey: device.publicKey, secretKey: device.secretKey)
+            else { throw failure }
+            var decoder = FieldDecoder(content)
+            guard (try? decoder.string()) == "lockbox.sync.grant.v1", (try? decoder.string()) == groupID,
+                (try? decoder.string()) == device.id, (try? decoder.integer()) == Int(next),
+                let secrets = try? decoder.bytes(), secrets.count == 2 * Crypto.keyByteCount, decoder.isAtEnd
+            else { throw failure }
+            let keys = SyncKeys(secrets: SecretBytes(copying: secrets), epoch: next)
+            // The base key never changes: a grant with another one is not this group's.
+            guard keys.naming == previous.naming else { throw failure }
+            try install(keys)
+        }
+    }
+}

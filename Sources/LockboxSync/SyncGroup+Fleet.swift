@@ -1,0 +1,123 @@
+import FoundationEssentials
+import LockboxCore
+import VaultCrypto
+
+/// A fleet's OAuth sessions in the group's database (`lockbox_fleet_sessions`), sealed with the
+/// group's fleet key, which only the group's machines hold: the administrator sees a session
+/// identifier (a keyed digest of issuer, client and account), a version and ciphertext.
+/// `LockboxFleet` puts LockboxAuth's `TokenStore`, `AccessTokenCache` and `RefreshLock` on these.
+extension SyncGroup {
+    /// What a session row holds.
+    package enum FleetField: String, Sendable {
+        case refreshToken = "refresh_token"
+        case accessToken = "access_token"
+    }
+
+    /// The opaque identifier of the session `account` names (a storage account of LockboxAuth).
+    package func fleetSessionID(_ account: String) -> String {
+        var encoder = FieldEncoder()
+        encoder.string("lockbox.fleet.session.v1")
+        encoder.string(account)
+        return Array(Crypto.keyedDigest(encoder.bytes, key: keys.naming).prefix(20)).hexString
+    }
+
+    /// A connection with this device at the group's current key epoch.
+    package func fleetConnection() throws(LockboxError) -> PostgresConnection {
+        let connection = try PostgresConnection(database)
+        try catchUpKeys(connection)
+        return connection
+    }
+
+    private func fleetAssociatedData(session: String, field: FleetField, part: Int, epoch: Int64) -> [UInt8] {
+        var encoder = FieldEncoder()
+        encoder.string("lockbox.fleet.v1")
+        encoder.string(groupID)
+        encoder.string(session)
+        encoder.string(field.rawValue)
+        encoder.integer(part)
+        encoder.integer(Int(epoch))
+        return encoder.bytes
+    }
+
+    /// Seals a secret and its (non-secret) details for one field of a session.
+    func sealFleet(_ secret: SecretBytes, details: [UInt8], session: String, field: FleetField, keys: SyncKeys) -> [UInt8] {
+        var encoder = FieldEncoder()
+        encoder.bytes(Crypto.seal(details, key: keys.fleet, associatedData: fleetAssociatedData(session: session, field: field, part: 0, epoch: keys.epoch)))
+        encoder.bytes(Crypto.seal(secret, key: keys.fleet, associatedData: fleetAssociatedData(session: session, field: field, part: 1, epoch: keys.epoch)))
+        return encoder.bytes
+    }
+
+    func openFleet(_ sealed: [UInt8], session: String, field: FleetField, keys: SyncKeys) throws(LockboxError) -> (secret: SecretBytes, details: [UInt8]) {
+        let failure = LockboxError.integrity("A fleet session in the sync database")
+        var decoder = FieldDecoder(sealed)
+        guard let detailsBox = try? decoder.bytes(), let secretBox = try? decoder.bytes(), decoder.isAtEnd,
+            let details = try? Crypto.openBytes(
+                detailsBox, key: keys.fleet, associatedData: fleetAssociatedData(session: session, field: field, part: 0, epoch: keys.epoch)),
+            let secret = try? Crypto.open(
+                secretBox, key: keys.fleet, associatedData: fleetAssociatedData(session: session, field: field, part: 1, epoch: keys.epoch))
+        else { throw failure }
+        return (secret, details)
+    }
+
+    /// One field of a session, opened; nil when there is none.
+    package func readFleet(_ connection: PostgresConnection, session: String, field: FleetField) throws(LockboxError) -> (
+        secret: SecretBytes, details: [UInt8]
+    )? {
+        let rows = try connection.execute(
+            "SELECT \(field.rawValue) FROM lockbox_fleet_sessions WHERE group_id = $1 AND session_id = $2",
+            [.text(groupID), .text(session)])
+        guard let row = rows.first, let value = row[0] else { return nil }
+        return try openFleet(try PostgresConnection.bytes(value), session: session, field: field, keys: keys)
+    }
+
+    /// Writes (or, with nil, clears) one field of a session; committed when it returns.
+    package func writeFleet(
+        _ connection: PostgresConnection, session: String, field: FleetField, secret: SecretBytes?, details: [UInt8] = []
+    ) throws(LockboxError) {
+        let value: PostgresConnection.Value = secret.map { .bytes(sealFleet($0, details: details, session: session, field: field, keys: keys)) } ?? .null
+        try connection.execute(
+            """
+            INSERT INTO lockbox_fleet_sessions (group_id, session_id, version, \(field.rawValue)) VALUES ($1, $2, 1, $3)
+            ON CONFLICT (group_id, session_id) DO UPDATE
+            SET \(field.rawValue) = excluded.\(field.rawValue), version = lockbox_fleet_sessions.version + 1
+            """,
+            [.text(groupID), .text(session), value])
+    }
+
+    /// Removes a session (both tokens).
+    package func clearFleet(_ connection: PostgresConnection, session: String) throws(LockboxError) {
+        try connection.execute(
+            "DELETE FROM lockbox_fleet_sessions WHERE group_id = $1 AND session_id = $2", [.text(groupID), .text(session)])
+    }
+
+    /// Waits for the session's advisory lock on a connection of its own, which holds it until
+    /// it is closed: a machine that dies holding it loses it with its connection.
+    package func lockFleetSession(_ session: String) throws(LockboxError) -> PostgresConnection {
+        let connection = try PostgresConnection(database)
+        let digits = Array(session.utf8.prefix(16))
+        let number = UInt64(String(decoding: digits, as: UTF8.self), radix: 16) ?? 0
+        try connection.execute("SELECT pg_advisory_lock($1)", [.integer(Int64(bitPattern: number))])
+        return connection
+    }
+
+    /// Re-seals every fleet session under the new epoch's key (inside a device removal).
+    func resealFleetSessions(_ connection: PostgresConnection, from old: SyncKeys, to new: SyncKeys) throws(LockboxError) {
+        let rows = try connection.execute(
+            "SELECT session_id, refresh_token, access_token FROM lockbox_fleet_sessions WHERE group_id = $1", [.text(groupID)])
+        for row in rows {
+            guard let session = row[0] else { continue }
+            var values: [PostgresConnection.Value] = []
+            for (index, field) in [FleetField.refreshToken, .accessToken].enumerated() {
+                if let value = row[index + 1] {
+                    let opened = try openFleet(try PostgresConnection.bytes(value), session: session, field: field, keys: old)
+                    values.append(.bytes(sealFleet(opened.secret, details: opened.details, session: session, field: field, keys: new)))
+                } else {
+                    values.append(.null)
+                }
+            }
+            try connection.execute(
+                "UPDATE lockbox_fleet_sessions SET refresh_token = $3, access_token = $4, version = version + 1 WHERE group_id = $1 AND session_id = $2",
+                [.text(groupID), .text(session)] + values)
+        }
+    }
+}

@@ -1,0 +1,61 @@
+import FoundationEssentials
+import LockboxCore
+import LockboxVault
+
+extension SyncGroup {
+    /// What `lockbox sync status` shows.
+    public struct Status: Sendable {
+        /// The group's identifier.
+        public var groupID: String
+        /// This device's identifier in the group.
+        public var deviceID: String
+        /// The key epoch this device holds (after catching up, when the database answered).
+        public var keyEpoch: Int64
+        /// The group version this device has pulled up to.
+        public var pulledVersion: Int64
+        /// Items this device has synced (not counting tombstones).
+        public var syncedItems: Int
+        /// Synchronizable rows written here since the last push (rows a pull applied count
+        /// too, until the next push finds them unchanged).
+        public var pendingLocalChanges: Int
+        /// Versions the database holds above this device's cursor; nil when unreachable.
+        public var pendingRemoteVersions: Int?
+        /// When this device last synced (the database's clock, UTC); nil when never or unreachable.
+        public var lastSync: String?
+        /// The group's devices; nil when the database is unreachable.
+        public var devices: [Device]?
+        /// Why the database could not be asked (the keychain stays usable); nil when it answered.
+        public var unreachable: String?
+    }
+
+    /// This device's view of the group, and the database's when it answers.
+    /// - Throws: `interactionNotAllowed` when the vault is locked. An unreachable database is
+    ///   not an error here: ``Status/unreachable`` says why.
+    public func status() throws(LockboxError) -> Status {
+        guard try vault.isUnlocked else {
+            throw LockboxError.locked("Unlock it to see the sync status.")
+        }
+        return try syncing.withLock { _ throws(LockboxError) -> Status in
+            let state = try SyncState(path: statePath, device: device.id, key: device.stateKey)
+            var status = Status(
+                groupID: groupID, deviceID: device.id, keyEpoch: keys.epoch, pulledVersion: state.cursor,
+                syncedItems: try state.liveEntryCount,
+                pendingLocalChanges: try vault.synchronizableChanges(since: state.generation).changed.count)
+            do throws(LockboxError) {
+                let connection = try PostgresConnection(database)
+                try SyncSchema.migrate(connection)
+                try catchUpKeys(connection)
+                status.keyEpoch = keys.epoch
+                let devices = try devices(connection)
+                status.devices = devices
+                let pending = try connection.execute(
+                    "SELECT count(*) FROM lockbox_sync_items WHERE group_id = $1 AND version > $2", [.text(groupID), .integer(state.cursor)])
+                status.pendingRemoteVersions = Int(try PostgresConnection.integer(pending.first?[0] ?? nil))
+                status.lastSync = devices.first(where: { $0.id == device.id })?.lastSync
+            } catch where error.code == .notAvailable {
+                status.unreachable = error.message
+            }
+            return status
+        }
+    }
+}

@@ -1,0 +1,145 @@
+import Foundation
+import Lockbox
+import LockboxSync
+import LockboxVault
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+// Sync against its floor (docs/SYNC.md, "Figures"): a new device's first sync of N items beside
+// a plain `COPY ... TO STDOUT` of the same ciphertext rows, and an incremental sync of 10
+// changed items among M (push on the writer, pull on the reader). Run against a PostgreSQL that
+// `scripts/postgres start` made:
+//
+//   LOCKBOX_TEST_POSTGRES="$(scripts/postgres start)" swift run -c release lockbox-sync-bench [--items 10000] [--among 100000]
+
+var items = 10_000
+var among = 100_000
+var iterator = CommandLine.arguments.dropFirst().makeIterator()
+while let argument = iterator.next() {
+    switch argument {
+    case "--items": items = Int(iterator.next() ?? "") ?? items
+    case "--among": among = Int(iterator.next() ?? "") ?? among
+    default:
+        FileHandle.standardError.write(Data("usage: lockbox-sync-bench [--items N] [--among M]\n".utf8))
+        exit(64)
+    }
+}
+guard let database = ProcessInfo.processInfo.environment["LOCKBOX_TEST_POSTGRES"] else {
+    FileHandle.standardError.write(Data("lockbox-sync-bench: set LOCKBOX_TEST_POSTGRES to a connection string (scripts/postgres start)\n".utf8))
+    exit(64)
+}
+
+func seconds(_ body: () throws -> Void) rethrows -> Double {
+    var start = timespec()
+    var end = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &start)
+    try body()
+    clock_gettime(CLOCK_MONOTONIC, &end)
+    return Double(end.tv_sec - start.tv_sec) + Double(end.tv_nsec - start.tv_nsec) / 1e9
+}
+
+let root = FileManager.default.temporaryDirectory.appendingPathComponent("lockbox-sync-bench-\(getpid())").path
+defer { try? FileManager.default.removeItem(atPath: root) }
+
+/// A machine: its own vault and device key.
+func machine(_ name: String) throws -> Vault {
+    var configuration = Vault.Configuration()
+    configuration.keyDerivation = .interactive
+    configuration.device = DeviceIdentity(keyPath: root + "/\(name)/state/device-key")
+    try FileManager.default.createDirectory(
+        atPath: root + "/\(name)/data", withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+    chmod(root, 0o700)
+    chmod(root + "/\(name)", 0o700)
+    return try Vault.create(at: root + "/\(name)/data/default.lockbox", passphrase: SecretBytes(utf8: "benchmark"), configuration: configuration)
+}
+
+func fill(_ vault: Vault, count: Int, prefix: String) throws {
+    for start in stride(from: 0, to: count, by: 1000) {
+        let batch = (start..<min(start + 1000, count)).map { index in
+            var item = Item.genericPassword(
+                service: "\(prefix)-\(index).example", account: "user\(index)", data: SecretBytes(utf8: "value \(index) \(String(repeating: "x", count: 40))"))
+            item.attributes.synchronizable = true
+            return item
+        }
+        try vault.add(contentsOf: batch)
+    }
+}
+
+func row(_ label: String, _ value: Double, _ note: String = "") {
+    print(label.padding(toLength: 58, withPad: " ", startingAt: 0) + String(format: "%10.1f ms", value * 1000) + (note.isEmpty ? "" : "  " + note))
+}
+
+do {
+    print("lockbox-sync-bench: release build, PostgreSQL on loopback, one run")
+    // 1. A new device's first sync of `items` items against COPY of the same rows.
+    let writer = try machine("writer")
+    try fill(writer, count: items, prefix: "first")
+    let group = try SyncGroup.create(vault: writer, database: database, passphrase: SecretBytes(utf8: "benchmark group"))
+    let push = try seconds { try group.sync() }
+    let reader = try machine("reader")
+    let joined = try SyncGroup.join(group.groupID, vault: reader, database: database, passphrase: SecretBytes(utf8: "benchmark group"))
+    var pulled = 0
+    let firstSync = try seconds { pulled = try joined.sync().pulled }
+    let connection = try PostgresConnection(database)
+    var copied = (rows: 0, bytes: 0)
+    let copy = try seconds {
+        copied = try connection.copyOut(
+            "COPY (SELECT item_id, version, device_id, payload FROM lockbox_sync_items WHERE group_id = '\(group.groupID)' ORDER BY version) TO STDOUT")
+    }
+    let secondSync = try seconds { try joined.sync() }
+    // The local floor: the same items added to a fresh vault, as the pull adds them.
+    let floorVault = try machine("floor")
+    let floorItems = try joined.vault.items(
+        matching: Query(.genericPassword, limit: .all, returning: [.attributes, .data], synchronizable: .synchronizable))
+    let vaultAdd = try seconds {
+        for start in stride(from: 0, to: floorItems.count, by: 500) {
+            try floorVault.add(contentsOf: Array(floorItems[start..<min(start + 500, floorItems.count)]))
+        }
+    }
+    print("")
+    print("First sync of \(items) items to a new device (pulled \(pulled); COPY read \(copied.rows) rows, \(copied.bytes / 1024) KiB):")
+    row("  writer's first push of \(items) items", push)
+    row("  new device's first sync (pull, open, add to its vault)", firstSync, String(format: "%.2fx COPY (target 3x)", firstSync / copy))
+    row("  plain COPY of the same ciphertext rows", copy)
+    row("  the vault alone adding the same \(floorItems.count) items (500 a transaction)", vaultAdd,
+        String(format: "sync = COPY + vault add + %.0f ms", (firstSync - copy - vaultAdd) * 1000))
+    row("  new device's next sync (maps the rows it added)", secondSync)
+
+    // 2. Ten changes among `among` items.
+    let big = try machine("big")
+    try fill(big, count: among, prefix: "among")
+    let bigGroup = try SyncGroup.create(vault: big, database: database, passphrase: SecretBytes(utf8: "benchmark group"))
+    let bigPush = try seconds { try bigGroup.sync() }
+    let other = try machine("other")
+    let otherGroup = try SyncGroup.join(bigGroup.groupID, vault: other, database: database, passphrase: SecretBytes(utf8: "benchmark group"))
+    let otherPull = try seconds { try otherGroup.sync() }
+    let otherMap = try seconds { try otherGroup.sync() }
+    let idle = try seconds { try bigGroup.sync() }
+    for index in stride(from: 0, to: among, by: among / 10).prefix(10) {
+        var query = Query.genericPassword(service: "among-\(index).example", account: "user\(index)")
+        query.synchronizable = .synchronizable
+        try big.update(matching: query, to: ItemUpdate(data: SecretBytes(utf8: "changed \(index)")))
+    }
+    var listed = 0
+    let listing = try seconds { listed = try big.synchronizableChanges(since: 1).changed.count }
+    let connect = try seconds { _ = try PostgresConnection(database) }
+    var incremental = SyncGroup.Report()
+    let incrementalPush = try seconds { incremental = try bigGroup.sync() }
+    var received = SyncGroup.Report()
+    let incrementalPull = try seconds { received = try otherGroup.sync() }
+    print("")
+    print("Ten changed among \(among) items (pushed \(incremental.pushed), pulled \(received.pulled)):")
+    row("  first push of \(among) items", bigPush)
+    row("  second device's first pull of \(among) items", otherPull)
+    row("  second device's next sync (maps the rows it added)", otherMap)
+    row("  a sync with nothing changed", idle)
+    row("  sync that pushes the 10 changes", incrementalPush, "(target < 50 ms)")
+    row("  sync that pulls the 10 changes", incrementalPull, "(target < 50 ms)")
+    row("  of which: the vault's listing of \(listed) synchronizable rows", listing)
+    row("  of which: one PostgreSQL connection (SCRAM)", connect)
+} catch {
+    FileHandle.standardError.write(Data("lockbox-sync-bench: \(error)\n".utf8))
+    exit(1)
+}

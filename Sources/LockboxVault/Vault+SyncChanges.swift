@@ -1,0 +1,61 @@
+import FoundationEssentials
+import LockboxCore
+import VaultStorage
+
+/// What changed among the synchronizable rows since a generation: the small, read-only answer
+/// sync needs to push only changes (docs/SYNC.md, "Finding local changes").
+public struct SynchronizableChanges: Sendable {
+    /// The vault's write generation when the rows were listed (one snapshot with them). Pass it
+    /// as `since` next time.
+    public var generation: Int
+    /// How many rows are marked synchronizable now (whatever their accessibility).
+    public var count: Int
+    /// Persistent references of the synchronizable rows written after `since`.
+    public var changed: [Data]
+    /// Persistent references of every synchronizable row, when asked for (`listingAll`).
+    public var all: Set<Data>?
+    /// True when the vault's generation is still `since`: nothing was written, and the rows
+    /// were not listed (`count` is then 0).
+    public var isUnchanged = false
+}
+
+extension Vault {
+    /// The synchronizable rows written after generation `since`, found from the rows' plain
+    /// columns (each row records the generation that wrote it) without opening any row: the
+    /// cost is one pass over the rows' identifiers, not a decryption of every item.
+    ///
+    /// Nothing is opened, so nothing here is trusted as content: read each changed row through
+    /// ``items(matching:)`` (which authenticates it) before using it. When nothing was written
+    /// since `since`, the answer says so without listing (``SynchronizableChanges/isUnchanged``). A row whose generation
+    /// column was edited fails that authentication when read.
+    ///
+    /// - Parameters:
+    ///   - since: the `generation` of an earlier answer; 0 for every row.
+    ///   - listingAll: also return every synchronizable row's reference (to find deletes).
+    /// - Throws: `decode` when the integrity record fails its check or was rolled back.
+    public func synchronizableChanges(since: Int, listingAll: Bool = false) throws(LockboxError) -> SynchronizableChanges {
+        try withState { state throws(LockboxError) -> SynchronizableChanges in
+            try state.database.readTransaction { () throws(LockboxError) -> SynchronizableChanges in
+                let integrity = try currentIntegrity(state)
+                let generation = integrity.state?.generation ?? 0
+                // Every write moves the generation: an unchanged one needs no listing.
+                if generation == since && since > 0 && !listingAll {
+                    return SynchronizableChanges(generation: generation, count: 0, changed: [], all: nil, isUnchanged: true)
+                }
+                let statement = try state.database.statement("SELECT id, version FROM items WHERE synchronizable = 1")
+                defer { statement.reset() }
+                var changes = SynchronizableChanges(generation: generation, count: 0, changed: [], all: listingAll ? [] : nil)
+                while try statement.step() {
+                    changes.count += 1
+                    let version = statement.integer(1) ?? 0
+                    if version > since || listingAll {
+                        let reference = Data(statement.blob(0) ?? [])
+                        if version > since { changes.changed.append(reference) }
+                        if listingAll { changes.all?.insert(reference) }
+                    }
+                }
+                return changes
+            }
+        }
+    }
+}

@@ -1,0 +1,330 @@
+import Foundation
+import Lockbox
+import LockboxTestSupport
+import LockboxVault
+import Synchronization
+import Testing
+
+@testable import LockboxSync
+
+/// The repository's root (for scripts/postgres).
+let repositoryRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent().path
+
+/// Runs `scripts/postgres VERB` on the test server (`LOCKBOX_POSTGRES_STATE`), through
+/// posix_spawn and waitpid: the server it starts outlives the script.
+func postgres(_ verb: String) throws {
+    let state = try #require(
+        ProcessInfo.processInfo.environment["LOCKBOX_POSTGRES_STATE"],
+        "LOCKBOX_POSTGRES_STATE is not set: scripts/test sets it with the server it starts")
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    for descriptor: Int32 in [0, 1, 2] {
+        posix_spawn_file_actions_addopen(&actions, descriptor, "/dev/null", descriptor == 0 ? O_RDONLY : O_WRONLY, 0)
+    }
+    let script: String = repositoryRoot + "/scripts/postgres"
+    let words: [String] = ["/bin/bash", script, verb]
+    let arguments: [UnsafeMutablePointer<CChar>?] = words.map { strdup($0) } + [nil]
+    defer { arguments.forEach { free($0) } }
+    var environment = ProcessInfo.processInfo.environment
+    environment["LOCKBOX_POSTGRES_STATE"] = state
+    let assignments: [String] = environment.map { "\($0.key)=\($0.value)" }
+    let variables: [UnsafeMutablePointer<CChar>?] = assignments.map { strdup($0) } + [nil]
+    defer { variables.forEach { free($0) } }
+    var pid: pid_t = 0
+    #expect(posix_spawn(&pid, "/bin/bash", &actions, nil, arguments, variables) == 0)
+    var status: Int32 = 0
+    while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+    #expect(status == 0, "scripts/postgres \(verb) ended with status \(status)")
+}
+
+/// Every record of a group as stored: (item id, version, payload).
+func storedRecords(_ groupID: String) throws -> [(id: String, version: Int64, payload: [UInt8])] {
+    try PostgresConnection(try testDatabase()).execute(
+        "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 ORDER BY version", [.text(groupID)]
+    ).map { row in (row[0] ?? "", try PostgresConnection.integer(row[1]), try PostgresConnection.bytes(row[2])) }
+}
+
+extension SyncTests {
+    @Test("A pairing code lets one device join once; a second use, a wrong code or an expired code is refused")
+    func pairingCodeJoinsOnce() throws {
+        let database = try testDatabase()
+        let first = try Machine()
+        let group = try SyncGroup.create(vault: first.vault, database: database)
+        try first.add("pair.example", "alice", "paired value")
+        try group.sync()
+        let code = try group.pairingCode()
+        #expect(code.count == 19 && code.filter { $0 == "-" }.count == 3)
+
+        let second = try Machine()
+        let joined = try SyncGroup.join(group.groupID, vault: second.vault, database: database, pairingCode: code.lowercased())
+        try joined.sync()
+        #expect(try second.value("pair.example", "alice") == "paired value")
+        #expect(joined.deviceID != group.deviceID)
+
+        let third = try Machine()
+        let reused = #expect(throws: LockboxError.self) {
+            try SyncGroup.join(group.groupID, vault: third.vault, database: database, pairingCode: code)
+        }
+        #expect(reused?.code == .authFailed)
+        // A wrong guess uses the code up: the right code no longer works after it.
+        let fresh = try group.pairingCode()
+        var wrong = Array(fresh)
+        wrong[18] = wrong[18] == "A" ? "B" : "A"
+        #expect(throws: LockboxError.self) {
+            try SyncGroup.join(group.groupID, vault: third.vault, database: database, pairingCode: String(wrong))
+        }
+        #expect(throws: LockboxError.self) { try SyncGroup.join(group.groupID, vault: third.vault, database: database, pairingCode: fresh) }
+        let expired = try group.pairingCode(validFor: .seconds(0))
+        let late = #expect(throws: LockboxError.self) {
+            try SyncGroup.join(group.groupID, vault: third.vault, database: database, pairingCode: expired)
+        }
+        #expect(late?.code == .authFailed)
+        // Without a passphrase the group cannot be joined by one.
+        let noPassphrase = #expect(throws: LockboxError.self) {
+            try SyncGroup.join(group.groupID, vault: third.vault, database: database, passphrase: SecretBytes(utf8: "anything"))
+        }
+        #expect(noPassphrase?.code == .authFailed)
+        // The database holds no code in clear.
+        let dump = try PostgresConnection(database).execute("SELECT t::text FROM lockbox_sync_invitations t").map { $0[0] ?? "" }.joined()
+        #expect(!dump.contains(PairingCode.normalized(code)) && !dump.contains(PairingCode.normalized(fresh)))
+    }
+
+    @Test("A removed device opens nothing written after its removal, cannot sync, and cannot rejoin with the old passphrase")
+    func removedDeviceReadsNothingNew() throws {
+        let (groups, machines) = try threeMachines()
+        try machines[0].add("rm.example", "shared", "before removal")
+        for group in groups { try group.sync() }
+        #expect(try machines[2].value("rm.example", "shared") == "before removal")
+        let oldKeys = groups[2].keys
+        let removed = groups[2].deviceID
+
+        try groups[0].removeDevice(removed)
+        #expect(groups[0].keyEpoch == 1)
+        let canary = makeCanary("after-removal")
+        try machines[0].set("rm.example", "shared", canary)
+        try machines[0].add("rm.example", "new", canary)
+        try groups[0].sync()
+
+        // Every record now in the database, read with the removed device's keys: none opens.
+        let records = try storedRecords(groups[0].groupID)
+        #expect(records.count == 2)
+        for record in records {
+            #expect(throws: LockboxError.self) {
+                try SyncRecord.open(record.payload, group: groups[0].groupID, itemID: record.id, version: record.version, keys: oldKeys)
+            }
+        }
+        // The removed device is told so and keeps its items.
+        let error = #expect(throws: LockboxError.self) { try groups[2].sync() }
+        #expect(error?.code == .authFailed)
+        #expect(try machines[2].value("rm.example", "shared") == "before removal")
+        #expect(try machines[2].value("rm.example", "new") == nil)
+        // The remaining device catches up through its grant.
+        try groups[1].sync()
+        #expect(groups[1].keyEpoch == 1)
+        #expect(try machines[1].value("rm.example", "shared") == canary)
+        #expect(try machines[1].value("rm.example", "new") == canary)
+        // The old passphrase no longer opens the group; devices list no longer names it.
+        let rejoin = #expect(throws: LockboxError.self) {
+            try SyncGroup.join(groups[0].groupID, vault: machines[2].vault, database: try testDatabase(), passphrase: groupPassphrase)
+        }
+        #expect(rejoin?.code == .authFailed)
+        let devices = try groups[1].devices()
+        #expect(devices.map(\.id).sorted() == [groups[0].deviceID, groups[1].deviceID].sorted())
+        #expect(devices.allSatisfy { $0.isAttested })
+        // Edits keep flowing between the two that remain, both ways.
+        try machines[1].set("rm.example", "new", "from B")
+        try groups[1].sync()
+        try groups[0].sync()
+        #expect(try machines[0].value("rm.example", "new") == "from B")
+    }
+
+    @Test("A grant the database made up (sealed to the device, without the previous key's MAC) is refused")
+    func forgedGrantIsRefused() throws {
+        let (groups, machines) = try threeMachines()
+        defer { withExtendedLifetime(machines) {} }
+        let connection = try PostgresConnection(try testDatabase())
+        let id = groups[0].groupID
+        // The administrator plays a rotation: a key of its own, sealed to device B's public key.
+        let rows = try connection.execute(
+            "SELECT public_key FROM lockbox_sync_devices WHERE group_id = $1 AND device_id = $2", [.text(id), .text(groups[1].deviceID)])
+        let publicKey = try PostgresConnection.bytes(rows.first?[0] ?? nil)
+        let made = SyncKeys.generate().rotated()
+        let forged = groups[1].grant(made, to: groups[1].deviceID, publicKey: publicKey, under: SyncKeys.generate())
+        try connection.execute(
+            "INSERT INTO lockbox_sync_key_grants (group_id, device_id, epoch, sealed_key) VALUES ($1, $2, 1, $3)",
+            [.text(id), .text(groups[1].deviceID), .bytes(forged)])
+        try connection.execute("UPDATE lockbox_sync_groups SET key_epoch = 1 WHERE group_id = $1", [.text(id)])
+        let error = #expect(throws: LockboxError.self) { try groups[1].sync() }
+        #expect(error?.code == .decode)
+        #expect(groups[1].keyEpoch == 0)
+    }
+
+    @Test("A sync reads only the rows written since the last push; deletes are still found")
+    func incrementalPushReadsOnlyChangedRows() throws {
+        let (groups, machines) = try threeMachines()
+        for index in 0..<40 { try machines[0].add("inc\(index).example", "user", "value \(index)") }
+        #expect(try groups[0].sync().examined == 40)
+        #expect(try groups[0].sync().examined == 0)
+        try machines[0].set("inc3.example", "user", "changed 3")
+        try machines[0].set("inc17.example", "user", "changed 17")
+        let report = try groups[0].sync()
+        #expect(report.examined == 2)
+        #expect(report.pushed == 2)
+        try machines[0].delete("inc5.example", "user")
+        let deleting = try groups[0].sync()
+        #expect(deleting.pushed == 1)
+        // A non-synchronizable item's writes do not count.
+        try machines[0].add("local.example", "user", "local", synchronizable: false)
+        #expect(try groups[0].sync().examined == 0)
+        try groups[1].sync()
+        #expect(try machines[1].count() == 39)
+        #expect(try machines[1].value("inc3.example", "user") == "changed 3")
+        #expect(try machines[1].value("inc5.example", "user") == nil)
+        // The rows a pull added are read once, by the next push, which finds nothing to send.
+        let next = try groups[1].sync()
+        #expect(next.examined == 39 && next.pushed == 0)
+        #expect(try groups[1].sync().examined == 0)
+    }
+
+    @Test("The database stopped in the middle of a sync, then started again: nothing lost or doubled, the vault usable meanwhile")
+    func databaseRestartedMidSync() throws {
+        let (groups, machines) = try threeMachines()
+        for index in 0..<6 { try machines[0].add("restart\(index).example", "user", "value \(index)") }
+        // Another session holds the group row, so the push waits inside its transaction while
+        // the server goes away (a fast shutdown cuts every connection).
+        let blocker = try PostgresConnection(try testDatabase())
+        try blocker.execute("BEGIN")
+        try blocker.execute("SELECT counter FROM lockbox_sync_groups WHERE group_id = $1 FOR UPDATE", [.text(groups[0].groupID)])
+        let outcome = Mutex<String?>(nil)
+        let done = DispatchSemaphore(value: 0)
+        let group = groups[0]
+        Thread.detachNewThread {
+            do { try group.sync() } catch { outcome.withLock { $0 = "\(error)" } }
+            done.signal()
+        }
+        usleep(300_000)
+        try postgres("halt")
+        done.wait()
+        #expect(outcome.withLock { $0 } != nil, "the sync survived its server going away")
+        // While it is down: an error that says so, and the vault reads and writes.
+        let down = #expect(throws: LockboxError.self) { try groups[0].sync() }
+        #expect(down?.code == .notAvailable)
+        try machines[0].set("restart0.example", "user", "edited while down")
+        #expect(try machines[0].value("restart1.example", "user") == "value 1")
+        try postgres("resume")
+        #expect(try groups[0].sync().pushed == 6)
+        try groups[1].sync()
+        #expect(try machines[1].count() == 6)
+        #expect(try machines[1].value("restart0.example", "user") == "edited while down")
+        #expect(try storedRecords(groups[0].groupID).count == 6)
+        #expect(try machines[1].verify())
+    }
+
+    @Test("A sync process killed at any point (SIGKILL) loses and duplicates nothing; the next sync completes")
+    func killedClientMidSync() throws {
+        let database = try testDatabase()
+        let (groups, machines) = try threeMachines()
+        let count = 300
+        var items: [Item] = []
+        for index in 0..<count {
+            var item = Item.genericPassword(service: "kill\(index).example", account: "user", data: SecretBytes(utf8: "value \(index)"))
+            item.attributes.synchronizable = true
+            items.append(item)
+        }
+        try machines[0].vault.add(contentsOf: items)
+        try SyncCLI.configure(machines[0], group: groups[0].groupID, database: database)
+        // Killed sooner and later: before, during and after the push's transaction.
+        var finished = 0
+        for delay in [0.05, 0.15, 0.3, 0.5, 0.8, 1.2] {
+            let result = try SyncCLI.run(machines[0], ["sync", "now"], timeout: delay)
+            if result.status == 0 { finished += 1 }
+            try machines[0].set("kill\(Int(delay * 100) % count).example", "user", "edit before kill \(delay)")
+        }
+        #expect(finished < 6, "no sync was killed before it finished")
+        let final = try SyncCLI.run(machines[0], ["sync", "now"])
+        #expect(final.status == 0, "lockbox sync now: \(final.standardError)")
+        try groups[0].sync()
+        try groups[1].sync()
+        #expect(try machines[1].count() == count)
+        #expect(try machines[1].value("kill30.example", "user") == "edit before kill 0.3")
+        #expect(try machines[1].value("kill299.example", "user") == "value 299")
+        let records = try storedRecords(groups[0].groupID)
+        #expect(records.count == count)
+        #expect(Set(records.map(\.version)).count == count, "two records share a version")
+        #expect(try machines[0].verify() && machines[1].verify())
+    }
+}
+
+extension SyncTests {
+    @Test("lockbox sync: create, invite, join with the code on standard input, now, status; status with the database down")
+    func commandLine() throws {
+        let database = try testDatabase()
+        let first = try Machine()
+        let second = try Machine()
+        let created = try SyncCLI.run(first, ["sync", "create", "--database", database])
+        #expect(created.status == 0, "sync create: \(created.standardError)")
+        let groupID = created.standardOutput.trimmingCharacters(in: .whitespacesAndNewlines)
+        #expect(groupID.count == 32)
+        let canary = makeCanary("cli-sync")
+        try first.add("cli.example", "alice", canary)
+        #expect(try SyncCLI.run(first, ["sync", "now"]).status == 0)
+
+        let invite = try SyncCLI.run(first, ["sync", "invite"])
+        #expect(invite.status == 0, "sync invite: \(invite.standardError)")
+        let code = try #require(invite.standardOutput.split(separator: " ").first { $0.count == 19 && $0.contains("-") })
+        let joined = try SyncCLI.run(second, ["sync", "join", groupID, "--database", database], input: String(code) + "\n")
+        #expect(joined.status == 0, "sync join: \(joined.standardError)")
+        #expect(try second.value("cli.example", "alice") == canary)
+        #expect(!joined.standardOutput.contains(canary) && !joined.standardError.contains(canary))
+
+        let status = try SyncCLI.run(second, ["sync", "status", "--json"])
+        #expect(status.status == 0, "sync status: \(status.standardError)")
+        let json = try #require(try JSONSerialization.jsonObject(with: Data(status.standardOutput.utf8)) as? [String: Any])
+        #expect(json["group"] as? String == groupID)
+        #expect(json["databaseReachable"] as? Bool == true)
+        #expect((json["devices"] as? [[String: Any]])?.count == 2)
+        #expect(json["pendingRemoteVersions"] as? Int == 0)
+        let text = try SyncCLI.run(first, ["sync", "status"])
+        #expect(text.standardOutput.contains("(this device)") && text.standardOutput.contains("last sync:"))
+
+        // The database unreachable: status says so and succeeds; a sync fails with -25291;
+        // the keychain works.
+        let closed = TemporaryDirectory("lockbox-sync-closed")
+        try SyncCLI.configure(second, group: groupID, database: "host=\(closed.path) port=1 dbname=postgres user=lockbox connect_timeout=2")
+        let offline = try SyncCLI.run(second, ["sync", "status"])
+        #expect(offline.status == 0, "sync status offline: \(offline.standardError)")
+        #expect(offline.standardOutput.contains("unreachable") && offline.standardOutput.contains("fully usable"))
+        let failed = try SyncCLI.run(second, ["sync", "now"])
+        #expect(failed.status == 1 && failed.standardError.contains("-25291"))
+        #expect(try second.value("cli.example", "alice") == canary)
+        // A connection string with a password is refused before anything runs.
+        let password = try SyncCLI.run(second, ["sync", "create", "--database", "host=x password=hunter2"])
+        #expect(password.status == 64)
+    }
+}
+
+/// Runs the built `lockbox` (which hands `sync` to `lockbox-sync`) on a machine's vault, with
+/// the machine's XDG tree, so it finds the same device key.
+enum SyncCLI {
+    static func environment(_ machine: Machine) -> [String: String] {
+        var environment = ProcessInfo.processInfo.environment
+        environment["XDG_DATA_HOME"] = machine.directory.file("data")
+        environment["XDG_STATE_HOME"] = machine.directory.file("state")
+        environment["XDG_CONFIG_HOME"] = machine.directory.file("config")
+        environment["HOME"] = machine.directory.path
+        return environment
+    }
+
+    static func run(_ machine: Machine, _ arguments: [String], input: String = "", timeout: Double? = nil) throws -> ProcessResult {
+        try LockboxTestSupport.run(
+            builtProduct("lockbox"), ["--keychain", machine.vault.path] + arguments, input: Array(input.utf8),
+            environment: environment(machine), timeout: timeout)
+    }
+
+    /// Writes the configuration `lockbox sync create/join` would (group and database).
+    static func configure(_ machine: Machine, group: String, database: String) throws {
+        try FileManager.default.createDirectory(atPath: machine.vault.path + ".sync", withIntermediateDirectories: true)
+        try Data("group=\(group)\ndatabase=\(database)\n".utf8).write(to: URL(fileURLWithPath: machine.vault.path + ".sync/config"))
+    }
+}
