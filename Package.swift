@@ -39,6 +39,7 @@ let package = Package(
         .executable(name: "lockbox-peer-bench", targets: ["LockboxPeerBenchmark"]),
         .executable(name: "lockbox-key-bench", targets: ["LockboxKeyBenchmark"]),
         .executable(name: "lockbox-dpop-bench", targets: ["LockboxDPoPBenchmark"]),
+        .executable(name: "lockboxd", targets: ["LockboxBrokerDaemon"]),
         .executable(name: "git-credential-lockbox", targets: ["GitCredentialHelper"]),
         .executable(name: "docker-credential-lockbox", targets: ["DockerCredentialHelper"]),
     ],
@@ -134,8 +135,16 @@ let package = Package(
         // Managed keys as LockboxAuth's DPoP signers: the one place that knows both.
         .target(name: "LockboxAuthKeys", dependencies: ["LockboxCore", "LockboxAuth", "LockboxKeys"], swiftSettings: strict),
 
+        // The broker's wire protocol, its server and its client store (docs/BROKER.md). No key
+        // API: the daemon adds the key operations, so that clients never load libcrypto.
+        .target(name: "LockboxBroker", dependencies: ["LockboxCore", "LockboxVault"], swiftSettings: strict),
+        // `lockboxd`, the per-user broker: holds the unlocked keys and serves the vault.
+        .executableTarget(
+            name: "LockboxBrokerDaemon", dependencies: ["Lockbox", "LockboxBroker", "LockboxKeys", "CProcessHardening"],
+            swiftSettings: strict),
+
         // The facade applications import.
-        .target(name: "Lockbox", dependencies: ["LockboxCore", "LockboxVault", "SecretService"], swiftSettings: strict),
+        .target(name: "Lockbox", dependencies: ["LockboxCore", "LockboxVault", "SecretService", "LockboxBroker"], swiftSettings: strict),
 
         // Apple's SecItem API (SecItemAdd, kSec* keys, errSec* codes) on Linux, over any ItemStore.
         // SecKey over LockboxKeys; LAContext (LocalAuthentication) as kSecUseAuthenticationContext.
@@ -252,6 +261,10 @@ let package = Package(
             dependencies: ["LockboxSync", "LockboxVault", "Lockbox", "LockboxTestSupport"],
             swiftSettings: strict),
         .testTarget(
+            name: "LockboxBrokerTests",
+            dependencies: ["LockboxBroker", "Lockbox", "LockboxVault", "LockboxKeys", "LockboxTestSupport"],
+            swiftSettings: strict),
+        .testTarget(
             name: "LockboxCLITests",
             dependencies: ["Lockbox", "LockboxTestSupport"],
             swiftSettings: strict),
@@ -277,7 +290,7 @@ if Context.environment["LOCKBOX_FUZZ"] == "1" {
             dependencies: [
                 "LockboxCore", "LockboxVault", "VaultCrypto", "CredentialHelpers", "LockboxAuth", "LockboxCommandLine", "LockboxKeys",
                 "TPMAccess",
-                "LockboxSSHAgent",
+                "LockboxSSHAgent", "LockboxBroker",
             ],
             path: "Fuzz/Sources"))
 }

@@ -9,8 +9,9 @@ import SecretService
 /// print(keychain.reason)   // why this backend was chosen
 /// ```
 ///
-/// An explicit choice wins (the `backend` option, then `LOCKBOX_BACKEND`); otherwise the
-/// embedded vault, which needs no daemon and no desktop session. There is no plain-text backend
+/// An explicit choice wins (the `backend` option, then `LOCKBOX_BACKEND`, then
+/// `LOCKBOX_BROKER=1`, which asks for the broker); then the broker when `lockboxd` serves the
+/// vault now; otherwise the embedded vault, which needs no daemon and no desktop session. There is no plain-text backend
 /// and no silent fallback: when the chosen backend cannot be used, `open` throws an error that
 /// says how to enable it, and never opens a different one instead.
 public enum Keychain {
@@ -21,6 +22,9 @@ public enum Keychain {
         /// The desktop keychain behind the freedesktop Secret Service (GNOME Keyring,
         /// KWallet, KeePassXC), over D-Bus.
         case secretService = "secret-service"
+        /// The vault, served by the per-user broker `lockboxd` (started on demand): its unlocked
+        /// keys stay in the broker's memory, and access groups are walls between programs.
+        case broker
     }
 
     /// How to open the keychain.
@@ -33,6 +37,9 @@ public enum Keychain {
         public var vault = Vault.Configuration()
         /// The Secret Service backend's configuration.
         public var secretService = SecretServiceStore.Configuration()
+        /// The broker's socket; nil for `LOCKBOX_BROKER_SOCKET`, then
+        /// `$XDG_RUNTIME_DIR/lockbox/lockboxd.sock`.
+        public var brokerSocket: String?
 
         /// Options that name a backend and a vault path; nil leaves each to the environment and the defaults.
         public init(backend: Backend? = nil, path: String? = nil) {
@@ -51,6 +58,8 @@ public enum Keychain {
         public let reason: String
         /// The vault, when the backend is the vault.
         public let vault: Vault?
+        /// The broker's store, when the backend is the broker.
+        public private(set) var broker: BrokerStore? = nil
     }
 
     /// The vault path from an explicit option, `LOCKBOX_KEYCHAIN`, or the XDG default.
@@ -80,6 +89,17 @@ public enum Keychain {
         case "keyring": return .kernelKeyring
         default:
             throw LockboxError(.param, "LOCKBOX_UNLOCK_CACHE must be `keyring` or `process`, not `\(value)`.")
+        }
+    }
+
+    /// Whether `LOCKBOX_BROKER` asks for the broker (`1`) or forbids it (`0`); nil when unset.
+    /// - Throws: `errSecParam` for any other value.
+    package static func brokerWanted(environmentValue value: String?) throws(LockboxError) -> Bool? {
+        guard let value, !value.isEmpty else { return nil }
+        switch value {
+        case "1": return true
+        case "0": return false
+        default: throw LockboxError(.param, "LOCKBOX_BROKER must be 1 (use lockboxd) or 0 (never), not `\(value)`.")
         }
     }
 
@@ -122,6 +142,14 @@ public enum Keychain {
         } else if let chosen = try Self.backend(environmentValue: ProcessEnvironment.value("LOCKBOX_BACKEND")) {
             backend = chosen
             reason = "chosen by LOCKBOX_BACKEND"
+        } else if try brokerWanted(environmentValue: ProcessEnvironment.value("LOCKBOX_BROKER")) == true {
+            backend = .broker
+            reason = "chosen by LOCKBOX_BROKER"
+        } else if try brokerWanted(environmentValue: ProcessEnvironment.value("LOCKBOX_BROKER")) == nil,
+            BrokerClaim.isServedByBroker(vaultPath: vaultPath(explicit: options.path))
+        {
+            backend = .broker
+            reason = "lockboxd serves this keychain"
         } else {
             backend = .vault
             reason = "the default: the embedded vault needs no daemon or desktop session"
@@ -149,6 +177,13 @@ public enum Keychain {
                 }
             }
             return Opened(store: vault, backend: .vault, reason: reason + note, vault: vault)
+        case .broker:
+            let path = vaultPath(explicit: options.path)
+            let store = try BrokerStore.connect(socketPath: options.brokerSocket, vaultPath: path)
+            return Opened(
+                store: store, backend: .broker,
+                reason: reason + "; the keys stay in lockboxd (pid \(store.brokerProcessIdentifier)) at \(store.socketPath)", vault: nil,
+                broker: store)
         case .secretService:
             let store = SecretServiceStore(configuration: options.secretService)
             // Fail now, with the backend's own message, rather than at the first item.
