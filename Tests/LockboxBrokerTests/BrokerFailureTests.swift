@@ -103,10 +103,14 @@ struct BrokerFailureTests {
         let group = DispatchGroup()
         for client in 0..<4 {
             group.enter()
-            DispatchQueue.global().async {
+            // A thread each: the four clients write at the same time, whatever the pool's width.
+            Thread {
                 defer { group.leave() }
-                guard let store = try? fixture.store() else {
-                    unexpected.withLock { $0.append("client \(client) could not connect") }
+                let store: BrokerStore
+                do {
+                    store = try fixture.store()
+                } catch {
+                    unexpected.withLock { $0.append("client \(client) could not connect: \(error)") }
                     return
                 }
                 var index = 0
@@ -132,7 +136,7 @@ struct BrokerFailureTests {
                         return
                     }
                 }
-            }
+            }.start()
         }
         // Kill the broker once some writes went through, then start a new one.
         while acknowledged.withLock({ $0.count }) < 300 { usleep(5_000) }
