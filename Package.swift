@@ -39,6 +39,7 @@ let package = Package(
         .executable(name: "lockbox-peer-bench", targets: ["LockboxPeerBenchmark"]),
         .executable(name: "lockbox-key-bench", targets: ["LockboxKeyBenchmark"]),
         .executable(name: "lockbox-dpop-bench", targets: ["LockboxDPoPBenchmark"]),
+        .executable(name: "lockbox-broker-bench", targets: ["LockboxBrokerBenchmark"]),
         .executable(name: "lockboxd", targets: ["LockboxBrokerDaemon"]),
         .executable(name: "git-credential-lockbox", targets: ["GitCredentialHelper"]),
         .executable(name: "docker-credential-lockbox", targets: ["DockerCredentialHelper"]),
@@ -198,6 +199,9 @@ let package = Package(
         .executableTarget(
             name: "LockboxDPoPBenchmark", dependencies: ["LockboxAuth", "LockboxAuthKeys", "LockboxKeys", "LockboxCore", "LockboxVault"],
             swiftSettings: strict),
+        // A read through lockboxd against the embedded read, ssh-agent and the Secret Service
+        // (scripts/bench-broker, docs/BROKER.md).
+        .executableTarget(name: "LockboxBrokerBenchmark", dependencies: ["Lockbox"], swiftSettings: strict),
         // The in-process side of scripts/compare-peers (docs/PERFORMANCE.md).
         .executableTarget(name: "LockboxPeerBenchmark", dependencies: ["Lockbox"], swiftSettings: strict),
         .executableTarget(

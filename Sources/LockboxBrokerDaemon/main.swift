@@ -23,6 +23,11 @@ func fail(_ message: String, status: Int32 = 1) -> Never {
 guard lockbox_harden_process() == 0, lockbox_process_is_dumpable() == 0 else {
     fail("the kernel refused to make this process non-dumpable (PR_SET_DUMPABLE); it does not hold keys without that.")
 }
+// A starter's blocked signals are inherited: unblock them, so that SIGTERM stops the broker.
+var noSignals = sigset_t()
+sigemptyset(&noSignals)
+sigprocmask(SIG_SETMASK, &noSignals, nil)
+signal(SIGTERM, SIG_DFL)
 signal(SIGPIPE, SIG_IGN)
 
 var socketPath: String?

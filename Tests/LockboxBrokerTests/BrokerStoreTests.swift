@@ -109,4 +109,38 @@ struct BrokerStoreTests {
         // Another executable's group holds no such key.
         #expect(status { _ = try store.sign(message, applicationTag: Data("absent".utf8)) } == -25300)
     }
+
+    @Test("with no broker running, the client starts lockboxd on demand; an idle broker holding no key exits")
+    func noBroker_startedOnDemand_exitsWhenIdle() throws {
+        let directory = TemporaryDirectory("lbx-demand")
+        let vaultPath = directory.file("keychains/demand.lockbox")
+        var configuration = Vault.Configuration()
+        configuration.keyDerivation = .interactive
+        configuration.unlockCache = .processMemory
+        _ = try Vault.create(at: vaultPath, passphrase: SecretBytes(utf8: "pw"), configuration: configuration)
+        let socketPath = directory.file("run/lockboxd.sock")
+        let store = try BrokerStore.connect(socketPath: socketPath, vaultPath: vaultPath, startOnDemand: true)
+        let pid = store.brokerProcessIdentifier
+        #expect(pid > 0 && kill(pid, 0) == 0)
+        #expect(try store.status().isUnlocked == false)
+        defer { kill(pid, SIGTERM) }
+        // A broker started by hand with a short idle exit, never unlocked: it goes away and
+        // takes its socket with it.
+        let idleSocket = directory.file("idle/lockboxd.sock")
+        kill(pid, SIGTERM)
+        for _ in 0..<300 where kill(pid, 0) == 0 { usleep(10_000) }
+        let started = try run(
+            builtProduct("lockboxd"), ["--detach", "--socket", idleSocket, "--keychain", vaultPath, "--idle-exit", "1"], timeout: 30)
+        #expect(started.status == 0, "\(started.standardError)")
+        #expect(BrokerStore.isRunning(socketPath: idleSocket))
+        var gone = false
+        for _ in 0..<100 {
+            if !FileManager.default.fileExists(atPath: idleSocket) {
+                gone = true
+                break
+            }
+            usleep(100_000)
+        }
+        #expect(gone, "the idle broker did not exit")
+    }
 }
