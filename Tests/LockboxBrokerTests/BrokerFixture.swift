@@ -32,7 +32,11 @@ final class BrokerFixture: @unchecked Sendable {
         let started = try run(
             brokerd, ["--detach", "--socket", socketPath, "--keychain", vaultPath, "--access", access], timeout: 60)
         #expect(started.status == 0, "lockboxd did not start: \(started.standardError)")
+        process = try brokerProcess()
     }
+
+    /// The running broker's process id, as it was started.
+    private(set) var process: Int32 = 0
 
     /// A client store on the fixture's socket, not starting a broker on its own.
     func store(startOnDemand: Bool = false) throws -> BrokerStore {
@@ -56,7 +60,9 @@ final class BrokerFixture: @unchecked Sendable {
 
     /// Sends `signal` to the broker and waits until it is gone.
     func stop(signal: Int32 = SIGTERM) {
-        guard let pid = try? brokerProcess(), pid > 0 else { return }
+        let pid = process
+        guard pid > 0 else { return }
+        process = 0
         kill(pid, signal)
         for _ in 0..<500 where kill(pid, 0) == 0 { usleep(10_000) }
     }
