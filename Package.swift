@@ -29,6 +29,7 @@ let package = Package(
         .library(name: "LockboxKeys", targets: ["LockboxKeys"]),
         .library(name: "LockboxAuthKeys", targets: ["LockboxAuthKeys"]),
         .library(name: "LockboxSync", targets: ["LockboxSync"]),
+        .library(name: "LockboxBrokerIdentity", targets: ["LockboxBrokerIdentity"]),
         .executable(name: "lockbox", targets: ["LockboxCLI"]),
         .executable(name: "lockbox-oauth", targets: ["LockboxOAuthCLI"]),
         .executable(name: "lockbox-keys", targets: ["LockboxKeysCLI"]),
@@ -141,7 +142,7 @@ let package = Package(
         .target(name: "LockboxBroker", dependencies: ["LockboxCore", "LockboxVault"], swiftSettings: strict),
         // `lockboxd`, the per-user broker: holds the unlocked keys and serves the vault.
         .executableTarget(
-            name: "LockboxBrokerDaemon", dependencies: ["Lockbox", "LockboxBroker", "LockboxKeys", "CProcessHardening"],
+            name: "LockboxBrokerDaemon", dependencies: ["Lockbox", "LockboxBroker", "LockboxBrokerIdentity", "LockboxKeys", "CProcessHardening"],
             swiftSettings: strict),
 
         // The facade applications import.
@@ -156,6 +157,12 @@ let package = Package(
         // Apple's LocalAuthentication (`LAContext`, `LAError`) over Lockbox's presence check.
         .target(name: "LocalAuthentication", dependencies: ["KeychainCompatibility", "Lockbox"], swiftSettings: strict),
 
+        // Who is at the other end of the broker's socket (SO_PEERCRED, pidfd, /proc), which access
+        // groups the policy grants it, and the broker's systemd user units. The C side holds the
+        // calls Swift cannot make (struct ucred, syscall(2)).
+        .target(name: "CPeerIdentity"),
+        .target(name: "LockboxBrokerIdentity", dependencies: ["LockboxCore", "CPeerIdentity"], swiftSettings: strict),
+
         // prctl(2) is variadic and cannot be called from Swift: a few lines of C do it.
         .target(name: "CProcessHardening"),
         // The CLI's argument parser, apart from the executable so the fuzzer can link it.
@@ -166,7 +173,7 @@ let package = Package(
         // binaries (`swift build` makes them) rather than depend on these targets: a test target
         // that depends on an executable target links its objects, and so its link flags.
         .executableTarget(
-            name: "LockboxCLI", dependencies: ["Lockbox", "LockboxCommandLine", "KeyProviders", "CProcessHardening"],
+            name: "LockboxCLI", dependencies: ["Lockbox", "LockboxCommandLine", "KeyProviders", "CProcessHardening", "LockboxBrokerIdentity"],
             swiftSettings: staticRuntime, linkerSettings: staticRuntimeLink),
         .executableTarget(
             name: "LockboxOAuthCLI", dependencies: ["Lockbox", "LockboxCommandLine", "LockboxAuth", "LockboxAuthKeyring", "LockboxCurlTransport", "CProcessHardening"],
@@ -267,6 +274,9 @@ let package = Package(
         .testTarget(
             name: "LockboxBrokerTests",
             dependencies: ["LockboxBroker", "Lockbox", "LockboxVault", "LockboxKeys", "LockboxTestSupport"],
+            swiftSettings: strict),
+        .testTarget(
+            name: "LockboxBrokerIdentityTests", dependencies: ["LockboxBrokerIdentity", "LockboxTestSupport"],
             swiftSettings: strict),
         .testTarget(
             name: "LockboxCLITests",

@@ -362,8 +362,8 @@ func fuzzBrokerRequest(_ input: [UInt8]) {
     let service = brokerService!
     // The hello parser, on the same bytes.
     _ = BrokerServer.answerHello(input, vaultPath: "/fuzz")
-    let grant = BrokerGrant(peerName: "fuzz", accessGroups: ["mine"], defaultAccessGroup: "mine")
-    let reply = service.reply(to: input, grant: grant)
+    var grant = BrokerGrant(peerName: "fuzz", accessGroups: ["mine"], defaultAccessGroup: "mine")
+    let reply = service.reply(to: input, grant: &grant)
     // Every reply is a well-formed reply: a status and a message, then results.
     var decoder = FieldDecoder(reply)
     guard let status = try? decoder.integer(), (try? decoder.string()) != nil else { fatalError("malformed broker reply") }

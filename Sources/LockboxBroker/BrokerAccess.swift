@@ -13,11 +13,15 @@ package struct BrokerGrant: Sendable, Hashable {
     package var accessGroups: [String]?
     /// Where the peer's items go when it names no group.
     package var defaultAccessGroup: String
+    /// The `lockbox` command, which a person uses: once the passphrase is entered again on its
+    /// connection (an `unlock` with the passphrase), it reaches every group.
+    package var reachesEveryGroupWithPassphrase = false
 
-    package init(peerName: String, accessGroups: [String]?, defaultAccessGroup: String) {
+    package init(peerName: String, accessGroups: [String]?, defaultAccessGroup: String, reachesEveryGroupWithPassphrase: Bool = false) {
         self.peerName = peerName
         self.accessGroups = accessGroups
         self.defaultAccessGroup = defaultAccessGroup
+        self.reachesEveryGroupWithPassphrase = reachesEveryGroupWithPassphrase
     }
 
     /// Whether the peer may use `group`.

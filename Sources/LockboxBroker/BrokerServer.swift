@@ -144,7 +144,7 @@ package final class BrokerServer: Sendable {
 
     /// One connection: identify the peer, expect hello, then answer requests until it closes.
     func serve(_ connection: UnixSocket) {
-        let grant: BrokerGrant
+        var grant: BrokerGrant
         do throws(LockboxError) {
             grant = try configuration.policy.grant(forPeerOn: connection.descriptor)
         } catch {
@@ -176,7 +176,7 @@ package final class BrokerServer: Sendable {
                     return
                 }
             } else {
-                reply = service.reply(to: request, grant: grant)
+                reply = service.reply(to: request, grant: &grant)
             }
             do throws(LockboxError) {
                 try connection.writeFrame(reply)

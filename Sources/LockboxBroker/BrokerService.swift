@@ -24,11 +24,15 @@ package struct BrokerService: Sendable {
         self.keyOperations = keyOperations
     }
 
-    /// The reply's bytes for a request's bytes. Never throws: every failure is a reply.
-    package func reply(to bytes: [UInt8], grant: BrokerGrant) -> [UInt8] {
+    /// The reply's bytes for a request's bytes. Never throws: every failure is a reply. A
+    /// passphrase verified on the connection widens the `lockbox` command's grant to every group.
+    package func reply(to bytes: [UInt8], grant: inout BrokerGrant) -> [UInt8] {
         do throws(LockboxError) {
             var request = try BrokerRequest(decoding: bytes)
             let body = try perform(request.operation, &request.arguments, grant: grant)
+            if request.operation == .unlock, grant.reachesEveryGroupWithPassphrase, bytes.count > 16 {
+                grant.accessGroups = nil
+            }
             return BrokerCoding.success(body)
         } catch {
             return BrokerCoding.failure(error)

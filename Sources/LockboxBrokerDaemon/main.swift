@@ -1,6 +1,7 @@
 import CProcessHardening
 import Lockbox
 import LockboxBroker
+import LockboxBrokerIdentity
 import LockboxCore
 
 #if canImport(Glibc)
@@ -78,12 +79,8 @@ do throws(LockboxError) {
     fail(error.description)
 }
 if access == "executable" {
-    // The `lockbox` command installed beside this broker reaches every group.
-    var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
-    let count = readlink("/proc/self/exe", &buffer, buffer.count - 1)
-    let own = count > 0 ? String(decoding: buffer[0..<count].map { UInt8(bitPattern: $0) }, as: UTF8.self) : ""
-    let directory = own.split(separator: "/", omittingEmptySubsequences: false).dropLast().joined(separator: "/")
-    configuration.policy = ExecutableAccessPolicy(unrestricted: [directory + "/lockbox"])
+    // Walls: the policy in $XDG_CONFIG_HOME/lockbox/, each identity its own group by default.
+    configuration.policy = PolicyAccess(watcher: BrokerPolicyWatcher())
 } else {
     configuration.policy = SameUserAccessPolicy()
 }

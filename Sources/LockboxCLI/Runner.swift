@@ -1,5 +1,6 @@
 import FoundationEssentials
 import Lockbox
+import LockboxBrokerIdentity
 import LockboxCommandLine
 
 #if canImport(Glibc)
@@ -244,6 +245,13 @@ struct Runner {
             preconditionFailure("key commands run in lockbox-keys")
         case .sshAgent:
             preconditionFailure("ssh-agent runs in lockbox-ssh-agent")
+        case .brokerUnits(let install, let lockboxd):
+            let outcome =
+                install
+                ? try BrokerUnits.install(brokerCommand: [lockboxd ?? BrokerUnits.defaultBrokerExecutable])
+                : try BrokerUnits.uninstall()
+            output.print(outcome.message)
+            return .success
         }
     }
 

@@ -39,6 +39,9 @@ package enum Help {
           auth status                who is signed in (never a token)
         SSH:
           ssh-agent                  serve the keychain's SSH keys to ssh, ssh-add and git
+        Broker:
+          broker install-units       let systemd start lockboxd on the first connection
+          broker uninstall-units     remove those units
 
         The keychain is PATH, else $LOCKBOX_KEYCHAIN, else $XDG_DATA_HOME/lockbox/default.lockbox.
         The backend is --backend, else $LOCKBOX_BACKEND, else the vault (`lockbox status` says why).
@@ -265,6 +268,19 @@ package enum Help {
                 Serves the keychain's SSH keys over the SSH agent protocol on SOCKET (default
                 $XDG_RUNTIME_DIR/lockbox/ssh-agent.sock), in the foreground; generate makes a
                 non-extractable key for it and prints the public key line. See docs/SSH-AGENT.md.
+                """
+        case "broker":
+            return """
+                usage: lockbox broker install-units [--lockboxd PATH]
+                       lockbox broker uninstall-units
+
+                install-units writes lockboxd.socket and lockboxd.service to
+                $XDG_CONFIG_HOME/systemd/user/ and enables the socket: systemd then starts lockboxd
+                (PATH, default the lockboxd beside lockbox) on the first connection to
+                $XDG_RUNTIME_DIR/lockbox/lockboxd.sock. With a running user manager it reloads it
+                and starts the socket; without one it says so. uninstall-units stops and removes
+                them. Unit files that lockbox did not write are never replaced or removed.
+                See docs/BROKER.md.
                 """
         case "dump", "dump-keychain":
             return """

@@ -42,6 +42,8 @@ package enum Command {
     case enrollTPM(pcrs: [Int], remove: Bool)
     /// `unlock --tpm2`.
     case unlockTPM(timeout: UInt32?)
+    /// `broker install-units [--lockboxd PATH]`, `broker uninstall-units`.
+    case brokerUnits(install: Bool, lockboxd: String?)
 
     /// Commands that use managed keys or the TPM: they run in `lockbox-keys`, so that only
     /// they load libcrypto and the tss2 libraries.
@@ -351,6 +353,16 @@ package enum Parser {
             return .authStatus(json: json)
         case "ssh-agent":
             return .sshAgent(arguments: reader.options)
+        case "broker":
+            let usage = "usage: lockbox broker install-units [--lockboxd PATH] | uninstall-units"
+            let action = reader.next()
+            guard action == "install-units" || action == "uninstall-units" else { throw UsageError(message: usage, verb: verb) }
+            var lockboxd: String?
+            while let option = reader.next() {
+                guard option == "--lockboxd", action == "install-units" else { throw reader.unknown(option) }
+                lockboxd = try reader.value(for: option)
+            }
+            return .brokerUnits(install: action == "install-units", lockboxd: lockboxd)
         case "dump", "dump-keychain":
             var json = false
             while let option = reader.next() {
