@@ -355,8 +355,8 @@ func fuzzBrokerRequest(_ input: [UInt8]) {
         guard let vault = try? Vault.create(
             at: scratchDirectory + "/broker.lockbox", passphrase: SecretBytes(utf8: "fuzz"), configuration: configuration)
         else { fatalError("cannot create the broker's vault") }
-        try? vault.add(.genericPassword(service: "s", account: "a", accessGroup: "mine", data: SecretBytes(utf8: "v")))
-        try? vault.add(.genericPassword(service: "s", account: "a", accessGroup: "theirs", data: SecretBytes(utf8: "w")))
+        try? vault.add(.genericPassword(service: "s", account: "a", data: SecretBytes(utf8: "v"), accessGroup: "mine"))
+        try? vault.add(.genericPassword(service: "s", account: "a", data: SecretBytes(utf8: "w"), accessGroup: "theirs"))
         brokerService = BrokerService(vault: vault)
     }
     let service = brokerService!

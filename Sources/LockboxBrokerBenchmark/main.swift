@@ -16,6 +16,7 @@ var count = 100_000
 var reads = 20_000
 var clients = 100
 var processRuns = 30
+var sshAgentSocket = ProcessInfo.processInfo.environment["SSH_AUTH_SOCK"]
 var arguments = CommandLine.arguments.dropFirst().makeIterator()
 while let argument = arguments.next() {
     switch argument {
@@ -23,8 +24,9 @@ while let argument = arguments.next() {
     case "--reads": reads = arguments.next().flatMap { Int($0) } ?? reads
     case "--clients": clients = arguments.next().flatMap { Int($0) } ?? clients
     case "--process-runs": processRuns = arguments.next().flatMap { Int($0) } ?? processRuns
+    case "--ssh-agent": sshAgentSocket = arguments.next()
     default:
-        FileHandle.standardError.write(Data("usage: lockbox-broker-bench [--count N] [--reads N] [--clients N] [--process-runs N]\n".utf8))
+        FileHandle.standardError.write(Data("usage: lockbox-broker-bench [--count N] [--reads N] [--clients N] [--process-runs N] [--ssh-agent SOCKET]\n".utf8))
         exit(64)
     }
 }
@@ -174,7 +176,7 @@ do {
         note: String(format: "%d errors, %.0f reads/s", failures.load(ordering: .relaxed), Double(clients * readsPerClient) / wall))
 
     // The peers, when they run here.
-    if let agent = ProcessInfo.processInfo.environment["SSH_AUTH_SOCK"], !agent.isEmpty {
+    if let agent = sshAgentSocket, !agent.isEmpty {
         let descriptor = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
         var address = sockaddr_un()
         address.sun_family = sa_family_t(AF_UNIX)

@@ -61,6 +61,24 @@ struct BrokerStoreTests {
         #expect(second.standardError.contains("is in use by another lockboxd"), "\(second.standardError)")
     }
 
+    @Test("while a program has the vault open directly, lockboxd refuses to start on it")
+    func brokerStart_whileOpenEmbedded_isRefused() throws {
+        let fixture = try BrokerFixture()
+        fixture.stop()
+        var configuration = Vault.Configuration()
+        configuration.unlockCache = .processMemory
+        do {
+            let embedded = try Vault.open(at: fixture.vaultPath, configuration: configuration)
+            let refused = try run(fixture.brokerd, ["--socket", fixture.socketPath, "--keychain", fixture.vaultPath], timeout: 30)
+            #expect(refused.status == 1)
+            #expect(refused.standardError.contains("opened it directly (embedded mode)"), "\(refused.standardError)")
+            withExtendedLifetime(embedded) {}
+        }
+        // Once the program lets go, the broker starts.
+        try fixture.start()
+        #expect(try fixture.store().status().path == fixture.vaultPath)
+    }
+
     @Test("Keychain.open with the broker backend says so in its reason")
     func keychainOpen_brokerBackend_saysSoInReason() throws {
         let fixture = try BrokerFixture()
