@@ -1,5 +1,6 @@
 import FoundationEssentials
 import SecretService
+import Synchronization
 
 /// The entry point: opens the keychain an application should use.
 ///
@@ -131,9 +132,8 @@ public enum Keychain {
     /// - Throws: `errSecParam` for a malformed `LOCKBOX_BACKEND` or `LOCKBOX_UNLOCK_CACHE`;
     ///   `errSecNoSuchKeychain` when there is no vault at the path; the backend's own error when
     ///   it cannot be used (never a fallback to another backend).
-    public static func open(_ options: Options = Options()) throws(LockboxError) -> Opened {
-        var configuration = options.vault
-        try applyEnvironment(to: &configuration)
+    /// The backend `open` uses, and why.
+    private static func chooseBackend(_ options: Options) throws(LockboxError) -> (Backend, String) {
         let backend: Backend
         let reason: String
         if let chosen = options.backend {
@@ -154,6 +154,28 @@ public enum Keychain {
             backend = .vault
             reason = "the default: the embedded vault needs no daemon or desktop session"
         }
+        return (backend, reason)
+    }
+
+    /// A broker connection made before the process hardens itself (see ``prepareBroker(_:)``).
+    private static let preparedBroker = Mutex<BrokerStore?>(nil)
+
+    /// Connects to the broker now when ``open(_:)`` would use it, and keeps the connection for
+    /// `open`: `lockboxd` identifies a client by its `/proc` files, which a process that has made
+    /// itself non-dumpable (as `lockbox` and the credential helpers do before reading a secret)
+    /// hides from it. Call it first in `main`; a failure here is reported by `open`.
+    public static func prepareBroker(_ options: Options = Options()) {
+        guard let (backend, _) = try? chooseBackend(options), backend == .broker else { return }
+        guard let store = try? BrokerStore.connect(socketPath: options.brokerSocket, vaultPath: vaultPath(explicit: options.path)) else {
+            return
+        }
+        preparedBroker.withLock { $0 = store }
+    }
+
+    public static func open(_ options: Options = Options()) throws(LockboxError) -> Opened {
+        var configuration = options.vault
+        try applyEnvironment(to: &configuration)
+        let (backend, reason) = try chooseBackend(options)
         switch backend {
         case .vault:
             let path = vaultPath(explicit: options.path)
@@ -179,7 +201,13 @@ public enum Keychain {
             return Opened(store: vault, backend: .vault, reason: reason + note, vault: vault)
         case .broker:
             let path = vaultPath(explicit: options.path)
-            let store = try BrokerStore.connect(socketPath: options.brokerSocket, vaultPath: path)
+            let prepared = preparedBroker.withLock { $0 }
+            let store: BrokerStore
+            if let prepared, prepared.vaultPath == path, options.brokerSocket == nil || options.brokerSocket == prepared.socketPath {
+                store = prepared
+            } else {
+                store = try BrokerStore.connect(socketPath: options.brokerSocket, vaultPath: path)
+            }
             return Opened(
                 store: store, backend: .broker,
                 reason: reason + "; the keys stay in lockboxd (pid \(store.brokerProcessIdentifier)) at \(store.socketPath)", vault: nil,
