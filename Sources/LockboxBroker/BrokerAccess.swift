@@ -58,24 +58,6 @@ package struct SameUserAccessPolicy: BrokerAccessPolicy {
     }
 }
 
-/// Each executable gets the access group named after its path, as an iOS app without an
-/// entitlement gets its own; the `lockbox` command beside `lockboxd` reaches every group.
-package struct ExecutableAccessPolicy: BrokerAccessPolicy {
-    /// Executables that reach every group (the `lockbox` command of this installation).
-    package var unrestricted: Set<String>
-
-    package init(unrestricted: Set<String>) { self.unrestricted = unrestricted }
-
-    package func grant(forPeerOn socket: Int32) throws(LockboxError) -> BrokerGrant {
-        let credentials = try PeerProcess.credentials(of: socket)
-        let executable = try PeerProcess.executable(of: credentials.pid)
-        if unrestricted.contains(executable) {
-            return BrokerGrant(peerName: executable, accessGroups: nil, defaultAccessGroup: "default")
-        }
-        return BrokerGrant(peerName: executable, accessGroups: [executable], defaultAccessGroup: executable)
-    }
-}
-
 /// What the kernel says of a connected peer.
 package enum PeerProcess {
     /// The peer's credentials from `SO_PEERCRED`.
@@ -88,36 +70,6 @@ package enum PeerProcess {
                 "A process of uid \(credentials.uid) connected to this user's lockboxd; only the user's own processes are served.")
         }
         return credentials
-    }
-
-    /// The peer's executable path, read between two readings of its start time, so that a pid
-    /// reused meanwhile is caught.
-    package static func executable(of pid: pid_t) throws(LockboxError) -> String {
-        let before = startTime(of: pid)
-        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
-        let count = readlink("/proc/\(pid)/exe", &buffer, buffer.count - 1)
-        let after = startTime(of: pid)
-        guard count > 0, let before, before == after else {
-            throw LockboxError(.authFailed, "The connecting process (pid \(pid)) could not be identified; it may have exited.")
-        }
-        return String(decoding: buffer[0..<count].map { UInt8(bitPattern: $0) }, as: UTF8.self)
-    }
-
-    /// Field 22 of `/proc/PID/stat`: the process's start time in clock ticks since boot.
-    static func startTime(of pid: pid_t) -> UInt64? {
-        let descriptor = open("/proc/\(pid)/stat", O_RDONLY | O_CLOEXEC)
-        guard descriptor >= 0 else { return nil }
-        defer { close(descriptor) }
-        var bytes = [UInt8](repeating: 0, count: 1024)
-        let count = bytes.withUnsafeMutableBytes { read(descriptor, $0.baseAddress, $0.count) }
-        guard count > 0 else { return nil }
-        let text = String(decoding: bytes[0..<count], as: UTF8.self)
-        // The command name (field 2) may hold spaces and parentheses: count from the last ')'.
-        guard let close = text.lastIndex(of: ")") else { return nil }
-        let fields = text[text.index(after: close)...].split(separator: " ")
-        // fields[0] is field 3 (state): field 22 is fields[19].
-        guard fields.count > 19 else { return nil }
-        return UInt64(fields[19])
     }
 }
 

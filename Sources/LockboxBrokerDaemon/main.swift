@@ -11,7 +11,7 @@ import Glibc
 // lockboxd: the per-user broker. It keeps the vault's unlocked keys in its own locked,
 // non-dumpable memory and serves the item store over a socket in $XDG_RUNTIME_DIR/lockbox/.
 //
-//     lockboxd [--socket PATH] [--keychain PATH] [--idle-exit SECONDS] [--access executable|user] [--detach]
+//     lockboxd [--socket PATH] [--keychain PATH] [--idle-exit SECONDS] [--access executable|user] [--maximum-value-size BYTES] [--detach]
 
 func fail(_ message: String, status: Int32 = 1) -> Never {
     let text = "lockboxd: \(message)\n"
@@ -36,6 +36,7 @@ var vaultPath: String?
 var idleExit: Duration?
 var detach = false
 var access = "executable"
+var maximumValueSize: Int?
 var arguments = CommandLine.arguments.dropFirst()
 while let argument = arguments.popFirst() {
     switch argument {
@@ -52,9 +53,12 @@ while let argument = arguments.popFirst() {
         guard let value = arguments.popFirst() else { fail("--access needs executable or user", status: 64) }
         access = value
         guard access == "executable" || access == "user" else { fail("--access is executable or user", status: 64) }
+    case "--maximum-value-size":
+        guard let value = arguments.popFirst().flatMap({ Int($0) }), value > 0 else { fail("--maximum-value-size needs bytes", status: 64) }
+        maximumValueSize = value
     case "--detach": detach = true
     case "--help", "-h":
-        print("usage: lockboxd [--socket PATH] [--keychain PATH] [--idle-exit SECONDS] [--access executable|user] [--detach]")
+        print("usage: lockboxd [--socket PATH] [--keychain PATH] [--idle-exit SECONDS] [--access executable|user] [--maximum-value-size BYTES] [--detach]")
         exit(0)
     default: fail("unknown argument (not shown); see lockboxd --help", status: 64)
     }
@@ -72,6 +76,7 @@ if let socketPath {
 }
 var configuration = BrokerServer.Configuration(socketPath: resolvedSocket, vaultPath: vaultPath ?? Keychain.vaultPath())
 configuration.idleExit = idleExit
+if let maximumValueSize { configuration.vault.maximumValueSize = maximumValueSize }
 configuration.keyOperations = BrokerKeys()
 do throws(LockboxError) {
     try Keychain.applyEnvironment(to: &configuration.vault)
