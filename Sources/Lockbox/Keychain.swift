@@ -124,14 +124,6 @@ public enum Keychain {
         }
     }
 
-    /// Opens the keychain. See the type's documentation for how the backend is chosen.
-    ///
-    /// - Parameter options: The backend, vault path and configurations; the defaults read
-    ///   `LOCKBOX_BACKEND`, `LOCKBOX_KEYCHAIN` and `LOCKBOX_UNLOCK_CACHE`.
-    /// - Returns: The store, the backend and why it was chosen.
-    /// - Throws: `errSecParam` for a malformed `LOCKBOX_BACKEND` or `LOCKBOX_UNLOCK_CACHE`;
-    ///   `errSecNoSuchKeychain` when there is no vault at the path; the backend's own error when
-    ///   it cannot be used (never a fallback to another backend).
     /// The backend `open` uses, and why.
     private static func chooseBackend(_ options: Options) throws(LockboxError) -> (Backend, String) {
         let backend: Backend
@@ -172,6 +164,14 @@ public enum Keychain {
         preparedBroker.withLock { $0 = store }
     }
 
+    /// Opens the keychain. See the type's documentation for how the backend is chosen.
+    ///
+    /// - Parameter options: The backend, vault path and configurations; the defaults read
+    ///   `LOCKBOX_BACKEND`, `LOCKBOX_KEYCHAIN` and `LOCKBOX_UNLOCK_CACHE`.
+    /// - Returns: The store, the backend and why it was chosen.
+    /// - Throws: `errSecParam` for a malformed `LOCKBOX_BACKEND` or `LOCKBOX_UNLOCK_CACHE`;
+    ///   `errSecNoSuchKeychain` when there is no vault at the path; the backend's own error when
+    ///   it cannot be used (never a fallback to another backend).
     public static func open(_ options: Options = Options()) throws(LockboxError) -> Opened {
         var configuration = options.vault
         try applyEnvironment(to: &configuration)

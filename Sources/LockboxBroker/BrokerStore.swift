@@ -62,10 +62,16 @@ public final class BrokerStore: ItemStore, Sendable {
 
     // MARK: ItemStore
 
+    /// Adds an item through the broker; without a group it goes to the caller's default group.
+    /// - Throws: as ``ItemStore/add(_:)``; `errSecMissingEntitlement` for a group the caller
+    ///   does not hold; `errSecNotAvailable` when the broker stopped.
     public func add(_ item: Item) throws(LockboxError) {
         _ = try request(.add, retryable: false) { BrokerCoding.encode(item, into: &$0) }
     }
 
+    /// The matches in the caller's groups.
+    /// - Throws: as ``ItemStore/items(matching:)``; `errSecMissingEntitlement` for a group the
+    ///   caller does not hold.
     public func items(matching query: Query) throws(LockboxError) -> [Item] {
         var reply = try request(.items, retryable: true) { BrokerCoding.encode(query, into: &$0) }
         guard let payload = try? reply.bytes() else { throw Self.malformedReply }
@@ -79,6 +85,9 @@ public final class BrokerStore: ItemStore, Sendable {
         return items
     }
 
+    /// Updates the matches in the caller's groups.
+    /// - Throws: as ``ItemStore/update(matching:to:)``; `errSecMissingEntitlement` for a group
+    ///   the caller does not hold (the query's or the update's).
     public func update(matching query: Query, to update: ItemUpdate) throws(LockboxError) {
         _ = try request(.update, retryable: false) {
             BrokerCoding.encode(query, into: &$0)
@@ -86,6 +95,10 @@ public final class BrokerStore: ItemStore, Sendable {
         }
     }
 
+    /// Deletes the matches in the caller's groups.
+    /// - Returns: how many were deleted.
+    /// - Throws: as ``ItemStore/delete(matching:)``; `errSecMissingEntitlement` for a group the
+    ///   caller does not hold.
     @discardableResult
     public func delete(matching query: Query) throws(LockboxError) -> Int {
         var reply = try request(.delete, retryable: false) { BrokerCoding.encode(query, into: &$0) }
