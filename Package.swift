@@ -43,6 +43,8 @@ let package = Package(
         .executable(name: "lockbox-peer-bench", targets: ["LockboxPeerBenchmark"]),
         .executable(name: "lockbox-key-bench", targets: ["LockboxKeyBenchmark"]),
         .executable(name: "lockbox-dpop-bench", targets: ["LockboxDPoPBenchmark"]),
+        .executable(name: "lockbox-broker-bench", targets: ["LockboxBrokerBenchmark"]),
+        .executable(name: "lockboxd", targets: ["LockboxBrokerDaemon"]),
         .executable(name: "git-credential-lockbox", targets: ["GitCredentialHelper"]),
         .executable(name: "docker-credential-lockbox", targets: ["DockerCredentialHelper"]),
     ],
@@ -143,8 +145,16 @@ let package = Package(
         // Managed keys as LockboxAuth's DPoP signers: the one place that knows both.
         .target(name: "LockboxAuthKeys", dependencies: ["LockboxCore", "LockboxAuth", "LockboxKeys"], swiftSettings: strict),
 
+        // The broker's wire protocol, its server and its client store (docs/BROKER.md). No key
+        // API: the daemon adds the key operations, so that clients never load libcrypto.
+        .target(name: "LockboxBroker", dependencies: ["LockboxCore", "LockboxVault"], swiftSettings: strict),
+        // `lockboxd`, the per-user broker: holds the unlocked keys and serves the vault.
+        .executableTarget(
+            name: "LockboxBrokerDaemon", dependencies: ["Lockbox", "LockboxBroker", "LockboxBrokerIdentity", "LockboxKeys", "CProcessHardening"],
+            swiftSettings: strict),
+
         // The facade applications import.
-        .target(name: "Lockbox", dependencies: ["LockboxCore", "LockboxVault", "SecretService"], swiftSettings: strict),
+        .target(name: "Lockbox", dependencies: ["LockboxCore", "LockboxVault", "SecretService", "LockboxBroker"], swiftSettings: strict),
 
         // Apple's SecItem API (SecItemAdd, kSec* keys, errSec* codes) on Linux, over any ItemStore.
         // SecKey over LockboxKeys; LAContext (LocalAuthentication) as kSecUseAuthenticationContext.
@@ -212,6 +222,9 @@ let package = Package(
         .executableTarget(
             name: "LockboxDPoPBenchmark", dependencies: ["LockboxAuth", "LockboxAuthKeys", "LockboxKeys", "LockboxCore", "LockboxVault"],
             swiftSettings: strict),
+        // A read through lockboxd against the embedded read, ssh-agent and the Secret Service
+        // (scripts/bench-broker, docs/BROKER.md).
+        .executableTarget(name: "LockboxBrokerBenchmark", dependencies: ["Lockbox"], swiftSettings: strict),
         // The in-process side of scripts/compare-peers (docs/PERFORMANCE.md).
         .executableTarget(name: "LockboxPeerBenchmark", dependencies: ["Lockbox"], swiftSettings: strict),
         .executableTarget(
@@ -275,6 +288,10 @@ let package = Package(
             dependencies: ["LockboxSync", "LockboxVault", "Lockbox", "LockboxTestSupport"],
             swiftSettings: strict),
         .testTarget(
+            name: "LockboxBrokerTests",
+            dependencies: ["LockboxBroker", "Lockbox", "LockboxVault", "LockboxKeys", "LockboxTestSupport"],
+            swiftSettings: strict),
+        .testTarget(
             name: "LockboxBrokerIdentityTests", dependencies: ["LockboxBrokerIdentity", "LockboxTestSupport"],
             swiftSettings: strict),
         .testTarget(
@@ -303,7 +320,7 @@ if Context.environment["LOCKBOX_FUZZ"] == "1" {
             dependencies: [
                 "LockboxCore", "LockboxVault", "VaultCrypto", "CredentialHelpers", "LockboxAuth", "LockboxCommandLine", "LockboxKeys",
                 "TPMAccess",
-                "LockboxSSHAgent",
+                "LockboxSSHAgent", "LockboxBroker",
             ],
             path: "Fuzz/Sources"))
 }

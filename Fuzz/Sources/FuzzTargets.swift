@@ -16,6 +16,7 @@ import LockboxCommandLine
 @testable import LockboxKeys
 import TPMAccess
 @testable import LockboxSSHAgent
+@testable import LockboxBroker
 @testable import LockboxVault
 @testable import VaultCrypto
 
@@ -41,6 +42,9 @@ enum FuzzTarget: String, CaseIterable {
     case keyEncoding = "key-encoding"
     /// A byte stream sent to the SSH agent: frames, requests, the answers to them.
     case sshAgent = "ssh-agent"
+    /// A request frame sent to `lockboxd`: hello, operations and their arguments, answered by a
+    /// broker service over an unlocked vault inside a one-group grant.
+    case brokerRequest = "broker-request"
 }
 
 nonisolated(unsafe) var selectedTarget: FuzzTarget = .vaultRecord
@@ -80,6 +84,7 @@ func fuzzOneInput(_ data: UnsafePointer<UInt8>?, _ size: Int) -> Int32 {
     case .loopbackRedirect: fuzzLoopbackRedirect(input)
     case .keyEncoding: fuzzKeyEncoding(input)
     case .sshAgent: fuzzSSHAgent(input)
+    case .brokerRequest: fuzzBrokerRequest(input)
     }
     return 0
 }
@@ -339,5 +344,55 @@ func fuzzSSHAgent(_ input: [UInt8]) {
             WireWriter.appendUInt32(flags, to: &again)
             guard again == body else { roundTripFailed("sign request") }
         }
+    }
+}
+
+// MARK: Broker
+
+/// One vault for every input: made once, unlocked, its keys in this process only.
+nonisolated(unsafe) var brokerService: BrokerService?
+
+func fuzzBrokerRequest(_ input: [UInt8]) {
+    if brokerService == nil {
+        var configuration = Vault.Configuration()
+        configuration.unlockCache = .processMemory
+        configuration.keyDerivation = .interactive
+        guard let vault = try? Vault.create(
+            at: scratchDirectory + "/broker.lockbox", passphrase: SecretBytes(utf8: "fuzz"), configuration: configuration)
+        else { fatalError("cannot create the broker's vault") }
+        try? vault.add(.genericPassword(service: "s", account: "a", data: SecretBytes(utf8: "v"), accessGroup: "mine"))
+        try? vault.add(.genericPassword(service: "s", account: "a", data: SecretBytes(utf8: "w"), accessGroup: "theirs"))
+        brokerService = BrokerService(vault: vault)
+    }
+    let service = brokerService!
+    // Unlock and lock are left out: a wrong passphrase waits by design (the failed-attempt
+    // delay) and each unlock costs an Argon2id derivation; their argument parsing is the same
+    // field decoder as every other operation's.
+    if case let request? = try? BrokerRequest(decoding: input), request.operation == .unlock || request.operation == .lock { return }
+    // The hello parser, on the same bytes.
+    _ = BrokerServer.answerHello(input, vaultPath: "/fuzz")
+    var grant = BrokerGrant(peerName: "fuzz", accessGroups: ["mine"], defaultAccessGroup: "mine")
+    let reply = service.reply(to: input, grant: &grant)
+    // Every reply is a well-formed reply: a status and a message, then results.
+    var decoder = FieldDecoder(reply)
+    guard let status = try? decoder.integer(), (try? decoder.string()) != nil else { fatalError("malformed broker reply") }
+    if status == 0, case let request? = try? BrokerRequest(decoding: input), request.operation == .items {
+        // What the broker returned is only ever from the peer's group.
+        guard let payload = try? decoder.bytes() else { fatalError("an items reply without items") }
+        var items = FieldDecoder(payload)
+        guard let count = try? items.integer() else { fatalError("an items reply without a count") }
+        for _ in 0..<count {
+            guard let item = try? BrokerCoding.decodeItem(&items) else { fatalError("an undecodable item in a reply") }
+            if item.attributes.accessGroup != nil && item.attributes.accessGroup != "mine" { fatalError("an item of another group was served") }
+        }
+    }
+    // An accepted query re-encodes to the same bytes.
+    if case var request? = try? BrokerRequest(decoding: input), request.operation == .items || request.operation == .delete,
+        let query = try? BrokerCoding.decodeQuery(&request.arguments), request.arguments.isAtEnd
+    {
+        var encoder = FieldEncoder()
+        encoder.integer(request.operation.rawValue)
+        BrokerCoding.encode(query, into: &encoder)
+        if encoder.bytes != input { roundTripFailed("broker query") }
     }
 }

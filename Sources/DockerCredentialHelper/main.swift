@@ -14,6 +14,8 @@ func openStore() -> any ItemStore {
     }
 }
 
+// Before this process hides its /proc files: the broker, when one is used, identifies it now.
+Keychain.prepareBroker()
 guard HelperProcess.hardenProcess() else {
     HelperProcess.finish(
         HelperOutcome(

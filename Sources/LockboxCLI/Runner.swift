@@ -43,7 +43,29 @@ struct Runner {
         case .unlock(let fromStandardInput, let timeout):
             var options = keychainOptions()
             if let timeout { options.vault.idleTimeout = .seconds(timeout) }
-            let vault = try openVault(options)
+            let opened = try Keychain.open(options)
+            if let broker = opened.broker {
+                // The broker keeps the keys; it is given the passphrase (or an empty one, which
+                // unlocks a vault without a passphrase with this machine's secret).
+                let status = try broker.status()
+                guard status.hasPassphrase else {
+                    try broker.unlock(passphrase: .empty)
+                    return .success
+                }
+                for attempt in 1...(fromStandardInput ? 1 : Self.unlockAttempts) {
+                    let passphrase = try existingPassphrase(fromStandardInput: fromStandardInput, prompt: "Passphrase for \(status.path): ")
+                    do {
+                        try broker.unlock(passphrase: passphrase)
+                        return .success
+                    } catch where error.code == .authFailed && attempt < Self.unlockAttempts && !fromStandardInput {
+                        output.error("lockbox: \(error.description) Try again.")
+                    }
+                }
+                preconditionFailure("the last attempt returns or throws")
+            }
+            guard let vault = opened.vault else {
+                throw LockboxError(.unimplemented, "This command needs the vault backend.")
+            }
             guard vault.hasPassphrase else {
                 // No passphrase (removed on purpose): this machine's device secret unlocks.
                 try vault.unlock()
@@ -79,10 +101,28 @@ struct Runner {
             // Locking needs no check of the file: a tampered keychain can still be locked.
             var options = keychainOptions()
             try applyEnvironment(to: &options.vault)
-            try Vault.lock(at: Keychain.vaultPath(explicit: options.path), configuration: options.vault, all: all)
+            let path = Keychain.vaultPath(explicit: options.path)
+            let brokerAsked = try Keychain.brokerWanted(environmentValue: ProcessEnvironment.value("LOCKBOX_BROKER")) == true
+            if options.backend == .broker || brokerAsked || BrokerClaim.isServedByBroker(vaultPath: path) {
+                guard let broker = try Keychain.open(options).broker else {
+                    throw LockboxError(.notAvailable, "lockboxd serves this keychain, but another backend was chosen; lock it through the broker.")
+                }
+                try broker.lock(all: all)
+                return .success
+            }
+            try Vault.lock(at: path, configuration: options.vault, all: all)
             return .success
         case .status(let json):
             let opened = try Keychain.open(keychainOptions())
+            if let broker = opened.broker {
+                let status = try broker.status()
+                if json {
+                    output.print(Self.json(StatusReport(backend: opened.backend.rawValue, reason: opened.reason, vault: status, tpm: "")))
+                } else {
+                    output.print(Self.describe(status, backend: opened.backend.rawValue, reason: opened.reason))
+                }
+                return .success
+            }
             guard let vault = opened.vault else {
                 output.print("backend: \(opened.backend.rawValue) (\(opened.reason))\nstate: available")
                 return .success

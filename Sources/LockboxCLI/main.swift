@@ -6,11 +6,17 @@ import LockboxCommandLine
 import Glibc
 #endif
 
+let arguments = Array(CommandLine.arguments.dropFirst())
+// The broker, when one is used, identifies this process by its /proc files: connect before
+// they are hidden below. (Parsing reads no secret; the run parses again.)
+if let early = try? Parser.parse(arguments), !early.command.isAuthentication, !early.command.usesKeys {
+    Keychain.prepareBroker(Keychain.Options(backend: early.backend, path: early.keychain))
+}
+
 // No core dumps and no same-user ptrace: this process holds secrets.
 _ = lockbox_harden_process()
 
 let streams = StandardStreams()
-let arguments = Array(CommandLine.arguments.dropFirst())
 let status: ExitStatus
 do {
     let invocation = try Parser.parse(arguments)

@@ -3,7 +3,7 @@ import Lockbox
 extension Keychain.Opened {
     /// Where the OAuth commands keep their cross-process lock files: beside the vault file.
     package func oauthLockDirectory(explicitPath: String?) -> String {
-        (vault?.path ?? Keychain.vaultPath(explicit: explicitPath)) + ".oauth-locks"
+        (vault?.path ?? broker?.vaultPath ?? Keychain.vaultPath(explicit: explicitPath)) + ".oauth-locks"
     }
 
     /// The shared access-token cache's namespace: the lock directory, with the backend named when
@@ -12,6 +12,7 @@ extension Keychain.Opened {
     /// each other's token. (Paths hold no NUL, so the two never meet.)
     package func accessTokenCacheNamespace(explicitPath: String?) -> String {
         let directory = oauthLockDirectory(explicitPath: explicitPath)
-        return backend == .vault ? directory : directory + "\u{0}" + backend.rawValue
+        // The broker serves the vault file itself: the same sessions as the embedded vault.
+        return backend == .vault || backend == .broker ? directory : directory + "\u{0}" + backend.rawValue
     }
 }

@@ -65,7 +65,9 @@ package struct FieldDecoder {
     private let input: [UInt8]
     private var offset = 0
 
-    package struct Malformed: Error {}
+    package struct Malformed: Error {
+        package init() {}
+    }
 
     package init(_ input: [UInt8]) { self.input = input }
 

@@ -55,6 +55,9 @@ public final class Vault: ItemStore, Sendable {
         public var authenticationContext: AuthenticationContext?
         /// Measures the idle timeout and the failed-unlock delay, and waits that delay.
         package var clock: any LockboxClock = SystemClock()
+        /// Set by `lockboxd`, which opens the vault holding this exclusive claim; nil for an
+        /// embedded handle, which takes a shared one (see ``BrokerClaim``).
+        package var brokerClaim: BrokerClaim?
 
         /// The defaults.
         public init() {}
@@ -82,6 +85,8 @@ public final class Vault: ItemStore, Sendable {
     public let configuration: Configuration
 
     let state: Mutex<State>
+    /// This handle's claim on the file against a broker (see ``BrokerClaim``), held for its life.
+    let claim: BrokerClaim?
     /// Called after `lock()` and `lockAll()`: the key API drops the keys it opened.
     package let lockObservers = LockObservers()
 
@@ -130,10 +135,17 @@ public final class Vault: ItemStore, Sendable {
         }
     }
 
-    private init(path: String, configuration: Configuration, state: sending State) {
+    private init(path: String, configuration: Configuration, state: sending State, claim: BrokerClaim?) {
         self.path = path
         self.configuration = configuration
         self.state = Mutex(state)
+        self.claim = claim
+    }
+
+    /// The claim a new handle holds: the broker's own, or a shared one against a broker.
+    private static func claim(_ path: String, _ configuration: Configuration) throws(LockboxError) -> BrokerClaim? {
+        if let claim = configuration.brokerClaim { return claim }
+        return try BrokerClaim.claimForEmbedded(vaultPath: path)
     }
 
     /// The default location: `$XDG_DATA_HOME/lockbox/default.lockbox`
@@ -161,6 +173,7 @@ public final class Vault: ItemStore, Sendable {
         guard !passphrase.isEmpty else {
             throw LockboxError(.param, "The passphrase is empty. Choose a passphrase to protect the keychain.")
         }
+        let claim = try claim(path, configuration)
         // A vault whose keys could not be cached would be created, yet locked at once.
         try KeyCache.checkUsable(configuration.unlockCache)
         let oldMask = umask(0o077)
@@ -203,7 +216,7 @@ public final class Vault: ItemStore, Sendable {
         remembered.write(1)
         let vault = Vault(
             path: path, configuration: configuration,
-            state: State(database: database, header: header, keys: keys, rememberedGeneration: remembered))
+            state: State(database: database, header: header, keys: keys, rememberedGeneration: remembered), claim: claim)
         try vault.withState { state throws(LockboxError) in
             try vault.writeAttempts(Attempts(failures: 0, lastFailure: 0), state: state)
             try vault.cacheUnlockedKeys(master: master, state: state)
@@ -228,6 +241,7 @@ public final class Vault: ItemStore, Sendable {
         guard let identity = identities[path] else {
             throw LockboxError(.noSuchKeychain, "No keychain at \(path). Create one with `lockbox init`.")
         }
+        let claim = try claim(path, configuration)
         let oldMask = umask(0o077)
         defer { umask(oldMask) }
         let database = try Database(path: path, create: false, busyTimeoutMilliseconds: configuration.busyTimeout.wholeMilliseconds)
@@ -240,7 +254,7 @@ public final class Vault: ItemStore, Sendable {
         let remembered = RememberedGeneration(vaultID: header.vaultID, vaultPath: path, device: configuration.device)
         let vault = Vault(
             path: path, configuration: configuration,
-            state: State(database: database, header: header, keys: keys, rememberedGeneration: remembered))
+            state: State(database: database, header: header, keys: keys, rememberedGeneration: remembered), claim: claim)
         // The header and the integrity state are checked on every open, with whatever keys
         // this machine holds now (none before its first unlock: then at the first read).
         if checked {

@@ -9,6 +9,9 @@ enum Backend: String, CaseIterable, CustomTestStringConvertible {
     case vaultWithKernelKeyring
     case vaultWithProcessMemory
     case secretService
+    /// The vault served by a real `lockboxd` (every program reaching every group: the walls
+    /// have their own suite, LockboxBrokerTests).
+    case broker
 
     var testDescription: String { rawValue }
 
@@ -24,6 +27,9 @@ enum Backend: String, CaseIterable, CustomTestStringConvertible {
         case .secretService:
             let collection = try SecretServiceCollection(maximumValueSize: maximumValueSize)
             return (collection.store, collection)
+        case .broker:
+            let served = try ServedVault(maximumValueSize: maximumValueSize)
+            return (served.store, served)
         }
     }
 
@@ -34,6 +40,8 @@ enum Backend: String, CaseIterable, CustomTestStringConvertible {
             fixture.vault.lock()
         } else if let collection = owner as? SecretServiceCollection {
             try collection.runScript(["lock", collection.path])
+        } else if let served = owner as? ServedVault {
+            try served.store.lock()
         }
     }
 
@@ -43,7 +51,42 @@ enum Backend: String, CaseIterable, CustomTestStringConvertible {
             try fixture.vault.unlock(passphrase: fixture.passphrase)
         } else if let collection = owner as? SecretServiceCollection {
             try collection.runScript(["unlock", collection.path, collection.password])
+        } else if let served = owner as? ServedVault {
+            try served.store.unlock(passphrase: SecretBytes(utf8: VaultFixture.passphraseText))
         }
+    }
+}
+
+/// A fresh vault served by its own `lockboxd` (the built product), unlocked through it; the
+/// broker is stopped when this goes away.
+final class ServedVault {
+    let directory = TemporaryDirectory("lbx-served")
+    let store: BrokerStore
+    let process: Int32
+
+    struct StartFailed: Error, CustomStringConvertible {
+        var description: String
+    }
+
+    init(maximumValueSize: Int) throws {
+        let vaultPath = directory.file("keychains/served.lockbox")
+        let socketPath = directory.file("run/lockboxd.sock")
+        var configuration = Vault.Configuration()
+        configuration.keyDerivation = .interactive
+        configuration.unlockCache = .processMemory
+        _ = try Vault.create(at: vaultPath, passphrase: SecretBytes(utf8: VaultFixture.passphraseText), configuration: configuration)
+        let started = try run(
+            builtProduct("lockboxd"),
+            ["--detach", "--socket", socketPath, "--keychain", vaultPath, "--access", "user", "--maximum-value-size", "\(maximumValueSize)"],
+            timeout: 60)
+        guard started.status == 0 else { throw StartFailed(description: "lockboxd did not start: \(started.standardError)") }
+        store = try BrokerStore.connect(socketPath: socketPath, vaultPath: vaultPath, startOnDemand: false)
+        process = store.brokerProcessIdentifier
+        try store.unlock(passphrase: SecretBytes(utf8: VaultFixture.passphraseText))
+    }
+
+    deinit {
+        kill(process, SIGTERM)
     }
 }
 

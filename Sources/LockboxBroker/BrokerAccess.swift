@@ -1,0 +1,93 @@
+import LockboxCore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The access groups one connection's peer may use, as the `keychain-access-groups`
+/// entitlement gives an iOS app.
+package struct BrokerGrant: Sendable, Hashable {
+    /// The peer as a person reads it (an executable path, an app id): for messages, never a secret.
+    package var peerName: String
+    /// The groups the peer may use; nil for every group.
+    package var accessGroups: [String]?
+    /// Where the peer's items go when it names no group.
+    package var defaultAccessGroup: String
+    /// The `lockbox` command, which a person uses: once the passphrase is entered again on its
+    /// connection (an `unlock` with the passphrase), it reaches every group.
+    package var reachesEveryGroupWithPassphrase = false
+
+    package init(peerName: String, accessGroups: [String]?, defaultAccessGroup: String, reachesEveryGroupWithPassphrase: Bool = false) {
+        self.peerName = peerName
+        self.accessGroups = accessGroups
+        self.defaultAccessGroup = defaultAccessGroup
+        self.reachesEveryGroupWithPassphrase = reachesEveryGroupWithPassphrase
+    }
+
+    /// Whether the peer may use `group`.
+    package func allows(_ group: String) -> Bool {
+        accessGroups.map { $0.contains(group) } ?? true
+    }
+
+    /// The error for a group the peer does not hold.
+    package func missing(_ group: String) -> LockboxError {
+        LockboxError(
+            .missingEntitlement,
+            "\(peerName) may not use the access group \(group). Grant it in the broker's policy "
+                + "($XDG_CONFIG_HOME/lockbox/), as an application's keychain-access-groups entitlement does.")
+    }
+}
+
+/// Decides, per connection, which access groups its peer may use. `lockboxd` asks it once per
+/// connection, before the first request.
+package protocol BrokerAccessPolicy: Sendable {
+    /// The grant of the peer connected on `socket` (a connected Unix socket).
+    /// - Throws: `errSecMissingEntitlement` or `errSecAuthFailed` for a peer that is refused
+    ///   altogether (another user).
+    func grant(forPeerOn socket: Int32) throws(LockboxError) -> BrokerGrant
+}
+
+/// Every process of this user reaches every group: the embedded mode's rule, kept behind the
+/// broker for a policy that wants no walls.
+package struct SameUserAccessPolicy: BrokerAccessPolicy {
+    package init() {}
+
+    package func grant(forPeerOn socket: Int32) throws(LockboxError) -> BrokerGrant {
+        let credentials = try PeerProcess.credentials(of: socket)
+        return BrokerGrant(peerName: "pid \(credentials.pid)", accessGroups: nil, defaultAccessGroup: "default")
+    }
+}
+
+/// What the kernel says of a connected peer.
+package enum PeerProcess {
+    /// The peer's credentials from `SO_PEERCRED`.
+    /// - Throws: `errSecAuthFailed` when the peer runs as another user.
+    package static func credentials(of socket: Int32) throws(LockboxError) -> PeerCredentials {
+        let credentials = try UnixSocket.peerCredentials(socket)
+        guard credentials.uid == geteuid() else {
+            throw LockboxError(
+                .authFailed,
+                "A process of uid \(credentials.uid) connected to this user's lockboxd; only the user's own processes are served.")
+        }
+        return credentials
+    }
+}
+
+extension UnixSocket {
+    static func peerCredentials(_ descriptor: Int32) throws(LockboxError) -> PeerCredentials {
+        // struct ucred: pid, uid, gid (Glibc declares it only under _GNU_SOURCE).
+        var fields: (Int32, UInt32, UInt32) = (0, 0, 0)
+        var length = socklen_t(MemoryLayout<(Int32, UInt32, UInt32)>.size)
+        _ = try SystemCall.check("getsockopt", "Reading the peer's credentials (SO_PEERCRED)") {
+            getsockopt(descriptor, SOL_SOCKET, SO_PEERCRED, &fields, &length)
+        }
+        return PeerCredentials(pid: fields.0, uid: fields.1, gid: fields.2)
+    }
+}
+
+/// A connected peer's credentials as the kernel recorded them at `connect` (`SO_PEERCRED`).
+package struct PeerCredentials: Sendable, Hashable {
+    package var pid: pid_t
+    package var uid: uid_t
+    package var gid: gid_t
+}

@@ -1,0 +1,257 @@
+import LockboxCore
+import LockboxVault
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `lockboxd`'s listener: owns the socket, the vault and the claim on it, and serves each
+/// connection on a thread of its own.
+package final class BrokerServer: Sendable {
+    /// How the broker is set up.
+    package struct Configuration: Sendable {
+        package var socketPath: String
+        package var vaultPath: String
+        package var vault = Vault.Configuration()
+        /// Exit after this long without a connection while no key is held; nil never.
+        package var idleExit: Duration?
+        package var policy: any BrokerAccessPolicy = SameUserAccessPolicy()
+        package var keyOperations: (any BrokerKeyOperations)?
+        /// At most this many connections at once; more are refused with a reply saying so.
+        package var maximumConnections = 512
+
+        package init(socketPath: String, vaultPath: String) {
+            self.socketPath = socketPath
+            self.vaultPath = vaultPath
+        }
+    }
+
+    package let configuration: Configuration
+    package let service: BrokerService
+    private let listener: Int32
+    private let socketLock: Int32
+    private let connections = Atomic<Int>(0)
+    private let lastActivity = Atomic<Int64>(0)
+
+    /// Claims the vault and the socket, opens the vault (its keys kept in this process's
+    /// locked memory only), and listens.
+    /// - Throws: `errSecNotAvailable` when another broker serves the socket or the vault, or an
+    ///   embedded handle has the vault open.
+    package init(_ configuration: Configuration) throws(LockboxError) {
+        var configuration = configuration
+        let socketPath = configuration.socketPath
+        let directory = BrokerLocation.directory(of: socketPath)
+        if mkdir(directory, 0o700) != 0 && errno != EEXIST {
+            throw LockboxError(
+                .io, "Cannot create the broker directory \(directory): \(String(cString: strerror(errno))).",
+                cause: .systemCall("mkdir", errno: errno))
+        }
+        try BrokerLocation.checkDirectory(directory)
+        let lockPath = BrokerLocation.lockPath(forSocket: socketPath)
+        let lock = try SystemCall.check("open", "Opening \(lockPath)") { open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600) }
+        var locked: Int32
+        repeat { locked = flock(lock, LOCK_EX | LOCK_NB) } while locked != 0 && errno == EINTR
+        guard locked == 0 else {
+            close(lock)
+            throw LockboxError(.notAvailable, "Another lockboxd already listens at \(socketPath); use it, or stop it first.")
+        }
+        // The vault: claimed for this broker alone, keys in this process only.
+        let claim: BrokerClaim
+        let vault: Vault
+        do throws(LockboxError) {
+            claim = try BrokerClaim.claimForBroker(vaultPath: configuration.vaultPath)
+            configuration.vault.unlockCache = .processMemory
+            configuration.vault.brokerClaim = claim
+            vault = try Vault.open(at: configuration.vaultPath, configuration: configuration.vault)
+        } catch {
+            close(lock)
+            throw error
+        }
+        // A socket left by a broker that died: this process holds the lock, so nobody serves it.
+        var info = stat()
+        if lstat(socketPath, &info) == 0 {
+            guard info.st_mode & S_IFMT == S_IFSOCK, info.st_uid == geteuid() else {
+                close(lock)
+                throw LockboxError(.io, "\(socketPath) exists and is not this user's socket; remove it, then start lockboxd again.")
+            }
+            unlink(socketPath)
+        }
+        let listener: Int32
+        do throws(LockboxError) {
+            listener = try SystemCall.check("socket", "Creating the broker socket") {
+                socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+            }
+            let oldMask = umask(0o177)
+            let bound = try UnixSocket.withAddress(socketPath) { address, length in bind(listener, address, length) == 0 ? 0 : errno }
+            umask(oldMask)
+            guard bound == 0 else {
+                close(listener)
+                throw LockboxError(
+                    .io, "Cannot listen at \(socketPath): \(String(cString: strerror(bound))).", cause: .systemCall("bind", errno: bound))
+            }
+            _ = try SystemCall.check("chmod", "Making the broker socket private") { chmod(socketPath, 0o600) }
+            _ = try SystemCall.check("listen", "Listening on the broker socket") { Glibc.listen(listener, 128) }
+        } catch {
+            close(lock)
+            throw error
+        }
+        _ = claim
+        self.configuration = configuration
+        self.service = BrokerService(vault: vault, keyOperations: configuration.keyOperations)
+        self.listener = listener
+        self.socketLock = lock
+        lastActivity.store(Self.now(), ordering: .relaxed)
+    }
+
+    deinit {
+        close(listener)
+        close(socketLock)
+    }
+
+    /// Accepts connections until the idle exit applies, then removes the socket and returns.
+    package func serve() {
+        if configuration.idleExit != nil {
+            BrokerThread.start { [self] in watchIdleExit() }
+        }
+        while true {
+            let descriptor = accept(listener, nil, nil)
+            if descriptor < 0 {
+                if errno == EINTR || errno == ECONNABORTED || errno == EMFILE || errno == ENFILE {
+                    if errno == EMFILE || errno == ENFILE { usleep(10_000) }
+                    continue
+                }
+                return
+            }
+            _ = fcntl(descriptor, F_SETFD, FD_CLOEXEC)
+            let connection = UnixSocket(descriptor: descriptor)
+            let count = connections.add(1, ordering: .relaxed).newValue
+            lastActivity.store(Self.now(), ordering: .relaxed)
+            guard count <= configuration.maximumConnections else {
+                try? connection.writeFrame(
+                    BrokerCoding.failure(
+                        LockboxError(.notAvailable, "lockboxd serves \(configuration.maximumConnections) connections already; try again.")))
+                connections.subtract(1, ordering: .relaxed)
+                continue
+            }
+            BrokerThread.start { [self] in
+                serve(connection)
+                connections.subtract(1, ordering: .relaxed)
+                lastActivity.store(Self.now(), ordering: .relaxed)
+            }
+        }
+    }
+
+    /// One connection: identify the peer, expect hello, then answer requests until it closes.
+    func serve(_ connection: UnixSocket) {
+        var grant: BrokerGrant
+        do throws(LockboxError) {
+            grant = try configuration.policy.grant(forPeerOn: connection.descriptor)
+        } catch {
+            try? connection.writeFrame(BrokerCoding.failure(error))
+            return
+        }
+        var greeted = false
+        while true {
+            var request: [UInt8]
+            do throws(LockboxError) {
+                guard let frame = try connection.readFrame(limit: BrokerProtocol.maximumRequestBytes) else { return }
+                request = frame
+            } catch {
+                // A frame over the bound or cut short: answered, then closed (the stream cannot
+                // be read in step any more).
+                try? connection.writeFrame(BrokerCoding.failure(error))
+                return
+            }
+            defer { request.wipe() }
+            lastActivity.store(Self.now(), ordering: .relaxed)
+            let reply: [UInt8]
+            if !greeted {
+                switch Self.answerHello(request, vaultPath: configuration.vaultPath) {
+                case .success(let bytes):
+                    reply = bytes
+                    greeted = true
+                case .failure(let error):
+                    try? connection.writeFrame(BrokerCoding.failure(error))
+                    return
+                }
+            } else {
+                reply = service.reply(to: request, grant: &grant)
+            }
+            do throws(LockboxError) {
+                try connection.writeFrame(reply)
+            } catch {
+                return
+            }
+        }
+    }
+
+    /// The reply to a connection's first frame.
+    package static func answerHello(_ bytes: [UInt8], vaultPath: String) -> Result<[UInt8], LockboxError> {
+        var decoder = FieldDecoder(bytes)
+        guard (try? decoder.integer()) == BrokerProtocol.Operation.hello.rawValue,
+            (try? decoder.string()) == BrokerProtocol.greeting,
+            let version = try? decoder.integer(), decoder.isAtEnd
+        else {
+            return .failure(LockboxError(.param, "This socket speaks Lockbox's broker protocol; the first message was not its hello."))
+        }
+        guard version >= BrokerProtocol.oldestServedVersion else {
+            return .failure(
+                LockboxError(
+                    .param,
+                    "This program speaks broker protocol \(version), older than lockboxd's oldest (\(BrokerProtocol.oldestServedVersion)): "
+                        + "update the program (rebuild it against the current Lockbox)."))
+        }
+        return .success(
+            BrokerCoding.success {
+                $0.integer(BrokerProtocol.version)
+                $0.string(vaultPath)
+                $0.integer(Int(getpid()))
+            })
+    }
+
+    private func watchIdleExit() {
+        guard let idleExit = configuration.idleExit else { return }
+        let limit = idleExit.components.seconds
+        while true {
+            sleep(1)
+            guard connections.load(ordering: .relaxed) == 0, Self.now() - lastActivity.load(ordering: .relaxed) >= limit else { continue }
+            // Keys held (the vault was unlocked since this broker started) keep it running:
+            // exiting would forget them, which only lock or a reboot may do.
+            if let status = try? service.vault.status(), status.wasUnlockedSinceBoot { continue }
+            unlink(configuration.socketPath)
+            exit(0)
+        }
+    }
+
+    private static func now() -> Int64 {
+        var time = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &time)
+        return Int64(time.tv_sec)
+    }
+}
+
+/// A detached thread running a closure: connections block in `recv`, which must not happen on
+/// Swift's cooperative pool.
+enum BrokerThread {
+    private final class Box {
+        let body: @Sendable () -> Void
+        init(_ body: @escaping @Sendable () -> Void) { self.body = body }
+    }
+
+    static func start(_ body: @escaping @Sendable () -> Void) {
+        let box = Unmanaged.passRetained(Box(body)).toOpaque()
+        var thread = pthread_t()
+        var attributes = pthread_attr_t()
+        pthread_attr_init(&attributes)
+        pthread_attr_setdetachstate(&attributes, Int32(PTHREAD_CREATE_DETACHED))
+        pthread_attr_setstacksize(&attributes, 512 * 1024)
+        let result = pthread_create(&thread, &attributes, { raw in
+            let box = Unmanaged<Box>.fromOpaque(raw!).takeRetainedValue()
+            box.body()
+            return nil
+        }, box)
+        pthread_attr_destroy(&attributes)
+        precondition(result == 0, "lockboxd could not start a thread (error \(result))")
+    }
+}

@@ -1,0 +1,175 @@
+import FoundationEssentials
+import LockboxCore
+import LockboxVault
+
+/// Operations a broker serves beside the item store's (keys used inside the broker): the
+/// executable that links the key API provides them, so that clients never load it.
+package protocol BrokerKeyOperations: Sendable {
+    /// Handles ``BrokerProtocol/Operation/generateKey``, ``BrokerProtocol/Operation/sign`` and
+    /// ``BrokerProtocol/Operation/publicKey``; returns the reply's result fields. A key is used
+    /// only when the peer's grant reaches its access group (``BrokerService/matching(_:grant:)``).
+    func handle(
+        _ operation: BrokerProtocol.Operation, arguments: inout FieldDecoder, grant: BrokerGrant, vault: Vault
+    ) throws(LockboxError) -> (inout FieldEncoder) -> Void
+}
+
+/// Answers one request with the vault, inside the walls of the peer's grant. Holds no state
+/// of its own: the vault is the state, and it is durable before a reply is sent.
+package struct BrokerService: Sendable {
+    package let vault: Vault
+    package let keyOperations: (any BrokerKeyOperations)?
+
+    package init(vault: Vault, keyOperations: (any BrokerKeyOperations)? = nil) {
+        self.vault = vault
+        self.keyOperations = keyOperations
+    }
+
+    /// The reply's bytes for a request's bytes. Never throws: every failure is a reply. A
+    /// passphrase verified on the connection widens the `lockbox` command's grant to every group.
+    package func reply(to bytes: [UInt8], grant: inout BrokerGrant) -> [UInt8] {
+        do throws(LockboxError) {
+            var request = try BrokerRequest(decoding: bytes)
+            let body = try perform(request.operation, &request.arguments, grant: grant)
+            if request.operation == .unlock, grant.reachesEveryGroupWithPassphrase, bytes.count > 16 {
+                grant.accessGroups = nil
+            }
+            return BrokerCoding.success(body)
+        } catch {
+            return BrokerCoding.failure(error)
+        }
+    }
+
+    private func perform(
+        _ operation: BrokerProtocol.Operation, _ arguments: inout FieldDecoder, grant: BrokerGrant
+    ) throws(LockboxError) -> (inout FieldEncoder) -> Void {
+        switch operation {
+        case .hello:
+            throw LockboxError(.param, "A connection says hello once, first.")
+        case .add:
+            var item = try BrokerCoding.decodeItem(&arguments)
+            try expectEnd(arguments)
+            let group = item.attributes.accessGroup ?? grant.defaultAccessGroup
+            guard grant.allows(group) else { throw grant.missing(group) }
+            item.attributes.accessGroup = group
+            try vault.add(item)
+            return { _ in }
+        case .items:
+            let query = try BrokerCoding.decodeQuery(&arguments)
+            try expectEnd(arguments)
+            let items = try matching(query, grant: grant)
+            var encoder = FieldEncoder()
+            encoder.integer(items.count)
+            for item in items {
+                BrokerCoding.encode(item, into: &encoder)
+                guard encoder.bytes.count < BrokerProtocol.maximumReplyBytes - 64 else {
+                    throw LockboxError(
+                        .param, "Over \(items.count) items match, more than one reply carries: narrow the query or ask for attributes only.")
+                }
+            }
+            let encoded = encoder.bytes
+            return { $0.bytes(encoded) }
+        case .update:
+            let query = try BrokerCoding.decodeQuery(&arguments)
+            let update = try BrokerCoding.decodeUpdate(&arguments)
+            try expectEnd(arguments)
+            if let target = update.attributes.accessGroup, !grant.allows(target) { throw grant.missing(target) }
+            try eachGroup(of: query, grant: grant) { query throws(LockboxError) in
+                try vault.update(matching: query, to: update)
+                return 1
+            }
+            return { _ in }
+        case .delete:
+            let query = try BrokerCoding.decodeQuery(&arguments)
+            try expectEnd(arguments)
+            let deleted = try eachGroup(of: query, grant: grant) { query throws(LockboxError) in try vault.delete(matching: query) }
+            return { $0.integer(deleted) }
+        case .status:
+            try expectEnd(arguments)
+            let status = try vault.status()
+            guard let json = try? JSONEncoder().encode(status) else {
+                throw LockboxError(.io, "The keychain's status could not be encoded.")
+            }
+            return { $0.bytes(Array(json)) }
+        case .unlock:
+            guard var bytes = try? arguments.bytes() else { throw BrokerCoding.malformed("no passphrase") }
+            try expectEnd(arguments)
+            let passphrase = SecretBytes(copying: bytes)
+            bytes.wipe()
+            if passphrase.isEmpty {
+                try vault.unlock()
+            } else {
+                try vault.unlock(passphrase: passphrase)
+            }
+            return { _ in }
+        case .lock:
+            guard let all = try? arguments.integer() else { throw BrokerCoding.malformed("no lock scope") }
+            try expectEnd(arguments)
+            if all == 1 { vault.lockAll() } else { vault.lock() }
+            return { _ in }
+        case .sign, .publicKey, .generateKey:
+            guard let keyOperations else {
+                throw LockboxError(.unimplemented, "This broker does not serve key operations; run lockboxd, which does.")
+            }
+            return try keyOperations.handle(operation, arguments: &arguments, grant: grant, vault: vault)
+        }
+    }
+
+    private func expectEnd(_ arguments: FieldDecoder) throws(LockboxError) {
+        guard arguments.isAtEnd else { throw BrokerCoding.malformed("trailing bytes") }
+    }
+
+    /// The groups a query reaches: the one it names (when the peer holds it), else every group
+    /// the peer holds; nil for no restriction.
+    package static func groups(of query: Query, grant: BrokerGrant) throws(LockboxError) -> [String]? {
+        if let group = query.attributes.accessGroup {
+            guard grant.allows(group) else { throw grant.missing(group) }
+            return [group]
+        }
+        return grant.accessGroups
+    }
+
+    /// The matches in the peer's groups, as one store restricted to them answers.
+    package func matching(_ query: Query, grant: BrokerGrant) throws(LockboxError) -> [Item] {
+        guard let groups = try Self.groups(of: query, grant: grant) else { return try vault.items(matching: query) }
+        var found: [Item] = []
+        var locked: LockboxError?
+        for group in groups {
+            var restricted = query
+            restricted.attributes.accessGroup = group
+            do throws(LockboxError) {
+                found += try vault.items(matching: restricted)
+                if query.limit == .one, !found.isEmpty { return [found[0]] }
+            } catch where error.code == .itemNotFound {
+                continue
+            } catch where error.code == .interactionNotAllowed {
+                locked = locked ?? error
+            }
+        }
+        // Locked is never reported as "not found".
+        if let locked { throw locked }
+        guard !found.isEmpty else { throw LockboxError(.itemNotFound, "No matching item was found in the keychain.") }
+        return found
+    }
+
+    /// Runs `body` once per group the query reaches; the sum of its results.
+    @discardableResult
+    private func eachGroup(of query: Query, grant: BrokerGrant, _ body: (Query) throws(LockboxError) -> Int) throws(LockboxError) -> Int {
+        guard let groups = try Self.groups(of: query, grant: grant) else { return try body(query) }
+        var total = 0
+        var locked: LockboxError?
+        for group in groups {
+            var restricted = query
+            restricted.attributes.accessGroup = group
+            do throws(LockboxError) {
+                total += try body(restricted)
+            } catch where error.code == .itemNotFound {
+                continue
+            } catch where error.code == .interactionNotAllowed {
+                locked = locked ?? error
+            }
+        }
+        if let locked { throw locked }
+        guard total > 0 else { throw LockboxError(.itemNotFound, "No matching item was found in the keychain.") }
+        return total
+    }
+}

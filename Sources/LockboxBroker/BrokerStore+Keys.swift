@@ -1,0 +1,49 @@
+import FoundationEssentials
+import LockboxCore
+
+/// Keys used inside the broker: the client sends what to sign and receives the signature; the
+/// private key never leaves `lockboxd`.
+extension BrokerStore {
+    /// Makes a non-extractable key inside the broker, in `accessGroup` (nil: the caller's
+    /// default group).
+    /// - Parameters:
+    ///   - algorithm: the key algorithm's name (`p256`, `ed25519`, `x25519`, `aes256GCM`).
+    ///   - purposes: the purposes' bit set (LockboxKeys' `KeyPurposes.rawValue`).
+    /// - Returns: the public key in DER (SubjectPublicKeyInfo); empty for a symmetric key.
+    /// - Throws: `errSecMissingEntitlement` for a group the caller does not hold.
+    public func generateKey(
+        algorithm: String, purposes: UInt8, applicationTag: Data, label: String? = nil, accessGroup: String? = nil
+    ) throws(LockboxError) -> Data {
+        var reply = try request(.generateKey, retryable: false) {
+            $0.string(algorithm)
+            $0.integer(Int(purposes))
+            $0.bytes(applicationTag)
+            $0.string(label)
+            $0.string(accessGroup)
+        }
+        guard let der = try? reply.data() else { throw Self.malformedReply }
+        return der
+    }
+
+    /// Signs `message` with the key found by its application tag (and label), inside the broker.
+    /// - Throws: `itemNotFound` when the caller's groups hold no such key.
+    public func sign(_ message: Data, applicationTag: Data, label: String? = nil) throws(LockboxError) -> Data {
+        var reply = try request(.sign, retryable: true) {
+            $0.bytes(applicationTag)
+            $0.string(label)
+            $0.bytes(message)
+        }
+        guard let signature = try? reply.data() else { throw Self.malformedReply }
+        return signature
+    }
+
+    /// The public half (DER) of the key found by its application tag (and label).
+    public func publicKey(applicationTag: Data, label: String? = nil) throws(LockboxError) -> Data {
+        var reply = try request(.publicKey, retryable: true) {
+            $0.bytes(applicationTag)
+            $0.string(label)
+        }
+        guard let der = try? reply.data() else { throw Self.malformedReply }
+        return der
+    }
+}
