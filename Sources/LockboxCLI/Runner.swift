@@ -117,7 +117,11 @@ struct Runner {
             if let broker = opened.broker {
                 let status = try broker.status()
                 if json {
-                    output.print(Self.json(StatusReport(backend: opened.backend.rawValue, reason: opened.reason, vault: status, tpm: "")))
+                    // The device key is the broker's to use; where it lives is read from here.
+                    let device = keychainOptions().vault.device
+                    let deviceKey = "\((try? device.storage)?.description ?? "unreadable") (\(device.resolvedKeyPath))"
+                    output.print(
+                        Self.json(StatusReport(backend: opened.backend.rawValue, reason: opened.reason, vault: status, tpm: "", deviceKey: deviceKey)))
                 } else {
                     output.print(Self.describe(status, backend: opened.backend.rawValue, reason: opened.reason))
                 }
