@@ -42,17 +42,20 @@ extension Vault {
                 if generation == since && since > 0 && !listingAll {
                     return SynchronizableChanges(generation: generation, count: 0, changed: [], all: nil, isUnchanged: true)
                 }
-                let statement = try state.database.statement("SELECT id, version FROM items WHERE synchronizable = 1")
-                defer { statement.reset() }
                 var changes = SynchronizableChanges(generation: generation, count: 0, changed: [], all: listingAll ? [] : nil)
-                while try statement.step() {
-                    changes.count += 1
-                    let version = statement.integer(1) ?? 0
-                    if version > since || listingAll {
-                        let reference = Data(statement.blob(0) ?? [])
-                        if version > since { changes.changed.append(reference) }
-                        if listingAll { changes.all?.insert(reference) }
-                    }
+                // The partial index `items_synchronizable` (schema 3) holds the synchronizable
+                // rows by version: the count reads it alone, the changes only their entries.
+                changes.count = try state.database.firstRow("SELECT count(*) FROM items WHERE synchronizable = 1") {
+                    $0.integer(0) ?? 0
+                } ?? 0
+                let changed = try state.database.statement("SELECT id FROM items WHERE synchronizable = 1 AND version > ?")
+                defer { changed.reset() }
+                changed.bind(1, since)
+                while try changed.step() { changes.changed.append(Data(changed.blob(0) ?? [])) }
+                if listingAll {
+                    let every = try state.database.statement("SELECT id FROM items WHERE synchronizable = 1")
+                    defer { every.reset() }
+                    while try every.step() { changes.all?.insert(Data(every.blob(0) ?? [])) }
                 }
                 return changes
             }

@@ -18,7 +18,9 @@ enum VaultSchema {
     /// - 3: the accumulators move to `integrity_groups`, one row per group of 16 buckets, and
     ///   the state's MACs cover a digest per group, so a write rewrites one small row instead of
     ///   8 KiB; bucket checks read a range of the lookup index, and the two indexes only they
-    ///   and class scans used (`items_by_bucket`, `items_by_class`) are dropped. The schema step
+    ///   and class scans used (`items_by_bucket`, `items_by_class`) are dropped; a partial index
+    ///   of the synchronizable rows by version lets sync find what changed without a scan of
+    ///   every row (other rows' writes do not touch it). The schema step
     ///   needs no keys: a state of format 2 stays readable where it is until the next write
     ///   converts it (``IntegrityState/load(from:)``).
     static let current = 3
@@ -82,6 +84,7 @@ enum VaultSchema {
             ALTER TABLE vault_state ADD COLUMN format INTEGER NOT NULL DEFAULT 2;
             DROP INDEX items_by_bucket;
             DROP INDEX items_by_class;
+            CREATE INDEX items_synchronizable ON items(version) WHERE synchronizable = 1;
             """)
     }
 
