@@ -1,5 +1,6 @@
-/// SHA-256 (FIPS 180-4), for pinning an executable: the broker hashes the file a peer runs and
-/// needs no cryptographic library for it.
+/// SHA-256 (FIPS 180-4), with no cryptographic library: PKCE challenges, DPoP thumbprints and
+/// `ath`, token fingerprints, and the broker's executable pins. Known-answer tests in
+/// LockboxCoreTests.
 package struct SHA256 {
     package init() {}
 
@@ -43,8 +44,8 @@ package struct SHA256 {
         bytes.withUnsafeBytes { update($0) }
     }
 
-    /// The digest, lower-case hexadecimal.
-    package mutating func finalizeHex() -> String {
+    /// The digest. The hasher is spent afterwards.
+    package mutating func finalize() -> [UInt8] {
         let bitLength = length &* 8
         var padding: [UInt8] = [0x80]
         let remainder = (pending.count + 1) % 64
@@ -55,10 +56,26 @@ package struct SHA256 {
         length = savedLength
         precondition(pending.isEmpty, "SHA-256 padding must end on a block boundary")
         var digest: [UInt8] = []
+        digest.reserveCapacity(32)
         for word in state {
             for shift in stride(from: 24, through: 0, by: -8) { digest.append(UInt8(truncatingIfNeeded: word >> UInt32(shift))) }
         }
-        return digest.hexString
+        return digest
+    }
+
+    /// The digest, lower-case hexadecimal.
+    package mutating func finalizeHex() -> String {
+        finalize().hexString
+    }
+
+    package static func hash(_ bytes: UnsafeRawBufferPointer) -> [UInt8] {
+        var hasher = SHA256()
+        hasher.update(bytes)
+        return hasher.finalize()
+    }
+
+    package static func hash(_ bytes: [UInt8]) -> [UInt8] {
+        bytes.withUnsafeBytes { hash($0) }
     }
 
     private mutating func compress(_ block: UnsafeRawBufferPointer) {
