@@ -1,4 +1,6 @@
-import Dispatch
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// The async counterparts of an ``ItemStore``'s calls, as GRDB pairs `read` with an async
 /// `read`: each runs the store's blocking call on a thread outside Swift's cooperative pool and
@@ -70,16 +72,14 @@ extension ItemStore {
     public var async: AsyncItemStore { AsyncItemStore(self) }
 }
 
-/// Runs blocking work on a Dispatch queue and suspends the caller until it is done: the one
-/// way Lockbox's async APIs call something that may block (a store, `flock`).
+/// Runs blocking work on a thread of Lockbox's own and suspends the caller until it is done:
+/// the one way Lockbox's async APIs call something that may block (a store, `flock`).
 package enum BlockingCall {
-    private static let queue = DispatchQueue(label: "lockbox.blocking-calls", qos: .userInitiated, attributes: .concurrent)
-
     package static func run<Success: Sendable, Failure: Error>(
         _ body: @escaping @Sendable () throws(Failure) -> Success
     ) async throws(Failure) -> Success {
         let result: Result<Success, Failure> = await withCheckedContinuation { continuation in
-            queue.async {
+            BlockingThreads.shared.submit {
                 do throws(Failure) {
                     continuation.resume(returning: .success(try body()))
                 } catch {
@@ -88,5 +88,75 @@ package enum BlockingCall {
             }
         }
         return try result.get()
+    }
+}
+
+/// Threads for blocking calls: an idle one takes each job, or a new one is started, so a call
+/// never waits for another call to stop blocking. Dispatch's concurrent queues on Linux share
+/// a pool sized to the processors, which grows only when a monitor notices it stalled (under a
+/// busy machine, minutes later): blocked store calls could hold back each other and Swift's
+/// cooperative pool. A thread idle for 10 seconds exits.
+final class BlockingThreads: @unchecked Sendable {
+    // @unchecked: `jobs` and `idle` are read and written only with `lock` held.
+    static let shared = BlockingThreads()
+    private static let idleSeconds = 10
+
+    private let lock: UnsafeMutablePointer<pthread_mutex_t>
+    private let wake: UnsafeMutablePointer<pthread_cond_t>
+    private var jobs: [@Sendable () -> Void] = []
+    private var idle = 0
+
+    private init() {
+        lock = .allocate(capacity: 1)
+        wake = .allocate(capacity: 1)
+        precondition(pthread_mutex_init(lock, nil) == 0 && pthread_cond_init(wake, nil) == 0, "BlockingThreads: pthread init failed")
+    }
+
+    func submit(_ job: @escaping @Sendable () -> Void) {
+        pthread_mutex_lock(lock)
+        jobs.append(job)
+        let needsThread = jobs.count > idle
+        if !needsThread { pthread_cond_signal(wake) }
+        pthread_mutex_unlock(lock)
+        if needsThread { startThread() }
+    }
+
+    private func startThread() {
+        var attributes = pthread_attr_t()
+        pthread_attr_init(&attributes)
+        defer { pthread_attr_destroy(&attributes) }
+        pthread_attr_setdetachstate(&attributes, Int32(PTHREAD_CREATE_DETACHED))
+        var thread = pthread_t()
+        let context = Unmanaged.passRetained(self).toOpaque()
+        let result = pthread_create(&thread, &attributes, { context in
+            Unmanaged<BlockingThreads>.fromOpaque(context!).takeRetainedValue().work()
+            return nil
+        }, context)
+        // Without a thread the job would wait forever: a resource limit reached is a crash
+        // that names it, not a hang.
+        precondition(result == 0, "BlockingThreads: pthread_create failed with \(result)")
+    }
+
+    private func work() {
+        pthread_mutex_lock(lock)
+        while true {
+            if !jobs.isEmpty {
+                let job = jobs.removeFirst()
+                pthread_mutex_unlock(lock)
+                job()
+                pthread_mutex_lock(lock)
+                continue
+            }
+            var deadline = timespec()
+            clock_gettime(CLOCK_REALTIME, &deadline)
+            deadline.tv_sec += Self.idleSeconds
+            idle += 1
+            let waited = pthread_cond_timedwait(wake, lock, &deadline)
+            idle -= 1
+            if waited == ETIMEDOUT && jobs.isEmpty {
+                pthread_mutex_unlock(lock)
+                return
+            }
+        }
     }
 }

@@ -28,10 +28,16 @@ public final class SoftwareKeyStore: Sendable {
     /// Keys opened for an operation, kept for the next ones while the vault's
     /// ``KeyUseStamp`` stays the same (unlocked, nothing written since), so a signature costs
     /// a stamp check instead of a read, an unseal and an import (for a hardware key, the read of
-    /// its TPM blob; the TPM keeps the key itself loaded). Never for access-controlled keys:
-    /// each of their uses asks, within the reuse window. Dropped at lock.
+    /// its TPM blob; the TPM keeps the key itself loaded); after writes to other items, while
+    /// the key's own row keeps the version it was opened from. Never for access-controlled
+    /// keys: each of their uses asks, within the reuse window. Dropped at lock.
     private let opened = Mutex<[Data: OpenedKey]>([:])
     private static let openedLimit = 32
+    private let readCount = Mutex(0)
+
+    /// How many times a key's private bytes were read from the vault (not taken from the keys
+    /// kept opened): for tests of that cache.
+    package var keyReads: Int { readCount.withLock { $0 } }
 
     /// - Parameter tpmDevice: the TPM's TCTI configuration for hardware keys; nil is
     ///   `LOCKBOX_TPM_TCTI`, else `device:/dev/tpmrm0`.
@@ -277,13 +283,28 @@ public final class SoftwareKeyStore: Sendable {
             _ = try privateKey(of: key, for: purpose, context: context)  // throws the locked error
             preconditionFailure("a locked vault does not give out keys")
         }
-        if let kept = opened.withLock({ $0[key.persistentReference] }), kept.stamp == stamp, kept.descriptor == key.descriptor {
-            return kept
+        if var kept = opened.withLock({ $0[key.persistentReference] }), let keptStamp = kept.stamp, kept.descriptor == key.descriptor {
+            if keptStamp == stamp { return kept }
+            // Something was written since, while the vault stayed unlocked: the key is still
+            // good when its own row is the one it was opened from (a row check, not a read,
+            // an unseal and an import).
+            if keptStamp.sameUnlock(as: stamp), let version = kept.version,
+                try vault.version(ofItem: key.persistentReference) == version
+            {
+                kept.stamp = stamp
+                opened.withLock { $0[key.persistentReference] = kept }
+                return kept
+            }
         }
+        // The version is taken before the read too: a write in between leaves an older one,
+        // which makes the next use read again.
+        let version = try vault.version(ofItem: key.persistentReference)
+        readCount.withLock { $0 += 1 }
         var fresh = try OpenedKey(key, secret: privateKey(of: key, for: purpose, context: context))
         fresh.stamp = stamp
+        fresh.version = version
         opened.withLock { opened in
-            opened = opened.filter { $0.value.stamp == stamp }
+            opened = opened.filter { $0.value.stamp.map { $0.sameUnlock(as: stamp) } ?? false }
             if opened.count >= Self.openedLimit { opened.removeAll() }
             opened[key.persistentReference] = fresh
         }
@@ -333,6 +354,8 @@ struct OpenedKey: @unchecked Sendable {
     let p256: P256.SigningKey?
     let descriptor: KeyDescriptor
     var stamp: KeyUseStamp?
+    /// The write generation of the row it was opened from (``Vault/version(ofItem:)``).
+    var version: Int?
 
     init(_ key: ManagedKey, secret: SecretBytes) throws(LockboxError) {
         self.secret = secret

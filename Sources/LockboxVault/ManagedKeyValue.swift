@@ -74,6 +74,10 @@ package struct KeyUseStamp: Equatable, Sendable {
     let dataVersion: Int
     let totalChanges: Int
     let lockCount: Int
+
+    /// The vault was not locked between the two stamps (this handle's lock count is the same;
+    /// a lock by another process drops opened keys through the kernel keyring check).
+    package func sameUnlock(as other: KeyUseStamp) -> Bool { lockCount == other.lockCount }
 }
 
 extension Vault {
@@ -84,6 +88,31 @@ extension Vault {
             guard try state.keys.currentMaster() != nil else { return nil }
             return KeyUseStamp(
                 dataVersion: try state.database.dataVersion, totalChanges: state.database.totalChanges, lockCount: state.lockCount)
+        }
+    }
+}
+
+extension Vault {
+    /// The write generation that wrote the item `reference` names, checked against the
+    /// integrity record; nil when there is no such row. A key opened from the row at this
+    /// version is still the key the file holds: the key API uses it to keep an opened key
+    /// across writes to other items (a refresh storing its tokens, say) instead of reading and
+    /// unsealing it again. An update, a deletion or a passphrase change (which reseals every
+    /// row) changes or removes the version.
+    package func version(ofItem reference: Data) throws(LockboxError) -> Int? {
+        try withState { state throws(LockboxError) -> Int? in
+            try state.database.readTransaction { () throws(LockboxError) -> Int? in
+                _ = try currentIntegrity(state)
+                let statement = try state.database.statement(
+                    "SELECT \(SealedRow.columns(metadata: false, secret: false)) FROM items WHERE id = ?")
+                statement.bind(1, Array(reference))
+                guard try statement.step() else { return nil }
+                let row = try SealedRow.read(from: statement)
+                // A row out of its bucket is for the full read to report.
+                guard row.isInItsBucket else { return nil }
+                try verifyBuckets([row.bucket], state: state)
+                return row.version
+            }
         }
     }
 }

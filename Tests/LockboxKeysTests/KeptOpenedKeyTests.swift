@@ -26,6 +26,30 @@ struct KeptOpenedKeyTests {
         #expect(status { _ = try key.sign(self.message) } == LockboxError.Code.itemNotFound.rawValue)
     }
 
+    @Test(arguments: [KeyAlgorithm.p256, .ed25519])
+    func writesToOtherItems_keepTheKeyOpened_itsOwnUpdateReadsItAgain(_ algorithm: KeyAlgorithm) throws {
+        let fixture = try KeyFixture()
+        let key = try fixture.generate(algorithm, [.sign, .verify])
+        #expect(try key.isValidSignature(key.sign(message), for: message))
+        let reads = fixture.keys.keyReads
+        // Another item written through this handle and through another (another process),
+        // as a refresh storing its rotated tokens does between two DPoP proofs.
+        try fixture.vault.vault.add(.genericPassword(service: "tokens", account: "a", data: SecretBytes(utf8: "t1")))
+        let other = try fixture.vault.reopen()
+        try other.unlock(passphrase: fixture.vault.passphrase)
+        try other.add(.genericPassword(service: "tokens", account: "b", data: SecretBytes(utf8: "t2")))
+        #expect(try key.isValidSignature(key.sign(message), for: message))
+        #expect(fixture.keys.keyReads == reads, "a write to another item made the key be read again")
+        // The key's own row rewritten (its label, from the other handle): read again.
+        var query = Query(.key)
+        query.persistentReference = key.persistentReference
+        var update = ItemUpdate()
+        update.attributes.label = "renamed"
+        try other.update(matching: query, to: update)
+        #expect(try key.isValidSignature(key.sign(message), for: message))
+        #expect(fixture.keys.keyReads == reads + 1)
+    }
+
     @Test func descriptorEditedAfterUse_isRefusedAsTampered() throws {
         let fixture = try KeyFixture()
         let key = try fixture.generate(.p256, [.sign, .verify])
