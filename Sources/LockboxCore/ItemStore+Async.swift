@@ -75,6 +75,17 @@ extension ItemStore {
 /// Runs blocking work on a thread of Lockbox's own and suspends the caller until it is done:
 /// the one way Lockbox's async APIs call something that may block (a store, `flock`).
 package enum BlockingCall {
+    /// Marks the threads blocking calls run on (a thread-specific value; no name API of
+    /// pthreads is visible to Swift here).
+    static let marker: pthread_key_t = {
+        var key = pthread_key_t()
+        precondition(pthread_key_create(&key, nil) == 0, "BlockingCall: pthread_key_create failed")
+        return key
+    }()
+
+    /// Whether the calling thread is one of the threads blocking calls run on.
+    package static var isOnBlockingThread: Bool { pthread_getspecific(marker) != nil }
+
     package static func run<Success: Sendable, Failure: Error>(
         _ body: @escaping @Sendable () throws(Failure) -> Success
     ) async throws(Failure) -> Success {
@@ -138,6 +149,8 @@ final class BlockingThreads: @unchecked Sendable {
     }
 
     private func work() {
+        // Any non-null value: the marker only says "one of ours".
+        _ = pthread_setspecific(BlockingCall.marker, UnsafeRawPointer(bitPattern: 1))
         pthread_mutex_lock(lock)
         while true {
             if !jobs.isEmpty {
