@@ -29,7 +29,7 @@ public final class SoftwareKeyStore: Sendable {
     /// ``KeyUseStamp`` stays the same (unlocked, nothing written since), so a signature costs
     /// a stamp check instead of a read, an unseal and an import (for a hardware key, the read of
     /// its TPM blob; the TPM keeps the key itself loaded); after writes to other items, while
-    /// the key's own row keeps the version it was opened from. Never for access-controlled
+    /// the key's own row and the header keep the versions it was opened under. Never for access-controlled
     /// keys: each of their uses asks, within the reuse window. Dropped at lock.
     private let opened = Mutex<[Data: OpenedKey]>([:])
     private static let openedLimit = 32
@@ -354,8 +354,8 @@ struct OpenedKey: @unchecked Sendable {
     let p256: P256.SigningKey?
     let descriptor: KeyDescriptor
     var stamp: KeyUseStamp?
-    /// The write generation of the row it was opened from (``Vault/version(ofItem:)``).
-    var version: Int?
+    /// The row it was opened from and the header it was opened under (``Vault/version(ofItem:)``).
+    var version: ItemVersion?
 
     init(_ key: ManagedKey, secret: SecretBytes) throws(LockboxError) {
         self.secret = secret

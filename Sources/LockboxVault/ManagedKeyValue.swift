@@ -98,10 +98,11 @@ extension Vault {
     /// version is still the key the file holds: the key API uses it to keep an opened key
     /// across writes to other items (a refresh storing its tokens, say) instead of reading and
     /// unsealing it again. An update, a deletion or a passphrase change (which reseals every
-    /// row) changes or removes the version.
-    package func version(ofItem reference: Data) throws(LockboxError) -> Int? {
-        try withState { state throws(LockboxError) -> Int? in
-            try state.database.readTransaction { () throws(LockboxError) -> Int? in
+    /// row) changes or removes the row's version; a header change (a passphrase removed or set,
+    /// which invalidates keys bound to it without rewriting their rows) changes the header's.
+    package func version(ofItem reference: Data) throws(LockboxError) -> ItemVersion? {
+        try withState { state throws(LockboxError) -> ItemVersion? in
+            try state.database.readTransaction { () throws(LockboxError) -> ItemVersion? in
                 _ = try currentIntegrity(state)
                 let statement = try state.database.statement(
                     "SELECT \(SealedRow.columns(metadata: false, secret: false)) FROM items WHERE id = ?")
@@ -111,10 +112,17 @@ extension Vault {
                 // A row out of its bucket is for the full read to report.
                 guard row.isInItsBucket else { return nil }
                 try verifyBuckets([row.bucket], state: state)
-                return row.version
+                return ItemVersion(row: row.version, header: state.header.mac)
             }
         }
     }
+}
+
+/// A row's write generation and the header it was read under (its MAC, which any change of the
+/// header changes): equal values mean the item and the keys that open it are as they were.
+package struct ItemVersion: Equatable, Sendable {
+    let row: Int
+    let header: [UInt8]
 }
 
 /// Whoever keeps something opened under the vault's keys, told when the vault is locked here.

@@ -177,6 +177,17 @@ struct KeyPolicyTests {
         #expect(status { _ = try bound.decrypt(box) } == LockboxError.Code.invalidKeyRef.rawValue)
     }
 
+    @Test func keyBoundToPassphrase_keptOpened_isInvalidOnceAnotherHandleRemovesThePassphrase() throws {
+        let fixture = try KeyFixture()
+        let bound = try fixture.generate(.p256, [.sign, .verify], tag: "bound") { $0.isInvalidatedByPassphraseChange = true }
+        #expect(try bound.isValidSignature(bound.sign(message), for: message))
+        // Another process removes the passphrase: the key's row is not rewritten, the header is.
+        let other = try fixture.vault.reopen()
+        try other.unlock(passphrase: fixture.vault.passphrase)
+        try other.removePassphrase(fixture.vault.passphrase)
+        #expect(status { _ = try bound.sign(self.message) } == LockboxError.Code.invalidKeyRef.rawValue)
+    }
+
     // MARK: Locked, access control
 
     @Test func lockedVault_operationsAndLookupsFailWithInteractionNotAllowed() throws {
