@@ -16,29 +16,20 @@ package struct FieldEncoder {
             bytes.append(0)
             return
         }
-        bytes.append(1)
-        let length = UInt32(value.count)
-        withUnsafeBytes(of: length.littleEndian) { bytes.append(contentsOf: $0) }
-        bytes.append(contentsOf: value)
+        value.withUnsafeBufferPointer { field($0) }
     }
 
     package mutating func string(_ value: String?) {
-        guard let value else {
+        guard var value else {
             bytes.append(0)
             return
         }
-        // Appends the UTF-8 directly: no intermediate array (this runs on every lookup).
-        bytes.append(1)
-        let length = UInt32(value.utf8.count)
-        withUnsafeBytes(of: length.littleEndian) { bytes.append(contentsOf: $0) }
-        bytes.append(contentsOf: value.utf8)
+        // The UTF-8 appended in place: no intermediate array (this runs on every lookup).
+        value.withUTF8 { field($0) }
     }
 
     package mutating func bytes(_ value: Data) {
-        bytes.append(1)
-        let length = UInt32(value.count)
-        withUnsafeBytes(of: length.littleEndian) { bytes.append(contentsOf: $0) }
-        bytes.append(contentsOf: value)
+        value.withUnsafeBytes { field($0.assumingMemoryBound(to: UInt8.self)) }
     }
 
     package mutating func integer(_ value: Int?) {
@@ -53,9 +44,15 @@ package struct FieldEncoder {
 
     /// A present 8-byte field, little-endian: the same bytes `bytes(_:)` writes for it.
     private mutating func word(_ value: UInt64) {
-        bytes.append(1)
-        withUnsafeBytes(of: UInt32(8).littleEndian) { bytes.append(contentsOf: $0) }
-        withUnsafeBytes(of: value.littleEndian) { bytes.append(contentsOf: $0) }
+        withUnsafeBytes(of: value.littleEndian) { field($0.assumingMemoryBound(to: UInt8.self)) }
+    }
+
+    /// A present field: the marker 1, the length as 4 bytes little-endian, the bytes. Copied
+    /// as two buffers, not byte by byte.
+    @inline(__always) private mutating func field(_ body: UnsafeBufferPointer<UInt8>) {
+        let header = (UInt64(UInt32(body.count)) << 8 | 1).littleEndian
+        withUnsafeBytes(of: header) { bytes.append(contentsOf: UnsafeRawBufferPointer(rebasing: $0[0..<5]).assumingMemoryBound(to: UInt8.self)) }
+        bytes.append(contentsOf: body)
     }
 }
 

@@ -24,7 +24,9 @@ struct SealedRow {
     var primaryDigest: [UInt8]
     var lookupDigest: [UInt8]
     var nameDigest: [UInt8]?
-    /// 1: the first release's rows (no digest binding, no padding, no version); 2: current.
+    /// 1: the first release's rows (no digest binding, no padding, no version); 2: digests,
+    /// padding and version bound, the value under an item key; 3: current, the value bound to
+    /// the sealed attributes and, for rows without access control, sealed under the class key.
     var format: Int = SealedRow.currentFormat
     /// The vault generation that wrote this row (0 for format-1 rows): unique per write.
     var version: Int = 0
@@ -35,7 +37,7 @@ struct SealedRow {
     var metadata: [UInt8]
     var secret: [UInt8]
 
-    static let currentFormat = 2
+    static let currentFormat = 3
 
     /// The integrity bucket: the first byte of the lookup digest, so a query that names a full
     /// primary key knows which bucket to check even when it finds nothing (a deleted row).
@@ -55,10 +57,19 @@ struct SealedRow {
         case data = "data"
     }
 
-    /// The associated data shared by the row's three blobs; each appends its purpose.
     /// True when the row's associated data binds its digests (format 2 and later).
     var bindsDigests: Bool { format >= 2 }
 
+    /// True when the value's associated data binds the sealed attributes' bytes (format 3 and
+    /// later): opening the value then authenticates the attributes column too, with one open.
+    var bindsAttributesToValue: Bool { format >= 3 }
+
+    /// True when the value is sealed under the class key itself, with no item key (format 3
+    /// rows without access control). An access-controlled row keeps an item key, because that
+    /// key is what the user's verification unlocks.
+    var sealsValueWithClassKey: Bool { format >= 3 && accessControl.isEmpty }
+
+    /// The associated data shared by the row's blobs; each appends its purpose.
     func associatedDataPrefix(vaultID: [UInt8]) -> FieldEncoder {
         var encoder = FieldEncoder()
         encoder.string("lockbox.item")
@@ -107,41 +118,60 @@ struct SealedRow {
             lookupDigest: Crypto.keyedDigest(PrimaryKey.encode(itemClass, attributes, includingGroup: false), key: indexKey),
             nameDigest: PrimaryKey.encodeName(itemClass, attributes).map { Crypto.keyedDigest($0, key: indexKey) },
             format: currentFormat, version: version, wrappedKey: [], metadata: [], secret: [])
-        let itemKey = Crypto.generateKey()
-        row.sealContents(itemKey: itemKey, classKey: classKey, attributes: attributes, data: data, vaultID: vaultID,
+        row.sealContents(classKey: classKey, attributes: attributes, data: data, vaultID: vaultID,
                          presencePublicKey: accessControl != nil ? presencePublicKey : nil)
         return row
     }
 
-    /// Seals the three blobs of a row whose columns are set. A format-2 row's value and
-    /// attributes are padded (``Padding``) so the file does not show their exact lengths.
+    /// Seals the blobs of a row whose columns are set, in the row's format. From format 2 the
+    /// value and attributes are padded (``Padding``) so the file does not show their exact
+    /// lengths; from format 3 the value's associated data binds the sealed attributes, and a
+    /// row without access control has no item key.
     mutating func sealContents(
-        itemKey: SecretBytes, classKey: SecretBytes, attributes: ItemAttributes, data: SecretBytes, vaultID: [UInt8],
-        presencePublicKey: [UInt8]?
+        classKey: SecretBytes, attributes: ItemAttributes, data: SecretBytes, vaultID: [UInt8], presencePublicKey: [UInt8]?
     ) {
         let prefix = associatedDataPrefix(vaultID: vaultID)
-        wrappedKey = Crypto.seal(itemKey, key: classKey, associatedData: associatedData(prefix: prefix, .itemKey))
-        if !accessControl.isEmpty, let presencePublicKey {
-            // A second lock: only the user's verification (the presence secret key) opens it.
-            wrappedKey = Crypto.seal(wrappedKey, toPublicKey: presencePublicKey)
-        }
         // Attributes are sealed with the class key, not the item key: like iOS's metadata key,
         // they can be searched whenever the class is unlocked, without asking the user for an
         // access-controlled item's key.
         let encoded = attributes.encoded()
         metadata = Crypto.seal(
             format >= 2 ? Padding.padded(encoded) : encoded, key: classKey, associatedData: associatedData(prefix: prefix, .metadata))
-        if format >= 2 {
-            secret = Crypto.seal(Padding.padded(data), key: itemKey, associatedData: associatedData(prefix: prefix, .data))
+        let valueKey: SecretBytes
+        if sealsValueWithClassKey {
+            wrappedKey = []
+            valueKey = classKey
         } else {
-            secret = Crypto.seal(data, key: itemKey, associatedData: associatedData(prefix: prefix, .data))
+            valueKey = Crypto.generateKey()
+            wrappedKey = Crypto.seal(valueKey, key: classKey, associatedData: associatedData(prefix: prefix, .itemKey))
+            if !accessControl.isEmpty, let presencePublicKey {
+                // A second lock: only the user's verification (the presence secret key) opens it.
+                wrappedKey = Crypto.seal(wrappedKey, toPublicKey: presencePublicKey)
+            }
         }
+        secret = Crypto.seal(format >= 2 ? Padding.padded(data) : data, key: valueKey, associatedData: valueAssociatedData(prefix: prefix))
     }
 
-    /// Opens the item key. Access-controlled rows need the presence key pair as well.
-    func openItemKey(
+    /// The value's associated data: from format 3 it ends with the digest of the sealed
+    /// attributes, so an edited attributes column makes the value fail to open.
+    private func valueAssociatedData(prefix: FieldEncoder) -> [UInt8] {
+        var encoder = prefix
+        encoder.string(Purpose.data.rawValue)
+        if bindsAttributesToValue { encoder.bytes(Crypto.digest(metadata)) }
+        return encoder.bytes
+    }
+
+    /// Opens the key the value is sealed under: the class key itself for a format-3 row
+    /// without access control, the row's item key otherwise. Access-controlled rows need the
+    /// presence key pair as well.
+    func openValueKey(
         classKey: SecretBytes, prefix: FieldEncoder, presence: (publicKey: [UInt8], secretKey: SecretBytes)? = nil
     ) throws(LockboxError) -> SecretBytes {
+        if sealsValueWithClassKey {
+            // No item key is ever written for such a row: one found in the file was put there.
+            guard wrappedKey.isEmpty else { throw LockboxError.integrity() }
+            return classKey
+        }
         var inner = wrappedKey
         if !accessControl.isEmpty {
             guard let presence, let opened = try? Crypto.open(wrappedKey, publicKey: presence.publicKey, secretKey: presence.secretKey) else {
@@ -175,14 +205,16 @@ struct SealedRow {
         else { throw LockboxError.integrity() }
     }
 
-    func openData(itemKey: SecretBytes, prefix: FieldEncoder) throws(LockboxError) -> SecretBytes {
-        let associatedData = associatedData(prefix: prefix, .data)
+    /// Opens the value with the key ``openValueKey(classKey:prefix:presence:)`` returned. From
+    /// format 3 this also authenticates the sealed attributes (their digest is bound).
+    func openData(valueKey: SecretBytes, prefix: FieldEncoder) throws(LockboxError) -> SecretBytes {
+        let associatedData = valueAssociatedData(prefix: prefix)
         guard format >= 2 else {
-            guard let data = try? Crypto.open(secret, key: itemKey, associatedData: associatedData) else { throw LockboxError.integrity() }
+            guard let data = try? Crypto.open(secret, key: valueKey, associatedData: associatedData) else { throw LockboxError.integrity() }
             return data
         }
         // A malformed padding is as much tampering as a wrong tag.
-        guard let data = try? Crypto.open(secret, key: itemKey, associatedData: associatedData, extracting: Padding.unpadded) else {
+        guard let data = try? Crypto.open(secret, key: valueKey, associatedData: associatedData, extracting: Padding.unpadded) else {
             throw LockboxError.integrity()
         }
         return data
@@ -204,7 +236,7 @@ struct SealedRow {
             let group = statement.text(4), let synchronizable = statement.integer(5),
             let wrappedKey = statement.blob(6), let deviceID = statement.text(9), let accessControl = statement.text(10),
             let primaryDigest = statement.blob(11), let lookupDigest = statement.blob(12),
-            let format = statement.integer(14), format == 1 || format == currentFormat, let version = statement.integer(15)
+            let format = statement.integer(14), (1...currentFormat).contains(format), let version = statement.integer(15)
         else {
             throw LockboxError.integrity()
         }

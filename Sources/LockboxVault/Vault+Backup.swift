@@ -80,9 +80,9 @@ extension Vault {
                         throw lockedError()
                     }
                     let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
-                    let itemKey = try row.openItemKey(classKey: classKey, prefix: prefix)
+                    let valueKey = try row.openValueKey(classKey: classKey, prefix: prefix)
                     let attributes = try row.openAttributes(classKey: classKey, prefix: prefix)
-                    let data = try row.openData(itemKey: itemKey, prefix: prefix)
+                    let data = try row.openData(valueKey: valueKey, prefix: prefix)
                     if row.itemClass == .key && ManagedKeyValue.isNonExtractable(data) {
                         summary.skippedNonExtractableKeys += 1
                         continue

@@ -70,7 +70,8 @@ extension Vault {
                 // does not decode the attributes: the value's and its key's associated data bind
                 // the row's digests and plain columns, so opening them proves the row is the one
                 // the digest names, as comparing the attributes would. The attributes are still
-                // authenticated, so an edited column is an error, not ignored.
+                // authenticated, so an edited column is an error, not ignored: from row format 3
+                // by the value's own open, which binds their digest.
                 let valueOnly = query.returning.contains(.data) && !query.returning.contains(.attributes)
                     && plan.residual.isEmpty && !plan.shape.isDisjoint(with: [.lookupDigest, .nameDigest])
                 for row in rows {
@@ -82,15 +83,18 @@ extension Vault {
                     let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
                     if valueOnly && row.bindsDigests {
                         guard row.itemClass == plan.itemClass else { throw LockboxError.integrity() }
-                        try row.authenticateAttributes(classKey: classKey, prefix: prefix)
+                        // An access-controlled row's attributes are checked before the user is asked.
+                        if !(row.bindsAttributesToValue && row.sealsValueWithClassKey) {
+                            try row.authenticateAttributes(classKey: classKey, prefix: prefix)
+                        }
                     } else {
                         guard let opened = try openMatching(row, plan: plan, classKey: classKey, prefix: prefix) else { continue }
                         if query.returning.contains(.attributes) { item.attributes = opened }
                     }
                     // Only the value needs the item key, and so, for an access-controlled item, the user.
                     if query.returning.contains(.data) {
-                        let itemKey = try itemKey(of: row, classKey: classKey, prefix: prefix, query: query, action: "read", state: state)
-                        item.data = try row.openData(itemKey: itemKey, prefix: prefix)
+                        let valueKey = try valueKey(of: row, classKey: classKey, prefix: prefix, query: query, action: "read", state: state)
+                        item.data = try row.openData(valueKey: valueKey, prefix: prefix)
                         if row.itemClass == .key && !releasingKeyMaterial, let data = item.data, ManagedKeyValue.isNonExtractable(data) {
                             throw ManagedKeyValue.refusal
                         }
@@ -128,12 +132,12 @@ extension Vault {
                     }
                     let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
                     guard var attributes = try openMatching(row, plan: plan, classKey: classKey, prefix: prefix) else { continue }
-                    let itemKey = try itemKey(of: row, classKey: classKey, prefix: prefix, query: query, action: "update", state: state)
+                    let valueKey = try valueKey(of: row, classKey: classKey, prefix: prefix, query: query, action: "update", state: state)
                     let data: SecretBytes
                     if let replacement = update.data {
                         data = replacement
                     } else {
-                        data = try row.openData(itemKey: itemKey, prefix: prefix)
+                        data = try row.openData(valueKey: valueKey, prefix: prefix)
                     }
                     attributes.apply(update.attributes)
                     attributes.creationDate = attributes.creationDate ?? currentDate()
@@ -262,17 +266,17 @@ extension Vault {
 
     // MARK: Opening rows
 
-    /// The item key of `row`. Access-controlled rows first ask the user (through the
-    /// query's authentication context): the verification yields the key that opens the row,
-    /// it is not a flag.
-    func itemKey(
+    /// The key `row`'s value is sealed under. Access-controlled rows first ask the user
+    /// (through the query's authentication context): the verification yields the key that
+    /// opens the row, it is not a flag.
+    func valueKey(
         of row: SealedRow, classKey: SecretBytes, prefix: FieldEncoder, query: Query, action: String, state: State
     ) throws(LockboxError) -> SecretBytes {
         var presence: (publicKey: [UInt8], secretKey: SecretBytes)?
         if !row.accessControl.isEmpty {
             presence = try presenceKeys(for: row, query: query, action: action, state: state)
         }
-        return try row.openItemKey(classKey: classKey, prefix: prefix, presence: presence)
+        return try row.openValueKey(classKey: classKey, prefix: prefix, presence: presence)
     }
 
     private func presenceKeys(

@@ -16,20 +16,21 @@ extension Vault {
     }
 
     /// Reseals `row` from `oldKey` to `newKey` in the current row format at `version`, with a
-    /// fresh item key (an upgrade, a key rotation). Access-controlled rows need `presence`.
+    /// fresh item key where that format has one (an upgrade, a key rotation). Access-controlled
+    /// rows need `presence`.
     func reseal(
         _ row: SealedRow, from oldKey: SecretBytes, to newKey: SecretBytes,
         presence: (publicKey: [UInt8], secretKey: SecretBytes)?, header: VaultHeader, version: Int, in database: Database
     ) throws(LockboxError) {
         let prefix = row.associatedDataPrefix(vaultID: header.vaultID)
-        let itemKey = try row.openItemKey(classKey: oldKey, prefix: prefix, presence: presence)
+        let valueKey = try row.openValueKey(classKey: oldKey, prefix: prefix, presence: presence)
         let attributes = try row.openAttributes(classKey: oldKey, prefix: prefix)
-        let data = try row.openData(itemKey: itemKey, prefix: prefix)
+        let data = try row.openData(valueKey: valueKey, prefix: prefix)
         var next = row
         next.format = SealedRow.currentFormat
         next.version = version
         next.sealContents(
-            itemKey: Crypto.generateKey(), classKey: newKey, attributes: attributes, data: data, vaultID: header.vaultID,
+            classKey: newKey, attributes: attributes, data: data, vaultID: header.vaultID,
             presencePublicKey: row.accessControl.isEmpty ? nil : header.presencePublicKey)
         let update = try database.statement(
             "UPDATE items SET wrapped_key = ?, metadata = ?, secret = ?, format = ?, version = ?, bucket = ? WHERE rowid = ?")

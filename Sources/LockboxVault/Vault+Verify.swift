@@ -82,7 +82,7 @@ extension Vault {
                         let attributes = try row.openAttributes(classKey: classKey, prefix: prefix)
                         // The value too, where no user verification is needed to reach it.
                         if row.accessControl.isEmpty {
-                            _ = try row.openData(itemKey: try row.openItemKey(classKey: classKey, prefix: prefix), prefix: prefix)
+                            _ = try row.openData(valueKey: try row.openValueKey(classKey: classKey, prefix: prefix), prefix: prefix)
                         }
                         if report.generation != nil, !row.isInItsBucket { failed += 1 }
                         if let indexKey = try state.keys.indexKey(for: row.itemClass),

@@ -167,6 +167,14 @@ package enum Crypto {
         return digest
     }
 
+    /// BLAKE2b-256 of public bytes (a ciphertext another blob's associated data binds).
+    package static func digest(_ input: [UInt8]) -> [UInt8] {
+        ensureInitialized()
+        var digest = [UInt8](repeating: 0, count: 32)
+        _ = crypto_generichash(&digest, 32, input, UInt64(input.count), nil, 0)
+        return digest
+    }
+
     /// Keyed BLAKE2b-256 of a secret input, read in place from its guarded memory.
     package static func keyedDigest(_ input: SecretBytes, key: SecretBytes) -> [UInt8] {
         ensureInitialized()

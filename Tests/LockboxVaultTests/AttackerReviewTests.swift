@@ -461,7 +461,7 @@ struct AttackerReviewTests {
             deviceID: "", accessControl: nil, presencePublicKey: nil, version: 0)
         row.format = 1
         row.sealContents(
-            itemKey: Crypto.generateKey(), classKey: forgedClassKey,
+            classKey: forgedClassKey,
             attributes: ItemAttributes(service: "svcA", account: "alice", accessibility: .always, accessGroup: Vault.defaultAccessGroup),
             data: SecretBytes(utf8: "forged"), vaultID: header.vaultID, presencePublicKey: nil)
         let insert = try database.statement(
@@ -527,7 +527,7 @@ struct AttackerReviewTests {
         var row = try SealedRow.read(from: rows)
         rows.reset()
         row.sealContents(
-            itemKey: Crypto.generateKey(), classKey: forgedClassKey,
+            classKey: forgedClassKey,
             attributes: ItemAttributes(service: "svcT", account: "tdo", accessibility: .alwaysThisDeviceOnly, accessGroup: Vault.defaultAccessGroup),
             data: SecretBytes(utf8: "forged"), vaultID: header.vaultID, presencePublicKey: nil)
         let write = try database.statement("UPDATE items SET wrapped_key = ?, metadata = ?, secret = ?, bucket = 999 WHERE rowid = ?")

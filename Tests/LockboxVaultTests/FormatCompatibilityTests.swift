@@ -103,6 +103,19 @@ struct FormatCompatibilityTests {
 
         try vault.update(matching: .genericPassword(service: "svc.v2", account: "ivan"), to: ItemUpdate(data: SecretBytes(utf8: "at-v3")))
         #expect(try storedRecord(vault) == (3, 0, 16))
+        // The updated row is resealed in row format 3 (its value under the class key, bound to
+        // its attributes); the others stay in format 2 and read as they are.
+        let rowFormats = try vault.withDatabase { database throws(LockboxError) in
+            let statement = try database.statement("SELECT format, count(*), sum(length(wrapped_key) = 0) FROM items GROUP BY format ORDER BY format")
+            var counts: [[Int]] = []
+            while try statement.step() { counts.append([statement.integer(0) ?? 0, statement.integer(1) ?? 0, statement.integer(2) ?? 0]) }
+            return counts
+        }
+        #expect(rowFormats.count == 2 && rowFormats.last == [3, 1, 1] && rowFormats.first?.first == 2 && rowFormats.first?.last == 0)
+        #expect(try vault.data(matching: .genericPassword(service: "svc.example", account: "bob")) == SecretBytes(utf8: "changed-at-v2"))
+        var presence = Query.genericPassword(service: "svc.presence", account: "frank")
+        presence.authenticationContext = AuthenticationContext(verifier: ScriptedVerifier(.passphrase("fixture-passphrase-v1")))
+        #expect(try vault.data(matching: presence) == SecretBytes(utf8: "presence"))
         #expect(try vault.status().generation == 4)
         // Another handle (another process) reads the converted file, and writes go on there.
         let other = try Vault.open(at: copy.path, configuration: copy.configuration)
@@ -153,7 +166,8 @@ struct FormatCompatibilityTests {
             while try statement.step() { formats.append(statement.integer(0) ?? 0) }
             return formats
         }
-        #expect(formats == [2])
+        // The upgrade reseals every row in the current row format.
+        #expect(formats == [3])
         #expect(try vault.status().generation != nil)
         // Another handle (another process) reads it too, and writes go on.
         let other = try Vault.open(at: copy.path, configuration: copy.configuration)

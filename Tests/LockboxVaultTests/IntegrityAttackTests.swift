@@ -153,7 +153,7 @@ struct IntegrityAttackTests {
         rows.reset()
         let attributes = ItemAttributes(service: "svcC", account: "carol")
         row.sealContents(
-            itemKey: Crypto.generateKey(), classKey: forgedClassKey, attributes: attributes, data: SecretBytes(utf8: "forged"),
+            classKey: forgedClassKey, attributes: attributes, data: SecretBytes(utf8: "forged"),
             vaultID: header.vaultID, presencePublicKey: nil)
         let write = try database.statement("UPDATE items SET wrapped_key = ?, metadata = ?, secret = ? WHERE rowid = 3")
         write.bind(1, row.wrappedKey)

@@ -62,11 +62,66 @@ struct TamperTests {
         #expect(readStatus(fixture.vault, returning: [.data]) == -26275)
     }
 
+    /// Two access-controlled items: their rows keep a wrapped item key (the one the user's
+    /// verification unlocks), which rows without access control no longer have.
+    func makeTamperedAccessControlledVault(_ edit: (Database) throws -> Void) throws -> VaultFixture {
+        let fixture = try VaultFixture()
+        for (account, secret) in [("alice", "alice-secret"), ("bob", "bob-secret")] {
+            var item = Item.genericPassword(service: "svc", account: account, data: SecretBytes(utf8: secret))
+            item.accessControl = .userPresence
+            try fixture.vault.add(item)
+        }
+        let database = try Database(path: fixture.path, create: false)
+        try edit(database)
+        return fixture
+    }
+
+    func readVerifiedStatus(_ vault: Vault, account: String = "alice") -> Int32? {
+        var query = Query.genericPassword(service: "svc", account: account)
+        query.authenticationContext = AuthenticationContext(verifier: ScriptedVerifier(.passphrase(VaultFixture.passphraseText)))
+        do {
+            let data = try vault.data(matching: query)
+            Issue.record("a tampered item was returned: \(data)")
+            return 0
+        } catch {
+            return error.status
+        }
+    }
+
     @Test("a flipped wrapped item key fails with errSecDecode", arguments: [0, 30, -1])
     func flippedWrappedKey_failsWithDecode(offset: Int) throws {
-        let fixture = try makeTamperedVault { try flipByte("wrapped_key", at: offset, in: $0) }
-        #expect(readStatus(fixture.vault) == -26275)
+        let fixture = try makeTamperedAccessControlledVault { try flipByte("wrapped_key", at: offset, in: $0) }
+        #expect(readVerifiedStatus(fixture.vault) == -26275)
+        // The untouched neighbour still reads with the user's verification.
+        var query = Query.genericPassword(service: "svc", account: "bob")
+        query.authenticationContext = AuthenticationContext(verifier: ScriptedVerifier(.passphrase(VaultFixture.passphraseText)))
+        #expect(try fixture.vault.data(matching: query) == SecretBytes(utf8: "bob-secret"))
+    }
+
+    @Test("a wrapped item key moved to another access-controlled row fails with errSecDecode")
+    func wrappedKeyMovedToAnotherRow_failsWithDecode() throws {
+        let fixture = try makeTamperedAccessControlledVault { database in
+            try database.execute("UPDATE items SET wrapped_key = (SELECT wrapped_key FROM items WHERE rowid = 1) WHERE rowid = 2")
+        }
+        #expect(readVerifiedStatus(fixture.vault, account: "bob") == -26275)
+    }
+
+    @Test("an item key planted in a row sealed under its class key fails with errSecDecode")
+    func plantedItemKey_failsWithDecode() throws {
+        let fixture = try makeTamperedVault { database in
+            // Rows without access control have no item key: their value is sealed under the class key.
+            #expect(try database.firstRow("SELECT length(wrapped_key) FROM items WHERE rowid = 1") { $0.integer(0) } == 0)
+            try database.execute("UPDATE items SET wrapped_key = randomblob(72) WHERE rowid = 1")
+        }
         #expect(readStatus(fixture.vault, returning: [.data]) == -26275)
+        #expect(readStatus(fixture.vault) == -26275)
+    }
+
+    @Test("a value read alone fails with errSecDecode when only the attributes column was edited", arguments: [0, 30, -1])
+    func valueReadAlone_failsWhenAttributesEdited(offset: Int) throws {
+        let fixture = try makeTamperedVault { try flipByte("metadata", at: offset, in: $0) }
+        #expect(status { _ = try fixture.vault.data(matching: .genericPassword(service: "svc", account: "alice")) } == -26275)
+        #expect(try fixture.vault.data(matching: .genericPassword(service: "svc", account: "bob")) == SecretBytes(utf8: "bob-secret"))
     }
 
     @Test("flipped sealed metadata fails with errSecDecode", arguments: [0, 30, -1])
@@ -75,7 +130,7 @@ struct TamperTests {
         #expect(readStatus(fixture.vault, returning: [.attributes]) == -26275)
     }
 
-    @Test("a blob moved to another row fails with errSecDecode", arguments: ["secret", "wrapped_key", "metadata"])
+    @Test("a blob moved to another row fails with errSecDecode", arguments: ["secret", "metadata"])
     func blobMovedToAnotherRow_failsWithDecode(column: String) throws {
         let fixture = try makeTamperedVault { database in
             try database.execute("UPDATE items SET \(column) = (SELECT \(column) FROM items WHERE rowid = 1) WHERE rowid = 2")

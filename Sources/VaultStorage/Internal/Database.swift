@@ -11,7 +11,7 @@ import Glibc
 /// file: writes take `BEGIN IMMEDIATE` and wait up to the busy timeout for each other.
 package final class Database {
     private let handle: OpaquePointer
-    private var statements: [String: Statement] = [:]
+    private var statements: [StatementKey: Statement] = [:]
     /// The file, for messages.
     package let path: String
     /// Injected storage faults, for the fault-injection campaign.
@@ -67,7 +67,7 @@ package final class Database {
 
     /// A prepared statement, cached by its SQL text and reset for reuse.
     package func statement(_ sql: String) throws(LockboxError) -> Statement {
-        if let cached = statements[sql] {
+        if let cached = statements[StatementKey(sql)] {
             cached.reset()
             return cached
         }
@@ -78,8 +78,26 @@ package final class Database {
                 code: result, message: String(cString: sqlite3_errmsg(handle)), path: path, operation: "sqlite3_prepare_v3")
         }
         let statement = Statement(raw, database: self)
-        statements[sql] = statement
+        statements[StatementKey(sql)] = statement
         return statement
+    }
+
+    /// A statement cache key that hashes the text's length and its last bytes only (where the
+    /// vault's statements differ), not the whole text: a lookup runs several times per read
+    /// and write. Equality still compares the whole text.
+    private struct StatementKey: Hashable {
+        let sql: String
+
+        init(_ sql: String) { self.sql = sql }
+
+        func hash(into hasher: inout Hasher) {
+            let utf8 = sql.utf8
+            hasher.combine(utf8.count)
+            let hashed: Void? = utf8.withContiguousStorageIfAvailable { text in
+                hasher.combine(bytes: UnsafeRawBufferPointer(UnsafeBufferPointer(rebasing: text[max(0, text.count - 32)...])))
+            }
+            if hashed == nil { for byte in utf8.suffix(32) { hasher.combine(byte) } }
+        }
     }
 
     /// Resets every statement stepped since the last reset, ending any read snapshot a partly
