@@ -167,6 +167,19 @@ struct LockStateTests {
         #expect(clock.sleeps.count == 3)
     }
 
+    @Test("on the real clock the fourth failed passphrase really waits its second before answering")
+    func failedUnlocks_reallyWaitOnTheSystemClock() throws {
+        // The default clock: what the CLI and every application get.
+        let fixture = try VaultFixture { $0.unlockCache = .processMemory }
+        let wrong = SecretBytes(utf8: "wrong guess")
+        for _ in 0..<3 { #expect(status { try fixture.vault.unlock(passphrase: wrong) } == -25293) }
+        let started = ContinuousClock.now
+        #expect(status { try fixture.vault.unlock(passphrase: wrong) } == -25293)
+        let waited = ContinuousClock.now - started
+        #expect(waited >= .seconds(1), "the fourth attempt answered after \(waited)")
+        #expect(try fixture.vault.status().failedUnlockAttempts == 4)
+    }
+
     @Test("afterFirstUnlock items stay readable after lock and lock at reboot")
     func afterFirstUnlockItems_surviveLockButNotReboot() throws {
         let fixture = try VaultFixture()
