@@ -453,13 +453,14 @@ extension Vault {
             arguments.append(.blob(Array(reference)))
             selective = .blob(Array(reference))
         }
-        let usesDigest = PrimaryKey.isComplete(query.itemClass, residual) || PrimaryKey.encodeName(query.itemClass, residual) != nil
-        let indexKey = usesDigest ? try state.keys.indexKey(for: query.itemClass) : nil
-        if usesDigest && indexKey == nil {
+        let complete = PrimaryKey.isComplete(query.itemClass, residual)
+        let name = complete ? nil : PrimaryKey.encodeName(query.itemClass, residual)
+        let indexKey = complete || name != nil ? try state.keys.indexKey(for: query.itemClass) : nil
+        if (complete || name != nil) && indexKey == nil {
             // Before the first unlock there is no lookup index: only `always` items, whose keys
             // need no unlock, can be searched, by their sealed attributes.
             shape.insert(.alwaysOnly)
-        } else if let indexKey, PrimaryKey.isComplete(query.itemClass, residual) {
+        } else if let indexKey, complete {
             shape.insert(.lookupDigest)
             let digest = Crypto.keyedDigest(PrimaryKey.encode(query.itemClass, residual, includingGroup: false), key: indexKey)
             arguments.append(.blob(digest))
@@ -468,7 +469,7 @@ extension Vault {
             covered = residual.primaryKeyOnly(of: query.itemClass)
             coveredFields = ItemAttributes.primaryKeyFields(of: query.itemClass)
             residual.clearPrimaryKey(of: query.itemClass)
-        } else if let indexKey, let name = PrimaryKey.encodeName(query.itemClass, residual) {
+        } else if let indexKey, let name {
             shape.insert(.nameDigest)
             let digest = Crypto.keyedDigest(name, key: indexKey)
             arguments.append(.blob(digest))

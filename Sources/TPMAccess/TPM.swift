@@ -103,31 +103,13 @@ package final class TPM: Sendable {
             template.publicArea.parameters.eccDetail.scheme.details.ecdsa.hashAlg = Constant.algorithmSHA256
             template.publicArea.parameters.eccDetail.curveID = Constant.curveP256
             template.publicArea.parameters.eccDetail.kdf.scheme = Constant.algorithmNull
-            var outsideInfo = TPM2B_DATA()
-            var creationPCR = TPML_PCR_SELECTION()
-            var outPrivate: UnsafeMutablePointer<TPM2B_PRIVATE>?
-            var outPublic: UnsafeMutablePointer<TPM2B_PUBLIC>?
-            var creationData: UnsafeMutablePointer<TPM2B_CREATION_DATA>?
-            var creationHash: UnsafeMutablePointer<TPM2B_DIGEST>?
-            var creationTicket: UnsafeMutablePointer<TPMT_TK_CREATION>?
-            let result = Self.tss2.Esys_Create(
-                connection.esys, parent, Constant.password, Constant.none, Constant.none, &sensitive, &template, &outsideInfo,
-                &creationPCR, &outPrivate, &outPublic, &creationData, &creationHash, &creationTicket)
-            defer {
-                Self.tss2.Esys_Free(outPrivate)
-                Self.tss2.Esys_Free(outPublic)
-                Self.tss2.Esys_Free(creationData)
-                Self.tss2.Esys_Free(creationHash)
-                Self.tss2.Esys_Free(creationTicket)
-            }
-            try check(result, "Esys_Create", &connection)
-            guard let outPrivate, let outPublic else { throw Self.failure("Esys_Create returned no key") }
-            let point = outPublic.pointee.publicArea.unique.ecc
+            let (outPublic, outPrivate) = try create(under: parent, sensitive: &sensitive, template: &template, "key", &connection)
+            let point = outPublic.publicArea.unique.ecc
             let x = Self.bytes(of: point.x)
             let y = Self.bytes(of: point.y)
             guard x.count <= 32, y.count <= 32 else { throw Self.failure("the TPM returned a point that is not P-256") }
             let publicKey = [0x04] + [UInt8](repeating: 0, count: 32 - x.count) + x + [UInt8](repeating: 0, count: 32 - y.count) + y
-            return (try Self.marshal(public: outPublic.pointee, private: outPrivate.pointee), publicKey)
+            return (try Self.marshal(public: outPublic, private: outPrivate), publicKey)
         }
     }
 
@@ -230,26 +212,8 @@ package final class TPM: Sendable {
                 withUnsafeMutableBytes(of: &sensitive.sensitive.data.buffer) { $0.copyMemory(from: bytes) }
             }
             defer { withUnsafeMutableBytes(of: &sensitive) { sodiumStyleWipe($0) } }
-            var outsideInfo = TPM2B_DATA()
-            var creationPCR = TPML_PCR_SELECTION()
-            var outPrivate: UnsafeMutablePointer<TPM2B_PRIVATE>?
-            var outPublic: UnsafeMutablePointer<TPM2B_PUBLIC>?
-            var creationData: UnsafeMutablePointer<TPM2B_CREATION_DATA>?
-            var creationHash: UnsafeMutablePointer<TPM2B_DIGEST>?
-            var creationTicket: UnsafeMutablePointer<TPMT_TK_CREATION>?
-            let result = Self.tss2.Esys_Create(
-                connection.esys, parent, Constant.password, Constant.none, Constant.none, &sensitive, &template, &outsideInfo,
-                &creationPCR, &outPrivate, &outPublic, &creationData, &creationHash, &creationTicket)
-            defer {
-                Self.tss2.Esys_Free(outPrivate)
-                Self.tss2.Esys_Free(outPublic)
-                Self.tss2.Esys_Free(creationData)
-                Self.tss2.Esys_Free(creationHash)
-                Self.tss2.Esys_Free(creationTicket)
-            }
-            try check(result, "Esys_Create", &connection)
-            guard let outPrivate, let outPublic else { throw Self.failure("Esys_Create returned no sealed object") }
-            let blob = try Self.marshal(public: outPublic.pointee, private: outPrivate.pointee)
+            let (outPublic, outPrivate) = try create(under: parent, sensitive: &sensitive, template: &template, "sealed object", &connection)
+            let blob = try Self.marshal(public: outPublic, private: outPrivate)
             return [UInt8(pcrs.count)] + pcrs.map(UInt8.init) + blob
         }
     }
@@ -423,6 +387,34 @@ package final class TPM: Sendable {
     }
 
     /// Failures below the TPM itself: the TCTI (socket, device) or ESAPI's own I/O.
+    /// `Esys_Create` of an object under `parent`: its public and private parts, copied out of
+    /// the TPM library's buffers (which are freed here with everything else it returned).
+    private func create(
+        under parent: ESYS_TR, sensitive: inout TPM2B_SENSITIVE_CREATE, template: inout TPM2B_PUBLIC, _ what: String,
+        _ connection: inout Connection
+    ) throws(LockboxError) -> (TPM2B_PUBLIC, TPM2B_PRIVATE) {
+        var outsideInfo = TPM2B_DATA()
+        var creationPCR = TPML_PCR_SELECTION()
+        var outPrivate: UnsafeMutablePointer<TPM2B_PRIVATE>?
+        var outPublic: UnsafeMutablePointer<TPM2B_PUBLIC>?
+        var creationData: UnsafeMutablePointer<TPM2B_CREATION_DATA>?
+        var creationHash: UnsafeMutablePointer<TPM2B_DIGEST>?
+        var creationTicket: UnsafeMutablePointer<TPMT_TK_CREATION>?
+        let result = Self.tss2.Esys_Create(
+            connection.esys, parent, Constant.password, Constant.none, Constant.none, &sensitive, &template, &outsideInfo,
+            &creationPCR, &outPrivate, &outPublic, &creationData, &creationHash, &creationTicket)
+        defer {
+            Self.tss2.Esys_Free(outPrivate)
+            Self.tss2.Esys_Free(outPublic)
+            Self.tss2.Esys_Free(creationData)
+            Self.tss2.Esys_Free(creationHash)
+            Self.tss2.Esys_Free(creationTicket)
+        }
+        try check(result, "Esys_Create", &connection)
+        guard let outPrivate, let outPublic else { throw Self.failure("Esys_Create returned no \(what)") }
+        return (outPublic.pointee, outPrivate.pointee)
+    }
+
     private static func isTransportFailure(_ result: TSS2_RC) -> Bool {
         let layer = result >> 16
         // TSS2_TCTI_RC_LAYER (10), and ESAPI's I/O and try-again errors.
