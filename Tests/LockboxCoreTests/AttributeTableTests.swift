@@ -1,4 +1,5 @@
 import Foundation
+import LockboxTestSupport
 import Testing
 
 @testable import LockboxCore
@@ -6,18 +7,7 @@ import Testing
 /// Two different values of `kind` for the attribute `name` (`variant` 0 or 1), so that every
 /// row of the table gets a test value without a hand-written list.
 func sampleValue(_ kind: AttributeKind, for name: String, variant: Int = 0) -> AttributeValue {
-    switch kind {
-    case .text: .text("\(name) \(variant)")
-    case .bytes: .bytes(Data(name.utf8) + [0, 0xFF, UInt8(variant)])
-    case .integer: .integer(name.count * 100 + variant)
-    case .date: .date(Date(timeIntervalSince1970: 1_700_000_000.5 + Double(name.count * 100 + variant)))
-    case .flag: .flag(variant == 0)
-    case .accessibility: .text((variant == 0 ? Accessibility.afterFirstUnlock : .whenUnlockedThisDeviceOnly).rawValue)
-    case .internetProtocol: .text((variant == 0 ? InternetProtocol.https : InternetProtocol(rawValue: "gphr")).rawValue)
-    case .authenticationType: .text((variant == 0 ? AuthenticationType.htmlForm : .ntlm).rawValue)
-    case .keyClass: .text((variant == 0 ? KeyClass.private : .symmetric).rawValue)
-    case .keyType: .text((variant == 0 ? KeyType.ecSECPrimeRandom : .ed25519).rawValue)
-    }
+    AttributeSamples.value(kind, for: name, variant: variant)
 }
 
 /// Attributes with only `field` set, to its sample value.
@@ -74,33 +64,7 @@ struct AttributeTableTests {
 
     /// The sealed encoding of this value, captured from the hand-written encoder the table
     /// replaced: existing vault files hold these bytes, so they must never change.
-    static var fullyPopulated: ItemAttributes {
-        var attributes = ItemAttributes(
-            service: "svc", account: "acct", label: "Label", accessibility: .afterFirstUnlockThisDeviceOnly, accessGroup: "group")
-        attributes.comment = "comment"
-        attributes.itemDescription = "description"
-        attributes.generic = Data([0x00, 0x01, 0xFE, 0xFF])
-        attributes.creationDate = Date(timeIntervalSince1970: 1_700_000_000.25)
-        attributes.modificationDate = Date(timeIntervalSince1970: 1_700_000_123.5)
-        attributes.synchronizable = true
-        attributes.server = "example.org"
-        attributes.protocol = .https
-        attributes.port = 8443
-        attributes.path = "/path"
-        attributes.securityDomain = "realm"
-        attributes.authenticationType = .httpDigest
-        attributes.keyClass = .private
-        attributes.keyType = .ecSECPrimeRandom
-        attributes.keySizeInBits = 256
-        attributes.effectiveKeySize = -1
-        attributes.applicationTag = Data("tag".utf8)
-        attributes.applicationLabel = Data([0xAA, 0xBB])
-        attributes.certificateType = 3
-        attributes.subject = Data([0x30, 0x01])
-        attributes.issuer = Data([0x30, 0x02])
-        attributes.serialNumber = Data([0x05])
-        return attributes
-    }
+    static var fullyPopulated: ItemAttributes { AttributeSamples.fullyPopulated }
 
     static let fullyPopulatedEncoding = """
         01010000000101050000004c6162656c0107000000636f6d6d656e74010b0000006465736372697074696f6e01040000

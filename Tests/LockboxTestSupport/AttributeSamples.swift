@@ -29,4 +29,34 @@ package enum AttributeSamples {
         }
         return attributes
     }
+
+    /// Every attribute set, with values whose encodings tests pin (the sealed encoding, the
+    /// Secret Service names): existing files hold those bytes, so the values must never change.
+    package static var fullyPopulated: ItemAttributes {
+        var attributes = ItemAttributes(
+            service: "svc", account: "acct", label: "Label", accessibility: .afterFirstUnlockThisDeviceOnly, accessGroup: "group")
+        attributes.comment = "comment"
+        attributes.itemDescription = "description"
+        attributes.generic = Data([0x00, 0x01, 0xFE, 0xFF])
+        attributes.creationDate = Date(timeIntervalSince1970: 1_700_000_000.25)
+        attributes.modificationDate = Date(timeIntervalSince1970: 1_700_000_123.5)
+        attributes.synchronizable = true
+        attributes.server = "example.org"
+        attributes.protocol = .https
+        attributes.port = 8443
+        attributes.path = "/path"
+        attributes.securityDomain = "realm"
+        attributes.authenticationType = .httpDigest
+        attributes.keyClass = .private
+        attributes.keyType = .ecSECPrimeRandom
+        attributes.keySizeInBits = 256
+        attributes.effectiveKeySize = -1
+        attributes.applicationTag = Data("tag".utf8)
+        attributes.applicationLabel = Data([0xAA, 0xBB])
+        attributes.certificateType = 3
+        attributes.subject = Data([0x30, 0x01])
+        attributes.issuer = Data([0x30, 0x02])
+        attributes.serialNumber = Data([0x05])
+        return attributes
+    }
 }
