@@ -6,25 +6,11 @@ import Testing
 /// The attacker review's findings through the programs users run: the file attacker edits the
 /// keychain with the sqlite3 command-line tool between two `lockbox` calls.
 @Suite("Attacker review: lockbox against an edited keychain file", .serialized)
-struct AttackerReviewCommandLineTests {
+struct AttackerReviewCommandLineTests: EditedKeychainSuite {
     let binary = builtProduct("lockbox")
     let directory = TemporaryDirectory("lockbox-cli-review")
     var keychain: String { directory.file("keychains/r.lockbox") }
-
-    func lockbox(_ arguments: [String], input: String = "") throws -> ProcessResult {
-        try run(binary, ["--keychain", keychain] + arguments, input: Array(input.utf8))
-    }
-
-    func sqlite(_ sql: String) throws {
-        let result = try run("/usr/bin/sqlite3", [keychain, sql])
-        #expect(result.status == 0, "sqlite3 (Debian's sqlite3 package) failed: \(result.standardError)")
-    }
-
-    func prepared() throws {
-        #expect(try lockbox(["init", "--passphrase-stdin", "--kdf", "interactive"], input: "review passphrase\n").status == 0)
-        #expect(try lockbox(["add-generic-password", "-s", "svcA", "-a", "alice"], input: "alice-canary-1\n").status == 0)
-        #expect(try lockbox(["add-generic-password", "-s", "svcB", "-a", "bob"], input: "bob-canary-2\n").status == 0)
-    }
+    let passphrase = "review passphrase"
 
     static let columns =
         "id, item_class, accessibility, access_group, synchronizable, device_id, access_control, primary_digest, "

@@ -6,25 +6,11 @@ import Testing
 /// The attacks of the vault's integrity tests, through the programs users run: the file is
 /// edited with the sqlite3 command-line tool between two `lockbox` calls.
 @Suite("lockbox against an edited keychain file", .serialized)
-struct TamperCommandLineTests {
+struct TamperCommandLineTests: EditedKeychainSuite {
     let binary = builtProduct("lockbox")
     let directory = TemporaryDirectory("lockbox-cli-tamper")
     var keychain: String { directory.file("keychains/t.lockbox") }
-
-    func lockbox(_ arguments: [String], input: String = "") throws -> ProcessResult {
-        try run(binary, ["--keychain", keychain] + arguments, input: Array(input.utf8))
-    }
-
-    func sqlite(_ sql: String) throws {
-        let result = try run("/usr/bin/sqlite3", [keychain, sql])
-        #expect(result.status == 0, "sqlite3 (Debian's sqlite3 package) failed: \(result.standardError)")
-    }
-
-    func prepared() throws {
-        #expect(try lockbox(["init", "--passphrase-stdin", "--kdf", "interactive"], input: "tamper passphrase\n").status == 0)
-        #expect(try lockbox(["add-generic-password", "-s", "svcA", "-a", "alice"], input: "alice-canary-1\n").status == 0)
-        #expect(try lockbox(["add-generic-password", "-s", "svcB", "-a", "bob"], input: "bob-canary-2\n").status == 0)
-    }
+    let passphrase = "tamper passphrase"
 
     @Test("digests swapped with sqlite3: find -w exits 1 with -26275 and prints no one's secret; verify reports it")
     func swappedDigests_findFailsClosed() throws {
