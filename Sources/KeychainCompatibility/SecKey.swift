@@ -476,15 +476,9 @@ public func SecKeyCreateDecryptedData(
         guard case .ecies(let hash, let variableIV) = algorithm.kind, key.algorithm == .p256, key.isPrivate else {
             throw LockboxError(.param, "\(algorithm.rawValue) is not an ECIES algorithm this key can decrypt with.")
         }
-        let bytes = Array(ciphertext as Data)
-        guard bytes.count >= P256.publicKeyByteCount + GCMWithDerivedIV.tagByteCount else {
-            throw LockboxError(.decode, "The ciphertext is too short to be an ECIES message.")
+        let plaintext = try ECIES.open(Array(ciphertext as Data), hash: hash, variableIV: variableIV) { (point) throws(LockboxError) in
+            try key.sharedSecret(with: try PublicKey(x963Representation: Data(point)))
         }
-        let ephemeralPoint = Array(bytes[0..<P256.publicKeyByteCount])
-        let ephemeral = try PublicKey(x963Representation: Data(ephemeralPoint))
-        let shared = try key.sharedSecret(with: ephemeral)
-        let (aesKey, iv) = ECIES.keyAndIV(shared, ephemeralPoint: ephemeralPoint, hash: hash, variableIV: variableIV)
-        let plaintext = try GCMWithDerivedIV.open(Array(bytes[P256.publicKeyByteCount...]), key: aesKey, iv: iv)
         return plaintext.withUnsafeBytes { NSData(bytes: $0.baseAddress, length: $0.count) }
     }
 }
@@ -526,21 +520,6 @@ extension SecKey {
         case .stored(let managed):
             return try managed.sharedSecret(with: peer, context: context)
         }
-    }
-}
-
-/// Apple's ECIES key schedule (SecKey.h, `kSecKeyAlgorithmECIESEncryption...`).
-enum ECIES {
-    /// The AES key (16 bytes for P-256) and IV: zero, or the 16 bytes after the key in the KDF's output.
-    static func keyAndIV(_ shared: SecretBytes, ephemeralPoint: [UInt8], hash: HashFunction, variableIV: Bool) -> (SecretBytes, [UInt8]) {
-        let keyCount = 16
-        guard variableIV else {
-            return (hash.x963(shared, sharedInfo: ephemeralPoint, count: keyCount), [UInt8](repeating: 0, count: 16))
-        }
-        let both = hash.x963(shared, sharedInfo: ephemeralPoint, count: keyCount + 16)
-        let key = both.withUnsafeBytes { SecretBytes(copying: $0[0..<keyCount]) }
-        let iv = both.withUnsafeBytes { Array($0[keyCount...]) }
-        return (key, iv)
     }
 }
 
