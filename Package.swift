@@ -290,7 +290,7 @@ let package = Package(
             swiftSettings: strict),
         .testTarget(
             name: "LockboxBrokerTests",
-            dependencies: ["LockboxBroker", "Lockbox", "LockboxVault", "LockboxKeys", "LockboxTestSupport"],
+            dependencies: ["LockboxBroker", "Lockbox", "LockboxVault", "LockboxKeys", "KeychainCompatibility", "LockboxTestSupport"],
             swiftSettings: strict),
         .testTarget(
             name: "LockboxBrokerIdentityTests", dependencies: ["LockboxBrokerIdentity", "LockboxTestSupport"],

@@ -10,7 +10,8 @@ import LockboxCore
 /// ``maximumReplyBytes``): a longer length is refused before anything is read.
 package enum BrokerProtocol {
     /// This release's protocol version. 2 added ``Operation/authenticate``,
-    /// ``Operation/decrypt`` and ``Operation/stop``, and challenges in error replies.
+    /// ``Operation/decrypt``, ``Operation/encrypt`` and ``Operation/stop``, and challenges in
+    /// error replies.
     package static let version = 2
     /// The oldest client version this broker serves.
     package static let oldestServedVersion = 1
@@ -41,6 +42,8 @@ package enum BrokerProtocol {
         case decrypt = 13
         /// Stops the broker once the requests being answered are done.
         case stop = 14
+        /// Data encrypted inside the broker with a non-extractable AES-256-GCM key.
+        case encrypt = 15
     }
 
     /// What an error reply asks of the client, after its message: the user's passphrase, to

@@ -6,7 +6,8 @@ import LockboxVault
 /// executable that links the key API provides them, so that clients never load it.
 package protocol BrokerKeyOperations: Sendable {
     /// Handles ``BrokerProtocol/Operation/generateKey``, ``BrokerProtocol/Operation/sign``,
-    /// ``BrokerProtocol/Operation/decrypt`` and ``BrokerProtocol/Operation/publicKey``; returns
+    /// ``BrokerProtocol/Operation/encrypt``, ``BrokerProtocol/Operation/decrypt`` and
+    /// ``BrokerProtocol/Operation/publicKey``; returns
     /// the reply's result fields. A key is used only when the peer's grant reaches its access
     /// group (``BrokerService/matching(_:grant:)``), with `context` for an access-controlled key.
     func handle(
@@ -175,7 +176,7 @@ package struct BrokerService: Sendable {
             try expectEnd(arguments)
             if all == 1 { vault.lockAll() } else { vault.lock() }
             return { _ in }
-        case .sign, .publicKey, .generateKey, .decrypt:
+        case .sign, .publicKey, .generateKey, .decrypt, .encrypt:
             guard let keyOperations else {
                 throw LockboxError(.unimplemented, "This broker does not serve key operations; run lockboxd, which does.")
             }

@@ -47,6 +47,26 @@ extension BrokerStore {
         return der
     }
 
+    /// Encrypts inside the broker with the AES-256-GCM key found by its application tag (and
+    /// label): LockboxKeys' box (`nonce || ciphertext || tag`), which ``decrypt(_:scheme:authenticating:applicationTag:label:context:)`` opens.
+    /// - Throws: `keyUsageIncorrect` for a key without the encrypt purpose; `itemNotFound` when
+    ///   the caller's groups hold no such key.
+    public func encrypt(
+        _ plaintext: SecretBytes, authenticating associatedData: Data = Data(), applicationTag: Data, label: String? = nil,
+        context: AuthenticationContext? = nil
+    ) throws(LockboxError) -> Data {
+        var reply = try request(.encrypt, retryable: true, context: context) {
+            $0.bytes(applicationTag)
+            $0.string(label)
+            var copy = plaintext.withUnsafeBytes { Array($0) }
+            $0.bytes(copy)
+            copy.wipe()
+            $0.bytes(associatedData)
+        }
+        guard let box = try? reply.data() else { throw Self.malformedReply }
+        return box
+    }
+
     /// Decrypts inside the broker with the key found by its application tag (and label).
     /// - Parameters:
     ///   - box: for `scheme` `aes-gcm`, LockboxKeys' `nonce || ciphertext || tag` (its

@@ -59,6 +59,20 @@ final class BrokerKeys: BrokerKeyOperations {
             let key = try permittedKey(tag: tag, label: label, grant: grant, vault: vault, keys: keys)
             let signature = try key.sign(message, context: context)
             return { $0.bytes(signature) }
+        case .encrypt:
+            // The tag and label, the plaintext and the associated data: LockboxKeys' AES-GCM box.
+            let fields: (tag: Data?, label: String?, plaintext: [UInt8]?, associated: Data?)
+            do throws(FieldDecoder.Malformed) {
+                fields = (try arguments.data(), try arguments.string(), try arguments.bytes(), try arguments.data())
+            } catch {
+                throw Self.malformed
+            }
+            guard let tag = fields.tag, var plaintext = fields.plaintext, arguments.isAtEnd else { throw Self.malformed }
+            let secret = SecretBytes(copying: plaintext)
+            plaintext.wipe()
+            let key = try permittedKey(tag: tag, label: fields.label, grant: grant, vault: vault, keys: keys)
+            let box = try key.encrypt(secret, authenticating: fields.associated ?? Data(), context: context)
+            return { $0.bytes(box) }
         case .decrypt:
             // The tag and label, the scheme ("aes-gcm": LockboxKeys' box; else an ECIES
             // algorithm's SecKeyAlgorithm name), the ciphertext and the associated data.
