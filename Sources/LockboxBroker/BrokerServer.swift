@@ -244,8 +244,9 @@ package final class BrokerServer: Sendable {
         // a write waiting for another process's transaction); no new one starts.
         for _ in 0..<6000 where inFlight.load(ordering: .sequentiallyConsistent) > 0 { usleep(10_000) }
         let unfinished = inFlight.load(ordering: .sequentiallyConsistent)
+        // The socket goes first, so that no new client finds this broker; the answer, then the
+        // exit (which closes the connections still open, and those waiting to be accepted).
         unlink(configuration.socketPath)
-        shutdown(listener, Int32(SHUT_RDWR))
         let pid = Int(getpid())
         try? connection.writeFrame(BrokerCoding.success { $0.integer(pid); $0.integer(unfinished) })
         exit(0)

@@ -67,8 +67,21 @@ public final class BrokerStore: ItemStore, Sendable {
         var reply = try request(.stop, retryable: false) { _ in }
         guard let pid = try? reply.integer(), let stopped = Int32(exactly: pid) else { throw Self.malformedReply }
         connection.withLock { $0 = nil }
-        for _ in 0..<1000 where kill(stopped, 0) == 0 { usleep(10_000) }
+        for _ in 0..<1000 where Self.isAlive(stopped) { usleep(10_000) }
         return stopped
+    }
+
+    /// Whether process `pid` exists and has not exited (a zombie waiting for its parent has).
+    package static func isAlive(_ pid: Int32) -> Bool {
+        guard kill(pid, 0) == 0 || errno == EPERM else { return false }
+        let descriptor = open("/proc/\(pid)/stat", O_RDONLY | O_CLOEXEC)
+        guard descriptor >= 0 else { return true }
+        defer { close(descriptor) }
+        var buffer = [UInt8](repeating: 0, count: 512)
+        let count = buffer.withUnsafeMutableBytes { read(descriptor, $0.baseAddress, $0.count) }
+        guard count > 0, let close = buffer[0..<count].lastIndex(of: UInt8(ascii: ")")), close + 2 < count else { return true }
+        // "PID (comm) S ...": the state follows the last parenthesis.
+        return buffer[close + 2] != UInt8(ascii: "Z") && buffer[close + 2] != UInt8(ascii: "X")
     }
 
     /// Connects to the broker at `socketPath` (by default ``BrokerLocation/socketPath()``) that
