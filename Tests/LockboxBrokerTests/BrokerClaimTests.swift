@@ -82,6 +82,10 @@ struct BrokerClaimTests {
         let store = try fixture.store()
         try store.unlock(passphrase: SecretBytes(utf8: BrokerFixture.passphraseText))
         #expect(try store.data(matching: .genericPassword(service: "claim", account: "alice")) == SecretBytes(utf8: canary))
+        // The embedded unlock's keys leave the kernel keyring once the broker let go of the file.
+        fixture.stop()
+        let locked = try run(lockbox, ["lock"], environment: environment)
+        #expect(locked.status == 0, "\(locked.standardError)")
     }
 
     @Test("while lockboxd serves the vault, another process opening it directly is refused, naming the broker")
@@ -112,6 +116,7 @@ struct BrokerClaimTests {
         let direct = try run(
             lockbox, ["unlock", "--passphrase-stdin"], input: Array((BrokerFixture.passphraseText + "\n").utf8), environment: environment)
         #expect(direct.status == 0, "\(direct.standardError)")
-        _ = try? run(lockbox, ["lock"], environment: environment)
+        let locked = try run(lockbox, ["lock"], environment: environment)
+        #expect(locked.status == 0, "\(locked.standardError)")
     }
 }
