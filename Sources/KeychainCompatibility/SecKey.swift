@@ -331,7 +331,8 @@ public func SecKeyCopyExternalRepresentation(_ key: SecKey, _ error: UnsafeMutab
             let secret = try SecKeyStore.current().exportPrivateKey(of: managed, context: key.context)
             return secret.withUnsafeBytes { NSData(bytes: $0.baseAddress, length: $0.count) }
         case .brokered:
-            throw LockboxError(.param, "This private key is inside lockboxd and never leaves it; use it with SecKeyCreateSignature or SecKeyCreateDecryptedData.")
+            throw LockboxError(
+                .param, "This private key is inside lockboxd and never leaves it; use it with SecKeyCreateSignature or SecKeyCreateDecryptedData.")
         }
     }
 }

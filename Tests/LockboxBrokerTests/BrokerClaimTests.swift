@@ -97,7 +97,9 @@ struct BrokerClaimTests {
         let refused = try run(
             lockbox, ["add-generic-password", "-s", "claim", "-a", "bob"], input: Array("value\n".utf8), environment: environment)
         #expect(refused.status == 1)
-        #expect(refused.standardError.contains("lockboxd serves the keychain \(fixture.vaultPath) (held by pid \(broker) (lockboxd))"), "\(refused.standardError)")
+        #expect(
+            refused.standardError.contains("lockboxd serves the keychain \(fixture.vaultPath) (held by pid \(broker) (lockboxd))"),
+            "\(refused.standardError)")
         #expect(refused.standardError.contains("LOCKBOX_BROKER=1"), "\(refused.standardError)")
         #expect(refused.standardError.contains("(OSStatus -25291)"), "\(refused.standardError)")
         // Reading is refused as well: the keys are the broker's.
