@@ -231,7 +231,9 @@ public final class BrokerStore: ItemStore, Sendable {
             guard !passphrase.isEmpty else { throw LockboxError(.userCanceled, "Cancelled: the passphrase was not given.") }
             var authenticate = FieldEncoder()
             authenticate.integer(BrokerProtocol.Operation.authenticate.rawValue)
-            passphrase.withUnsafeBytes { authenticate.bytes(Array($0)) }
+            var copy = passphrase.withUnsafeBytes { Array($0) }
+            authenticate.bytes(copy)
+            copy.wipe()
             let reuse = max(.zero, min(context.reuseDuration, BrokerSession.longestReuse))
             authenticate.integer(Int(reuse / .milliseconds(1)))
             authenticate.bytes(bytes)
