@@ -155,6 +155,13 @@ struct BrokerAuthenticationTests {
         #expect(both.transcript.contains(guardedCanary), "\(both.transcript)")
         #expect(both.transcript.components(separatedBy: "(empty to cancel)").count == 2, "asked more than once: \(both.transcript)")
 
+        // Without a terminal there is no one to ask: the refusal stands, saying how to pass it.
+        let noTerminal = try run(lockbox, find, environment: fixture.clientEnvironment)
+        #expect(noTerminal.status == 1)
+        #expect(noTerminal.standardError.contains("(OSStatus -34018)"), "\(noTerminal.standardError)")
+        #expect(noTerminal.standardError.contains("entered at a terminal"), "\(noTerminal.standardError)")
+        #expect(!noTerminal.standardOutput.contains(canary))
+
         // Another application is not the lockbox command: no passphrase opens the group to it.
         let other = try application("other-app", in: fixture)
         let otherRun = try TerminalSession.run(other, find, steps: [], environment: fixture.clientEnvironment)
