@@ -150,7 +150,8 @@ let package = Package(
         .target(name: "LockboxBroker", dependencies: ["LockboxCore", "LockboxVault"], swiftSettings: strict),
         // `lockboxd`, the per-user broker: holds the unlocked keys and serves the vault.
         .executableTarget(
-            name: "LockboxBrokerDaemon", dependencies: ["Lockbox", "LockboxBroker", "LockboxBrokerIdentity", "LockboxKeys", "CProcessHardening"],
+            name: "LockboxBrokerDaemon",
+            dependencies: ["Lockbox", "LockboxBroker", "LockboxBrokerIdentity", "LockboxKeys", "KeyCrypto", "CProcessHardening"],
             swiftSettings: strict),
 
         // The facade applications import.
@@ -289,7 +290,7 @@ let package = Package(
             swiftSettings: strict),
         .testTarget(
             name: "LockboxBrokerTests",
-            dependencies: ["LockboxBroker", "Lockbox", "LockboxVault", "LockboxKeys", "LockboxTestSupport"],
+            dependencies: ["LockboxBroker", "Lockbox", "LockboxVault", "LockboxKeys", "KeychainCompatibility", "LockboxTestSupport"],
             swiftSettings: strict),
         .testTarget(
             name: "LockboxBrokerIdentityTests", dependencies: ["LockboxBrokerIdentity", "LockboxTestSupport"],

@@ -362,20 +362,33 @@ func fuzzBrokerRequest(_ input: [UInt8]) {
         else { fatalError("cannot create the broker's vault") }
         try? vault.add(.genericPassword(service: "s", account: "a", data: SecretBytes(utf8: "v"), accessGroup: "mine"))
         try? vault.add(.genericPassword(service: "s", account: "a", data: SecretBytes(utf8: "w"), accessGroup: "theirs"))
+        // An access-controlled item: a query reaching it is answered with a challenge.
+        var guarded = Item.genericPassword(service: "p", account: "a", data: SecretBytes(utf8: "x"), accessGroup: "mine")
+        guarded.accessControl = .userPresence
+        try? vault.add(guarded)
         brokerService = BrokerService(vault: vault)
     }
     let service = brokerService!
     // Unlock and lock are left out: a wrong passphrase waits by design (the failed-attempt
     // delay) and each unlock costs an Argon2id derivation; their argument parsing is the same
     // field decoder as every other operation's.
-    if case let request? = try? BrokerRequest(decoding: input), request.operation == .unlock || request.operation == .lock { return }
-    // The hello parser, on the same bytes.
+    // An authentication is parsed, and left out once it parses: checking its passphrase is an
+    // unlock's derivation and delay.
+    if case var request? = try? BrokerRequest(decoding: input) {
+        if request.operation == .unlock || request.operation == .lock { return }
+        if request.operation == .authenticate, (try? BrokerService.authenticated(&request.arguments)) != nil { return }
+    }
+    // The hello and stop parsers, on the same bytes.
     _ = BrokerServer.answerHello(input, vaultPath: "/fuzz")
-    var grant = BrokerGrant(peerName: "fuzz", accessGroups: ["mine"], defaultAccessGroup: "mine")
-    let reply = service.reply(to: input, grant: &grant)
-    // Every reply is a well-formed reply: a status and a message, then results.
+    _ = BrokerRequest.isStop(input)
+    var session = BrokerSession(grant: BrokerGrant(peerName: "fuzz", accessGroups: ["mine"], defaultAccessGroup: "mine"))
+    let reply = service.reply(to: input, session: &session)
+    // Every reply is a well-formed reply: a status and a message, then results (or, for an
+    // error, a challenge, which parses).
     var decoder = FieldDecoder(reply)
     guard let status = try? decoder.integer(), (try? decoder.string()) != nil else { fatalError("malformed broker reply") }
+    if status != 0, !decoder.isAtEnd, BrokerCoding.challenge(in: reply) == nil { fatalError("an error reply with a malformed challenge") }
+    if session.isWidened { fatalError("a grant widened without a passphrase") }
     if status == 0, case let request? = try? BrokerRequest(decoding: input), request.operation == .items {
         // What the broker returned is only ever from the peer's group.
         guard let payload = try? decoder.bytes() else { fatalError("an items reply without items") }

@@ -130,3 +130,54 @@ package enum HashFunction: Sendable, CaseIterable {
         }
     }
 }
+
+/// Apple's ECIES over P-256 (SecKey.h, `kSecKeyAlgorithmECIESEncryption...`): the key schedule,
+/// and the opening of a message with the recipient's ECDH, wherever its private key is (in this
+/// process, the keychain, or `lockboxd`).
+package enum ECIES {
+    /// The AES key (16 bytes for P-256) and IV: zero, or the 16 bytes after the key in the KDF's output.
+    package static func keyAndIV(_ shared: SecretBytes, ephemeralPoint: [UInt8], hash: HashFunction, variableIV: Bool) -> (SecretBytes, [UInt8]) {
+        let keyCount = 16
+        guard variableIV else {
+            return (hash.x963(shared, sharedInfo: ephemeralPoint, count: keyCount), [UInt8](repeating: 0, count: 16))
+        }
+        let both = hash.x963(shared, sharedInfo: ephemeralPoint, count: keyCount + 16)
+        let key = both.withUnsafeBytes { SecretBytes(copying: $0[0..<keyCount]) }
+        let iv = both.withUnsafeBytes { Array($0[keyCount...]) }
+        return (key, iv)
+    }
+
+    /// The plaintext of `ephemeral public key (65) || ciphertext || tag (16)`; `agree` is ECDH
+    /// of the recipient's private key with the ephemeral point (X9.63 form).
+    /// - Throws: `decode` for a message too short or failing authentication (one opaque error).
+    package static func open(
+        _ message: [UInt8], hash: HashFunction, variableIV: Bool, agree: ([UInt8]) throws(LockboxError) -> SecretBytes
+    ) throws(LockboxError) -> SecretBytes {
+        guard message.count >= P256.publicKeyByteCount + GCMWithDerivedIV.tagByteCount else {
+            throw LockboxError(.decode, "The ciphertext is too short to be an ECIES message.")
+        }
+        let ephemeralPoint = Array(message[0..<P256.publicKeyByteCount])
+        let shared = try agree(ephemeralPoint)
+        let (aesKey, iv) = keyAndIV(shared, ephemeralPoint: ephemeralPoint, hash: hash, variableIV: variableIV)
+        return try GCMWithDerivedIV.open(Array(message[P256.publicKeyByteCount...]), key: aesKey, iv: iv)
+    }
+
+    /// The hash and IV of an ECIES algorithm's name
+    /// (`algid:encrypt:ECIES:ECDH[C]:KDFX963:SHA256:AESGCM[-KDFIV]`); nil for another name.
+    package static func scheme(named name: String) -> (hash: HashFunction, variableIV: Bool)? {
+        let parts = name.split(separator: ":", omittingEmptySubsequences: false)
+        guard parts.count == 7, parts[0] == "algid", parts[1] == "encrypt", parts[2] == "ECIES", parts[3] == "ECDH" || parts[3] == "ECDHC",
+            parts[4] == "KDFX963", parts[6] == "AESGCM" || parts[6] == "AESGCM-KDFIV"
+        else { return nil }
+        let hash: HashFunction
+        switch parts[5] {
+        case "SHA1": hash = .sha1
+        case "SHA224": hash = .sha224
+        case "SHA256": hash = .sha256
+        case "SHA384": hash = .sha384
+        case "SHA512": hash = .sha512
+        default: return nil
+        }
+        return (hash, parts[6] == "AESGCM-KDFIV")
+    }
+}

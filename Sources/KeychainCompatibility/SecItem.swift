@@ -1,6 +1,7 @@
 #if !canImport(Darwin)
 import Foundation
 import LockboxCore
+import Lockbox
 import LockboxKeys
 
 // The four SecItem functions, with Apple's signatures and the iOS data-protection keychain's
@@ -199,7 +200,7 @@ private func search(_ request: SecItemRequest, in store: any ItemStore) throws(L
 private func addKey(_ key: SecKey, _ request: SecItemRequest) throws(LockboxError) -> SecKey {
     let representation: SecretBytes
     switch key.material {
-    case .stored:
+    case .stored, .brokered:
         throw LockboxError(.duplicateItem, "This key is already in the keychain.")
     case .publicKey:
         throw LockboxError(.unimplemented, "Public keys are not stored as keychain items here; keep the private key, or the public key's bytes.")
@@ -252,7 +253,12 @@ private func keyResults(_ request: SecItemRequest, found: [SecKey]?) throws(Lock
         var lookup = query(request, .key, limit: .all)
         lookup.returning = [.attributes, .persistentReference]
         let context = request.lockboxAuthenticationContext
-        keys = try SecKeyStore.current().keys(matching: lookup).map { SecKey(.stored($0), context: context) }
+        if let broker = try SecItemStore.current() as? BrokerStore {
+            lookup.returning = [.attributes, .persistentReference]
+            keys = BrokeredKey.keys(in: try broker.items(matching: lookup), store: broker).map { SecKey(.brokered($0), context: context) }
+        } else {
+            keys = try SecKeyStore.current().keys(matching: lookup).map { SecKey(.stored($0), context: context) }
+        }
         if keys.isEmpty { throw LockboxError(.itemNotFound, "No key matches the query.") }
     }
     switch request.limit {
@@ -266,6 +272,11 @@ private func keyResults(_ request: SecItemRequest, found: [SecKey]?) throws(Lock
         dictionary[kSecValueRef] = key
         if request.returning.contains(.persistentReference), case .stored(let managed) = key.material {
             dictionary[kSecValuePersistentRef] = managed.persistentReference
+        }
+        if request.returning.contains(.persistentReference), case .brokered(let brokered) = key.material,
+            let reference = brokered.persistentReference
+        {
+            dictionary[kSecValuePersistentRef] = reference
         }
         return dictionary as NSDictionary
     }

@@ -19,6 +19,8 @@ public final class SecKey: @unchecked Sendable, Hashable, CustomStringConvertibl
         case memory(privateRepresentation: SecretBytes, publicKey: PublicKey)
         /// A public key.
         case publicKey(PublicKey)
+        /// A private key inside `lockboxd`, used through it (the broker backend).
+        case brokered(BrokeredKey)
     }
 
     let material: Material
@@ -36,6 +38,7 @@ public final class SecKey: @unchecked Sendable, Hashable, CustomStringConvertibl
         case .stored(let key): key.algorithm
         case .memory: .p256
         case .publicKey(let key): key.algorithm
+        case .brokered(let key): key.algorithm
         }
     }
 
@@ -49,6 +52,7 @@ public final class SecKey: @unchecked Sendable, Hashable, CustomStringConvertibl
         case .stored(let key): key.publicKey
         case .memory(_, let publicKey): publicKey
         case .publicKey(let key): key
+        case .brokered(let key): key.publicKey
         }
     }
 
@@ -57,6 +61,7 @@ public final class SecKey: @unchecked Sendable, Hashable, CustomStringConvertibl
         case (.stored(let left), .stored(let right)): left.persistentReference == right.persistentReference
         case (.publicKey(let left), .publicKey(let right)): left == right
         case (.memory, .memory): lhs === rhs || lhs.publicKey == rhs.publicKey
+        case (.brokered(let left), .brokered(let right)): left.publicKey == right.publicKey
         default: false
         }
     }
@@ -73,6 +78,7 @@ public final class SecKey: @unchecked Sendable, Hashable, CustomStringConvertibl
         case .stored(let key): place = key.isExtractable ? "keychain" : "keychain, not extractable"
         case .memory: place = "in memory"
         case .publicKey: place = "public"
+        case .brokered: place = "inside lockboxd, not extractable"
         }
         return "<SecKey \(algorithm) \(kind), \(place)>"
     }
@@ -250,6 +256,9 @@ public func SecKeyCreateRandomKey(_ parameters: CFDictionary, _ error: UnsafeMut
             let (secret, point) = try P256.generate()
             return SecKey(.memory(privateRepresentation: secret, publicKey: try PublicKey(x963Representation: Data(point))))
         }
+        if let broker = try SecItemStore.current() as? BrokerStore {
+            return SecKey(.brokered(try BrokeredKey.generate(request, in: broker)), context: request.context)
+        }
         let keys = try SecKeyStore.current()
         return SecKey(.stored(try keys.generate(request.specification)), context: request.context)
     }
@@ -321,6 +330,9 @@ public func SecKeyCopyExternalRepresentation(_ key: SecKey, _ error: UnsafeMutab
             }
             let secret = try SecKeyStore.current().exportPrivateKey(of: managed, context: key.context)
             return secret.withUnsafeBytes { NSData(bytes: $0.baseAddress, length: $0.count) }
+        case .brokered:
+            throw LockboxError(
+                .param, "This private key is inside lockboxd and never leaves it; use it with SecKeyCreateSignature or SecKeyCreateDecryptedData.")
         }
     }
 }
@@ -350,6 +362,11 @@ public func SecKeyCopyAttributes(_ key: SecKey) -> CFDictionary? {
         attributes[kSecAttrAccessible as String] = managed.accessibility.code
         if let tag = managed.applicationTag { attributes[kSecAttrApplicationTag as String] = tag }
         if let label = managed.label { attributes[kSecAttrLabel as String] = label }
+    case .brokered(let brokered):
+        attributes[kSecAttrIsPermanent as String] = true
+        attributes[kSecAttrIsExtractable as String] = false
+        attributes[kSecAttrApplicationTag as String] = brokered.applicationTag
+        if let label = brokered.label { attributes[kSecAttrLabel as String] = label }
     case .memory, .publicKey:
         attributes[kSecAttrIsPermanent as String] = false
         attributes[kSecAttrIsExtractable as String] = true
@@ -362,6 +379,7 @@ extension SecKey {
     var purposes: KeyPurposes {
         switch material {
         case .stored(let managed): managed.purposes
+        case .brokered(let brokered): brokered.purposes
         case .memory: [.sign, .verify, .keyAgreement]
         case .publicKey(let key): key.algorithm == .x25519 ? [] : [.verify]
         }
@@ -408,6 +426,8 @@ public func SecKeyCreateSignature(
             der = Data(try P256.sign(Array(message), privateRepresentation: secret))
         case .stored(let managed):
             der = try managed.sign(message, context: key.context)
+        case .brokered(let brokered):
+            der = try brokered.sign(message)
         }
         guard raw else { return der as NSData }
         guard let signature = ECDSASignature.raw(fromDER: der) else { throw LockboxError.integrity("A signature") }
@@ -476,15 +496,14 @@ public func SecKeyCreateDecryptedData(
         guard case .ecies(let hash, let variableIV) = algorithm.kind, key.algorithm == .p256, key.isPrivate else {
             throw LockboxError(.param, "\(algorithm.rawValue) is not an ECIES algorithm this key can decrypt with.")
         }
-        let bytes = Array(ciphertext as Data)
-        guard bytes.count >= P256.publicKeyByteCount + GCMWithDerivedIV.tagByteCount else {
-            throw LockboxError(.decode, "The ciphertext is too short to be an ECIES message.")
+        if case .brokered(let brokered) = key.material {
+            // Inside the broker, with the same schedule.
+            let plaintext = try brokered.decrypt(ciphertext as Data, algorithm: algorithm, context: key.context)
+            return plaintext.withUnsafeBytes { NSData(bytes: $0.baseAddress, length: $0.count) }
         }
-        let ephemeralPoint = Array(bytes[0..<P256.publicKeyByteCount])
-        let ephemeral = try PublicKey(x963Representation: Data(ephemeralPoint))
-        let shared = try key.sharedSecret(with: ephemeral)
-        let (aesKey, iv) = ECIES.keyAndIV(shared, ephemeralPoint: ephemeralPoint, hash: hash, variableIV: variableIV)
-        let plaintext = try GCMWithDerivedIV.open(Array(bytes[P256.publicKeyByteCount...]), key: aesKey, iv: iv)
+        let plaintext = try ECIES.open(Array(ciphertext as Data), hash: hash, variableIV: variableIV) { (point) throws(LockboxError) in
+            try key.sharedSecret(with: try PublicKey(x963Representation: Data(point)))
+        }
         return plaintext.withUnsafeBytes { NSData(bytes: $0.baseAddress, length: $0.count) }
     }
 }
@@ -525,22 +544,11 @@ extension SecKey {
             return try P256.sharedSecret(privateRepresentation: secret, peerPublicKey: Array(peer.rawRepresentation))
         case .stored(let managed):
             return try managed.sharedSecret(with: peer, context: context)
+        case .brokered:
+            throw LockboxError(
+                .unimplemented,
+                "A key inside lockboxd does not send its shared secrets out; decrypt ECIES messages with SecKeyCreateDecryptedData.")
         }
-    }
-}
-
-/// Apple's ECIES key schedule (SecKey.h, `kSecKeyAlgorithmECIESEncryption...`).
-enum ECIES {
-    /// The AES key (16 bytes for P-256) and IV: zero, or the 16 bytes after the key in the KDF's output.
-    static func keyAndIV(_ shared: SecretBytes, ephemeralPoint: [UInt8], hash: HashFunction, variableIV: Bool) -> (SecretBytes, [UInt8]) {
-        let keyCount = 16
-        guard variableIV else {
-            return (hash.x963(shared, sharedInfo: ephemeralPoint, count: keyCount), [UInt8](repeating: 0, count: 16))
-        }
-        let both = hash.x963(shared, sharedInfo: ephemeralPoint, count: keyCount + 16)
-        let key = both.withUnsafeBytes { SecretBytes(copying: $0[0..<keyCount]) }
-        let iv = both.withUnsafeBytes { Array($0[keyCount...]) }
-        return (key, iv)
     }
 }
 

@@ -208,6 +208,8 @@ public enum Keychain {
             } else {
                 store = try BrokerStore.connect(socketPath: options.brokerSocket, vaultPath: path)
             }
+            // The broker asks no one: this process asks its user, the broker checks the answer.
+            store.authenticationContext = options.vault.authenticationContext
             return Opened(
                 store: store, backend: .broker,
                 reason: reason + "; the keys stay in lockboxd (pid \(store.brokerProcessIdentifier)) at \(store.socketPath)", vault: nil,

@@ -1,4 +1,6 @@
 import LockboxCore
+import LockboxVault
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -90,4 +92,86 @@ package struct PeerCredentials: Sendable, Hashable {
     package var pid: pid_t
     package var uid: uid_t
     package var gid: gid_t
+}
+
+/// What one connection holds: its peer's grant, and the verification its user gave (the
+/// passphrase, asked by the client and checked here) for the reuse window the client's
+/// ``AuthenticationContext`` asked, at most ``longestReuse``.
+package struct BrokerSession: Sendable {
+    /// `LATouchIDAuthenticationMaximumAllowableReuseDuration`: five minutes.
+    package static let longestReuse: Duration = .seconds(300)
+
+    /// The grant the policy gave the peer when it connected.
+    package let grant: BrokerGrant
+    private let clock: any LockboxClock
+    /// The `lockbox` command's wider grant after the passphrase: until this reading of the
+    /// clock, or for the connection's life (`.zero` window).
+    private var everyGroup: Widening?
+    /// The verification for access-controlled items: until a reading of the clock, or for the
+    /// one request it came with.
+    private var presence: (verified: Vault.VerifiedPresence, until: Duration?)?
+
+    private enum Widening {
+        case connection
+        case until(Duration)
+    }
+
+    package init(grant: BrokerGrant, clock: any LockboxClock = SystemClock()) {
+        self.grant = grant
+        self.clock = clock
+    }
+
+    /// The grant in force now: every group for the `lockbox` command within its window.
+    package var currentGrant: BrokerGrant {
+        guard grant.reachesEveryGroupWithPassphrase, let everyGroup else { return grant }
+        if case .until(let end) = everyGroup, clock.uptime() > end { return grant }
+        var wider = grant
+        wider.accessGroups = nil
+        return wider
+    }
+
+    /// Whether the `lockbox` command's passphrase has widened its grant, now.
+    package var isWidened: Bool { currentGrant.accessGroups == nil && grant.accessGroups != nil }
+
+    /// The `lockbox` command entered the passphrase: every group for `reuse` (zero: for the
+    /// rest of this connection, which a command's run is).
+    mutating func widen(for reuse: Duration) {
+        everyGroup = reuse == .zero ? .connection : .until(clock.uptime() + reuse)
+    }
+
+    /// Keeps a verification for `reuse` (zero: the request it came with only).
+    mutating func remember(_ verified: Vault.VerifiedPresence, for reuse: Duration) {
+        presence = (verified, reuse == .zero ? nil : clock.uptime() + reuse)
+    }
+
+    /// A request was answered: a verification for one request is spent.
+    mutating func requestAnswered() {
+        if let current = presence, current.until == nil { presence = nil }
+    }
+
+    /// The context a request runs with: the kept verification while it holds, and otherwise a
+    /// verifier that notes what the item asked for (the broker has no one to ask).
+    func context(_ recorder: PresenceRecorder) -> AuthenticationContext {
+        let context = AuthenticationContext(verifier: recorder, reuseDuration: Self.longestReuse, interactionNotAllowed: false, clock: clock)
+        if let (verified, until) = presence, until.map({ clock.uptime() <= $0 }) ?? true {
+            context.remember(verified.secretKey, realm: verified.realm)
+        }
+        return context
+    }
+}
+
+/// The broker's stand-in for a user: it asks no one, and notes what an access-controlled item
+/// asked for, so that the reply can ask the client to ask its user.
+final class PresenceRecorder: PresenceVerifier {
+    private let asked = Mutex<AuthenticationRequest?>(nil)
+
+    var request: AuthenticationRequest? { asked.withLock { $0 } }
+
+    func passphrase(for request: AuthenticationRequest) throws(LockboxError) -> SecretBytes {
+        asked.withLock { $0 = request }
+        throw LockboxError(
+            .interactionNotAllowed,
+            "This item needs the user's passphrase (access control \(request.accessControl)), and the program gave none: "
+                + "the broker asks no one itself. Give the query an AuthenticationContext with a verifier.")
+    }
 }

@@ -9,8 +9,10 @@ import LockboxCore
 /// the reply carries the broker's. Frames are bounded (``maximumRequestBytes``,
 /// ``maximumReplyBytes``): a longer length is refused before anything is read.
 package enum BrokerProtocol {
-    /// This release's protocol version.
-    package static let version = 1
+    /// This release's protocol version. 2 added ``Operation/authenticate``,
+    /// ``Operation/decrypt``, ``Operation/encrypt`` and ``Operation/stop``, and challenges in
+    /// error replies.
+    package static let version = 2
     /// The oldest client version this broker serves.
     package static let oldestServedVersion = 1
     /// What a hello opens with, so that a program that is not a Lockbox client is told apart.
@@ -33,6 +35,25 @@ package enum BrokerProtocol {
         case sign = 9
         case publicKey = 10
         case generateKey = 11
+        /// The user's passphrase, asked by the client, then a request to run with it: the
+        /// broker checks it (the failed-attempt back-off applies), then answers the request.
+        case authenticate = 12
+        /// Data decrypted inside the broker with a non-extractable key.
+        case decrypt = 13
+        /// Stops the broker once the requests being answered are done.
+        case stop = 14
+        /// Data encrypted inside the broker with a non-extractable AES-256-GCM key.
+        case encrypt = 15
+    }
+
+    /// What an error reply asks of the client, after its message: the user's passphrase, to
+    /// send with the request again in an ``Operation/authenticate``.
+    package enum Challenge: Int, Sendable {
+        /// An access-controlled item (or key) needs the user's presence.
+        case userPresence = 1
+        /// The `lockbox` command reaches a group beyond its own once the user re-enters the
+        /// passphrase.
+        case everyGroup = 2
     }
 }
 
@@ -40,6 +61,12 @@ package enum BrokerProtocol {
 package struct BrokerRequest {
     package var operation: BrokerProtocol.Operation
     package var arguments: FieldDecoder
+
+    /// Whether a frame is a well-formed ``BrokerProtocol/Operation/stop`` (no arguments).
+    package static func isStop(_ bytes: [UInt8]) -> Bool {
+        var decoder = FieldDecoder(bytes)
+        return (try? decoder.integer()) == BrokerProtocol.Operation.stop.rawValue && decoder.isAtEnd
+    }
 
     /// Parses a request frame's bytes. Any malformed input is a thrown error.
     package init(decoding bytes: [UInt8]) throws(LockboxError) {
@@ -176,12 +203,29 @@ package enum BrokerCoding {
         return encoder.bytes
     }
 
-    /// A reply's bytes for an error: its status and message (which never holds a secret).
-    package static func failure(_ error: LockboxError) -> [UInt8] {
+    /// A reply's bytes for an error: its status and message (which never holds a secret), and
+    /// when the user's passphrase would let the request through, that challenge: its kind, the
+    /// reason to show the user, and the access control's flags.
+    package static func failure(_ error: LockboxError, challenge: (BrokerProtocol.Challenge, AuthenticationRequest)? = nil) -> [UInt8] {
         var encoder = FieldEncoder()
         encoder.integer(Int(error.code.rawValue))
         encoder.string(error.message)
+        if let (kind, request) = challenge {
+            encoder.integer(kind.rawValue)
+            encoder.string(request.reason)
+            encoder.integer(request.accessControl.flags.rawValue)
+        }
         return encoder.bytes
+    }
+
+    /// The challenge an error reply carries, if any.
+    package static func challenge(in bytes: [UInt8]) -> (BrokerProtocol.Challenge, AuthenticationRequest)? {
+        var decoder = FieldDecoder(bytes)
+        guard let status = try? decoder.integer(), status != 0, (try? decoder.string()) != nil, !decoder.isAtEnd,
+            let raw = try? decoder.integer(), let kind = BrokerProtocol.Challenge(rawValue: raw),
+            let reason = try? decoder.string(), let flags = try? decoder.integer(), decoder.isAtEnd
+        else { return nil }
+        return (kind, AuthenticationRequest(reason: reason, accessControl: AccessControl(AccessControl.Flags(rawValue: flags))))
     }
 
     /// The results of a reply, or the error it carries.

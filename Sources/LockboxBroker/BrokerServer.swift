@@ -32,6 +32,9 @@ package final class BrokerServer: Sendable {
     private let listener: Int32
     private let socketLock: Int32
     private let connections = Atomic<Int>(0)
+    /// Requests being answered now, and whether a stop was asked (see ``stop(answering:grant:)``).
+    private let inFlight = Atomic<Int>(0)
+    private let isStopping = Atomic<Bool>(false)
     private let lastActivity = Atomic<Int64>(0)
 
     /// Claims the vault and the socket, opens the vault (its keys kept in this process's
@@ -144,9 +147,9 @@ package final class BrokerServer: Sendable {
 
     /// One connection: identify the peer, expect hello, then answer requests until it closes.
     func serve(_ connection: UnixSocket) {
-        var grant: BrokerGrant
+        var session: BrokerSession
         do throws(LockboxError) {
-            grant = try configuration.policy.grant(forPeerOn: connection.descriptor)
+            session = BrokerSession(grant: try configuration.policy.grant(forPeerOn: connection.descriptor))
         } catch {
             try? connection.writeFrame(BrokerCoding.failure(error))
             return
@@ -175,8 +178,22 @@ package final class BrokerServer: Sendable {
                     try? connection.writeFrame(BrokerCoding.failure(error))
                     return
                 }
+            } else if BrokerRequest.isStop(request) {
+                stop(answering: connection, grant: session.grant)
+                continue
             } else {
-                reply = service.reply(to: request, grant: &grant)
+                guard beginRequest() else {
+                    try? connection.writeFrame(BrokerCoding.failure(Self.stopping))
+                    return
+                }
+                reply = service.reply(to: request, session: &session)
+                defer { endRequest() }
+                do throws(LockboxError) {
+                    try connection.writeFrame(reply)
+                } catch {
+                    return
+                }
+                continue
             }
             do throws(LockboxError) {
                 try connection.writeFrame(reply)
@@ -184,6 +201,55 @@ package final class BrokerServer: Sendable {
                 return
             }
         }
+    }
+
+    // MARK: Stopping
+
+    static let stopping = LockboxError(
+        .notAvailable, "lockboxd is stopping; nothing of this request was done. The next call starts a broker again when it may.")
+
+    /// Counts a request as being answered; false once the broker is stopping.
+    private func beginRequest() -> Bool {
+        inFlight.add(1, ordering: .sequentiallyConsistent)
+        guard !isStopping.load(ordering: .sequentiallyConsistent) else {
+            inFlight.subtract(1, ordering: .sequentiallyConsistent)
+            return false
+        }
+        return true
+    }
+
+    private func endRequest() {
+        inFlight.subtract(1, ordering: .sequentiallyConsistent)
+    }
+
+    /// `lockbox broker stop`: refuses new requests, waits for those being answered (each
+    /// write is committed before its reply, so every acknowledged write is in the file), removes
+    /// the socket, answers, and exits. Only a peer that reaches every group (the `lockbox`
+    /// command, or any program under `--access user`) may stop the broker: a sandboxed app,
+    /// which cannot signal it, cannot stop it either.
+    private func stop(answering connection: UnixSocket, grant: BrokerGrant) {
+        guard grant.accessGroups == nil || grant.reachesEveryGroupWithPassphrase else {
+            try? connection.writeFrame(
+                BrokerCoding.failure(
+                    LockboxError(
+                        .missingEntitlement,
+                        "\(grant.peerName) may not stop lockboxd: only the lockbox command does (`lockbox broker stop`).")))
+            return
+        }
+        guard !isStopping.exchange(true, ordering: .sequentiallyConsistent) else {
+            try? connection.writeFrame(BrokerCoding.failure(Self.stopping))
+            return
+        }
+        // Requests already being answered finish (up to a minute: an unlock's key derivation,
+        // a write waiting for another process's transaction); no new one starts.
+        for _ in 0..<6000 where inFlight.load(ordering: .sequentiallyConsistent) > 0 { usleep(10_000) }
+        let unfinished = inFlight.load(ordering: .sequentiallyConsistent)
+        // The socket goes first, so that no new client finds this broker; the answer, then the
+        // exit (which closes the connections still open, and those waiting to be accepted).
+        unlink(configuration.socketPath)
+        let pid = Int(getpid())
+        try? connection.writeFrame(BrokerCoding.success { $0.integer(pid); $0.integer(unfinished) })
+        exit(0)
     }
 
     /// The reply to a connection's first frame.

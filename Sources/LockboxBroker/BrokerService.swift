@@ -5,11 +5,14 @@ import LockboxVault
 /// Operations a broker serves beside the item store's (keys used inside the broker): the
 /// executable that links the key API provides them, so that clients never load it.
 package protocol BrokerKeyOperations: Sendable {
-    /// Handles ``BrokerProtocol/Operation/generateKey``, ``BrokerProtocol/Operation/sign`` and
-    /// ``BrokerProtocol/Operation/publicKey``; returns the reply's result fields. A key is used
-    /// only when the peer's grant reaches its access group (``BrokerService/matching(_:grant:)``).
+    /// Handles ``BrokerProtocol/Operation/generateKey``, ``BrokerProtocol/Operation/sign``,
+    /// ``BrokerProtocol/Operation/encrypt``, ``BrokerProtocol/Operation/decrypt`` and
+    /// ``BrokerProtocol/Operation/publicKey``; returns
+    /// the reply's result fields. A key is used only when the peer's grant reaches its access
+    /// group (``BrokerService/matching(_:grant:)``), with `context` for an access-controlled key.
     func handle(
-        _ operation: BrokerProtocol.Operation, arguments: inout FieldDecoder, grant: BrokerGrant, vault: Vault
+        _ operation: BrokerProtocol.Operation, arguments: inout FieldDecoder, grant: BrokerGrant, context: AuthenticationContext,
+        vault: Vault
     ) throws(LockboxError) -> (inout FieldEncoder) -> Void
 }
 
@@ -25,26 +28,90 @@ package struct BrokerService: Sendable {
     }
 
     /// The reply's bytes for a request's bytes. Never throws: every failure is a reply. A
-    /// passphrase verified on the connection widens the `lockbox` command's grant to every group.
-    package func reply(to bytes: [UInt8], grant: inout BrokerGrant) -> [UInt8] {
+    /// passphrase the client's user entered (``BrokerProtocol/Operation/authenticate``) is
+    /// checked here, then kept in the session for its reuse window.
+    package func reply(to bytes: [UInt8], session: inout BrokerSession) -> [UInt8] {
         do throws(LockboxError) {
             var request = try BrokerRequest(decoding: bytes)
-            let body = try perform(request.operation, &request.arguments, grant: grant)
-            if request.operation == .unlock, grant.reachesEveryGroupWithPassphrase, bytes.count > 16 {
-                grant.accessGroups = nil
+            if request.operation == .authenticate {
+                var inner = try Self.authenticated(&request.arguments)
+                defer { inner.passphrase = .empty }
+                try authenticate(inner.passphrase, reuse: inner.reuse, session: &session)
+                return answer(try BrokerRequest(decoding: inner.request), session: &session)
             }
-            return BrokerCoding.success(body)
+            let widens = request.operation == .unlock && bytes.count > 16
+            let reply = answer(request, session: &session)
+            if widens, session.grant.reachesEveryGroupWithPassphrase, (try? BrokerCoding.decodeReply(reply)) != nil {
+                // An unlock with the passphrase is that passphrase entered again.
+                session.widen(for: .zero)
+            }
+            return reply
         } catch {
             return BrokerCoding.failure(error)
         }
     }
 
+    /// An ``BrokerProtocol/Operation/authenticate`` request's arguments: the passphrase, the
+    /// reuse window the client's context asks, and the request to run with them.
+    package static func authenticated(_ arguments: inout FieldDecoder) throws(LockboxError) -> (
+        passphrase: SecretBytes, reuse: Duration, request: [UInt8]
+    ) {
+        guard var bytes = try? arguments.bytes(), let milliseconds = try? arguments.integer(), milliseconds >= 0,
+            let request = try? arguments.bytes(), arguments.isAtEnd
+        else { throw BrokerCoding.malformed("an authentication") }
+        let passphrase = SecretBytes(copying: bytes)
+        bytes.wipe()
+        var inner = FieldDecoder(request)
+        guard let raw = try? inner.integer(), let operation = BrokerProtocol.Operation(rawValue: raw),
+            ![.hello, .authenticate, .unlock, .stop].contains(operation)
+        else { throw BrokerCoding.malformed("an authentication without a request to run") }
+        guard !passphrase.isEmpty else {
+            throw LockboxError(.userCanceled, "Cancelled: the passphrase was not given.")
+        }
+        return (passphrase, .milliseconds(min(milliseconds, Int(BrokerSession.longestReuse.components.seconds) * 1000)), request)
+    }
+
+    /// Checks the user's passphrase (counted by the failed-attempt back-off) and keeps the
+    /// verification in the session.
+    private func authenticate(_ passphrase: SecretBytes, reuse: Duration, session: inout BrokerSession) throws(LockboxError) {
+        let verified = try vault.verifyPresence(passphrase: passphrase)
+        session.remember(verified, for: reuse)
+        if session.grant.reachesEveryGroupWithPassphrase { session.widen(for: reuse) }
+    }
+
+    /// Runs one request with the session's grant and verification; a request refused for want
+    /// of the user's passphrase says so (a challenge), so that the client can ask its user.
+    private func answer(_ request: BrokerRequest, session: inout BrokerSession) -> [UInt8] {
+        var request = request
+        let recorder = PresenceRecorder()
+        let context = session.context(recorder)
+        let grant = session.currentGrant
+        defer { session.requestAnswered() }
+        do throws(LockboxError) {
+            let body = try perform(request.operation, &request.arguments, grant: grant, context: context)
+            return BrokerCoding.success(body)
+        } catch {
+            if let asked = recorder.request, error.code == .interactionNotAllowed {
+                return BrokerCoding.failure(error, challenge: (.userPresence, asked))
+            }
+            if error.code == .missingEntitlement, session.grant.reachesEveryGroupWithPassphrase {
+                let reason = "let \(grant.peerName) use every access group"
+                return BrokerCoding.failure(error, challenge: (.everyGroup, AuthenticationRequest(reason: reason, accessControl: .userPresence)))
+            }
+            return BrokerCoding.failure(error)
+        }
+    }
+
     private func perform(
-        _ operation: BrokerProtocol.Operation, _ arguments: inout FieldDecoder, grant: BrokerGrant
+        _ operation: BrokerProtocol.Operation, _ arguments: inout FieldDecoder, grant: BrokerGrant, context: AuthenticationContext
     ) throws(LockboxError) -> (inout FieldEncoder) -> Void {
         switch operation {
         case .hello:
             throw LockboxError(.param, "A connection says hello once, first.")
+        case .authenticate:
+            throw BrokerCoding.malformed("an authentication inside another")
+        case .stop:
+            throw LockboxError(.param, "The broker's server answers stop; this request reached no server.")
         case .add:
             var item = try BrokerCoding.decodeItem(&arguments)
             try expectEnd(arguments)
@@ -54,8 +121,9 @@ package struct BrokerService: Sendable {
             try vault.add(item)
             return { _ in }
         case .items:
-            let query = try BrokerCoding.decodeQuery(&arguments)
+            var query = try BrokerCoding.decodeQuery(&arguments)
             try expectEnd(arguments)
+            query.authenticationContext = context
             let items = try matching(query, grant: grant)
             var encoder = FieldEncoder()
             encoder.integer(items.count)
@@ -69,9 +137,10 @@ package struct BrokerService: Sendable {
             let encoded = encoder.bytes
             return { $0.bytes(encoded) }
         case .update:
-            let query = try BrokerCoding.decodeQuery(&arguments)
+            var query = try BrokerCoding.decodeQuery(&arguments)
             let update = try BrokerCoding.decodeUpdate(&arguments)
             try expectEnd(arguments)
+            query.authenticationContext = context
             if let target = update.attributes.accessGroup, !grant.allows(target) { throw grant.missing(target) }
             try eachGroup(of: query, grant: grant) { query throws(LockboxError) in
                 try vault.update(matching: query, to: update)
@@ -79,8 +148,9 @@ package struct BrokerService: Sendable {
             }
             return { _ in }
         case .delete:
-            let query = try BrokerCoding.decodeQuery(&arguments)
+            var query = try BrokerCoding.decodeQuery(&arguments)
             try expectEnd(arguments)
+            query.authenticationContext = context
             let deleted = try eachGroup(of: query, grant: grant) { query throws(LockboxError) in try vault.delete(matching: query) }
             return { $0.integer(deleted) }
         case .status:
@@ -106,11 +176,11 @@ package struct BrokerService: Sendable {
             try expectEnd(arguments)
             if all == 1 { vault.lockAll() } else { vault.lock() }
             return { _ in }
-        case .sign, .publicKey, .generateKey:
+        case .sign, .publicKey, .generateKey, .decrypt, .encrypt:
             guard let keyOperations else {
                 throw LockboxError(.unimplemented, "This broker does not serve key operations; run lockboxd, which does.")
             }
-            return try keyOperations.handle(operation, arguments: &arguments, grant: grant, vault: vault)
+            return try keyOperations.handle(operation, arguments: &arguments, grant: grant, context: context, vault: vault)
         }
     }
 

@@ -1,8 +1,8 @@
 import FoundationEssentials
 import LockboxCore
 
-/// Keys used inside the broker: the client sends what to sign and receives the signature; the
-/// private key never leaves `lockboxd`.
+/// Keys used inside the broker: the client sends what to sign or decrypt and receives the
+/// signature or the plaintext; the private key never leaves `lockboxd`.
 extension BrokerStore {
     /// Makes a non-extractable key inside the broker, in `accessGroup` (nil: the caller's
     /// default group).
@@ -45,5 +45,52 @@ extension BrokerStore {
         }
         guard let der = try? reply.data() else { throw Self.malformedReply }
         return der
+    }
+
+    /// Encrypts inside the broker with the AES-256-GCM key found by its application tag (and
+    /// label): LockboxKeys' box (`nonce || ciphertext || tag`), which ``decrypt(_:scheme:authenticating:applicationTag:label:context:)`` opens.
+    /// - Throws: `keyUsageIncorrect` for a key without the encrypt purpose; `itemNotFound` when
+    ///   the caller's groups hold no such key.
+    public func encrypt(
+        _ plaintext: SecretBytes, authenticating associatedData: Data = Data(), applicationTag: Data, label: String? = nil,
+        context: AuthenticationContext? = nil
+    ) throws(LockboxError) -> Data {
+        var reply = try request(.encrypt, retryable: true, context: context) {
+            $0.bytes(applicationTag)
+            $0.string(label)
+            var copy = plaintext.withUnsafeBytes { Array($0) }
+            $0.bytes(copy)
+            copy.wipe()
+            $0.bytes(associatedData)
+        }
+        guard let box = try? reply.data() else { throw Self.malformedReply }
+        return box
+    }
+
+    /// Decrypts inside the broker with the key found by its application tag (and label).
+    /// - Parameters:
+    ///   - box: for `scheme` `aes-gcm`, LockboxKeys' `nonce || ciphertext || tag` (its
+    ///     `ManagedKey.encrypt`); for an ECIES algorithm's name
+    ///     (`algid:encrypt:ECIES:ECDHC:KDFX963:SHA256:AESGCM`, SecKey's), the message
+    ///     `SecKeyCreateEncryptedData` made for the key's public half.
+    ///   - associatedData: AES-GCM's associated data; none for ECIES.
+    /// - Returns: the plaintext, in guarded memory.
+    /// - Throws: `decode` for a box that fails authentication; `keyUsageIncorrect` for a key
+    ///   without the decrypt (or key-agreement, for ECIES) purpose; `itemNotFound` when the
+    ///   caller's groups hold no such key.
+    public func decrypt(
+        _ box: Data, scheme: String = "aes-gcm", authenticating associatedData: Data = Data(), applicationTag: Data, label: String? = nil,
+        context: AuthenticationContext? = nil
+    ) throws(LockboxError) -> SecretBytes {
+        var reply = try request(.decrypt, retryable: true, context: context) {
+            $0.bytes(applicationTag)
+            $0.string(label)
+            $0.string(scheme)
+            $0.bytes(box)
+            $0.bytes(associatedData)
+        }
+        guard var plaintext = try? reply.bytes() else { throw Self.malformedReply }
+        defer { plaintext.wipe() }
+        return SecretBytes(copying: plaintext)
     }
 }

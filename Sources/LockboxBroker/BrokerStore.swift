@@ -26,13 +26,62 @@ public final class BrokerStore: ItemStore, Sendable {
     /// Whether a missing broker is started (`lockboxd`), as gpg-agent is.
     public let startsOnDemand: Bool
     private let connection = Mutex<UnixSocket?>(nil)
+    private let defaultContext = Mutex<AuthenticationContext?>(nil)
     /// The broker's process id at the last hello (for `lockbox status`).
     private let brokerProcess = Atomic<Int32>(0)
 
-    private init(socketPath: String, vaultPath: String, startsOnDemand: Bool) {
+    /// Whether the broker may serve any vault (a control connection: status, stop).
+    private let acceptsAnyVault: Bool
+
+    private init(socketPath: String, vaultPath: String, startsOnDemand: Bool, acceptsAnyVault: Bool = false) {
         self.socketPath = socketPath
         self.vaultPath = vaultPath
         self.startsOnDemand = startsOnDemand
+        self.acceptsAnyVault = acceptsAnyVault
+    }
+
+    /// Connects to the broker that answers at `socketPath` (by default
+    /// ``BrokerLocation/socketPath()``), whichever vault it serves, never starting one: for
+    /// ``stop()`` and its ``status()``.
+    /// - Throws: `errSecNotAvailable` when none runs there (the message says why: no socket, a
+    ///   stale one); `errSecIO` for a socket or directory of another user, or a listener that
+    ///   runs as another user.
+    public static func control(socketPath: String? = nil) throws(LockboxError) -> BrokerStore {
+        let resolved: String
+        if let socketPath { resolved = socketPath } else { resolved = try BrokerLocation.socketPath() }
+        let store = BrokerStore(socketPath: resolved, vaultPath: "", startsOnDemand: false, acceptsAnyVault: true)
+        try store.connection.withLock { connection throws(LockboxError) in
+            connection = try store.openConnection()
+        }
+        return store
+    }
+
+    /// Stops the broker: it refuses new requests, lets those it is answering finish (so every
+    /// write it acknowledged is in the vault file), removes its socket and exits, forgetting
+    /// the keys it held. Returns once the process is gone (or after 10 s).
+    /// - Returns: the stopped broker's process id.
+    /// - Throws: `errSecMissingEntitlement` for a program the broker does not let stop it (only
+    ///   the `lockbox` command, or any program under `--access user`).
+    @discardableResult
+    public func stop() throws(LockboxError) -> Int32 {
+        var reply = try request(.stop, retryable: false) { _ in }
+        guard let pid = try? reply.integer(), let stopped = Int32(exactly: pid) else { throw Self.malformedReply }
+        connection.withLock { $0 = nil }
+        for _ in 0..<1000 where Self.isAlive(stopped) { usleep(10_000) }
+        return stopped
+    }
+
+    /// Whether process `pid` exists and has not exited (a zombie waiting for its parent has).
+    package static func isAlive(_ pid: Int32) -> Bool {
+        guard kill(pid, 0) == 0 || errno == EPERM else { return false }
+        let descriptor = open("/proc/\(pid)/stat", O_RDONLY | O_CLOEXEC)
+        guard descriptor >= 0 else { return true }
+        defer { close(descriptor) }
+        var buffer = [UInt8](repeating: 0, count: 512)
+        let count = buffer.withUnsafeMutableBytes { read(descriptor, $0.baseAddress, $0.count) }
+        guard count > 0, let close = buffer[0..<count].lastIndex(of: UInt8(ascii: ")")), close + 2 < count else { return true }
+        // "PID (comm) S ...": the state follows the last parenthesis.
+        return buffer[close + 2] != UInt8(ascii: "Z") && buffer[close + 2] != UInt8(ascii: "X")
     }
 
     /// Connects to the broker at `socketPath` (by default ``BrokerLocation/socketPath()``) that
@@ -57,6 +106,16 @@ public final class BrokerStore: ItemStore, Sendable {
         (try? UnixSocket.connect(to: socketPath)) != nil
     }
 
+    /// How the user is asked when the broker needs the passphrase: for an access-controlled
+    /// item whose query brings no context of its own, and for the `lockbox` command reaching
+    /// another application's group. The broker has no one to ask; the client asks its user and
+    /// the broker checks the answer (`Keychain.open` sets the options' context here). Nil: such
+    /// items read as locked (-25308), as in the vault.
+    public var authenticationContext: AuthenticationContext? {
+        get { defaultContext.withLock { $0 } }
+        set { defaultContext.withLock { $0 = newValue } }
+    }
+
     /// The process id of the broker this store last greeted.
     public var brokerProcessIdentifier: Int32 { brokerProcess.load(ordering: .relaxed) }
 
@@ -73,7 +132,7 @@ public final class BrokerStore: ItemStore, Sendable {
     /// - Throws: as ``ItemStore/items(matching:)``; `errSecMissingEntitlement` for a group the
     ///   caller does not hold.
     public func items(matching query: Query) throws(LockboxError) -> [Item] {
-        var reply = try request(.items, retryable: true) { BrokerCoding.encode(query, into: &$0) }
+        var reply = try request(.items, retryable: true, context: query.authenticationContext) { BrokerCoding.encode(query, into: &$0) }
         guard let payload = try? reply.bytes() else { throw Self.malformedReply }
         var decoder = FieldDecoder(payload)
         guard let count = try? decoder.integer(), count >= 0 else { throw Self.malformedReply }
@@ -89,7 +148,7 @@ public final class BrokerStore: ItemStore, Sendable {
     /// - Throws: as ``ItemStore/update(matching:to:)``; `errSecMissingEntitlement` for a group
     ///   the caller does not hold (the query's or the update's).
     public func update(matching query: Query, to update: ItemUpdate) throws(LockboxError) {
-        _ = try request(.update, retryable: false) {
+        _ = try request(.update, retryable: false, context: query.authenticationContext) {
             BrokerCoding.encode(query, into: &$0)
             BrokerCoding.encode(update, into: &$0)
         }
@@ -101,7 +160,7 @@ public final class BrokerStore: ItemStore, Sendable {
     ///   caller does not hold.
     @discardableResult
     public func delete(matching query: Query) throws(LockboxError) -> Int {
-        var reply = try request(.delete, retryable: false) { BrokerCoding.encode(query, into: &$0) }
+        var reply = try request(.delete, retryable: false, context: query.authenticationContext) { BrokerCoding.encode(query, into: &$0) }
         guard let count = try? reply.integer() else { throw Self.malformedReply }
         return count
     }
@@ -135,20 +194,64 @@ public final class BrokerStore: ItemStore, Sendable {
     static let malformedReply = LockboxError(
         .io, "lockboxd sent a malformed reply. Stop it (`lockbox status` shows its pid); it starts again on demand.")
 
-    /// Sends one request and returns its reply's results. A broker that went away is connected
-    /// to again once when the request cannot have reached it, or when repeating it is harmless.
+    /// Sends one request and returns its reply's results. When the broker answers that the
+    /// user's passphrase would let the request through (an access-controlled item, or the
+    /// `lockbox` command reaching another group), asks the user through `context` (else the
+    /// store's ``authenticationContext``) and sends the request again with the passphrase,
+    /// which the broker checks (a wrong one counts in the failed-attempt back-off).
     package func request(
-        _ operation: BrokerProtocol.Operation, retryable: Bool, _ arguments: (inout FieldEncoder) -> Void
+        _ operation: BrokerProtocol.Operation, retryable: Bool, context: AuthenticationContext? = nil,
+        _ arguments: (inout FieldEncoder) -> Void
     ) throws(LockboxError) -> FieldDecoder {
         var encoder = FieldEncoder()
         encoder.integer(operation.rawValue)
         arguments(&encoder)
         var bytes = encoder.bytes
         defer { bytes.wipe() }
+        var reply = try exchange(bytes, retryable: retryable)
+        defer { reply.wipe() }
+        if let (kind, asked) = BrokerCoding.challenge(in: reply) {
+            let refusal: LockboxError
+            do throws(LockboxError) {
+                _ = try BrokerCoding.decodeReply(reply)
+                throw Self.malformedReply
+            } catch {
+                refusal = error
+            }
+            guard let context = context ?? authenticationContext, !context.interactionNotAllowed, let verifier = context.verifier else {
+                throw refusal
+            }
+            let passphrase: SecretBytes
+            do throws(LockboxError) {
+                passphrase = try verifier.passphrase(for: asked)
+            } catch where kind == .everyGroup && (error.code == .interactionNotAllowed || error.code == .notAvailable) {
+                // No one to ask: the refusal stands, with how to get past it.
+                throw LockboxError(refusal.code, refusal.message + " (The passphrase, entered at a terminal, opens every group to lockbox.)")
+            }
+            guard !passphrase.isEmpty else { throw LockboxError(.userCanceled, "Cancelled: the passphrase was not given.") }
+            var authenticate = FieldEncoder()
+            authenticate.integer(BrokerProtocol.Operation.authenticate.rawValue)
+            var copy = passphrase.withUnsafeBytes { Array($0) }
+            authenticate.bytes(copy)
+            copy.wipe()
+            let reuse = max(.zero, min(context.reuseDuration, BrokerSession.longestReuse))
+            authenticate.integer(Int(reuse / .milliseconds(1)))
+            authenticate.bytes(bytes)
+            var wrapped = authenticate.bytes
+            defer { wrapped.wipe() }
+            reply.wipe()
+            reply = try exchange(wrapped, retryable: retryable)
+        }
+        return try BrokerCoding.decodeReply(reply)
+    }
+
+    /// One request frame out, its reply frame back. A broker that went away is connected to
+    /// again once when the request cannot have reached it, or when repeating it is harmless.
+    private func exchange(_ bytes: [UInt8], retryable: Bool) throws(LockboxError) -> [UInt8] {
         guard bytes.count <= BrokerProtocol.maximumRequestBytes else {
             throw LockboxError(.param, "The request is over the broker's limit of \(BrokerProtocol.maximumRequestBytes) bytes.")
         }
-        var reply = try connection.withLock { connection throws(LockboxError) -> [UInt8] in
+        return try connection.withLock { connection throws(LockboxError) -> [UInt8] in
             for attempt in 0..<2 {
                 let socket: UnixSocket
                 if let current = connection {
@@ -178,8 +281,6 @@ public final class BrokerStore: ItemStore, Sendable {
             }
             preconditionFailure("the second attempt returns or throws")
         }
-        defer { reply.wipe() }
-        return try BrokerCoding.decodeReply(reply)
     }
 
     private func brokerStopped(_ error: LockboxError) -> LockboxError {
@@ -242,7 +343,7 @@ public final class BrokerStore: ItemStore, Sendable {
                 "lockboxd at \(socketPath) (pid \(pid)) speaks broker protocol \(version), older than this program's "
                     + "\(BrokerProtocol.version). Stop it (kill \(pid)); the current one starts on demand.")
         }
-        guard Self.samePath(servedVault, vaultPath) else {
+        guard acceptsAnyVault || Self.samePath(servedVault, vaultPath) else {
             throw LockboxError(
                 .notAvailable,
                 "lockboxd at \(socketPath) serves the keychain \(servedVault), not \(vaultPath). Use that keychain, or give this one "

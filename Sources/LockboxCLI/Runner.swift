@@ -266,7 +266,40 @@ struct Runner {
                 : try BrokerUnits.uninstall()
             output.print(outcome.message)
             return .success
+        case .brokerControl(let stop):
+            return try brokerControl(stop: stop)
         }
+    }
+
+    // MARK: The broker
+
+    private func brokerControl(stop: Bool) throws(LockboxError) -> ExitStatus {
+        let broker: BrokerStore
+        do throws(LockboxError) {
+            broker = try BrokerControl.connection()
+        } catch where error.code == .notAvailable {
+            guard stop else {
+                output.print("lockboxd: not running (\(error.message))")
+                return .failure
+            }
+            throw LockboxError(.notAvailable, "No lockboxd runs, so there is nothing to stop: \(error.message)")
+        }
+        if stop {
+            let pid = try broker.stop()
+            output.error("Stopped lockboxd (pid \(pid)); every write it acknowledged is in the keychain file. The keys it held are forgotten.")
+            return .success
+        }
+        let status = try broker.status()
+        let state = status.isUnlocked ? "unlocked" : status.wasUnlockedSinceBoot ? "locked (unlocked since it started)" : "locked"
+        output.print(
+            [
+                "lockboxd: running, pid \(broker.brokerProcessIdentifier)",
+                "socket: \(broker.socketPath)",
+                "keychain: \(status.path)",
+                "state: \(state)",
+                "items: \(status.itemCount)",
+            ].joined(separator: "\n"))
+        return .success
     }
 
     // MARK: Items

@@ -10,7 +10,11 @@ let arguments = Array(CommandLine.arguments.dropFirst())
 // The broker, when one is used, identifies this process by its /proc files: connect before
 // they are hidden below. (Parsing reads no secret; the run parses again.)
 if let early = try? Parser.parse(arguments), !early.command.isAuthentication, !early.command.usesKeys {
-    Keychain.prepareBroker(Keychain.Options(backend: early.backend, path: early.keychain))
+    if case .brokerControl = early.command {
+        BrokerControl.connectEarly()
+    } else {
+        Keychain.prepareBroker(Keychain.Options(backend: early.backend, path: early.keychain))
+    }
 }
 
 // No core dumps and no same-user ptrace: this process holds secrets.

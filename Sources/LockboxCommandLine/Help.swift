@@ -43,6 +43,8 @@ package enum Help {
         Sync:
           sync                       synchronizable items end-to-end encrypted through PostgreSQL
         Broker:
+          broker status              whether lockboxd runs, its pid, keychain and lock state
+          broker stop                stop lockboxd once the requests it is answering are done
           broker install-units       let systemd start lockboxd on the first connection
           broker uninstall-units     remove those units
 
@@ -294,8 +296,17 @@ package enum Help {
                 """
         case "broker":
             return """
-                usage: lockbox broker install-units [--lockboxd PATH]
+                usage: lockbox broker status
+                       lockbox broker stop
+                       lockbox broker install-units [--lockboxd PATH]
                        lockbox broker uninstall-units
+
+                status says whether lockboxd answers at its socket (LOCKBOX_BROKER_SOCKET, else
+                $XDG_RUNTIME_DIR/lockbox/lockboxd.sock), and its pid, keychain and lock state;
+                it exits 1 when none runs. stop asks it to stop: it refuses new requests, finishes
+                those it is answering (every acknowledged write is in the keychain file), removes
+                its socket and exits, forgetting the keys it held. A socket of another user, or
+                one another user listens on, is refused.
 
                 install-units writes lockboxd.socket and lockboxd.service to
                 $XDG_CONFIG_HOME/systemd/user/ and enables the socket: systemd then starts lockboxd

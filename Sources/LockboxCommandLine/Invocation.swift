@@ -47,6 +47,8 @@ package enum Command {
     case unlockTPM(timeout: UInt32?)
     /// `broker install-units [--lockboxd PATH]`, `broker uninstall-units`.
     case brokerUnits(install: Bool, lockboxd: String?)
+    /// `broker status`, `broker stop`: the running `lockboxd` at the socket.
+    case brokerControl(stop: Bool)
 
     /// Commands that use managed keys or the TPM: they run in `lockbox-keys`, so that only
     /// they load libcrypto and the tss2 libraries.
@@ -364,8 +366,12 @@ package enum Parser {
         case "sync":
             return .sync(arguments: reader.options)
         case "broker":
-            let usage = "usage: lockbox broker install-units [--lockboxd PATH] | uninstall-units"
+            let usage = "usage: lockbox broker status | stop | install-units [--lockboxd PATH] | uninstall-units"
             let action = reader.next()
+            if action == "status" || action == "stop" {
+                if let option = reader.next() { throw reader.unknown(option) }
+                return .brokerControl(stop: action == "stop")
+            }
             guard action == "install-units" || action == "uninstall-units" else { throw UsageError(message: usage, verb: verb) }
             var lockboxd: String?
             while let option = reader.next() {

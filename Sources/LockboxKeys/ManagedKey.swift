@@ -173,3 +173,27 @@ public struct ManagedKey: Sendable, CustomStringConvertible {
         return query
     }
 }
+
+/// What a key item's public description (its `kSecAttrGeneric`) says, read without the key: for
+/// a program whose keys are inside `lockboxd`.
+package struct KeyItemDescription: Sendable {
+    package let algorithm: KeyAlgorithm
+    package let purposes: KeyPurposes
+    /// The public half; nil for an AES key.
+    package let publicKey: PublicKey?
+
+    /// Nil for an item that is not a managed key.
+    package init?(_ item: Item) {
+        guard item.itemClass == .key, let descriptor = KeyDescriptor(item.attributes.generic) else { return nil }
+        algorithm = descriptor.algorithm
+        purposes = descriptor.purposes
+        if descriptor.algorithm.isAsymmetric {
+            guard let publicKey = try? PublicKey(rawRepresentation: Data(descriptor.publicKey), algorithm: descriptor.algorithm) else {
+                return nil
+            }
+            self.publicKey = publicKey
+        } else {
+            publicKey = nil
+        }
+    }
+}

@@ -136,7 +136,9 @@ struct SecItemRequest {
             if role.isQuery {
                 switch key.material {
                 case .stored(let managed): persistentReference = managed.persistentReference
-                case .memory, .publicKey:
+                case .brokered(let brokered) where brokered.persistentReference != nil:
+                    persistentReference = brokered.persistentReference
+                case .memory, .publicKey, .brokered:
                     if let publicKey = key.publicKey {
                         attributes.applicationLabel = Data(MessageDigest.sha1(Array(publicKey.rawRepresentation)))
                     }

@@ -1,18 +1,16 @@
 import Foundation
-import LockboxTestSupport
-import Testing
 
 /// Runs a program on a real pseudo-terminal (its controlling terminal, so `/dev/tty` is it)
 /// and plays a script against it: wait for a text, then type an answer. Python's `pty.fork`
 /// does the session and controlling-terminal set-up that Foundation's `Process` cannot.
-struct TerminalSession {
-    enum Step: Encodable {
+public struct TerminalSession {
+    public enum Step: Encodable, Sendable {
         /// Waits until the program has written `text` (after what the last wait matched).
         case expect(String)
         /// Types `text` (a line needs its "\n"; the terminal turns Enter into it too).
         case type(String)
 
-        func encode(to encoder: Encoder) throws {
+        public func encode(to encoder: Encoder) throws {
             var container = encoder.unkeyedContainer()
             switch self {
             case .expect(let text): try container.encode("expect"); try container.encode(text)
@@ -21,13 +19,13 @@ struct TerminalSession {
         }
     }
 
-    struct Outcome {
-        var status: Int32
+    public struct Outcome: Sendable {
+        public var status: Int32
         /// Everything the program wrote on the terminal (the terminal echoes what was typed
         /// only while echo is on).
-        var transcript: String
+        public var transcript: String
         /// Empty when every step ran; otherwise which `expect` was never met.
-        var failure: String
+        public var failure: String
     }
 
     static let driver = #"""
@@ -76,23 +74,28 @@ struct TerminalSession {
         print(json.dumps({"status": code, "transcript": buffer.decode("utf-8", "replace"), "failure": failure}))
         """#
 
+    /// Why the terminal driver could not run: names what is missing.
+    public struct DriverFailure: Error, CustomStringConvertible {
+        public var description: String
+    }
+
     /// Runs `executable` with `arguments` on a new terminal and plays `steps`.
-    static func run(
-        _ executable: String, _ arguments: [String], steps: [Step], environment: [String: String]? = nil,
-        sourceLocation: SourceLocation = #_sourceLocation
+    public static func run(
+        _ executable: String, _ arguments: [String], steps: [Step], environment: [String: String]? = nil
     ) throws -> Outcome {
-        let python = try #require(
-            ProcessInfo.processInfo.environment["PATH", default: "/usr/bin:/bin"].split(separator: ":")
-                .map { "\($0)/python3" }.first { FileManager.default.isExecutableFile(atPath: $0) },
-            "python3 not found on PATH: the terminal tests drive a pseudo-terminal with it (install python3)",
-            sourceLocation: sourceLocation)
+        guard
+            let python = ProcessInfo.processInfo.environment["PATH", default: "/usr/bin:/bin"].split(separator: ":")
+                .map({ "\($0)/python3" }).first(where: { FileManager.default.isExecutableFile(atPath: $0) })
+        else {
+            throw DriverFailure(description: "python3 not found on PATH: the terminal tests drive a pseudo-terminal with it (install python3)")
+        }
         let script = String(decoding: try JSONEncoder().encode(steps), as: UTF8.self)
         let result = try LockboxTestSupport.run(
             python, ["-c", driver, script, executable] + arguments, environment: environment, timeout: 180)
-        try #require(result.status == 0, "the terminal driver failed: \(result.standardError)", sourceLocation: sourceLocation)
-        let decoded = try #require(
-            try JSONSerialization.jsonObject(with: Data(result.standardOutputBytes)) as? [String: Any],
-            "the terminal driver printed no outcome: \(result.standardOutput)", sourceLocation: sourceLocation)
+        guard result.status == 0 else { throw DriverFailure(description: "the terminal driver failed: \(result.standardError)") }
+        guard let decoded = try JSONSerialization.jsonObject(with: Data(result.standardOutputBytes)) as? [String: Any] else {
+            throw DriverFailure(description: "the terminal driver printed no outcome: \(result.standardOutput)")
+        }
         return Outcome(
             status: Int32(decoded["status"] as? Int ?? -1), transcript: decoded["transcript"] as? String ?? "",
             failure: decoded["failure"] as? String ?? "")
