@@ -36,6 +36,8 @@ public final class SyncGroup: Sendable {
     public let statePath: String
     /// One sync at a time through this value (the state is read, then rewritten).
     let syncing = Mutex(())
+    /// Where the last pull spent its time (lockbox-sync-bench prints it).
+    package let lastPullTimings = Mutex(PullTimings())
 
     var keys: SyncKeys { current.withLock { $0 } }
     /// This device's identifier in the group (random, public).
@@ -526,10 +528,19 @@ public final class SyncGroup: Sendable {
     }
 
     func pull(_ connection: PostgresConnection, state: SyncState, report: inout Report) throws(LockboxError) {
+        let clock = ContinuousClock()
+        var timings = PullTimings()
+        var mark = clock.now
+        func lap(_ phase: WritableKeyPath<PullTimings, Duration>) {
+            let now = clock.now
+            timings[keyPath: phase] += now - mark
+            mark = now
+        }
         let cursor = state.cursor
         let keys = self.keys
-        // One snapshot: the counter and the records below it agree.
-        let (counter, rows) = try connection.transaction { () throws(LockboxError) -> (Int64, [[String?]]) in
+        // One snapshot: the counter and the records below it agree. Records come in binary
+        // form, one query.
+        let (counter, rows) = try connection.transaction { () throws(LockboxError) -> (Int64, [[[UInt8]?]]) in
             try connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             let counterRows = try connection.execute(
                 "SELECT counter, key_epoch FROM lockbox_sync_groups WHERE group_id = $1", [.text(groupID)])
@@ -541,28 +552,41 @@ public final class SyncGroup: Sendable {
             guard try PostgresConnection.integer(counterRow[1]) == keys.epoch else {
                 throw LockboxError(.io, "The sync group's key changed during this sync (a device was removed). Sync again.")
             }
-            let rows = try connection.execute(
+            let rows = try connection.executeBinary(
                 "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 AND version > $2 ORDER BY version",
                 [.text(groupID), .integer(cursor)])
             return (counter, rows)
         }
+        lap(\.fetch)
+        // Every record's metadata is opened before anything is applied: a record that fails to
+        // open stops the pull with the vault untouched. Values stay sealed until written.
+        var failure: LockboxError { LockboxError.integrity("A record of the sync database") }
+        var received: [(id: String, version: Int64, sealed: SealedValueRecord)] = []
+        received.reserveCapacity(rows.count)
+        for row in rows {
+            guard let idBytes = row[0], let payload = row[2] else { throw failure }
+            let id = String(decoding: idBytes, as: UTF8.self)
+            let version = try PostgresConnection.integer(binary: row[1])
+            guard version > cursor, version <= counter else { throw failure }
+            received.append((id, version, try SealedValueRecord(payload, group: groupID, itemID: id, version: version, keys: keys)))
+        }
+        lap(\.open)
+        // A device that knows nothing yet (its first sync) has nothing to look up per record.
+        let knowsNothing = try state.isEmpty
         var pending = SyncState.Changes()
-        var additions: [(id: String, record: SyncRecord)] = []
+        var additions: [(id: String, sealed: SealedValueRecord)] = []
         // Rows written here since the push (by another process): checked before overwriting.
         var recent: Set<Data>?
-        for row in rows {
-            guard let id = row[0] else { throw LockboxError.integrity("A record of the sync database") }
-            let version = try PostgresConnection.integer(row[1])
-            guard version > cursor, version <= counter else { throw LockboxError.integrity("A record of the sync database") }
-            let record = try SyncRecord.open(try PostgresConnection.bytes(row[2]), group: groupID, itemID: id, version: version, keys: keys)
+        for (id, _, sealed) in received {
+            let record = sealed.record
             var known = pending.entries[id]
-            if known == nil { known = try state.entry(id) }
+            if known == nil && !knowsNothing { known = try state.entry(id) }
             if let known {
                 if known.stamp == record.stamp { continue }
                 if record.stamp < known.stamp { throw rolledBack() }
             }
             let entry = SyncState.Entry(stamp: record.stamp, contentDigest: record.contentDigest, isTombstone: record.isTombstone)
-            let existing = try Self.reference(of: id, pending: pending, state: state)()
+            let existing = knowsNothing ? nil : try Self.reference(of: id, pending: pending, state: state)()
             if let existing {
                 if recent == nil { recent = Set(try vault.synchronizableChanges(since: state.generation).changed) }
                 if recent?.contains(existing) == true, let mine = try readLocal(existing), itemID(mine.item) == id {
@@ -585,22 +609,20 @@ public final class SyncGroup: Sendable {
             report.pulled += 1
             pending.entries[id] = entry
             if existing == nil, let item = record.item {
-                // New here: added with others in one vault transaction.
-                guard Self.isEligible(item), itemID(item) == id else { throw LockboxError.integrity("A record of the sync database") }
-                additions.append((id, record))
-                if additions.count >= Self.pushBatch {
-                    try add(additions, pending: &pending)
-                    additions.removeAll()
-                }
+                // New here: imported with the others in one vault transaction.
+                guard Self.isEligible(item), itemID(item) == id else { throw failure }
+                additions.append((id, sealed))
                 continue
             }
-            if let reference = try apply(record, id: id, existing: existing) {
+            if let reference = try apply(try sealed.opened(keys: keys), id: id, existing: existing) {
                 pending.rows[reference] = .some(.some(id))
             } else if let existing {
                 pending.rows[existing] = .some(.none)
             }
         }
-        try add(additions, pending: &pending)
+        lap(\.decide)
+        try importAdditions(additions, keys: keys, pending: &pending, coveredGeneration: state.generation)
+        lap(\.vault)
         pending.cursor = counter
         try state.commit(pending)
         try connection.execute(
@@ -609,19 +631,34 @@ public final class SyncGroup: Sendable {
             ON CONFLICT (group_id, device_id) DO UPDATE SET pulled_version = excluded.pulled_version, last_sync = now()
             """,
             [.text(groupID), .text(device.id), .integer(counter)])
+        lap(\.state)
+        lastPullTimings.withLock { $0 = timings }
     }
 
-    /// Adds pulled items new here in one vault transaction. Their rows are mapped to items by
-    /// the next push, which reads every row written since it last ran (a push always runs
-    /// before a pull).
-    func add(_ additions: [(id: String, record: SyncRecord)], pending: inout SyncState.Changes) throws(LockboxError) {
+    /// Imports pulled items new here in one vault transaction, each value opened just before
+    /// the vault seals it. The state records their rows at once; when nothing else was written
+    /// to the vault since the push listed its rows, the push's generation moves past the
+    /// import too, so the next push does not read the rows back.
+    func importAdditions(
+        _ additions: [(id: String, sealed: SealedValueRecord)], keys: SyncKeys, pending: inout SyncState.Changes,
+        coveredGeneration: Int
+    ) throws(LockboxError) {
         guard !additions.isEmpty else { return }
         do {
-            try vault.add(contentsOf: additions.compactMap(\.record.item))
+            let imported = try vault.importItems(count: additions.count) { index throws(LockboxError) -> Item in
+                guard let item = try additions[index].sealed.opened(keys: keys).item else {
+                    preconditionFailure("only records with an item are imported")
+                }
+                return item
+            }
+            for (addition, reference) in zip(additions, imported.references) {
+                pending.rows[reference] = .some(.some(addition.id))
+            }
+            if imported.previousGeneration == coveredGeneration { pending.generation = imported.generation }
         } catch where error.code == .duplicateItem {
             // Already here under another row (a state lost): one at a time, as updates.
             for addition in additions {
-                if let reference = try apply(addition.record, id: addition.id, existing: nil) {
+                if let reference = try apply(try addition.sealed.opened(keys: keys), id: addition.id, existing: nil) {
                     pending.rows[reference] = .some(.some(addition.id))
                 }
             }
@@ -664,6 +701,22 @@ public final class SyncGroup: Sendable {
         }
         return try vault.item(matching: Query.primaryKey(of: item, returning: [.persistentReference])).persistentReference
     }
+}
+
+/// The phases of a pull, timed.
+package struct PullTimings: Sendable {
+    /// The counter and the records, from PostgreSQL.
+    package var fetch = Duration.zero
+    /// Opening every record's metadata.
+    package var open = Duration.zero
+    /// Comparing with what this device knows; applying updates and deletes.
+    package var decide = Duration.zero
+    /// The vault's import of new items (values opened there).
+    package var vault = Duration.zero
+    /// The local state's commit and the device's cursor in the database.
+    package var state = Duration.zero
+
+    package init() {}
 }
 
 extension Query {

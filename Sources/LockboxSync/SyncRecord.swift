@@ -144,10 +144,24 @@ struct SyncRecord {
     /// Opens a payload; any mismatch (another item's or version's record, an edited byte) is an
     /// integrity error.
     static func open(_ payload: [UInt8], group: String, itemID: String, version: Int64, keys: SyncKeys) throws(LockboxError) -> SyncRecord {
-        let associated = associatedData(group: group, itemID: itemID, version: version)
-        let failure = LockboxError.integrity("A record of the sync database")
+        try SealedValueRecord(payload, group: group, itemID: itemID, version: version, keys: keys).opened(keys: keys)
+    }
+}
+
+/// A record whose metadata is open and whose value is still sealed: a pull decides from the
+/// metadata what to do, and opens a value only as it writes it, so that thousands of values are
+/// never in memory at once.
+struct SealedValueRecord {
+    /// The record, with an item without its value.
+    var record: SyncRecord
+    let valueBox: [UInt8]?
+    private let associated: [UInt8]
+
+    init(_ payload: [UInt8], group: String, itemID: String, version: Int64, keys: SyncKeys) throws(LockboxError) {
+        associated = SyncRecord.associatedData(group: group, itemID: itemID, version: version)
+        // Made only on failure: a pull opens thousands of records.
+        var failure: LockboxError { LockboxError.integrity("A record of the sync database") }
         let metaBox: [UInt8]
-        let valueBox: [UInt8]?
         do {
             var outer = FieldDecoder(payload)
             guard let box = try outer.bytes() else { throw failure }
@@ -174,16 +188,23 @@ struct SyncRecord {
         let stamp = SyncStamp(modified: Int64(modified), device: device)
         guard let className else {
             guard valueBox == nil else { throw failure }
-            return SyncRecord(stamp: stamp, item: nil, contentDigest: [])
+            record = SyncRecord(stamp: stamp, item: nil, contentDigest: [])
+            return
         }
         guard let itemClass = ItemClass(rawValue: className), let attributeBytes,
             let attributes = try? ItemAttributes(decoding: attributeBytes), let digest
         else { throw failure }
-        var item = Item(itemClass, attributes: attributes)
-        if let valueBox {
-            guard let value = try? Crypto.open(valueBox, key: keys.sealing, associatedData: associated + [1]) else { throw failure }
-            item.data = value
+        record = SyncRecord(stamp: stamp, item: Item(itemClass, attributes: attributes), contentDigest: digest)
+    }
+
+    /// The record with its value opened.
+    func opened(keys: SyncKeys) throws(LockboxError) -> SyncRecord {
+        guard let valueBox, record.item != nil else { return record }
+        guard let value = try? Crypto.open(valueBox, key: keys.sealing, associatedData: associated + [1]) else {
+            throw LockboxError.integrity("A record of the sync database")
         }
-        return SyncRecord(stamp: stamp, item: item, contentDigest: digest)
+        var record = record
+        record.item?.data = value
+        return record
     }
 }

@@ -179,6 +179,16 @@ final class SyncState {
         return rows
     }
 
+    /// True when this device has recorded nothing yet (before its first pull).
+    var isEmpty: Bool {
+        get throws(LockboxError) {
+            let statement = try database.statement("SELECT EXISTS (SELECT 1 FROM entries) OR EXISTS (SELECT 1 FROM rows)")
+            defer { statement.reset() }
+            _ = try statement.step()
+            return statement.integer(0) == 0
+        }
+    }
+
     /// Items with a live entry (not tombstones): how many, for `lockbox sync status`.
     var liveEntryCount: Int {
         get throws(LockboxError) {

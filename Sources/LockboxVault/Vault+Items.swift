@@ -12,43 +12,62 @@ extension Vault {
 
     /// Adds several items in one transaction: all of them or, on any error, none.
     public func add(contentsOf items: [Item]) throws(LockboxError) {
-        var prepared: [(ItemClass, ItemAttributes, SecretBytes, AccessControl?)] = []
+        var prepared: [PreparedItem] = []
         prepared.reserveCapacity(items.count)
         let now = currentDate()
         for item in items {
-            var attributes = item.attributes
-            attributes.accessGroup = try resolvedGroupForWriting(attributes.accessGroup)
-            attributes.accessibility = attributes.accessibility ?? .default
-            attributes.synchronizable = attributes.synchronizable ?? false
-            attributes.creationDate = now
-            attributes.modificationDate = now
-            let data = item.data ?? .empty
-            try checkSizes(data: data, attributes: attributes)
-            prepared.append((item.itemClass, attributes, data, item.accessControl))
+            prepared.append(try prepareForAdding(item, now: now))
         }
         try withState { state throws(LockboxError) in
             try writeRows(state) { writer throws(LockboxError) in
-                for (itemClass, attributes, data, accessControl) in prepared {
-                    let keys = try keysForWriting(itemClass, attributes.accessibility!, state: state)
-                    if accessControl != nil && state.header.presencePublicKey == nil {
-                        throw LockboxError(
-                            .notAvailable,
-                            "Access control needs a passphrase to verify the user, and this keychain has none. "
-                                + "Set one with `lockbox set-passphrase`.")
-                    }
-                    let row = SealedRow.seal(
-                        id: Crypto.randomBytes(16), itemClass: itemClass, attributes: attributes, data: data,
-                        classKey: keys.classKey, indexKey: keys.indexKey, vaultID: state.header.vaultID,
-                        deviceID: state.device.identifier, accessControl: accessControl,
-                        presencePublicKey: state.header.presencePublicKey, version: writer.generation)
-                    do throws(LockboxError) {
-                        try writer.insert(row)
-                    } catch {
-                        throw error.code == .duplicateItem ? duplicate(itemClass, cause: error.cause) : error
-                    }
+                for item in prepared {
+                    _ = try insert(item, writer: writer, state: state)
                 }
             }
         }
+    }
+
+    /// An item checked and completed for adding (access group, accessibility, sync flag, dates).
+    struct PreparedItem {
+        var itemClass: ItemClass
+        var attributes: ItemAttributes
+        var data: SecretBytes
+        var accessControl: AccessControl?
+    }
+
+    func prepareForAdding(_ item: Item, now: Date) throws(LockboxError) -> PreparedItem {
+        var attributes = item.attributes
+        attributes.accessGroup = try resolvedGroupForWriting(attributes.accessGroup)
+        attributes.accessibility = attributes.accessibility ?? .default
+        attributes.synchronizable = attributes.synchronizable ?? false
+        attributes.creationDate = now
+        attributes.modificationDate = now
+        let data = item.data ?? .empty
+        try checkSizes(data: data, attributes: attributes)
+        return PreparedItem(itemClass: item.itemClass, attributes: attributes, data: data, accessControl: item.accessControl)
+    }
+
+    /// Seals a prepared item as a new row and inserts it; returns the row's identifier (the
+    /// item's persistent reference).
+    func insert(_ item: PreparedItem, writer: RowWriter, state: State) throws(LockboxError) -> [UInt8] {
+        let keys = try keysForWriting(item.itemClass, item.attributes.accessibility!, state: state)
+        if item.accessControl != nil && state.header.presencePublicKey == nil {
+            throw LockboxError(
+                .notAvailable,
+                "Access control needs a passphrase to verify the user, and this keychain has none. "
+                    + "Set one with `lockbox set-passphrase`.")
+        }
+        let row = SealedRow.seal(
+            id: Crypto.randomBytes(16), itemClass: item.itemClass, attributes: item.attributes, data: item.data,
+            classKey: keys.classKey, indexKey: keys.indexKey, vaultID: state.header.vaultID,
+            deviceID: state.device.identifier, accessControl: item.accessControl,
+            presencePublicKey: state.header.presencePublicKey, version: writer.generation)
+        do throws(LockboxError) {
+            try writer.insert(row)
+        } catch {
+            throw error.code == .duplicateItem ? duplicate(item.itemClass, cause: error.cause) : error
+        }
+        return row.id
     }
 
     public func items(matching query: Query) throws(LockboxError) -> [Item] {

@@ -62,3 +62,43 @@ extension Vault {
         }
     }
 }
+
+/// What ``Vault/importItems(count:_:)`` wrote.
+public struct ImportedItems: Sendable {
+    /// The new rows' persistent references, in the order the items were given.
+    public var references: [Data]
+    /// The vault's write generation just before the import, in the same transaction: equal to
+    /// an earlier ``SynchronizableChanges/generation`` when nothing else was written since.
+    public var previousGeneration: Int
+    /// The generation the import wrote (its rows' version).
+    public var generation: Int
+}
+
+extension Vault {
+    /// Adds `count` items in one write transaction, asking for each as it is written: a sync
+    /// that brings thousands of items opens each value just before it is sealed here, so only
+    /// one is in memory at a time. The rows are sealed and counted in the integrity record as
+    /// ``add(contentsOf:)`` does; the import commits once, all of it or (on any error, also one
+    /// `item` throws) nothing.
+    ///
+    /// - Parameters:
+    ///   - count: how many items `item` gives.
+    ///   - item: the item at an index, `0..<count`, each asked for once, in order.
+    /// - Returns: the rows' references and the generations before and of the import.
+    /// - Throws: `duplicateItem` when an item is here already (nothing is written); what
+    ///   `item` throws.
+    public func importItems(count: Int, _ item: (Int) throws(LockboxError) -> Item) throws(LockboxError) -> ImportedItems {
+        let now = currentDate()
+        return try withState { state throws(LockboxError) -> ImportedItems in
+            try writeRows(state) { writer throws(LockboxError) -> ImportedItems in
+                var imported = ImportedItems(references: [], previousGeneration: writer.generation - 1, generation: writer.generation)
+                imported.references.reserveCapacity(count)
+                for index in 0..<count {
+                    let prepared = try prepareForAdding(try item(index), now: now)
+                    imported.references.append(Data(try insert(prepared, writer: writer, state: state)))
+                }
+                return imported
+            }
+        }
+    }
+}

@@ -250,6 +250,44 @@ struct SyncTests {
         #expect(try machines[1].verify())
     }
 
+    @Test("A new device imports what it pulls in one vault transaction: a record failing mid-import leaves its vault as it was; the next sync imports all, every item reads back, the vault verifies")
+    func bulkImportIsAtomic() throws {
+        let (groups, machines) = try threeMachines()
+        let count = 200
+        var items: [Item] = []
+        for index in 0..<count {
+            var item = Item.genericPassword(service: "bulk\(index).example", account: "user", data: SecretBytes(utf8: "value \(index)"))
+            item.attributes.synchronizable = true
+            items.append(item)
+        }
+        try machines[0].vault.add(contentsOf: items)
+        try groups[0].sync()
+        // The newest record's value box damaged: its metadata opens, its value (the last item
+        // the import asks for) does not.
+        let connection = try PostgresConnection(try testDatabase())
+        let id = groups[0].groupID
+        let last = try connection.execute(
+            "SELECT item_id, payload FROM lockbox_sync_items WHERE group_id = $1 ORDER BY version DESC LIMIT 1", [.text(id)])[0]
+        let original = try PostgresConnection.bytes(last[1])
+        var damaged = original
+        damaged[damaged.count - 1] ^= 1
+        try connection.execute(
+            "UPDATE lockbox_sync_items SET payload = $3 WHERE group_id = $1 AND item_id = $2", [.text(id), .text(last[0]!), .bytes(damaged)])
+        let error = #expect(throws: LockboxError.self) { try groups[1].sync() }
+        #expect(error?.code == .decode)
+        #expect(try machines[1].count() == 0, "a failed import left items behind")
+        #expect(try machines[1].verify())
+        try connection.execute(
+            "UPDATE lockbox_sync_items SET payload = $3 WHERE group_id = $1 AND item_id = $2", [.text(id), .text(last[0]!), .bytes(original)])
+        #expect(try groups[1].sync().pulled == count)
+        #expect(try machines[1].count() == count)
+        for index in 0..<count {
+            #expect(try machines[1].value("bulk\(index).example", "user") == "value \(index)")
+        }
+        #expect(try machines[1].verify())
+        #expect(try groups[1].sync().changedNothing)
+    }
+
     @Test("A connection dropped in the middle of a push leaves nothing half-written; the next sync completes it")
     func droppedConnection() throws {
         let (groups, machines) = try threeMachines()
