@@ -371,6 +371,7 @@ public final class SyncGroup: Sendable {
     static let pushBatch = 500
 
     func push(_ connection: PostgresConnection, state: SyncState, report: inout Report) throws(LockboxError) {
+        try establishHead(connection, state: state)
         let found = try localChanges(state: state)
         report.examined = found.toRead.count
         var former = Set(found.gone.values.compactMap { $0 })
@@ -427,7 +428,8 @@ public final class SyncGroup: Sendable {
         let keys = self.keys
         try connection.transaction { () throws(LockboxError) in
             // The group row's lock orders every writer of the group: versions commit in order.
-            var counter = try lockedCounter(connection, cursor: cursor, epoch: keys.epoch)
+            var head = try lockedHead(connection, cursor: cursor, keys: keys)
+            var counter = head.counter
             // The database's records of the changed items, in one round trip.
             var existing: [String: (version: Int64, payload: String?)] = [:]
             for row in try connection.execute(
@@ -438,9 +440,14 @@ public final class SyncGroup: Sendable {
                 existing[id] = (try PostgresConnection.integer(row[1]), row[2])
             }
             for change in changes {
+                let known = try state.entry(change.id)
+                var replaced: [UInt8]?
                 if let row = existing[change.id] {
                     let remote = try SyncRecord.open(
                         try PostgresConnection.bytes(row.payload), group: groupID, itemID: change.id, version: row.version, keys: keys)
+                    // Older than what this device already saw of the item: a replay.
+                    if let known, remote.stamp < known.stamp { throw rolledBack() }
+                    replaced = SyncHead.element(itemID: change.id, version: row.version, record: remote, keys: keys)
                     if remote.stamp == change.record.stamp {
                         // Written by an earlier run that stopped before saving its state.
                         written.append(change)
@@ -456,8 +463,13 @@ public final class SyncGroup: Sendable {
                         superseding.append((change.id, remote))
                         continue
                     }
+                } else if known != nil {
+                    // This device saw a record of the item, and records are never deleted.
+                    throw SyncHead.withheld()
                 }
                 counter += 1
+                if let replaced { SyncHead.subtract(replaced, from: &head.accumulator) }
+                SyncHead.add(SyncHead.element(itemID: change.id, version: counter, record: change.record, keys: keys), to: &head.accumulator)
                 try connection.execute(
                     """
                     INSERT INTO lockbox_sync_items (group_id, item_id, version, device_id, payload) VALUES ($1, $2, $3, $4, $5)
@@ -471,8 +483,10 @@ public final class SyncGroup: Sendable {
                 written.append(change)
                 writes += 1
             }
+            head.counter = counter
             try connection.execute(
-                "UPDATE lockbox_sync_groups SET counter = $2 WHERE group_id = $1", [.text(groupID), .integer(counter)])
+                "UPDATE lockbox_sync_groups SET counter = $2, head = $3 WHERE group_id = $1",
+                [.text(groupID), .integer(counter), .bytes(head.sealed(group: groupID, keys: keys))])
         }
         for change in written {
             pending.entries[change.id] = SyncState.Entry(
@@ -503,21 +517,48 @@ public final class SyncGroup: Sendable {
         }
     }
 
-    /// The group's counter, row-locked until the transaction ends. A counter below what this
-    /// device has pulled means the database was rolled back (restored, or replayed); another
-    /// key epoch means a device was removed since this device caught up.
-    private func lockedCounter(_ connection: PostgresConnection, cursor: Int64, epoch: Int64) throws(LockboxError) -> Int64 {
+    /// The group's head (counter and digest, checked), the group row locked until the
+    /// transaction ends. A counter below what this device has pulled means the database was
+    /// rolled back (restored, or replayed); another key epoch means a device was removed since
+    /// this device caught up.
+    private func lockedHead(_ connection: PostgresConnection, cursor: Int64, keys: SyncKeys) throws(LockboxError) -> SyncHead {
         let rows = try connection.execute(
-            "SELECT counter, key_epoch FROM lockbox_sync_groups WHERE group_id = $1 FOR UPDATE", [.text(groupID)])
+            "SELECT counter, key_epoch, head FROM lockbox_sync_groups WHERE group_id = $1 FOR UPDATE", [.text(groupID)])
         guard let row = rows.first else {
             throw LockboxError(.itemNotFound, "The sync group \(groupID) is not in the database any more. Nothing was changed here.")
         }
         let counter = try PostgresConnection.integer(row[0])
         guard counter >= cursor else { throw rolledBack() }
-        guard try PostgresConnection.integer(row[1]) == epoch else {
+        guard try PostgresConnection.integer(row[1]) == keys.epoch else {
             throw LockboxError(.io, "The sync group's key changed during this sync (a device was removed). Sync again.")
         }
-        return counter
+        return try SyncHead.open(
+            try row[2].map { text throws(LockboxError) in try PostgresConnection.bytes(text) }, counter: counter, group: groupID, keys: keys)
+    }
+
+    /// A group from before heads (sync schema 3) gets one from the first device that syncs
+    /// after the upgrade, computed from every record as the database holds them (trusted once,
+    /// as on first use). A device that has verified a head refuses a group without one.
+    func establishHead(_ connection: PostgresConnection, state: SyncState) throws(LockboxError) {
+        let missing = "SELECT counter FROM lockbox_sync_groups WHERE group_id = $1 AND head IS NULL AND counter > 0"
+        guard try !connection.execute(missing, [.text(groupID)]).isEmpty else { return }
+        guard state.accumulator == nil else { throw SyncHead.tampered() }
+        let keys = self.keys
+        try connection.transaction { () throws(LockboxError) in
+            guard let row = try connection.execute(missing + " FOR UPDATE", [.text(groupID)]).first else { return }
+            var head = SyncHead(counter: try PostgresConnection.integer(row[0]), accumulator: SyncHead.empty.accumulator)
+            for record in try connection.executeBinary(
+                "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1", [.text(groupID)])
+            {
+                guard let idBytes = record[0], let payload = record[2] else { throw LockboxError.integrity("A record of the sync database") }
+                let id = String(decoding: idBytes, as: UTF8.self)
+                let version = try PostgresConnection.integer(binary: record[1])
+                let opened = try SealedValueRecord(payload, group: groupID, itemID: id, version: version, keys: keys)
+                SyncHead.add(SyncHead.element(itemID: id, version: version, record: opened.record, keys: keys), to: &head.accumulator)
+            }
+            try connection.execute(
+                "UPDATE lockbox_sync_groups SET head = $2 WHERE group_id = $1", [.text(groupID), .bytes(head.sealed(group: groupID, keys: keys))])
+        }
     }
 
     func rolledBack() -> LockboxError {
@@ -538,12 +579,15 @@ public final class SyncGroup: Sendable {
         }
         let cursor = state.cursor
         let keys = self.keys
-        // One snapshot: the counter and the records below it agree. Records come in binary
+        // Records above what the last verified head covered; all of them when this device has
+        // verified none yet.
+        let from = state.accumulator == nil ? 0 : cursor
+        // One snapshot: the counter, the head and the records agree. Records come in binary
         // form, one query.
-        let (counter, rows) = try connection.transaction { () throws(LockboxError) -> (Int64, [[[UInt8]?]]) in
+        let (head, rows) = try connection.transaction { () throws(LockboxError) -> (SyncHead, [[[UInt8]?]]) in
             try connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             let counterRows = try connection.execute(
-                "SELECT counter, key_epoch FROM lockbox_sync_groups WHERE group_id = $1", [.text(groupID)])
+                "SELECT counter, key_epoch, head FROM lockbox_sync_groups WHERE group_id = $1", [.text(groupID)])
             guard let counterRow = counterRows.first else {
                 throw LockboxError(.itemNotFound, "The sync group \(groupID) is not in the database any more. Nothing was changed here.")
             }
@@ -552,11 +596,15 @@ public final class SyncGroup: Sendable {
             guard try PostgresConnection.integer(counterRow[1]) == keys.epoch else {
                 throw LockboxError(.io, "The sync group's key changed during this sync (a device was removed). Sync again.")
             }
+            let head = try SyncHead.open(
+                try counterRow[2].map { text throws(LockboxError) in try PostgresConnection.bytes(text) }, counter: counter, group: groupID,
+                keys: keys)
             let rows = try connection.executeBinary(
                 "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 AND version > $2 ORDER BY version",
-                [.text(groupID), .integer(cursor)])
-            return (counter, rows)
+                [.text(groupID), .integer(from)])
+            return (head, rows)
         }
+        let counter = head.counter
         lap(\.fetch)
         // Every record's metadata is opened before anything is applied: a record that fails to
         // open stops the pull with the vault untouched. Values stay sealed until written.
@@ -567,13 +615,31 @@ public final class SyncGroup: Sendable {
             guard let idBytes = row[0], let payload = row[2] else { throw failure }
             let id = String(decoding: idBytes, as: UTF8.self)
             let version = try PostgresConnection.integer(binary: row[1])
-            guard version > cursor, version <= counter else { throw failure }
+            guard version > from, version <= counter else { throw failure }
             received.append((id, version, try SealedValueRecord(payload, group: groupID, itemID: id, version: version, keys: keys)))
         }
         lap(\.open)
+        // The records received, with those the last verified head listed, must give this head:
+        // a record withheld, deleted or replaced with an older one does not add up. Checked
+        // before anything is applied.
         // A device that knows nothing yet (its first sync) has nothing to look up per record.
         let knowsNothing = try state.isEmpty
         var pending = SyncState.Changes()
+        var accumulator = from == 0 ? SyncHead.empty.accumulator : state.accumulator ?? []
+        for (id, version, sealed) in received {
+            if from > 0, let listed = try state.verified(id) {
+                SyncHead.subtract(listed.element, from: &accumulator)
+            }
+            // Older than what this device already saw of the item: a replay.
+            if !knowsNothing, let known = try state.entry(id), sealed.record.stamp < known.stamp { throw rolledBack() }
+            let element = SyncHead.element(itemID: id, version: version, record: sealed.record, keys: keys)
+            SyncHead.add(element, to: &accumulator)
+            pending.verified[id] = SyncState.Listed(version: version, element: element)
+        }
+        guard SyncHead.equal(accumulator, head.accumulator) else { throw SyncHead.withheld() }
+        pending.replacesVerified = from == 0
+        pending.accumulator = head.accumulator
+        lap(\.verify)
         var additions: [(id: String, sealed: SealedValueRecord)] = []
         // Rows written here since the push (by another process): checked before overwriting.
         var recent: Set<Data>?
@@ -709,6 +775,8 @@ package struct PullTimings: Sendable {
     package var fetch = Duration.zero
     /// Opening every record's metadata.
     package var open = Duration.zero
+    /// Checking the records received against the group's head.
+    package var verify = Duration.zero
     /// Comparing with what this device knows; applying updates and deletes.
     package var decide = Duration.zero
     /// The vault's import of new items (values opened there).

@@ -14,6 +14,10 @@ struct SyncKeys: Sendable {
     let devices: SecretBytes
     /// Seals fleet sessions' tokens (epoch key).
     let fleet: SecretBytes
+    /// Authenticates the group's head (``SyncHead``) (epoch key).
+    let heads: SecretBytes
+    /// Makes the head's per-record elements (base key, so they survive a rotation).
+    let elements: SecretBytes
     /// Names items: opaque identifiers are keyed digests of primary keys (base key).
     let naming: SecretBytes
     /// Digests of item contents, to tell changed items from unchanged ones (base key).
@@ -38,6 +42,8 @@ struct SyncKeys: Sendable {
         sealing = Crypto.deriveKey(from: epochKey, context: "lbxsync2", identifier: 1)
         devices = Crypto.deriveKey(from: epochKey, context: "lbxsync2", identifier: 5)
         fleet = Crypto.deriveKey(from: epochKey, context: "lbxsync2", identifier: 6)
+        heads = Crypto.deriveKey(from: epochKey, context: "lbxsync2", identifier: 7)
+        elements = Crypto.deriveKey(from: base, context: "lbxsync1", identifier: 4)
         self.epoch = epoch
         self.secrets = secrets
     }
