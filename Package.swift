@@ -285,7 +285,7 @@ let package = Package(
             swiftSettings: strict),
         .testTarget(
             name: "LockboxSyncTests",
-            dependencies: ["LockboxSync", "LockboxVault", "Lockbox", "LockboxTestSupport"],
+            dependencies: ["LockboxSync", "LockboxVault", "LockboxKeys", "Lockbox", "LockboxTestSupport"],
             swiftSettings: strict),
         .testTarget(
             name: "LockboxBrokerTests",

@@ -281,7 +281,8 @@ public final class SyncGroup: Sendable {
         var digest: [UInt8]
     }
 
-    static let syncedClasses: [ItemClass] = [.genericPassword, .internetPassword, .certificate]
+    /// Passwords, certificates and software keys, as iOS 14 and later sync.
+    static let syncedClasses: [ItemClass] = [.genericPassword, .internetPassword, .certificate, .key]
 
     /// Pushes this vault's changes since the last sync, then pulls the other devices' (only
     /// records newer than this device's cursor). Finding the changes costs a pass over the
@@ -313,6 +314,8 @@ public final class SyncGroup: Sendable {
     static func isEligible(_ item: Item) -> Bool {
         item.attributes.synchronizable == true && item.accessControl == nil
             && !(item.attributes.accessibility ?? .default).isThisDeviceOnly && syncedClasses.contains(item.itemClass)
+            // A hardware key's value is its TPM's wrapped blob: it never leaves the machine.
+            && !(item.itemClass == .key && ManagedKeyValue.isHardwareKey(descriptor: item.attributes.generic))
     }
 
     /// The item in the vault row `reference`, when it syncs; nil when the row is gone or does
@@ -323,7 +326,9 @@ public final class SyncGroup: Sendable {
             query.persistentReference = reference
             let item: Item
             do {
-                item = try vault.item(matching: query)
+                // A key's value is read through the key API's path: sync carries a
+                // non-extractable key to the group's devices, sealed end to end, and nowhere else.
+                item = itemClass == .key ? try keyMaterial(query) : try vault.item(matching: query)
             } catch where error.code == .itemNotFound {
                 continue
             } catch where error.code == .authFailed || error.code == .userCanceled || error.code == .interactionNotAllowed {
@@ -334,6 +339,13 @@ public final class SyncGroup: Sendable {
             return LocalItem(item: item, digest: SyncRecord.contentDigest(item, keys: keys))
         }
         return nil
+    }
+
+    private func keyMaterial(_ query: Query) throws(LockboxError) -> Item {
+        guard let item = try vault.keyMaterial(matching: query).first else {
+            throw LockboxError(.itemNotFound, "No such key.")
+        }
+        return item
     }
 
     func itemID(_ item: Item) -> String {

@@ -44,6 +44,7 @@ extension Vault {
         attributes.modificationDate = now
         let data = item.data ?? .empty
         try checkSizes(data: data, attributes: attributes)
+        try Self.checkSynchronizable(attributes, hasAccessControl: item.accessControl != nil)
         return PreparedItem(itemClass: item.itemClass, attributes: attributes, data: data, accessControl: item.accessControl)
     }
 
@@ -147,6 +148,7 @@ extension Vault {
                     }
                     let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
                     guard var attributes = try openMatching(row, plan: plan, classKey: classKey, prefix: prefix) else { continue }
+                    try Self.checkSynchronizable(update.attributes, hasAccessControl: !row.accessControl.isEmpty)
                     let itemKey = try itemKey(of: row, classKey: classKey, prefix: prefix, query: query, action: "update", state: state)
                     let data: SecretBytes
                     if let replacement = update.data {

@@ -102,3 +102,17 @@ extension Vault {
         }
     }
 }
+
+extension Vault {
+    /// Apple's rule, which SecItemAdd and SecItemUpdate enforce with `errSecParam`: an item with
+    /// access control is not synchronizable. Its value needs the user of this machine (the
+    /// presence key sealing its item key is this keychain's), so it could neither be read to be
+    /// sent nor keep its protection elsewhere.
+    static func checkSynchronizable(_ attributes: ItemAttributes, hasAccessControl: Bool) throws(LockboxError) {
+        guard hasAccessControl, attributes.synchronizable == true else { return }
+        throw LockboxError(
+            .param,
+            "An item with access control cannot be synchronizable: its value needs this machine's user. "
+                + "Store it with synchronizable off, or without access control.")
+    }
+}
