@@ -652,7 +652,7 @@ public final class SyncGroup: Sendable {
         pending.replacesVerified = from == 0
         pending.accumulator = head.accumulator
         lap(\.verify)
-        var additions: [(id: String, sealed: SealedValueRecord)] = []
+        var changes: [(id: String, existing: Data?, sealed: SealedValueRecord)] = []
         // Rows written here since the push (by another process): checked before overwriting.
         var recent: Set<Data>?
         for (id, _, sealed) in received {
@@ -686,20 +686,14 @@ public final class SyncGroup: Sendable {
             }
             report.pulled += 1
             pending.entries[id] = entry
-            if existing == nil, let item = record.item {
-                // New here: imported with the others in one vault transaction.
+            if let item = record.item {
                 guard Self.isEligible(item), itemID(item) == id else { throw failure }
-                additions.append((id, sealed))
-                continue
             }
-            if let reference = try apply(try sealed.opened(keys: keys), id: id, existing: existing) {
-                pending.rows[reference] = .some(.some(id))
-            } else if let existing {
-                pending.rows[existing] = .some(.none)
-            }
+            // Applied with the others in one vault transaction.
+            changes.append((id, existing, sealed))
         }
         lap(\.decide)
-        try importAdditions(additions, keys: keys, pending: &pending, coveredGeneration: state.generation)
+        try applyPulled(changes, keys: keys, pending: &pending, coveredGeneration: state.generation)
         lap(\.vault)
         pending.cursor = counter
         try state.commit(pending)
@@ -713,31 +707,41 @@ public final class SyncGroup: Sendable {
         lastPullTimings.withLock { $0 = timings }
     }
 
-    /// Imports pulled items new here in one vault transaction, each value opened just before
-    /// the vault seals it. The state records their rows at once; when nothing else was written
-    /// to the vault since the push listed its rows, the push's generation moves past the
-    /// import too, so the next push does not read the rows back.
-    func importAdditions(
-        _ additions: [(id: String, sealed: SealedValueRecord)], keys: SyncKeys, pending: inout SyncState.Changes,
+    /// Applies pulled records in one vault transaction (``Vault/applyChanges(count:_:)``), each
+    /// value opened just before the vault seals it: new items added, others replaced, tombstones
+    /// deleted. The state records the rows at once; when nothing else was written to the vault
+    /// since the push listed its rows, the push's generation moves past these changes too, so
+    /// the next push does not read them back. Should the vault have changed under the state (a
+    /// row gone, an item already there), each record is applied on its own instead.
+    func applyPulled(
+        _ changes: [(id: String, existing: Data?, sealed: SealedValueRecord)], keys: SyncKeys, pending: inout SyncState.Changes,
         coveredGeneration: Int
     ) throws(LockboxError) {
-        guard !additions.isEmpty else { return }
+        guard !changes.isEmpty else { return }
         do {
-            let imported = try vault.importItems(count: additions.count) { index throws(LockboxError) -> Item in
-                guard let item = try additions[index].sealed.opened(keys: keys).item else {
-                    preconditionFailure("only records with an item are imported")
+            let applied = try vault.applyChanges(count: changes.count) { index throws(LockboxError) -> SyncedChange in
+                let change = changes[index]
+                guard let item = try change.sealed.opened(keys: keys).item else {
+                    guard let existing = change.existing else { preconditionFailure("a tombstone of nothing here is not applied") }
+                    return .delete(reference: existing, classes: Self.syncedClasses)
                 }
-                return item
+                guard let existing = change.existing else { return .add(item) }
+                return .replace(reference: existing, with: item)
             }
-            for (addition, reference) in zip(additions, imported.references) {
-                pending.rows[reference] = .some(.some(addition.id))
+            for (change, reference) in zip(changes, applied.references) {
+                if let reference {
+                    pending.rows[reference] = .some(.some(change.id))
+                } else if let existing = change.existing {
+                    pending.rows[existing] = .some(.none)
+                }
             }
-            if imported.previousGeneration == coveredGeneration { pending.generation = imported.generation }
-        } catch where error.code == .duplicateItem {
-            // Already here under another row (a state lost): one at a time, as updates.
-            for addition in additions {
-                if let reference = try apply(try addition.sealed.opened(keys: keys), id: addition.id, existing: nil) {
-                    pending.rows[reference] = .some(.some(addition.id))
+            if applied.previousGeneration == coveredGeneration { pending.generation = applied.generation }
+        } catch where error.code == .duplicateItem || error.code == .itemNotFound {
+            for change in changes {
+                if let reference = try apply(try change.sealed.opened(keys: keys), id: change.id, existing: change.existing) {
+                    pending.rows[reference] = .some(.some(change.id))
+                } else if let existing = change.existing {
+                    pending.rows[existing] = .some(.none)
                 }
             }
         }
@@ -791,7 +795,7 @@ package struct PullTimings: Sendable {
     package var verify = Duration.zero
     /// Comparing with what this device knows; applying updates and deletes.
     package var decide = Duration.zero
-    /// The vault's import of new items (values opened there).
+    /// The vault's one transaction: new items added, others replaced or deleted (values opened there).
     package var vault = Duration.zero
     /// The local state's commit and the device's cursor in the database.
     package var state = Duration.zero

@@ -112,7 +112,7 @@ do {
     row("    of the sync: open every record's metadata", inSeconds(phases.open))
     row("    of the sync: check the records against the group's head", inSeconds(phases.verify))
     row("    of the sync: compare with the local state", inSeconds(phases.decide))
-    row("    of the sync: vault import (values opened, one commit)", inSeconds(phases.vault))
+    row("    of the sync: vault, one transaction (values opened there)", inSeconds(phases.vault))
     row("    of the sync: local state commit, cursor", inSeconds(phases.state))
     row("  the vault alone adding the same \(floorItems.count) items (500 a transaction)", vaultAdd,
         String(format: "sync = COPY + vault add + %.0f ms", (firstSync - copy - vaultAdd) * 1000))

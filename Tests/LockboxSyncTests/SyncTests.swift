@@ -286,6 +286,22 @@ struct SyncTests {
         }
         #expect(try machines[1].verify())
         #expect(try groups[1].sync().changedNothing)
+        // Edits and deletes are applied in one vault transaction too.
+        tick()
+        for index in 0..<50 { try machines[0].set("bulk\(index).example", "user", "edited \(index)") }
+        for index in 50..<70 { try machines[0].delete("bulk\(index).example", "user") }
+        try groups[0].sync()
+        #expect(try groups[1].sync().pulled == 70)
+        #expect(try machines[1].count() == count - 20)
+        #expect(try machines[1].value("bulk7.example", "user") == "edited 7")
+        #expect(try machines[1].value("bulk60.example", "user") == nil)
+        #expect(try machines[1].value("bulk99.example", "user") == "value 99")
+        #expect(try machines[1].verify())
+        // ... and known afterwards: a delete there reaches the first machine.
+        try machines[1].delete("bulk7.example", "user")
+        #expect(try groups[1].sync().pushed == 1)
+        try groups[0].sync()
+        #expect(try machines[0].value("bulk7.example", "user") == nil)
     }
 
     @Test("A connection dropped in the middle of a push leaves nothing half-written; the next sync completes it")
