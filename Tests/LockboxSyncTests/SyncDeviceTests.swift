@@ -292,6 +292,14 @@ extension SyncTests {
         #expect(json["pendingRemoteVersions"] as? Int == 0)
         let text = try SyncCLI.run(first, ["sync", "status"])
         #expect(text.standardOutput.contains("(this device)") && text.standardOutput.contains("last sync:"))
+        // Both devices verified the same head at the same version: the same fingerprint.
+        let firstJSON = try #require(
+            try JSONSerialization.jsonObject(with: Data(try SyncCLI.run(first, ["sync", "status", "--json"]).standardOutput.utf8)) as? [String: Any])
+        let head = try #require(json["head"] as? String)
+        #expect(head.count == 16)
+        #expect(firstJSON["pulledVersion"] as? Int == json["pulledVersion"] as? Int)
+        #expect(firstJSON["head"] as? String == head)
+        #expect(text.standardOutput.contains("verified head:    version"))
 
         // The database unreachable: status says so and succeeds; a sync fails with -25291;
         // the keychain works.

@@ -123,6 +123,27 @@ extension SyncTests {
         #expect(try machines[1].value("d.example", "user") == "d1")
     }
 
+    @Test("A group without a head (from before heads) gets one from a device that has verified none; the others then verify it")
+    func groupFromBeforeHeadsGetsOne() throws {
+        let (groups, machines) = try threeMachines()
+        for name in ["l1", "l2", "l3"] { try machines[0].add("\(name).example", "user", name) }
+        try groups[0].sync()
+        try groups[1].sync()
+        // As a group written before schema 3 would be: records, and no head.
+        let connection = try PostgresConnection(try testDatabase())
+        try connection.execute("UPDATE lockbox_sync_groups SET head = NULL WHERE group_id = $1", [.text(groups[0].groupID)])
+        // Machine C has verified no head: it computes one from the records, and pulls.
+        #expect(try groups[2].sync().pulled == 3)
+        #expect(try machines[2].value("l2.example", "user") == "l2")
+        let head = try connection.execute("SELECT head FROM lockbox_sync_groups WHERE group_id = $1", [.text(groups[0].groupID)])
+        #expect(head.first?[0] != nil)
+        // The machines that verified the same records before agree with it.
+        try machines[1].set("l1.example", "user", "l1 again")
+        try groups[1].sync()
+        try groups[0].sync()
+        #expect(try machines[0].value("l1.example", "user") == "l1 again")
+    }
+
     @Test("The head rolled back, edited or removed is refused by the devices that saw a later one")
     func rolledBackHeadIsRefused() throws {
         let (groups, machines) = try threeMachines()
