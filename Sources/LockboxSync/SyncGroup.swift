@@ -631,11 +631,11 @@ public final class SyncGroup: Sendable {
             received.append((id, version, try SealedValueRecord(payload, group: groupID, itemID: id, version: version, keys: keys)))
         }
         lap(\.open)
+        // A device that knows nothing yet (its first sync) has nothing to look up per record.
+        let knowsNothing = try state.isEmpty
         // The records received, with those the last verified head listed, must give this head:
         // a record withheld, deleted or replaced with an older one does not add up. Checked
         // before anything is applied.
-        // A device that knows nothing yet (its first sync) has nothing to look up per record.
-        let knowsNothing = try state.isEmpty
         var pending = SyncState.Changes()
         var accumulator = from == 0 ? SyncHead.empty.accumulator : state.accumulator ?? []
         for (id, version, sealed) in received {
