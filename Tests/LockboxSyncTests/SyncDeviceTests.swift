@@ -262,6 +262,39 @@ extension SyncTests {
 }
 
 extension SyncTests {
+    @Test("A new device's first sync killed (SIGKILL) at any point leaves its vault with all the items or none; the next sync completes")
+    func killedFirstPullIsAllOrNothing() throws {
+        let database = try testDatabase()
+        let (groups, machines) = try threeMachines()
+        let count = 600
+        var items: [Item] = []
+        for index in 0..<count {
+            var item = Item.genericPassword(service: "pull\(index).example", account: "user", data: SecretBytes(utf8: "value \(index)"))
+            item.attributes.synchronizable = true
+            items.append(item)
+        }
+        try machines[0].vault.add(contentsOf: items)
+        try groups[0].sync()
+        try SyncCLI.configure(machines[1], group: groups[0].groupID, database: database)
+        var finished = 0
+        var killed = 0
+        for delay in [0.1, 0.2, 0.3, 0.45, 0.6, 0.8] where finished == 0 {
+            let result = try SyncCLI.run(machines[1], ["sync", "now"], timeout: delay)
+            if result.status == 0 { finished += 1 } else { killed += 1 }
+            // One vault transaction: all of them or none, and the vault sound either way.
+            let present = try machines[1].count()
+            #expect(present == 0 || present == count, "a killed import left \(present) of \(count) items")
+            #expect(try machines[1].verify())
+        }
+        #expect(killed > 0, "no sync was killed before it finished")
+        let final = try SyncCLI.run(machines[1], ["sync", "now"])
+        #expect(final.status == 0, "lockbox sync now: \(final.standardError)")
+        #expect(try machines[1].count() == count)
+        #expect(try machines[1].value("pull599.example", "user") == "value 599")
+        #expect(try groups[1].sync().changedNothing)
+        #expect(try storedRecords(groups[0].groupID).count == count, "the new device wrote records")
+    }
+
     @Test("lockbox sync: create, invite, join with the code on standard input, now, status; status with the database down")
     func commandLine() throws {
         let database = try testDatabase()
