@@ -255,8 +255,7 @@ final class SyncState {
         try database.writeTransaction { () throws(LockboxError) in
             let putEntry = try database.statement(
                 "INSERT OR REPLACE INTO entries (item_id, modified, writer, digest, tombstone, mac) VALUES (?, ?, ?, ?, ?, ?)")
-            // In key order: SQLite appends to its B-trees instead of splitting pages at random.
-            for (id, entry) in changes.entries.sorted(by: { $0.key < $1.key }) {
+            for (id, entry) in changes.entries {
                 putEntry.reset()
                 putEntry.bind(1, id)
                 putEntry.bind(2, Int(entry.stamp.modified))
@@ -269,7 +268,7 @@ final class SyncState {
             putEntry.reset()
             let putRow = try database.statement("INSERT OR REPLACE INTO rows (reference, item_id, mac) VALUES (?, ?, ?)")
             let dropRow = try database.statement("DELETE FROM rows WHERE reference = ?")
-            for (reference, id) in changes.rows.sorted(by: { $0.key.lexicographicallyPrecedes($1.key) }) {
+            for (reference, id) in changes.rows {
                 if let id {
                     putRow.reset()
                     putRow.bind(1, Array(reference))
@@ -286,7 +285,7 @@ final class SyncState {
             dropRow.reset()
             if changes.replacesVerified { try database.execute("DELETE FROM verified") }
             let putVerified = try database.statement("INSERT OR REPLACE INTO verified (item_id, version, element) VALUES (?, ?, ?)")
-            for (id, listed) in changes.verified.sorted(by: { $0.key < $1.key }) {
+            for (id, listed) in changes.verified {
                 putVerified.reset()
                 putVerified.bind(1, id)
                 putVerified.bind(2, Int(listed.version))
