@@ -286,7 +286,7 @@ let package = Package(
             swiftSettings: strict),
         .testTarget(
             name: "LockboxSyncTests",
-            dependencies: ["LockboxSync", "LockboxVault", "Lockbox", "LockboxTestSupport"],
+            dependencies: ["LockboxSync", "LockboxVault", "LockboxKeys", "Lockbox", "LockboxTestSupport"],
             swiftSettings: strict),
         .testTarget(
             name: "LockboxBrokerTests",

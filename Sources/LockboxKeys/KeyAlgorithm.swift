@@ -115,6 +115,12 @@ public struct KeySpecification: Sendable {
     /// or removed, as an Android Keystore key does after a lock-screen change. Needs a
     /// passphrase when the key is made.
     public var isInvalidatedByPassphraseChange = false
+    /// `kSecAttrSynchronizable`: the key travels, sealed end to end, to the other devices of the
+    /// keychain's sync groups (LockboxSync), as a synchronizable password does. Only a software
+    /// key, with an accessibility without `ThisDeviceOnly`, without access control and not
+    /// bound to the passphrase: anything else is refused when the key is made (`errSecParam`).
+    /// A hardware key never leaves its TPM.
+    public var isSynchronizable = false
 
     public init(algorithm: KeyAlgorithm, purposes: KeyPurposes) {
         self.algorithm = algorithm

@@ -21,6 +21,8 @@ public struct ManagedKey: Sendable, CustomStringConvertible {
     public let accessControl: AccessControl?
     public let isExtractable: Bool
     public let isInvalidatedByPassphraseChange: Bool
+    /// `kSecAttrSynchronizable`: the key travels to the keychain's sync groups (LockboxSync).
+    public let isSynchronizable: Bool
     /// Where the private key lives: ``KeyToken/hardware`` for a key made inside the TPM.
     public let token: KeyToken
     /// The public half; nil for an AES key.
@@ -54,6 +56,7 @@ public struct ManagedKey: Sendable, CustomStringConvertible {
         accessControl = item.accessControl
         isExtractable = !descriptor.flags.contains(.nonExtractable)
         isInvalidatedByPassphraseChange = descriptor.flags.contains(.invalidatedByPassphraseChange)
+        isSynchronizable = item.attributes.synchronizable == true
         token = descriptor.flags.contains(.hardware) ? .hardware : .software
         persistentReference = reference
         accessGroup = item.attributes.accessGroup
@@ -166,7 +169,8 @@ public struct ManagedKey: Sendable, CustomStringConvertible {
     }
 
     func itemQuery(returning: Query.ReturnOptions, context: AuthenticationContext?) -> Query {
-        var query = Query(.key, returning: returning)
+        // The reference names one item, synchronizable or not.
+        var query = Query(.key, returning: returning, synchronizable: .any)
         query.persistentReference = persistentReference
         query.attributes.accessGroup = accessGroup
         query.authenticationContext = context

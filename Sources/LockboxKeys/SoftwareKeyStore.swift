@@ -77,6 +77,7 @@ public final class SoftwareKeyStore: Sendable {
     ///   `interactionNotAllowed` when the vault is locked.
     public func generate(_ specification: KeySpecification) throws(LockboxError) -> ManagedKey {
         let algorithm = specification.algorithm
+        if let refusal = synchronizationCheck(specification) { throw refusal }
         guard !specification.purposes.isEmpty else {
             throw LockboxError(.param, "A key needs at least one purpose (sign, verify, encrypt, decrypt, keyAgreement).")
         }
@@ -143,6 +144,7 @@ public final class SoftwareKeyStore: Sendable {
     public func importKey(p256PrivateRepresentation representation: SecretBytes, _ specification: KeySpecification)
         throws(LockboxError) -> ManagedKey
     {
+        if let refusal = synchronizationCheck(specification) { throw refusal }
         guard specification.algorithm == .p256, algorithmCheck(specification) == nil else {
             throw algorithmCheck(specification)
                 ?? LockboxError(.param, "Only P-256 private keys can be imported; this specification is for \(specification.algorithm).")
@@ -165,6 +167,29 @@ public final class SoftwareKeyStore: Sendable {
         var flags: KeyEnvelope.Flags = []
         if !specification.isExtractable { flags.insert(.nonExtractable) }
         return try store(secret: representation, publicKey: publicKey, flags: flags, bindingKey: nil, specification)
+    }
+
+    /// Why a key so specified cannot be synchronizable, if it is asked to be.
+    private func synchronizationCheck(_ specification: KeySpecification) -> LockboxError? {
+        guard specification.isSynchronizable else { return nil }
+        if specification.token == .hardware {
+            return LockboxError(
+                .param,
+                "A hardware (TPM) key cannot be synchronizable: its private half never leaves this machine's TPM. "
+                    + "Make a software key to sync it, or keep this one local.")
+        }
+        if specification.accessibility.isThisDeviceOnly {
+            return LockboxError(.param, "A synchronizable key cannot use a ThisDeviceOnly accessibility.")
+        }
+        if specification.accessControl != nil {
+            return LockboxError(
+                .param, "A key with access control cannot be synchronizable: its use needs this machine's user. Drop one of the two.")
+        }
+        if specification.isInvalidatedByPassphraseChange {
+            return LockboxError(
+                .param, "A key bound to this keychain's passphrase cannot be synchronizable: no other device has that passphrase's key.")
+        }
+        return nil
     }
 
     /// The reason `specification` cannot make a key, if any.
@@ -199,11 +224,12 @@ public final class SoftwareKeyStore: Sendable {
         // symmetric key gets random bytes. Either way it tells keys with one tag apart.
         attributes.applicationLabel = Data(algorithm.isAsymmetric ? MessageDigest.sha1(publicKey) : Crypto.randomBytes(20))
         attributes.generic = descriptor.encoded
+        attributes.synchronizable = specification.isSynchronizable
         var item = Item(.key, attributes: attributes, data: envelope.encode(secret: secret, bindingKey: bindingKey))
         item.accessControl = specification.accessControl
         try vault.add(item)
 
-        var query = Query(.key, returning: [.attributes, .persistentReference])
+        var query = Query(.key, returning: [.attributes, .persistentReference], synchronizable: .any)
         query.attributes.keyClass = attributes.keyClass
         query.attributes.keyType = attributes.keyType
         query.attributes.keySizeInBits = 256
@@ -246,7 +272,8 @@ public final class SoftwareKeyStore: Sendable {
     /// - Returns: an empty array when there is none.
     /// - Throws: `interactionNotAllowed` when the vault is locked (never an empty answer).
     public func keys(applicationTag: Data? = nil, label: String? = nil) throws(LockboxError) -> [ManagedKey] {
-        var query = Query(.key, limit: .all, returning: [.attributes, .persistentReference])
+        // Synchronizable keys too: a key synced from another device is found by its tag.
+        var query = Query(.key, limit: .all, returning: [.attributes, .persistentReference], synchronizable: .any)
         query.attributes.applicationTag = applicationTag
         query.attributes.label = label
         do {

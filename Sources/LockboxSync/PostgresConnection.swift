@@ -56,11 +56,31 @@ package final class PostgresConnection {
     /// Runs one statement; the rows of its result, each column as text (nil for NULL).
     @discardableResult
     package func execute(_ sql: String, _ parameters: [Value] = []) throws(LockboxError) -> [[String?]] {
+        try run(sql, parameters, binary: false) { result, row, column in
+            String(cString: PQgetvalue(result, row, column))
+        }
+    }
+
+    /// Runs one statement and returns its rows in PostgreSQL's binary format, each column as
+    /// its bytes (nil for NULL): `bytea` as stored, `text` as UTF-8, `bigint` as 8 bytes, big
+    /// endian (``integer(binary:)``). A pull reads its records this way: no hex to decode, no
+    /// intermediate strings.
+    package func executeBinary(_ sql: String, _ parameters: [Value] = []) throws(LockboxError) -> [[[UInt8]?]] {
+        try run(sql, parameters, binary: true) { result, row, column in
+            let count = Int(PQgetlength(result, row, column))
+            guard count > 0, let value = PQgetvalue(result, row, column) else { return [] }
+            return [UInt8](UnsafeRawBufferPointer(start: value, count: count))
+        }
+    }
+
+    private func run<Column>(
+        _ sql: String, _ parameters: [Value], binary: Bool, column: (OpaquePointer, Int32, Int32) -> Column
+    ) throws(LockboxError) -> [[Column?]] {
         let texts = parameters.map { $0.sqlText.flatMap { strdup($0) } }
         defer { texts.forEach { free($0) } }
         let pointers = texts.map { $0.map { UnsafePointer<CChar>($0) } }
         let result = pointers.withUnsafeBufferPointer { buffer in
-            PQexecParams(connection, sql, Int32(buffer.count), nil, buffer.baseAddress, nil, nil, 0)
+            PQexecParams(connection, sql, Int32(buffer.count), nil, buffer.baseAddress, nil, nil, binary ? 1 : 0)
         }
         guard let result else {
             throw LockboxError(.io, "The sync database did not answer (\(Self.message(connection))). Sync again later.")
@@ -72,18 +92,15 @@ package final class PostgresConnection {
             let reason = text.split(whereSeparator: { $0.isNewline }).first.map(String.init) ?? "no message"
             throw LockboxError(.io, "The sync database refused a statement (\(reason)). Sync again later.")
         }
-        var rows: [[String?]] = []
+        var rows: [[Column?]] = []
         let rowCount = PQntuples(result)
         let columnCount = PQnfields(result)
         rows.reserveCapacity(Int(rowCount))
         for row in 0..<rowCount {
-            var columns: [String?] = []
-            for column in 0..<columnCount {
-                if PQgetisnull(result, row, column) == 1 {
-                    columns.append(nil)
-                } else {
-                    columns.append(String(cString: PQgetvalue(result, row, column)))
-                }
+            var columns: [Column?] = []
+            columns.reserveCapacity(Int(columnCount))
+            for index in 0..<columnCount {
+                columns.append(PQgetisnull(result, row, index) == 1 ? nil : column(result, row, index))
             }
             rows.append(columns)
         }
@@ -155,6 +172,12 @@ package final class PostgresConnection {
         case UInt8(ascii: "A")...UInt8(ascii: "F"): digit - UInt8(ascii: "A") + 10
         default: nil
         }
+    }
+
+    /// A `bigint` column in binary format (8 bytes, big endian).
+    package static func integer(binary bytes: [UInt8]?) throws(LockboxError) -> Int64 {
+        guard let bytes, bytes.count == 8 else { throw LockboxError.integrity("A sync record") }
+        return Int64(bitPattern: bytes.reduce(0) { $0 << 8 | UInt64($1) })
     }
 
     package static func integer(_ text: String?) throws(LockboxError) -> Int64 {

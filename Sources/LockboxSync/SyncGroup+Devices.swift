@@ -196,13 +196,18 @@ extension SyncGroup {
             let wrap = try newPassphrase.map { passphrase throws(LockboxError) in
                 try Self.wrapKeys(new, groupID: groupID, purpose: "passphrase", secret: passphrase)
             }
+            try establishHead(connection, state: try SyncState(path: statePath, device: device.id, key: device.stateKey))
             try connection.transaction { () throws(LockboxError) in
                 let group = try connection.execute(
-                    "SELECT counter, key_epoch FROM lockbox_sync_groups WHERE group_id = $1 FOR UPDATE", [.text(groupID)])
+                    "SELECT counter, key_epoch, head FROM lockbox_sync_groups WHERE group_id = $1 FOR UPDATE", [.text(groupID)])
                 guard let row = group.first, try PostgresConnection.integer(row[1]) == old.epoch else {
                     throw LockboxError(.io, "The sync group's key changed meanwhile (another device was removed). Try again.")
                 }
                 var counter = try PostgresConnection.integer(row[0])
+                let oldHead = try SyncHead.open(
+                    try row[2].map { text throws(LockboxError) in try PostgresConnection.bytes(text) }, counter: counter, group: groupID,
+                    keys: old)
+                var served = SyncHead.empty.accumulator
                 let listed = try devices(connection)
                 guard listed.contains(where: { $0.id == deviceID }) else {
                     throw LockboxError(.itemNotFound, "The sync group has no device \(deviceID). `lockbox sync status` lists its devices.")
@@ -231,20 +236,32 @@ extension SyncGroup {
                 // from the table, and every device pulls the new one (already applied: no change).
                 let records = try connection.execute(
                     "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 ORDER BY version", [.text(groupID)])
+                // Every record gets a new version: the head is computed anew, under the new key.
+                var head = SyncHead.empty
                 for record in records {
                     guard let id = record[0] else { throw LockboxError.integrity("A record of the sync database") }
                     let opened = try SyncRecord.open(
                         try PostgresConnection.bytes(record[2]), group: groupID, itemID: id, version: try PostgresConnection.integer(record[1]),
                         keys: old)
+                    SyncHead.add(
+                        SyncHead.element(itemID: id, version: try PostgresConnection.integer(record[1]), record: opened, keys: old), to: &served)
                     counter += 1
+                    SyncHead.add(SyncHead.element(itemID: id, version: counter, record: opened, keys: new), to: &head.accumulator)
                     try connection.execute(
                         "UPDATE lockbox_sync_items SET version = $3, payload = $4 WHERE group_id = $1 AND item_id = $2",
                         [.text(groupID), .text(id), .integer(counter), .bytes(opened.seal(group: groupID, itemID: id, version: counter, keys: new))])
                 }
                 try resealFleetSessions(connection, from: old, to: new)
+                // Every record was read: they must be exactly the ones the head lists, or the
+                // new head would vouch for what the database changed.
+                guard SyncHead.equal(served, oldHead.accumulator) else { throw SyncHead.withheld() }
+                head.counter = counter
                 try connection.execute(
-                    "UPDATE lockbox_sync_groups SET counter = $2, key_epoch = $3, key_wrap = $4 WHERE group_id = $1",
-                    [.text(groupID), .integer(counter), .integer(new.epoch), wrap.map { .bytes($0) } ?? .null])
+                    "UPDATE lockbox_sync_groups SET counter = $2, key_epoch = $3, key_wrap = $4, head = $5 WHERE group_id = $1",
+                    [
+                        .text(groupID), .integer(counter), .integer(new.epoch), wrap.map { .bytes($0) } ?? .null,
+                        .bytes(head.sealed(group: groupID, keys: new)),
+                    ])
             }
             try install(new)
         }

@@ -13,6 +13,10 @@ extension SyncGroup {
         public var keyEpoch: Int64
         /// The group version this device has pulled up to.
         public var pulledVersion: Int64
+        /// The first 8 bytes (hex) of the digest of the group's head this device last verified
+        /// at ``pulledVersion``; nil before its first verified pull. Two devices at one version
+        /// with different fingerprints were served different histories (a fork).
+        public var headFingerprint: String?
         /// Items this device has synced (not counting tombstones).
         public var syncedItems: Int
         /// Synchronizable rows written here since the last push (rows a pull applied count
@@ -41,6 +45,7 @@ extension SyncGroup {
                 groupID: groupID, deviceID: device.id, keyEpoch: keys.epoch, pulledVersion: state.cursor,
                 syncedItems: try state.liveEntryCount,
                 pendingLocalChanges: try vault.synchronizableChanges(since: state.generation).changed.count)
+            status.headFingerprint = state.accumulator.map { Array($0.prefix(8)).hexString }
             do throws(LockboxError) {
                 let connection = try PostgresConnection(database)
                 try SyncSchema.migrate(connection)

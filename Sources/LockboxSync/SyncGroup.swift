@@ -36,6 +36,8 @@ public final class SyncGroup: Sendable {
     public let statePath: String
     /// One sync at a time through this value (the state is read, then rewritten).
     let syncing = Mutex(())
+    /// Where the last pull spent its time (lockbox-sync-bench prints it).
+    package let lastPullTimings = Mutex(PullTimings())
 
     var keys: SyncKeys { current.withLock { $0 } }
     /// This device's identifier in the group (random, public).
@@ -279,7 +281,8 @@ public final class SyncGroup: Sendable {
         var digest: [UInt8]
     }
 
-    static let syncedClasses: [ItemClass] = [.genericPassword, .internetPassword, .certificate]
+    /// Passwords, certificates and software keys, as iOS 14 and later sync.
+    static let syncedClasses: [ItemClass] = [.genericPassword, .internetPassword, .certificate, .key]
 
     /// Pushes this vault's changes since the last sync, then pulls the other devices' (only
     /// records newer than this device's cursor). Finding the changes costs a pass over the
@@ -311,6 +314,8 @@ public final class SyncGroup: Sendable {
     static func isEligible(_ item: Item) -> Bool {
         item.attributes.synchronizable == true && item.accessControl == nil
             && !(item.attributes.accessibility ?? .default).isThisDeviceOnly && syncedClasses.contains(item.itemClass)
+            // A hardware key's value is its TPM's wrapped blob: it never leaves the machine.
+            && !(item.itemClass == .key && ManagedKeyValue.isHardwareKey(descriptor: item.attributes.generic))
     }
 
     /// The item in the vault row `reference`, when it syncs; nil when the row is gone or does
@@ -321,7 +326,9 @@ public final class SyncGroup: Sendable {
             query.persistentReference = reference
             let item: Item
             do {
-                item = try vault.item(matching: query)
+                // A key's value is read through the key API's path: sync carries a
+                // non-extractable key to the group's devices, sealed end to end, and nowhere else.
+                item = itemClass == .key ? try keyMaterial(query) : try vault.item(matching: query)
             } catch where error.code == .itemNotFound {
                 continue
             } catch where error.code == .authFailed || error.code == .userCanceled || error.code == .interactionNotAllowed {
@@ -332,6 +339,13 @@ public final class SyncGroup: Sendable {
             return LocalItem(item: item, digest: SyncRecord.contentDigest(item, keys: keys))
         }
         return nil
+    }
+
+    private func keyMaterial(_ query: Query) throws(LockboxError) -> Item {
+        guard let item = try vault.keyMaterial(matching: query).first else {
+            throw LockboxError(.itemNotFound, "No such key.")
+        }
+        return item
     }
 
     func itemID(_ item: Item) -> String {
@@ -369,6 +383,7 @@ public final class SyncGroup: Sendable {
     static let pushBatch = 500
 
     func push(_ connection: PostgresConnection, state: SyncState, report: inout Report) throws(LockboxError) {
+        try establishHead(connection, state: state)
         let found = try localChanges(state: state)
         report.examined = found.toRead.count
         var former = Set(found.gone.values.compactMap { $0 })
@@ -425,7 +440,8 @@ public final class SyncGroup: Sendable {
         let keys = self.keys
         try connection.transaction { () throws(LockboxError) in
             // The group row's lock orders every writer of the group: versions commit in order.
-            var counter = try lockedCounter(connection, cursor: cursor, epoch: keys.epoch)
+            var head = try lockedHead(connection, cursor: cursor, keys: keys)
+            var counter = head.counter
             // The database's records of the changed items, in one round trip.
             var existing: [String: (version: Int64, payload: String?)] = [:]
             for row in try connection.execute(
@@ -436,9 +452,14 @@ public final class SyncGroup: Sendable {
                 existing[id] = (try PostgresConnection.integer(row[1]), row[2])
             }
             for change in changes {
+                let known = try state.entry(change.id)
+                var replaced: [UInt8]?
                 if let row = existing[change.id] {
                     let remote = try SyncRecord.open(
                         try PostgresConnection.bytes(row.payload), group: groupID, itemID: change.id, version: row.version, keys: keys)
+                    // Older than what this device already saw of the item: a replay.
+                    if let known, remote.stamp < known.stamp { throw rolledBack() }
+                    replaced = SyncHead.element(itemID: change.id, version: row.version, record: remote, keys: keys)
                     if remote.stamp == change.record.stamp {
                         // Written by an earlier run that stopped before saving its state.
                         written.append(change)
@@ -454,8 +475,13 @@ public final class SyncGroup: Sendable {
                         superseding.append((change.id, remote))
                         continue
                     }
+                } else if known != nil {
+                    // This device saw a record of the item, and records are never deleted.
+                    throw SyncHead.withheld()
                 }
                 counter += 1
+                if let replaced { SyncHead.subtract(replaced, from: &head.accumulator) }
+                SyncHead.add(SyncHead.element(itemID: change.id, version: counter, record: change.record, keys: keys), to: &head.accumulator)
                 try connection.execute(
                     """
                     INSERT INTO lockbox_sync_items (group_id, item_id, version, device_id, payload) VALUES ($1, $2, $3, $4, $5)
@@ -469,8 +495,10 @@ public final class SyncGroup: Sendable {
                 written.append(change)
                 writes += 1
             }
+            head.counter = counter
             try connection.execute(
-                "UPDATE lockbox_sync_groups SET counter = $2 WHERE group_id = $1", [.text(groupID), .integer(counter)])
+                "UPDATE lockbox_sync_groups SET counter = $2, head = $3 WHERE group_id = $1",
+                [.text(groupID), .integer(counter), .bytes(head.sealed(group: groupID, keys: keys))])
         }
         for change in written {
             pending.entries[change.id] = SyncState.Entry(
@@ -501,21 +529,48 @@ public final class SyncGroup: Sendable {
         }
     }
 
-    /// The group's counter, row-locked until the transaction ends. A counter below what this
-    /// device has pulled means the database was rolled back (restored, or replayed); another
-    /// key epoch means a device was removed since this device caught up.
-    private func lockedCounter(_ connection: PostgresConnection, cursor: Int64, epoch: Int64) throws(LockboxError) -> Int64 {
+    /// The group's head (counter and digest, checked), the group row locked until the
+    /// transaction ends. A counter below what this device has pulled means the database was
+    /// rolled back (restored, or replayed); another key epoch means a device was removed since
+    /// this device caught up.
+    private func lockedHead(_ connection: PostgresConnection, cursor: Int64, keys: SyncKeys) throws(LockboxError) -> SyncHead {
         let rows = try connection.execute(
-            "SELECT counter, key_epoch FROM lockbox_sync_groups WHERE group_id = $1 FOR UPDATE", [.text(groupID)])
+            "SELECT counter, key_epoch, head FROM lockbox_sync_groups WHERE group_id = $1 FOR UPDATE", [.text(groupID)])
         guard let row = rows.first else {
             throw LockboxError(.itemNotFound, "The sync group \(groupID) is not in the database any more. Nothing was changed here.")
         }
         let counter = try PostgresConnection.integer(row[0])
         guard counter >= cursor else { throw rolledBack() }
-        guard try PostgresConnection.integer(row[1]) == epoch else {
+        guard try PostgresConnection.integer(row[1]) == keys.epoch else {
             throw LockboxError(.io, "The sync group's key changed during this sync (a device was removed). Sync again.")
         }
-        return counter
+        return try SyncHead.open(
+            try row[2].map { text throws(LockboxError) in try PostgresConnection.bytes(text) }, counter: counter, group: groupID, keys: keys)
+    }
+
+    /// A group from before heads (sync schema 3) gets one from the first device that syncs
+    /// after the upgrade, computed from every record as the database holds them (trusted once,
+    /// as on first use). A device that has verified a head refuses a group without one.
+    func establishHead(_ connection: PostgresConnection, state: SyncState) throws(LockboxError) {
+        let missing = "SELECT counter FROM lockbox_sync_groups WHERE group_id = $1 AND head IS NULL AND counter > 0"
+        guard try !connection.execute(missing, [.text(groupID)]).isEmpty else { return }
+        guard state.accumulator == nil else { throw SyncHead.tampered() }
+        let keys = self.keys
+        try connection.transaction { () throws(LockboxError) in
+            guard let row = try connection.execute(missing + " FOR UPDATE", [.text(groupID)]).first else { return }
+            var head = SyncHead(counter: try PostgresConnection.integer(row[0]), accumulator: SyncHead.empty.accumulator)
+            for record in try connection.executeBinary(
+                "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1", [.text(groupID)])
+            {
+                guard let idBytes = record[0], let payload = record[2] else { throw LockboxError.integrity("A record of the sync database") }
+                let id = String(decoding: idBytes, as: UTF8.self)
+                let version = try PostgresConnection.integer(binary: record[1])
+                let opened = try SealedValueRecord(payload, group: groupID, itemID: id, version: version, keys: keys)
+                SyncHead.add(SyncHead.element(itemID: id, version: version, record: opened.record, keys: keys), to: &head.accumulator)
+            }
+            try connection.execute(
+                "UPDATE lockbox_sync_groups SET head = $2 WHERE group_id = $1", [.text(groupID), .bytes(head.sealed(group: groupID, keys: keys))])
+        }
     }
 
     func rolledBack() -> LockboxError {
@@ -526,13 +581,25 @@ public final class SyncGroup: Sendable {
     }
 
     func pull(_ connection: PostgresConnection, state: SyncState, report: inout Report) throws(LockboxError) {
+        let clock = ContinuousClock()
+        var timings = PullTimings()
+        var mark = clock.now
+        func lap(_ phase: WritableKeyPath<PullTimings, Duration>) {
+            let now = clock.now
+            timings[keyPath: phase] += now - mark
+            mark = now
+        }
         let cursor = state.cursor
         let keys = self.keys
-        // One snapshot: the counter and the records below it agree.
-        let (counter, rows) = try connection.transaction { () throws(LockboxError) -> (Int64, [[String?]]) in
+        // Records above what the last verified head covered; all of them when this device has
+        // verified none yet.
+        let from = state.accumulator == nil ? 0 : cursor
+        // One snapshot: the counter, the head and the records agree. Records come in binary
+        // form, one query.
+        let (head, rows) = try connection.transaction { () throws(LockboxError) -> (SyncHead, [[[UInt8]?]]) in
             try connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             let counterRows = try connection.execute(
-                "SELECT counter, key_epoch FROM lockbox_sync_groups WHERE group_id = $1", [.text(groupID)])
+                "SELECT counter, key_epoch, head FROM lockbox_sync_groups WHERE group_id = $1", [.text(groupID)])
             guard let counterRow = counterRows.first else {
                 throw LockboxError(.itemNotFound, "The sync group \(groupID) is not in the database any more. Nothing was changed here.")
             }
@@ -541,28 +608,63 @@ public final class SyncGroup: Sendable {
             guard try PostgresConnection.integer(counterRow[1]) == keys.epoch else {
                 throw LockboxError(.io, "The sync group's key changed during this sync (a device was removed). Sync again.")
             }
-            let rows = try connection.execute(
+            let head = try SyncHead.open(
+                try counterRow[2].map { text throws(LockboxError) in try PostgresConnection.bytes(text) }, counter: counter, group: groupID,
+                keys: keys)
+            let rows = try connection.executeBinary(
                 "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 AND version > $2 ORDER BY version",
-                [.text(groupID), .integer(cursor)])
-            return (counter, rows)
+                [.text(groupID), .integer(from)])
+            return (head, rows)
         }
+        let counter = head.counter
+        lap(\.fetch)
+        // Every record's metadata is opened before anything is applied: a record that fails to
+        // open stops the pull with the vault untouched. Values stay sealed until written.
+        var failure: LockboxError { LockboxError.integrity("A record of the sync database") }
+        var received: [(id: String, version: Int64, sealed: SealedValueRecord)] = []
+        received.reserveCapacity(rows.count)
+        for row in rows {
+            guard let idBytes = row[0], let payload = row[2] else { throw failure }
+            let id = String(decoding: idBytes, as: UTF8.self)
+            let version = try PostgresConnection.integer(binary: row[1])
+            guard version > from, version <= counter else { throw failure }
+            received.append((id, version, try SealedValueRecord(payload, group: groupID, itemID: id, version: version, keys: keys)))
+        }
+        lap(\.open)
+        // A device that knows nothing yet (its first sync) has nothing to look up per record.
+        let knowsNothing = try state.isEmpty
+        // The records received, with those the last verified head listed, must give this head:
+        // a record withheld, deleted or replaced with an older one does not add up. Checked
+        // before anything is applied.
         var pending = SyncState.Changes()
-        var additions: [(id: String, record: SyncRecord)] = []
+        var accumulator = from == 0 ? SyncHead.empty.accumulator : state.accumulator ?? []
+        for (id, version, sealed) in received {
+            if from > 0, let listed = try state.verified(id) {
+                SyncHead.subtract(listed.element, from: &accumulator)
+            }
+            // Older than what this device already saw of the item: a replay.
+            if !knowsNothing, let known = try state.entry(id), sealed.record.stamp < known.stamp { throw rolledBack() }
+            let element = SyncHead.element(itemID: id, version: version, record: sealed.record, keys: keys)
+            SyncHead.add(element, to: &accumulator)
+            pending.verified[id] = SyncState.Listed(version: version, element: element)
+        }
+        guard SyncHead.equal(accumulator, head.accumulator) else { throw SyncHead.withheld() }
+        pending.replacesVerified = from == 0
+        pending.accumulator = head.accumulator
+        lap(\.verify)
+        var changes: [(id: String, existing: Data?, sealed: SealedValueRecord)] = []
         // Rows written here since the push (by another process): checked before overwriting.
         var recent: Set<Data>?
-        for row in rows {
-            guard let id = row[0] else { throw LockboxError.integrity("A record of the sync database") }
-            let version = try PostgresConnection.integer(row[1])
-            guard version > cursor, version <= counter else { throw LockboxError.integrity("A record of the sync database") }
-            let record = try SyncRecord.open(try PostgresConnection.bytes(row[2]), group: groupID, itemID: id, version: version, keys: keys)
+        for (id, _, sealed) in received {
+            let record = sealed.record
             var known = pending.entries[id]
-            if known == nil { known = try state.entry(id) }
+            if known == nil && !knowsNothing { known = try state.entry(id) }
             if let known {
                 if known.stamp == record.stamp { continue }
                 if record.stamp < known.stamp { throw rolledBack() }
             }
             let entry = SyncState.Entry(stamp: record.stamp, contentDigest: record.contentDigest, isTombstone: record.isTombstone)
-            let existing = try Self.reference(of: id, pending: pending, state: state)()
+            let existing = knowsNothing ? nil : try Self.reference(of: id, pending: pending, state: state)()
             if let existing {
                 if recent == nil { recent = Set(try vault.synchronizableChanges(since: state.generation).changed) }
                 if recent?.contains(existing) == true, let mine = try readLocal(existing), itemID(mine.item) == id {
@@ -584,23 +686,15 @@ public final class SyncGroup: Sendable {
             }
             report.pulled += 1
             pending.entries[id] = entry
-            if existing == nil, let item = record.item {
-                // New here: added with others in one vault transaction.
-                guard Self.isEligible(item), itemID(item) == id else { throw LockboxError.integrity("A record of the sync database") }
-                additions.append((id, record))
-                if additions.count >= Self.pushBatch {
-                    try add(additions, pending: &pending)
-                    additions.removeAll()
-                }
-                continue
+            if let item = record.item {
+                guard Self.isEligible(item), itemID(item) == id else { throw failure }
             }
-            if let reference = try apply(record, id: id, existing: existing) {
-                pending.rows[reference] = .some(.some(id))
-            } else if let existing {
-                pending.rows[existing] = .some(.none)
-            }
+            // Applied with the others in one vault transaction.
+            changes.append((id, existing, sealed))
         }
-        try add(additions, pending: &pending)
+        lap(\.decide)
+        try applyPulled(changes, keys: keys, pending: &pending, coveredGeneration: state.generation)
+        lap(\.vault)
         pending.cursor = counter
         try state.commit(pending)
         try connection.execute(
@@ -609,20 +703,45 @@ public final class SyncGroup: Sendable {
             ON CONFLICT (group_id, device_id) DO UPDATE SET pulled_version = excluded.pulled_version, last_sync = now()
             """,
             [.text(groupID), .text(device.id), .integer(counter)])
+        lap(\.state)
+        lastPullTimings.withLock { $0 = timings }
     }
 
-    /// Adds pulled items new here in one vault transaction. Their rows are mapped to items by
-    /// the next push, which reads every row written since it last ran (a push always runs
-    /// before a pull).
-    func add(_ additions: [(id: String, record: SyncRecord)], pending: inout SyncState.Changes) throws(LockboxError) {
-        guard !additions.isEmpty else { return }
+    /// Applies pulled records in one vault transaction (``Vault/applyChanges(count:_:)``), each
+    /// value opened just before the vault seals it: new items added, others replaced, tombstones
+    /// deleted. The state records the rows at once; when nothing else was written to the vault
+    /// since the push listed its rows, the push's generation moves past these changes too, so
+    /// the next push does not read them back. Should the vault have changed under the state (a
+    /// row gone, an item already there), each record is applied on its own instead.
+    func applyPulled(
+        _ changes: [(id: String, existing: Data?, sealed: SealedValueRecord)], keys: SyncKeys, pending: inout SyncState.Changes,
+        coveredGeneration: Int
+    ) throws(LockboxError) {
+        guard !changes.isEmpty else { return }
         do {
-            try vault.add(contentsOf: additions.compactMap(\.record.item))
-        } catch where error.code == .duplicateItem {
-            // Already here under another row (a state lost): one at a time, as updates.
-            for addition in additions {
-                if let reference = try apply(addition.record, id: addition.id, existing: nil) {
-                    pending.rows[reference] = .some(.some(addition.id))
+            let applied = try vault.applyChanges(count: changes.count) { index throws(LockboxError) -> SyncedChange in
+                let change = changes[index]
+                guard let item = try change.sealed.opened(keys: keys).item else {
+                    guard let existing = change.existing else { preconditionFailure("a tombstone of nothing here is not applied") }
+                    return .delete(reference: existing, classes: Self.syncedClasses)
+                }
+                guard let existing = change.existing else { return .add(item) }
+                return .replace(reference: existing, with: item)
+            }
+            for (change, reference) in zip(changes, applied.references) {
+                if let reference {
+                    pending.rows[reference] = .some(.some(change.id))
+                } else if let existing = change.existing {
+                    pending.rows[existing] = .some(.none)
+                }
+            }
+            if applied.previousGeneration == coveredGeneration { pending.generation = applied.generation }
+        } catch where error.code == .duplicateItem || error.code == .itemNotFound {
+            for change in changes {
+                if let reference = try apply(try change.sealed.opened(keys: keys), id: change.id, existing: change.existing) {
+                    pending.rows[reference] = .some(.some(change.id))
+                } else if let existing = change.existing {
+                    pending.rows[existing] = .some(.none)
                 }
             }
         }
@@ -664,6 +783,24 @@ public final class SyncGroup: Sendable {
         }
         return try vault.item(matching: Query.primaryKey(of: item, returning: [.persistentReference])).persistentReference
     }
+}
+
+/// The phases of a pull, timed.
+package struct PullTimings: Sendable {
+    /// The counter and the records, from PostgreSQL.
+    package var fetch = Duration.zero
+    /// Opening every record's metadata.
+    package var open = Duration.zero
+    /// Checking the records received against the group's head.
+    package var verify = Duration.zero
+    /// Comparing with what this device knows; applying updates and deletes.
+    package var decide = Duration.zero
+    /// The vault's one transaction: new items added, others replaced or deleted (values opened there).
+    package var vault = Duration.zero
+    /// The local state's commit and the device's cursor in the database.
+    package var state = Duration.zero
+
+    package init() {}
 }
 
 extension Query {

@@ -14,6 +14,10 @@ struct SyncKeys: Sendable {
     let devices: SecretBytes
     /// Seals fleet sessions' tokens (epoch key).
     let fleet: SecretBytes
+    /// Authenticates the group's head (``SyncHead``) (epoch key).
+    let heads: SecretBytes
+    /// Makes the head's per-record elements (base key, so they survive a rotation).
+    let elements: SecretBytes
     /// Names items: opaque identifiers are keyed digests of primary keys (base key).
     let naming: SecretBytes
     /// Digests of item contents, to tell changed items from unchanged ones (base key).
@@ -38,6 +42,8 @@ struct SyncKeys: Sendable {
         sealing = Crypto.deriveKey(from: epochKey, context: "lbxsync2", identifier: 1)
         devices = Crypto.deriveKey(from: epochKey, context: "lbxsync2", identifier: 5)
         fleet = Crypto.deriveKey(from: epochKey, context: "lbxsync2", identifier: 6)
+        heads = Crypto.deriveKey(from: epochKey, context: "lbxsync2", identifier: 7)
+        elements = Crypto.deriveKey(from: base, context: "lbxsync1", identifier: 4)
         self.epoch = epoch
         self.secrets = secrets
     }
@@ -144,10 +150,24 @@ struct SyncRecord {
     /// Opens a payload; any mismatch (another item's or version's record, an edited byte) is an
     /// integrity error.
     static func open(_ payload: [UInt8], group: String, itemID: String, version: Int64, keys: SyncKeys) throws(LockboxError) -> SyncRecord {
-        let associated = associatedData(group: group, itemID: itemID, version: version)
-        let failure = LockboxError.integrity("A record of the sync database")
+        try SealedValueRecord(payload, group: group, itemID: itemID, version: version, keys: keys).opened(keys: keys)
+    }
+}
+
+/// A record whose metadata is open and whose value is still sealed: a pull decides from the
+/// metadata what to do, and opens a value only as it writes it, so that thousands of values are
+/// never in memory at once.
+struct SealedValueRecord {
+    /// The record, with an item without its value.
+    var record: SyncRecord
+    let valueBox: [UInt8]?
+    private let associated: [UInt8]
+
+    init(_ payload: [UInt8], group: String, itemID: String, version: Int64, keys: SyncKeys) throws(LockboxError) {
+        associated = SyncRecord.associatedData(group: group, itemID: itemID, version: version)
+        // Made only on failure: a pull opens thousands of records.
+        var failure: LockboxError { LockboxError.integrity("A record of the sync database") }
         let metaBox: [UInt8]
-        let valueBox: [UInt8]?
         do {
             var outer = FieldDecoder(payload)
             guard let box = try outer.bytes() else { throw failure }
@@ -174,16 +194,23 @@ struct SyncRecord {
         let stamp = SyncStamp(modified: Int64(modified), device: device)
         guard let className else {
             guard valueBox == nil else { throw failure }
-            return SyncRecord(stamp: stamp, item: nil, contentDigest: [])
+            record = SyncRecord(stamp: stamp, item: nil, contentDigest: [])
+            return
         }
         guard let itemClass = ItemClass(rawValue: className), let attributeBytes,
             let attributes = try? ItemAttributes(decoding: attributeBytes), let digest
         else { throw failure }
-        var item = Item(itemClass, attributes: attributes)
-        if let valueBox {
-            guard let value = try? Crypto.open(valueBox, key: keys.sealing, associatedData: associated + [1]) else { throw failure }
-            item.data = value
+        record = SyncRecord(stamp: stamp, item: Item(itemClass, attributes: attributes), contentDigest: digest)
+    }
+
+    /// The record with its value opened.
+    func opened(keys: SyncKeys) throws(LockboxError) -> SyncRecord {
+        guard let valueBox, record.item != nil else { return record }
+        guard let value = try? Crypto.open(valueBox, key: keys.sealing, associatedData: associated + [1]) else {
+            throw LockboxError.integrity("A record of the sync database")
         }
-        return SyncRecord(stamp: stamp, item: item, contentDigest: digest)
+        var record = record
+        record.item?.data = value
+        return record
     }
 }

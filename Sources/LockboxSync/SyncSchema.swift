@@ -3,8 +3,9 @@ import LockboxCore
 /// The sync database's tables, created and upgraded by numbered migrations.
 ///
 /// The tables hold ciphertext, opaque identifiers, versions and device identifiers only:
-/// - `lockbox_sync_groups`: one row per group: its change counter and the group key sealed by
-///   a key derived from the group passphrase (Argon2id).
+/// - `lockbox_sync_groups`: one row per group: its change counter, its head (the counter and a
+///   digest of its records, MACed with the group key) and the group key sealed by a key derived
+///   from the group passphrase (Argon2id).
 /// - `lockbox_sync_items`: the latest sealed record of each item (a tombstone after a delete):
 ///   the item's opaque identifier (a keyed digest of its primary key), the counter value it was
 ///   written at (`version`) and the device that wrote it.
@@ -77,6 +78,10 @@ enum SyncSchema {
             access_token bytea,
             PRIMARY KEY (group_id, session_id))
         """,
+        ],
+        // 3: the group's head (counter and digest of its records, MACed: SyncHead).
+        [
+            "ALTER TABLE lockbox_sync_groups ADD COLUMN head bytea",
         ],
     ]
 

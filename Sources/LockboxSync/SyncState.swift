@@ -18,6 +18,10 @@ import Glibc
 ///   row that does not sync (ThisDeviceOnly, access control). A row known here and gone from
 ///   the vault is a delete.
 ///
+/// - `verified`: per item, the version and head element (``SyncHead``) of its record as the
+///   last head this device verified lists it; `progress` keeps that head's digest. A pull
+///   checks what it receives against the next head from these (withheld or replayed records).
+///
 /// Nothing in it is secret (identifiers are opaque, digests keyed); each row carries a MAC made
 /// with the device's state key, so an edited row (which could make this device push a delete
 /// the user never made) is an error, not a reason to act.
@@ -37,6 +41,9 @@ final class SyncState {
     let device: String
     private(set) var cursor: Int64
     private(set) var generation: Int
+    /// The digest of the head at `cursor` this device verified; nil before its first verified
+    /// pull (or in a state from before heads): the next pull then starts from version 0.
+    private(set) var accumulator: [UInt8]?
 
     static func path(vault: String, groupID: String) -> String { vault + ".sync/" + groupID + ".db" }
 
@@ -62,25 +69,37 @@ final class SyncState {
             CREATE TABLE IF NOT EXISTS rows (
                 reference BLOB PRIMARY KEY, item_id TEXT, mac BLOB NOT NULL) WITHOUT ROWID;
             CREATE INDEX IF NOT EXISTS rows_by_item ON rows(item_id);
+            CREATE TABLE IF NOT EXISTS verified (
+                item_id TEXT PRIMARY KEY, version INTEGER NOT NULL, element BLOB NOT NULL) WITHOUT ROWID;
             """)
-        let statement = try database.statement("SELECT device, cursor, generation, mac FROM progress WHERE id = 1")
+        // A state from before heads: its progress gains the head's digest (none yet).
+        let hasAccumulator = try database.firstRow("SELECT count(*) FROM pragma_table_info('progress') WHERE name = 'accumulator'") {
+            $0.integer(0) ?? 0
+        }
+        if hasAccumulator == 0 { try database.execute("ALTER TABLE progress ADD COLUMN accumulator BLOB") }
+        let statement = try database.statement("SELECT device, cursor, generation, mac, accumulator FROM progress WHERE id = 1")
         defer { statement.reset() }
         if try statement.step() {
             let stored = statement.text(0) ?? ""
             let cursor = Int64(statement.integer(1) ?? -1)
             let generation = statement.integer(2) ?? -1
-            guard statement.blob(3) == Self.progressMAC(device: stored, cursor: cursor, generation: generation, key: key) else {
+            let accumulator = statement.blob(4)
+            guard
+                statement.blob(3)
+                    == Self.progressMAC(device: stored, cursor: cursor, generation: generation, accumulator: accumulator, key: key)
+            else {
                 throw LockboxError.integrity("The sync state \(path)")
             }
             if stored == device {
                 self.cursor = cursor
                 self.generation = generation
+                self.accumulator = accumulator
             } else {
                 // The state of another device identity (joined again): start over; the first
                 // sync adopts what the database already holds.
                 self.cursor = 0
                 self.generation = 0
-                try database.execute("DELETE FROM entries; DELETE FROM rows; DELETE FROM progress")
+                try database.execute("DELETE FROM entries; DELETE FROM rows; DELETE FROM verified; DELETE FROM progress")
             }
         } else {
             cursor = 0
@@ -90,12 +109,13 @@ final class SyncState {
 
     // MARK: MACs
 
-    private static func progressMAC(device: String, cursor: Int64, generation: Int, key: SecretBytes) -> [UInt8] {
+    private static func progressMAC(device: String, cursor: Int64, generation: Int, accumulator: [UInt8]?, key: SecretBytes) -> [UInt8] {
         var encoder = FieldEncoder()
-        encoder.string("progress")
+        encoder.string(accumulator == nil ? "progress" : "progress.v2")
         encoder.string(device)
         encoder.integer(Int(cursor))
         encoder.integer(generation)
+        if let accumulator { encoder.bytes(accumulator) }
         return Crypto.keyedDigest(encoder.bytes, key: key)
     }
 
@@ -179,6 +199,26 @@ final class SyncState {
         return rows
     }
 
+    /// The version and head element of `id`'s record in the last verified head; nil when that
+    /// head lists no record of it. (An edited row only makes the next check fail.)
+    func verified(_ id: String) throws(LockboxError) -> Listed? {
+        let statement = try database.statement("SELECT version, element FROM verified WHERE item_id = ?")
+        defer { statement.reset() }
+        statement.bind(1, id)
+        guard try statement.step() else { return nil }
+        return Listed(version: Int64(statement.integer(0) ?? 0), element: statement.blob(1) ?? [])
+    }
+
+    /// True when this device has recorded nothing yet (before its first pull).
+    var isEmpty: Bool {
+        get throws(LockboxError) {
+            let statement = try database.statement("SELECT EXISTS (SELECT 1 FROM entries) OR EXISTS (SELECT 1 FROM rows)")
+            defer { statement.reset() }
+            _ = try statement.step()
+            return statement.integer(0) == 0
+        }
+    }
+
     /// Items with a live entry (not tombstones): how many, for `lockbox sync status`.
     var liveEntryCount: Int {
         get throws(LockboxError) {
@@ -191,9 +231,20 @@ final class SyncState {
 
     // MARK: Writing
 
+    /// One item's record as a verified head lists it.
+    struct Listed: Equatable {
+        var version: Int64
+        var element: [UInt8]
+    }
+
     /// Changes of one phase, applied in one transaction.
     struct Changes {
         var entries: [String: Entry] = [:]
+        /// Records of the newly verified head (with `replacesVerified`, all of them).
+        var verified: [String: Listed] = [:]
+        var replacesVerified = false
+        /// The newly verified head's digest (with `cursor`, its counter).
+        var accumulator: [UInt8]?
         /// Reference -> item (nil: a row that does not sync); `.none` as a value removes the row.
         var rows: [Data: String??] = [:]
         var cursor: Int64?
@@ -232,27 +283,42 @@ final class SyncState {
             }
             putRow.reset()
             dropRow.reset()
+            if changes.replacesVerified { try database.execute("DELETE FROM verified") }
+            let putVerified = try database.statement("INSERT OR REPLACE INTO verified (item_id, version, element) VALUES (?, ?, ?)")
+            for (id, listed) in changes.verified {
+                putVerified.reset()
+                putVerified.bind(1, id)
+                putVerified.bind(2, Int(listed.version))
+                putVerified.bind(3, listed.element)
+                try putVerified.run()
+            }
+            putVerified.reset()
             let cursor = changes.cursor ?? self.cursor
             let generation = changes.generation ?? self.generation
+            let accumulator = changes.accumulator ?? self.accumulator
             let putProgress = try database.statement(
-                "INSERT OR REPLACE INTO progress (id, device, cursor, generation, mac) VALUES (1, ?, ?, ?, ?)")
+                "INSERT OR REPLACE INTO progress (id, device, cursor, generation, mac, accumulator) VALUES (1, ?, ?, ?, ?, ?)")
             defer { putProgress.reset() }
             putProgress.bind(1, device)
             putProgress.bind(2, Int(cursor))
             putProgress.bind(3, generation)
-            putProgress.bind(4, Self.progressMAC(device: device, cursor: cursor, generation: generation, key: key))
+            putProgress.bind(
+                4, Self.progressMAC(device: device, cursor: cursor, generation: generation, accumulator: accumulator, key: key))
+            putProgress.bind(5, accumulator)
             try putProgress.run()
         }
         if let cursor = changes.cursor { self.cursor = cursor }
         if let generation = changes.generation { self.generation = generation }
+        if let accumulator = changes.accumulator { self.accumulator = accumulator }
     }
 
     /// Forgets what this device pushed and pulled (after a key rotation re-sealed every record).
     func reset() throws(LockboxError) {
         try database.writeTransaction { () throws(LockboxError) in
-            try database.execute("DELETE FROM entries; DELETE FROM rows; DELETE FROM progress")
+            try database.execute("DELETE FROM entries; DELETE FROM rows; DELETE FROM verified; DELETE FROM progress")
         }
         cursor = 0
         generation = 0
+        accumulator = nil
     }
 }

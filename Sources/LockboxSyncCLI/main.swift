@@ -235,6 +235,7 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
                 "\"databaseReachable\": \(status.unreachable == nil)",
             ]
             if let lastSync = status.lastSync { fields.append("\"lastSync\": \(jsonString(lastSync))") }
+            if let head = status.headFingerprint { fields.append("\"head\": \(jsonString(head))") }
             if let remote = status.pendingRemoteVersions { fields.append("\"pendingRemoteVersions\": \(remote)") }
             if let unreachable = status.unreachable { fields.append("\"databaseError\": \(jsonString(unreachable))") }
             let devices = (status.devices ?? []).map { device in
@@ -246,6 +247,7 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
             streams.print("group:            \(status.groupID)")
             streams.print("this device:      \(status.deviceID)")
             streams.print("key epoch:        \(status.keyEpoch)")
+            streams.print("verified head:    version \(status.pulledVersion), \(status.headFingerprint ?? "none yet")")
             streams.print("last sync:        \(status.lastSync ?? "never")")
             streams.print("synced items:     \(status.syncedItems)")
             streams.print("pending here:     \(status.pendingLocalChanges) changed row(s) since the last push")

@@ -12,43 +12,63 @@ extension Vault {
 
     /// Adds several items in one transaction: all of them or, on any error, none.
     public func add(contentsOf items: [Item]) throws(LockboxError) {
-        var prepared: [(ItemClass, ItemAttributes, SecretBytes, AccessControl?)] = []
+        var prepared: [PreparedItem] = []
         prepared.reserveCapacity(items.count)
         let now = currentDate()
         for item in items {
-            var attributes = item.attributes
-            attributes.accessGroup = try resolvedGroupForWriting(attributes.accessGroup)
-            attributes.accessibility = attributes.accessibility ?? .default
-            attributes.synchronizable = attributes.synchronizable ?? false
-            attributes.creationDate = now
-            attributes.modificationDate = now
-            let data = item.data ?? .empty
-            try checkSizes(data: data, attributes: attributes)
-            prepared.append((item.itemClass, attributes, data, item.accessControl))
+            prepared.append(try prepareForAdding(item, now: now))
         }
         try withState { state throws(LockboxError) in
             try writeRows(state) { writer throws(LockboxError) in
-                for (itemClass, attributes, data, accessControl) in prepared {
-                    let keys = try keysForWriting(itemClass, attributes.accessibility!, state: state)
-                    if accessControl != nil && state.header.presencePublicKey == nil {
-                        throw LockboxError(
-                            .notAvailable,
-                            "Access control needs a passphrase to verify the user, and this keychain has none. "
-                                + "Set one with `lockbox set-passphrase`.")
-                    }
-                    let row = SealedRow.seal(
-                        id: Crypto.randomBytes(16), itemClass: itemClass, attributes: attributes, data: data,
-                        classKey: keys.classKey, indexKey: keys.indexKey, vaultID: state.header.vaultID,
-                        deviceID: state.device.identifier, accessControl: accessControl,
-                        presencePublicKey: state.header.presencePublicKey, version: writer.generation)
-                    do throws(LockboxError) {
-                        try writer.insert(row)
-                    } catch {
-                        throw error.code == .duplicateItem ? duplicate(itemClass, cause: error.cause) : error
-                    }
+                for item in prepared {
+                    _ = try insert(item, writer: writer, state: state)
                 }
             }
         }
+    }
+
+    /// An item checked and completed for adding (access group, accessibility, sync flag, dates).
+    struct PreparedItem {
+        var itemClass: ItemClass
+        var attributes: ItemAttributes
+        var data: SecretBytes
+        var accessControl: AccessControl?
+    }
+
+    func prepareForAdding(_ item: Item, now: Date) throws(LockboxError) -> PreparedItem {
+        var attributes = item.attributes
+        attributes.accessGroup = try resolvedGroupForWriting(attributes.accessGroup)
+        attributes.accessibility = attributes.accessibility ?? .default
+        attributes.synchronizable = attributes.synchronizable ?? false
+        attributes.creationDate = now
+        attributes.modificationDate = now
+        let data = item.data ?? .empty
+        try checkSizes(data: data, attributes: attributes)
+        try Self.checkSynchronizable(attributes, hasAccessControl: item.accessControl != nil)
+        return PreparedItem(itemClass: item.itemClass, attributes: attributes, data: data, accessControl: item.accessControl)
+    }
+
+    /// Seals a prepared item as a new row and inserts it; returns the row's identifier (the
+    /// item's persistent reference).
+    func insert(_ item: PreparedItem, writer: RowWriter, state: State) throws(LockboxError) -> [UInt8] {
+        let keys = try keysForWriting(item.itemClass, item.attributes.accessibility!, state: state)
+        if item.accessControl != nil && state.header.presencePublicKey == nil {
+            throw LockboxError(
+                .notAvailable,
+                "Access control needs a passphrase to verify the user, and this keychain has none. "
+                    + "Set one with `lockbox set-passphrase`.")
+        }
+        let row = SealedRow.seal(
+            id: Crypto.randomBytes(16), itemClass: item.itemClass, attributes: item.attributes, data: item.data,
+            classKey: keys.classKey, indexKey: keys.indexKey, vaultID: state.header.vaultID,
+            deviceID: state.device.identifier, accessControl: item.accessControl,
+            presencePublicKey: state.header.presencePublicKey, version: writer.generation)
+        do throws(LockboxError) {
+            try writer.insert(row)
+        } catch {
+            throw error.code == .duplicateItem ? duplicate(item.itemClass, cause: error.cause) : error
+        }
+        return row.id
     }
 
     public func items(matching query: Query) throws(LockboxError) -> [Item] {
@@ -119,50 +139,56 @@ extension Vault {
         }
         try withStateVerifyingUser { state throws(LockboxError) in
             try writeRows(state) { writer throws(LockboxError) in
-                var query = query
-                query.limit = .all
-                let plan = try plan(for: query, readingData: true, state: state)
-                let rows = try verifyIntegrity(of: try candidates(plan, state: state), plan: plan, state: state)
-                var matched = 0
-                var lockedCandidate = false
-                for row in rows {
-                    guard let classKey = try state.keys.classKey(for: row.accessibility, header: state.header) else {
-                        lockedCandidate = true
-                        continue
-                    }
-                    let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
-                    guard var attributes = try openMatching(row, plan: plan, classKey: classKey, prefix: prefix) else { continue }
-                    let valueKey = try valueKey(of: row, classKey: classKey, prefix: prefix, query: query, action: "update", state: state)
-                    let data: SecretBytes
-                    if let replacement = update.data {
-                        data = replacement
-                    } else {
-                        data = try row.openData(valueKey: valueKey, prefix: prefix)
-                    }
-                    attributes.apply(update.attributes)
-                    attributes.creationDate = attributes.creationDate ?? currentDate()
-                    attributes.modificationDate = currentDate()
-                    try checkSizes(data: data, attributes: attributes)
-                    // A new accessibility means a new class key: the item key is rewrapped.
-                    let keys = try keysForWriting(query.itemClass, attributes.accessibility ?? .default, state: state)
-                    let sealed = SealedRow.seal(
-                        id: row.id, itemClass: query.itemClass, attributes: attributes, data: data,
-                        classKey: keys.classKey, indexKey: keys.indexKey, vaultID: state.header.vaultID,
-                        deviceID: state.device.identifier, accessControl: AccessControl(parsing: row.accessControl),
-                        presencePublicKey: state.header.presencePublicKey, version: writer.generation)
-                    do throws(LockboxError) {
-                        try writer.replace(row, with: sealed)
-                    } catch {
-                        throw error.code == .duplicateItem ? duplicate(query.itemClass, cause: error.cause) : error
-                    }
-                    matched += 1
-                }
-                if matched == 0 {
-                    throw try noMatch(lockedCandidate: lockedCandidate, plan: plan, state: state)
-                }
+                try updateRows(matching: query, to: update, writer: writer, state: state)
             }
             // The replaced values must not linger in the write-ahead log.
             state.database.truncateWriteAheadLog()
+        }
+    }
+
+    /// `update(matching:to:)` inside a write transaction already open.
+    func updateRows(matching query: Query, to update: ItemUpdate, writer: RowWriter, state: State) throws(LockboxError) {
+        var query = query
+        query.limit = .all
+        let plan = try plan(for: query, readingData: true, state: state)
+        let rows = try verifyIntegrity(of: try candidates(plan, state: state), plan: plan, state: state)
+        var matched = 0
+        var lockedCandidate = false
+        for row in rows {
+            guard let classKey = try state.keys.classKey(for: row.accessibility, header: state.header) else {
+                lockedCandidate = true
+                continue
+            }
+            let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
+            guard var attributes = try openMatching(row, plan: plan, classKey: classKey, prefix: prefix) else { continue }
+            try Self.checkSynchronizable(update.attributes, hasAccessControl: !row.accessControl.isEmpty)
+            let valueKey = try valueKey(of: row, classKey: classKey, prefix: prefix, query: query, action: "update", state: state)
+            let data: SecretBytes
+            if let replacement = update.data {
+                data = replacement
+            } else {
+                data = try row.openData(valueKey: valueKey, prefix: prefix)
+            }
+            attributes.apply(update.attributes)
+            attributes.creationDate = attributes.creationDate ?? currentDate()
+            attributes.modificationDate = currentDate()
+            try checkSizes(data: data, attributes: attributes)
+            // A new accessibility means a new class key: the item key is rewrapped.
+            let keys = try keysForWriting(query.itemClass, attributes.accessibility ?? .default, state: state)
+            let sealed = SealedRow.seal(
+                id: row.id, itemClass: query.itemClass, attributes: attributes, data: data,
+                classKey: keys.classKey, indexKey: keys.indexKey, vaultID: state.header.vaultID,
+                deviceID: state.device.identifier, accessControl: AccessControl(parsing: row.accessControl),
+                presencePublicKey: state.header.presencePublicKey, version: writer.generation)
+            do throws(LockboxError) {
+                try writer.replace(row, with: sealed)
+            } catch {
+                throw error.code == .duplicateItem ? duplicate(query.itemClass, cause: error.cause) : error
+            }
+            matched += 1
+        }
+        if matched == 0 {
+            throw try noMatch(lockedCandidate: lockedCandidate, plan: plan, state: state)
         }
     }
 
@@ -174,32 +200,37 @@ extension Vault {
     public func delete(matching query: Query) throws(LockboxError) -> Int {
         try withState { state throws(LockboxError) -> Int in
             let count = try writeRows(state) { writer throws(LockboxError) -> Int in
-                var query = query
-                query.limit = .all
-                let plan = try plan(for: query, readingData: false, state: state)
-                let rows = try verifyIntegrity(of: try candidates(plan, state: state), plan: plan, state: state)
-                var doomed: [SealedRow] = []
-                for row in rows {
-                    guard let classKey = try state.keys.classKey(for: row.accessibility, header: state.header) else {
-                        throw lockedError()
-                    }
-                    let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
-                    guard try openMatching(row, plan: plan, classKey: classKey, prefix: prefix) != nil else { continue }
-                    // An access-controlled item is deleted without asking the user, as on iOS
-                    // (Apple's access-control evaluation allows the delete operation): deleting
-                    // reveals nothing, and the class key already proved the keychain unlocked.
-                    doomed.append(row)
-                }
-                if doomed.isEmpty {
-                    throw try noMatch(lockedCandidate: false, plan: plan, state: state)
-                }
-                for row in doomed { try writer.delete(row) }
-                return doomed.count
+                try deleteRows(matching: query, writer: writer, state: state)
             }
             // Deleted values must not linger in the write-ahead log.
             state.database.truncateWriteAheadLog()
             return count
         }
+    }
+
+    /// `delete(matching:)` inside a write transaction already open.
+    func deleteRows(matching query: Query, writer: RowWriter, state: State) throws(LockboxError) -> Int {
+        var query = query
+        query.limit = .all
+        let plan = try plan(for: query, readingData: false, state: state)
+        let rows = try verifyIntegrity(of: try candidates(plan, state: state), plan: plan, state: state)
+        var doomed: [SealedRow] = []
+        for row in rows {
+            guard let classKey = try state.keys.classKey(for: row.accessibility, header: state.header) else {
+                throw lockedError()
+            }
+            let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
+            guard try openMatching(row, plan: plan, classKey: classKey, prefix: prefix) != nil else { continue }
+            // An access-controlled item is deleted without asking the user, as on iOS
+            // (Apple's access-control evaluation allows the delete operation): deleting
+            // reveals nothing, and the class key already proved the keychain unlocked.
+            doomed.append(row)
+        }
+        if doomed.isEmpty {
+            throw try noMatch(lockedCandidate: false, plan: plan, state: state)
+        }
+        for row in doomed { try writer.delete(row) }
+        return doomed.count
     }
 
     // MARK: Integrity on every read

@@ -62,3 +62,98 @@ extension Vault {
         }
     }
 }
+
+/// One change that a sync brings to the vault.
+public enum SyncedChange: Sendable {
+    /// A new item.
+    case add(Item)
+    /// The item in the row `reference` replaced: its attributes and value become `item`'s.
+    case replace(reference: Data, with: Item)
+    /// The row `reference` (of one of `classes`) deleted.
+    case delete(reference: Data, classes: [ItemClass])
+}
+
+/// What ``Vault/applyChanges(count:_:)`` wrote.
+public struct AppliedChanges: Sendable {
+    /// Per change, in order: the row that holds the item afterwards (a new row for an add, the
+    /// same row for a replace), nil for a delete.
+    public var references: [Data?]
+    /// The vault's write generation just before the changes, in the same transaction: equal to
+    /// an earlier ``SynchronizableChanges/generation`` when nothing else was written since.
+    public var previousGeneration: Int
+    /// The generation the changes wrote (their rows' version).
+    public var generation: Int
+}
+
+extension Vault {
+    /// Applies `count` changes in one write transaction, asking for each as it is written: a
+    /// sync that brings thousands of items opens each value just before it is sealed here, so
+    /// only one is in memory at a time, and commits once. Each change is made and counted in the
+    /// integrity record exactly as ``add(contentsOf:)``, ``update(matching:to:)`` and
+    /// ``delete(matching:)`` make it; all of them or (on any error, also one `change` throws)
+    /// none.
+    ///
+    /// - Parameters:
+    ///   - count: how many changes `change` gives.
+    ///   - change: the change at an index, `0..<count`, each asked for once, in order.
+    /// - Returns: the rows written and the generations before and of the changes.
+    /// - Throws: `duplicateItem` when an added item is here already, `itemNotFound` when a row
+    ///   to replace or delete is gone (nothing is written); what `change` throws.
+    public func applyChanges(count: Int, _ change: (Int) throws(LockboxError) -> SyncedChange) throws(LockboxError) -> AppliedChanges {
+        let now = currentDate()
+        return try withStateVerifyingUser { state throws(LockboxError) -> AppliedChanges in
+            var replaced = false
+            let applied = try writeRows(state) { writer throws(LockboxError) -> AppliedChanges in
+                var applied = AppliedChanges(references: [], previousGeneration: writer.generation - 1, generation: writer.generation)
+                applied.references.reserveCapacity(count)
+                for index in 0..<count {
+                    // Several operations in one transaction: each starts with its statements
+                    // reset, as a single operation does.
+                    state.database.resetStatements()
+                    switch try change(index) {
+                    case .add(let item):
+                        let prepared = try prepareForAdding(item, now: now)
+                        applied.references.append(Data(try insert(prepared, writer: writer, state: state)))
+                    case .replace(let reference, let item):
+                        var query = Query(item.itemClass, synchronizable: .any)
+                        query.persistentReference = reference
+                        try updateRows(matching: query, to: ItemUpdate(attributes: item.attributes, data: item.data), writer: writer, state: state)
+                        applied.references.append(reference)
+                        replaced = true
+                    case .delete(let reference, let classes):
+                        var deleted = 0
+                        for itemClass in classes where deleted == 0 {
+                            state.database.resetStatements()
+                            var query = Query(itemClass, synchronizable: .any)
+                            query.persistentReference = reference
+                            do throws(LockboxError) {
+                                deleted = try deleteRows(matching: query, writer: writer, state: state)
+                            } catch where error.code == .itemNotFound {}
+                        }
+                        guard deleted > 0 else { throw LockboxError(.itemNotFound, "The row to delete is gone.") }
+                        applied.references.append(nil)
+                        replaced = true
+                    }
+                }
+                return applied
+            }
+            // Replaced and deleted values must not linger in the write-ahead log.
+            if replaced { state.database.truncateWriteAheadLog() }
+            return applied
+        }
+    }
+}
+
+extension Vault {
+    /// Apple's rule, which SecItemAdd and SecItemUpdate enforce with `errSecParam`: an item with
+    /// access control is not synchronizable. Its value needs the user of this machine (the
+    /// presence key sealing its item key is this keychain's), so it could neither be read to be
+    /// sent nor keep its protection elsewhere.
+    static func checkSynchronizable(_ attributes: ItemAttributes, hasAccessControl: Bool) throws(LockboxError) {
+        guard hasAccessControl, attributes.synchronizable == true else { return }
+        throw LockboxError(
+            .param,
+            "An item with access control cannot be synchronizable: its value needs this machine's user. "
+                + "Store it with synchronizable off, or without access control.")
+    }
+}

@@ -154,6 +154,18 @@ extension StatusCase {
                 password("a", "b", [kSecAttrAccessControl as String: accessControl([]) as Any, kSecReturnAttributes as String: true])
             }), status: errSecSuccess, shape: .dictionary(keys: attributeKeys)),
         StatusCase(
+            name: "add synchronizable with .userPresence -> errSecParam (securityd: access control is not synchronizable)",
+            reference: "/documentation/security/ksecattrsynchronizable",
+            call: .add({
+                password(
+                    "a", "b",
+                    [
+                        kSecAttrAccessControl as String: SecAccessControlCreateWithFlags(nil, kSecAttrAccessibleWhenUnlocked, .userPresence, nil)
+                            as Any,
+                        kSecAttrSynchronizable as String: true,
+                    ])
+            }), status: errSecParam),
+        StatusCase(
             name: "add with kSecAttrAccessible disagreeing with the access control's protection -> errSecParam",
             reference: "/documentation/security/ksecattraccesscontrol",
             call: .add({

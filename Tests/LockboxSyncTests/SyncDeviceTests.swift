@@ -181,10 +181,15 @@ extension SyncTests {
         #expect(try machines[1].count() == 39)
         #expect(try machines[1].value("inc3.example", "user") == "changed 3")
         #expect(try machines[1].value("inc5.example", "user") == nil)
-        // The rows a pull added are read once, by the next push, which finds nothing to send.
+        // The rows a pull imported are recorded by that pull: the next push reads none of them.
         let next = try groups[1].sync()
-        #expect(next.examined == 39 && next.pushed == 0)
-        #expect(try groups[1].sync().examined == 0)
+        #expect(next.examined == 0 && next.pushed == 0)
+        // ... and knows them: a delete of one on the machine that pulled it propagates.
+        try machines[1].delete("inc7.example", "user")
+        #expect(try groups[1].sync().pushed == 1)
+        try groups[0].sync()
+        #expect(try machines[0].value("inc7.example", "user") == nil)
+        #expect(try machines[0].value("inc8.example", "user") == "value 8")
     }
 
     @Test("The database stopped in the middle of a sync, then started again: nothing lost or doubled, the vault usable meanwhile")
@@ -225,7 +230,7 @@ extension SyncTests {
     func killedClientMidSync() throws {
         let database = try testDatabase()
         let (groups, machines) = try threeMachines()
-        let count = 300
+        let count = 600
         var items: [Item] = []
         for index in 0..<count {
             var item = Item.genericPassword(service: "kill\(index).example", account: "user", data: SecretBytes(utf8: "value \(index)"))
@@ -236,7 +241,7 @@ extension SyncTests {
         try SyncCLI.configure(machines[0], group: groups[0].groupID, database: database)
         // Killed sooner and later: before, during and after the push's transaction.
         var finished = 0
-        for delay in [0.05, 0.15, 0.3, 0.5, 0.8, 1.2] {
+        for delay in [0.02, 0.05, 0.1, 0.15, 0.25, 0.4] {
             let result = try SyncCLI.run(machines[0], ["sync", "now"], timeout: delay)
             if result.status == 0 { finished += 1 }
             try machines[0].set("kill\(Int(delay * 100) % count).example", "user", "edit before kill \(delay)")
@@ -247,8 +252,8 @@ extension SyncTests {
         try groups[0].sync()
         try groups[1].sync()
         #expect(try machines[1].count() == count)
-        #expect(try machines[1].value("kill30.example", "user") == "edit before kill 0.3")
-        #expect(try machines[1].value("kill299.example", "user") == "value 299")
+        #expect(try machines[1].value("kill25.example", "user") == "edit before kill 0.25")
+        #expect(try machines[1].value("kill599.example", "user") == "value 599")
         let records = try storedRecords(groups[0].groupID)
         #expect(records.count == count)
         #expect(Set(records.map(\.version)).count == count, "two records share a version")
@@ -257,6 +262,39 @@ extension SyncTests {
 }
 
 extension SyncTests {
+    @Test("A new device's first sync killed (SIGKILL) at any point leaves its vault with all the items or none; the next sync completes")
+    func killedFirstPullIsAllOrNothing() throws {
+        let database = try testDatabase()
+        let (groups, machines) = try threeMachines()
+        let count = 600
+        var items: [Item] = []
+        for index in 0..<count {
+            var item = Item.genericPassword(service: "pull\(index).example", account: "user", data: SecretBytes(utf8: "value \(index)"))
+            item.attributes.synchronizable = true
+            items.append(item)
+        }
+        try machines[0].vault.add(contentsOf: items)
+        try groups[0].sync()
+        try SyncCLI.configure(machines[1], group: groups[0].groupID, database: database)
+        var finished = 0
+        var killed = 0
+        for delay in [0.1, 0.2, 0.3, 0.45, 0.6, 0.8] where finished == 0 {
+            let result = try SyncCLI.run(machines[1], ["sync", "now"], timeout: delay)
+            if result.status == 0 { finished += 1 } else { killed += 1 }
+            // One vault transaction: all of them or none, and the vault sound either way.
+            let present = try machines[1].count()
+            #expect(present == 0 || present == count, "a killed import left \(present) of \(count) items")
+            #expect(try machines[1].verify())
+        }
+        #expect(killed > 0, "no sync was killed before it finished")
+        let final = try SyncCLI.run(machines[1], ["sync", "now"])
+        #expect(final.status == 0, "lockbox sync now: \(final.standardError)")
+        #expect(try machines[1].count() == count)
+        #expect(try machines[1].value("pull599.example", "user") == "value 599")
+        #expect(try groups[1].sync().changedNothing)
+        #expect(try storedRecords(groups[0].groupID).count == count, "the new device wrote records")
+    }
+
     @Test("lockbox sync: create, invite, join with the code on standard input, now, status; status with the database down")
     func commandLine() throws {
         let database = try testDatabase()
@@ -287,6 +325,14 @@ extension SyncTests {
         #expect(json["pendingRemoteVersions"] as? Int == 0)
         let text = try SyncCLI.run(first, ["sync", "status"])
         #expect(text.standardOutput.contains("(this device)") && text.standardOutput.contains("last sync:"))
+        // Both devices verified the same head at the same version: the same fingerprint.
+        let firstJSON = try #require(
+            try JSONSerialization.jsonObject(with: Data(try SyncCLI.run(first, ["sync", "status", "--json"]).standardOutput.utf8)) as? [String: Any])
+        let head = try #require(json["head"] as? String)
+        #expect(head.count == 16)
+        #expect(firstJSON["pulledVersion"] as? Int == json["pulledVersion"] as? Int)
+        #expect(firstJSON["head"] as? String == head)
+        #expect(text.standardOutput.contains("verified head:    version"))
 
         // The database unreachable: status says so and succeeds; a sync fails with -25291;
         // the keychain works.

@@ -250,6 +250,60 @@ struct SyncTests {
         #expect(try machines[1].verify())
     }
 
+    @Test("A new device imports what it pulls in one vault transaction: a record failing mid-import leaves its vault as it was; the next sync imports all, every item reads back, the vault verifies")
+    func bulkImportIsAtomic() throws {
+        let (groups, machines) = try threeMachines()
+        let count = 200
+        var items: [Item] = []
+        for index in 0..<count {
+            var item = Item.genericPassword(service: "bulk\(index).example", account: "user", data: SecretBytes(utf8: "value \(index)"))
+            item.attributes.synchronizable = true
+            items.append(item)
+        }
+        try machines[0].vault.add(contentsOf: items)
+        try groups[0].sync()
+        // The newest record's value box damaged: its metadata opens, its value (the last item
+        // the import asks for) does not.
+        let connection = try PostgresConnection(try testDatabase())
+        let id = groups[0].groupID
+        let last = try connection.execute(
+            "SELECT item_id, payload FROM lockbox_sync_items WHERE group_id = $1 ORDER BY version DESC LIMIT 1", [.text(id)])[0]
+        let original = try PostgresConnection.bytes(last[1])
+        var damaged = original
+        damaged[damaged.count - 1] ^= 1
+        try connection.execute(
+            "UPDATE lockbox_sync_items SET payload = $3 WHERE group_id = $1 AND item_id = $2", [.text(id), .text(last[0]!), .bytes(damaged)])
+        let error = #expect(throws: LockboxError.self) { try groups[1].sync() }
+        #expect(error?.code == .decode)
+        #expect(try machines[1].count() == 0, "a failed import left items behind")
+        #expect(try machines[1].verify())
+        try connection.execute(
+            "UPDATE lockbox_sync_items SET payload = $3 WHERE group_id = $1 AND item_id = $2", [.text(id), .text(last[0]!), .bytes(original)])
+        #expect(try groups[1].sync().pulled == count)
+        #expect(try machines[1].count() == count)
+        for index in 0..<count {
+            #expect(try machines[1].value("bulk\(index).example", "user") == "value \(index)")
+        }
+        #expect(try machines[1].verify())
+        #expect(try groups[1].sync().changedNothing)
+        // Edits and deletes are applied in one vault transaction too.
+        tick()
+        for index in 0..<50 { try machines[0].set("bulk\(index).example", "user", "edited \(index)") }
+        for index in 50..<70 { try machines[0].delete("bulk\(index).example", "user") }
+        try groups[0].sync()
+        #expect(try groups[1].sync().pulled == 70)
+        #expect(try machines[1].count() == count - 20)
+        #expect(try machines[1].value("bulk7.example", "user") == "edited 7")
+        #expect(try machines[1].value("bulk60.example", "user") == nil)
+        #expect(try machines[1].value("bulk99.example", "user") == "value 99")
+        #expect(try machines[1].verify())
+        // ... and known afterwards: a delete there reaches the first machine.
+        try machines[1].delete("bulk7.example", "user")
+        #expect(try groups[1].sync().pushed == 1)
+        try groups[0].sync()
+        #expect(try machines[0].value("bulk7.example", "user") == nil)
+    }
+
     @Test("A connection dropped in the middle of a push leaves nothing half-written; the next sync completes it")
     func droppedConnection() throws {
         let (groups, machines) = try threeMachines()

@@ -156,8 +156,15 @@ public func run(
     process.standardError = stderr
     try process.run()
     let pid = process.processIdentifier
-    let watchdog = DispatchWorkItem { kill(pid, SIGKILL) }
-    if let timeout { DispatchQueue.global().asyncAfter(deadline: .now() + timeout, execute: watchdog) }
+    // A thread of its own: Dispatch's global pool, busy with the pipes below and other tests'
+    // work on a small machine, can start a timer's work long after it is due.
+    let finished = Mutex(false)
+    if let timeout {
+        Thread.detachNewThread {
+            usleep(UInt32(timeout * 1_000_000))
+            finished.withLock { done in if !done { kill(pid, SIGKILL) } }
+        }
+    }
     let writer = stdin.fileHandleForWriting
     DispatchQueue.global().async {
         // The child may exit without reading all of it (EPIPE): that is its business.
@@ -176,7 +183,7 @@ public func run(
     let outputData = stdout.fileHandleForReading.readDataToEndOfFile()
     group.wait()
     process.waitUntilExit()
-    watchdog.cancel()
+    finished.withLock { $0 = true }
     return ProcessResult(
         status: process.terminationStatus, standardOutputBytes: Array(outputData),
         standardErrorBytes: Array(errorData.withLock { $0 }))

@@ -236,6 +236,14 @@ struct SecItemRequest {
                 errSecParam, "kSecAttrAccessible and the protection of kSecAttrAccessControl disagree; give one of them.")
         }
         attributes.accessibility = accessControl.protection
+        // securityd's rule (SecItem.c): "item with kSecAttrAccessControl is not synchronizable"
+        // when the access control has constraints.
+        if !accessControl.flags.isEmpty, attributes.synchronizable == true {
+            throw Self.failure(
+                errSecParam,
+                "An item with kSecAttrAccessControl cannot be synchronizable: its value needs this machine's user. "
+                    + "Drop kSecAttrSynchronizable or the access control.")
+        }
         switch accessControl.linuxRequirement {
         case .none:
             break

@@ -1,0 +1,197 @@
+import Foundation
+import Lockbox
+import LockboxTestSupport
+import LockboxVault
+import Testing
+
+@testable import LockboxSync
+
+/// The database administrator's edits, made directly in the tables: each must be an error
+/// (`errSecDecode`) that applies nothing, on a device that already synced and on a new one.
+extension SyncTests {
+    /// A group whose records have a history: `a`, `b`, `c` written and synced everywhere, then
+    /// `a` edited and `d` added by machine A, which alone has synced since. Returns the record
+    /// of `a` as it was before the edit.
+    func groupWithHistory() throws -> (groups: [SyncGroup], machines: [Machine], oldA: (version: Int64, payload: [UInt8])) {
+        let (groups, machines) = try threeMachines()
+        for name in ["a", "b", "c"] { try machines[0].add("\(name).example", "user", "\(name)1") }
+        for group in groups { try group.sync() }
+        let id = try itemID(groups[0], machines[0], "a.example")
+        let old = try #require(try storedRecords(groups[0].groupID).first { $0.id == id })
+        tick()
+        try machines[0].set("a.example", "user", "a2")
+        try machines[0].add("d.example", "user", "d1")
+        try groups[0].sync()
+        return (groups, machines, (old.version, old.payload))
+    }
+
+    func itemID(_ group: SyncGroup, _ machine: Machine, _ service: String) throws -> String {
+        var query = machine.query(service, "user")
+        query.returning = [.attributes]
+        return group.itemID(try machine.vault.item(matching: query))
+    }
+
+    /// A machine that joins now: it has seen nothing, so only the head can tell it what is missing.
+    func newcomer(_ group: SyncGroup) throws -> (SyncGroup, Machine) {
+        let machine = try Machine()
+        return (try SyncGroup.join(group.groupID, vault: machine.vault, database: try testDatabase(), passphrase: groupPassphrase), machine)
+    }
+
+    /// Machine B (synced before A's last push) and a newcomer both refuse the database as it is,
+    /// with `errSecDecode`, and apply nothing.
+    func expectRefusedEverywhere(_ groups: [SyncGroup], _ machines: [Machine], _ what: Comment) throws {
+        let error = #expect(throws: LockboxError.self, what) { try groups[1].sync() }
+        #expect(error?.code == .decode, what)
+        #expect(try machines[1].value("a.example", "user") == "a1", what)
+        #expect(try machines[1].value("d.example", "user") == nil, what)
+        let (late, lateMachine) = try newcomer(groups[0])
+        let lateError = #expect(throws: LockboxError.self, what) { try late.sync() }
+        #expect(lateError?.code == .decode, what)
+        #expect(try lateMachine.count() == 0, what)
+        #expect(try machines[1].verify() && lateMachine.verify(), what)
+    }
+
+    @Test("A record the administrator deletes is detected by a device that has not pulled it and by a new device; nothing is applied")
+    func deletedRecordIsDetected() throws {
+        let (groups, machines, _) = try groupWithHistory()
+        let connection = try PostgresConnection(try testDatabase())
+        let id = try itemID(groups[0], machines[0], "d.example")
+        let saved = try #require(try storedRecords(groups[0].groupID).first { $0.id == id })
+        try connection.execute("DELETE FROM lockbox_sync_items WHERE group_id = $1 AND item_id = $2", [.text(groups[0].groupID), .text(id)])
+        try expectRefusedEverywhere(groups, machines, "a deleted record")
+        // The writer, which knows the record, refuses to write over its absence.
+        try machines[0].set("d.example", "user", "d2")
+        let writer = #expect(throws: LockboxError.self) { try groups[0].sync() }
+        #expect(writer?.code == .decode)
+        // Put back as it was: every device syncs again.
+        try connection.execute(
+            "INSERT INTO lockbox_sync_items (group_id, item_id, version, device_id, payload) VALUES ($1, $2, $3, $4, $5)",
+            [.text(groups[0].groupID), .text(id), .integer(saved.version), .text(groups[0].deviceID), .bytes(saved.payload)])
+        try groups[0].sync()
+        try groups[1].sync()
+        #expect(try machines[1].value("d.example", "user") == "d2")
+        #expect(try machines[1].value("a.example", "user") == "a2")
+    }
+
+    @Test("An item's record replaced with its older ciphertext (at its older version) is refused, never applied")
+    func replayedOlderRecordIsRefused() throws {
+        let (groups, machines, oldA) = try groupWithHistory()
+        let connection = try PostgresConnection(try testDatabase())
+        let id = try itemID(groups[0], machines[0], "a.example")
+        try connection.execute(
+            "UPDATE lockbox_sync_items SET version = $3, payload = $4 WHERE group_id = $1 AND item_id = $2",
+            [.text(groups[0].groupID), .text(id), .integer(oldA.version), .bytes(oldA.payload)])
+        try expectRefusedEverywhere(groups, machines, "an older record replayed")
+        // The device that wrote the newer version refuses the old one when it writes the item.
+        try machines[0].set("a.example", "user", "a3")
+        let writer = #expect(throws: LockboxError.self) { try groups[0].sync() }
+        #expect(writer?.code == .decode)
+        #expect(try machines[0].value("a.example", "user") == "a3")
+        // The older record with a new version number fails to open (the version is sealed in).
+        try connection.execute(
+            "UPDATE lockbox_sync_items SET version = (SELECT counter FROM lockbox_sync_groups WHERE group_id = $1) WHERE group_id = $1 AND item_id = $2",
+            [.text(groups[0].groupID), .text(id)])
+        let relabelled = #expect(throws: LockboxError.self) { try groups[1].sync() }
+        #expect(relabelled?.code == .decode)
+        #expect(try machines[1].value("a.example", "user") == "a1")
+    }
+
+    @Test("Two records' ciphertexts swapped, or two records' versions swapped, fail to open; nothing is applied")
+    func swappedRecordsAreRefused() throws {
+        let (groups, machines, _) = try groupWithHistory()
+        let connection = try PostgresConnection(try testDatabase())
+        let group = groups[0].groupID
+        let b = try itemID(groups[0], machines[0], "b.example")
+        let d = try itemID(groups[0], machines[0], "d.example")
+        let records = try storedRecords(group)
+        let recordB = try #require(records.first { $0.id == b })
+        let recordD = try #require(records.first { $0.id == d })
+        func put(_ id: String, version: Int64, payload: [UInt8]) throws {
+            try connection.execute(
+                "UPDATE lockbox_sync_items SET version = $3, payload = $4 WHERE group_id = $1 AND item_id = $2",
+                [.text(group), .text(id), .integer(version), .bytes(payload)])
+        }
+        try put(b, version: recordB.version, payload: recordD.payload)
+        try put(d, version: recordD.version, payload: recordB.payload)
+        try expectRefusedEverywhere(groups, machines, "payloads swapped")
+        try put(b, version: recordD.version, payload: recordB.payload)
+        try put(d, version: recordB.version, payload: recordD.payload)
+        try expectRefusedEverywhere(groups, machines, "versions swapped")
+        try put(b, version: recordB.version, payload: recordB.payload)
+        try put(d, version: recordD.version, payload: recordD.payload)
+        try groups[1].sync()
+        #expect(try machines[1].value("d.example", "user") == "d1")
+    }
+
+    @Test("A group without a head (from before heads) gets one from a device that has verified none; the others then verify it")
+    func groupFromBeforeHeadsGetsOne() throws {
+        let (groups, machines) = try threeMachines()
+        for name in ["l1", "l2", "l3"] { try machines[0].add("\(name).example", "user", name) }
+        try groups[0].sync()
+        try groups[1].sync()
+        // As a group written before schema 3 would be: records, and no head.
+        let connection = try PostgresConnection(try testDatabase())
+        try connection.execute("UPDATE lockbox_sync_groups SET head = NULL WHERE group_id = $1", [.text(groups[0].groupID)])
+        // Machine C has verified no head: it computes one from the records, and pulls.
+        #expect(try groups[2].sync().pulled == 3)
+        #expect(try machines[2].value("l2.example", "user") == "l2")
+        let head = try connection.execute("SELECT head FROM lockbox_sync_groups WHERE group_id = $1", [.text(groups[0].groupID)])
+        #expect(head.first?[0] != nil)
+        // The machines that verified the same records before agree with it.
+        try machines[1].set("l1.example", "user", "l1 again")
+        try groups[1].sync()
+        try groups[0].sync()
+        #expect(try machines[0].value("l1.example", "user") == "l1 again")
+    }
+
+    @Test("The head rolled back, edited or removed is refused by the devices that saw a later one")
+    func rolledBackHeadIsRefused() throws {
+        let (groups, machines) = try threeMachines()
+        let connection = try PostgresConnection(try testDatabase())
+        let group = groups[0].groupID
+        let headNow = { () throws -> (counter: Int64, head: [UInt8]) in
+            let row = try connection.execute("SELECT counter, head FROM lockbox_sync_groups WHERE group_id = $1", [.text(group)])[0]
+            return (try PostgresConnection.integer(row[0]), try PostgresConnection.bytes(row[1]))
+        }
+        func setHead(counter: Int64, head: [UInt8]?) throws {
+            try connection.execute(
+                "UPDATE lockbox_sync_groups SET counter = $2, head = $3 WHERE group_id = $1",
+                [.text(group), .integer(counter), head.map { .bytes($0) } ?? .null])
+        }
+        try machines[0].add("h.example", "user", "h1")
+        try groups[0].sync()
+        let old = try headNow()
+        try machines[0].set("h.example", "user", "h2")
+        try groups[0].sync()
+        try groups[1].sync()
+        let current = try headNow()
+        #expect(current.counter > old.counter)
+
+        // The older head with its counter: below what both devices saw.
+        try setHead(counter: old.counter, head: old.head)
+        for index in 0..<2 {
+            let error = #expect(throws: LockboxError.self) { try groups[index].sync() }
+            #expect(error?.code == .decode)
+        }
+        // The older head beside the current counter: it names another counter.
+        try setHead(counter: current.counter, head: old.head)
+        let mismatched = #expect(throws: LockboxError.self) { try groups[1].sync() }
+        #expect(mismatched?.code == .decode)
+        // One bit of the digest changed: the MAC fails.
+        var edited = current.head
+        edited[edited.count / 2] ^= 1
+        try setHead(counter: current.counter, head: edited)
+        let flipped = #expect(throws: LockboxError.self) { try groups[2].sync() }
+        #expect(flipped?.code == .decode)
+        #expect(try machines[2].count() == 0)
+        // No head at all, once there are records.
+        try setHead(counter: current.counter, head: nil)
+        let missing = #expect(throws: LockboxError.self) { try groups[1].sync() }
+        #expect(missing?.code == .decode)
+        // The current head back: everyone syncs.
+        try setHead(counter: current.counter, head: current.head)
+        for group in groups { try group.sync() }
+        #expect(try machines[2].value("h.example", "user") == "h2")
+        #expect(try machines[1].value("h.example", "user") == "h2")
+    }
+}
