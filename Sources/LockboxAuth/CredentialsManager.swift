@@ -325,6 +325,23 @@ public actor CredentialsManager {
         return try await authorized(request, with: credentials)
     }
 
+    /// A proof for one request that carries `credentials`' DPoP-bound token, for a caller that
+    /// sends the request itself (`lockbox token --url`): bound to the token (`ath`), `method`
+    /// and `url`, and `nonce` (by default the server's latest this process saw). Good for that
+    /// request, once.
+    /// - Throws: ``AuthError/Code/configuration`` for bearer credentials or a malformed nonce;
+    ///   `store`/`storeLocked` when the session's key cannot sign.
+    public func proof(method: String, url: URL, for credentials: Credentials, nonce: String? = nil) async throws(AuthError) -> String {
+        guard credentials.tokenType == "DPoP" else {
+            throw .configuration("These credentials hold a bearer token, which is sent without a DPoP proof")
+        }
+        if let nonce, !DPoPNonces.isValid(nonce) {
+            throw .configuration("The DPoP nonce is not one (RFC 9449: 1 to 512 printable ASCII characters, no quote or backslash)")
+        }
+        let proofs = try await requireSessionProofs()
+        return try await proofs.proof(method: method, url: url, accessToken: credentials.accessToken, nonce: nonce ?? nonces.nonce(for: url))
+    }
+
     /// `request` carrying `credentials`: a bearer token, or a DPoP-bound token with a fresh
     /// proof bound to it (`ath`) and to the server's latest nonce.
     private func authorized(_ request: URLRequest, with credentials: Credentials) async throws(AuthError) -> URLRequest {

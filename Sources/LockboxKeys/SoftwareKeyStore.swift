@@ -34,10 +34,14 @@ public final class SoftwareKeyStore: Sendable {
     private let opened = Mutex<[Data: OpenedKey]>([:])
     private static let openedLimit = 32
     private let readCount = Mutex(0)
+    private let rowCheckCount = Mutex(0)
 
     /// How many times a key's private bytes were read from the vault (not taken from the keys
     /// kept opened): for tests of that cache.
     package var keyReads: Int { readCount.withLock { $0 } }
+    /// How many times a kept key's row was checked because the vault's stamp had moved: for
+    /// tests of that cache.
+    package var keyRowChecks: Int { rowCheckCount.withLock { $0 } }
 
     /// - Parameter tpmDevice: the TPM's TCTI configuration for hardware keys; nil is
     ///   `LOCKBOX_TPM_TCTI`, else `device:/dev/tpmrm0`.
@@ -289,7 +293,7 @@ public final class SoftwareKeyStore: Sendable {
             // good when its own row is the one it was opened from (a row check, not a read,
             // an unseal and an import).
             if keptStamp.sameUnlock(as: stamp), let version = kept.version,
-                try vault.version(ofItem: key.persistentReference) == version
+                try rowVersion(of: key) == version
             {
                 kept.stamp = stamp
                 opened.withLock { $0[key.persistentReference] = kept }
@@ -309,6 +313,11 @@ public final class SoftwareKeyStore: Sendable {
             opened[key.persistentReference] = fresh
         }
         return fresh
+    }
+
+    private func rowVersion(of key: ManagedKey) throws(LockboxError) -> ItemVersion? {
+        rowCheckCount.withLock { $0 += 1 }
+        return try vault.version(ofItem: key.persistentReference)
     }
 
     /// The key's envelope and private bytes, through the vault's key-material path.

@@ -50,6 +50,52 @@ struct KeptOpenedKeyTests {
         #expect(fixture.keys.keyReads == reads + 1)
     }
 
+    @Test func thisHandlesWritesToOtherItems_needNoRowCheck_anyKeyWriteOrAnotherHandlesWriteDoes() throws {
+        let fixture = try KeyFixture()
+        let key = try fixture.generate(.p256, [.sign, .verify])
+        #expect(try key.isValidSignature(key.sign(message), for: message))
+        let (reads, checks) = (fixture.keys.keyReads, fixture.keys.keyRowChecks)
+        // A refresh's writes: tokens added, rotated and removed through this handle.
+        let vault = fixture.vault.vault
+        let tokens = Query.genericPassword(service: "tokens", account: "a")
+        try vault.add(.genericPassword(service: "tokens", account: "a", data: SecretBytes(utf8: "t1")))
+        try vault.update(matching: tokens, to: ItemUpdate(data: SecretBytes(utf8: "t2")))
+        #expect(try key.isValidSignature(key.sign(message), for: message))
+        try vault.delete(matching: tokens)
+        #expect(try key.isValidSignature(key.sign(message), for: message))
+        #expect(fixture.keys.keyRowChecks == checks, "a write to another item through this handle made the key's row be checked")
+        #expect(fixture.keys.keyReads == reads)
+        // Another key's row written through this handle: the kept key's row is checked (and
+        // found unchanged, so it is not read again).
+        _ = try fixture.generate(.ed25519, [.sign])
+        #expect(try key.isValidSignature(key.sign(message), for: message))
+        #expect(fixture.keys.keyRowChecks == checks + 1)
+        #expect(fixture.keys.keyReads == reads)
+        // Another handle's write to another item: checked too (this handle cannot know what it wrote).
+        let other = try fixture.vault.reopen()
+        try other.unlock(passphrase: fixture.vault.passphrase)
+        try other.add(.genericPassword(service: "tokens", account: "b", data: SecretBytes(utf8: "t3")))
+        #expect(try key.isValidSignature(key.sign(message), for: message))
+        #expect(fixture.keys.keyRowChecks == checks + 2)
+        // The key deleted through this handle: never used again.
+        try key.delete()
+        #expect(status { _ = try key.sign(self.message) } == LockboxError.Code.itemNotFound.rawValue)
+    }
+
+    @Test func keyUpdatedThroughThisHandle_isReadAgain() throws {
+        let fixture = try KeyFixture()
+        let key = try fixture.generate(.ed25519, [.sign, .verify])
+        _ = try key.sign(message)
+        let reads = fixture.keys.keyReads
+        var query = Query(.key)
+        query.persistentReference = key.persistentReference
+        var update = ItemUpdate()
+        update.attributes.label = "renamed"
+        try fixture.vault.vault.update(matching: query, to: update)
+        #expect(try key.isValidSignature(key.sign(message), for: message))
+        #expect(fixture.keys.keyReads == reads + 1)
+    }
+
     @Test func descriptorEditedAfterUse_isRefusedAsTampered() throws {
         let fixture = try KeyFixture()
         let key = try fixture.generate(.p256, [.sign, .verify])
