@@ -79,6 +79,7 @@ public struct CommandLineSession: Sendable {
         /// bearer token.
         public let proof: String?
 
+        /// Names the token type only: never the token or the proof.
         public var description: String { "RequestAuthorization(\(tokenType), token: <redacted>, proof: \(proof == nil ? "none" : "<redacted>"))" }
     }
 
