@@ -185,7 +185,11 @@ let package = Package(
             name: "LockboxCLI", dependencies: ["Lockbox", "LockboxCommandLine", "KeyProviders", "CProcessHardening", "LockboxBrokerIdentity"],
             swiftSettings: staticRuntime, linkerSettings: staticRuntimeLink),
         .executableTarget(
-            name: "LockboxOAuthCLI", dependencies: ["Lockbox", "LockboxCommandLine", "LockboxAuth", "LockboxAuthKeyring", "LockboxCurlTransport", "CProcessHardening"],
+            name: "LockboxOAuthCLI",
+            dependencies: [
+                "Lockbox", "LockboxCommandLine", "LockboxAuth", "LockboxAuthKeyring", "LockboxAuthKeys", "LockboxKeys", "LockboxCurlTransport",
+                "CProcessHardening",
+            ],
             swiftSettings: strict),
         // The key verbs and the TPM unlock, which `lockbox` runs for them: only they load
         // libcrypto, and the tss2 libraries (which `lockbox` opens itself only to unseal a

@@ -1,5 +1,6 @@
 internal import CCrypto
 import LockboxCore
+import Synchronization
 
 /// NIST P-256 (secp256r1) over OpenSSL: ECDSA with SHA-256 and ECDH, in the encodings Apple's
 /// Security framework uses.
@@ -51,8 +52,28 @@ package enum P256 {
     }
 
     /// True when `publicKey` is an uncompressed point on the curve (not the point at infinity).
+    ///
+    /// A point found valid is remembered (public bytes, at most ``checkedPointLimit`` of them):
+    /// OpenSSL's check builds the group and multiplies the point, as costly as a signature, and
+    /// every listing of managed keys (an SSH agent's `ssh-add -L`, a DPoP key's lookup) makes the
+    /// same keys' public keys again. An invalid point is checked, and refused, every time.
     package static func isValidPublicKey(_ publicKey: [UInt8]) -> Bool {
-        (try? publicKeyObject(publicKey)) != nil
+        if isRemembered(publicKey) { return true }
+        guard (try? publicKeyObject(publicKey)) != nil else { return false }
+        checkedPoints.withLock { points in
+            if points.count >= checkedPointLimit { points.removeAll() }
+            points.insert(publicKey)
+        }
+        return true
+    }
+
+    private static let checkedPoints = Mutex<Set<[UInt8]>>([])
+    package static let checkedPointLimit = 256
+
+    /// Whether `publicKey` is among the points already found valid (the next check of it
+    /// costs a lookup): for tests.
+    package static func isRemembered(_ publicKey: [UInt8]) -> Bool {
+        checkedPoints.withLock { $0.contains(publicKey) }
     }
 
     /// An ASN.1 DER ECDSA signature (`ECDSA-Sig-Value`) over SHA-256 of `message`: Apple's

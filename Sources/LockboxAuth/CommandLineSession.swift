@@ -8,7 +8,9 @@ import LockboxCore
 /// |---|---|
 /// | `lockbox login --issuer URL --client-id ID [--scope S]...` | ``beginLogin(issuer:clientID:scope:)``, ``waitForApproval(_:)``, ``signIn(_:tokens:)`` |
 /// | `lockbox login --browser ...` | ``discover(issuer:clientID:scope:)``, ``AuthorizationCodeFlow``, ``signIn(_:tokens:)`` |
+/// | `lockbox login --dpop ...` | the same, with ``ClientConfiguration/usesDPoP`` on (the key in ``dpopKeys``) |
 /// | `lockbox token [--issuer URL] [--client-id ID]` | ``accessToken(issuer:clientID:)`` (write its bytes to stdout) |
+/// | `lockbox token --url URL [--method M] [--nonce N]` | ``requestAuthorization(method:url:nonce:issuer:clientID:)`` |
 /// | `lockbox logout [--issuer URL] [--client-id ID]` | ``logout(issuer:clientID:)`` |
 /// | `lockbox logout --retry` | ``retryPendingLogouts()`` |
 /// | `lockbox auth status` | ``status()`` |
@@ -19,6 +21,8 @@ public struct CommandLineSession: Sendable {
     public let lockDirectory: String
     /// Where access tokens are shared between processes; nil keeps them in one process.
     public let accessTokenCache: (any AccessTokenCache)?
+    /// Where DPoP sessions' keys live; nil when the store cannot hold them (no DPoP sessions).
+    public let dpopKeys: (any DPoPKeyStore)?
     private let transport: any HTTPTransport
     private let requestLimits: RequestLimits
     private let events: @Sendable (AuthEvent) -> Void
@@ -32,19 +36,26 @@ public struct CommandLineSession: Sendable {
     ///   - requestLimits: the limits of a new sign-in's requests (stored with its
     ///     configuration; later commands use the stored ones).
     ///   - accessTokenCache: shared between processes (the CLI passes the kernel keyring's).
+    ///   - dpopKeys: where DPoP sessions' keys live (`ManagedDPoPKeyStore` over the same vault,
+    ///     from `LockboxAuthKeys`); needed to sign in or use a session with
+    ///     ``ClientConfiguration/usesDPoP``.
     ///   - events: called synchronously for each ``AuthEvent``.
     public init(
         store: any ItemStore, lockDirectory: String, transport: any HTTPTransport = URLSessionTransport(),
         requestLimits: RequestLimits = RequestLimits(), accessTokenCache: (any AccessTokenCache)? = nil,
-        events: @escaping @Sendable (AuthEvent) -> Void = { _ in }
+        dpopKeys: (any DPoPKeyStore)? = nil, events: @escaping @Sendable (AuthEvent) -> Void = { _ in }
     ) {
         self.store = store
         self.lockDirectory = lockDirectory
         self.transport = transport
         self.requestLimits = requestLimits
         self.accessTokenCache = accessTokenCache
+        self.dpopKeys = dpopKeys
         self.events = events
     }
+
+    /// Whether sessions with ``ClientConfiguration/usesDPoP`` can be signed in and used here.
+    public var supportsDPoP: Bool { dpopKeys != nil }
 
     /// A device sign-in waiting for the user.
     public struct PendingLogin: Sendable {
@@ -53,6 +64,23 @@ public struct CommandLineSession: Sendable {
         /// What to show: ``DeviceAuthorization/userCode`` and the verification URIs, checked
         /// to hold no control characters.
         public let authorization: DeviceAuthorization
+        /// The new session's proofs, with DPoP: each poll carries one.
+        let proofs: DPoPProofFactory?
+    }
+
+    /// What a script needs for one request to a resource server: the access token and, for a
+    /// DPoP session, the proof for that request. Its description never shows either.
+    public struct RequestAuthorization: Sendable, CustomStringConvertible {
+        /// The access token.
+        public let accessToken: SecretBytes
+        /// `Bearer`, or `DPoP` for a token bound to the session's key.
+        public let tokenType: String
+        /// The `DPoP` header's value for the request (good for that request, once); nil for a
+        /// bearer token.
+        public let proof: String?
+
+        /// Names the token type only: never the token or the proof.
+        public var description: String { "RequestAuthorization(\(tokenType), token: <redacted>, proof: \(proof == nil ? "none" : "<redacted>"))" }
     }
 
     /// A finished sign-in.
@@ -104,16 +132,26 @@ public struct CommandLineSession: Sendable {
         try await beginLogin(try await discover(issuer: issuer, clientID: clientID, scope: scope))
     }
 
-    /// Starts a device authorization (RFC 8628) with a discovered configuration.
+    /// Starts a device authorization (RFC 8628) with a discovered configuration. With
+    /// ``ClientConfiguration/usesDPoP``, makes the new session's key first (unbound until
+    /// ``signIn(_:tokens:)``: a sign-in that does not finish leaves the stored session as it was).
     public func beginLogin(_ configuration: ClientConfiguration) async throws(AuthError) -> PendingLogin {
-        let authorization = try await DeviceAuthorizationFlow(configuration: configuration, transport: transport).start()
-        return PendingLogin(configuration: configuration, authorization: authorization)
+        let proofs = try await signInProofs(configuration)
+        let authorization = try await DeviceAuthorizationFlow(configuration: configuration, transport: transport, dpop: proofs).start()
+        return PendingLogin(configuration: configuration, authorization: authorization, proofs: proofs)
+    }
+
+    /// Proofs of a new key for a sign-in with `configuration` (an ``AuthorizationCodeFlow``'s
+    /// `dpop`); nil when ``ClientConfiguration/usesDPoP`` is off.
+    /// - Throws: ``AuthError/Code/configuration`` when DPoP is on and there is no ``dpopKeys``.
+    public func signInProofs(_ configuration: ClientConfiguration) async throws(AuthError) -> DPoPProofFactory? {
+        try await makeManager(configuration).signInProofs()
     }
 
     /// Waits for the user's approval; cancel the task to stop (nothing is stored until
     /// ``signIn(_:tokens:)``).
     public func waitForApproval(_ pending: PendingLogin, flow: DeviceAuthorizationFlow? = nil) async throws(AuthError) -> TokenResponse {
-        let flow = flow ?? DeviceAuthorizationFlow(configuration: pending.configuration, transport: transport)
+        let flow = flow ?? DeviceAuthorizationFlow(configuration: pending.configuration, transport: transport, dpop: pending.proofs)
         return try await flow.waitForApproval(pending.authorization)
     }
 
@@ -134,9 +172,41 @@ public struct CommandLineSession: Sendable {
     /// - Throws: besides the manager's errors, ``AuthError/Code/store`` (the store's error in
     ///   ``AuthError/storeError``) when the server rotated the refresh token and the store could
     ///   not keep the new one: this process ends, so the session cannot continue in memory, and
-    ///   the token is not handed out as if all were well.
+    ///   the token is not handed out as if all were well. ``AuthError/Code/configuration`` for a
+    ///   DPoP session, whose token is refused without a proof: use
+    ///   ``requestAuthorization(method:url:nonce:issuer:clientID:)``.
     public func accessToken(issuer: String? = nil, clientID: String? = nil) async throws(AuthError) -> SecretBytes {
         let manager = try await manager(issuer: issuer, clientID: clientID)
+        if manager.configuration.usesDPoP {
+            throw .configuration(
+                "This session's tokens are bound to its DPoP key and are refused without a proof: ask for the token with the "
+                    + "request it is for (`lockbox token --url URL [--method METHOD]`)")
+        }
+        return try await usableCredentials(manager).accessToken
+    }
+
+    /// The access token for one request and, for a DPoP session, the proof for it: bound to
+    /// the token (`ath`), `method` and `url` (`htm`, `htu`), and `nonce` when given. The token
+    /// comes from the shared cache when fresh there, else from a refresh (with its own proof).
+    /// - Parameters:
+    ///   - nonce: the resource server's `DPoP-Nonce`, when it sent one.
+    /// - Throws: as ``accessToken(issuer:clientID:)``; ``AuthError/Code/configuration`` for a
+    ///   nonce that is not one (RFC 9449: printable ASCII without `"` and `\`, at most 512
+    ///   bytes); `store`/`storeLocked` when the session's key cannot sign.
+    public func requestAuthorization(
+        method: String, url: URL, nonce: String? = nil, issuer: String? = nil, clientID: String? = nil
+    ) async throws(AuthError) -> RequestAuthorization {
+        let manager = try await manager(issuer: issuer, clientID: clientID)
+        let credentials = try await usableCredentials(manager)
+        guard credentials.tokenType == "DPoP" else {
+            return RequestAuthorization(accessToken: credentials.accessToken, tokenType: credentials.tokenType, proof: nil)
+        }
+        let proof = try await manager.proof(method: method, url: url, for: credentials, nonce: nonce)
+        return RequestAuthorization(accessToken: credentials.accessToken, tokenType: credentials.tokenType, proof: proof)
+    }
+
+    /// The manager's credentials, unless the rotated refresh token could not be stored.
+    private func usableCredentials(_ manager: CredentialsManager) async throws(AuthError) -> Credentials {
         let credentials = try await manager.credentials()
         if await manager.isPersistentSignInDisabled {
             let cause = await manager.rotationStoreError
@@ -147,7 +217,7 @@ public struct CommandLineSession: Sendable {
                     + "locked, then sign in again.",
                 storeError: cause)
         }
-        return credentials.accessToken
+        return credentials
     }
 
     /// Signs out and revokes.
@@ -217,6 +287,6 @@ public struct CommandLineSession: Sendable {
             configuration: configuration, account: account,
             tokenStore: ItemStoreTokenStore(store: store, key: key, configuration: configuration),
             transport: transport, lockDirectory: lockDirectory, outbox: outbox, accessTokenCache: accessTokenCache,
-            events: events)
+            dpopKeys: dpopKeys, events: events)
     }
 }

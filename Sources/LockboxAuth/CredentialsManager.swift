@@ -39,7 +39,12 @@ public actor CredentialsManager {
 
     private var current: Credentials?
     /// The proofs of the session's DPoP key, once read from ``dpopKeys``.
-    private var sessionProofs: DPoPProofFactory?
+    private var sessionProofs: DPoPProofFactory? {
+        didSet { sessionProofsGeneration += 1 }
+    }
+    /// Changes whenever ``sessionProofs`` is set or cleared: a proof made in advance is used only
+    /// while it is unchanged.
+    private var sessionProofsGeneration = 0
     /// Set only when persisting a rotated token failed: the session goes on in memory.
     private var memoryOnlyRefreshToken: SecretBytes?
     private var lastRefreshTokenFingerprint: String?
@@ -320,6 +325,23 @@ public actor CredentialsManager {
         return try await authorized(request, with: credentials)
     }
 
+    /// A proof for one request that carries `credentials`' DPoP-bound token, for a caller that
+    /// sends the request itself (`lockbox token --url`): bound to the token (`ath`), `method`
+    /// and `url`, and `nonce` (by default the server's latest this process saw). Good for that
+    /// request, once.
+    /// - Throws: ``AuthError/Code/configuration`` for bearer credentials or a malformed nonce;
+    ///   `store`/`storeLocked` when the session's key cannot sign.
+    public func proof(method: String, url: URL, for credentials: Credentials, nonce: String? = nil) async throws(AuthError) -> String {
+        guard credentials.tokenType == "DPoP" else {
+            throw .configuration("These credentials hold a bearer token, which is sent without a DPoP proof")
+        }
+        if let nonce, !DPoPNonces.isValid(nonce) {
+            throw .configuration("The DPoP nonce is not one (RFC 9449: 1 to 512 printable ASCII characters, no quote or backslash)")
+        }
+        let proofs = try await requireSessionProofs()
+        return try await proofs.proof(method: method, url: url, accessToken: credentials.accessToken, nonce: nonce ?? nonces.nonce(for: url))
+    }
+
     /// `request` carrying `credentials`: a bearer token, or a DPoP-bound token with a fresh
     /// proof bound to it (`ath`) and to the server's latest nonce.
     private func authorized(_ request: URLRequest, with credentials: Credentials) async throws(AuthError) -> URLRequest {
@@ -432,11 +454,12 @@ public actor CredentialsManager {
         do {
             let lock = try await acquireCrossProcessLock()
             defer { withExtendedLifetime(lock) {} }
+            let advance = proofInAdvance()
             // Another process may have refreshed while this one waited for the lock.
             if memoryOnlyRefreshToken == nil, let cached = try await freshFromCache(minTTL: minTTL, rejecting: rejected) {
                 return cached
             }
-            return try await refresh()
+            return try await refresh(advance)
         } catch {
             // A sign-out or a locked store set their own state; any other failure keeps the
             // session as it was (the stored refresh token is untouched).
@@ -447,8 +470,9 @@ public actor CredentialsManager {
         }
     }
 
-    /// One refresh. Runs with the cross-process lock held.
-    private func refresh() async throws(AuthError) -> Credentials {
+    /// One refresh. Runs with the cross-process lock held. `advance` is the token request's
+    /// proof when it was started before the stored refresh token was read.
+    private func refresh(_ advance: ProofInAdvance? = nil) async throws(AuthError) -> Credentials {
         // Read the latest token: another process may have rotated it since we last looked.
         let refreshToken: SecretBytes
         if let memoryOnly = memoryOnlyRefreshToken {
@@ -485,8 +509,13 @@ public actor CredentialsManager {
         let result: TokenEndpointResult
         do {
             let proofs = configuration.usesDPoP ? try await requireSessionProofs() : nil
+            // The proof made in advance is sent when it is by the session's key (the proofs it
+            // was made with are still the session's: a sign-in elsewhere, noticed above, clears
+            // them) and was made at most a few seconds ago (a slow store read makes a new one).
+            let usable = advance.flatMap { $0.generation == sessionProofsGeneration && now().timeIntervalSince($0.madeAt) < 5 ? $0 : nil }
+            let firstProof = try await usable?.proof.value.get()
             result = try await TokenEndpoint.call(
-                request, transport: transport, limits: configuration.requestLimits, now: now, dpop: proofs)
+                request, transport: transport, limits: configuration.requestLimits, now: now, dpop: proofs, firstProof: firstProof)
         } catch {
             emit(.refreshFailed, error.reasonCode, fingerprint)
             throw error
@@ -720,6 +749,32 @@ public actor CredentialsManager {
     }
 
     // MARK: The DPoP key
+
+    /// A token request's proof, started before the stored refresh token is read so that its
+    /// signature (on a thread of its own) overlaps that read instead of following it.
+    struct ProofInAdvance {
+        let proof: Task<Result<String, AuthError>, Never>
+        let generation: Int
+        let madeAt: Date
+    }
+
+    /// The refresh's proof, started now, when the session's key is already known (nil before
+    /// its first use, which reads it from the key store, and without DPoP). It is not used
+    /// when the refresh does not happen or the session's key changes meanwhile; either way a
+    /// proof that is never sent has no effect.
+    private func proofInAdvance() -> ProofInAdvance? {
+        guard configuration.usesDPoP, let proofs = sessionProofs else { return nil }
+        let endpoint = configuration.tokenEndpoint
+        // Detached: the claims and the hop to the signing thread need nothing of this actor.
+        let task = Task.detached { () async -> Result<String, AuthError> in
+            do throws(AuthError) {
+                return .success(try await proofs.proof(method: "POST", url: endpoint, nonce: proofs.nonces.nonce(for: endpoint)))
+            } catch {
+                return .failure(error)
+            }
+        }
+        return ProofInAdvance(proof: task, generation: sessionProofsGeneration, madeAt: now())
+    }
 
     /// The proofs of the session's key, read from the key store on first use.
     /// - Throws: the store's error (``AuthError/Code/storeLocked`` when locked); ``AuthError/Code/store``

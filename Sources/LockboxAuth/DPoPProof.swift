@@ -15,6 +15,9 @@ public struct DPoPProofFactory: Sendable {
     /// The servers' latest nonces, used by the requests Lockbox sends with these proofs.
     public let nonces: DPoPNonces
     private let now: @Sendable () -> Date
+    /// `base64url(header) "."`: the header (`alg`, the public `jwk`, `typ`) is the same for every
+    /// proof of the key, so it is encoded once.
+    private let headerPart: [UInt8]
 
     /// Proofs signed by `key`; `now` gives their `iat` (tests pass a fixed clock); `nonces`
     /// remembers each server's latest `DPoP-Nonce`.
@@ -22,6 +25,22 @@ public struct DPoPProofFactory: Sendable {
         self.key = key
         self.nonces = nonces
         self.now = now
+        // JSON written here rather than by JSONSerialization, which costs several signatures'
+        // time on Linux; members in sorted order, strings escaped.
+        var header = Array(#"{"alg":"#.utf8)
+        Self.appendJSONString(key.jwsAlgorithm, to: &header)
+        header += #","jwk":{"#.utf8
+        for (index, member) in key.publicJWK.sorted(by: { $0.key < $1.key }).enumerated() {
+            if index > 0 { header.append(UInt8(ascii: ",")) }
+            Self.appendJSONString(member.key, to: &header)
+            header.append(UInt8(ascii: ":"))
+            Self.appendJSONString(member.value, to: &header)
+        }
+        header += #"},"typ":"dpop+jwt"}"#.utf8
+        var part: [UInt8] = []
+        Base64URL.append(header, to: &part)
+        part.append(UInt8(ascii: "."))
+        headerPart = part
     }
 
     /// The JWK SHA-256 thumbprint (RFC 7638) of the key, base64url: the `jkt` a server binds
@@ -36,32 +55,54 @@ public struct DPoPProofFactory: Sendable {
     ///   - nonce: the server's last `DPoP-Nonce`.
     /// - Throws: `store`/`storeLocked` when the key cannot sign (a locked keychain).
     public func proof(method: String, url: URL, accessToken: SecretBytes? = nil, nonce: String? = nil) async throws(AuthError) -> String {
-        // JSON written here rather than by JSONSerialization, which costs several signatures'
-        // time on Linux; members in sorted order, strings escaped.
-        let jwk = key.publicJWK.sorted { $0.key < $1.key }.map { "\(Self.json($0.key)):\(Self.json($0.value))" }.joined(separator: ",")
-        let header = "{\"alg\":\(Self.json(key.jwsAlgorithm)),\"jwk\":{\(jwk)},\"typ\":\"dpop+jwt\"}"
-        var payload = "{"
-        if let accessToken { payload += "\"ath\":\"\(accessToken.withUnsafeBytes { SHA256.hash($0) }.base64URLString)\"," }
-        payload += "\"htm\":\(Self.json(method.uppercased())),\"htu\":\(Self.json(Self.targetURI(url))),"
-        payload += "\"iat\":\(Int(now().timeIntervalSince1970)),\"jti\":\"\(Self.identifier())\""
-        if let nonce { payload += ",\"nonce\":\(Self.json(nonce))" }
-        payload += "}"
-        let signingInput = Array(header.utf8).base64URLString + "." + Array(payload.utf8).base64URLString
+        var proof = signingInput(method: method, url: url, accessToken: accessToken, nonce: nonce)
         let signature: Data
         do {
-            signature = try await key.jwsSignature(for: Data(signingInput.utf8))
+            signature = try await key.jwsSignature(for: Data(proof))
         } catch {
             let code: AuthError.Code = error.code == .interactionNotAllowed ? .storeLocked : .store
             throw AuthError(code, "The session's DPoP key could not sign a proof: \(error.message)", storeError: error)
         }
-        return signingInput + "." + Array(signature).base64URLString
+        proof.append(UInt8(ascii: "."))
+        Base64URL.append(signature, to: &proof)
+        return String(decoding: proof, as: UTF8.self)
+    }
+
+    /// `base64url(header) "." base64url(payload)`, the bytes the key signs. The claims: `ath`
+    /// (with a token), `htm`, `htu`, `iat` now, a new random `jti`, `nonce` (when given).
+    func signingInput(method: String, url: URL, accessToken: SecretBytes?, nonce: String?) -> [UInt8] {
+        var payload: [UInt8] = []
+        payload.reserveCapacity(192 + (nonce?.utf8.count ?? 0) + url.absoluteString.utf8.count)
+        payload.append(UInt8(ascii: "{"))
+        if let accessToken {
+            payload += #""ath":""#.utf8
+            Base64URL.append(accessToken.withUnsafeBytes { SHA256.hash($0) }, to: &payload)
+            payload += #"","#.utf8
+        }
+        payload += #""htm":"#.utf8
+        Self.appendJSONString(method.uppercased(), to: &payload)
+        payload += #","htu":"#.utf8
+        Self.appendJSONString(Self.targetURI(url), to: &payload)
+        payload += #","iat":"#.utf8
+        payload += String(Int(now().timeIntervalSince1970)).utf8
+        payload += #","jti":""#.utf8
+        Self.appendIdentifier(to: &payload)
+        payload.append(UInt8(ascii: "\""))
+        if let nonce {
+            payload += #","nonce":"#.utf8
+            Self.appendJSONString(nonce, to: &payload)
+        }
+        payload.append(UInt8(ascii: "}"))
+        var input = headerPart
+        Base64URL.append(payload, to: &input)
+        return input
     }
 
     /// 16 random bytes, base64url: unique per proof, so a server can refuse a replay.
-    static func identifier() -> String {
+    private static func appendIdentifier(to output: inout [UInt8]) {
         var generator = SystemRandomNumberGenerator()
         let words = (generator.next() as UInt64, generator.next() as UInt64)
-        return withUnsafeBytes(of: words) { Array($0) }.base64URLString
+        withUnsafeBytes(of: words) { Base64URL.append($0, to: &output) }
     }
 
     /// `htu`: the URL without query and fragment.
@@ -73,17 +114,24 @@ public struct DPoPProofFactory: Sendable {
         return String(text[..<end])
     }
 
-    /// A JSON string literal: quotes, backslashes and control characters escaped.
-    static func json(_ text: String) -> String {
-        var out = "\""
-        for scalar in text.unicodeScalars {
-            switch scalar {
-            case "\"": out += "\\\""
-            case "\\": out += "\\\\"
-            case _ where scalar.value < 0x20: out += String(format: "\\u%04x", scalar.value)
-            default: out.unicodeScalars.append(scalar)
+    /// Appends `text` as a JSON string literal (UTF-8; quotes, backslashes and control
+    /// characters escaped).
+    static func appendJSONString(_ text: String, to output: inout [UInt8]) {
+        output.append(UInt8(ascii: "\""))
+        for byte in text.utf8 {
+            switch byte {
+            case UInt8(ascii: "\""), UInt8(ascii: "\\"):
+                output.append(UInt8(ascii: "\\"))
+                output.append(byte)
+            case 0..<0x20:
+                let hex = Array("0123456789abcdef".utf8)
+                output += Array(#"\u00"#.utf8)
+                output.append(hex[Int(byte >> 4)])
+                output.append(hex[Int(byte & 0xF)])
+            default:
+                output.append(byte)
             }
         }
-        return out + "\""
+        output.append(UInt8(ascii: "\""))
     }
 }

@@ -68,19 +68,27 @@ enum TokenEndpoint {
     /// With `dpop`, each attempt carries a fresh proof with the server's latest nonce; a
     /// `use_dpop_nonce` answer is retried once with the nonce it gave, and the tokens must come
     /// back bound (`token_type` `DPoP`).
+    /// `firstProof`, when given, is the first attempt's proof, made by `dpop` for this request
+    /// just before.
     /// - Throws: ``AuthError/Code/proofRejected`` when the server refuses the proof, or asks
     ///   for a nonce again after the retry.
     static func call(
         _ request: URLRequest, transport: any HTTPTransport, limits: RequestLimits = RequestLimits(), now: @Sendable () -> Date,
-        dpop: DPoPProofFactory? = nil
+        dpop: DPoPProofFactory? = nil, firstProof: String? = nil
     ) async throws(AuthError) -> TokenEndpointResult {
         guard let dpop else {
             return try await attempt(request, transport: transport, limits: limits, now: now, dpop: nil).result
         }
         var retriedWithNonce = false
+        var readyProof = firstProof
         while true {
             var signed = request
-            signed.setValue(try await dpop.proof(for: request), forHTTPHeaderField: "DPoP")
+            if let proof = readyProof {
+                readyProof = nil
+                signed.setValue(proof, forHTTPHeaderField: "DPoP")
+            } else {
+                signed.setValue(try await dpop.proof(for: request), forHTTPHeaderField: "DPoP")
+            }
             let (result, nonceGiven) = try await attempt(signed, transport: transport, limits: limits, now: now, dpop: dpop)
             switch result {
             case .oauthError(let status, "invalid_dpop_proof", _):

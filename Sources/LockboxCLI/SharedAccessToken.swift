@@ -10,7 +10,8 @@ import Glibc
 /// the kernel keyring holds a fresh access token that another process shared (LockboxAuth's
 /// `KernelKeyringTokenCache`, same entries through ``AccessTokenKeyring``). Any miss (no entry,
 /// not fresh, no session or several, a locked keychain) hands over to `lockbox-oauth`, which
-/// refreshes under the cross-process lock or reports the problem.
+/// refreshes under the cross-process lock or reports the problem. So does a DPoP session's token
+/// (bound to a key), which is printed only with a proof (`lockbox token --url`).
 enum SharedAccessToken {
     /// `ItemStoreTokenStore.service`: the refresh-token items whose attributes name the sessions.
     static let refreshTokenService = "lockbox.oauth.refresh-token"
@@ -38,7 +39,9 @@ enum SharedAccessToken {
         }
         guard matches.count == 1,
             let entry = try? AccessTokenKeyring.read(namespace: namespace, identity: matches[0]),
-            nowMilliseconds() < entry.freshUntilMilliseconds
+            nowMilliseconds() < entry.freshUntilMilliseconds,
+            // A DPoP-bound token is useless without a proof: `lockbox-oauth` says what to pass.
+            entry.tokenType.lowercased() == "bearer"
         else { return false }
         SecretInput.writeToStandardOutput(entry.token)
         return true

@@ -24,7 +24,8 @@ let streams = StandardStreams()
 let status: ExitStatus
 do {
     let invocation = try Parser.parse(arguments)
-    if case .token(let issuer, let clientID) = invocation.command,
+    // A DPoP proof needs the session's key: only `lockbox-oauth` makes one.
+    if case .token(let issuer, let clientID, nil) = invocation.command,
         SharedAccessToken.answer(issuer: issuer, clientID: clientID, options: Runner(invocation: invocation).keychainOptions())
     {
         status = .success

@@ -235,7 +235,7 @@ package enum Help {
                 """
         case "login":
             return """
-                usage: lockbox [--keychain PATH] login --issuer URL --client-id ID [--scope SCOPE]... [--browser]
+                usage: lockbox [--keychain PATH] login --issuer URL --client-id ID [--scope SCOPE]... [--browser] [--dpop]
 
                 Signs in with the OAuth 2.0 device flow: discovers the issuer (RFC 8414), shows
                 the verification address and code and when the code expires, waits for approval,
@@ -245,16 +245,26 @@ package enum Help {
                 display it says so and uses the device flow. Signing in again revokes the session
                 it replaces (RFC 7009), or queues the revocation when the server cannot be reached.
                 Ctrl-C cancels and leaves the stored session as it was.
+                --dpop binds the session's tokens to a key of its own (DPoP, RFC 9449): a
+                non-extractable P-256 key made in the vault, deleted with the session. Every
+                request for tokens carries a proof signed by it, and a stolen token is refused
+                without the key. Use the tokens with `lockbox token --url`.
                 """
         case "token":
             return """
                 usage: lockbox [--keychain PATH] token [--issuer URL] [--client-id ID]
+                                                        [--url URL [--method METHOD] [--nonce NONCE]]
 
                 Prints a fresh access token and a newline. A token another process refreshed is
                 shared in the kernel keyring (memory only, this user's processes, gone at reboot)
                 and printed without network; otherwise the refresh token is used (and rotated),
                 once for all processes. LOCKBOX_ACCESS_TOKEN_CACHE=off keeps access tokens in
                 one process's memory. For scripts: `curl -H "Authorization: Bearer $(lockbox token)"`.
+                A session signed in with --dpop: give the request with --url (and --method,
+                GET by default; --nonce when the server sent a DPoP-Nonce). The token is
+                printed on the first line and the DPoP proof for that one request on the
+                second; send them as `Authorization: DPoP TOKEN` and `DPoP: PROOF`. A proof is
+                good for one request, once.
                 """
         case "logout":
             return """

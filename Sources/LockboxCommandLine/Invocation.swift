@@ -27,9 +27,11 @@ package enum Command {
     case removePassphrase(fromStandardInput: Bool, confirmed: Bool)
     case enroll(keeper: String, remove: Bool)
     case setPassphrase(fromStandardInput: Bool)
-    /// `browser`: the authorization code flow in the system browser instead of the device flow.
-    case login(issuer: String, clientID: String, scopes: [String], browser: Bool)
-    case token(issuer: String?, clientID: String?)
+    /// `browser`: the authorization code flow in the system browser instead of the device flow;
+    /// `dpop`: the session's tokens are bound to a key of its own (DPoP, RFC 9449).
+    case login(issuer: String, clientID: String, scopes: [String], browser: Bool, dpop: Bool)
+    /// `proofFor`: the request (`--method`, `--url`, `--nonce`) a DPoP session's proof is for.
+    case token(issuer: String?, clientID: String?, proofFor: ProofTarget?)
     case logout(issuer: String?, clientID: String?, retry: Bool)
     case authStatus(json: Bool)
     /// `ssh-agent ...`: run by `lockbox-ssh-agent`, which parses its own options.
@@ -66,6 +68,15 @@ package enum Command {
         default: false
         }
     }
+}
+
+/// `lockbox token --url URL [--method METHOD] [--nonce NONCE]`: the one request a DPoP proof is
+/// printed for.
+package struct ProofTarget: Equatable, Sendable {
+    package var method: String
+    package var url: String
+    /// The server's `DPoP-Nonce`, when it asked for one.
+    package var nonce: String?
 }
 
 package struct PasswordOptions {
@@ -327,32 +338,47 @@ package enum Parser {
             var clientID: String?
             var scopes: [String] = []
             var browser = false
+            var dpop = false
             while let option = reader.next() {
                 switch option {
                 case "--issuer": issuer = try reader.value(for: option)
                 case "--client-id": clientID = try reader.value(for: option)
                 case "--scope": scopes += try reader.value(for: option).split(separator: " ").map(String.init)
                 case "--browser": browser = true
+                case "--dpop": dpop = true
                 default: throw reader.unknown(option)
                 }
             }
             guard let issuer, let clientID else {
                 throw UsageError(message: "login needs --issuer URL and --client-id ID", verb: verb)
             }
-            return .login(issuer: issuer, clientID: clientID, scopes: scopes, browser: browser)
+            return .login(issuer: issuer, clientID: clientID, scopes: scopes, browser: browser, dpop: dpop)
         case "token", "logout":
             var issuer: String?
             var clientID: String?
             var retry = false
+            var method: String?
+            var url: String?
+            var nonce: String?
             while let option = reader.next() {
                 switch option {
                 case "--issuer": issuer = try reader.value(for: option)
                 case "--client-id": clientID = try reader.value(for: option)
                 case "--retry" where verb == "logout": retry = true
+                case "--method" where verb == "token": method = try reader.value(for: option)
+                case "--url" where verb == "token": url = try reader.value(for: option)
+                case "--nonce" where verb == "token": nonce = try reader.value(for: option)
                 default: throw reader.unknown(option)
                 }
             }
-            return verb == "token" ? .token(issuer: issuer, clientID: clientID) : .logout(issuer: issuer, clientID: clientID, retry: retry)
+            guard verb == "token" else { return .logout(issuer: issuer, clientID: clientID, retry: retry) }
+            guard let url else {
+                if method != nil || nonce != nil {
+                    throw UsageError(message: "--method and --nonce describe the request a DPoP proof is for: give its --url too", verb: verb)
+                }
+                return .token(issuer: issuer, clientID: clientID, proofFor: nil)
+            }
+            return .token(issuer: issuer, clientID: clientID, proofFor: ProofTarget(method: method ?? "GET", url: url, nonce: nonce))
         case "auth":
             guard reader.next() == "status" else { throw UsageError(message: "usage: lockbox auth status [--json]", verb: verb) }
             var json = false

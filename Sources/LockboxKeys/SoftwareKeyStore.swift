@@ -33,11 +33,30 @@ public final class SoftwareKeyStore: Sendable {
     /// keys: each of their uses asks, within the reuse window. Dropped at lock.
     private let opened = Mutex<[Data: OpenedKey]>([:])
     private static let openedLimit = 32
+    /// The last answers of ``keys(applicationTag:label:)``, by its arguments, reused while the
+    /// stamp stays the same (an SSH agent lists its keys for every `ssh-add -L` and `ssh`;
+    /// reading and unsealing each key's row again costs more than the rest of the answer). A
+    /// write of any key's row here, any write by another connection, or a lock makes the next
+    /// call read again; a locked vault is never answered from here.
+    private let listings = Mutex<[Listing: (stamp: KeyUseStamp, keys: [ManagedKey])]>([:])
+    private static let listingLimit = 16
+    private struct Listing: Hashable {
+        let applicationTag: Data?
+        let label: String?
+    }
     private let readCount = Mutex(0)
+    private let rowCheckCount = Mutex(0)
 
     /// How many times a key's private bytes were read from the vault (not taken from the keys
     /// kept opened): for tests of that cache.
     package var keyReads: Int { readCount.withLock { $0 } }
+    /// How many times ``keys(applicationTag:label:)`` read the vault (not a kept listing): for
+    /// tests of that cache.
+    package var listingReads: Int { listingReadCount.withLock { $0 } }
+    private let listingReadCount = Mutex(0)
+    /// How many times a kept key's row was checked because the vault's stamp had moved: for
+    /// tests of that cache.
+    package var keyRowChecks: Int { rowCheckCount.withLock { $0 } }
 
     /// - Parameter tpmDevice: the TPM's TCTI configuration for hardware keys; nil is
     ///   `LOCKBOX_TPM_TCTI`, else `device:/dev/tpmrm0`.
@@ -51,9 +70,10 @@ public final class SoftwareKeyStore: Sendable {
         vault.lockObservers.remove(self)
     }
 
-    /// Drops the keys kept opened (they are dropped at lock anyway).
+    /// Drops the keys kept opened and the listings kept (they are dropped at lock anyway).
     public func forgetOpenedKeys() {
         opened.withLock { $0.removeAll() }
+        listings.withLock { $0.removeAll() }
     }
 
     /// Whether keys with ``KeyToken/hardware`` can be made here (a TPM 2.0 that answers and
@@ -272,15 +292,30 @@ public final class SoftwareKeyStore: Sendable {
     /// - Returns: an empty array when there is none.
     /// - Throws: `interactionNotAllowed` when the vault is locked (never an empty answer).
     public func keys(applicationTag: Data? = nil, label: String? = nil) throws(LockboxError) -> [ManagedKey] {
+        let listing = Listing(applicationTag: applicationTag, label: label)
+        // Taken before the read: a write in between makes the next call read again.
+        let stamp = try vault.keyUseStamp()
+        if let stamp, let kept = listings.withLock({ $0[listing] }), kept.stamp == stamp {
+            return kept.keys
+        }
+        listingReadCount.withLock { $0 += 1 }
         // Synchronizable keys too: a key synced from another device is found by its tag.
         var query = Query(.key, limit: .all, returning: [.attributes, .persistentReference], synchronizable: .any)
         query.attributes.applicationTag = applicationTag
         query.attributes.label = label
+        let keys: [ManagedKey]
         do {
-            return try vault.items(matching: query).compactMap { ManagedKey($0, store: self) }
+            keys = try vault.items(matching: query).compactMap { ManagedKey($0, store: self) }
         } catch LockboxError.itemNotFound {
-            return []
+            keys = []
         }
+        if let stamp {
+            listings.withLock { listings in
+                if listings.count >= Self.listingLimit { listings.removeAll() }
+                listings[listing] = (stamp, keys)
+            }
+        }
+        return keys
     }
 
     /// The one managed key with this application tag (and label, when given).
@@ -316,7 +351,7 @@ public final class SoftwareKeyStore: Sendable {
             // good when its own row is the one it was opened from (a row check, not a read,
             // an unseal and an import).
             if keptStamp.sameUnlock(as: stamp), let version = kept.version,
-                try vault.version(ofItem: key.persistentReference) == version
+                try rowVersion(of: key) == version
             {
                 kept.stamp = stamp
                 opened.withLock { $0[key.persistentReference] = kept }
@@ -336,6 +371,11 @@ public final class SoftwareKeyStore: Sendable {
             opened[key.persistentReference] = fresh
         }
         return fresh
+    }
+
+    private func rowVersion(of key: ManagedKey) throws(LockboxError) -> ItemVersion? {
+        rowCheckCount.withLock { $0 += 1 }
+        return try vault.version(ofItem: key.persistentReference)
     }
 
     /// The key's envelope and private bytes, through the vault's key-material path.

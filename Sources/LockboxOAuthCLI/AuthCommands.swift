@@ -3,6 +3,8 @@ import Foundation
 import Lockbox
 import LockboxAuth
 import LockboxAuthKeyring
+import LockboxAuthKeys
+import LockboxKeys
 import LockboxCommandLine
 import LockboxCurlTransport
 
@@ -19,6 +21,7 @@ struct AuthCommands {
 
     func run() async -> ExitStatus {
         let session: CommandLineSession
+        let backend: String
         do {
             var options = Keychain.Options(backend: invocation.backend, path: invocation.keychain)
             options.vault.authenticationContext = AuthenticationContext(verifier: TerminalVerifier())
@@ -27,27 +30,39 @@ struct AuthCommands {
             let namespace = opened.accessTokenCacheNamespace(explicitPath: invocation.keychain)
             let cache: (any AccessTokenCache)? =
                 AccessTokenCacheSetting.isEnabled ? try KernelKeyringTokenCache(namespace: namespace) : nil
+            // DPoP sessions' keys are managed keys in the vault (non-extractable, deleted with the
+            // session); other backends hold no managed keys, so their sessions cannot use DPoP.
+            let dpopKeys = opened.vault.map { ManagedDPoPKeyStore(keys: SoftwareKeyStore(vault: $0)) }
+            backend = opened.backend.rawValue
             // libcurl directly: URLSession on Linux spins while it waits for an answer.
             session = CommandLineSession(
-                store: opened.store, lockDirectory: lockDirectory, transport: CurlTransport(), accessTokenCache: cache)
+                store: opened.store, lockDirectory: lockDirectory, transport: CurlTransport(), accessTokenCache: cache,
+                dpopKeys: dpopKeys)
         } catch {
             output.error("lockbox: \(error.description)")
             return error.code == .itemNotFound ? .itemNotFound : .failure
         }
         do {
             switch invocation.command {
-            case .login(let issuer, let clientID, let scopes, let browser):
+            case .login(let issuer, let clientID, let scopes, let browser, let dpop):
                 guard let url = URL(string: issuer), url.scheme == "https", url.host != nil else {
                     output.error("lockbox: --issuer must be an https:// URL, such as https://auth.example.com. (usage)")
                     return .usage
                 }
-                let configuration = try await session.discover(issuer: url, clientID: clientID, scope: scopes)
+                if dpop && !session.supportsDPoP {
+                    output.error(
+                        "lockbox: --dpop keeps the session's key in the vault as a managed key, and this keychain's backend is "
+                            + "\(backend). Use the vault backend (--backend vault) for a DPoP session. (usage)")
+                    return .usage
+                }
+                var configuration = try await session.discover(issuer: url, clientID: clientID, scope: scopes)
+                configuration.usesDPoP = dpop
                 let tokens: TokenResponse
                 if browser, let reason = BrowserLogin.unavailableReason(configuration) {
                     output.error("lockbox: \(reason); using the device flow instead.")
                     tokens = try await deviceLogin(session, configuration)
                 } else if browser {
-                    tokens = try await BrowserLogin(output: output).run(configuration)
+                    tokens = try await BrowserLogin(output: output).run(configuration, dpop: try await session.signInProofs(configuration))
                 } else {
                     tokens = try await deviceLogin(session, configuration)
                 }
@@ -55,9 +70,24 @@ struct AuthCommands {
                 // session and the store are one step that must not stop half-way.
                 let result = try await Interrupt.ignoring { () async throws(AuthError) in try await session.signIn(configuration, tokens: tokens) }
                 output.error(Self.describe(result))
-            case .token(let issuer, let clientID):
+            case .token(let issuer, let clientID, nil):
                 let token = try await session.accessToken(issuer: issuer, clientID: clientID)
                 SecretInput.writeToStandardOutput(token)
+            case .token(let issuer, let clientID, let target?):
+                guard let url = URL(string: target.url), url.scheme == "https" || url.scheme == "http", url.host != nil else {
+                    output.error("lockbox: --url must be the absolute http(s) URL of the request, such as https://api.example.com/v1/items. (usage)")
+                    return .usage
+                }
+                let authorization = try await session.requestAuthorization(
+                    method: target.method, url: url, nonce: target.nonce, issuer: issuer, clientID: clientID)
+                guard let proof = authorization.proof else {
+                    output.error(
+                        "lockbox: This session's tokens are bearer tokens, which need no proof: run `lockbox token` without --url, "
+                            + "or sign in again with --dpop. (usage)")
+                    return .usage
+                }
+                SecretInput.writeToStandardOutput(authorization.accessToken)
+                output.print(proof)
             case .logout(let issuer, let clientID, let retry):
                 if retry {
                     let result = try await session.retryPendingLogouts()

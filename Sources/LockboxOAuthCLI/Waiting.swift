@@ -97,8 +97,9 @@ struct BrowserLogin {
         return path.split(separator: ":").map { "\($0)/xdg-open" }.first { access($0, X_OK) == 0 }
     }
 
-    func run(_ configuration: ClientConfiguration) async throws(AuthError) -> TokenResponse {
-        let session = try AuthorizationCodeFlow(configuration: configuration).start()
+    /// - Parameter dpop: the new session's proofs, for a configuration with DPoP turned on.
+    func run(_ configuration: ClientConfiguration, dpop: DPoPProofFactory?) async throws(AuthError) -> TokenResponse {
+        let session = try AuthorizationCodeFlow(configuration: configuration, dpop: dpop).start()
         let address = TerminalText.sanitized(session.authorizationURL.absoluteString)
         output.error("Opening the sign-in page in the browser. If it does not open, visit:\n  \(address)")
         if let failure = open(session.authorizationURL) {

@@ -67,12 +67,15 @@ extension Vault {
     }
 }
 
-/// What a managed key opened earlier was opened under: equal stamps mean that nothing in the
-/// file changed since (no write by this handle or any other connection) and that the vault
-/// stayed unlocked. The key API keeps an opened key only while the stamp stays the same.
+/// What a managed key opened earlier was opened under: equal stamps mean that no other
+/// connection wrote to the file since, that this handle wrote no managed key's row and not the
+/// header (its writes of other items, such as a refresh storing its rotated token, do not
+/// count), and that the vault stayed unlocked. The key API keeps using an opened key while the
+/// stamp stays the same, and checks the key's row (``Vault/version(ofItem:)``) when it moved.
 package struct KeyUseStamp: Equatable, Sendable {
     let dataVersion: Int
-    let totalChanges: Int
+    /// This connection's row changes, less those of writes that spared every key row.
+    let changesAffectingKeys: Int
     let lockCount: Int
 
     /// The vault was not locked between the two stamps (this handle's lock count is the same;
@@ -87,7 +90,8 @@ extension Vault {
         try withState { state throws(LockboxError) -> KeyUseStamp? in
             guard try state.keys.currentMaster() != nil else { return nil }
             return KeyUseStamp(
-                dataVersion: try state.database.dataVersion, totalChanges: state.database.totalChanges, lockCount: state.lockCount)
+                dataVersion: try state.database.dataVersion, changesAffectingKeys: state.database.totalChanges - state.changesSparingKeys,
+                lockCount: state.lockCount)
         }
     }
 }

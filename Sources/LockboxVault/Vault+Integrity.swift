@@ -164,6 +164,8 @@ extension Vault {
         let keys: IntegrityState.Keys
         let generation: Int
         private(set) var touchedBuckets: Set<Int> = []
+        /// Whether a row of a managed key (class `.key`) was inserted, replaced or deleted.
+        private(set) var touchedKeyRows = false
 
         fileprivate init(database: Database, integrity: IntegrityState, keys: IntegrityState.Keys) {
             self.database = database
@@ -185,6 +187,7 @@ extension Vault {
             try statement.run()
             integrity.add(.init(row), key: keys.element)
             touchedBuckets.insert(row.bucket)
+            if row.itemClass == .key { touchedKeyRows = true }
         }
 
         func replace(_ old: SealedRow, with row: SealedRow) throws(LockboxError) {
@@ -202,6 +205,7 @@ extension Vault {
             integrity.remove(.init(old), key: keys.element)
             integrity.add(.init(row), key: keys.element)
             touchedBuckets.formUnion([old.bucket, row.bucket])
+            if old.itemClass == .key || row.itemClass == .key { touchedKeyRows = true }
         }
 
         func delete(_ old: SealedRow) throws(LockboxError) {
@@ -210,6 +214,7 @@ extension Vault {
             try statement.run()
             integrity.remove(.init(old), key: keys.element)
             touchedBuckets.insert(old.bucket)
+            if old.itemClass == .key { touchedKeyRows = true }
         }
 
         fileprivate func finish(state: State) throws(LockboxError) {
@@ -224,18 +229,24 @@ extension Vault {
     func writeRows<T>(_ state: State, _ body: (RowWriter) throws(LockboxError) -> T) throws(LockboxError) -> T {
         try ensureUpgraded(state)
         var committed: IntegrityState?
+        var sparedKeys = false
         var dataVersion = -1
+        let changesBefore = state.database.totalChanges
         let value = try state.database.writeTransaction { () throws(LockboxError) -> T in
             let writer = try rowWriter(state)
             let value = try body(writer)
             try writer.finish(state: state)
             committed = writer.integrity
+            sparedKeys = !writer.touchedKeyRows
             // Read inside the transaction: a commit by another connection right after ours
             // must change it again, so the cache below never covers a write it did not see.
             dataVersion = try state.database.dataVersion
             return value
         }
         if let committed {
+            // Counted only once committed: a write that failed part-way changes the stamp, so
+            // an opened key is checked against its row before its next use.
+            if sparedKeys { state.changesSparingKeys += state.database.totalChanges - changesBefore }
             state.rememberedGeneration.advance(to: committed.generation)
             if var cache = state.integrity {
                 // Buckets verified before stay verified: this connection applied exact changes.

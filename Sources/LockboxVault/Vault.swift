@@ -95,6 +95,10 @@ public final class Vault: ItemStore, Sendable {
         /// How many times this handle was locked: part of the stamp opened managed keys are
         /// kept under (``KeyUseStamp``).
         var lockCount = 0
+        /// Row changes this connection committed through writes that touched no managed key's
+        /// row and not the header (``Vault/writeRows(_:_:)`` counts them): a key opened before
+        /// such a write is still the key the file holds, so they leave ``KeyUseStamp`` as it was.
+        var changesSparingKeys = 0
         let database: Database
         var header: VaultHeader {
             didSet { cachedHeaderBinding = nil }

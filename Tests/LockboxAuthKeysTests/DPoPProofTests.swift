@@ -53,6 +53,36 @@ struct DPoPProofTests {
         #expect(abs((claims["iat"] as? Int ?? 0) - Int(Date().timeIntervalSince1970)) < 60)
     }
 
+    @Test("a proof's header and claims escape what JSON must (they parse back as given), the header is the key's in every proof, and every jti is new")
+    func proofJSON_isEscapedAndEveryJTIIsNew() async throws {
+        struct OddKey: ProofSigningKey {
+            var jwsAlgorithm: String { "ES256" }
+            var publicJWK: [String: String] { ["kty": "EC", "crv": "P-256", "x": "q\"b\\s\u{1}/é", "y": "y"] }
+            func jwsSignature(for signingInput: Data) async throws(LockboxError) -> Data { Data(repeating: 1, count: 64) }
+        }
+        let proofs = DPoPProofFactory(key: OddKey())
+        var identifiers = Set<String>()
+        var headers = Set<Substring>()
+        for _ in 0..<200 {
+            let proof = try await proofs.proof(method: "pa\"t\\ch", url: URL(string: "https://api.example.org/a%22b?q=1")!, nonce: "n!#[]~")
+            let parts = proof.split(separator: ".")
+            #expect(parts.count == 3)
+            headers.insert(parts[0])
+            let header = try JSONSerialization.jsonObject(with: try #require(Data(base64URL: String(parts[0])))) as? [String: Any]
+            let claims = try JSONSerialization.jsonObject(with: try #require(Data(base64URL: String(parts[1])))) as? [String: Any]
+            #expect((header?["jwk"] as? [String: String])?["x"] == "q\"b\\s\u{1}/é")
+            #expect(header?["typ"] as? String == "dpop+jwt")
+            #expect(claims?["htm"] as? String == "PA\"T\\CH")
+            #expect(claims?["htu"] as? String == "https://api.example.org/a%22b")
+            #expect(claims?["nonce"] as? String == "n!#[]~")
+            let jti = try #require(claims?["jti"] as? String)
+            #expect(Data(base64URL: jti)?.count == 16)
+            identifiers.insert(jti)
+        }
+        #expect(identifiers.count == 200)
+        #expect(headers.count == 1)
+    }
+
     @Test("a locked keychain: the proof fails with storeLocked, not a proof without a key")
     func lockedKeychain_failsWithStoreLocked() async throws {
         let fixture = try VaultFixture()

@@ -1,4 +1,5 @@
 import Foundation
+import KeyCrypto
 import LockboxCore
 import LockboxKeys
 import LockboxTestSupport
@@ -48,6 +49,104 @@ struct KeptOpenedKeyTests {
         try other.update(matching: query, to: update)
         #expect(try key.isValidSignature(key.sign(message), for: message))
         #expect(fixture.keys.keyReads == reads + 1)
+    }
+
+    @Test func thisHandlesWritesToOtherItems_needNoRowCheck_anyKeyWriteOrAnotherHandlesWriteDoes() throws {
+        let fixture = try KeyFixture()
+        let key = try fixture.generate(.p256, [.sign, .verify])
+        #expect(try key.isValidSignature(key.sign(message), for: message))
+        let (reads, checks) = (fixture.keys.keyReads, fixture.keys.keyRowChecks)
+        // A refresh's writes: tokens added, rotated and removed through this handle.
+        let vault = fixture.vault.vault
+        let tokens = Query.genericPassword(service: "tokens", account: "a")
+        try vault.add(.genericPassword(service: "tokens", account: "a", data: SecretBytes(utf8: "t1")))
+        try vault.update(matching: tokens, to: ItemUpdate(data: SecretBytes(utf8: "t2")))
+        #expect(try key.isValidSignature(key.sign(message), for: message))
+        try vault.delete(matching: tokens)
+        #expect(try key.isValidSignature(key.sign(message), for: message))
+        #expect(fixture.keys.keyRowChecks == checks, "a write to another item through this handle made the key's row be checked")
+        #expect(fixture.keys.keyReads == reads)
+        // Another key's row written through this handle: the kept key's row is checked (and
+        // found unchanged, so it is not read again).
+        _ = try fixture.generate(.ed25519, [.sign])
+        #expect(try key.isValidSignature(key.sign(message), for: message))
+        #expect(fixture.keys.keyRowChecks == checks + 1)
+        #expect(fixture.keys.keyReads == reads)
+        // Another handle's write to another item: checked too (this handle cannot know what it wrote).
+        let other = try fixture.vault.reopen()
+        try other.unlock(passphrase: fixture.vault.passphrase)
+        try other.add(.genericPassword(service: "tokens", account: "b", data: SecretBytes(utf8: "t3")))
+        #expect(try key.isValidSignature(key.sign(message), for: message))
+        #expect(fixture.keys.keyRowChecks == checks + 2)
+        // The key deleted through this handle: never used again.
+        try key.delete()
+        #expect(status { _ = try key.sign(self.message) } == LockboxError.Code.itemNotFound.rawValue)
+    }
+
+    @Test func keyUpdatedThroughThisHandle_isReadAgain() throws {
+        let fixture = try KeyFixture()
+        let key = try fixture.generate(.ed25519, [.sign, .verify])
+        _ = try key.sign(message)
+        let reads = fixture.keys.keyReads
+        var query = Query(.key)
+        query.persistentReference = key.persistentReference
+        var update = ItemUpdate()
+        update.attributes.label = "renamed"
+        try fixture.vault.vault.update(matching: query, to: update)
+        #expect(try key.isValidSignature(key.sign(message), for: message))
+        #expect(fixture.keys.keyReads == reads + 1)
+    }
+
+    @Test func keysListedAgain_takeTheirCheckedPublicPoints_anOffCurvePointIsRefusedEveryTime() throws {
+        let fixture = try KeyFixture()
+        let key = try fixture.generate(.p256, [.sign, .verify])
+        let point = Array(try #require(key.publicKey).rawRepresentation)
+        let listed = try fixture.keys.keys()
+        #expect(listed.map(\.publicKey) == [key.publicKey])
+        #expect(P256.isRemembered(point), "the next listing would check the point with OpenSSL again")
+        // A point off the curve (Y changed) is refused, and refused again: never remembered.
+        var offCurve = point
+        offCurve[64] ^= 0x01
+        for _ in 0..<2 {
+            #expect(status { _ = try PublicKey(rawRepresentation: Data(offCurve), algorithm: .p256) } == LockboxError.Code.param.rawValue)
+            #expect(!P256.isRemembered(offCurve))
+        }
+    }
+
+    @Test func listingAgain_isReusedWhileNothingChanged_anyKeyChangeOrLockIsSeen() throws {
+        let fixture = try KeyFixture()
+        let tag = Data("com.example.listed".utf8)
+        let first = try fixture.generate(.ed25519, [.sign], tag: "com.example.listed", label: "one")
+        #expect(try fixture.keys.keys(applicationTag: tag).map(\.persistentReference) == [first.persistentReference])
+        let reads = fixture.keys.listingReads
+        // Nothing changed, or only another item through this handle: the listing is reused.
+        try fixture.vault.vault.add(.genericPassword(service: "other", account: "a", data: SecretBytes(utf8: "x")))
+        #expect(try fixture.keys.keys(applicationTag: tag).count == 1)
+        #expect(fixture.keys.listingReads == reads, "the listing was read again though no key changed")
+        // A key made here: seen.
+        let second = try fixture.generate(.p256, [.sign], tag: "com.example.listed", label: "two")
+        #expect(Set(try fixture.keys.keys(applicationTag: tag).map(\.persistentReference)) == [first.persistentReference, second.persistentReference])
+        // A key deleted by another handle (another process): seen.
+        let other = try fixture.vault.reopen()
+        try other.unlock(passphrase: fixture.vault.passphrase)
+        var query = Query(.key)
+        query.persistentReference = first.persistentReference
+        #expect(try other.delete(matching: query) == 1)
+        #expect(try fixture.keys.keys(applicationTag: tag).map(\.persistentReference) == [second.persistentReference])
+        // A key relabelled here: seen.
+        query.persistentReference = second.persistentReference
+        var update = ItemUpdate()
+        update.attributes.label = "renamed"
+        try fixture.vault.vault.update(matching: query, to: update)
+        #expect(try fixture.keys.keys(applicationTag: tag).map(\.label) == ["renamed"])
+        // Locked: an error, never the kept listing (nor an empty one).
+        fixture.vault.vault.lock()
+        #expect(status { _ = try fixture.keys.keys(applicationTag: tag) } == LockboxError.Code.interactionNotAllowed.rawValue)
+        try fixture.vault.vault.unlock(passphrase: fixture.vault.passphrase)
+        #expect(try fixture.keys.keys(applicationTag: tag).count == 1)
+        // Locked by another handle (another process's `lockbox lock`): an error too.
+        fixture.vault.vault.lockAll()
+        #expect(status { _ = try fixture.keys.keys(applicationTag: tag) } == LockboxError.Code.interactionNotAllowed.rawValue)
     }
 
     @Test func descriptorEditedAfterUse_isRefusedAsTampered() throws {

@@ -137,6 +137,33 @@ struct ProtocolGarbageTests {
         #expect(try fixture.keys.keys(applicationTag: ManagedKeySource.applicationTag).count == 1)
     }
 
+    @Test("a running agent's listing follows keys made and deleted by other processes, and a lock")
+    func listing_followsKeyChangesElsewhereAndTheLock() throws {
+        let fixture = try AgentFixture()
+        let first = try fixture.generate(.ed25519, comment: "first")
+        try fixture.start()
+        // The number of keys in an identities answer (a uint32 after the message type).
+        func listed() throws -> Int? {
+            let answer = try AgentClient(fixture.socket).request([AgentMessageType.requestIdentities])
+            guard let answer, answer.first == AgentMessageType.identitiesAnswer, answer.count >= 5 else { return nil }
+            return answer[1..<5].reduce(0) { $0 << 8 | Int($1) }
+        }
+        #expect(try listed() == 1)
+        #expect(try listed() == 1)
+        // This test process is another connection to the vault, as `lockbox ssh-agent generate` is.
+        let second = try fixture.generate(.p256, comment: "second")
+        #expect(try listed() == 2)
+        try first.delete()
+        #expect(try listed() == 1)
+        try second.delete()
+        #expect(try listed() == 0)
+        try fixture.generate(.ed25519, comment: "third")
+        #expect(try listed() == 1)
+        // Locked (`lockbox lock --all` from another process): a failure, never the last listing.
+        fixture.vault.vault.lockAll()
+        #expect(try AgentClient(fixture.socket).request([AgentMessageType.requestIdentities]) == Self.failure)
+    }
+
     @Test("the agent refuses a socket directory other users can enter, and a second agent on a live socket")
     func unsafeDirectoryAndLiveSocket_areRefused() throws {
         let fixture = try AgentFixture()

@@ -64,51 +64,59 @@ package final class AgentListener: Sendable {
         Self.removeOnSignal(path)
     }
 
-    /// Accepts connections for ever, each served on its own thread by `responder`.
+    /// Accepts connections for ever, each served by `responder` on the thread that accepted it.
+    ///
+    /// Threads wait in `accept` (the kernel wakes one per connection), and the one that takes a
+    /// connection reads, answers and closes it itself: a listing costs one thread wake-up, as in
+    /// a single-threaded agent, instead of a wake-up of the accepting thread and another of a
+    /// worker it hands the connection to. A thread that takes a connection while no other waits
+    /// in `accept` starts one first, so a connection that waits for the user (a `.userPresence`
+    /// prompt) never holds the others back; past ``spareAcceptors`` waiting, a thread that
+    /// finishes a connection ends.
     package func serve(_ responder: AgentResponder, log: @escaping @Sendable (String) -> Void) -> Never {
-        let active = Atomic<Int>(0)
-        let ownUser = getuid()
+        let acceptors = AcceptorPool(listener: self, responder: responder, log: log)
+        for _ in 1..<Self.spareAcceptors { acceptors.startAcceptor() }
         while true {
-            // accept4 needs _GNU_SOURCE, which Glibc's Swift module does not define.
-            let connection = accept(descriptor, nil, nil)
-            if connection < 0 {
-                switch errno {
-                case EINTR, ECONNABORTED: continue
-                case EMFILE, ENFILE, ENOBUFS, ENOMEM:
-                    usleep(100_000)
-                    continue
-                default:
-                    log("accept failed (errno \(errno)); the agent stops")
-                    unlink(path)
-                    exit(1)
-                }
-            }
-            _ = fcntl(connection, F_SETFD, FD_CLOEXEC)
-            // The socket is 0600, so only this user (and root) can connect; check it anyway.
-            var credentials = PeerCredentials()
-            var length = socklen_t(MemoryLayout<PeerCredentials>.size)
-            guard getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &credentials, &length) == 0,
-                credentials.uid == ownUser || credentials.uid == 0
-            else {
-                log("refused a connection from another user")
-                close(connection)
-                continue
-            }
-            guard active.add(1, ordering: .relaxed).newValue <= Self.maximumConnections else {
-                active.subtract(1, ordering: .relaxed)
-                close(connection)
-                continue
-            }
-            var timeout = timeval(tv_sec: Self.idleSeconds, tv_usec: 0)
-            _ = setsockopt(connection, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
-            // A dispatch worker, not a new thread: the pool's threads are already running, so a
-            // short request (a listing) does not wait for a thread to be made and scheduled.
-            DispatchQueue.global().async {
-                AgentConnection.serve(connection, responder: responder)
-                close(connection)
-                active.subtract(1, ordering: .relaxed)
+            acceptors.acceptWhileNeeded()
+            // This thread always goes back to waiting, even when enough others wait.
+            acceptors.rejoin()
+        }
+    }
+
+    /// Threads kept waiting in `accept` beyond those serving a connection.
+    package static let spareAcceptors = 2
+
+    /// One accepted connection of this user (or root), or nil after a transient failure or a
+    /// refusal; ends the process when `accept` fails for good.
+    fileprivate func acceptConnection(log: @Sendable (String) -> Void) -> Int32? {
+        // accept4 needs _GNU_SOURCE, which Glibc's Swift module does not define.
+        let connection = accept(descriptor, nil, nil)
+        if connection < 0 {
+            switch errno {
+            case EINTR, ECONNABORTED: return nil
+            case EMFILE, ENFILE, ENOBUFS, ENOMEM:
+                usleep(100_000)
+                return nil
+            default:
+                log("accept failed (errno \(errno)); the agent stops")
+                unlink(path)
+                exit(1)
             }
         }
+        _ = fcntl(connection, F_SETFD, FD_CLOEXEC)
+        // The socket is 0600, so only this user (and root) can connect; check it anyway.
+        var credentials = PeerCredentials()
+        var length = socklen_t(MemoryLayout<PeerCredentials>.size)
+        guard getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &credentials, &length) == 0,
+            credentials.uid == getuid() || credentials.uid == 0
+        else {
+            log("refused a connection from another user")
+            close(connection)
+            return nil
+        }
+        var timeout = timeval(tv_sec: Self.idleSeconds, tv_usec: 0)
+        _ = setsockopt(connection, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        return connection
     }
 
     deinit {
@@ -194,6 +202,58 @@ private struct PeerCredentials {
 nonisolated(unsafe) private var signalSocketPath: UnsafeMutablePointer<CChar>?
 
 /// One client's connection: frames in, replies out, until it closes or sends garbage.
+/// The threads that wait in `accept` and serve what they accept (see ``AgentListener/serve(_:log:)``).
+private final class AcceptorPool: Sendable {
+    let listener: AgentListener
+    let responder: AgentResponder
+    let log: @Sendable (String) -> Void
+    /// Threads waiting in `accept` (or about to).
+    private let waiting = Atomic<Int>(1)
+    /// Connections being served.
+    private let active = Atomic<Int>(0)
+
+    init(listener: AgentListener, responder: AgentResponder, log: @escaping @Sendable (String) -> Void) {
+        self.listener = listener
+        self.responder = responder
+        self.log = log
+    }
+
+    func startAcceptor() {
+        waiting.add(1, ordering: .relaxed)
+        Thread.detachNewThread { [self] in
+            self.acceptWhileNeeded()
+        }
+    }
+
+    /// Counts the calling thread among those waiting again (after ``acceptWhileNeeded()``
+    /// returned on it).
+    func rejoin() {
+        waiting.add(1, ordering: .relaxed)
+    }
+
+    /// Accepts and serves on the calling thread; returns when, after a connection, enough
+    /// other threads wait in `accept` (the thread is not counted as waiting then).
+    func acceptWhileNeeded() {
+        while true {
+            guard let connection = listener.acceptConnection(log: log) else { continue }
+            // This thread stops waiting: leave another one waiting for the next connection.
+            if waiting.subtract(1, ordering: .relaxed).newValue == 0 { startAcceptor() }
+            // Past the limit, closed at once: a local client flooding the agent cannot make it
+            // run out of threads or descriptors.
+            if active.add(1, ordering: .relaxed).newValue <= AgentListener.maximumConnections {
+                AgentConnection.serve(connection, responder: responder)
+            }
+            close(connection)
+            active.subtract(1, ordering: .relaxed)
+            // Enough threads wait already: this one is not needed.
+            if waiting.add(1, ordering: .relaxed).newValue > AgentListener.spareAcceptors {
+                waiting.subtract(1, ordering: .relaxed)
+                return
+            }
+        }
+    }
+}
+
 enum AgentConnection {
     static func serve(_ descriptor: Int32, responder: AgentResponder) {
         var decoder = FrameDecoder()
