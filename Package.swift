@@ -143,7 +143,7 @@ let package = Package(
         // URLSession on Linux keeps most of a core busy while a server takes its time.
         .target(name: "LockboxCurlTransport", dependencies: ["CCurl", "LockboxAuth", "LockboxCore"], swiftSettings: strict),
         // Managed keys as LockboxAuth's DPoP signers: the one place that knows both.
-        .target(name: "LockboxAuthKeys", dependencies: ["LockboxCore", "LockboxAuth", "LockboxKeys"], swiftSettings: strict),
+        .target(name: "LockboxAuthKeys", dependencies: ["LockboxCore", "LockboxAuth", "LockboxKeys", "LockboxBroker"], swiftSettings: strict),
 
         // The broker's wire protocol, its server and its client store (docs/BROKER.md). No key
         // API: the daemon adds the key operations, so that clients never load libcrypto.
@@ -260,7 +260,10 @@ let package = Package(
             swiftSettings: strict),
         .testTarget(
             name: "LockboxAuthTests",
-            dependencies: ["LockboxAuth", "LockboxAuthKeyring", "LockboxAuthKeys", "LockboxKeys", "KeyProviders", "Lockbox", "LockboxTestSupport"],
+            dependencies: [
+                "LockboxAuth", "LockboxAuthKeyring", "LockboxAuthKeys", "LockboxKeys", "KeyProviders", "Lockbox", "LockboxBroker",
+                "LockboxTestSupport",
+            ],
             swiftSettings: strict),
         .testTarget(
             name: "KeychainCompatibilityTests",

@@ -30,9 +30,12 @@ struct AuthCommands {
             let namespace = opened.accessTokenCacheNamespace(explicitPath: invocation.keychain)
             let cache: (any AccessTokenCache)? =
                 AccessTokenCacheSetting.isEnabled ? try KernelKeyringTokenCache(namespace: namespace) : nil
-            // DPoP sessions' keys are managed keys in the vault (non-extractable, deleted with the
-            // session); other backends hold no managed keys, so their sessions cannot use DPoP.
-            let dpopKeys = opened.vault.map { ManagedDPoPKeyStore(keys: SoftwareKeyStore(vault: $0)) }
+            // DPoP sessions' keys are non-extractable keys deleted with the session: managed keys
+            // in the vault, or keys inside the broker (which signs for this process); the Secret
+            // Service holds no such keys, so its sessions cannot use DPoP.
+            let dpopKeys: (any DPoPKeyStore)? =
+                opened.vault.map { ManagedDPoPKeyStore(keys: SoftwareKeyStore(vault: $0)) }
+                ?? opened.broker.map { BrokerDPoPKeyStore(broker: $0) }
             backend = opened.backend.rawValue
             // libcurl directly: URLSession on Linux spins while it waits for an answer.
             session = CommandLineSession(
@@ -51,8 +54,8 @@ struct AuthCommands {
                 }
                 if dpop && !session.supportsDPoP {
                     output.error(
-                        "lockbox: --dpop keeps the session's key in the vault as a managed key, and this keychain's backend is "
-                            + "\(backend). Use the vault backend (--backend vault) for a DPoP session. (usage)")
+                        "lockbox: --dpop keeps the session's key in the vault or the broker as a non-extractable key, and this "
+                            + "keychain's backend is \(backend). Use the vault (--backend vault) or the broker for a DPoP session. (usage)")
                     return .usage
                 }
                 var configuration = try await session.discover(issuer: url, clientID: clientID, scope: scopes)
