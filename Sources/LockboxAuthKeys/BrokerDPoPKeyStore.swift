@@ -40,13 +40,7 @@ public struct BrokerDPoPKeyStore: DPoPKeyStore {
     }
 
     public func boundKey(for session: CredentialKey) async throws(LockboxError) -> (any ProofSigningKey)? {
-        let label: String
-        do {
-            let record = try await broker.async.data(matching: Self.bindingQuery(session))
-            label = record.withUnsafeBytes { String(decoding: $0, as: UTF8.self) }
-        } catch LockboxError.itemNotFound {
-            return nil
-        }
+        guard let label = try await record(session).read() else { return nil }
         guard Self.isKeyLabel(label, of: session) else {
             throw LockboxError(.decode, "The record of this session's DPoP key names a key of another session.")
         }
@@ -65,25 +59,14 @@ public struct BrokerDPoPKeyStore: DPoPKeyStore {
         guard let key = key as? BrokerProofSigningKey, key.broker === broker, Self.isKeyLabel(key.label, of: session) else {
             throw LockboxError(.param, "The DPoP key to bind was not made for this session by this key store.")
         }
-        let store = broker.async
-        let record = SecretBytes(utf8: key.label)
-        do {
-            try await store.update(matching: Self.bindingQuery(session), to: ItemUpdate(data: record))
-        } catch LockboxError.itemNotFound {
-            try await store.add(
-                Item.genericPassword(
-                    service: Self.bindingService, account: session.storageAccount, data: record,
-                    accessibility: .afterFirstUnlockThisDeviceOnly, label: "DPoP key of \(session)"))
-        }
+        try await record(session).write(key.label)
         for label in try await sessionKeyLabels(session) where label != key.label {
             try await deleteKey(label: label)
         }
     }
 
     public func deleteKeys(for session: CredentialKey) async throws(LockboxError) {
-        do {
-            try await broker.async.delete(matching: Self.bindingQuery(session))
-        } catch LockboxError.itemNotFound {}
+        try await record(session).delete()
         for label in try await sessionKeyLabels(session) {
             try await deleteKey(label: label)
         }
@@ -122,8 +105,8 @@ public struct BrokerDPoPKeyStore: DPoPKeyStore {
         } catch LockboxError.itemNotFound {}
     }
 
-    private static func bindingQuery(_ session: CredentialKey) -> Query {
-        Query.genericPassword(service: bindingService, account: session.storageAccount)
+    private func record(_ session: CredentialKey) -> SessionKeyRecord {
+        SessionKeyRecord(service: Self.bindingService, session: session, store: broker.async)
     }
 }
 

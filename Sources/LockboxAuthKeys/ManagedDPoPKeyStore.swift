@@ -33,13 +33,7 @@ public struct ManagedDPoPKeyStore: DPoPKeyStore {
     }
 
     public func boundKey(for session: CredentialKey) async throws(LockboxError) -> (any ProofSigningKey)? {
-        let thumbprint: SecretBytes
-        do {
-            thumbprint = try await keys.vault.async.data(matching: Self.bindingQuery(session))
-        } catch LockboxError.itemNotFound {
-            return nil
-        }
-        let bound = thumbprint.withUnsafeBytes { String(decoding: $0, as: UTF8.self) }
+        guard let bound = try await record(session).read() else { return nil }
         return try await sessionKeys(session).first { $0.jwkThumbprint == bound }
     }
 
@@ -49,25 +43,14 @@ public struct ManagedDPoPKeyStore: DPoPKeyStore {
         guard candidates.contains(where: { $0.jwkThumbprint == thumbprint }) else {
             throw LockboxError(.param, "The DPoP key to bind was not made for this session by this key store.")
         }
-        let store = keys.vault.async
-        let record = SecretBytes(utf8: thumbprint)
-        do {
-            try await store.update(matching: Self.bindingQuery(session), to: ItemUpdate(data: record))
-        } catch LockboxError.itemNotFound {
-            try await store.add(
-                Item.genericPassword(
-                    service: Self.bindingService, account: session.storageAccount, data: record,
-                    accessibility: .afterFirstUnlockThisDeviceOnly, label: "DPoP key of \(session)"))
-        }
+        try await record(session).write(thumbprint)
         for other in candidates where other.jwkThumbprint != thumbprint {
             try await other.key.delete()
         }
     }
 
     public func deleteKeys(for session: CredentialKey) async throws(LockboxError) {
-        do {
-            try await keys.vault.async.delete(matching: Self.bindingQuery(session))
-        } catch LockboxError.itemNotFound {}
+        try await record(session).delete()
         for key in try await sessionKeys(session) {
             try await key.key.delete()
         }
@@ -83,7 +66,7 @@ public struct ManagedDPoPKeyStore: DPoPKeyStore {
         return found.compactMap { try? ManagedProofSigningKey($0) }
     }
 
-    private static func bindingQuery(_ session: CredentialKey) -> Query {
-        Query.genericPassword(service: bindingService, account: session.storageAccount)
+    private func record(_ session: CredentialKey) -> SessionKeyRecord {
+        SessionKeyRecord(service: Self.bindingService, session: session, store: keys.vault.async)
     }
 }

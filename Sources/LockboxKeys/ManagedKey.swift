@@ -38,14 +38,8 @@ public struct ManagedKey: Sendable, CustomStringConvertible {
         guard item.itemClass == .key, let descriptor = KeyDescriptor(item.attributes.generic),
             let reference = item.persistentReference, let applicationLabel = item.attributes.applicationLabel
         else { return nil }
-        if descriptor.algorithm.isAsymmetric {
-            guard let publicKey = try? PublicKey(rawRepresentation: Data(descriptor.publicKey), algorithm: descriptor.algorithm) else {
-                return nil
-            }
-            self.publicKey = publicKey
-        } else {
-            publicKey = nil
-        }
+        guard let publicKey = descriptor.publicHalf else { return nil }
+        self.publicKey = publicKey
         self.descriptor = descriptor
         algorithm = descriptor.algorithm
         purposes = descriptor.purposes
@@ -191,13 +185,17 @@ package struct KeyItemDescription: Sendable {
         guard item.itemClass == .key, let descriptor = KeyDescriptor(item.attributes.generic) else { return nil }
         algorithm = descriptor.algorithm
         purposes = descriptor.purposes
-        if descriptor.algorithm.isAsymmetric {
-            guard let publicKey = try? PublicKey(rawRepresentation: Data(descriptor.publicKey), algorithm: descriptor.algorithm) else {
-                return nil
-            }
-            self.publicKey = publicKey
-        } else {
-            publicKey = nil
-        }
+        guard let publicKey = descriptor.publicHalf else { return nil }
+        self.publicKey = publicKey
+    }
+}
+
+extension KeyDescriptor {
+    /// The public half the descriptor records: `.some(nil)` for an AES key, nil when an
+    /// asymmetric key's recorded public key does not decode (not a managed key then).
+    var publicHalf: PublicKey?? {
+        guard algorithm.isAsymmetric else { return .some(nil) }
+        guard let key = try? PublicKey(rawRepresentation: Data(publicKey), algorithm: algorithm) else { return nil }
+        return .some(key)
     }
 }

@@ -97,20 +97,11 @@ struct BrokerAuthenticationTests {
         #expect(filesContaining(BrokerFixture.passphraseText, in: fixture.directory.path).isEmpty)
     }
 
-    /// A copy of the `lockbox` command at its own path: to the broker, another application.
-    func application(_ name: String, in fixture: BrokerFixture) throws -> String {
-        let directory = fixture.directory.file("apps/" + name)
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        let path = directory + "/" + name
-        try FileManager.default.copyItem(atPath: builtProduct("lockbox"), toPath: path)
-        return path
-    }
-
     @Test("lockbox reaches another application's group after the passphrase at its terminal; a wrong one is -25293, never not found")
     func lockboxCommand_otherGroup_afterPassphrase() throws {
         let fixture = try BrokerFixture()
         try fixture.store().unlock(passphrase: SecretBytes(utf8: BrokerFixture.passphraseText))
-        let app = try application("mail-app", in: fixture)
+        let app = try fixture.application("mail-app")
         let canary = makeCanary("other-group")
         let added = try run(
             app, ["add-generic-password", "-s", "mail", "-a", "alice"], input: Array((canary + "\n").utf8),
@@ -163,7 +154,7 @@ struct BrokerAuthenticationTests {
         #expect(!noTerminal.standardOutput.contains(canary))
 
         // Another application is not the lockbox command: no passphrase opens the group to it.
-        let other = try application("other-app", in: fixture)
+        let other = try fixture.application("other-app")
         let otherRun = try TerminalSession.run(other, find, steps: [], environment: fixture.clientEnvironment)
         #expect(otherRun.status == 1, "\(otherRun.transcript)")
         #expect(otherRun.transcript.contains("(OSStatus -34018)"), "\(otherRun.transcript)")

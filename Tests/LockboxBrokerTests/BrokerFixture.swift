@@ -67,5 +67,14 @@ final class BrokerFixture: @unchecked Sendable {
         for _ in 0..<500 where kill(pid, 0) == 0 { usleep(10_000) }
     }
 
+    /// A copy of the `lockbox` command at its own path: to the broker, another application.
+    func application(_ name: String) throws -> String {
+        let directory = self.directory.file("apps/" + name)
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let path = directory + "/" + name
+        try FileManager.default.copyItem(atPath: builtProduct("lockbox"), toPath: path)
+        return path
+    }
+
     deinit { stop() }
 }

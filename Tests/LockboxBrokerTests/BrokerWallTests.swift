@@ -9,21 +9,12 @@ import Testing
 /// keys are nowhere but in the broker, and a process without the kernel keyring works.
 @Suite("lockboxd's walls")
 struct BrokerWallTests {
-    /// A copy of the `lockbox` command at its own path: to the broker, another application.
-    func application(_ name: String, in fixture: BrokerFixture) throws -> String {
-        let directory = fixture.directory.file("apps/" + name)
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        let path = directory + "/" + name
-        try FileManager.default.copyItem(atPath: builtProduct("lockbox"), toPath: path)
-        return path
-    }
-
     @Test("two executables cannot read each other's items: naming the other's group gives -34018")
     func otherExecutablesGroup_isMissingEntitlement() throws {
         let fixture = try BrokerFixture()
         try fixture.store().unlock(passphrase: SecretBytes(utf8: BrokerFixture.passphraseText))
-        let first = try application("first-app", in: fixture)
-        let second = try application("second-app", in: fixture)
+        let first = try fixture.application("first-app")
+        let second = try fixture.application("second-app")
         let canary = makeCanary("wall")
         let added = try run(
             first, ["add-generic-password", "-s", "wall", "-a", "alice"], input: Array((canary + "\n").utf8),
