@@ -231,13 +231,7 @@ extension SyncTests {
         let database = try testDatabase()
         let (groups, machines) = try threeMachines()
         let count = 600
-        var items: [Item] = []
-        for index in 0..<count {
-            var item = Item.genericPassword(service: "kill\(index).example", account: "user", data: SecretBytes(utf8: "value \(index)"))
-            item.attributes.synchronizable = true
-            items.append(item)
-        }
-        try machines[0].vault.add(contentsOf: items)
+        try machines[0].vault.add(contentsOf: synchronizableItems(count, prefix: "kill"))
         try SyncCLI.configure(machines[0], group: groups[0].groupID, database: database)
         // Killed sooner and later: before, during and after the push's transaction.
         var finished = 0
@@ -267,13 +261,7 @@ extension SyncTests {
         let database = try testDatabase()
         let (groups, machines) = try threeMachines()
         let count = 600
-        var items: [Item] = []
-        for index in 0..<count {
-            var item = Item.genericPassword(service: "pull\(index).example", account: "user", data: SecretBytes(utf8: "value \(index)"))
-            item.attributes.synchronizable = true
-            items.append(item)
-        }
-        try machines[0].vault.add(contentsOf: items)
+        try machines[0].vault.add(contentsOf: synchronizableItems(count, prefix: "pull"))
         try groups[0].sync()
         try SyncCLI.configure(machines[1], group: groups[0].groupID, database: database)
         var finished = 0

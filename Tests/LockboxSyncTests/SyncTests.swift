@@ -78,6 +78,16 @@ final class Machine: @unchecked Sendable {
 let groupPassphrase = SecretBytes(utf8: "group passphrase for the sync tests")
 
 /// Three machines in one new group: the first creates it, the others join.
+/// `count` synchronizable generic passwords, services "`prefix`0.example" ..., account "user",
+/// values "value 0" ...
+func synchronizableItems(_ count: Int, prefix: String) -> [Item] {
+    (0..<count).map { index in
+        var item = Item.genericPassword(service: "\(prefix)\(index).example", account: "user", data: SecretBytes(utf8: "value \(index)"))
+        item.attributes.synchronizable = true
+        return item
+    }
+}
+
 func threeMachines() throws -> (groups: [SyncGroup], machines: [Machine]) {
     let database = try testDatabase()
     let machines = [try Machine(), try Machine(), try Machine()]
@@ -254,13 +264,7 @@ struct SyncTests {
     func bulkImportIsAtomic() throws {
         let (groups, machines) = try threeMachines()
         let count = 200
-        var items: [Item] = []
-        for index in 0..<count {
-            var item = Item.genericPassword(service: "bulk\(index).example", account: "user", data: SecretBytes(utf8: "value \(index)"))
-            item.attributes.synchronizable = true
-            items.append(item)
-        }
-        try machines[0].vault.add(contentsOf: items)
+        try machines[0].vault.add(contentsOf: synchronizableItems(count, prefix: "bulk"))
         try groups[0].sync()
         // The newest record's value box damaged: its metadata opens, its value (the last item
         // the import asks for) does not.
