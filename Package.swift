@@ -195,7 +195,7 @@ let package = Package(
         // libcrypto, and the tss2 libraries (which `lockbox` opens itself only to unseal a
         // TPM-sealed device key).
         .executableTarget(
-            name: "LockboxKeysCLI", dependencies: ["Lockbox", "LockboxCommandLine", "LockboxKeys", "CProcessHardening"],
+            name: "LockboxKeysCLI", dependencies: ["Lockbox", "LockboxBroker", "LockboxCommandLine", "LockboxKeys", "CProcessHardening"],
             swiftSettings: strict),
         // `lockbox ssh-agent` runs this program, as the OAuth verbs run `lockbox-oauth`: only it
         // loads libcrypto and Foundation.

@@ -13,7 +13,7 @@ if let early = try? Parser.parse(arguments), !early.command.isAuthentication, !e
     if case .brokerControl = early.command {
         BrokerControl.connectEarly()
     } else {
-        Keychain.prepareBroker(Keychain.Options(backend: early.backend, path: early.keychain))
+        early.prepareBroker()
     }
 }
 

@@ -554,3 +554,18 @@ extension UsageError {
             verb: verb)
     }
 }
+
+extension Invocation {
+    /// Connects to the broker now when this command line uses it (``Keychain/prepareBroker(_:)``):
+    /// `lockboxd` identifies a client by its `/proc` files, which the programs hide as soon as
+    /// they harden themselves. Call it before hardening; parsing reads no secret.
+    public static func prepareBroker(_ arguments: [String]) {
+        guard let early = try? Parser.parse(arguments) else { return }
+        early.prepareBroker()
+    }
+
+    /// The same, for a command line already parsed.
+    public func prepareBroker() {
+        Keychain.prepareBroker(Keychain.Options(backend: backend, path: keychain))
+    }
+}

@@ -1,5 +1,6 @@
 import FoundationEssentials
 import Lockbox
+import LockboxBroker
 import LockboxCommandLine
 import LockboxKeys
 
@@ -18,7 +19,7 @@ struct KeyCommands {
     func run() throws(LockboxError) -> ExitStatus {
         switch invocation.command {
         case .generateKey(let options):
-            let keys = SoftwareKeyStore(vault: try openVault())
+            let home = try openKeys()
             guard let algorithm = KeyAlgorithm(rawValue: options.algorithm) else {
                 throw LockboxError(
                     .param,
@@ -32,6 +33,11 @@ struct KeyCommands {
                 specification.token = .hardware
                 if options.purposes.isEmpty { specification.purposes = [.sign, .verify] }
             }
+            let keys: SoftwareKeyStore
+            switch home {
+            case .broker(let broker): return try generate(specification, options, in: broker)
+            case .vault(let store): keys = store
+            }
             guard try keys.keys(applicationTag: specification.applicationTag, label: options.label).isEmpty else {
                 throw LockboxError(.duplicateItem, "A key with this tag (and label) exists; delete it first or pick another tag.")
             }
@@ -44,9 +50,18 @@ struct KeyCommands {
             output.error("Made a \(key.token == .hardware ? "hardware (TPM)" : "software") \(algorithm) key for \(key.purposes).")
             return .success
         case .sign(let options):
-            let key = try findKey(options)
+            let home = try openKeys()
+            let key = try findKey(options, in: home)
             let message = try SecretInput.readAll(limit: Self.messageLimit)
-            let signature = try key.sign(message.withUnsafeBytes { Data($0) })
+            let signature: Data
+            switch (home, key) {
+            case (.broker(let broker), _):
+                signature = try broker.sign(message.withUnsafeBytes { Data($0) }, applicationTag: Data(options.tag.utf8), label: options.label)
+            case (.vault, let key?):
+                signature = try key.sign(message.withUnsafeBytes { Data($0) })
+            case (.vault, nil):
+                preconditionFailure("a vault lookup returns a key or throws")
+            }
             if options.raw {
                 signature.withUnsafeBytes { writeAll($0, to: STDOUT_FILENO) }
             } else {
@@ -54,19 +69,43 @@ struct KeyCommands {
             }
             return .success
         case .publicKey(let options):
-            let key = try findKey(options)
-            guard let publicKey = key.publicKey else {
-                throw LockboxError(.param, "An \(key.algorithm) key is symmetric and has no public half.")
+            let home = try openKeys()
+            let publicKey: PublicKey
+            if case .broker(let broker) = home {
+                let der = try broker.publicKey(applicationTag: Data(options.tag.utf8), label: options.label)
+                guard !der.isEmpty else { throw LockboxError(.param, "This key is symmetric and has no public half.") }
+                publicKey = try PublicKey(derRepresentation: der)
+            } else {
+                let key = try findKey(options, in: home)!
+                guard let half = key.publicKey else {
+                    throw LockboxError(.param, "An \(key.algorithm) key is symmetric and has no public half.")
+                }
+                publicKey = half
             }
             switch options.format {
             case "der": publicKey.derRepresentation.withUnsafeBytes { writeAll($0, to: STDOUT_FILENO) }
             case "x963": publicKey.rawRepresentation.withUnsafeBytes { writeAll($0, to: STDOUT_FILENO) }
-            case "openssh": output.print(try publicKey.openSSHRepresentation(comment: key.label ?? options.tag))
+            case "openssh": output.print(try publicKey.openSSHRepresentation(comment: options.label ?? options.tag))
             default: writeText(publicKey.pemRepresentation)
             }
             return .success
         case .deleteKey(let options):
-            let keys = SoftwareKeyStore(vault: try openVault())
+            let keys: SoftwareKeyStore
+            switch try openKeys() {
+            case .broker(let broker):
+                var query = Query(.key, limit: .all, returning: [])
+                query.attributes.applicationTag = Data(options.tag.utf8)
+                query.attributes.label = options.label
+                let count: Int
+                do {
+                    count = try broker.delete(matching: query)
+                } catch LockboxError.itemNotFound {
+                    throw LockboxError(.itemNotFound, "No key with this tag is in the keychain.")
+                }
+                output.error("Deleted \(count) key\(count == 1 ? "" : "s").")
+                return .success
+            case .vault(let store): keys = store
+            }
             let found = try keys.keys(applicationTag: Data(options.tag.utf8), label: options.label)
             guard !found.isEmpty else { throw LockboxError(.itemNotFound, "No key with this tag is in the keychain.") }
             for key in found { try key.delete() }
@@ -115,8 +154,56 @@ struct KeyCommands {
         Array(text.utf8).withUnsafeBytes { writeAll($0, to: STDOUT_FILENO) }
     }
 
-    private func findKey(_ options: KeyOptions) throws(LockboxError) -> ManagedKey {
-        let keys = SoftwareKeyStore(vault: try openVault())
+    /// Where the keys live: the vault's key store, or `lockboxd`, which makes and uses them
+    /// inside itself (this process never holds the private key).
+    private enum KeyHome {
+        case vault(SoftwareKeyStore)
+        case broker(BrokerStore)
+    }
+
+    private func openKeys() throws(LockboxError) -> KeyHome {
+        let opened = try Keychain.open(keychainOptions())
+        if let vault = opened.vault { return .vault(SoftwareKeyStore(vault: vault)) }
+        if let broker = opened.broker { return .broker(broker) }
+        throw LockboxError(
+            .unimplemented, "Managed keys live in the vault or inside the broker; this keychain is \(opened.backend.rawValue).")
+    }
+
+    /// A key made inside the broker: non-extractable, in software (the broker's keys are its own).
+    private func generate(_ specification: KeySpecification, _ options: KeyOptions, in broker: BrokerStore) throws(LockboxError) -> ExitStatus {
+        guard specification.token != .hardware else {
+            throw LockboxError(
+                .unimplemented, "Through the broker, keys are made in software inside lockboxd; use the vault backend for a TPM key.")
+        }
+        let tag = specification.applicationTag ?? Data()
+        let exists: Bool
+        do throws(LockboxError) {
+            _ = try broker.publicKey(applicationTag: tag, label: options.label)
+            exists = true
+        } catch where error.code == .itemNotFound {
+            exists = false
+        }
+        guard !exists else {
+            throw LockboxError(.duplicateItem, "A key with this tag (and label) exists; delete it first or pick another tag.")
+        }
+        let der = try broker.generateKey(
+            algorithm: specification.algorithm.rawValue, purposes: specification.purposes.rawValue, applicationTag: tag, label: options.label)
+        let publicKey = der.isEmpty ? nil : try PublicKey(derRepresentation: der)
+        if options.json {
+            output.print(
+                Self.json(
+                    algorithm: specification.algorithm, purposes: specification.purposes, token: "broker", label: options.label,
+                    applicationLabel: nil, publicKey: publicKey))
+        } else if let publicKey {
+            writeText(publicKey.pemRepresentation)
+        }
+        output.error("Made a non-extractable \(specification.algorithm) key for \(specification.purposes) inside the broker.")
+        return .success
+    }
+
+    /// The one key `options` name; nil through the broker (which finds the key itself, by tag and label).
+    private func findKey(_ options: KeyOptions, in home: KeyHome) throws(LockboxError) -> ManagedKey? {
+        guard case .vault(let keys) = home else { return nil }
         let found = try keys.keys(applicationTag: Data(options.tag.utf8), label: options.label)
         guard let key = found.first else { throw LockboxError(.itemNotFound, "No key with this tag is in the keychain.") }
         guard found.count == 1 else {
@@ -158,16 +245,24 @@ struct KeyCommands {
     }
 
     static func json(_ key: ManagedKey) -> String {
+        json(
+            algorithm: key.algorithm, purposes: key.purposes, token: key.token.rawValue, label: key.label,
+            applicationLabel: key.applicationLabel.map { ($0 < 16 ? "0" : "") + String($0, radix: 16) }.joined(),
+            publicKey: key.publicKey)
+    }
+
+    static func json(
+        algorithm: KeyAlgorithm, purposes: KeyPurposes, token: String, label: String?, applicationLabel: String?, publicKey: PublicKey?
+    ) -> String {
         struct Summary: Encodable {
             var algorithm, purposes, token: String
             var label: String?
-            var applicationLabel: String
+            var applicationLabel: String?
             var publicKey: String?
         }
         let summary = Summary(
-            algorithm: key.algorithm.rawValue, purposes: key.purposes.description, token: key.token.rawValue, label: key.label,
-            applicationLabel: key.applicationLabel.map { ($0 < 16 ? "0" : "") + String($0, radix: 16) }.joined(),
-            publicKey: key.publicKey?.pemRepresentation)
+            algorithm: algorithm.rawValue, purposes: purposes.description, token: token, label: label,
+            applicationLabel: applicationLabel, publicKey: publicKey?.pemRepresentation)
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
         guard let data = try? encoder.encode(summary) else { return "{}" }

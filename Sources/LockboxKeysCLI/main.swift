@@ -10,13 +10,18 @@ import Glibc
 // same arguments, so that only these verbs load libcrypto and the tss2 libraries. Calling it
 // directly works too.
 
+let arguments = Array(CommandLine.arguments.dropFirst())
+// The broker, when one is used, identifies this process by its /proc files: connect before
+// they are hidden below.
+Invocation.prepareBroker(arguments)
+
 // No core dumps and no same-user ptrace: this process uses private keys.
 _ = lockbox_harden_process()
 
 let streams = StandardStreams()
 let status: ExitStatus
 do {
-    let invocation = try Parser.parse(Array(CommandLine.arguments.dropFirst()))
+    let invocation = try Parser.parse(arguments)
     switch invocation.command {
     case .help(let verb):
         streams.print(verb.flatMap(Help.text(for:)) ?? Help.overview)

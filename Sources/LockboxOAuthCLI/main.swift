@@ -8,13 +8,18 @@ import Glibc
 // `lockbox login`, `token`, `logout` and `auth status` run here: `lockbox` hands them over with
 // the same arguments, so that only these verbs load the HTTP stack. Calling it directly works too.
 
+let arguments = Array(CommandLine.arguments.dropFirst())
+// The broker, when one is used, identifies this process by its /proc files: connect before
+// they are hidden below.
+Invocation.prepareBroker(arguments)
+
 // No core dumps and no same-user ptrace: this process holds tokens.
 _ = lockbox_harden_process()
 
 let streams = StandardStreams()
 let status: ExitStatus
 do {
-    let invocation = try Parser.parse(Array(CommandLine.arguments.dropFirst()))
+    let invocation = try Parser.parse(arguments)
     switch invocation.command {
     case .help(let verb):
         streams.print(verb.flatMap(Help.text(for:)) ?? Help.overview)
