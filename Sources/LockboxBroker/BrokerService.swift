@@ -39,7 +39,7 @@ package struct BrokerService: Sendable {
                 try authenticate(inner.passphrase, reuse: inner.reuse, session: &session)
                 return answer(try BrokerRequest(decoding: inner.request), session: &session)
             }
-            let widens = request.operation == .unlock && bytes.count > 16
+            let widens = request.operation == .unlock && Self.carriesPassphrase(request.arguments)
             let reply = answer(request, session: &session)
             if widens, session.grant.reachesEveryGroupWithPassphrase, (try? BrokerCoding.decodeReply(reply)) != nil {
                 // An unlock with the passphrase is that passphrase entered again.
@@ -49,6 +49,15 @@ package struct BrokerService: Sendable {
         } catch {
             return BrokerCoding.failure(error)
         }
+    }
+
+    /// Whether an unlock's arguments hold a passphrase. An unlock without one (a vault already
+    /// unlocked, another unlock method) proves nothing about the user and widens nothing.
+    static func carriesPassphrase(_ arguments: FieldDecoder) -> Bool {
+        var arguments = arguments
+        guard var passphrase = try? arguments.bytes() else { return false }
+        defer { passphrase.wipe() }
+        return !passphrase.isEmpty
     }
 
     /// An ``BrokerProtocol/Operation/authenticate`` request's arguments: the passphrase, the

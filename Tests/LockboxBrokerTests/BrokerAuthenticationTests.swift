@@ -208,3 +208,41 @@ struct BrokerAuthenticationTests {
         }
     }
 }
+
+/// The `lockbox` command's wider reach comes from a passphrase, never from an unlock without one.
+@Suite("lockboxd: what widens the lockbox command's groups")
+struct BrokerWideningTests {
+    @Test("an unlock without a passphrase does not open other groups to the lockbox command; one with the passphrase does")
+    func unlockWithoutPassphrase_widensNothing() throws {
+        let directory = TemporaryDirectory("lbx-widen")
+        var configuration = Vault.Configuration()
+        configuration.keyDerivation = .interactive
+        configuration.unlockCache = .processMemory
+        let vault = try Vault.create(
+            at: directory.file("keychains/w.lockbox"), passphrase: SecretBytes(utf8: BrokerFixture.passphraseText),
+            configuration: configuration)
+        try vault.unlock(passphrase: SecretBytes(utf8: BrokerFixture.passphraseText))
+        let service = BrokerService(vault: vault)
+        var session = BrokerSession(
+            grant: BrokerGrant(peerName: "lockbox", accessGroups: ["own"], defaultAccessGroup: "own", reachesEveryGroupWithPassphrase: true))
+        func unlock(_ passphrase: String) -> [UInt8] {
+            var request = FieldEncoder()
+            request.integer(BrokerProtocol.Operation.unlock.rawValue)
+            request.bytes(Array(passphrase.utf8))
+            return service.reply(to: request.bytes, session: &session)
+        }
+        // An unlock without a passphrase (whatever its outcome) is not the passphrase entered.
+        _ = unlock("")
+        #expect(!session.currentGrant.allows("another-app"))
+        for (passphrase, carries) in [("", false), ("x", true)] {
+            var request = FieldEncoder()
+            request.integer(BrokerProtocol.Operation.unlock.rawValue)
+            request.bytes(Array(passphrase.utf8))
+            // A request of 18 bytes or more with an empty passphrase once counted as one.
+            #expect(request.bytes.count > 16)
+            #expect(BrokerService.carriesPassphrase(try BrokerRequest(decoding: request.bytes).arguments) == carries)
+        }
+        #expect((try? BrokerCoding.decodeReply(unlock(BrokerFixture.passphraseText))) != nil)
+        #expect(session.currentGrant.allows("another-app"))
+    }
+}
