@@ -51,16 +51,17 @@ struct KeyCommands {
             return .success
         case .sign(let options):
             let home = try openKeys()
-            let key = try findKey(options, in: home)
-            let message = try SecretInput.readAll(limit: Self.messageLimit)
+            // The key is found before standard input is read: a wrong tag fails without waiting.
+            let key: ManagedKey? = if case .vault(let keys) = home { try findKey(options, in: keys) } else { nil }
+            let message = try SecretInput.readAll(limit: Self.messageLimit).withUnsafeBytes { Data($0) }
             let signature: Data
             switch (home, key) {
             case (.broker(let broker), _):
-                signature = try broker.sign(message.withUnsafeBytes { Data($0) }, applicationTag: Data(options.tag.utf8), label: options.label)
+                signature = try broker.sign(message, applicationTag: Data(options.tag.utf8), label: options.label)
             case (.vault, let key?):
-                signature = try key.sign(message.withUnsafeBytes { Data($0) })
+                signature = try key.sign(message)
             case (.vault, nil):
-                preconditionFailure("a vault lookup returns a key or throws")
+                throw LockboxError(.itemNotFound, "No key with this tag is in the keychain.")
             }
             if options.raw {
                 signature.withUnsafeBytes { writeAll($0, to: STDOUT_FILENO) }
@@ -71,12 +72,13 @@ struct KeyCommands {
         case .publicKey(let options):
             let home = try openKeys()
             let publicKey: PublicKey
-            if case .broker(let broker) = home {
+            switch home {
+            case .broker(let broker):
                 let der = try broker.publicKey(applicationTag: Data(options.tag.utf8), label: options.label)
                 guard !der.isEmpty else { throw LockboxError(.param, "This key is symmetric and has no public half.") }
                 publicKey = try PublicKey(derRepresentation: der)
-            } else {
-                let key = try findKey(options, in: home)!
+            case .vault(let keys):
+                let key = try findKey(options, in: keys)
                 guard let half = key.publicKey else {
                     throw LockboxError(.param, "An \(key.algorithm) key is symmetric and has no public half.")
                 }
@@ -201,9 +203,8 @@ struct KeyCommands {
         return .success
     }
 
-    /// The one key `options` name; nil through the broker (which finds the key itself, by tag and label).
-    private func findKey(_ options: KeyOptions, in home: KeyHome) throws(LockboxError) -> ManagedKey? {
-        guard case .vault(let keys) = home else { return nil }
+    /// The one key `options` name in the vault (the broker finds its keys itself, by tag and label).
+    private func findKey(_ options: KeyOptions, in keys: SoftwareKeyStore) throws(LockboxError) -> ManagedKey {
         let found = try keys.keys(applicationTag: Data(options.tag.utf8), label: options.label)
         guard let key = found.first else { throw LockboxError(.itemNotFound, "No key with this tag is in the keychain.") }
         guard found.count == 1 else {
