@@ -4,28 +4,49 @@ import struct Foundation.Data
 /// followed, when present, by a little-endian 32-bit length and the bytes. Used for primary-key
 /// digests and for sealed metadata, where it must be canonical and cheap to decode.
 package struct FieldEncoder {
-    package private(set) var bytes: [UInt8]
+    /// The encoding so far: the first `count` bytes of `storage`, written in place as fields
+    /// arrive (this runs several times per read and write). Copies share the storage until
+    /// one of them writes, as an array's would.
+    private var storage: Storage
+    private var count = 0
+
+    private final class Storage {
+        let start: UnsafeMutablePointer<UInt8>
+        let capacity: Int
+
+        init(capacity: Int) {
+            start = .allocate(capacity: capacity)
+            self.capacity = capacity
+        }
+
+        deinit { start.deallocate() }
+    }
+
+    /// The encoded bytes.
+    package var bytes: [UInt8] {
+        Array(UnsafeBufferPointer(start: storage.start, count: count))
+    }
 
     package init() {
-        bytes = []
-        bytes.reserveCapacity(160)
+        storage = Storage(capacity: 256)
     }
 
     package mutating func bytes(_ value: [UInt8]?) {
-        guard let value else {
-            bytes.append(0)
-            return
-        }
+        guard let value else { return absent() }
         value.withUnsafeBufferPointer { field($0) }
     }
 
     package mutating func string(_ value: String?) {
-        guard var value else {
-            bytes.append(0)
-            return
-        }
+        guard var value else { return absent() }
         // The UTF-8 appended in place: no intermediate array (this runs on every lookup).
         value.withUTF8 { field($0) }
+    }
+
+    /// A field of bytes read in place (nil: absent). Text given as its UTF-8 bytes encodes as
+    /// ``string(_:)`` encodes it.
+    package mutating func bytes(inPlace value: UnsafeRawBufferPointer?) {
+        guard let value else { return absent() }
+        field(value.assumingMemoryBound(to: UInt8.self))
     }
 
     package mutating func bytes(_ value: Data) {
@@ -33,26 +54,53 @@ package struct FieldEncoder {
     }
 
     package mutating func integer(_ value: Int?) {
-        guard let value else { return bytes.append(0) }
+        guard let value else { return absent() }
         word(UInt64(bitPattern: Int64(value)))
     }
 
     package mutating func double(_ value: Double?) {
-        guard let value else { return bytes.append(0) }
+        guard let value else { return absent() }
         word(value.bitPattern)
     }
 
     /// A present 8-byte field, little-endian: the same bytes `bytes(_:)` writes for it.
     private mutating func word(_ value: UInt64) {
-        withUnsafeBytes(of: value.littleEndian) { field($0.assumingMemoryBound(to: UInt8.self)) }
+        reserve(13)
+        let base = storage.start + count
+        base[0] = 1
+        base[1] = 8
+        base[2] = 0
+        base[3] = 0
+        base[4] = 0
+        for index in 0..<8 { base[5 + index] = UInt8(truncatingIfNeeded: value >> (8 * UInt64(index))) }
+        count += 13
     }
 
-    /// A present field: the marker 1, the length as 4 bytes little-endian, the bytes. Copied
-    /// as two buffers, not byte by byte.
+    /// An absent field: the marker 0.
+    private mutating func absent() {
+        reserve(1)
+        storage.start[count] = 0
+        count += 1
+    }
+
+    /// A present field: the marker 1, the length as 4 bytes little-endian, the bytes.
     @inline(__always) private mutating func field(_ body: UnsafeBufferPointer<UInt8>) {
-        let header = (UInt64(UInt32(body.count)) << 8 | 1).littleEndian
-        withUnsafeBytes(of: header) { bytes.append(contentsOf: UnsafeRawBufferPointer(rebasing: $0[0..<5]).assumingMemoryBound(to: UInt8.self)) }
-        bytes.append(contentsOf: body)
+        reserve(5 + body.count)
+        let base = storage.start + count
+        let length = UInt32(body.count)
+        base[0] = 1
+        for index in 0..<4 { base[1 + index] = UInt8(truncatingIfNeeded: length >> (8 * UInt32(index))) }
+        if let source = body.baseAddress, body.count > 0 { (base + 5).update(from: source, count: body.count) }
+        count += 5 + body.count
+    }
+
+    /// Room for `extra` more bytes in storage this encoder alone holds.
+    @inline(__always) private mutating func reserve(_ extra: Int) {
+        let needed = count + extra
+        if needed <= storage.capacity && isKnownUniquelyReferenced(&storage) { return }
+        let grown = Storage(capacity: max(needed, needed <= storage.capacity ? storage.capacity : 2 * storage.capacity))
+        grown.start.update(from: storage.start, count: count)
+        storage = grown
     }
 }
 

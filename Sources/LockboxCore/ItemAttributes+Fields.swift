@@ -172,6 +172,28 @@ extension ItemAttributes {
         }
     }
 
+    /// The bits of ``presentFields`` a class's primary key sets, and those of
+    /// ``fieldsBesideKey(of:)``.
+    package static func presenceMasks(of itemClass: ItemClass) -> (key: UInt64, besideKey: UInt64) {
+        switch itemClass {
+        case .genericPassword: fieldTable.genericPasswordMasks
+        case .internetPassword: fieldTable.internetPasswordMasks
+        case .key: fieldTable.keyMasks
+        case .certificate: fieldTable.certificateMasks
+        }
+    }
+
+    /// The attributes of the class outside its primary key, the access group, the
+    /// accessibility and the sync flag.
+    package static func fieldsBesideKey(of itemClass: ItemClass) -> [AttributeField] {
+        switch itemClass {
+        case .genericPassword: fieldTable.genericPasswordRest
+        case .internetPassword: fieldTable.internetPasswordRest
+        case .key: fieldTable.keyRest
+        case .certificate: fieldTable.certificateRest
+        }
+    }
+
     /// The attribute a class's name digest stands for (service, server, application tag, issuer).
     package static func nameField(of itemClass: ItemClass) -> AttributeField {
         switch itemClass {
@@ -202,6 +224,10 @@ extension ItemAttributes {
         let indexBySecItemKey: [String: Int]
         let genericPasswordKey, internetPasswordKey, keyKey, certificateKey: [AttributeField]
         let genericPasswordName, internetPasswordName, keyName, certificateName: AttributeField
+        /// Per class, the attributes that are neither in its primary key nor the access group,
+        /// accessibility and sync flag every key is completed with.
+        let genericPasswordRest, internetPasswordRest, keyRest, certificateRest: [AttributeField]
+        let genericPasswordMasks, internetPasswordMasks, keyMasks, certificateMasks: (key: UInt64, besideKey: UInt64)
 
         init() {
             var bySecItemKey: [String: Int] = [:]
@@ -224,6 +250,23 @@ extension ItemAttributes {
             internetPasswordName = field(\.server)
             keyName = field(\.applicationTag)
             certificateName = field(\.issuer)
+            let completing: [PartialKeyPath<ItemAttributes>] = [\.accessGroup, \.accessibility, \.synchronizable]
+            func rest(_ key: [AttributeField]) -> [AttributeField] {
+                ItemAttributes.fields.filter { field in
+                    !key.contains { $0 === field } && !completing.contains(field.keyPath)
+                }
+            }
+            genericPasswordRest = rest(genericPasswordKey)
+            internetPasswordRest = rest(internetPasswordKey)
+            keyRest = rest(keyKey)
+            certificateRest = rest(certificateKey)
+            func mask(_ rows: [AttributeField]) -> UInt64 {
+                rows.reduce(0) { mask, row in mask | 1 << UInt64(ItemAttributes.fields.firstIndex { $0 === row }!) }
+            }
+            genericPasswordMasks = (mask(genericPasswordKey), mask(genericPasswordRest))
+            internetPasswordMasks = (mask(internetPasswordKey), mask(internetPasswordRest))
+            keyMasks = (mask(keyKey), mask(keyRest))
+            certificateMasks = (mask(certificateKey), mask(certificateRest))
         }
     }
 }

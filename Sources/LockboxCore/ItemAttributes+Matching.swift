@@ -20,6 +20,43 @@ extension ItemAttributes {
     }
 }
 
+extension ItemAttributes {
+    /// One bit per attribute that is set: bit `i` for `fields[i]` (declaration order). Written
+    /// out property by property, since it runs on every read by a primary key and the rows'
+    /// closures cost ten times as much; a test checks it against `fields`.
+    package var presentFields: UInt64 {
+        var mask: UInt64 = 0
+        if label != nil { mask |= 1 << 0 }
+        if comment != nil { mask |= 1 << 1 }
+        if itemDescription != nil { mask |= 1 << 2 }
+        if generic != nil { mask |= 1 << 3 }
+        if creationDate != nil { mask |= 1 << 4 }
+        if modificationDate != nil { mask |= 1 << 5 }
+        if accessGroup != nil { mask |= 1 << 6 }
+        if synchronizable != nil { mask |= 1 << 7 }
+        if accessibility != nil { mask |= 1 << 8 }
+        if service != nil { mask |= 1 << 9 }
+        if account != nil { mask |= 1 << 10 }
+        if server != nil { mask |= 1 << 11 }
+        if `protocol` != nil { mask |= 1 << 12 }
+        if port != nil { mask |= 1 << 13 }
+        if path != nil { mask |= 1 << 14 }
+        if securityDomain != nil { mask |= 1 << 15 }
+        if authenticationType != nil { mask |= 1 << 16 }
+        if keyClass != nil { mask |= 1 << 17 }
+        if keyType != nil { mask |= 1 << 18 }
+        if keySizeInBits != nil { mask |= 1 << 19 }
+        if effectiveKeySize != nil { mask |= 1 << 20 }
+        if applicationTag != nil { mask |= 1 << 21 }
+        if applicationLabel != nil { mask |= 1 << 22 }
+        if certificateType != nil { mask |= 1 << 23 }
+        if subject != nil { mask |= 1 << 24 }
+        if issuer != nil { mask |= 1 << 25 }
+        if serialNumber != nil { mask |= 1 << 26 }
+        return mask
+    }
+}
+
 /// The attributes that make up an item class's primary key, in a fixed order.
 ///
 /// Apple's data-protection keychain rejects a second item whose primary key equals an
@@ -50,6 +87,15 @@ package enum PrimaryKey {
         encoder.string(itemClass.rawValue)
         field.encode(attributes, into: &encoder)
         return encoder.bytes
+    }
+
+    /// True when `attributes` names one item by its primary key alone: every primary-key
+    /// attribute of the class is set, and nothing else but the access group, accessibility
+    /// and sync flag.
+    package static func namesExactly(_ itemClass: ItemClass, _ attributes: ItemAttributes) -> Bool {
+        let present = attributes.presentFields
+        let masks = ItemAttributes.presenceMasks(of: itemClass)
+        return present & masks.key == masks.key && present & masks.besideKey == 0
     }
 
     /// True when every primary-key attribute of the class (group and sync excluded) is set in

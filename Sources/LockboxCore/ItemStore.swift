@@ -20,6 +20,11 @@ public protocol ItemStore: Sendable {
     ///   candidate cannot be read because the store is locked.
     func items(matching query: Query) throws(LockboxError) -> [Item]
 
+    /// The value of the one item matching `query` (the first, when several match). A store
+    /// may answer it faster than ``items(matching:)``; the default implementation asks that.
+    /// - Throws: as ``items(matching:)``.
+    func data(matching query: Query) throws(LockboxError) -> SecretBytes
+
     /// Applies `update` to every item matching `query`.
     /// - Throws: `itemNotFound` when nothing matches; `duplicateItem` when the change would
     ///   make two items share a primary key.

@@ -127,9 +127,9 @@ final class KeyCache {
     /// Measures the idle timeout.
     let clock: any LockboxClock
     private var afterFirstUnlock: AfterFirstUnlockKeys?
-    private var whileUnlockedClassKeys = SmallMap<Accessibility, SecretBytes>()
-    private var indexKeys = SmallMap<ItemClass, SecretBytes>()
-    private var alwaysClassKeys = SmallMap<Accessibility, SecretBytes>()
+    private var whileUnlockedClassKeys = KeySlots<Accessibility>()
+    private var indexKeys = KeySlots<ItemClass>()
+    private var alwaysClassKeys = KeySlots<Accessibility>()
     /// Keys already checked against the kernel keyring during the current operation: one
     /// system call per key and operation is enough.
     private var masterCheckedThisOperation = false
@@ -521,6 +521,57 @@ final class KeyCache {
                 throw error.isMissing ? .missing : .unavailable(error)
             }
             lastUse = now
+        }
+    }
+}
+
+/// Keys cached per case of a small enum, in a slot per case: a lookup is an index, not a
+/// search (it runs on every read), and the type is this module's, so it is compiled for each
+/// use rather than run generically.
+struct KeySlots<Case: SlotIndexed> {
+    private var slots = [SecretBytes?](repeating: nil, count: Case.slotCount)
+
+    subscript(key: Case) -> SecretBytes? {
+        get { slots[key.slot] }
+        set { slots[key.slot] = newValue }
+    }
+
+    mutating func removeAll() {
+        for index in slots.indices { slots[index] = nil }
+    }
+}
+
+/// An enum whose cases number their slots in a ``KeySlots``.
+protocol SlotIndexed {
+    static var slotCount: Int { get }
+    var slot: Int { get }
+}
+
+extension ItemClass: SlotIndexed {
+    static let slotCount = 4
+
+    var slot: Int {
+        switch self {
+        case .genericPassword: 0
+        case .internetPassword: 1
+        case .key: 2
+        case .certificate: 3
+        }
+    }
+}
+
+extension Accessibility: SlotIndexed {
+    static let slotCount = 7
+
+    var slot: Int {
+        switch self {
+        case .whenUnlocked: 0
+        case .afterFirstUnlock: 1
+        case .whenUnlockedThisDeviceOnly: 2
+        case .afterFirstUnlockThisDeviceOnly: 3
+        case .whenPasscodeSetThisDeviceOnly: 4
+        case .always: 5
+        case .alwaysThisDeviceOnly: 6
         }
     }
 }

@@ -11,6 +11,10 @@ struct IntegrityCache {
     var state: IntegrityState?
     var keys: IntegrityState.Keys?
     var verifiedBuckets: [Bool]
+    /// ``Database/pagerDataVersion`` of the snapshot this cache describes: a statement whose
+    /// snapshot shows the same value reads exactly the file this cache verified (the value
+    /// read of one item relies on it, `Vault+ValueRead.swift`). Nil when not known.
+    var pagerVersion: UInt32? = nil
 }
 
 extension Vault {
@@ -36,7 +40,16 @@ extension Vault {
     private func confirmIntegrity(_ state: State) throws(LockboxError) -> IntegrityCache {
         let remembered = state.rememberedGeneration.read()
         let dataVersion = try state.database.dataVersion
-        if let cached = state.integrity, cached.dataVersion == dataVersion { return cached }
+        if var cached = state.integrity, cached.dataVersion == dataVersion {
+            // No other connection wrote since the cache was filled: what this connection sees
+            // now (its own writes included) is what the cache describes.
+            let pagerVersion = state.database.pagerDataVersion
+            if cached.pagerVersion != pagerVersion {
+                cached.pagerVersion = pagerVersion
+                state.integrity = cached
+            }
+            return cached
+        }
         // Another connection wrote: the header may have changed too.
         let header = try VaultHeader.load(from: state.database)
         state.header = header
@@ -61,7 +74,8 @@ extension Vault {
         }
         let cache = IntegrityCache(
             dataVersion: dataVersion, state: stored, keys: keys,
-            verifiedBuckets: [Bool](repeating: false, count: IntegrityState.bucketCount))
+            verifiedBuckets: [Bool](repeating: false, count: IntegrityState.bucketCount),
+            pagerVersion: state.database.pagerDataVersion)
         state.integrity = cache
         return cache
     }
@@ -253,6 +267,9 @@ extension Vault {
                 cache.state = committed
                 if cache.verifiedBuckets.isEmpty { cache.verifiedBuckets = [Bool](repeating: false, count: IntegrityState.bucketCount) }
                 cache.dataVersion = dataVersion
+                // After the commit and outside any snapshot: the value moves again only when
+                // this connection next commits or starts reading after another one committed.
+                cache.pagerVersion = state.database.pagerDataVersion
                 state.integrity = cache
             }
         }

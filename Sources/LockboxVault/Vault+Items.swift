@@ -242,12 +242,7 @@ extension Vault {
         // A row whose bucket column disagrees with its digest was moved out of the count. (A
         // file of the first format has no bucket column until its upgrade.)
         let counted = try currentIntegrity(state).state != nil
-        guard !counted || rows.allSatisfy(\.isInItsBucket) else {
-            throw LockboxError(
-                .decode,
-                "The keychain file holds a row outside Lockbox's integrity record (moved or replayed from an older copy). "
-                    + "Nothing was read. Check it with `lockbox verify`; restore it from a backup.")
-        }
+        guard !counted || rows.allSatisfy(\.isInItsBucket) else { throw Self.rowOutsideCount }
         try verifyBuckets(of: rows, plan: plan, state: state)
         let admitted = rows.filter { admits($0, plan, state: state) }
         if admitted.isEmpty && !plan.shape.contains(.lookupDigest) && plan.isSelective {
@@ -259,18 +254,36 @@ extension Vault {
         return admitted
     }
 
+    /// The error for a row whose `bucket` column disagrees with its digest.
+    static let rowOutsideCount = LockboxError(
+        .decode,
+        "The keychain file holds a row outside Lockbox's integrity record (moved or replayed from an older copy). "
+            + "Nothing was read. Check it with `lockbox verify`; restore it from a backup.")
+
     /// Whether a verified row meets the conditions a selective plan left out of its SQL.
     func admits(_ row: SealedRow, _ plan: QueryPlan, state: State) -> Bool {
-        guard row.itemClass == plan.itemClass, row.deviceID.isEmpty || row.deviceID == state.device.identifier,
-            !plan.shape.contains(.nothing)
+        guard !plan.shape.contains(.nothing) else { return false }
+        let synchronizable: Query.SynchronizableMatch =
+            plan.shape.contains(.onlyNotSynchronizable) ? .notSynchronizable : plan.shape.contains(.onlySynchronizable) ? .synchronizable : .any
+        guard admits(row, itemClass: plan.itemClass, group: plan.group, accessibility: plan.accessibility,
+                     synchronizable: synchronizable, state: state)
         else { return false }
-        if let group = plan.group, row.accessGroup != group { return false }
-        if plan.group == nil, let groups = configuration.accessGroups, !groups.contains(row.accessGroup) { return false }
-        if let accessibility = plan.accessibility, row.accessibility != accessibility { return false }
-        if plan.shape.contains(.onlyNotSynchronizable) && row.synchronizable { return false }
-        if plan.shape.contains(.onlySynchronizable) && !row.synchronizable { return false }
         if plan.shape.contains(.alwaysOnly) && row.accessibility.availability != .always { return false }
         return true
+    }
+
+    /// Whether a verified row is of the class, this machine's or portable, in the group asked
+    /// for (or one this store may see), of the accessibility asked for, with the sync flag the
+    /// query matches.
+    func admits(
+        _ row: SealedRow, itemClass: ItemClass, group: String?, accessibility: Accessibility?,
+        synchronizable: Query.SynchronizableMatch, state: State
+    ) -> Bool {
+        guard row.itemClass == itemClass, row.deviceID.isEmpty || row.deviceID == state.device.identifier else { return false }
+        if let group, row.accessGroup != group { return false }
+        if group == nil, let groups = configuration.accessGroups, !groups.contains(row.accessGroup) { return false }
+        if let accessibility, row.accessibility != accessibility { return false }
+        return synchronizable.matches(row.synchronizable)
     }
 
     private func verifyBuckets(of rows: [SealedRow], plan: QueryPlan, state: State) throws(LockboxError) {

@@ -101,8 +101,13 @@ public final class Vault: ItemStore, Sendable {
         var changesSparingKeys = 0
         let database: Database
         var header: VaultHeader {
-            didSet { cachedHeaderBinding = nil }
+            didSet {
+                cachedHeaderBinding = nil
+                vaultID = header.vaultID
+            }
         }
+        /// `header.vaultID`, kept apart: reading it through `header` copies the whole header.
+        private(set) var vaultID: [UInt8]
         /// ``IntegrityState/headerBinding(_:key:)`` of ``header``, computed once per header
         /// (the key, derived from the `always` class key the header wraps, goes with it).
         private var cachedHeaderBinding: [UInt8]?
@@ -111,10 +116,20 @@ public final class Vault: ItemStore, Sendable {
         /// SQL text per query shape (see `PlanShape`).
         var sqlByShape = SmallMap<PlanShape, String>()
         var statementByShape = SmallMap<PlanShape, Statement>()
+        /// The statement of the value read by primary key (`Vault+ValueRead.swift`).
+        var valueStatement: Statement?
+        /// How many reads that statement answered (for tests: the path is taken).
+        var directValueReads = 0
         /// What this connection verified of the integrity state (see ``IntegrityState``).
         var integrity: IntegrityCache? {
-            didSet { if integrity == nil { integrityConfirmedIn = nil } }
+            didSet {
+                if integrity == nil { integrityConfirmedIn = nil }
+                valueReadCheck = integrity.flatMap(ValueReadCheck.init)
+            }
         }
+        /// What the value read (`Vault+ValueRead.swift`) needs of ``integrity``, kept apart so
+        /// that a read does not copy the whole cache.
+        private(set) var valueReadCheck: ValueReadCheck?
         /// The transaction (``Database/transactionSerial``) in which ``integrity`` was last
         /// confirmed against the file: within it, the snapshot cannot move.
         var integrityConfirmedIn: Int?
@@ -134,6 +149,7 @@ public final class Vault: ItemStore, Sendable {
         init(database: Database, header: VaultHeader, keys: KeyCache, rememberedGeneration: RememberedGeneration) {
             self.database = database
             self.header = header
+            vaultID = header.vaultID
             self.keys = keys
             self.rememberedGeneration = rememberedGeneration
         }

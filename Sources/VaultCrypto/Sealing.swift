@@ -103,11 +103,23 @@ package enum Crypto {
     package static func open(
         _ box: [UInt8], key: SecretBytes, associatedData: [UInt8], extracting extract: (UnsafeRawBufferPointer) -> Range<Int>?
     ) throws(OpenFailure) -> SecretBytes {
+        let opened = box.withUnsafeBytes { (box: UnsafeRawBufferPointer) -> SecretBytes? in
+            try? open(box, key: key, associatedData: associatedData, extracting: extract)
+        }
+        guard let opened else { throw OpenFailure() }
+        return opened
+    }
+
+    /// ``open(_:key:associatedData:extracting:)`` of a box read in place (a column of a row
+    /// still in SQLite's buffers, say).
+    package static func open(
+        _ box: UnsafeRawBufferPointer, key: SecretBytes, associatedData: [UInt8], extracting extract: (UnsafeRawBufferPointer) -> Range<Int>?
+    ) throws(OpenFailure) -> SecretBytes {
         ensureInitialized()
         guard box.count >= sealOverhead else { throw OpenFailure() }
         let plaintextCount = box.count - sealOverhead
         return try SecretBytes(capacity: plaintextCount) { (output: UnsafeMutableRawBufferPointer) throws(OpenFailure) -> Int in
-            let opened = box.withUnsafeBytes { decrypt($0, into: output, key: key, associatedData: associatedData) }
+            let opened = decrypt(box, into: output, key: key, associatedData: associatedData)
             guard opened, let range = extract(UnsafeRawBufferPointer(output)), range.upperBound <= plaintextCount else {
                 throw OpenFailure()
             }
@@ -169,9 +181,14 @@ package enum Crypto {
 
     /// BLAKE2b-256 of public bytes (a ciphertext another blob's associated data binds).
     package static func digest(_ input: [UInt8]) -> [UInt8] {
+        input.withUnsafeBytes { digest($0) }
+    }
+
+    /// ``digest(_:)-([UInt8])`` of bytes read in place.
+    package static func digest(_ input: UnsafeRawBufferPointer) -> [UInt8] {
         ensureInitialized()
         var digest = [UInt8](repeating: 0, count: 32)
-        _ = crypto_generichash(&digest, 32, input, UInt64(input.count), nil, 0)
+        _ = crypto_generichash(&digest, 32, input.baseAddress?.assumingMemoryBound(to: UInt8.self), UInt64(input.count), nil, 0)
         return digest
     }
 

@@ -20,6 +20,7 @@ package final class Database {
     /// Opens (and with `create`, creates) the database at `path` with the vault's settings:
     /// WAL, `synchronous=FULL`, `secure_delete=ON`, and a busy timeout.
     package init(path: String, create: Bool, busyTimeoutMilliseconds: Int32 = 10_000) throws(LockboxError) {
+        Self.configureProcess
         self.path = path
         var connection: OpaquePointer?
         var flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE
@@ -48,6 +49,13 @@ package final class Database {
             throw error
         }
     }
+
+    /// SQLite's process-wide settings, made once before its first connection opens: no memory
+    /// statistics (a global mutex taken around every allocation, for counters Lockbox never
+    /// reads). If SQLite was already initialized in this process, nothing changes.
+    private static let configureProcess: Void = {
+        _ = lockbox_sqlite3_disable_memory_statistics()
+    }()
 
     deinit {
         stepped.removeAll()
@@ -152,6 +160,21 @@ package final class Database {
             }
             throw error
         }
+    }
+
+    /// SQLite's count of changes to the file as this connection has seen them
+    /// (`SQLITE_FCNTL_DATA_VERSION`): it moves at this connection's own commits, and when a
+    /// read transaction starts after another connection committed. Read while a statement
+    /// holds its read snapshot, it says whether that snapshot is the one a value noted earlier
+    /// described, without a statement of its own. Unlike `PRAGMA data_version`, it also moves
+    /// at this connection's commits (and at another's checkpoint): a changed value proves
+    /// nothing was missed, never the reverse.
+    package var pagerDataVersion: UInt32 {
+        var version: UInt32 = 0
+        let result = sqlite3_file_control(handle, "main", SQLITE_FCNTL_DATA_VERSION, &version)
+        // Only an unknown database name fails; "main" always exists.
+        precondition(result == SQLITE_OK, "SQLITE_FCNTL_DATA_VERSION failed with \(result)")
+        return version
     }
 
     /// `PRAGMA user_version`: the vault's schema version.
@@ -367,6 +390,16 @@ package final class Statement {
         let count = Int(sqlite3_column_bytes(handle, column))
         guard count > 0, let start = sqlite3_column_blob(handle, column) else { return [] }
         return Array(UnsafeRawBufferPointer(start: start, count: count))
+    }
+
+    /// The bytes of a blob or text column (text as UTF-8) where SQLite holds them: no copy.
+    /// Valid only until the statement's next step or reset; do not keep it. Nil for NULL.
+    package func bytesInPlace(_ column: Int32) -> UnsafeRawBufferPointer? {
+        guard sqlite3_column_type(handle, column) != SQLITE_NULL else { return nil }
+        // `_blob` before `_bytes`, as SQLite asks: the pointer stays valid for the count.
+        let start = sqlite3_column_blob(handle, column)
+        let count = Int(sqlite3_column_bytes(handle, column))
+        return UnsafeRawBufferPointer(start: count > 0 ? start : nil, count: count)
     }
 
     package func text(_ column: Int32) -> String? {

@@ -1,0 +1,225 @@
+import LockboxCore
+import VaultCrypto
+import VaultStorage
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+extension Vault {
+    /// The value of the one item `query` matches.
+    ///
+    /// The read behind every credential helper, `find-generic-password -w` and token lookup
+    /// names one item by its primary key and wants its value alone. That read is answered here
+    /// with the work it needs and no more: one statement (no explicit transaction), the row's
+    /// columns read in place, its value opened, nothing decoded. Whatever it cannot answer
+    /// that way (another query shape, an access-controlled or older row, a key, a locked
+    /// class, nothing found, a file another connection changed since this handle last verified
+    /// it) is answered by ``items(matching:)``, with every answer, error and prompt its rules
+    /// give.
+    ///
+    /// The checks are those of ``items(matching:)`` for such a read: the rows come from a
+    /// snapshot this handle verified (the integrity state and the bucket the digest names,
+    /// compared through the file's change counter), every row found must be in that bucket,
+    /// and the value's associated data binds the row's columns, digests, version and sealed
+    /// attributes, so an edited, swapped, moved or replayed row fails to open.
+    public func data(matching query: Query) throws(LockboxError) -> SecretBytes {
+        if let value = try valueByPrimaryKey(query) { return value }
+        var query = query
+        query.limit = .one
+        query.returning = [.data]
+        guard let data = try items(matching: query).first?.data else {
+            throw LockboxError(.itemNotFound, "No matching item was found in the keychain.")
+        }
+        return data
+    }
+
+    /// The columns the value read selects, by position. Each text or blob column SQLite hands
+    /// out is a copy it allocates, so the columns the read can know otherwise are not
+    /// selected: the lookup digest is the one bound (rows are selected by equality with it),
+    /// the class is the query's (the digested key includes it, and the value's associated data
+    /// binds the class the row was sealed for: a row of another class fails to open, and an
+    /// edited class column is caught by the bucket's count like any edited column), a wrapped
+    /// key and access control are only measured (a row this read serves has neither), and a
+    /// device is read only for the rows that have one.
+    private enum ValueColumn {
+        static let id: Int32 = 0, accessibility: Int32 = 1, accessGroup: Int32 = 2, synchronizable: Int32 = 3
+        static let wrappedKeyLength: Int32 = 4, metadata: Int32 = 5, secret: Int32 = 6, deviceID: Int32 = 7
+        static let accessControlLength: Int32 = 8, primaryDigest: Int32 = 9, nameDigest: Int32 = 10
+        static let format: Int32 = 11, version: Int32 = 12, bucket: Int32 = 13
+        static let sql =
+            "SELECT id, accessibility, access_group, synchronizable, length(wrapped_key), metadata, secret, "
+            + "CASE WHEN length(device_id) = 0 THEN NULL ELSE device_id END, length(access_control), "
+            + "primary_digest, name_digest, format, version, bucket "
+            + "FROM items WHERE lookup_digest = ? ORDER BY rowid"
+    }
+
+    /// What the value read needs of a query (a query is large: it is not carried into the lock).
+    private struct ValueRequest {
+        var itemClass: ItemClass
+        /// The primary key as the lookup digest encodes it.
+        var encodedKey: [UInt8]
+        var group: String?
+        var accessibility: Accessibility?
+        var synchronizable: Query.SynchronizableMatch
+    }
+
+    /// The value, when `query` names one item by its primary key and the read needs nothing
+    /// but this handle's verified state; nil to leave the answer to ``items(matching:)``.
+    private func valueByPrimaryKey(_ query: Query) throws(LockboxError) -> SecretBytes? {
+        guard query.persistentReference == nil, PrimaryKey.namesExactly(query.itemClass, query.attributes) else { return nil }
+        let request = ValueRequest(
+            itemClass: query.itemClass, encodedKey: PrimaryKey.encode(query.itemClass, query.attributes, includingGroup: false),
+            group: query.attributes.accessGroup, accessibility: query.attributes.accessibility, synchronizable: query.synchronizable)
+        if let group = request.group, let groups = configuration.accessGroups, !groups.contains(group) { return nil }
+        return try withState { state throws(LockboxError) -> SecretBytes? in
+            guard let indexKey = try state.keys.indexKey(for: request.itemClass) else { return nil }
+            let lookupDigest = Crypto.keyedDigest(request.encodedKey, key: indexKey)
+            let bucket = SealedRow.bucket(ofLookupDigest: lookupDigest)
+            let statement: Statement
+            if let cached = state.valueStatement {
+                statement = cached
+            } else {
+                statement = try state.database.statement(ValueColumn.sql)
+                state.valueStatement = statement
+            }
+            // `withState` resets it, ending its snapshot, whichever way this returns.
+            statement.bind(1, lookupDigest)
+            guard try statement.step() else { return nil }
+            // The statement's snapshot must be the one this handle verified; otherwise the
+            // general path verifies the new one.
+            guard let check = state.valueReadCheck, check.pagerVersion == state.database.pagerDataVersion,
+                check.verifiedBuckets[bucket]
+            else { return nil }
+            var value: SecretBytes?
+            repeat {
+                // Every row the digest selects must be counted in its bucket, as the general
+                // path checks every candidate, served or not.
+                guard statement.integer(ValueColumn.bucket) == bucket else { throw Self.rowOutsideCount }
+                if value != nil { continue }
+                switch try openValue(of: statement, request, lookupDigest: lookupDigest, state: state) {
+                case .opened(let opened): value = opened
+                case .notAdmitted: continue
+                case .needsGeneralPath: return nil
+                }
+            } while try statement.step()
+            if value != nil { state.directValueReads += 1 }
+            return value
+        }
+    }
+
+    /// How many values this handle read by primary key without the general path (for tests).
+    package var directValueReads: Int { withState { $0.directValueReads } }
+
+    /// The part of ``IntegrityCache`` the value read checks: the snapshot it describes and the
+    /// buckets verified in it. Nil while the cache has no verified state.
+    struct ValueReadCheck {
+        var pagerVersion: UInt32
+        var verifiedBuckets: [Bool]
+
+        init?(_ cache: IntegrityCache) {
+            guard cache.state != nil, cache.keys != nil, let pagerVersion = cache.pagerVersion,
+                cache.verifiedBuckets.count == IntegrityState.bucketCount
+            else { return nil }
+            self.pagerVersion = pagerVersion
+            verifiedBuckets = cache.verifiedBuckets
+        }
+    }
+
+    private enum ValueOutcome {
+        case opened(SecretBytes)
+        /// The row is not one the query may see (another group, accessibility, sync flag or
+        /// machine): the next one may be.
+        case notAdmitted
+        /// The row needs what only ``items(matching:)`` does (user verification, decoding, a
+        /// locked class's answer).
+        case needsGeneralPath
+    }
+
+    /// Opens the value of the row `statement` is on, if the query may see it and it is a row
+    /// this read handles. The associated data is the one ``SealedRow/associatedDataPrefix(vaultID:)``
+    /// builds, written from the columns in place.
+    private func openValue(
+        of statement: Statement, _ request: ValueRequest, lookupDigest: [UInt8], state: State
+    ) throws(LockboxError) -> ValueOutcome {
+        typealias Column = ValueColumn
+        // Column bytes are read in place: valid until the statement's next step, which comes
+        // after this returns.
+        guard let synchronizable = statement.integer(Column.synchronizable), let format = statement.integer(Column.format),
+            let version = statement.integer(Column.version), let wrappedKeyLength = statement.integer(Column.wrappedKeyLength),
+            let accessControlLength = statement.integer(Column.accessControlLength),
+            let id = statement.bytesInPlace(Column.id), let storedAccessibility = statement.bytesInPlace(Column.accessibility),
+            let accessibility = Accessibility(utf8: storedAccessibility), let group = statement.bytesInPlace(Column.accessGroup),
+            let primaryDigest = statement.bytesInPlace(Column.primaryDigest)
+        else { throw LockboxError.integrity() }
+        let deviceID = statement.bytesInPlace(Column.deviceID)
+        // Admission, as `admits` decides it (the class is bound below).
+        let visibleGroup: Bool
+        if let wanted = request.group {
+            visibleGroup = group.equals(wanted)
+        } else if let groups = configuration.accessGroups {
+            visibleGroup = groups.contains { group.equals($0) }
+        } else {
+            visibleGroup = true
+        }
+        guard deviceID.map({ $0.equals(state.device.identifier) }) ?? true, visibleGroup,
+            request.synchronizable.matches(synchronizable != 0), request.accessibility.map({ $0 == accessibility }) ?? true
+        else { return .notAdmitted }
+        // Format-3 rows without access control, of items that are not keys, sealed under a class
+        // key this handle holds: anything else takes the general path.
+        guard format == SealedRow.currentFormat, accessControlLength == 0, request.itemClass != .key,
+            let classKey = try state.keys.classKey(for: accessibility, header: state.header)
+        else { return .needsGeneralPath }
+        // No item key is ever written for such a row: one found in the file was put there.
+        guard wrappedKeyLength == 0 else { throw LockboxError.integrity() }
+
+        var associatedData = FieldEncoder()
+        associatedData.string("lockbox.item")
+        associatedData.integer(format)
+        associatedData.bytes(state.vaultID)
+        associatedData.bytes(inPlace: id)
+        associatedData.string(request.itemClass.rawValue)
+        associatedData.bytes(inPlace: storedAccessibility)
+        associatedData.bytes(inPlace: group)
+        associatedData.integer(synchronizable != 0 ? 1 : 0)
+        associatedData.bytes(inPlace: deviceID ?? UnsafeRawBufferPointer(start: nil, count: 0))
+        associatedData.string("")
+        associatedData.bytes(inPlace: primaryDigest)
+        associatedData.bytes(lookupDigest)
+        associatedData.bytes(inPlace: statement.bytesInPlace(Column.nameDigest))
+        associatedData.integer(version)
+        associatedData.string(SealedRow.Purpose.data.rawValue)
+        associatedData.bytes(Crypto.digest(statement.bytesInPlace(Column.metadata) ?? UnsafeRawBufferPointer(start: nil, count: 0)))
+        let box = statement.bytesInPlace(Column.secret) ?? UnsafeRawBufferPointer(start: nil, count: 0)
+        // A malformed padding is as much tampering as a wrong tag.
+        guard let opened = try? Crypto.open(box, key: classKey, associatedData: associatedData.bytes, extracting: Padding.unpadded) else {
+            throw LockboxError.integrity()
+        }
+        return .opened(opened)
+    }
+}
+
+extension Accessibility {
+    /// Each class's raw value as UTF-8 (their lengths all differ).
+    private static let utf8RawValues: [(bytes: [UInt8], value: Accessibility)] = allCases.map { (Array($0.rawValue.utf8), $0) }
+
+    /// The class whose raw value is these UTF-8 bytes.
+    init?(utf8 bytes: UnsafeRawBufferPointer) {
+        for entry in Self.utf8RawValues where entry.bytes.count == bytes.count {
+            guard entry.bytes.withUnsafeBytes({ memcmp($0.baseAddress!, bytes.baseAddress!, bytes.count) == 0 }) else { return nil }
+            self = entry.value
+            return
+        }
+        return nil
+    }
+}
+
+extension UnsafeRawBufferPointer {
+    /// True when these are the UTF-8 bytes of `string`.
+    func equals(_ string: String) -> Bool {
+        var string = string
+        return string.withUTF8 { utf8 in
+            utf8.count == count && (count == 0 || memcmp(utf8.baseAddress!, baseAddress!, count) == 0)
+        }
+    }
+}
