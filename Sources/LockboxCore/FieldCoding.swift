@@ -31,6 +31,16 @@ package struct FieldEncoder {
         storage = Storage(capacity: 256)
     }
 
+    /// The encoded bytes, lent in place (no copy): valid only inside `body`.
+    package func withBytes<R>(_ body: (UnsafeRawBufferPointer) throws -> R) rethrows -> R {
+        try body(UnsafeRawBufferPointer(start: storage.start, count: count))
+    }
+
+    /// Empties the encoding, keeping its storage for the next one.
+    package mutating func removeAll() {
+        count = 0
+    }
+
     package mutating func bytes(_ value: [UInt8]?) {
         guard let value else { return absent() }
         value.withUnsafeBufferPointer { field($0) }

@@ -67,6 +67,12 @@ package enum PrimaryKey {
     /// Absent attributes encode differently from empty ones.
     package static func encode(_ itemClass: ItemClass, _ attributes: ItemAttributes, includingGroup: Bool = true) -> [UInt8] {
         var encoder = FieldEncoder()
+        encode(itemClass, attributes, includingGroup: includingGroup, into: &encoder)
+        return encoder.bytes
+    }
+
+    /// ``encode(_:_:includingGroup:)``, appended to `encoder`.
+    package static func encode(_ itemClass: ItemClass, _ attributes: ItemAttributes, includingGroup: Bool, into encoder: inout FieldEncoder) {
         encoder.string(itemClass.rawValue)
         for field in ItemAttributes.primaryKeyFields(of: itemClass) {
             field.encode(attributes, into: &encoder)
@@ -75,7 +81,6 @@ package enum PrimaryKey {
             encoder.string(attributes.accessGroup)
             encoder.integer((attributes.synchronizable ?? false) ? 1 : 0)
         }
-        return encoder.bytes
     }
 
     /// Encodes a class's "name" attribute, the one most queries give (service, server,

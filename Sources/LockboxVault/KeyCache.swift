@@ -475,8 +475,9 @@ final class KeyCache {
     static let unavailableClassKey = SecretBytes(copying: [UInt8](repeating: 0, count: Crypto.keyByteCount))
 
     /// The class key for `accessibility`, if available in the current lock state (and, for
-    /// `*ThisDeviceOnly` classes, on this machine).
-    func classKey(for accessibility: Accessibility, header: VaultHeader) throws(LockboxError) -> SecretBytes? {
+    /// `*ThisDeviceOnly` classes, on this machine). `header` is read only when the key is not
+    /// cached (a copy of it costs more than the lookup).
+    func classKey(for accessibility: Accessibility, header: @autoclosure () -> VaultHeader) throws(LockboxError) -> SecretBytes? {
         // This machine's device secret is sealed by a TPM that does not unseal it here.
         if accessibility.isThisDeviceOnly, let unavailable = device.unavailability { throw unavailable }
         switch accessibility.availability {
@@ -490,18 +491,18 @@ final class KeyCache {
                     "Its ThisDeviceOnly keys were not kept: this machine's device key was unavailable when it was last unlocked. "
                         + "Unlock it again with `lockbox unlock`.")
             }
-            return try Self.unwrapClassKey(accessibility, header: header, master: master, device: device)
+            return try Self.unwrapClassKey(accessibility, header: header(), master: master, device: device)
         case .always:
             if let key = alwaysClassKeys[accessibility] { return key }
             // Without the device secret only the master-wrapped copy opens (the vault unlocked).
             let master = device.unavailability == nil ? nil : try currentMaster()
-            guard let key = try Self.unwrapClassKey(accessibility, header: header, master: master, device: device) else { return nil }
+            guard let key = try Self.unwrapClassKey(accessibility, header: header(), master: master, device: device) else { return nil }
             alwaysClassKeys[accessibility] = key
             return key
         case .whileUnlocked:
             guard let master = try currentMaster() else { return nil }
             if let key = whileUnlockedClassKeys[accessibility] { return key }
-            guard let key = try Self.unwrapClassKey(accessibility, header: header, master: master, device: device) else { return nil }
+            guard let key = try Self.unwrapClassKey(accessibility, header: header(), master: master, device: device) else { return nil }
             whileUnlockedClassKeys[accessibility] = key
             return key
         }

@@ -43,22 +43,24 @@ extension Vault {
     /// key and access control are only measured (a row this read serves has neither), and a
     /// device is read only for the rows that have one.
     private enum ValueColumn {
-        static let id: Int32 = 0, accessibility: Int32 = 1, accessGroup: Int32 = 2, synchronizable: Int32 = 3
-        static let wrappedKeyLength: Int32 = 4, metadata: Int32 = 5, secret: Int32 = 6, deviceID: Int32 = 7
-        static let accessControlLength: Int32 = 8, primaryDigest: Int32 = 9, nameDigest: Int32 = 10
-        static let format: Int32 = 11, version: Int32 = 12, bucket: Int32 = 13
+        static let id: Int32 = 0, accessibility: Int32 = 1, accessGroup: Int32 = 2, metadata: Int32 = 3, secret: Int32 = 4
+        static let deviceID: Int32 = 5, primaryDigest: Int32 = 6, nameDigest: Int32 = 7, version: Int32 = 8, flags: Int32 = 9
+        /// The bits of the `flags` column: what the read needs to know of the other columns,
+        /// computed by SQLite (one column costs about as much as a small blob).
+        static let synchronizable = 1, wrappedKey = 2, accessControl = 4, inBucket = 8, currentFormat = 16
         static let sql =
-            "SELECT id, accessibility, access_group, synchronizable, length(wrapped_key), metadata, secret, "
-            + "CASE WHEN length(device_id) = 0 THEN NULL ELSE device_id END, length(access_control), "
-            + "primary_digest, name_digest, format, version, bucket "
-            + "FROM items WHERE lookup_digest = ? ORDER BY rowid"
+            "SELECT id, accessibility, access_group, metadata, secret, "
+            + "CASE WHEN length(device_id) = 0 THEN NULL ELSE device_id END, primary_digest, name_digest, version, "
+            + "((synchronizable != 0) | ((length(wrapped_key) != 0) << 1) | ((length(access_control) != 0) << 2) "
+            + "| ((bucket = ?2) << 3) | ((format = \(SealedRow.currentFormat)) << 4)) "
+            + "FROM items WHERE lookup_digest = ?1 ORDER BY rowid"
     }
 
     /// What the value read needs of a query (a query is large: it is not carried into the lock).
     private struct ValueRequest {
         var itemClass: ItemClass
         /// The primary key as the lookup digest encodes it.
-        var encodedKey: [UInt8]
+        var encodedKey: FieldEncoder
         var group: String?
         var accessibility: Accessibility?
         var synchronizable: Query.SynchronizableMatch
@@ -68,13 +70,15 @@ extension Vault {
     /// but this handle's verified state; nil to leave the answer to ``items(matching:)``.
     private func valueByPrimaryKey(_ query: Query) throws(LockboxError) -> SecretBytes? {
         guard query.persistentReference == nil, PrimaryKey.namesExactly(query.itemClass, query.attributes) else { return nil }
+        var encodedKey = FieldEncoder()
+        PrimaryKey.encode(query.itemClass, query.attributes, includingGroup: false, into: &encodedKey)
         let request = ValueRequest(
-            itemClass: query.itemClass, encodedKey: PrimaryKey.encode(query.itemClass, query.attributes, includingGroup: false),
-            group: query.attributes.accessGroup, accessibility: query.attributes.accessibility, synchronizable: query.synchronizable)
+            itemClass: query.itemClass, encodedKey: encodedKey, group: query.attributes.accessGroup,
+            accessibility: query.attributes.accessibility, synchronizable: query.synchronizable)
         if let group = request.group, let groups = configuration.accessGroups, !groups.contains(group) { return nil }
         return try withState { state throws(LockboxError) -> SecretBytes? in
             guard let indexKey = try state.keys.indexKey(for: request.itemClass) else { return nil }
-            let lookupDigest = Crypto.keyedDigest(request.encodedKey, key: indexKey)
+            let lookupDigest = request.encodedKey.withBytes { Crypto.keyedDigest($0, key: indexKey) }
             let bucket = SealedRow.bucket(ofLookupDigest: lookupDigest)
             let statement: Statement
             if let cached = state.valueStatement {
@@ -85,26 +89,26 @@ extension Vault {
             }
             // `withState` resets it, ending its snapshot, whichever way this returns.
             statement.bind(1, lookupDigest)
+            statement.bind(2, bucket)
             guard try statement.step() else { return nil }
             // The statement's snapshot must be the one this handle verified; otherwise the
             // general path verifies the new one.
             guard let check = state.valueReadCheck, check.pagerVersion == state.database.pagerDataVersion,
                 check.verifiedBuckets[bucket]
             else { return nil }
-            var value: SecretBytes?
+            // Rows in the digest's order, as the general path takes them; the first one the
+            // query may see is the answer. (Verifying the bucket checked every row with this
+            // digest against its bucket; each row read is checked again.)
             repeat {
-                // Every row the digest selects must be counted in its bucket, as the general
-                // path checks every candidate, served or not.
-                guard statement.integer(ValueColumn.bucket) == bucket else { throw Self.rowOutsideCount }
-                if value != nil { continue }
                 switch try openValue(of: statement, request, lookupDigest: lookupDigest, state: state) {
-                case .opened(let opened): value = opened
+                case .opened(let value):
+                    state.directValueReads += 1
+                    return value
                 case .notAdmitted: continue
                 case .needsGeneralPath: return nil
                 }
             } while try statement.step()
-            if value != nil { state.directValueReads += 1 }
-            return value
+            return nil
         }
     }
 
@@ -145,13 +149,13 @@ extension Vault {
         typealias Column = ValueColumn
         // Column bytes are read in place: valid until the statement's next step, which comes
         // after this returns.
-        guard let synchronizable = statement.integer(Column.synchronizable), let format = statement.integer(Column.format),
-            let version = statement.integer(Column.version), let wrappedKeyLength = statement.integer(Column.wrappedKeyLength),
-            let accessControlLength = statement.integer(Column.accessControlLength),
+        guard let flags = statement.integer(Column.flags), let version = statement.integer(Column.version),
             let id = statement.bytesInPlace(Column.id), let storedAccessibility = statement.bytesInPlace(Column.accessibility),
             let accessibility = Accessibility(utf8: storedAccessibility), let group = statement.bytesInPlace(Column.accessGroup),
             let primaryDigest = statement.bytesInPlace(Column.primaryDigest)
         else { throw LockboxError.integrity() }
+        guard flags & Column.inBucket != 0 else { throw Self.rowOutsideCount }
+        let synchronizable = flags & Column.synchronizable != 0
         let deviceID = statement.bytesInPlace(Column.deviceID)
         // Admission, as `admits` decides it (the class is bound below).
         let visibleGroup: Bool
@@ -163,25 +167,27 @@ extension Vault {
             visibleGroup = true
         }
         guard deviceID.map({ $0.equals(state.device.identifier) }) ?? true, visibleGroup,
-            request.synchronizable.matches(synchronizable != 0), request.accessibility.map({ $0 == accessibility }) ?? true
+            request.synchronizable.matches(synchronizable), request.accessibility.map({ $0 == accessibility }) ?? true
         else { return .notAdmitted }
         // Format-3 rows without access control, of items that are not keys, sealed under a class
         // key this handle holds: anything else takes the general path.
-        guard format == SealedRow.currentFormat, accessControlLength == 0, request.itemClass != .key,
+        guard flags & Column.currentFormat != 0, flags & Column.accessControl == 0, request.itemClass != .key,
             let classKey = try state.keys.classKey(for: accessibility, header: state.header)
         else { return .needsGeneralPath }
         // No item key is ever written for such a row: one found in the file was put there.
-        guard wrappedKeyLength == 0 else { throw LockboxError.integrity() }
+        guard flags & Column.wrappedKey == 0 else { throw LockboxError.integrity() }
 
-        var associatedData = FieldEncoder()
+        var associatedData = state.spareEncoder.take() ?? FieldEncoder()
+        associatedData.removeAll()
+        defer { state.spareEncoder = associatedData }
         associatedData.string("lockbox.item")
-        associatedData.integer(format)
+        associatedData.integer(SealedRow.currentFormat)
         associatedData.bytes(state.vaultID)
         associatedData.bytes(inPlace: id)
         associatedData.string(request.itemClass.rawValue)
         associatedData.bytes(inPlace: storedAccessibility)
         associatedData.bytes(inPlace: group)
-        associatedData.integer(synchronizable != 0 ? 1 : 0)
+        associatedData.integer(synchronizable ? 1 : 0)
         associatedData.bytes(inPlace: deviceID ?? UnsafeRawBufferPointer(start: nil, count: 0))
         associatedData.string("")
         associatedData.bytes(inPlace: primaryDigest)
@@ -192,9 +198,10 @@ extension Vault {
         associatedData.bytes(Crypto.digest(statement.bytesInPlace(Column.metadata) ?? UnsafeRawBufferPointer(start: nil, count: 0)))
         let box = statement.bytesInPlace(Column.secret) ?? UnsafeRawBufferPointer(start: nil, count: 0)
         // A malformed padding is as much tampering as a wrong tag.
-        guard let opened = try? Crypto.open(box, key: classKey, associatedData: associatedData.bytes, extracting: Padding.unpadded) else {
-            throw LockboxError.integrity()
+        let opened = associatedData.withBytes { associatedData in
+            try? Crypto.open(box, key: classKey, associatedDataInPlace: associatedData, extracting: Padding.unpadded)
         }
+        guard let opened else { throw LockboxError.integrity() }
         return .opened(opened)
     }
 }

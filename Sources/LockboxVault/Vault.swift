@@ -120,6 +120,8 @@ public final class Vault: ItemStore, Sendable {
         var valueStatement: Statement?
         /// How many reads that statement answered (for tests: the path is taken).
         var directValueReads = 0
+        /// An encoder whose storage the value read reuses for its associated data.
+        var spareEncoder: FieldEncoder?
         /// What this connection verified of the integrity state (see ``IntegrityState``).
         var integrity: IntegrityCache? {
             didSet {

@@ -115,6 +115,19 @@ package enum Crypto {
     package static func open(
         _ box: UnsafeRawBufferPointer, key: SecretBytes, associatedData: [UInt8], extracting extract: (UnsafeRawBufferPointer) -> Range<Int>?
     ) throws(OpenFailure) -> SecretBytes {
+        let opened = associatedData.withUnsafeBytes { associatedData in
+            try? open(box, key: key, associatedDataInPlace: associatedData, extracting: extract)
+        }
+        guard let opened else { throw OpenFailure() }
+        return opened
+    }
+
+    /// ``open(_:key:associatedData:extracting:)-(UnsafeRawBufferPointer,_,_,_)`` with associated
+    /// data read in place.
+    package static func open(
+        _ box: UnsafeRawBufferPointer, key: SecretBytes, associatedDataInPlace associatedData: UnsafeRawBufferPointer,
+        extracting extract: (UnsafeRawBufferPointer) -> Range<Int>?
+    ) throws(OpenFailure) -> SecretBytes {
         ensureInitialized()
         guard box.count >= sealOverhead else { throw OpenFailure() }
         let plaintextCount = box.count - sealOverhead
@@ -149,31 +162,41 @@ package enum Crypto {
         _ box: UnsafeRawBufferPointer, into output: UnsafeMutableRawBufferPointer,
         key: SecretBytes, associatedData: [UInt8]
     ) -> Bool {
+        associatedData.withUnsafeBytes { decrypt(box, into: output, key: key, associatedData: $0) }
+    }
+
+    private static func decrypt(
+        _ box: UnsafeRawBufferPointer, into output: UnsafeMutableRawBufferPointer,
+        key: SecretBytes, associatedData: UnsafeRawBufferPointer
+    ) -> Bool {
         guard key.count == keyByteCount else { return false }
         let boxStart = box.baseAddress!.assumingMemoryBound(to: UInt8.self)
         let result = key.withUnsafeBytes { keyBytes in
-            associatedData.withUnsafeBufferPointer { ad in
-                var written: UInt64 = 0
-                // An empty plaintext still needs a valid pointer for the output.
-                var scratch: UInt8 = 0
-                let target = output.baseAddress?.assumingMemoryBound(to: UInt8.self) ?? withUnsafeMutablePointer(to: &scratch) { $0 }
-                return crypto_aead_xchacha20poly1305_ietf_decrypt(
-                    target, &written, nil,
-                    boxStart + nonceByteCount, UInt64(box.count - nonceByteCount),
-                    ad.baseAddress, UInt64(ad.count),
-                    boxStart, keyBytes.baseAddress!.assumingMemoryBound(to: UInt8.self))
-            }
+            var written: UInt64 = 0
+            // An empty plaintext still needs a valid pointer for the output.
+            var scratch: UInt8 = 0
+            let target = output.baseAddress?.assumingMemoryBound(to: UInt8.self) ?? withUnsafeMutablePointer(to: &scratch) { $0 }
+            return crypto_aead_xchacha20poly1305_ietf_decrypt(
+                target, &written, nil,
+                boxStart + nonceByteCount, UInt64(box.count - nonceByteCount),
+                associatedData.baseAddress?.assumingMemoryBound(to: UInt8.self), UInt64(associatedData.count),
+                boxStart, keyBytes.baseAddress!.assumingMemoryBound(to: UInt8.self))
         }
         return result == 0
     }
 
     /// Keyed BLAKE2b-256 of `input`: lookup digests that reveal equality, not values.
     package static func keyedDigest(_ input: [UInt8], key: SecretBytes) -> [UInt8] {
+        input.withUnsafeBytes { keyedDigest($0, key: key) }
+    }
+
+    /// ``keyedDigest(_:key:)-([UInt8],_)`` of bytes read in place.
+    package static func keyedDigest(_ input: UnsafeRawBufferPointer, key: SecretBytes) -> [UInt8] {
         ensureInitialized()
         var digest = [UInt8](repeating: 0, count: 32)
         key.withUnsafeBytes { keyBytes in
             _ = crypto_generichash(
-                &digest, 32, input, UInt64(input.count),
+                &digest, 32, input.baseAddress?.assumingMemoryBound(to: UInt8.self), UInt64(input.count),
                 keyBytes.baseAddress!.assumingMemoryBound(to: UInt8.self), keyBytes.count)
         }
         return digest
