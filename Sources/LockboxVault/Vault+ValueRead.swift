@@ -149,10 +149,12 @@ extension Vault {
         typealias Column = ValueColumn
         // Column bytes are read in place: valid until the statement's next step, which comes
         // after this returns.
+        // A NULL in a NOT NULL column reads as no bytes, and so fails the value's open.
+        let id = statement.bytesInPlace(notNull: Column.id), group = statement.bytesInPlace(notNull: Column.accessGroup)
+        let storedAccessibility = statement.bytesInPlace(notNull: Column.accessibility)
+        let primaryDigest = statement.bytesInPlace(notNull: Column.primaryDigest)
         guard let flags = statement.integer(Column.flags), let version = statement.integer(Column.version),
-            let id = statement.bytesInPlace(Column.id), let storedAccessibility = statement.bytesInPlace(Column.accessibility),
-            let accessibility = Accessibility(utf8: storedAccessibility), let group = statement.bytesInPlace(Column.accessGroup),
-            let primaryDigest = statement.bytesInPlace(Column.primaryDigest)
+            let accessibility = Accessibility(utf8: storedAccessibility)
         else { throw LockboxError.integrity() }
         guard flags & Column.inBucket != 0 else { throw Self.rowOutsideCount }
         let synchronizable = flags & Column.synchronizable != 0
@@ -195,8 +197,8 @@ extension Vault {
         associatedData.bytes(inPlace: statement.bytesInPlace(Column.nameDigest))
         associatedData.integer(version)
         associatedData.string(SealedRow.Purpose.data.rawValue)
-        associatedData.bytes(Crypto.digest(statement.bytesInPlace(Column.metadata) ?? UnsafeRawBufferPointer(start: nil, count: 0)))
-        let box = statement.bytesInPlace(Column.secret) ?? UnsafeRawBufferPointer(start: nil, count: 0)
+        associatedData.bytes(Crypto.digest(statement.bytesInPlace(notNull: Column.metadata)))
+        let box = statement.bytesInPlace(notNull: Column.secret)
         // A malformed padding is as much tampering as a wrong tag.
         let opened = associatedData.withBytes { associatedData in
             try? Crypto.open(box, key: classKey, associatedDataInPlace: associatedData, extracting: Padding.unpadded)

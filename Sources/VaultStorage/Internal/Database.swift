@@ -402,6 +402,14 @@ package final class Statement {
         return UnsafeRawBufferPointer(start: count > 0 ? start : nil, count: count)
     }
 
+    /// ``bytesInPlace(_:)`` of a column the schema declares NOT NULL, one call fewer: a NULL
+    /// (a file whose schema was rebuilt outside Lockbox) reads as no bytes.
+    package func bytesInPlace(notNull column: Int32) -> UnsafeRawBufferPointer {
+        let start = sqlite3_column_blob(handle, column)
+        let count = Int(sqlite3_column_bytes(handle, column))
+        return UnsafeRawBufferPointer(start: count > 0 ? start : nil, count: count)
+    }
+
     package func text(_ column: Int32) -> String? {
         guard sqlite3_column_type(handle, column) != SQLITE_NULL, let start = sqlite3_column_text(handle, column) else {
             return nil
