@@ -376,6 +376,23 @@ package final class Statement {
         return String(cString: start)
     }
 
+    /// The bytes ``blob(_:)`` copies, read in place: valid until the next step or reset of this
+    /// statement. Nil for NULL.
+    package func borrowedBlob(_ column: Int32) -> UnsafeRawBufferPointer? {
+        guard sqlite3_column_type(handle, column) != SQLITE_NULL else { return nil }
+        guard let start = sqlite3_column_blob(handle, column) else { return UnsafeRawBufferPointer(start: nil, count: 0) }
+        return UnsafeRawBufferPointer(start: start, count: Int(sqlite3_column_bytes(handle, column)))
+    }
+
+    /// The UTF-8 bytes ``text(_:)`` decodes (up to the first NUL, not yet checked or repaired),
+    /// read in place: valid until the next step or reset of this statement. Nil for NULL.
+    package func borrowedText(_ column: Int32) -> UnsafeRawBufferPointer? {
+        guard sqlite3_column_type(handle, column) != SQLITE_NULL, let start = sqlite3_column_text(handle, column) else {
+            return nil
+        }
+        return UnsafeRawBufferPointer(start: start, count: strlen(UnsafeRawPointer(start).assumingMemoryBound(to: CChar.self)))
+    }
+
     package func integer(_ column: Int32) -> Int? {
         guard sqlite3_column_type(handle, column) != SQLITE_NULL else { return nil }
         return Int(sqlite3_column_int64(handle, column))
