@@ -425,8 +425,8 @@ struct IntegrityState {
     private static func countRows(
         _ statement: Statement, key: SecretBytes, _ count: (Int, UnsafeRawBufferPointer) throws(LockboxError) -> Void
     ) throws(LockboxError) {
-        var encoded: [UInt8] = []
-        encoded.reserveCapacity(512)
+        var encoded = ElementEncoding()
+        defer { encoded.deallocate() }
         let element = UnsafeMutableRawBufferPointer.allocate(byteCount: accumulatorSize, alignment: 8)
         defer { element.deallocate() }
         // Ids are 16 random bytes: two words each, sorted at the end to find one present twice.
@@ -434,7 +434,7 @@ struct IntegrityState {
         var otherIDs = Set<[UInt8]>()
         var misplaced: LockboxError { LockboxError.integrity("The keychain's rows") }
         while try statement.step() {
-            encoded.removeAll(keepingCapacity: true)
+            encoded.count = 0
             guard let id = statement.borrowedBlob(0), let version = statement.integer(1),
                 let primary = statement.borrowedBlob(2), let lookup = statement.borrowedBlob(3)
             else { throw LockboxError.integrity() }
@@ -442,7 +442,7 @@ struct IntegrityState {
             encoded.appendField(version)
             encoded.appendField(primary)
             encoded.appendField(lookup)
-            if let name = statement.borrowedBlob(4) { encoded.appendField(name) } else { encoded.append(0) }
+            if let name = statement.borrowedBlob(4) { encoded.appendField(name) } else { encoded.appendAbsent() }
             for column: Int32 in 5...7 {
                 guard let text = statement.borrowedText(column) else { throw LockboxError.integrity() }
                 encoded.appendTextField(text)
@@ -463,7 +463,7 @@ struct IntegrityState {
             } else {
                 guard otherIDs.insert(Array(id)).inserted else { throw misplaced }
             }
-            encoded.withUnsafeBytes { Crypto.keyedDigest($0, key: key, into: element) }
+            Crypto.keyedDigest(encoded.bytes, key: key, into: element)
             try count(bucket, UnsafeRawBufferPointer(element))
         }
         ids.sort()
@@ -481,19 +481,51 @@ struct IntegrityState {
     }
 }
 
-extension [UInt8] {
-    /// A present field as ``FieldEncoder`` writes it: the marker 1, the length as 4 bytes
-    /// little-endian, the bytes.
+/// A row's element input as ``FieldEncoder`` writes it, in one buffer reused from row to row
+/// (appending to an array costs more than the bytes it copies, 20 fields a row).
+private struct ElementEncoding {
+    private var start = UnsafeMutableRawPointer.allocate(byteCount: 1024, alignment: 8)
+    private var capacity = 1024
+    /// Bytes written; set to 0 to start the next row.
+    var count = 0
+
+    var bytes: UnsafeRawBufferPointer { UnsafeRawBufferPointer(start: start, count: count) }
+
+    func deallocate() { start.deallocate() }
+
+    /// Room for `extra` more bytes (a column an attacker made long grows the buffer).
     @inline(__always)
-    fileprivate mutating func appendField(_ value: UnsafeRawBufferPointer) {
-        let header = (UInt64(UInt32(value.count)) << 8 | 1).littleEndian
-        Swift.withUnsafeBytes(of: header) { append(contentsOf: UnsafeRawBufferPointer(rebasing: $0[0..<5]).assumingMemoryBound(to: UInt8.self)) }
-        append(contentsOf: value.assumingMemoryBound(to: UInt8.self))
+    private mutating func reserve(_ extra: Int) {
+        guard count + extra > capacity else { return }
+        let grown = max(2 * capacity, count + extra)
+        let bigger = UnsafeMutableRawPointer.allocate(byteCount: grown, alignment: 8)
+        bigger.copyMemory(from: start, byteCount: count)
+        start.deallocate()
+        start = bigger
+        capacity = grown
+    }
+
+    /// An absent field: the marker 0.
+    @inline(__always)
+    mutating func appendAbsent() {
+        reserve(1)
+        start.storeBytes(of: 0, toByteOffset: count, as: UInt8.self)
+        count += 1
+    }
+
+    /// A present field: the marker 1, the length as 4 bytes little-endian, the bytes.
+    @inline(__always)
+    mutating func appendField(_ value: UnsafeRawBufferPointer) {
+        reserve(5 + value.count)
+        start.storeBytes(of: 1, toByteOffset: count, as: UInt8.self)
+        start.storeBytes(of: UInt32(value.count).littleEndian, toByteOffset: count + 1, as: UInt32.self)
+        if let base = value.baseAddress { (start + count + 5).copyMemory(from: base, byteCount: value.count) }
+        count += 5 + value.count
     }
 
     /// An integer as ``FieldEncoder/integer(_:)`` writes it: 8 bytes little-endian.
     @inline(__always)
-    fileprivate mutating func appendField(_ value: Int) {
+    mutating func appendField(_ value: Int) {
         Swift.withUnsafeBytes(of: UInt64(bitPattern: Int64(value)).littleEndian) { appendField($0) }
     }
 
@@ -501,7 +533,7 @@ extension [UInt8] {
     /// ``Statement/text(_:)`` makes of it: ASCII as it is, anything else decoded (invalid UTF-8
     /// repaired) and encoded again, so that the bytes are the same.
     @inline(__always)
-    fileprivate mutating func appendTextField(_ value: UnsafeRawBufferPointer) {
+    mutating func appendTextField(_ value: UnsafeRawBufferPointer) {
         if value.allSatisfy({ $0 < 0x80 }) { return appendField(value) }
         var string = String(decoding: value, as: UTF8.self)
         string.withUTF8 { appendField(UnsafeRawBufferPointer($0)) }
