@@ -60,8 +60,12 @@ final class SyncState {
         // then take back the last commits of this file, which leaves it as a crash just before
         // them would (behind the vault and the database, which a sync already recovers from:
         // it repeats work, never loses or duplicates any). The vault itself stays fully
-        // synchronous. This saves a sync of the log per phase.
+        // synchronous.
         try database.execute("PRAGMA synchronous=NORMAL")
+        // Nor is it checkpointed when this connection closes (at the end of every sync): a
+        // sync then writes the file without a single sync of the disk, unless the log has grown
+        // enough for SQLite's automatic checkpoint.
+        try database.keepWriteAheadLogOnClose()
         self.key = key
         self.device = device
         try database.execute(

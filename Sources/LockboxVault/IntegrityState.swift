@@ -431,6 +431,7 @@ struct IntegrityState {
         defer { element.deallocate() }
         // Ids are 16 random bytes: two words each, sorted at the end to find one present twice.
         var ids: [IdentifierWords] = []
+        ids.reserveCapacity(512)
         var otherIDs = Set<[UInt8]>()
         var misplaced: LockboxError { LockboxError.integrity("The keychain's rows") }
         while try statement.step() {

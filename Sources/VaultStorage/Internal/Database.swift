@@ -188,6 +188,15 @@ package final class Database {
     /// deleted or replaced values do not linger there. Best effort, and outside the injected
     /// faults: a reader holding an old snapshot past the busy timeout leaves the WAL as it is
     /// until the next checkpoint, and the operation has already committed.
+    /// Leaves the write-ahead log in place when this connection closes, instead of
+    /// checkpointing it (with its syncs) then: for a small file opened and closed at every use
+    /// whose log is synced at checkpoints only. Its pages reach the file at the next automatic
+    /// checkpoint; until then every connection reads them from the log.
+    package func keepWriteAheadLogOnClose() throws(LockboxError) {
+        let result = lockbox_sqlite3_keep_wal_on_close(handle)
+        guard result == SQLITE_OK else { throw lastError(result, operation: "sqlite3_db_config") }
+    }
+
     package func truncateWriteAheadLog() {
         _ = sqlite3_wal_checkpoint_v2(handle, nil, SQLITE_CHECKPOINT_TRUNCATE, nil, nil)
     }
