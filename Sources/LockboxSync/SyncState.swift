@@ -63,9 +63,11 @@ final class SyncState {
         // synchronous.
         try database.execute("PRAGMA synchronous=NORMAL")
         // Nor is it checkpointed when this connection closes (at the end of every sync): a
-        // sync then writes the file without a single sync of the disk, unless the log has grown
-        // enough for SQLite's automatic checkpoint.
+        // sync then writes the file without a single sync of the disk. The log is kept short,
+        // since the next connection reads all of it first: checkpointed automatically past 100
+        // pages, and emptied after a large commit (``commit(_:)``).
         try database.keepWriteAheadLogOnClose()
+        try database.execute("PRAGMA wal_autocheckpoint=100")
         self.key = key
         self.device = device
         try database.execute(
@@ -268,6 +270,9 @@ final class SyncState {
         }
     }
 
+    /// Rows past which a commit empties the write-ahead log after it.
+    static let largeCommit = 300
+
     /// Writes `changes` in one transaction; nothing when they change nothing (a sync with
     /// nothing to push or pull writes no local state).
     func commit(_ changes: Changes) throws(LockboxError) {
@@ -331,6 +336,11 @@ final class SyncState {
                 4, Self.progressMAC(device: device, cursor: cursor, generation: generation, accumulator: accumulator, key: key))
             putProgress.bind(5, accumulator)
             try putProgress.run()
+        }
+        // A large commit (a first pull) leaves a long log that every later sync would read
+        // when it opens the file: it is moved into the file and emptied now.
+        if changes.entries.count + changes.verified.count + changes.rows.count > Self.largeCommit {
+            database.truncateWriteAheadLog()
         }
         if let cursor = changes.cursor { self.cursor = cursor }
         if let generation = changes.generation { self.generation = generation }
