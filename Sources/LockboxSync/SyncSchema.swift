@@ -90,6 +90,14 @@ enum SyncSchema {
     /// Brings the database to ``currentVersion``. Concurrent callers wait on a transaction-scoped
     /// advisory lock, so each migration runs once. A database newer than this code is refused.
     static func migrate(_ connection: PostgresConnection) throws(LockboxError) {
+        // Current already (every sync but the first after an upgrade): one query, no lock, no
+        // DDL. Anything else (no table yet, an older or newer version, an error) takes the
+        // locked path, which says what is wrong.
+        if let rows = try? connection.execute("SELECT coalesce(max(version), 0) FROM lockbox_sync_schema"),
+            let version = try? PostgresConnection.integer(rows.first?.first ?? nil), Int(version) == currentVersion
+        {
+            return
+        }
         try connection.transaction { () throws(LockboxError) in
             try connection.execute("SELECT pg_advisory_xact_lock(7170656173)")
             try connection.execute("CREATE TABLE IF NOT EXISTS lockbox_sync_schema (version integer NOT NULL)")

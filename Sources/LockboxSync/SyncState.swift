@@ -56,6 +56,18 @@ final class SyncState {
             throw LockboxError(.io, "Cannot create \(directory). Check the directory's permissions, then sync again.")
         }
         database = try Database(path: path, create: true)
+        // The write-ahead log is synced at checkpoints, not at every commit: a power loss may
+        // then take back the last commits of this file, which leaves it as a crash just before
+        // them would (behind the vault and the database, which a sync already recovers from:
+        // it repeats work, never loses or duplicates any). The vault itself stays fully
+        // synchronous.
+        try database.execute("PRAGMA synchronous=NORMAL")
+        // Nor is it checkpointed when this connection closes (at the end of every sync): a
+        // sync then writes the file without a single sync of the disk. The log is kept short,
+        // since the next connection reads all of it first: checkpointed automatically past 100
+        // pages, and emptied after a large commit (``commit(_:)``).
+        try database.keepWriteAheadLogOnClose()
+        try database.execute("PRAGMA wal_autocheckpoint=100")
         self.key = key
         self.device = device
         try database.execute(
@@ -249,13 +261,28 @@ final class SyncState {
         var rows: [Data: String??] = [:]
         var cursor: Int64?
         var generation: Int?
+
+        /// True when committing would write nothing new to a state at `cursor`, `generation`
+        /// and `accumulator`.
+        func changesNothing(of state: SyncState) -> Bool {
+            entries.isEmpty && verified.isEmpty && !replacesVerified && rows.isEmpty && (cursor ?? state.cursor) == state.cursor
+                && (generation ?? state.generation) == state.generation && (accumulator ?? state.accumulator) == state.accumulator
+        }
     }
 
+    /// Rows past which a commit empties the write-ahead log after it.
+    static let largeCommit = 300
+
+    /// Writes `changes` in one transaction; nothing when they change nothing (a sync with
+    /// nothing to push or pull writes no local state).
     func commit(_ changes: Changes) throws(LockboxError) {
+        if changes.changesNothing(of: self) { return }
         try database.writeTransaction { () throws(LockboxError) in
             let putEntry = try database.statement(
                 "INSERT OR REPLACE INTO entries (item_id, modified, writer, digest, tombstone, mac) VALUES (?, ?, ?, ?, ?, ?)")
-            for (id, entry) in changes.entries {
+            // Each table is written in its key's order: SQLite appends to its B-tree instead of
+            // splitting pages all over it (a first pull writes 10,000 rows to each).
+            for (id, entry) in changes.entries.sorted(by: { $0.key < $1.key }) {
                 putEntry.reset()
                 putEntry.bind(1, id)
                 putEntry.bind(2, Int(entry.stamp.modified))
@@ -268,16 +295,19 @@ final class SyncState {
             putEntry.reset()
             let putRow = try database.statement("INSERT OR REPLACE INTO rows (reference, item_id, mac) VALUES (?, ?, ?)")
             let dropRow = try database.statement("DELETE FROM rows WHERE reference = ?")
-            for (reference, id) in changes.rows {
+            let rows = changes.rows.map { (reference: Array($0.key), id: $0.value) }.sorted {
+                $0.reference.lexicographicallyPrecedes($1.reference)
+            }
+            for (reference, id) in rows {
                 if let id {
                     putRow.reset()
-                    putRow.bind(1, Array(reference))
+                    putRow.bind(1, reference)
                     putRow.bind(2, id)
-                    putRow.bind(3, rowMAC(Array(reference), id))
+                    putRow.bind(3, rowMAC(reference, id))
                     try putRow.run()
                 } else {
                     dropRow.reset()
-                    dropRow.bind(1, Array(reference))
+                    dropRow.bind(1, reference)
                     try dropRow.run()
                 }
             }
@@ -285,7 +315,7 @@ final class SyncState {
             dropRow.reset()
             if changes.replacesVerified { try database.execute("DELETE FROM verified") }
             let putVerified = try database.statement("INSERT OR REPLACE INTO verified (item_id, version, element) VALUES (?, ?, ?)")
-            for (id, listed) in changes.verified {
+            for (id, listed) in changes.verified.sorted(by: { $0.key < $1.key }) {
                 putVerified.reset()
                 putVerified.bind(1, id)
                 putVerified.bind(2, Int(listed.version))
@@ -306,6 +336,11 @@ final class SyncState {
                 4, Self.progressMAC(device: device, cursor: cursor, generation: generation, accumulator: accumulator, key: key))
             putProgress.bind(5, accumulator)
             try putProgress.run()
+        }
+        // A large commit (a first pull) leaves a long log that every later sync would read
+        // when it opens the file: it is moved into the file and emptied now.
+        if changes.entries.count + changes.verified.count + changes.rows.count > Self.largeCommit {
+            database.truncateWriteAheadLog()
         }
         if let cursor = changes.cursor { self.cursor = cursor }
         if let generation = changes.generation { self.generation = generation }

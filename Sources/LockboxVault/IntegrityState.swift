@@ -119,7 +119,8 @@ struct IntegrityState {
             storedBucket = row.storedBucket ?? row.bucket
         }
 
-        /// Reads ``columns`` from `statement`, starting at column `first`.
+        /// Reads ``columns`` from `statement`, starting at column `first` (the plain way, with a
+        /// `String` and an array per column; bucket checks and recounts read rows in place).
         init(_ statement: Statement, first: Int32) throws(LockboxError) {
             guard let id = statement.blob(first), let version = statement.integer(first + 1),
                 let primary = statement.blob(first + 2), let lookup = statement.blob(first + 3),
@@ -172,21 +173,47 @@ struct IntegrityState {
     }
 
     static func add(_ value: [UInt8], to accumulator: inout [UInt8], at start: Int) {
-        var carry = 0
-        for index in 0..<accumulatorSize {
-            let sum = Int(accumulator[start + index]) + Int(value[index]) + carry
-            accumulator[start + index] = UInt8(truncatingIfNeeded: sum)
-            carry = sum >> 8
+        value.withUnsafeBytes { value in
+            accumulator.withUnsafeMutableBytes { add(value, to: UnsafeMutableRawBufferPointer(rebasing: $0[start..<start + accumulatorSize])) }
         }
     }
 
     static func subtract(_ value: [UInt8], from accumulator: inout [UInt8], at start: Int) {
-        var borrow = 0
-        for index in 0..<accumulatorSize {
-            var difference = Int(accumulator[start + index]) - Int(value[index]) - borrow
-            borrow = difference < 0 ? 1 : 0
-            if difference < 0 { difference += 256 }
-            accumulator[start + index] = UInt8(difference)
+        value.withUnsafeBytes { value in
+            accumulator.withUnsafeMutableBytes {
+                subtract(value, from: UnsafeMutableRawBufferPointer(rebasing: $0[start..<start + accumulatorSize]))
+            }
+        }
+    }
+
+    /// `accumulator += value` modulo 2^256, both 32 bytes little-endian: four 64-bit words with
+    /// their carries (the same sum as adding byte by byte).
+    @inline(__always)
+    static func add(_ value: UnsafeRawBufferPointer, to accumulator: UnsafeMutableRawBufferPointer) {
+        precondition(value.count >= accumulatorSize && accumulator.count == accumulatorSize, "accumulators and elements are 32 bytes")
+        var carry: UInt64 = 0
+        for offset in stride(from: 0, to: accumulatorSize, by: 8) {
+            let left = UInt64(littleEndian: accumulator.loadUnaligned(fromByteOffset: offset, as: UInt64.self))
+            let right = UInt64(littleEndian: value.loadUnaligned(fromByteOffset: offset, as: UInt64.self))
+            let (partial, first) = left.addingReportingOverflow(right)
+            let (sum, second) = partial.addingReportingOverflow(carry)
+            carry = first || second ? 1 : 0
+            accumulator.storeBytes(of: sum.littleEndian, toByteOffset: offset, as: UInt64.self)
+        }
+    }
+
+    /// `accumulator -= value` modulo 2^256, a 64-bit word at a time with the borrows.
+    @inline(__always)
+    static func subtract(_ value: UnsafeRawBufferPointer, from accumulator: UnsafeMutableRawBufferPointer) {
+        precondition(value.count >= accumulatorSize && accumulator.count == accumulatorSize, "accumulators and elements are 32 bytes")
+        var borrow: UInt64 = 0
+        for offset in stride(from: 0, to: accumulatorSize, by: 8) {
+            let left = UInt64(littleEndian: accumulator.loadUnaligned(fromByteOffset: offset, as: UInt64.self))
+            let right = UInt64(littleEndian: value.loadUnaligned(fromByteOffset: offset, as: UInt64.self))
+            let (partial, first) = left.subtractingReportingOverflow(right)
+            let (difference, second) = partial.subtractingReportingOverflow(borrow)
+            borrow = first || second ? 1 : 0
+            accumulator.storeBytes(of: difference.littleEndian, toByteOffset: offset, as: UInt64.self)
         }
     }
 
@@ -367,13 +394,9 @@ struct IntegrityState {
         }
         defer { statement.reset() }
         var accumulator = [UInt8](repeating: 0, count: accumulatorSize)
-        var ids = Set<[UInt8]>()
-        while try statement.step() {
-            let row = try RowIdentity(statement, first: 0)
-            guard row.bucket == bucket, row.storedBucket == bucket, ids.insert(row.id).inserted else {
-                throw LockboxError.integrity("The keychain's rows")
-            }
-            add(element(row, key: key), to: &accumulator, at: 0)
+        try countRows(statement, key: key) { rowBucket, element throws(LockboxError) in
+            guard rowBucket == bucket else { throw LockboxError.integrity("The keychain's rows") }
+            accumulator.withUnsafeMutableBytes { add(element, to: $0) }
         }
         return accumulator
     }
@@ -384,15 +407,137 @@ struct IntegrityState {
         var state = IntegrityState.empty()
         let statement = try database.statement("SELECT \(RowIdentity.columns) FROM items")
         defer { statement.reset() }
-        var ids = Set<[UInt8]>()
-        while try statement.step() {
-            let row = try RowIdentity(statement, first: 0)
-            guard row.storedBucket == row.bucket, ids.insert(row.id).inserted else {
-                throw LockboxError.integrity("The keychain's rows")
+        try countRows(statement, key: key) { bucket, element in
+            state.accumulators.withUnsafeMutableBytes {
+                add(element, to: UnsafeMutableRawBufferPointer(rebasing: $0[bucket * accumulatorSize..<(bucket + 1) * accumulatorSize]))
             }
-            state.add(row, key: key)
         }
+        state.markAllUnsaved()
         return state
+    }
+
+    /// Steps through the rows `statement` selects (``RowIdentity/columns``) and hands `count`
+    /// each row's bucket (from its lookup digest) and element, the bytes ``element(_:key:)``
+    /// digests for its ``RowIdentity``. The columns are encoded in place from SQLite's row into
+    /// one reused buffer: a bucket check reads hundreds of rows, and a row costs no `String` or
+    /// array of its own. A missing column, a `bucket` column that disagrees with the lookup
+    /// digest or an id present twice is tampering.
+    private static func countRows(
+        _ statement: Statement, key: SecretBytes, _ count: (Int, UnsafeRawBufferPointer) throws(LockboxError) -> Void
+    ) throws(LockboxError) {
+        var encoded = ElementEncoding()
+        defer { encoded.deallocate() }
+        let element = UnsafeMutableRawBufferPointer.allocate(byteCount: accumulatorSize, alignment: 8)
+        defer { element.deallocate() }
+        // Ids are 16 random bytes: two words each, sorted at the end to find one present twice.
+        var ids: [IdentifierWords] = []
+        ids.reserveCapacity(512)
+        var otherIDs = Set<[UInt8]>()
+        var misplaced: LockboxError { LockboxError.integrity("The keychain's rows") }
+        while try statement.step() {
+            encoded.count = 0
+            guard let id = statement.borrowedBlob(0), let version = statement.integer(1),
+                let primary = statement.borrowedBlob(2), let lookup = statement.borrowedBlob(3)
+            else { throw LockboxError.integrity() }
+            encoded.appendField(id)
+            encoded.appendField(version)
+            encoded.appendField(primary)
+            encoded.appendField(lookup)
+            if let name = statement.borrowedBlob(4) { encoded.appendField(name) } else { encoded.appendAbsent() }
+            for column: Int32 in 5...7 {
+                guard let text = statement.borrowedText(column) else { throw LockboxError.integrity() }
+                encoded.appendTextField(text)
+            }
+            guard let synchronizable = statement.integer(8), let deviceID = statement.borrowedText(9),
+                let accessControl = statement.borrowedText(10), let storedBucket = statement.integer(11)
+            else { throw LockboxError.integrity() }
+            encoded.appendField(synchronizable)
+            encoded.appendTextField(deviceID)
+            encoded.appendTextField(accessControl)
+            let bucket = lookup.isEmpty ? 0 : Int(lookup[0])
+            guard storedBucket == bucket else { throw misplaced }
+            if id.count == 16 {
+                ids.append(
+                    IdentifierWords(
+                        high: UInt64(bigEndian: id.loadUnaligned(as: UInt64.self)),
+                        low: UInt64(bigEndian: id.loadUnaligned(fromByteOffset: 8, as: UInt64.self))))
+            } else {
+                guard otherIDs.insert(Array(id)).inserted else { throw misplaced }
+            }
+            Crypto.keyedDigest(encoded.bytes, key: key, into: element)
+            try count(bucket, UnsafeRawBufferPointer(element))
+        }
+        ids.sort()
+        for index in ids.indices.dropFirst() where ids[index] == ids[index - 1] { throw misplaced }
+    }
+
+    /// A 16-byte row id as two words, compared as the bytes are.
+    private struct IdentifierWords: Comparable {
+        var high: UInt64
+        var low: UInt64
+
+        static func < (left: IdentifierWords, right: IdentifierWords) -> Bool {
+            (left.high, left.low) < (right.high, right.low)
+        }
+    }
+}
+
+/// A row's element input as ``FieldEncoder`` writes it, in one buffer reused from row to row
+/// (appending to an array costs more than the bytes it copies, 20 fields a row).
+private struct ElementEncoding {
+    private var start = UnsafeMutableRawPointer.allocate(byteCount: 1024, alignment: 8)
+    private var capacity = 1024
+    /// Bytes written; set to 0 to start the next row.
+    var count = 0
+
+    var bytes: UnsafeRawBufferPointer { UnsafeRawBufferPointer(start: start, count: count) }
+
+    func deallocate() { start.deallocate() }
+
+    /// Room for `extra` more bytes (a column an attacker made long grows the buffer).
+    @inline(__always)
+    private mutating func reserve(_ extra: Int) {
+        guard count + extra > capacity else { return }
+        let grown = max(2 * capacity, count + extra)
+        let bigger = UnsafeMutableRawPointer.allocate(byteCount: grown, alignment: 8)
+        bigger.copyMemory(from: start, byteCount: count)
+        start.deallocate()
+        start = bigger
+        capacity = grown
+    }
+
+    /// An absent field: the marker 0.
+    @inline(__always)
+    mutating func appendAbsent() {
+        reserve(1)
+        start.storeBytes(of: 0, toByteOffset: count, as: UInt8.self)
+        count += 1
+    }
+
+    /// A present field: the marker 1, the length as 4 bytes little-endian, the bytes.
+    @inline(__always)
+    mutating func appendField(_ value: UnsafeRawBufferPointer) {
+        reserve(5 + value.count)
+        start.storeBytes(of: 1, toByteOffset: count, as: UInt8.self)
+        start.storeBytes(of: UInt32(value.count).littleEndian, toByteOffset: count + 1, as: UInt32.self)
+        if let base = value.baseAddress { (start + count + 5).copyMemory(from: base, byteCount: value.count) }
+        count += 5 + value.count
+    }
+
+    /// An integer as ``FieldEncoder/integer(_:)`` writes it: 8 bytes little-endian.
+    @inline(__always)
+    mutating func appendField(_ value: Int) {
+        Swift.withUnsafeBytes(of: UInt64(bitPattern: Int64(value)).littleEndian) { appendField($0) }
+    }
+
+    /// A text column as ``FieldEncoder/string(_:)`` writes the `String` that
+    /// ``Statement/text(_:)`` makes of it: ASCII as it is, anything else decoded (invalid UTF-8
+    /// repaired) and encoded again, so that the bytes are the same.
+    @inline(__always)
+    mutating func appendTextField(_ value: UnsafeRawBufferPointer) {
+        if value.allSatisfy({ $0 < 0x80 }) { return appendField(value) }
+        var string = String(decoding: value, as: UTF8.self)
+        string.withUTF8 { appendField(UnsafeRawBufferPointer($0)) }
     }
 }
 

@@ -150,15 +150,15 @@ extension Vault {
         // Column bytes are read in place: valid until the statement's next step, which comes
         // after this returns.
         // A NULL in a NOT NULL column reads as no bytes, and so fails the value's open.
-        let id = statement.bytesInPlace(notNull: Column.id), group = statement.bytesInPlace(notNull: Column.accessGroup)
-        let storedAccessibility = statement.bytesInPlace(notNull: Column.accessibility)
-        let primaryDigest = statement.bytesInPlace(notNull: Column.primaryDigest)
+        let id = statement.borrowedBlob(notNull: Column.id), group = statement.borrowedBlob(notNull: Column.accessGroup)
+        let storedAccessibility = statement.borrowedBlob(notNull: Column.accessibility)
+        let primaryDigest = statement.borrowedBlob(notNull: Column.primaryDigest)
         guard let flags = statement.integer(Column.flags), let version = statement.integer(Column.version),
             let accessibility = Accessibility(utf8: storedAccessibility)
         else { throw LockboxError.integrity() }
         guard flags & Column.inBucket != 0 else { throw Self.rowOutsideCount }
         let synchronizable = flags & Column.synchronizable != 0
-        let deviceID = statement.bytesInPlace(Column.deviceID)
+        let deviceID = statement.borrowedBlob(Column.deviceID)
         // Admission, as `admits` decides it (the class is bound below).
         let visibleGroup: Bool
         if let wanted = request.group {
@@ -194,11 +194,11 @@ extension Vault {
         associatedData.string("")
         associatedData.bytes(inPlace: primaryDigest)
         associatedData.bytes(lookupDigest)
-        associatedData.bytes(inPlace: statement.bytesInPlace(Column.nameDigest))
+        associatedData.bytes(inPlace: statement.borrowedBlob(Column.nameDigest))
         associatedData.integer(version)
         associatedData.string(SealedRow.Purpose.data.rawValue)
-        associatedData.bytes(Crypto.digest(statement.bytesInPlace(notNull: Column.metadata)))
-        let box = statement.bytesInPlace(notNull: Column.secret)
+        associatedData.bytes(Crypto.digest(statement.borrowedBlob(notNull: Column.metadata)))
+        let box = statement.borrowedBlob(notNull: Column.secret)
         // A malformed padding is as much tampering as a wrong tag.
         let opened = associatedData.withBytes { associatedData in
             try? Crypto.open(box, key: classKey, associatedDataInPlace: associatedData, extracting: Padding.unpadded)

@@ -207,6 +207,15 @@ package final class Database {
     /// `PRAGMA data_version` for other connections' writes: together, whether anything changed).
     package var totalChanges: Int { Int(sqlite3_total_changes64(handle)) }
 
+    /// Leaves the write-ahead log in place when this connection closes, instead of
+    /// checkpointing it (with its syncs) then: for a small file opened and closed at every use
+    /// whose log is synced at checkpoints only. Its pages reach the file at the next automatic
+    /// checkpoint; until then every connection reads them from the log.
+    package func keepWriteAheadLogOnClose() throws(LockboxError) {
+        let result = lockbox_sqlite3_keep_wal_on_close(handle)
+        guard result == SQLITE_OK else { throw lastError(result, operation: "sqlite3_db_config") }
+    }
+
     /// Moves the WAL's content into the file and truncates the WAL, so that pages holding
     /// deleted or replaced values do not linger there. Best effort, and outside the injected
     /// faults: a reader holding an old snapshot past the busy timeout leaves the WAL as it is
@@ -392,19 +401,9 @@ package final class Statement {
         return Array(UnsafeRawBufferPointer(start: start, count: count))
     }
 
-    /// The bytes of a blob or text column (text as UTF-8) where SQLite holds them: no copy.
-    /// Valid only until the statement's next step or reset; do not keep it. Nil for NULL.
-    package func bytesInPlace(_ column: Int32) -> UnsafeRawBufferPointer? {
-        guard sqlite3_column_type(handle, column) != SQLITE_NULL else { return nil }
-        // `_blob` before `_bytes`, as SQLite asks: the pointer stays valid for the count.
-        let start = sqlite3_column_blob(handle, column)
-        let count = Int(sqlite3_column_bytes(handle, column))
-        return UnsafeRawBufferPointer(start: count > 0 ? start : nil, count: count)
-    }
-
-    /// ``bytesInPlace(_:)`` of a column the schema declares NOT NULL, one call fewer: a NULL
+    /// ``borrowedBlob(_:)`` of a column the schema declares NOT NULL, one call fewer: a NULL
     /// (a file whose schema was rebuilt outside Lockbox) reads as no bytes.
-    package func bytesInPlace(notNull column: Int32) -> UnsafeRawBufferPointer {
+    package func borrowedBlob(notNull column: Int32) -> UnsafeRawBufferPointer {
         let start = sqlite3_column_blob(handle, column)
         let count = Int(sqlite3_column_bytes(handle, column))
         return UnsafeRawBufferPointer(start: count > 0 ? start : nil, count: count)
@@ -415,6 +414,23 @@ package final class Statement {
             return nil
         }
         return String(cString: start)
+    }
+
+    /// The bytes ``blob(_:)`` copies, read in place: valid until the next step or reset of this
+    /// statement. Nil for NULL.
+    package func borrowedBlob(_ column: Int32) -> UnsafeRawBufferPointer? {
+        guard sqlite3_column_type(handle, column) != SQLITE_NULL else { return nil }
+        guard let start = sqlite3_column_blob(handle, column) else { return UnsafeRawBufferPointer(start: nil, count: 0) }
+        return UnsafeRawBufferPointer(start: start, count: Int(sqlite3_column_bytes(handle, column)))
+    }
+
+    /// The UTF-8 bytes ``text(_:)`` decodes (up to the first NUL, not yet checked or repaired),
+    /// read in place: valid until the next step or reset of this statement. Nil for NULL.
+    package func borrowedText(_ column: Int32) -> UnsafeRawBufferPointer? {
+        guard sqlite3_column_type(handle, column) != SQLITE_NULL, let start = sqlite3_column_text(handle, column) else {
+            return nil
+        }
+        return UnsafeRawBufferPointer(start: start, count: strlen(UnsafeRawPointer(start).assumingMemoryBound(to: CChar.self)))
     }
 
     package func integer(_ column: Int32) -> Int? {
