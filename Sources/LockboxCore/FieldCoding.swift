@@ -7,8 +7,14 @@ package struct FieldEncoder {
     package private(set) var bytes: [UInt8]
 
     package init() {
+        self.init(capacity: 160)
+    }
+
+    /// An encoder with room for `capacity` bytes before it grows (for encodings known to be
+    /// larger than most).
+    package init(capacity: Int) {
         bytes = []
-        bytes.reserveCapacity(160)
+        bytes.reserveCapacity(capacity)
     }
 
     package mutating func bytes(_ value: [UInt8]?) {

@@ -167,6 +167,18 @@ package enum Crypto {
         return digest
     }
 
+    /// Keyed BLAKE2b-256 of bytes read in place (a part of a larger buffer, without copying it).
+    package static func keyedDigest(_ input: UnsafeRawBufferPointer, key: SecretBytes) -> [UInt8] {
+        ensureInitialized()
+        var digest = [UInt8](repeating: 0, count: 32)
+        key.withUnsafeBytes { keyBytes in
+            _ = crypto_generichash(
+                &digest, 32, input.baseAddress?.assumingMemoryBound(to: UInt8.self), UInt64(input.count),
+                keyBytes.baseAddress!.assumingMemoryBound(to: UInt8.self), keyBytes.count)
+        }
+        return digest
+    }
+
     /// BLAKE2b-256 of public bytes (a ciphertext another blob's associated data binds).
     package static func digest(_ input: [UInt8]) -> [UInt8] {
         ensureInitialized()
