@@ -317,7 +317,50 @@ package final class Statement {
         self.database = database
     }
 
-    deinit { sqlite3_finalize(handle) }
+    deinit {
+        sqlite3_finalize(handle)
+        if let arena {
+            wipe(UnsafeMutableRawBufferPointer(start: arena, count: arenaCapacity))
+            free(arena)
+        }
+    }
+
+    /// Bound values are copied here and read by SQLite in place (SQLITE_STATIC) until the next
+    /// reset, instead of each being copied into an allocation of its own (a write binds about
+    /// sixteen). A value that does not fit gets its own copy (SQLITE_TRANSIENT), and the arena
+    /// is made larger at the next reset.
+    private var arena: UnsafeMutableRawPointer?
+    private var arenaCapacity = 0
+    private var arenaUsed = 0
+    private var arenaWanted = 1_024
+
+    private func arenaCopy(_ bytes: UnsafeRawBufferPointer) -> UnsafeRawPointer? {
+        if arena == nil, let allocated = malloc(arenaWanted) {
+            arena = allocated
+            arenaCapacity = arenaWanted
+        }
+        guard let arena, bytes.count <= arenaCapacity - arenaUsed else {
+            arenaWanted = min(max(arenaWanted, arenaUsed + bytes.count) * 2, 1 << 20)
+            return nil
+        }
+        let start = arena + arenaUsed
+        if let source = bytes.baseAddress, bytes.count > 0 { start.copyMemory(from: source, byteCount: bytes.count) }
+        arenaUsed += (bytes.count + 7) & ~7
+        return UnsafeRawPointer(start)
+    }
+
+    /// Called once SQLite holds no pointer into the arena (its bindings cleared).
+    private func releaseArena() {
+        guard let arena else { return }
+        // Bound values may be anything a caller stored: they do not linger here.
+        wipe(UnsafeMutableRawBufferPointer(start: arena, count: min(arenaUsed, arenaCapacity)))
+        arenaUsed = 0
+        if arenaWanted > arenaCapacity {
+            free(arena)
+            self.arena = nil
+            arenaCapacity = 0
+        }
+    }
 
     /// Stepped since its last reset (so it may hold a read snapshot).
     fileprivate var isStepped = false
@@ -331,6 +374,7 @@ package final class Statement {
         // bindings cannot fail.
         sqlite3_reset(handle)
         sqlite3_clear_bindings(handle)
+        releaseArena()
         bindFailure = nil
         isStepped = false
         isBound = false
@@ -364,13 +408,19 @@ package final class Statement {
         value.withUnsafeBytes { bind(index, bytes: $0) }
     }
 
-    /// Binds a blob copied from `bytes` (SQLite copies it before this returns).
+    /// Binds a blob copied from `bytes` (the caller's buffer is not used after this returns).
     package func bind(_ index: Int32, bytes: UnsafeRawBufferPointer) {
-        // A zero-length blob still needs a non-null pointer to stay a blob.
-        var empty: UInt8 = 0
-        let result = withUnsafeMutablePointer(to: &empty) { emptyPointer in
-            sqlite3_bind_blob64(
-                handle, index, bytes.baseAddress ?? UnsafeRawPointer(emptyPointer), sqlite3_uint64(bytes.count), Statement.transient)
+        let result: Int32
+        if let copy = arenaCopy(bytes) {
+            // The arena's pointer is never null, so an empty blob stays a blob.
+            result = sqlite3_bind_blob64(handle, index, copy, sqlite3_uint64(bytes.count), nil)
+        } else {
+            // A zero-length blob still needs a non-null pointer to stay a blob.
+            var empty: UInt8 = 0
+            result = withUnsafeMutablePointer(to: &empty) { emptyPointer in
+                sqlite3_bind_blob64(
+                    handle, index, bytes.baseAddress ?? UnsafeRawPointer(emptyPointer), sqlite3_uint64(bytes.count), Statement.transient)
+            }
         }
         checkBind(index, result)
     }
@@ -380,7 +430,18 @@ package final class Statement {
             checkBind(index, sqlite3_bind_null(handle, index))
             return
         }
-        checkBind(index, sqlite3_bind_text(handle, index, value, -1, Statement.transient))
+        var text = value
+        let result = text.withUTF8 { utf8 -> Int32 in
+            // Up to the first NUL, as SQLite reads a C string.
+            let length = utf8.firstIndex(of: 0) ?? utf8.count
+            let bytes = UnsafeRawBufferPointer(rebasing: UnsafeRawBufferPointer(utf8)[0..<length])
+            if let copy = arenaCopy(bytes) {
+                return sqlite3_bind_text64(
+                    handle, index, copy.assumingMemoryBound(to: CChar.self), sqlite3_uint64(length), nil, UInt8(SQLITE_UTF8))
+            }
+            return sqlite3_bind_text(handle, index, value, -1, Statement.transient)
+        }
+        checkBind(index, result)
     }
 
     package func bind(_ index: Int32, _ value: Int?) {
