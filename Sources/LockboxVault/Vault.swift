@@ -183,7 +183,7 @@ public final class Vault: ItemStore, Sendable {
         let oldMask = umask(0o077)
         defer { umask(oldMask) }
         let database = try Database(
-            path: path, create: true, pageSize: VaultSchema.pageSize, gatheringLogWrites: true, cacheKiB: VaultSchema.cacheKiB,
+            path: path, create: true, pageSize: VaultSchema.pageSize, gatheringLogWrites: true,
             busyTimeoutMilliseconds: configuration.busyTimeout.wholeMilliseconds)
         try FilePermissions.makePrivate(path)
         guard let identity = try FilePermissions.check(directory: directory, files: [path])[path] else {
@@ -251,7 +251,7 @@ public final class Vault: ItemStore, Sendable {
         let oldMask = umask(0o077)
         defer { umask(oldMask) }
         let database = try Database(
-            path: path, create: false, gatheringLogWrites: true, cacheKiB: VaultSchema.cacheKiB, busyTimeoutMilliseconds: configuration.busyTimeout.wholeMilliseconds)
+            path: path, create: false, gatheringLogWrites: true, busyTimeoutMilliseconds: configuration.busyTimeout.wholeMilliseconds)
         try FilePermissions.confirmOpened(identity, path: path, opened: database.openedFileIdentity)
         try VaultSchema.migrate(database)
         let header = try VaultHeader.load(from: database)

@@ -33,13 +33,6 @@ enum VaultSchema {
     /// lookup at 100,000 items goes one level deeper, from pages SQLite's cache keeps.
     static let pageSize = 2048
 
-    /// The page cache of a vault connection, in KiB. A write changes a leaf of each of the four
-    /// indexes, at random places (their keys are digests): with SQLite's default cache (2,000
-    /// KiB) an add at 100,000 items read about 3.4 of those pages back from the file, with a
-    /// `pread` each. The indexes of 100,000 items take about 20 MiB. Pages are cached as they
-    /// are read, so a process holds at most what it read of the file.
-    static let cacheKiB = 32_768
-
     /// Takes a vault from `version` to `version + 1`. A later schema adds a case here.
     static func migrate(_ database: Database, from version: Int) throws(LockboxError) {
         switch version {

@@ -89,20 +89,16 @@ struct WriteAheadLogWritingTests {
         #expect(try plain.integrityCheck() == "ok")
     }
 
-    @Test("A new vault gathers its log writes and uses the vault's page and cache sizes; its items survive a reopen")
+    @Test("A new vault gathers its log writes and uses the vault's page size; its items survive a reopen")
     func newVault() throws {
         let fixture = try VaultFixture()
         for index in 0..<20 {
             try fixture.vault.add(.genericPassword(service: "wal.example", account: "user\(index)", data: SecretBytes(utf8: "value-\(index)")))
         }
-        let (pageSize, cacheSize, vfs) = try fixture.vault.withDatabase { database throws(LockboxError) in
-            (
-                try database.firstRow("PRAGMA page_size") { $0.integer(0) } ?? nil,
-                try database.firstRow("PRAGMA cache_size") { $0.integer(0) } ?? nil, database.vfsName
-            )
+        let (pageSize, vfs) = try fixture.vault.withDatabase { database throws(LockboxError) in
+            (try database.firstRow("PRAGMA page_size") { $0.integer(0) } ?? nil, database.vfsName)
         }
         #expect(pageSize == VaultSchema.pageSize)
-        #expect(cacheSize == -VaultSchema.cacheKiB)
         #expect(vfs == "lockbox-wal-buffer")
         #expect(try fixture.reopen().withDatabase { database throws(LockboxError) in database.vfsName } == "lockbox-wal-buffer")
         let reopened = try fixture.reopen()

@@ -27,11 +27,8 @@ package final class Database {
     ///   - gatheringLogWrites: writes of the write-ahead log go through a VFS that hands each
     ///     commit's frames to the file in one `pwrite` instead of two per page, before the same
     ///     `fdatasync` (CWriteAheadBuffer): the same bytes, synced at the same moments.
-    ///   - cacheKiB: the most memory SQLite's page cache of this connection may hold (its
-    ///     default, 2,000 KiB, when nil). Pages are cached as they are read, so a small file
-    ///     never fills it.
     package init(
-        path: String, create: Bool, pageSize: Int? = nil, gatheringLogWrites: Bool = false, cacheKiB: Int? = nil,
+        path: String, create: Bool, pageSize: Int? = nil, gatheringLogWrites: Bool = false,
         busyTimeoutMilliseconds: Int32 = 10_000
     ) throws(LockboxError) {
         self.path = path
@@ -65,7 +62,6 @@ package final class Database {
             try execute("PRAGMA secure_delete=ON")
             try execute("PRAGMA trusted_schema=OFF")
             try execute("PRAGMA cell_size_check=ON")
-            if let cacheKiB { try execute("PRAGMA cache_size=-\(cacheKiB)") }
         } catch {
             statements.removeAll()
             sqlite3_close_v2(handle)
