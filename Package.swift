@@ -72,8 +72,11 @@ let package = Package(
         .target(
             name: "VaultCrypto", dependencies: ["CSodium", "LockboxCore"], swiftSettings: strict,
             linkerSettings: staticArchive("sodium")),
+        // A VFS over SQLite's own that hands a commit's write-ahead log frames to the file in
+        // one write (VaultStorage's Database; C, because a VFS is a table of C callbacks).
+        .target(name: "CWriteAheadBuffer"),
         .target(
-            name: "VaultStorage", dependencies: ["CSQLite", "LockboxCore"], swiftSettings: strict,
+            name: "VaultStorage", dependencies: ["CSQLite", "CWriteAheadBuffer", "LockboxCore"], swiftSettings: strict,
             linkerSettings: staticArchive("sqlite3")),
         .target(
             name: "KeyProviders", dependencies: ["CKeyutils", "LockboxCore", "VaultCrypto"], swiftSettings: strict,

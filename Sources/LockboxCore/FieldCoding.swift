@@ -28,7 +28,13 @@ package struct FieldEncoder {
     }
 
     package init() {
-        storage = Storage(capacity: 256)
+        self.init(capacity: 256)
+    }
+
+    /// An encoder with room for `capacity` bytes before it grows (for encodings known to be
+    /// larger than most).
+    package init(capacity: Int) {
+        storage = Storage(capacity: max(capacity, 16))
     }
 
     /// The encoded bytes, lent in place (no copy): valid only inside `body`.

@@ -70,7 +70,8 @@ struct IntegrityState {
     /// accessibility, group, sync flag, device, access control), so that editing any of it
     /// (which would make a query miss the row) is noticed like a deletion.
     static func element(_ row: RowIdentity, key: SecretBytes) -> [UInt8] {
-        var encoder = FieldEncoder()
+        // About 210 bytes for a row of the current format.
+        var encoder = FieldEncoder(capacity: 256)
         encoder.bytes(row.id)
         encoder.integer(row.version)
         encoder.bytes(row.primaryDigest)
@@ -224,14 +225,17 @@ struct IntegrityState {
     /// What the MACs cover: the vault, the generation, the accumulators (in format 3 through one
     /// digest per group) and the header (through its digest, ``headerBinding(_:key:)``).
     private mutating func authenticatedBytes(vaultID: [UInt8], headerBinding: [UInt8], keys: Keys) -> [UInt8] {
-        var encoder = FieldEncoder()
+        // About 30 bytes, then 37 per group and 37 for the header.
+        var encoder = FieldEncoder(capacity: 64 + 37 * (Self.groupCount + 1))
         encoder.string("lockbox.state.v3")
         encoder.bytes(vaultID)
         encoder.integer(generation)
         for group in 0..<Self.groupCount {
             if groupDigests[group] == nil {
-                groupDigests[group] = Crypto.keyedDigest(
-                    Array(accumulators[group * Self.groupSize..<(group + 1) * Self.groupSize]), key: keys.element)
+                groupDigests[group] = accumulators.withUnsafeBytes { bytes in
+                    Crypto.keyedDigest(
+                        UnsafeRawBufferPointer(rebasing: bytes[group * Self.groupSize..<(group + 1) * Self.groupSize]), key: keys.element)
+                }
             }
             encoder.bytes(groupDigests[group]!)
         }
@@ -354,24 +358,33 @@ struct IntegrityState {
         try database.firstRow("SELECT generation FROM vault_state WHERE id = 1") { $0.integer(0) } ?? nil
     }
 
-    /// Writes the state row and the groups that changed since it was read.
+    /// Writes the state row and the groups that changed since it was read. An existing row is
+    /// updated where it is (the same size: SQLite overwrites the cell in place, where a
+    /// replacement would delete it and insert it again).
     mutating func save(to database: Database) throws(LockboxError) {
         precondition(format == Self.currentFormat, "a state is saved in the current format")
         let statement = try database.statement(
-            "INSERT OR REPLACE INTO vault_state (id, generation, accumulators, mac, always_mac, format) VALUES (1, ?, X'', ?, ?, ?)")
+            """
+            INSERT INTO vault_state (id, generation, accumulators, mac, always_mac, format) VALUES (1, ?, X'', ?, ?, ?)
+            ON CONFLICT (id) DO UPDATE SET generation = excluded.generation, accumulators = excluded.accumulators,
+            mac = excluded.mac, always_mac = excluded.always_mac, format = excluded.format
+            """)
         statement.bind(1, generation)
         statement.bind(2, mac)
         statement.bind(3, alwaysMAC)
         statement.bind(4, format)
         try statement.run()
-        let group = try database.statement("INSERT OR REPLACE INTO integrity_groups (id, accumulators) VALUES (?, ?)")
+        let group = try database.statement(
+            "INSERT INTO integrity_groups (id, accumulators) VALUES (?, ?) ON CONFLICT (id) DO UPDATE SET accumulators = excluded.accumulators")
         for index in 0..<Self.groupCount where unsavedGroups[index] {
             group.bind(1, index)
-            group.bind(2, Array(accumulators[index * Self.groupSize..<(index + 1) * Self.groupSize]))
+            accumulators.withUnsafeBytes { bytes in
+                group.bind(2, bytes: UnsafeRawBufferPointer(rebasing: bytes[index * Self.groupSize..<(index + 1) * Self.groupSize]))
+            }
             try group.run()
             group.reset()
+            unsavedGroups[index] = false
         }
-        unsavedGroups = Array(repeating: false, count: Self.groupCount)
     }
 
     /// The accumulator of `bucket` recomputed from the rows whose lookup digest starts with the

@@ -71,7 +71,9 @@ struct SealedRow {
 
     /// The associated data shared by the row's blobs; each appends its purpose.
     func associatedDataPrefix(vaultID: [UInt8]) -> FieldEncoder {
-        var encoder = FieldEncoder()
+        // About 270 bytes for a row of the current format, and the purpose (and the attributes'
+        // digest) appended to a copy of it.
+        var encoder = FieldEncoder(capacity: 384)
         encoder.string("lockbox.item")
         encoder.integer(format)
         encoder.bytes(vaultID)
@@ -101,9 +103,10 @@ struct SealedRow {
     }
 
     /// Seals an item under a fresh item key. `attributes` must carry the resolved access
-    /// group, accessibility and sync flag.
+    /// group, accessibility and sync flag; `encodedAttributes`, when given, is their
+    /// `encoded()` (made once by a caller that needed it already).
     static func seal(
-        id: [UInt8], itemClass: ItemClass, attributes: ItemAttributes, data: SecretBytes,
+        id: [UInt8], itemClass: ItemClass, attributes: ItemAttributes, encodedAttributes: [UInt8]? = nil, data: SecretBytes,
         classKey: SecretBytes, indexKey: SecretBytes, vaultID: [UInt8], deviceID: String,
         accessControl: AccessControl?, presencePublicKey: [UInt8]?, version: Int
     ) -> SealedRow {
@@ -118,8 +121,9 @@ struct SealedRow {
             lookupDigest: Crypto.keyedDigest(PrimaryKey.encode(itemClass, attributes, includingGroup: false), key: indexKey),
             nameDigest: PrimaryKey.encodeName(itemClass, attributes).map { Crypto.keyedDigest($0, key: indexKey) },
             format: currentFormat, version: version, wrappedKey: [], metadata: [], secret: [])
-        row.sealContents(classKey: classKey, attributes: attributes, data: data, vaultID: vaultID,
-                         presencePublicKey: accessControl != nil ? presencePublicKey : nil)
+        row.sealContents(
+            classKey: classKey, attributes: attributes, encodedAttributes: encodedAttributes, data: data, vaultID: vaultID,
+            presencePublicKey: accessControl != nil ? presencePublicKey : nil)
         return row
     }
 
@@ -128,13 +132,14 @@ struct SealedRow {
     /// lengths; from format 3 the value's associated data binds the sealed attributes, and a
     /// row without access control has no item key.
     mutating func sealContents(
-        classKey: SecretBytes, attributes: ItemAttributes, data: SecretBytes, vaultID: [UInt8], presencePublicKey: [UInt8]?
+        classKey: SecretBytes, attributes: ItemAttributes, encodedAttributes: [UInt8]? = nil, data: SecretBytes, vaultID: [UInt8],
+        presencePublicKey: [UInt8]?
     ) {
         let prefix = associatedDataPrefix(vaultID: vaultID)
         // Attributes are sealed with the class key, not the item key: like iOS's metadata key,
         // they can be searched whenever the class is unlocked, without asking the user for an
         // access-controlled item's key.
-        let encoded = attributes.encoded()
+        let encoded = encodedAttributes ?? attributes.encoded()
         metadata = Crypto.seal(
             format >= 2 ? Padding.padded(encoded) : encoded, key: classKey, associatedData: associatedData(prefix: prefix, .metadata))
         let valueKey: SecretBytes

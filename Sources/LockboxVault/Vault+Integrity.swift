@@ -177,14 +177,18 @@ extension Vault {
         var integrity: IntegrityState
         let keys: IntegrityState.Keys
         let generation: Int
+        /// `PRAGMA data_version` as read inside this write transaction: no other connection
+        /// can commit before it ends, and this connection's own commits do not change it.
+        let dataVersion: Int
         private(set) var touchedBuckets: Set<Int> = []
         /// Whether a row of a managed key (class `.key`) was inserted, replaced or deleted.
         private(set) var touchedKeyRows = false
 
-        fileprivate init(database: Database, integrity: IntegrityState, keys: IntegrityState.Keys) {
+        fileprivate init(database: Database, integrity: IntegrityState, keys: IntegrityState.Keys, dataVersion: Int) {
             self.database = database
             self.integrity = integrity
             self.keys = keys
+            self.dataVersion = dataVersion
             generation = integrity.generation + 1
         }
 
@@ -252,9 +256,10 @@ extension Vault {
             try writer.finish(state: state)
             committed = writer.integrity
             sparedKeys = !writer.touchedKeyRows
-            // Read inside the transaction: a commit by another connection right after ours
-            // must change it again, so the cache below never covers a write it did not see.
-            dataVersion = try state.database.dataVersion
+            // Read inside the transaction (by `rowWriter`): a commit by another connection
+            // right after ours changes it again, so the cache below never covers a write it
+            // did not see.
+            dataVersion = writer.dataVersion
             return value
         }
         if let committed {
@@ -287,10 +292,9 @@ extension Vault {
             cache = try currentIntegrity(state)
         }
         guard let stored = cache.state, let keys = cache.keys, keys.state != nil else { throw lockedError() }
-        var refreshed = cache
-        refreshed.keys = keys
-        state.integrity = refreshed
-        return RowWriter(database: state.database, integrity: stored, keys: keys)
+        // `currentIntegrity` read the data version in this transaction (its confirmation is
+        // per transaction, and this one has just begun).
+        return RowWriter(database: state.database, integrity: stored, keys: keys, dataVersion: cache.dataVersion)
     }
 
     // MARK: Upgrading rows

@@ -31,6 +31,8 @@ extension Vault {
     struct PreparedItem {
         var itemClass: ItemClass
         var attributes: ItemAttributes
+        /// `attributes.encoded()`, made once for the size check and the seal.
+        var encodedAttributes: [UInt8]
         var data: SecretBytes
         var accessControl: AccessControl?
     }
@@ -43,9 +45,11 @@ extension Vault {
         attributes.creationDate = now
         attributes.modificationDate = now
         let data = item.data ?? .empty
-        try checkSizes(data: data, attributes: attributes)
+        let encoded = attributes.encoded()
+        try checkSizes(data: data, encodedAttributes: encoded)
         try Self.checkSynchronizable(attributes, hasAccessControl: item.accessControl != nil)
-        return PreparedItem(itemClass: item.itemClass, attributes: attributes, data: data, accessControl: item.accessControl)
+        return PreparedItem(
+            itemClass: item.itemClass, attributes: attributes, encodedAttributes: encoded, data: data, accessControl: item.accessControl)
     }
 
     /// Seals a prepared item as a new row and inserts it; returns the row's identifier (the
@@ -59,7 +63,8 @@ extension Vault {
                     + "Set one with `lockbox set-passphrase`.")
         }
         let row = SealedRow.seal(
-            id: Crypto.randomBytes(16), itemClass: item.itemClass, attributes: item.attributes, data: item.data,
+            id: Crypto.randomBytes(16), itemClass: item.itemClass, attributes: item.attributes,
+            encodedAttributes: item.encodedAttributes, data: item.data,
             classKey: keys.classKey, indexKey: keys.indexKey, vaultID: state.header.vaultID,
             deviceID: state.device.identifier, accessControl: item.accessControl,
             presencePublicKey: state.header.presencePublicKey, version: writer.generation)
@@ -133,7 +138,7 @@ extension Vault {
     }
 
     public func update(matching query: Query, to update: ItemUpdate) throws(LockboxError) {
-        if let data = update.data { try checkSizes(data: data, attributes: nil) }
+        if let data = update.data { try checkSizes(data: data, encodedAttributes: nil) }
         if update.attributes.accessGroup != nil {
             _ = try resolvedGroupForWriting(update.attributes.accessGroup)
         }
@@ -172,11 +177,12 @@ extension Vault {
             attributes.apply(update.attributes)
             attributes.creationDate = attributes.creationDate ?? currentDate()
             attributes.modificationDate = currentDate()
-            try checkSizes(data: data, attributes: attributes)
+            let encoded = attributes.encoded()
+            try checkSizes(data: data, encodedAttributes: encoded)
             // A new accessibility means a new class key: the item key is rewrapped.
             let keys = try keysForWriting(query.itemClass, attributes.accessibility ?? .default, state: state)
             let sealed = SealedRow.seal(
-                id: row.id, itemClass: query.itemClass, attributes: attributes, data: data,
+                id: row.id, itemClass: query.itemClass, attributes: attributes, encodedAttributes: encoded, data: data,
                 classKey: keys.classKey, indexKey: keys.indexKey, vaultID: state.header.vaultID,
                 deviceID: state.device.identifier, accessControl: AccessControl(parsing: row.accessControl),
                 presencePublicKey: state.header.presencePublicKey, version: writer.generation)
@@ -656,14 +662,16 @@ extension Vault {
         configuration.accessGroups.map { $0.contains(group) } ?? true
     }
 
-    private func checkSizes(data: SecretBytes, attributes: ItemAttributes?) throws(LockboxError) {
+    /// `encodedAttributes`: the attributes as sealed (`encoded()`), or nil when they are not
+    /// being written.
+    private func checkSizes(data: SecretBytes, encodedAttributes: [UInt8]?) throws(LockboxError) {
         guard data.count <= configuration.maximumValueSize else {
             throw LockboxError(
                 .param,
                 "The value is \(data.count) bytes, over this store's limit of \(configuration.maximumValueSize) bytes. "
                     + "Keep large data in a file encrypted with a key stored here.")
         }
-        if let attributes, attributes.encoded().count > configuration.maximumValueSize {
+        if let encodedAttributes, encodedAttributes.count > configuration.maximumValueSize {
             throw LockboxError(
                 .param, "The item's attributes are over this store's limit of \(configuration.maximumValueSize) bytes.")
         }

@@ -200,7 +200,9 @@ public final class Vault: ItemStore, Sendable {
         try KeyCache.checkUsable(configuration.unlockCache)
         let oldMask = umask(0o077)
         defer { umask(oldMask) }
-        let database = try Database(path: path, create: true, busyTimeoutMilliseconds: configuration.busyTimeout.wholeMilliseconds)
+        let database = try Database(
+            path: path, create: true, pageSize: VaultSchema.pageSize, gatheringLogWrites: true,
+            busyTimeoutMilliseconds: configuration.busyTimeout.wholeMilliseconds)
         try FilePermissions.makePrivate(path)
         guard let identity = try FilePermissions.check(directory: directory, files: [path])[path] else {
             throw LockboxError(.io, "\(path) was removed while it was being created.")
@@ -266,7 +268,8 @@ public final class Vault: ItemStore, Sendable {
         let claim = try claim(path, configuration)
         let oldMask = umask(0o077)
         defer { umask(oldMask) }
-        let database = try Database(path: path, create: false, busyTimeoutMilliseconds: configuration.busyTimeout.wholeMilliseconds)
+        let database = try Database(
+            path: path, create: false, gatheringLogWrites: true, busyTimeoutMilliseconds: configuration.busyTimeout.wholeMilliseconds)
         try FilePermissions.confirmOpened(identity, path: path, opened: database.openedFileIdentity)
         try VaultSchema.migrate(database)
         let header = try VaultHeader.load(from: database)

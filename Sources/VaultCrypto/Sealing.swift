@@ -190,7 +190,8 @@ package enum Crypto {
         input.withUnsafeBytes { keyedDigest($0, key: key) }
     }
 
-    /// ``keyedDigest(_:key:)-([UInt8],_)`` of bytes read in place.
+    /// ``keyedDigest(_:key:)-([UInt8],_)`` of bytes read in place (a part of a larger buffer,
+    /// without copying it).
     package static func keyedDigest(_ input: UnsafeRawBufferPointer, key: SecretBytes) -> [UInt8] {
         ensureInitialized()
         var digest = [UInt8](repeating: 0, count: 32)

@@ -1,4 +1,5 @@
 internal import CSQLite
+internal import CWriteAheadBuffer
 import LockboxCore
 
 #if canImport(Glibc)
@@ -19,13 +20,31 @@ package final class Database {
 
     /// Opens (and with `create`, creates) the database at `path` with the vault's settings:
     /// WAL, `synchronous=FULL`, `secure_delete=ON`, and a busy timeout.
-    package init(path: String, create: Bool, busyTimeoutMilliseconds: Int32 = 10_000) throws(LockboxError) {
+    ///
+    /// - Parameters:
+    ///   - pageSize: the page size of a database created now (SQLite's default when nil); an
+    ///     existing file keeps its own.
+    ///   - gatheringLogWrites: writes of the write-ahead log go through a VFS that hands each
+    ///     commit's frames to the file in one `pwrite` instead of two per page, before the same
+    ///     `fdatasync` (CWriteAheadBuffer): the same bytes, synced at the same moments.
+    package init(
+        path: String, create: Bool, pageSize: Int? = nil, gatheringLogWrites: Bool = false,
+        busyTimeoutMilliseconds: Int32 = 10_000
+    ) throws(LockboxError) {
         Self.configureProcess
         self.path = path
         var connection: OpaquePointer?
         var flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE
         if create { flags |= SQLITE_OPEN_CREATE }
-        let result = sqlite3_open_v2(path, &connection, flags, nil)
+        var vfs: UnsafePointer<CChar>?
+        if gatheringLogWrites {
+            let registered = lockbox_register_write_ahead_buffer()
+            guard registered == SQLITE_OK else {
+                throw Database.error(code: registered, message: "could not register the log-writing VFS", path: path, operation: "sqlite3_vfs_register")
+            }
+            vfs = lockbox_write_ahead_buffer_vfs
+        }
+        let result = sqlite3_open_v2(path, &connection, flags, vfs)
         guard result == SQLITE_OK, let connection else {
             if let connection { sqlite3_close_v2(connection) }
             if result & 0xff == SQLITE_CANTOPEN {
@@ -38,6 +57,7 @@ package final class Database {
         do {
             // WAL lets readers proceed while a writer commits; FULL makes every acknowledged
             // write survive power loss; secure_delete overwrites deleted cells.
+            if let pageSize { try execute("PRAGMA page_size=\(pageSize)") }
             try execute("PRAGMA journal_mode=WAL")
             try execute("PRAGMA synchronous=FULL")
             try execute("PRAGMA secure_delete=ON")
@@ -59,6 +79,9 @@ package final class Database {
 
     deinit {
         stepped.removeAll()
+        beginImmediate = nil
+        beginDeferred = nil
+        commitStatement = nil
         statements.removeAll()
         sqlite3_close_v2(handle)
     }
@@ -121,12 +144,28 @@ package final class Database {
     /// Runs `body` in a write transaction (`BEGIN IMMEDIATE`): committed when it returns,
     /// rolled back when it throws.
     package func writeTransaction<T>(_ body: () throws(LockboxError) -> T) throws(LockboxError) -> T {
-        try transaction("BEGIN IMMEDIATE", body)
+        try transaction(.immediate, body)
     }
 
     /// Runs `body` in a read transaction: one consistent snapshot across its statements.
     package func readTransaction<T>(_ body: () throws(LockboxError) -> T) throws(LockboxError) -> T {
-        try transaction("BEGIN DEFERRED", body)
+        try transaction(.deferred, body)
+    }
+
+    private enum Begin {
+        case immediate, deferred
+    }
+
+    // Prepared once and kept outside the statement cache: every operation runs them.
+    private var beginImmediate: Statement?
+    private var beginDeferred: Statement?
+    private var commitStatement: Statement?
+
+    private func kept(_ slot: inout Statement?, _ sql: String) throws(LockboxError) -> Statement {
+        if let statement = slot { return statement }
+        let statement = try statement(sql)
+        slot = statement
+        return statement
     }
 
     /// Counts the transactions begun on this connection; with ``isInTransaction``, says whether
@@ -136,9 +175,13 @@ package final class Database {
     /// True while a transaction of ``readTransaction(_:)`` or ``writeTransaction(_:)`` runs.
     package private(set) var isInTransaction = false
 
-    private func transaction<T>(_ begin: String, _ body: () throws(LockboxError) -> T) throws(LockboxError) -> T {
+    private func transaction<T>(_ begin: Begin, _ body: () throws(LockboxError) -> T) throws(LockboxError) -> T {
         // Prepared once and kept: compiling BEGIN and COMMIT again costs more than a small read.
-        let start = try statement(begin)
+        let start =
+            switch begin {
+            case .immediate: try kept(&beginImmediate, "BEGIN IMMEDIATE")
+            case .deferred: try kept(&beginDeferred, "BEGIN DEFERRED")
+            }
         try start.run()
         start.reset()
         transactionSerial &+= 1
@@ -146,7 +189,7 @@ package final class Database {
         defer { isInTransaction = false }
         do {
             let value = try body()
-            let commit = try statement("COMMIT")
+            let commit = try kept(&commitStatement, "COMMIT")
             try commit.run()
             commit.reset()
             return value
@@ -224,6 +267,14 @@ package final class Database {
         _ = sqlite3_wal_checkpoint_v2(handle, nil, SQLITE_CHECKPOINT_TRUNCATE, nil, nil)
     }
 
+    /// The name of the VFS this connection goes through ("unix", or the one
+    /// `gatheringLogWrites` chose).
+    package var vfsName: String? {
+        var pointer: UnsafeMutableRawPointer?
+        guard sqlite3_file_control(handle, "main", SQLITE_FCNTL_VFS_POINTER, &pointer) == SQLITE_OK, let pointer else { return nil }
+        return String(cString: pointer.assumingMemoryBound(to: sqlite3_vfs.self).pointee.zName)
+    }
+
     /// The device and inode of the file SQLite opened, read from its own descriptor, so the
     /// caller can confirm it is the file that was checked. Nil when the VFS is not SQLite's
     /// default `unix` one.
@@ -298,18 +349,67 @@ package final class Statement {
         self.database = database
     }
 
-    deinit { sqlite3_finalize(handle) }
+    deinit {
+        sqlite3_finalize(handle)
+        if let arena {
+            wipe(UnsafeMutableRawBufferPointer(start: arena, count: arenaCapacity))
+            free(arena)
+        }
+    }
+
+    /// Bound values are copied here and read by SQLite in place (SQLITE_STATIC) until the next
+    /// reset, instead of each being copied into an allocation of its own (a write binds about
+    /// sixteen). A value that does not fit gets its own copy (SQLITE_TRANSIENT), and the arena
+    /// is made larger at the next reset.
+    private var arena: UnsafeMutableRawPointer?
+    private var arenaCapacity = 0
+    private var arenaUsed = 0
+    private var arenaWanted = 1_024
+
+    private func arenaCopy(_ bytes: UnsafeRawBufferPointer) -> UnsafeRawPointer? {
+        if arena == nil, let allocated = malloc(arenaWanted) {
+            arena = allocated
+            arenaCapacity = arenaWanted
+        }
+        guard let arena, bytes.count <= arenaCapacity - arenaUsed else {
+            arenaWanted = min(max(arenaWanted, arenaUsed + bytes.count) * 2, 1 << 20)
+            return nil
+        }
+        let start = arena + arenaUsed
+        if let source = bytes.baseAddress, bytes.count > 0 { start.copyMemory(from: source, byteCount: bytes.count) }
+        arenaUsed += (bytes.count + 7) & ~7
+        return UnsafeRawPointer(start)
+    }
+
+    /// Called once SQLite holds no pointer into the arena (its bindings cleared).
+    private func releaseArena() {
+        guard let arena else { return }
+        // Bound values may be anything a caller stored: they do not linger here.
+        wipe(UnsafeMutableRawBufferPointer(start: arena, count: min(arenaUsed, arenaCapacity)))
+        arenaUsed = 0
+        if arenaWanted > arenaCapacity {
+            free(arena)
+            self.arena = nil
+            arenaCapacity = 0
+        }
+    }
 
     /// Stepped since its last reset (so it may hold a read snapshot).
     fileprivate var isStepped = false
+    /// Bound since its last reset.
+    private var isBound = false
 
     package func reset() {
+        // A statement neither stepped nor bound since its last reset is reset already.
+        guard isStepped || isBound else { return }
         // sqlite3_reset returns the last step's error, already thrown by step(); clearing
         // bindings cannot fail.
         sqlite3_reset(handle)
         sqlite3_clear_bindings(handle)
+        releaseArena()
         bindFailure = nil
         isStepped = false
+        isBound = false
     }
 
     // SQLITE_TRANSIENT: SQLite copies the bound bytes before the call returns.
@@ -322,6 +422,7 @@ package final class Statement {
     /// The funnel for `sqlite3_bind_*`: a wrong index or a misuse is a bug in Lockbox and
     /// crashes; anything else (a value too big, no memory) is kept and thrown at `step()`.
     private func checkBind(_ index: Int32, _ result: Int32) {
+        isBound = true
         guard result != SQLITE_OK else { return }
         precondition(
             result != SQLITE_RANGE && result != SQLITE_MISUSE,
@@ -336,11 +437,22 @@ package final class Statement {
             checkBind(index, sqlite3_bind_null(handle, index))
             return
         }
-        let result = value.withUnsafeBytes { bytes in
+        value.withUnsafeBytes { bind(index, bytes: $0) }
+    }
+
+    /// Binds a blob copied from `bytes` (the caller's buffer is not used after this returns).
+    package func bind(_ index: Int32, bytes: UnsafeRawBufferPointer) {
+        let result: Int32
+        if let copy = arenaCopy(bytes) {
+            // The arena's pointer is never null, so an empty blob stays a blob.
+            result = sqlite3_bind_blob64(handle, index, copy, sqlite3_uint64(bytes.count), nil)
+        } else {
             // A zero-length blob still needs a non-null pointer to stay a blob.
             var empty: UInt8 = 0
-            let start = bytes.baseAddress ?? withUnsafeMutablePointer(to: &empty) { UnsafeRawPointer($0) }
-            return sqlite3_bind_blob64(handle, index, start, sqlite3_uint64(bytes.count), Statement.transient)
+            result = withUnsafeMutablePointer(to: &empty) { emptyPointer in
+                sqlite3_bind_blob64(
+                    handle, index, bytes.baseAddress ?? UnsafeRawPointer(emptyPointer), sqlite3_uint64(bytes.count), Statement.transient)
+            }
         }
         checkBind(index, result)
     }
@@ -350,7 +462,18 @@ package final class Statement {
             checkBind(index, sqlite3_bind_null(handle, index))
             return
         }
-        checkBind(index, sqlite3_bind_text(handle, index, value, -1, Statement.transient))
+        var text = value
+        let result = text.withUTF8 { utf8 -> Int32 in
+            // Up to the first NUL, as SQLite reads a C string.
+            let length = utf8.firstIndex(of: 0) ?? utf8.count
+            let bytes = UnsafeRawBufferPointer(rebasing: UnsafeRawBufferPointer(utf8)[0..<length])
+            if let copy = arenaCopy(bytes) {
+                return sqlite3_bind_text64(
+                    handle, index, copy.assumingMemoryBound(to: CChar.self), sqlite3_uint64(length), nil, UInt8(SQLITE_UTF8))
+            }
+            return sqlite3_bind_text(handle, index, value, -1, Statement.transient)
+        }
+        checkBind(index, result)
     }
 
     package func bind(_ index: Int32, _ value: Int?) {
