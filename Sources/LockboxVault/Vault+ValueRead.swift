@@ -42,17 +42,26 @@ extension Vault {
     /// edited class column is caught by the bucket's count like any edited column), a wrapped
     /// key and access control are only measured (a row this read serves has neither), and a
     /// device is read only for the rows that have one.
+    ///
+    /// The general path and the integrity record read columns through SQLite's conversions
+    /// (text up to its first NUL, invalid UTF-8 repaired, numbers coerced), this read reads
+    /// their bytes. A row whose columns are not stored as Lockbox stores them (an integer
+    /// column holding text, a text column holding a NUL or bytes beyond ASCII) would be seen
+    /// differently by the two, so such a row is left to the general path.
     private enum ValueColumn {
         static let id: Int32 = 0, accessibility: Int32 = 1, accessGroup: Int32 = 2, metadata: Int32 = 3, secret: Int32 = 4
         static let deviceID: Int32 = 5, primaryDigest: Int32 = 6, nameDigest: Int32 = 7, version: Int32 = 8, flags: Int32 = 9
         /// The bits of the `flags` column: what the read needs to know of the other columns,
         /// computed by SQLite (one column costs about as much as a small blob).
-        static let synchronizable = 1, wrappedKey = 2, accessControl = 4, inBucket = 8, currentFormat = 16
+        static let synchronizable = 1, wrappedKey = 2, accessControl = 4, inBucket = 8, currentFormat = 16, stored = 32
         static let sql =
             "SELECT id, accessibility, access_group, metadata, secret, "
-            + "CASE WHEN length(device_id) = 0 THEN NULL ELSE device_id END, primary_digest, name_digest, version, "
-            + "((synchronizable != 0) | ((length(wrapped_key) != 0) << 1) | ((length(access_control) != 0) << 2) "
-            + "| ((bucket = ?2) << 3) | ((format = \(SealedRow.currentFormat)) << 4)) "
+            + "CASE WHEN device_id = '' THEN NULL ELSE device_id END, primary_digest, name_digest, version, "
+            + "((synchronizable != 0) | ((length(wrapped_key) != 0) << 1) | ((access_control != '') << 2) "
+            + "| ((bucket = ?2) << 3) | ((format = \(SealedRow.currentFormat)) << 4) "
+            + "| ((typeof(synchronizable) = 'integer' AND typeof(format) = 'integer' AND typeof(version) = 'integer' "
+            + "AND typeof(bucket) = 'integer' AND typeof(wrapped_key) = 'blob' AND typeof(access_control) = 'text' "
+            + "AND typeof(accessibility) = 'text' AND typeof(access_group) = 'text' AND typeof(device_id) = 'text') << 5)) "
             + "FROM items WHERE lookup_digest = ?1 ORDER BY rowid"
     }
 
@@ -84,6 +93,10 @@ extension Vault {
             if let cached = state.valueStatement {
                 statement = cached
             } else {
+                // Text is read as stored: in a file whose text is UTF-16 the bytes are not the
+                // UTF-8 the associated data binds. Such a file is read by the general path.
+                let encoding = try state.database.firstRow("PRAGMA encoding", read: { $0.text(0) }) ?? nil
+                guard encoding == "UTF-8" else { return nil }
                 statement = try state.database.statement(ValueColumn.sql)
                 state.valueStatement = statement
             }
@@ -153,12 +166,16 @@ extension Vault {
         let id = statement.borrowedBlob(notNull: Column.id), group = statement.borrowedBlob(notNull: Column.accessGroup)
         let storedAccessibility = statement.borrowedBlob(notNull: Column.accessibility)
         let primaryDigest = statement.borrowedBlob(notNull: Column.primaryDigest)
-        guard let flags = statement.integer(Column.flags), let version = statement.integer(Column.version),
-            let accessibility = Accessibility(utf8: storedAccessibility)
-        else { throw LockboxError.integrity() }
+        guard let flags = statement.integer(Column.flags), let version = statement.integer(Column.version) else {
+            throw LockboxError.integrity()
+        }
+        let deviceID = statement.borrowedBlob(Column.deviceID)
+        // Only rows stored as Lockbox stores them (see `ValueColumn`).
+        guard flags & Column.stored != 0, let accessibility = Accessibility(utf8: storedAccessibility),
+            group.isPlainText, deviceID?.isPlainText ?? true
+        else { return .needsGeneralPath }
         guard flags & Column.inBucket != 0 else { throw Self.rowOutsideCount }
         let synchronizable = flags & Column.synchronizable != 0
-        let deviceID = statement.borrowedBlob(Column.deviceID)
         // Admission, as `admits` decides it (the class is bound below).
         let visibleGroup: Bool
         if let wanted = request.group {
@@ -224,6 +241,12 @@ extension Accessibility {
 }
 
 extension UnsafeRawBufferPointer {
+    /// True when every byte is ASCII and none is NUL: text that SQLite's conversions and
+    /// Swift's `String` leave exactly as stored.
+    var isPlainText: Bool {
+        allSatisfy { $0 != 0 && $0 < 0x80 }
+    }
+
     /// True when these are the UTF-8 bytes of `string`.
     func equals(_ string: String) -> Bool {
         var string = string
