@@ -45,23 +45,23 @@ extension Vault {
     ///
     /// The general path and the integrity record read columns through SQLite's conversions
     /// (text up to its first NUL, invalid UTF-8 repaired, numbers coerced), this read reads
-    /// their bytes. A row whose columns are not stored as Lockbox stores them (an integer
-    /// column holding text, a text column holding a NUL or bytes beyond ASCII) would be seen
-    /// differently by the two, so such a row is left to the general path.
+    /// their bytes. A row whose columns are not stored as Lockbox stores them (a flag column
+    /// holding text, a text column holding a NUL or bytes beyond ASCII, an item key that is not
+    /// an empty blob) would be seen differently by the two, so such a row, and any row this
+    /// read would refuse, is left to the general path, which answers as it always has.
     private enum ValueColumn {
         static let id: Int32 = 0, accessibility: Int32 = 1, accessGroup: Int32 = 2, metadata: Int32 = 3, secret: Int32 = 4
         static let deviceID: Int32 = 5, primaryDigest: Int32 = 6, nameDigest: Int32 = 7, version: Int32 = 8, flags: Int32 = 9
         /// The bits of the `flags` column: what the read needs to know of the other columns,
-        /// computed by SQLite (one column costs about as much as a small blob).
-        static let synchronizable = 1, wrappedKey = 2, accessControl = 4, inBucket = 8, currentFormat = 16, stored = 32
+        /// computed by SQLite (one column costs about as much as a small blob). `length` and
+        /// `typeof` of a blob do not read it.
+        static let synchronizable = 1, wrappedKey = 2, accessControl = 4, inBucket = 8, currentFormat = 16, plainFlag = 32
         static let sql =
             "SELECT id, accessibility, access_group, metadata, secret, "
             + "CASE WHEN device_id = '' THEN NULL ELSE device_id END, primary_digest, name_digest, version, "
-            + "((synchronizable != 0) | ((length(wrapped_key) != 0) << 1) | ((access_control != '') << 2) "
-            + "| ((bucket = ?2) << 3) | ((format = \(SealedRow.currentFormat)) << 4) "
-            + "| ((typeof(synchronizable) = 'integer' AND typeof(format) = 'integer' AND typeof(version) = 'integer' "
-            + "AND typeof(bucket) = 'integer' AND typeof(wrapped_key) = 'blob' AND typeof(access_control) = 'text' "
-            + "AND typeof(accessibility) = 'text' AND typeof(access_group) = 'text' AND typeof(device_id) = 'text') << 5)) "
+            + "((synchronizable != 0) | ((typeof(wrapped_key) != 'blob' OR length(wrapped_key) != 0) << 1) "
+            + "| ((access_control != '') << 2) | ((bucket = ?2) << 3) | ((format = \(SealedRow.currentFormat)) << 4) "
+            + "| ((synchronizable IN (0, 1)) << 5)) "
             + "FROM items WHERE lookup_digest = ?1 ORDER BY rowid"
     }
 
@@ -170,11 +170,10 @@ extension Vault {
             throw LockboxError.integrity()
         }
         let deviceID = statement.borrowedBlob(Column.deviceID)
-        // Only rows stored as Lockbox stores them (see `ValueColumn`).
-        guard flags & Column.stored != 0, let accessibility = Accessibility(utf8: storedAccessibility),
+        // Only rows stored as Lockbox stores them, in their bucket (see `ValueColumn`).
+        guard flags & Column.plainFlag != 0, flags & Column.inBucket != 0, let accessibility = Accessibility(utf8: storedAccessibility),
             group.isPlainText, deviceID?.isPlainText ?? true
         else { return .needsGeneralPath }
-        guard flags & Column.inBucket != 0 else { throw Self.rowOutsideCount }
         let synchronizable = flags & Column.synchronizable != 0
         // Admission, as `admits` decides it (the class is bound below).
         let visibleGroup: Bool
@@ -190,11 +189,11 @@ extension Vault {
         else { return .notAdmitted }
         // Format-3 rows without access control, of items that are not keys, sealed under a class
         // key this handle holds: anything else takes the general path.
-        guard flags & Column.currentFormat != 0, flags & Column.accessControl == 0, request.itemClass != .key,
-            let classKey = try state.keys.classKey(for: accessibility, header: state.header)
+        // (No item key is ever written for a row sealed under its class key: the general path
+        // refuses one found there.)
+        guard flags & Column.currentFormat != 0, flags & Column.accessControl == 0, flags & Column.wrappedKey == 0,
+            request.itemClass != .key, let classKey = try state.keys.classKey(for: accessibility, header: state.header)
         else { return .needsGeneralPath }
-        // No item key is ever written for such a row: one found in the file was put there.
-        guard flags & Column.wrappedKey == 0 else { throw LockboxError.integrity() }
 
         var associatedData = state.spareEncoder.take() ?? FieldEncoder()
         associatedData.removeAll()
@@ -244,7 +243,10 @@ extension UnsafeRawBufferPointer {
     /// True when every byte is ASCII and none is NUL: text that SQLite's conversions and
     /// Swift's `String` leave exactly as stored.
     var isPlainText: Bool {
-        allSatisfy { $0 != 0 && $0 < 0x80 }
+        var outside: UInt8 = 0
+        for byte in self { outside |= (byte &- 1) | byte }
+        // A NUL wraps to 0xFF, a byte beyond ASCII has its high bit: either sets the high bit.
+        return outside & 0x80 == 0
     }
 
     /// True when these are the UTF-8 bytes of `string`.
