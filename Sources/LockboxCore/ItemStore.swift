@@ -42,6 +42,12 @@ public protocol ItemStore: Sendable {
 extension ItemStore {
     /// The value of the one item matching `query`.
     public func data(matching query: Query) throws(LockboxError) -> SecretBytes {
+        try dataThroughItems(matching: query)
+    }
+
+    /// ``data(matching:)`` answered by ``items(matching:)``: the default, and what a store with
+    /// a faster way falls back to.
+    package func dataThroughItems(matching query: Query) throws(LockboxError) -> SecretBytes {
         var query = query
         query.limit = .one
         query.returning = [.data]

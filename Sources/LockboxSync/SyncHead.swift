@@ -34,43 +34,17 @@ struct SyncHead: Equatable {
         return Crypto.keyedDigest(encoder.bytes, key: keys.elements)
     }
 
-    /// Adds `element` to `accumulator` (little endian, modulo 2^256), a 64-bit word at a time.
-    /// An element or accumulator of another size (an edited local state) leaves an empty
-    /// accumulator, which matches no head.
+    /// Adds `element` to `accumulator` (``ModularSum``). An element or accumulator of another
+    /// size (an edited local state) leaves an empty accumulator, which matches no head.
     static func add(_ element: [UInt8], to accumulator: inout [UInt8]) {
         guard element.count == accumulatorSize && accumulator.count == accumulatorSize else { return accumulator = [] }
-        element.withUnsafeBytes { element in
-            accumulator.withUnsafeMutableBytes { accumulator in
-                var carry: UInt64 = 0
-                for offset in stride(from: 0, to: accumulatorSize, by: 8) {
-                    let left = UInt64(littleEndian: accumulator.loadUnaligned(fromByteOffset: offset, as: UInt64.self))
-                    let right = UInt64(littleEndian: element.loadUnaligned(fromByteOffset: offset, as: UInt64.self))
-                    let (partial, first) = left.addingReportingOverflow(right)
-                    let (sum, second) = partial.addingReportingOverflow(carry)
-                    carry = first || second ? 1 : 0
-                    accumulator.storeBytes(of: sum.littleEndian, toByteOffset: offset, as: UInt64.self)
-                }
-            }
-        }
+        element.withUnsafeBytes { element in accumulator.withUnsafeMutableBytes { ModularSum.add(element, to: $0) } }
     }
 
-    /// Subtracts `element` from `accumulator` (modulo 2^256), a 64-bit word at a time; sizes as
-    /// for ``add(_:to:)``.
+    /// Subtracts `element` from `accumulator` (``ModularSum``); sizes as for ``add(_:to:)``.
     static func subtract(_ element: [UInt8], from accumulator: inout [UInt8]) {
         guard element.count == accumulatorSize && accumulator.count == accumulatorSize else { return accumulator = [] }
-        element.withUnsafeBytes { element in
-            accumulator.withUnsafeMutableBytes { accumulator in
-                var borrow: UInt64 = 0
-                for offset in stride(from: 0, to: accumulatorSize, by: 8) {
-                    let left = UInt64(littleEndian: accumulator.loadUnaligned(fromByteOffset: offset, as: UInt64.self))
-                    let right = UInt64(littleEndian: element.loadUnaligned(fromByteOffset: offset, as: UInt64.self))
-                    let (partial, first) = left.subtractingReportingOverflow(right)
-                    let (difference, second) = partial.subtractingReportingOverflow(borrow)
-                    borrow = first || second ? 1 : 0
-                    accumulator.storeBytes(of: difference.littleEndian, toByteOffset: offset, as: UInt64.self)
-                }
-            }
-        }
+        element.withUnsafeBytes { element in accumulator.withUnsafeMutableBytes { ModularSum.subtract(element, from: $0) } }
     }
 
     private static func mac(group: String, counter: Int64, accumulator: [UInt8], keys: SyncKeys) -> [UInt8] {

@@ -175,46 +175,15 @@ struct IntegrityState {
 
     static func add(_ value: [UInt8], to accumulator: inout [UInt8], at start: Int) {
         value.withUnsafeBytes { value in
-            accumulator.withUnsafeMutableBytes { add(value, to: UnsafeMutableRawBufferPointer(rebasing: $0[start..<start + accumulatorSize])) }
+            accumulator.withUnsafeMutableBytes { ModularSum.add(value, to: UnsafeMutableRawBufferPointer(rebasing: $0[start..<start + accumulatorSize])) }
         }
     }
 
     static func subtract(_ value: [UInt8], from accumulator: inout [UInt8], at start: Int) {
         value.withUnsafeBytes { value in
             accumulator.withUnsafeMutableBytes {
-                subtract(value, from: UnsafeMutableRawBufferPointer(rebasing: $0[start..<start + accumulatorSize]))
+                ModularSum.subtract(value, from: UnsafeMutableRawBufferPointer(rebasing: $0[start..<start + accumulatorSize]))
             }
-        }
-    }
-
-    /// `accumulator += value` modulo 2^256, both 32 bytes little-endian: four 64-bit words with
-    /// their carries (the same sum as adding byte by byte).
-    @inline(__always)
-    static func add(_ value: UnsafeRawBufferPointer, to accumulator: UnsafeMutableRawBufferPointer) {
-        precondition(value.count >= accumulatorSize && accumulator.count == accumulatorSize, "accumulators and elements are 32 bytes")
-        var carry: UInt64 = 0
-        for offset in stride(from: 0, to: accumulatorSize, by: 8) {
-            let left = UInt64(littleEndian: accumulator.loadUnaligned(fromByteOffset: offset, as: UInt64.self))
-            let right = UInt64(littleEndian: value.loadUnaligned(fromByteOffset: offset, as: UInt64.self))
-            let (partial, first) = left.addingReportingOverflow(right)
-            let (sum, second) = partial.addingReportingOverflow(carry)
-            carry = first || second ? 1 : 0
-            accumulator.storeBytes(of: sum.littleEndian, toByteOffset: offset, as: UInt64.self)
-        }
-    }
-
-    /// `accumulator -= value` modulo 2^256, a 64-bit word at a time with the borrows.
-    @inline(__always)
-    static func subtract(_ value: UnsafeRawBufferPointer, from accumulator: UnsafeMutableRawBufferPointer) {
-        precondition(value.count >= accumulatorSize && accumulator.count == accumulatorSize, "accumulators and elements are 32 bytes")
-        var borrow: UInt64 = 0
-        for offset in stride(from: 0, to: accumulatorSize, by: 8) {
-            let left = UInt64(littleEndian: accumulator.loadUnaligned(fromByteOffset: offset, as: UInt64.self))
-            let right = UInt64(littleEndian: value.loadUnaligned(fromByteOffset: offset, as: UInt64.self))
-            let (partial, first) = left.subtractingReportingOverflow(right)
-            let (difference, second) = partial.subtractingReportingOverflow(borrow)
-            borrow = first || second ? 1 : 0
-            accumulator.storeBytes(of: difference.littleEndian, toByteOffset: offset, as: UInt64.self)
         }
     }
 
@@ -409,7 +378,7 @@ struct IntegrityState {
         var accumulator = [UInt8](repeating: 0, count: accumulatorSize)
         try countRows(statement, key: key) { rowBucket, element throws(LockboxError) in
             guard rowBucket == bucket else { throw LockboxError.integrity("The keychain's rows") }
-            accumulator.withUnsafeMutableBytes { add(element, to: $0) }
+            accumulator.withUnsafeMutableBytes { ModularSum.add(element, to: $0) }
         }
         return accumulator
     }
@@ -422,7 +391,7 @@ struct IntegrityState {
         defer { statement.reset() }
         try countRows(statement, key: key) { bucket, element in
             state.accumulators.withUnsafeMutableBytes {
-                add(element, to: UnsafeMutableRawBufferPointer(rebasing: $0[bucket * accumulatorSize..<(bucket + 1) * accumulatorSize]))
+                ModularSum.add(element, to: UnsafeMutableRawBufferPointer(rebasing: $0[bucket * accumulatorSize..<(bucket + 1) * accumulatorSize]))
             }
         }
         state.markAllUnsaved()

@@ -542,15 +542,16 @@ struct KeySlots<Case: SlotIndexed> {
     }
 }
 
-/// An enum whose cases number their slots in a ``KeySlots``.
-protocol SlotIndexed {
-    static var slotCount: Int { get }
+/// An enum whose cases number their slots in a ``KeySlots`` (0 up to the number of cases).
+protocol SlotIndexed: CaseIterable {
     var slot: Int { get }
 }
 
-extension ItemClass: SlotIndexed {
-    static let slotCount = 4
+extension SlotIndexed {
+    static var slotCount: Int { allCases.count }
+}
 
+extension ItemClass: SlotIndexed {
     var slot: Int {
         switch self {
         case .genericPassword: 0
@@ -562,8 +563,6 @@ extension ItemClass: SlotIndexed {
 }
 
 extension Accessibility: SlotIndexed {
-    static let slotCount = 7
-
     var slot: Int {
         switch self {
         case .whenUnlocked: 0

@@ -25,13 +25,7 @@ extension Vault {
     /// attributes, so an edited, swapped, moved or replayed row fails to open.
     public func data(matching query: Query) throws(LockboxError) -> SecretBytes {
         if let value = try valueByPrimaryKey(query) { return value }
-        var query = query
-        query.limit = .one
-        query.returning = [.data]
-        guard let data = try items(matching: query).first?.data else {
-            throw LockboxError(.itemNotFound, "No matching item was found in the keychain.")
-        }
-        return data
+        return try dataThroughItems(matching: query)
     }
 
     /// The columns the value read selects, by position. Each text or blob column SQLite hands

@@ -27,6 +27,9 @@ package final class Database {
     ///   - gatheringLogWrites: writes of the write-ahead log go through a VFS that hands each
     ///     commit's frames to the file in one `pwrite` instead of two per page, before the same
     ///     `fdatasync` (CWriteAheadBuffer): the same bytes, synced at the same moments.
+    ///     Other connections read frames once the wal-index names them, which SQLite does after
+    ///     the commit's sync (which flushes the gathered writes) only with `synchronous=FULL`,
+    ///     the setting made here: a connection that lowers it must not gather.
     package init(
         path: String, create: Bool, pageSize: Int? = nil, gatheringLogWrites: Bool = false,
         busyTimeoutMilliseconds: Int32 = 10_000
