@@ -1,4 +1,5 @@
 import LockboxCore
+import Synchronization
 import VaultCrypto
 import VaultStorage
 
@@ -527,10 +528,17 @@ private struct ElementEncoding {
 /// `$XDG_STATE_HOME/lockbox/generations/`), so that an older copy of the whole file, or a
 /// deleted WAL, is noticed. Written after each commit without a sync of its own: after a crash
 /// it can only lag behind the file (a missed detection), never run ahead (a false alarm).
+///
+/// The file's eight bytes are mapped shared into the process once it exists: every write of
+/// the vault reads and advances it, and a memory access costs none of the two system calls
+/// (with their inode time updates) that a `pread` and a `pwrite` did. Every process that maps
+/// the file sees the same page, so advancing is an atomic maximum across processes, where a
+/// read then a write could move it back. The directory is the user's own (0700): truncating
+/// the file under a running process ends that process (`SIGBUS`), as killing it would.
 final class RememberedGeneration {
     let path: String
-    /// Kept open once the file exists: a read is then one `pread`.
-    private var descriptor: Int32 = -1
+    /// The mapped value, once the file exists and holds eight bytes.
+    private var mapped: UnsafeMutablePointer<Atomic<UInt64>>?
 
     /// One record per vault identity, wherever the file is and however its path is spelled:
     /// moving the file keeps its record; a copy of it used as a second vault shares the record
@@ -547,39 +555,60 @@ final class RememberedGeneration {
     var exists: Bool { FilePermissions.exists(path) }
 
     deinit {
-        if descriptor >= 0 { close(descriptor) }
+        if let mapped { munmap(UnsafeMutableRawPointer(mapped), 8) }
     }
 
-    private func openIfNeeded() -> Bool {
-        if descriptor >= 0 { return true }
-        descriptor = Glibc.open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW)
-        return descriptor >= 0
+    /// Maps the file; with `creating`, creates it first (zero: nothing remembered). Nil when it
+    /// does not exist (and is not to be created) or cannot be mapped.
+    private func map(creating: Bool) -> UnsafeMutablePointer<Atomic<UInt64>>? {
+        if let mapped { return mapped }
+        if creating {
+            let directory = FilePermissions.directory(of: path)
+            if (try? FilePermissions.createPrivateDirectory(directory)) == nil { return nil }
+        }
+        let descriptor = Glibc.open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | (creating ? O_CREAT : 0), 0o600)
+        guard descriptor >= 0 else { return nil }
+        defer { close(descriptor) }
+        var status = stat()
+        guard fstat(descriptor, &status) == 0, status.st_mode & S_IFMT == S_IFREG else { return nil }
+        if status.st_size == 0 {
+            // A new file: grown (never cut), so a process creating it at the same time loses
+            // nothing.
+            guard creating, ftruncate(descriptor, 8) == 0 else { return nil }
+        } else if status.st_size < 8 {
+            // Cut short: it holds no generation. Its bytes are not one.
+            let zero = [UInt8](repeating: 0, count: 8)
+            guard creating, zero.withUnsafeBytes({ pwrite(descriptor, $0.baseAddress, 8, 0) }) == 8 else { return nil }
+        }
+        guard let address = mmap(nil, 8, PROT_READ | PROT_WRITE, MAP_SHARED, descriptor, 0), address != MAP_FAILED else {
+            return nil
+        }
+        let pointer = address.bindMemory(to: Atomic<UInt64>.self, capacity: 1)
+        mapped = pointer
+        return pointer
     }
 
     /// The remembered generation; 0 when there is none.
     func read() -> Int {
-        guard openIfNeeded() else { return 0 }
-        var bytes = [UInt8](repeating: 0, count: 8)
-        let count = bytes.withUnsafeMutableBytes { pread(descriptor, $0.baseAddress, 8, 0) }
-        guard count == 8 else { return 0 }
-        return Int(truncatingIfNeeded: bytes.enumerated().reduce(UInt64(0)) { $0 | UInt64($1.element) << (8 * UInt64($1.offset)) })
+        guard let value = map(creating: false) else { return 0 }
+        return Int(truncatingIfNeeded: UInt64(littleEndian: value.pointee.load(ordering: .acquiring)))
     }
 
     /// Remembers `generation` when it is higher than what is remembered.
     func advance(to generation: Int) {
-        guard generation > read() else { return }
-        write(generation)
+        guard generation > read(), let value = map(creating: true) else { return }
+        var current = value.pointee.load(ordering: .relaxed)
+        while Int(truncatingIfNeeded: UInt64(littleEndian: current)) < generation {
+            let exchanged = value.pointee.compareExchange(
+                expected: current, desired: UInt64(generation).littleEndian, ordering: .acquiringAndReleasing)
+            if exchanged.exchanged { return }
+            current = exchanged.original
+        }
     }
 
     /// Remembers exactly `generation` (accepting an older file on purpose).
     func write(_ generation: Int) {
-        if !openIfNeeded() {
-            let directory = FilePermissions.directory(of: path)
-            if (try? FilePermissions.createPrivateDirectory(directory)) == nil { return }
-            descriptor = Glibc.open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
-            guard descriptor >= 0 else { return }
-        }
-        var value = UInt64(generation).littleEndian
-        _ = withUnsafeBytes(of: &value) { pwrite(descriptor, $0.baseAddress, 8, 0) }
+        guard let value = map(creating: true) else { return }
+        value.pointee.store(UInt64(generation).littleEndian, ordering: .releasing)
     }
 }

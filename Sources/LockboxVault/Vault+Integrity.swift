@@ -5,7 +5,11 @@ import VaultStorage
 
 /// What this connection has verified of the integrity state, valid while no other connection
 /// writes (`PRAGMA data_version` unchanged).
-struct IntegrityCache {
+///
+/// A class: every operation looks at it several times, and as a value each look copied (and
+/// released) its dozen arrays and keys. Whoever changes it assigns it to ``Vault/State/integrity``
+/// again, which also refreshes what the value read keeps of it.
+final class IntegrityCache {
     var dataVersion: Int
     /// Nil for a vault from before schema 2 that has not been upgraded yet.
     var state: IntegrityState?
@@ -14,7 +18,15 @@ struct IntegrityCache {
     /// ``Database/pagerDataVersion`` of the snapshot this cache describes: a statement whose
     /// snapshot shows the same value reads exactly the file this cache verified (the value
     /// read of one item relies on it, `Vault+ValueRead.swift`). Nil when not known.
-    var pagerVersion: UInt32? = nil
+    var pagerVersion: UInt32?
+
+    init(dataVersion: Int, state: IntegrityState?, keys: IntegrityState.Keys?, verifiedBuckets: [Bool], pagerVersion: UInt32? = nil) {
+        self.dataVersion = dataVersion
+        self.state = state
+        self.keys = keys
+        self.verifiedBuckets = verifiedBuckets
+        self.pagerVersion = pagerVersion
+    }
 }
 
 extension Vault {
@@ -40,7 +52,7 @@ extension Vault {
     private func confirmIntegrity(_ state: State) throws(LockboxError) -> IntegrityCache {
         let remembered = state.rememberedGeneration.read()
         let dataVersion = try state.database.dataVersion
-        if var cached = state.integrity, cached.dataVersion == dataVersion {
+        if let cached = state.integrity, cached.dataVersion == dataVersion {
             // No other connection wrote since the cache was filled: what this connection sees
             // now (its own writes included) is what the cache describes.
             let pagerVersion = state.database.pagerDataVersion
@@ -82,7 +94,7 @@ extension Vault {
 
     /// Checks that the rows of `buckets` are exactly the current ones.
     func verifyBuckets(_ buckets: some Sequence<Int>, state: State) throws(LockboxError) {
-        var cache = try currentIntegrity(state)
+        let cache = try currentIntegrity(state)
         guard let stored = cache.state else { return }
         guard let keys = cache.keys else {
             // Neither the index root nor this machine's `always` key: nothing can be read.
@@ -267,7 +279,7 @@ extension Vault {
             // an opened key is checked against its row before its next use.
             if sparedKeys { state.changesSparingKeys += state.database.totalChanges - changesBefore }
             state.rememberedGeneration.advance(to: committed.generation)
-            if var cache = state.integrity {
+            if let cache = state.integrity {
                 // Buckets verified before stay verified: this connection applied exact changes.
                 cache.state = committed
                 if cache.verifiedBuckets.isEmpty { cache.verifiedBuckets = [Bool](repeating: false, count: IntegrityState.bucketCount) }
