@@ -185,7 +185,7 @@ extension Vault {
                     } else {
                         existing.reset()
                         let sealed = SealedRow.seal(
-                            id: Crypto.randomBytes(16), itemClass: itemClass, attributes: attributes, data: data,
+                            id: SealedRow.newIdentifier(generation: writer.generation), itemClass: itemClass, attributes: attributes, data: data,
                             classKey: keys.classKey, indexKey: keys.indexKey, vaultID: state.header.vaultID,
                             deviceID: state.device.identifier, accessControl: nil, presencePublicKey: nil, version: writer.generation)
                         try writer.insert(sealed)

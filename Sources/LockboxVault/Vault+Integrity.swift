@@ -50,6 +50,16 @@ extension Vault {
     }
 
     private func confirmIntegrity(_ state: State) throws(LockboxError) -> IntegrityCache {
+        // In a write transaction the snapshot is the latest from `BEGIN IMMEDIATE` on, so
+        // SQLite's change counter already says whether anything but this connection's own
+        // commits (after which the cache noted it) changed the file: the same value is the
+        // same file, without `PRAGMA data_version`'s statement. (It also moves at another
+        // connection's checkpoint: then the statement below decides.)
+        if state.database.isInWriteTransaction, let cached = state.integrity, let known = cached.pagerVersion,
+            known == state.database.pagerDataVersion
+        {
+            return cached
+        }
         let remembered = state.rememberedGeneration.read()
         let dataVersion = try state.database.dataVersion
         if let cached = state.integrity, cached.dataVersion == dataVersion {

@@ -63,7 +63,7 @@ extension Vault {
                     + "Set one with `lockbox set-passphrase`.")
         }
         let row = SealedRow.seal(
-            id: Crypto.randomBytes(16), itemClass: item.itemClass, attributes: item.attributes,
+            id: SealedRow.newIdentifier(generation: writer.generation), itemClass: item.itemClass, attributes: item.attributes,
             encodedAttributes: item.encodedAttributes, data: item.data,
             classKey: keys.classKey, indexKey: keys.indexKey, vaultID: state.header.vaultID,
             deviceID: state.device.identifier, accessControl: item.accessControl,
