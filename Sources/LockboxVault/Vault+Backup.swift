@@ -150,8 +150,11 @@ extension Vault {
                     }
                     let keys = try keysForWriting(itemClass, accessibility, state: state)
                     let digest = Crypto.keyedDigest(PrimaryKey.encode(itemClass, attributes), key: keys.indexKey)
-                    let existing = try state.database.statement("SELECT \(SealedRow.columns()) FROM items WHERE primary_digest = ?")
-                    existing.bind(1, digest)
+                    let lookup = Crypto.keyedDigest(PrimaryKey.encode(itemClass, attributes, includingGroup: false), key: keys.indexKey)
+                    let existing = try state.database.statement(
+                        "SELECT \(SealedRow.columns()) FROM items WHERE lookup_digest = ? AND primary_digest = ?")
+                    existing.bind(1, lookup)
+                    existing.bind(2, digest)
                     if try existing.step() {
                         let row = try SealedRow.read(from: existing)
                         existing.reset()

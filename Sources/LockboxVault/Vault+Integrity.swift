@@ -216,6 +216,7 @@ extension Vault {
 
         func insert(_ row: SealedRow) throws(LockboxError) {
             precondition(row.version == generation, "a new row carries the writing generation")
+            try checkUnique(row, replacing: nil)
             let statement = try database.statement(
                 """
                 INSERT INTO items (id, item_class, accessibility, access_group, synchronizable, primary_digest,
@@ -231,6 +232,7 @@ extension Vault {
         }
 
         func replace(_ old: SealedRow, with row: SealedRow) throws(LockboxError) {
+            if row.primaryDigest != old.primaryDigest { try checkUnique(row, replacing: old.rowID) }
             let statement = try database.statement(
                 """
                 UPDATE items SET id = ?, item_class = ?, accessibility = ?, access_group = ?, synchronizable = ?,
@@ -255,6 +257,20 @@ extension Vault {
             integrity.remove(.init(old), key: keys.element)
             touchedBuckets.insert(old.bucket)
             if old.itemClass == .key { touchedKeyRows = true }
+        }
+
+        /// A primary key names one item (Apple's rule: `errSecDuplicateItem`). Schema 4 keeps
+        /// no index of primary digests for it: every row with the same primary key has the same
+        /// lookup digest, so the lookup index finds them (almost always none), inside this write
+        /// transaction, which no other connection's write can enter.
+        private func checkUnique(_ row: SealedRow, replacing rowID: Int?) throws(LockboxError) {
+            let statement = try database.statement("SELECT rowid FROM items WHERE lookup_digest = ? AND primary_digest = ?")
+            defer { statement.reset() }
+            statement.bind(1, row.lookupDigest)
+            statement.bind(2, row.primaryDigest)
+            while try statement.step() {
+                if statement.integer(0) != rowID { throw LockboxError(.duplicateItem, "An item with the same primary key already exists.") }
+            }
         }
 
         fileprivate func finish(state: State) throws(LockboxError) {
