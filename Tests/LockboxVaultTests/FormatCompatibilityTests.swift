@@ -114,7 +114,7 @@ struct FormatCompatibilityTests {
         #expect(before == 3)
 
         try vault.update(matching: .genericPassword(service: "svc.v2", account: "ivan"), to: ItemUpdate(data: SecretBytes(utf8: "at-v3")))
-        #expect(try storedRecord(vault) == (3, 0, 16))
+        #expect(try storedRecord(vault) == (4, 0, 16))
         // The updated row is resealed in row format 3 (its value under the class key, bound to
         // its attributes); the others stay in format 2 and read as they are.
         let rowFormats = try vault.withDatabase { database throws(LockboxError) in
@@ -174,7 +174,15 @@ struct FormatCompatibilityTests {
         #expect(try Vault.verify(at: copy.path, configuration: copy.configuration).isSound)
         #expect(try vault.status().generation == 6)
 
+        // Until a write, the record stays in its format-3 place (generation and MACs in
+        // `vault_state`); the first write moves them into the group rows.
+        #expect(try storedRecord(vault) == (3, 0, 16))
         try vault.update(matching: .genericPassword(service: "svc.v3", account: "judy"), to: ItemUpdate(data: SecretBytes(utf8: "at-v4")))
+        #expect(try storedRecord(vault) == (4, 0, 16))
+        let record = try vault.withDatabase { database throws(LockboxError) in
+            try database.firstRow("SELECT length(mac) + length(always_mac), generation FROM vault_state") { [$0.integer(0), $0.integer(1)] }
+        }
+        #expect(record == [0, 0])
         try vault.add(.genericPassword(service: "svc.v4", account: "leo", data: SecretBytes(utf8: "new")))
         // The same name once more is a duplicate, in the old rows and the new.
         #expect(status { try vault.add(.genericPassword(service: "svc.v4", account: "leo", data: SecretBytes(utf8: "again"))) } == -25299)
