@@ -311,6 +311,8 @@ struct IntegrityState {
             state.alwaysMAC = alwaysMAC
         } else {
             guard inline.isEmpty else { throw malformed }
+            // In format 4 `vault_state` holds the format alone (what a save left there).
+            guard format != 4 || (generation == 0 && mac.isEmpty && alwaysMAC.isEmpty) else { throw malformed }
             let groups = try loadGroups(from: database, withRecord: format == 4)
             state = IntegrityState(generation: generation, accumulators: groups.accumulators)
             state.unsavedGroups = Array(repeating: false, count: groupCount)

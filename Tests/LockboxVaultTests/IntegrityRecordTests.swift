@@ -102,6 +102,15 @@ struct IntegrityRecordTests {
         #expect(outcome == -26275)
     }
 
+    @Test("vault_state, which keeps only the format, given a generation or MACs -> refused", arguments: [
+        "UPDATE vault_state SET generation = 99", "UPDATE vault_state SET mac = randomblob(32)",
+        "UPDATE vault_state SET always_mac = randomblob(32)", "UPDATE vault_state SET format = 3",
+    ])
+    func formatRowEdited_isRefused(edit: String) throws {
+        let outcome = try readAfter { database, _, _ in try database.execute(edit) }
+        #expect(outcome == -26275)
+    }
+
     @Test("the whole record rolled back to an earlier write, rows included -> refused by the remembered generation")
     func wholeRecordRolledBack_isRefused() throws {
         let fixture = try VaultFixture()
