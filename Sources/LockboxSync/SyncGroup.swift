@@ -719,7 +719,7 @@ public final class SyncGroup: Sendable {
     ) throws(LockboxError) {
         guard !changes.isEmpty else { return }
         do {
-            let applied = try vault.applyChanges(count: changes.count) { index throws(LockboxError) -> SyncedChange in
+            let applied = try vault.applyChanges(count: changes.count, concurrently: { index throws(LockboxError) -> SyncedChange in
                 let change = changes[index]
                 guard let item = try change.sealed.opened(keys: keys).item else {
                     guard let existing = change.existing else { preconditionFailure("a tombstone of nothing here is not applied") }
@@ -727,7 +727,7 @@ public final class SyncGroup: Sendable {
                 }
                 guard let existing = change.existing else { return .add(item) }
                 return .replace(reference: existing, with: item)
-            }
+            })
             for (change, reference) in zip(changes, applied.references) {
                 if let reference {
                     pending.rows[reference] = .some(.some(change.id))

@@ -62,18 +62,36 @@ extension Vault {
                 "Access control needs a passphrase to verify the user, and this keychain has none. "
                     + "Set one with `lockbox set-passphrase`.")
         }
-        let row = SealedRow.seal(
+        let row = Self.sealForAdding(
+            item, keys: keys, vaultID: state.header.vaultID, deviceID: state.device.identifier,
+            presencePublicKey: state.header.presencePublicKey, version: writer.generation)
+        try insertSealed(row, writer: writer)
+        return row.id
+    }
+
+    /// Seals a prepared item as a new row (a fresh random id; the value under its class key, or
+    /// under a fresh item key when it has access control) with the keys of its class and
+    /// accessibility. Uses nothing of the vault's state: it may run on another thread.
+    static func sealForAdding(
+        _ item: PreparedItem, keys: (classKey: SecretBytes, indexKey: SecretBytes), vaultID: [UInt8], deviceID: String,
+        presencePublicKey: [UInt8]?, version: Int
+    ) -> SealedRow {
+        SealedRow.seal(
             id: Crypto.randomBytes(16), itemClass: item.itemClass, attributes: item.attributes,
             encodedAttributes: item.encodedAttributes, data: item.data,
-            classKey: keys.classKey, indexKey: keys.indexKey, vaultID: state.header.vaultID,
-            deviceID: state.device.identifier, accessControl: item.accessControl,
-            presencePublicKey: state.header.presencePublicKey, version: writer.generation)
+            classKey: keys.classKey, indexKey: keys.indexKey, vaultID: vaultID,
+            deviceID: deviceID, accessControl: item.accessControl,
+            presencePublicKey: presencePublicKey, version: version)
+    }
+
+    /// Inserts a row sealed for adding, refusing a duplicate of an item already here
+    /// (`errSecDuplicateItem`): the one place every add checks its primary key.
+    func insertSealed(_ row: SealedRow, writer: RowWriter) throws(LockboxError) {
         do throws(LockboxError) {
             try writer.insert(row)
         } catch {
-            throw error.code == .duplicateItem ? duplicate(item.itemClass, cause: error.cause) : error
+            throw error.code == .duplicateItem ? duplicate(row.itemClass, cause: error.cause) : error
         }
-        return row.id
     }
 
     public func items(matching query: Query) throws(LockboxError) -> [Item] {
