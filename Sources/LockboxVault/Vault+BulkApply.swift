@@ -7,8 +7,8 @@ import VaultStorage
 extension Vault {
     /// ``applyChanges(count:_:)`` for a large batch, such as a new device's first sync: the same
     /// changes, made and counted the same way, in one write transaction, all of them or none;
-    /// but `change` is called, and each new item prepared and sealed, on a second thread, a
-    /// batch of changes ahead of this thread, which writes the rows. The rows a sealed add
+    /// but `change` is called, and each new item prepared and sealed, on other threads, ahead
+    /// of this thread, which writes the rows in order. The rows a sealed add
     /// writes are those ``add(_:)`` writes (``sealForAdding(_:keys:vaultID:deviceID:presencePublicKey:version:)``:
     /// a fresh id, the value sealed under its class key), inserted and checked for a duplicate
     /// by the same function (``insertSealed(_:writer:)``). A new item whose keys are not at hand
@@ -21,8 +21,9 @@ extension Vault {
     ///
     /// - Parameters:
     ///   - count: how many changes `change` gives.
-    ///   - change: the change at an index, `0..<count`, each asked for once, in order, on one
-    ///     other thread, up to a batch ahead of the writes (so also past a change that fails).
+    ///   - change: the change at an index, `0..<count`, each asked for once, on other threads
+    ///     (two at once, each going up its own range in order), up to two batches ahead of the
+    ///     writes (so also past a change that fails).
     /// - Returns: the rows written and the generations before and of the changes.
     /// - Throws: as ``applyChanges(count:_:)``: nothing is written.
     public func applyChanges(
@@ -39,15 +40,24 @@ extension Vault {
                     deviceID: state.device.identifier, version: writer.generation)
                 var applied = AppliedChanges(references: [], previousGeneration: writer.generation - 1, generation: writer.generation)
                 applied.references.reserveCapacity(count)
-                var inFlight: StagedBatch? = count > 0 ? stager.start(0..<min(Self.stagingBatch, count)) : nil
-                // The other thread finishes its batch before the transaction ends, whatever happens here.
-                defer { inFlight?.finished.wait() }
-                while let batch = inFlight {
-                    batch.finished.wait()
-                    inFlight = nil
-                    if batch.range.upperBound < count && batch.staged.count == batch.range.count {
-                        inFlight = stager.start(batch.range.upperBound..<min(batch.range.upperBound + Self.stagingBatch, count))
+                // Batches staged ahead, in order: two, so that both cores stage while this
+                // thread also writes.
+                var inFlight: [StagedBatch] = []
+                var next = 0
+                func stageAhead() {
+                    while inFlight.count < Self.batchesAhead && next < count {
+                        let end = min(next + Self.stagingBatch, count)
+                        inFlight.append(stager.start(next..<end))
+                        next = end
                     }
+                }
+                // The other threads finish their batches before the transaction ends, whatever happens here.
+                defer { for batch in inFlight { batch.finished.wait() } }
+                stageAhead()
+                while !inFlight.isEmpty {
+                    let batch = inFlight.removeFirst()
+                    batch.finished.wait()
+                    if batch.staged.count == batch.range.count { stageAhead() }
                     for staged in batch.staged {
                         switch staged {
                         case .failure(let error):
@@ -76,6 +86,8 @@ extension Vault {
 
     /// Changes staged per hand-over between the threads.
     static let stagingBatch = 128
+    /// Batches staged at once, each on its own thread.
+    static let batchesAhead = 2
 
     /// Raises the connection's page cache for a transaction of `count` changes (about 3 KiB of
     /// pages each: the row, its index entries, their share of split pages), so that SQLite does
