@@ -319,7 +319,7 @@ final class SyncState {
     private static func encodeItems(_ records: [String: ItemRecord]) -> [UInt8] {
         var encoder = FieldEncoder(capacity: 64 + records.count * 192)
         encoder.integer(records.count)
-        for (id, record) in records.sorted(by: { $0.key < $1.key }) {
+        for (id, record) in records {
             encoder.string(id)
             if let entry = record.entry {
                 encoder.integer(Int(entry.stamp.modified))
@@ -368,7 +368,7 @@ final class SyncState {
     private static func encodeRows(_ rows: [Data: String?]) -> [UInt8] {
         var encoder = FieldEncoder(capacity: 64 + rows.count * 72)
         encoder.integer(rows.count)
-        for (reference, id) in rows.sorted(by: { $0.key.lexicographicallyPrecedes($1.key) }) {
+        for (reference, id) in rows {
             encoder.bytes(reference)
             encoder.string(id)
         }
@@ -637,7 +637,9 @@ final class SyncState {
                 }
                 if case .some(.some(let id)) = change { items[try load(id)]![id, default: ItemRecord()].reference = reference }
             }
-            for index in items.keys { items[index] = items[index]!.filter { !$0.value.isEmpty } }
+            for index in items.keys where items[index]!.values.contains(where: \.isEmpty) {
+                items[index] = items[index]!.filter { !$0.value.isEmpty }
+            }
             try Self.write(items: items, rows: rows, database, key: key)
             try Self.writeProgress(
                 Progress(
