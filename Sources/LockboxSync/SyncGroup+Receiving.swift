@@ -40,6 +40,8 @@ extension SyncGroup {
     /// Slices of work handed to the threads: more than two, so that a core another process
     /// holds for a while does not leave half of the work waiting.
     static let parallelSlices = 16
+    /// Below this many, work runs on the calling thread.
+    static let parallelMinimum = 256
 
     /// `body` for every index of `0..<count`, on the cores available (two on this machine),
     /// the results in order; the first error (by index) is thrown once all have run.
@@ -47,55 +49,43 @@ extension SyncGroup {
         _ count: Int, _ body: @Sendable (Int) throws(LockboxError) -> T
     ) throws(LockboxError) -> [T] {
         guard count > 0 else { return [] }
-        let slots = Slots<T>(count)
-        defer { slots.release() }
-        let slices = min(parallelSlices, count)
-        DispatchQueue.concurrentPerform(iterations: slices) { slice in
-            for index in (count * slice / slices)..<(count * (slice + 1) / slices) {
+        // A few records (an incremental pull) are opened here: waking threads costs more.
+        guard count >= parallelMinimum else { return try (0..<count).map { index throws(LockboxError) in try body(index) } }
+        let slices = (0..<min(parallelSlices, count)).map { slice in
+            SliceResults<T>(count * slice / min(parallelSlices, count)..<count * (slice + 1) / min(parallelSlices, count))
+        }
+        DispatchQueue.concurrentPerform(iterations: slices.count) { slice in
+            let results = slices[slice]
+            for index in results.range {
                 do throws(LockboxError) {
-                    slots.set(index, .success(try body(index)))
+                    results.values.append(.success(try body(index)))
                 } catch {
-                    slots.set(index, .failure(error))
+                    results.values.append(.failure(error))
                 }
             }
         }
-        return try slots.results()
+        var values: [T] = []
+        values.reserveCapacity(count)
+        for slice in slices {
+            for result in slice.values {
+                switch result {
+                case .success(let value): values.append(value)
+                case .failure(let error): throw error
+                }
+            }
+        }
+        return values
     }
 }
 
-/// Results written by several threads, each to its own indexes, and read once all are done.
-private final class Slots<T: Sendable>: @unchecked Sendable {
-    private let base: UnsafeMutablePointer<Result<T, LockboxError>>
-    private let count: Int
+/// The results of one slice of ``SyncGroup/inParallel(_:_:)``: written by the one thread that
+/// runs the slice, read after `concurrentPerform` has returned (every slice done).
+private final class SliceResults<T: Sendable>: @unchecked Sendable {
+    let range: Range<Int>
+    var values: [Result<T, LockboxError>] = []
 
-    init(_ count: Int) {
-        self.count = count
-        base = .allocate(capacity: count)
-    }
-
-    func set(_ index: Int, _ value: Result<T, LockboxError>) {
-        (base + index).initialize(to: value)
-    }
-
-    /// Every result, in order (after every `set`); the first failure thrown.
-    func results() throws(LockboxError) -> [T] {
-        var values: [T] = []
-        values.reserveCapacity(count)
-        var failure: LockboxError?
-        for index in 0..<count {
-            switch base[index] {
-            case .success(let value): values.append(value)
-            case .failure(let error): if failure == nil { failure = error }
-            }
-        }
-        if let failure { throw failure }
-        return values
-    }
-
-    /// After every `set` (`concurrentPerform` returns once every slice ran, and every slice
-    /// sets each of its indexes).
-    func release() {
-        base.deinitialize(count: count)
-        base.deallocate()
+    init(_ range: Range<Int>) {
+        self.range = range
+        values.reserveCapacity(range.count)
     }
 }

@@ -705,7 +705,11 @@ public final class SyncGroup: Sendable {
         lastPullTimings.withLock { $0 = timings }
     }
 
-    /// Applies pulled records in one vault transaction (``Vault/applyChanges(count:_:)``), each
+    /// Changes from which a pull applies them through ``Vault/applyChanges(count:concurrently:)``.
+    static let bulkApplyMinimum = 128
+
+    /// Applies pulled records in one vault transaction (``Vault/applyChanges(count:_:)``, or for
+    /// many ``Vault/applyChanges(count:concurrently:)``), each
     /// value opened just before the vault seals it: new items added, others replaced, tombstones
     /// deleted. The state records the rows at once; when nothing else was written to the vault
     /// since the push listed its rows, the push's generation moves past these changes too, so
@@ -717,7 +721,7 @@ public final class SyncGroup: Sendable {
     ) throws(LockboxError) {
         guard !changes.isEmpty else { return }
         do {
-            let applied = try vault.applyChanges(count: changes.count, concurrently: { index throws(LockboxError) -> SyncedChange in
+            let change = { @Sendable (index: Int) throws(LockboxError) -> SyncedChange in
                 let change = changes[index]
                 guard let item = try change.sealed.opened(keys: keys).item else {
                     guard let existing = change.existing else { preconditionFailure("a tombstone of nothing here is not applied") }
@@ -725,7 +729,12 @@ public final class SyncGroup: Sendable {
                 }
                 guard let existing = change.existing else { return .add(item) }
                 return .replace(reference: existing, with: item)
-            })
+            }
+            // Many changes (a new device's import) are staged and sealed on other threads.
+            let applied =
+                changes.count >= Self.bulkApplyMinimum
+                ? try vault.applyChanges(count: changes.count, concurrently: change)
+                : try vault.applyChanges(count: changes.count, change)
             for (change, reference) in zip(changes, applied.references) {
                 if let reference {
                     pending.rows[reference] = .some(.some(change.id))

@@ -23,10 +23,11 @@ import Glibc
 ///   a delete.
 ///
 /// Items and rows are kept in buckets (format 2): items by a digest of their identifier in
-/// `item_buckets`, rows by their reference in `row_buckets`, ``bucketCount`` of each, one SQLite
-/// row per bucket holding all of its records, with one MAC. A new device's first pull of 10,000
-/// items writes about 2,000 rows (and as many MACs) instead of 30,000 rows and 20,000 MACs; a
-/// pull of ten changes rewrites the buckets of those ten items and of their rows. The first
+/// `item_buckets` (``itemBucketCount``), rows by their reference in `row_buckets`
+/// (``rowBucketCount``), one SQLite row per bucket holding all of its records, with one MAC. A
+/// new device's first pull of 10,000 items writes about 3,000 rows (and as many MACs) instead of
+/// 30,000 rows and 20,000 MACs; a pull of ten changes rewrites the buckets of those ten items
+/// and of their rows. The first
 /// format (one SQLite row per entry, per vault row and per head element; `user_version` 0) is
 /// converted when the file is opened, in one transaction, every MAC checked first.
 ///
@@ -62,8 +63,10 @@ final class SyncState {
 
     /// The format this build writes (`PRAGMA user_version`): 2, buckets. (0: the first format.)
     static let format = 2
-    /// Buckets of items, and of rows.
-    static let bucketCount = 1024
+    /// Buckets of items: about 5 items each at 10,000, 50 (10 KiB) at 100,000.
+    static let itemBucketCount = 2048
+    /// Buckets of rows (a row's record is a fifth of an item's): 100 rows (4 KiB) each at 100,000.
+    static let rowBucketCount = 1024
 
     private let database: Database
     private let key: SecretBytes
@@ -73,9 +76,11 @@ final class SyncState {
     /// The digest of the head at `cursor` this device verified; nil before its first verified
     /// pull (or in a state from before heads): the next pull then starts from version 0.
     private(set) var accumulator: [UInt8]?
-    /// Buckets read and verified so far (or written by this object), by index.
+    /// Buckets read and verified so far (or written by this object), by index, while no other
+    /// connection has written the file (`PRAGMA data_version` still `cachedVersion`).
     private var itemBuckets: [Int: [String: ItemRecord]] = [:]
     private var rowBuckets: [Int: [Data: String?]] = [:]
+    private var cachedVersion: Int?
 
     static func path(vault: String, groupID: String) -> String { vault + ".sync/" + groupID + ".db" }
 
@@ -302,19 +307,23 @@ final class SyncState {
 
     // MARK: Buckets
 
-    /// A bucket of ``bucketCount`` for bytes (an item's identifier, a row's reference): FNV-1a,
-    /// fixed for the file's life (identifiers are keyed digests and references random, so the
-    /// buckets fill evenly).
-    static func bucket(of bytes: some Sequence<UInt8>) -> Int {
+    /// The bucket of `count` that bytes (an item's identifier, a row's reference) fall in:
+    /// FNV-1a, fixed for the file's life (identifiers are keyed digests and references random,
+    /// so the buckets fill evenly).
+    private static func bucket(of bytes: some Sequence<UInt8>, count: Int) -> Int {
         var hash: UInt64 = 0xcbf2_9ce4_8422_2325
         for byte in bytes {
             hash ^= UInt64(byte)
             hash &*= 0x0000_0100_0000_01b3
         }
-        return Int(hash % UInt64(bucketCount))
+        return Int(hash % UInt64(count))
     }
 
-    static func bucket(of id: String) -> Int { bucket(of: id.utf8) }
+    /// An item's bucket.
+    static func bucket(of id: String) -> Int { bucket(of: id.utf8, count: itemBucketCount) }
+
+    /// A vault row's bucket.
+    static func bucket(of reference: Data) -> Int { bucket(of: reference, count: rowBucketCount) }
 
     private static func encodeItems(_ records: [String: ItemRecord]) -> [UInt8] {
         var encoder = FieldEncoder(capacity: 64 + records.count * 192)
@@ -488,7 +497,18 @@ final class SyncState {
         try statement.run()
     }
 
+    /// Forgets the buckets read when another connection has written the file since.
+    private func checkCache() throws(LockboxError) {
+        let version = try database.dataVersion
+        if version != cachedVersion {
+            itemBuckets = [:]
+            rowBuckets = [:]
+            cachedVersion = version
+        }
+    }
+
     private func itemRecord(_ id: String) throws(LockboxError) -> ItemRecord? {
+        try checkCache()
         let index = Self.bucket(of: id)
         if let bucket = itemBuckets[index] { return bucket[id] }
         let bucket = try Self.readItems(index, database, key: key)
@@ -505,6 +525,7 @@ final class SyncState {
     /// The item a vault row held at the last sync: `.some(nil)` for a row that does not sync,
     /// nil for a row this device does not know.
     func row(_ reference: Data) throws(LockboxError) -> String?? {
+        try checkCache()
         let index = Self.bucket(of: reference)
         if let bucket = rowBuckets[index] { return bucket[reference] }
         let bucket = try Self.readRows(index, database, key: key)
@@ -593,9 +614,10 @@ final class SyncState {
     static let largeCommit = 300
 
     /// Writes `changes` in one transaction; nothing when they change nothing (a sync with
-    /// nothing to push or pull writes no local state). The buckets it changes are read again
-    /// inside the transaction (not taken from what this object read before), so that what
-    /// another process wrote to them since is kept, as it was with one row per record.
+    /// nothing to push or pull writes no local state). The buckets it changes are taken from
+    /// what this object read only when no other connection has written the file since;
+    /// otherwise they are read again inside the transaction, so that what another process wrote
+    /// to them is kept, as it was with one row per record.
     func commit(_ changes: Changes) throws(LockboxError) {
         if changes.changesNothing(of: self) { return }
         let database = self.database
@@ -603,18 +625,26 @@ final class SyncState {
         var items: [Int: [String: ItemRecord]] = [:]
         var rows: [Int: [Data: String?]] = [:]
         try database.writeTransaction { () throws(LockboxError) in
+            // Inside the write transaction: no other connection can write until it ends.
+            try checkCache()
+            items = itemBuckets
+            rows = rowBuckets
             var knownRows = try Self.readProgress(database, key: key)?.rows ?? 0
+            var changedItems: Set<Int> = []
+            var changedRows: Set<Int> = []
             func load(_ id: String) throws(LockboxError) -> Int {
                 let index = Self.bucket(of: id)
                 if items[index] == nil { items[index] = try Self.readItems(index, database, key: key) }
+                changedItems.insert(index)
                 return index
             }
             if changes.replacesVerified {
                 for index in try storedBuckets("item_buckets") where items[index] == nil {
                     items[index] = try Self.readItems(index, database, key: key)
                 }
-                for index in items.keys {
+                for index in items.keys where items[index]!.values.contains(where: { $0.listed != nil }) {
                     for id in items[index]!.keys { items[index]![id]!.listed = nil }
+                    changedItems.insert(index)
                 }
             }
             for (id, entry) in changes.entries { items[try load(id)]![id, default: ItemRecord()].entry = entry }
@@ -622,6 +652,7 @@ final class SyncState {
             for (reference, change) in changes.rows {
                 let index = Self.bucket(of: reference)
                 if rows[index] == nil { rows[index] = try Self.readRows(index, database, key: key) }
+                changedRows.insert(index)
                 let old = rows[index]![reference]
                 if let change {
                     if old == nil { knownRows += 1 }
@@ -637,17 +668,20 @@ final class SyncState {
                 }
                 if case .some(.some(let id)) = change { items[try load(id)]![id, default: ItemRecord()].reference = reference }
             }
-            for index in items.keys where items[index]!.values.contains(where: \.isEmpty) {
+            for index in changedItems where items[index]!.values.contains(where: \.isEmpty) {
                 items[index] = items[index]!.filter { !$0.value.isEmpty }
             }
-            try Self.write(items: items, rows: rows, database, key: key)
+            try Self.write(
+                items: items.filter { changedItems.contains($0.key) }, rows: rows.filter { changedRows.contains($0.key) }, database,
+                key: key)
             try Self.writeProgress(
                 Progress(
                     device: device, cursor: changes.cursor ?? cursor, generation: changes.generation ?? generation,
                     accumulator: changes.accumulator ?? accumulator, rows: knownRows), database, key: key)
         }
-        itemBuckets.merge(items) { $1 }
-        rowBuckets.merge(rows) { $1 }
+        // This connection's own commit leaves `data_version` as it was: the buckets stay valid.
+        itemBuckets = items
+        rowBuckets = rows
         // A large commit (a first pull) leaves a long log that every later sync would read
         // when it opens the file: it is moved into the file and emptied now.
         if changes.entries.count + changes.verified.count + changes.rows.count > Self.largeCommit {

@@ -123,7 +123,7 @@ extension Vault {
 }
 
 /// Keys by item class and accessibility, read-only once built.
-private struct SealingKeys: @unchecked Sendable {
+private struct SealingKeys: Sendable {
     struct Combination: Hashable {
         var itemClass: ItemClass
         var accessibility: Accessibility
@@ -155,7 +155,7 @@ private final class StagedBatch: @unchecked Sendable {
 }
 
 /// Asks for changes and seals new items off the writing thread.
-private struct ChangeStager: @unchecked Sendable {
+private struct ChangeStager: Sendable {
     let vault: Vault
     let change: @Sendable (Int) throws(LockboxError) -> SyncedChange
     let now: Date

@@ -182,7 +182,7 @@ struct SyncStateFormatTests {
         try state.commit(changes)
         #expect(try Self.userVersion(path) == SyncState.format)
         let rows = try Database(path: path, create: false).firstRow("SELECT count(*) FROM item_buckets") { $0.integer(0) ?? 0 } ?? 0
-        #expect(rows > 0 && rows <= SyncState.bucketCount)
+        #expect(rows > 0 && rows <= SyncState.itemBucketCount)
         let reread = try SyncState(path: path, device: "device-b", key: Self.key)
         #expect(try reread.rowCount == 3000)
         #expect(try reread.liveEntryCount == 3000 - 300)
