@@ -164,6 +164,28 @@ struct SyncStateFormatTests {
         #expect(counted?.code == .decode)
     }
 
+    @Test("Two connections writing items of one bucket: each commit keeps what the other wrote")
+    func concurrentWritersKeepEachOther() throws {
+        let directory = TemporaryDirectory("lockbox-sync-state")
+        let path = directory.file("vault.sync/group.db")
+        // Two items that share a bucket.
+        let first = Self.itemID(0)
+        let second = try #require((1..<20_000).lazy.map(Self.itemID).first { SyncState.bucket(of: $0) == SyncState.bucket(of: first) })
+        let one = try SyncState(path: path, device: "device-d", key: Self.key)
+        #expect(try one.entry(first) == nil)
+        let other = try SyncState(path: path, device: "device-d", key: Self.key)
+        var changes = SyncState.Changes()
+        changes.entries[second] = Self.entry(2)
+        try other.commit(changes)
+        changes = SyncState.Changes()
+        changes.entries[first] = Self.entry(1)
+        try one.commit(changes)
+        #expect(try one.entry(second) == Self.entry(2), "the other connection's entry was lost")
+        let reread = try SyncState(path: path, device: "device-d", key: Self.key)
+        #expect(try reread.entry(first) == Self.entry(1))
+        #expect(try reread.entry(second) == Self.entry(2))
+    }
+
     @Test("A new state is written in buckets; a first pull's worth of records reads back whole")
     func newStateInBuckets() throws {
         let directory = TemporaryDirectory("lockbox-sync-state")
