@@ -86,20 +86,25 @@ extension Vault {
 
     /// Changes staged per hand-over between the threads.
     static let stagingBatch = 128
+    /// The largest page cache a bulk apply asks for, in KiB: 64 MiB, an import of about 20,000
+    /// items without a spill.
+    static let largestPageCache = 64 * 1024
+
     /// Batches staged at once, each on its own thread.
     static let batchesAhead = 2
 
     /// Raises the connection's page cache for a transaction of `count` changes (about 3 KiB of
     /// pages each: the row, its index entries, their share of split pages), so that SQLite does
     /// not spill its dirty pages to the log mid-transaction and read them back; returns what
-    /// puts the previous size back.
+    /// puts the previous size back. At most ``largestPageCache`` KiB: a larger import spills
+    /// past it, as any transaction does.
     private func enlargePageCache(for count: Int, state: State) throws(LockboxError) -> () -> Void {
         let statement = try state.database.statement("PRAGMA cache_size")
         let previous = try statement.step() ? statement.integer(0) ?? -2000 : -2000
         statement.reset()
         // Negative sizes are KiB; positive ones pages.
         let previousKiB = previous < 0 ? -previous : previous * 2
-        let wanted = min(count * 3, 256 * 1024)
+        let wanted = min(count * 3, Self.largestPageCache)
         guard wanted > previousKiB else { return {} }
         try state.database.execute("PRAGMA cache_size = -\(wanted)")
         return { try? state.database.execute("PRAGMA cache_size = \(previous)") }

@@ -170,7 +170,7 @@ struct SyncStateFormatTests {
         let path = directory.file("vault.sync/group.db")
         // Two items that share a bucket.
         let first = Self.itemID(0)
-        let second = try #require((1..<20_000).lazy.map(Self.itemID).first { SyncState.bucket(of: $0) == SyncState.bucket(of: first) })
+        let second = try #require((1..<200_000).lazy.map(Self.itemID).first { SyncState.bucket(of: $0) == SyncState.bucket(of: first) })
         let one = try SyncState(path: path, device: "device-d", key: Self.key)
         #expect(try one.entry(first) == nil)
         let other = try SyncState(path: path, device: "device-d", key: Self.key)
