@@ -42,16 +42,31 @@ func now() -> UInt64 {
     return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
 }
 
+/// The calling thread's CPU time (user and system), which waiting for the disk does not count.
+func threadCPUTime() -> UInt64 {
+    var time = timespec()
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &time)
+    return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
+}
+
 struct Sample {
     var nanoseconds: [UInt64] = []
+    /// CPU time per operation: what the operation itself costs, apart from the disk's syncs,
+    /// which another process's writes can stretch on a shared machine.
+    var cpuNanoseconds: [UInt64] = []
 
     mutating func measure(_ body: () throws -> Void) rethrows {
         let start = now()
+        let cpuStart = threadCPUTime()
         try body()
+        cpuNanoseconds.append(threadCPUTime() - cpuStart)
         nanoseconds.append(now() - start)
     }
 
-    func percentile(_ fraction: Double) -> Double {
+    func percentile(_ fraction: Double) -> Double { Self.percentile(nanoseconds, fraction) }
+    func cpuPercentile(_ fraction: Double) -> Double { Self.percentile(cpuNanoseconds, fraction) }
+
+    static func percentile(_ nanoseconds: [UInt64], _ fraction: Double) -> Double {
         let sorted = nanoseconds.sorted()
         guard !sorted.isEmpty else { return .nan }
         let index = min(sorted.count - 1, Int((Double(sorted.count) * fraction).rounded(.down)))
@@ -210,22 +225,24 @@ func verdict(_ row: Row) -> String {
 }
 
 if options.markdown {
-    print("| items | operation | vault p50 (µs) | vault p99 (µs) | floor p50 (µs) | floor p99 (µs) | p50 ratio | target |")
-    print("|---:|---|---:|---:|---:|---:|---:|---|")
+    print("| items | operation | vault p50 (µs) | vault p99 (µs) | floor p50 (µs) | floor p99 (µs) | p50 ratio | target | CPU p50 vault / floor (µs) |")
+    print("|---:|---|---:|---:|---:|---:|---:|---|---|")
     for row in rows {
         print(
             "| \(row.size) | \(row.operation) | \(format(row.vault.percentile(0.5))) | \(format(row.vault.percentile(0.99))) | "
                 + "\(format(row.floor.percentile(0.5))) | \(format(row.floor.percentile(0.99))) | "
-                + String(format: "%.2fx", row.vault.percentile(0.5) / row.floor.percentile(0.5)) + " | \(verdict(row)) |")
+                + String(format: "%.2fx", row.vault.percentile(0.5) / row.floor.percentile(0.5)) + " | \(verdict(row)) | "
+                + "\(format(row.vault.cpuPercentile(0.5))) / \(format(row.floor.cpuPercentile(0.5))) |")
     }
 } else {
-    print("items      op      vault p50   vault p99   floor p50   floor p99   p50 ratio   target   (microseconds)")
+    print("items      op      vault p50   vault p99   floor p50   floor p99   p50 ratio   target           CPU p50 vault / floor   (microseconds)")
     for row in rows {
         print(
             String(
-                format: "%-10d %-7@ %9.1f   %9.1f   %9.1f   %9.1f   %7.2fx   %@", row.size, row.operation as NSString,
+                format: "%-10d %-7@ %9.1f   %9.1f   %9.1f   %9.1f   %7.2fx   %-16@ %7.1f / %-7.1f", row.size, row.operation as NSString,
                 row.vault.percentile(0.5), row.vault.percentile(0.99), row.floor.percentile(0.5),
-                row.floor.percentile(0.99), row.vault.percentile(0.5) / row.floor.percentile(0.5), verdict(row) as NSString))
+                row.floor.percentile(0.99), row.vault.percentile(0.5) / row.floor.percentile(0.5), verdict(row) as NSString,
+                row.vault.cpuPercentile(0.5), row.floor.cpuPercentile(0.5)))
     }
 }
 if let small = rows.first(where: { $0.operation == "find" }), let large = rows.last(where: { $0.operation == "find" }), options.sizes.count > 1 {

@@ -1,4 +1,5 @@
 import LockboxCore
+import Synchronization
 import VaultCrypto
 import VaultStorage
 
@@ -24,14 +25,21 @@ import Glibc
 struct IntegrityState {
     static let bucketCount = 256
     static let accumulatorSize = 32
+    /// A MAC (keyed BLAKE2b) of the record.
+    static let macSize = 32
     /// Buckets are stored and digested in groups (schema 3): a write rewrites and rehashes the
     /// one group of its bucket, not all 8 KiB of accumulators.
     static let groupCount = 16
     static let bucketsPerGroup = bucketCount / groupCount
     static let groupSize = bucketsPerGroup * accumulatorSize
-    /// How the MACs are computed: 2 over every accumulator, 3 over a digest per group. A state
-    /// of format 2 is verified as such and rewritten in format 3 at the next write.
-    static let currentFormat = 3
+    /// How the record is kept: 2, the MACs over every accumulator, all in `vault_state`; 3, the
+    /// MACs over a digest per group, the accumulators in `integrity_groups` and the generation
+    /// and MACs in `vault_state`; 4, as 3 but the generation and MACs written into the rows of
+    /// the groups a write changed (the record is the one with the highest generation), so a
+    /// write rewrites one row instead of two (`vault_state` keeps only the format). Formats 3
+    /// and 4 authenticate the same bytes. A state of an older format is verified as such and
+    /// rewritten in the current one at the next write.
+    static let currentFormat = 4
 
     var generation: Int
     var accumulators: [UInt8]
@@ -42,6 +50,9 @@ struct IntegrityState {
     private var groupDigests: [[UInt8]?] = Array(repeating: nil, count: IntegrityState.groupCount)
     /// Groups whose stored row is out of date (all of them for a state not read from the file).
     private(set) var unsavedGroups: [Bool] = Array(repeating: true, count: IntegrityState.groupCount)
+    /// The format of the record in the file (nil before it is first saved): a save in format 4
+    /// over an older record writes every group and marks `vault_state`.
+    private var storedFormat: Int?
 
     static func empty() -> IntegrityState {
         IntegrityState(generation: 0, accumulators: [UInt8](repeating: 0, count: bucketCount * accumulatorSize))
@@ -191,7 +202,7 @@ struct IntegrityState {
         accumulators[bucket * Self.accumulatorSize..<(bucket + 1) * Self.accumulatorSize]
     }
 
-    /// What the MACs cover: the vault, the generation, the accumulators (in format 3 through one
+    /// What the MACs cover: the vault, the generation, the accumulators (from format 3 through one
     /// digest per group) and the header (through its digest, ``headerBinding(_:key:)``).
     private mutating func authenticatedBytes(vaultID: [UInt8], headerBinding: [UInt8], keys: Keys) -> [UInt8] {
         // About 30 bytes, then 37 per group and 37 for the header.
@@ -282,78 +293,120 @@ struct IntegrityState {
     ///
     /// From schema 3 the accumulators live in `integrity_groups`, one row per group. A state of
     /// format 2 whose accumulators are still in `vault_state` (written before the schema
-    /// changed) is read from there, and all its groups are written at the next save.
+    /// changed) is read from there, and all its groups are written at the next save. In format
+    /// 4 the generation and MACs are those of the group rows with the highest generation
+    /// (which one write saved together: they must agree); the other rows' are older records'.
     static func load(from database: Database) throws(LockboxError) -> IntegrityState? {
         let statement = try database.statement("SELECT generation, accumulators, mac, always_mac, format FROM vault_state WHERE id = 1")
         defer { statement.reset() }
         guard try statement.step() else { return nil }
         let malformed = LockboxError.integrity("The keychain's integrity record")
         guard let generation = statement.integer(0), generation >= 0, let inline = statement.blob(1),
-            let mac = statement.blob(2), let alwaysMAC = statement.blob(3), let format = statement.integer(4), format == 2 || format == 3
+            let mac = statement.blob(2), let alwaysMAC = statement.blob(3), let format = statement.integer(4), (2...4).contains(format)
         else { throw malformed }
         var state: IntegrityState
         if inline.count == bucketCount * accumulatorSize && format == 2 {
             state = IntegrityState(generation: generation, accumulators: inline)
+            state.mac = mac
+            state.alwaysMAC = alwaysMAC
         } else {
             guard inline.isEmpty else { throw malformed }
-            state = IntegrityState(generation: generation, accumulators: try loadGroups(from: database))
+            let groups = try loadGroups(from: database, withRecord: format == 4)
+            state = IntegrityState(generation: generation, accumulators: groups.accumulators)
             state.unsavedGroups = Array(repeating: false, count: groupCount)
+            if let record = groups.record {
+                state.generation = record.generation
+                state.mac = record.mac
+                state.alwaysMAC = record.alwaysMAC
+            } else {
+                state.mac = mac
+                state.alwaysMAC = alwaysMAC
+            }
         }
-        state.mac = mac
-        state.alwaysMAC = alwaysMAC
         state.format = format
+        state.storedFormat = format
         return state
     }
 
-    private static func loadGroups(from database: Database) throws(LockboxError) -> [UInt8] {
-        let statement = try database.statement("SELECT id, accumulators FROM integrity_groups ORDER BY id")
+    private struct StoredGroups {
+        var accumulators: [UInt8]
+        /// Format 4: the record the rows of the highest generation carry.
+        var record: (generation: Int, mac: [UInt8], alwaysMAC: [UInt8])?
+    }
+
+    private static func loadGroups(from database: Database, withRecord: Bool) throws(LockboxError) -> StoredGroups {
+        let statement = try database.statement("SELECT id, accumulators, generation, mac, always_mac FROM integrity_groups ORDER BY id")
         defer { statement.reset() }
-        var accumulators: [UInt8] = []
-        accumulators.reserveCapacity(bucketCount * accumulatorSize)
+        let malformed = LockboxError.integrity("The keychain's integrity record")
+        var groups = StoredGroups(accumulators: [])
+        groups.accumulators.reserveCapacity(bucketCount * accumulatorSize)
         var expected = 0
         while try statement.step() {
-            guard statement.integer(0) == expected, let group = statement.blob(1), group.count == groupSize else {
-                throw LockboxError.integrity("The keychain's integrity record")
-            }
-            accumulators += group
+            guard statement.integer(0) == expected, let group = statement.blob(1), group.count == groupSize else { throw malformed }
+            groups.accumulators += group
             expected += 1
+            guard withRecord else { continue }
+            guard let generation = statement.integer(2), generation >= 0, let mac = statement.blob(3), mac.count == macSize,
+                let alwaysMAC = statement.blob(4), alwaysMAC.count == macSize
+            else { throw malformed }
+            if let record = groups.record, record.generation >= generation {
+                // One write saves every row it changes with the same record.
+                if record.generation == generation && (record.mac != mac || record.alwaysMAC != alwaysMAC) { throw malformed }
+                continue
+            }
+            groups.record = (generation, mac, alwaysMAC)
         }
-        guard expected == groupCount else { throw LockboxError.integrity("The keychain's integrity record") }
-        return accumulators
+        guard expected == groupCount else { throw malformed }
+        return groups
     }
 
     /// The stored generation alone (for `status`); nil when there is no state.
     static func loadGeneration(from database: Database) throws(LockboxError) -> Int? {
-        try database.firstRow("SELECT generation FROM vault_state WHERE id = 1") { $0.integer(0) } ?? nil
+        guard let (generation, format) = try database.firstRow("SELECT generation, format FROM vault_state WHERE id = 1", read: { ($0.integer(0), $0.integer(1)) })
+        else { return nil }
+        guard format == 4 else { return generation }
+        return try database.firstRow("SELECT max(generation) FROM integrity_groups") { $0.integer(0) } ?? nil
     }
 
-    /// Writes the state row and the groups that changed since it was read. An existing row is
-    /// updated where it is (the same size: SQLite overwrites the cell in place, where a
-    /// replacement would delete it and insert it again).
+    /// Writes the groups that changed since the state was read, each with the generation and
+    /// the MACs (format 4). An existing row is updated where it is (the same size: SQLite
+    /// overwrites the cell in place, where a replacement would delete it and insert it again).
+    /// Over a record of an older format every group is written, and `vault_state` keeps only
+    /// the format from then on.
     mutating func save(to database: Database) throws(LockboxError) {
         precondition(format == Self.currentFormat, "a state is saved in the current format")
-        let statement = try database.statement(
-            """
-            INSERT INTO vault_state (id, generation, accumulators, mac, always_mac, format) VALUES (1, ?, X'', ?, ?, ?)
-            ON CONFLICT (id) DO UPDATE SET generation = excluded.generation, accumulators = excluded.accumulators,
-            mac = excluded.mac, always_mac = excluded.always_mac, format = excluded.format
-            """)
-        statement.bind(1, generation)
-        statement.bind(2, mac)
-        statement.bind(3, alwaysMAC)
-        statement.bind(4, format)
-        try statement.run()
+        if storedFormat != Self.currentFormat {
+            let statement = try database.statement(
+                """
+                INSERT INTO vault_state (id, generation, accumulators, mac, always_mac, format) VALUES (1, 0, X'', X'', X'', ?)
+                ON CONFLICT (id) DO UPDATE SET generation = 0, accumulators = X'', mac = X'', always_mac = X'', format = excluded.format
+                """)
+            statement.bind(1, format)
+            try statement.run()
+            unsavedGroups = Array(repeating: true, count: Self.groupCount)
+        }
+        // A write that changed no group (a header change) still moves the record: it goes into
+        // the first group's row.
+        if !unsavedGroups.contains(true) { unsavedGroups[0] = true }
         let group = try database.statement(
-            "INSERT INTO integrity_groups (id, accumulators) VALUES (?, ?) ON CONFLICT (id) DO UPDATE SET accumulators = excluded.accumulators")
+            """
+            INSERT INTO integrity_groups (id, accumulators, generation, mac, always_mac) VALUES (?, ?, ?, ?, ?)
+            ON CONFLICT (id) DO UPDATE SET accumulators = excluded.accumulators, generation = excluded.generation,
+            mac = excluded.mac, always_mac = excluded.always_mac
+            """)
         for index in 0..<Self.groupCount where unsavedGroups[index] {
             group.bind(1, index)
             accumulators.withUnsafeBytes { bytes in
                 group.bind(2, bytes: UnsafeRawBufferPointer(rebasing: bytes[index * Self.groupSize..<(index + 1) * Self.groupSize]))
             }
+            group.bind(3, generation)
+            group.bind(4, mac)
+            group.bind(5, alwaysMAC)
             try group.run()
             group.reset()
             unsavedGroups[index] = false
         }
+        storedFormat = Self.currentFormat
     }
 
     /// The accumulator of `bucket` recomputed from the rows whose lookup digest starts with the
@@ -527,10 +580,17 @@ private struct ElementEncoding {
 /// `$XDG_STATE_HOME/lockbox/generations/`), so that an older copy of the whole file, or a
 /// deleted WAL, is noticed. Written after each commit without a sync of its own: after a crash
 /// it can only lag behind the file (a missed detection), never run ahead (a false alarm).
+///
+/// The file's eight bytes are mapped shared into the process once it exists: every write of
+/// the vault reads and advances it, and a memory access costs none of the two system calls
+/// (with their inode time updates) that a `pread` and a `pwrite` did. Every process that maps
+/// the file sees the same page, so advancing is an atomic maximum across processes, where a
+/// read then a write could move it back. The directory is the user's own (0700): truncating
+/// the file under a running process ends that process (`SIGBUS`), as killing it would.
 final class RememberedGeneration {
     let path: String
-    /// Kept open once the file exists: a read is then one `pread`.
-    private var descriptor: Int32 = -1
+    /// The mapped value, once the file exists and holds eight bytes.
+    private var mapped: UnsafeMutablePointer<Atomic<UInt64>>?
 
     /// One record per vault identity, wherever the file is and however its path is spelled:
     /// moving the file keeps its record; a copy of it used as a second vault shares the record
@@ -547,39 +607,60 @@ final class RememberedGeneration {
     var exists: Bool { FilePermissions.exists(path) }
 
     deinit {
-        if descriptor >= 0 { close(descriptor) }
+        if let mapped { munmap(UnsafeMutableRawPointer(mapped), 8) }
     }
 
-    private func openIfNeeded() -> Bool {
-        if descriptor >= 0 { return true }
-        descriptor = Glibc.open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW)
-        return descriptor >= 0
+    /// Maps the file; with `creating`, creates it first (zero: nothing remembered). Nil when it
+    /// does not exist (and is not to be created) or cannot be mapped.
+    private func map(creating: Bool) -> UnsafeMutablePointer<Atomic<UInt64>>? {
+        if let mapped { return mapped }
+        if creating {
+            let directory = FilePermissions.directory(of: path)
+            if (try? FilePermissions.createPrivateDirectory(directory)) == nil { return nil }
+        }
+        let descriptor = Glibc.open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | (creating ? O_CREAT : 0), 0o600)
+        guard descriptor >= 0 else { return nil }
+        defer { close(descriptor) }
+        var status = stat()
+        guard fstat(descriptor, &status) == 0, status.st_mode & S_IFMT == S_IFREG else { return nil }
+        if status.st_size == 0 {
+            // A new file: grown (never cut), so a process creating it at the same time loses
+            // nothing.
+            guard creating, ftruncate(descriptor, 8) == 0 else { return nil }
+        } else if status.st_size < 8 {
+            // Cut short: it holds no generation. Its bytes are not one.
+            let zero = [UInt8](repeating: 0, count: 8)
+            guard creating, zero.withUnsafeBytes({ pwrite(descriptor, $0.baseAddress, 8, 0) }) == 8 else { return nil }
+        }
+        guard let address = mmap(nil, 8, PROT_READ | PROT_WRITE, MAP_SHARED, descriptor, 0), address != MAP_FAILED else {
+            return nil
+        }
+        let pointer = address.bindMemory(to: Atomic<UInt64>.self, capacity: 1)
+        mapped = pointer
+        return pointer
     }
 
     /// The remembered generation; 0 when there is none.
     func read() -> Int {
-        guard openIfNeeded() else { return 0 }
-        var bytes = [UInt8](repeating: 0, count: 8)
-        let count = bytes.withUnsafeMutableBytes { pread(descriptor, $0.baseAddress, 8, 0) }
-        guard count == 8 else { return 0 }
-        return Int(truncatingIfNeeded: bytes.enumerated().reduce(UInt64(0)) { $0 | UInt64($1.element) << (8 * UInt64($1.offset)) })
+        guard let value = map(creating: false) else { return 0 }
+        return Int(truncatingIfNeeded: UInt64(littleEndian: value.pointee.load(ordering: .acquiring)))
     }
 
     /// Remembers `generation` when it is higher than what is remembered.
     func advance(to generation: Int) {
-        guard generation > read() else { return }
-        write(generation)
+        guard generation > read(), let value = map(creating: true) else { return }
+        var current = value.pointee.load(ordering: .relaxed)
+        while Int(truncatingIfNeeded: UInt64(littleEndian: current)) < generation {
+            let exchanged = value.pointee.compareExchange(
+                expected: current, desired: UInt64(generation).littleEndian, ordering: .acquiringAndReleasing)
+            if exchanged.exchanged { return }
+            current = exchanged.original
+        }
     }
 
     /// Remembers exactly `generation` (accepting an older file on purpose).
     func write(_ generation: Int) {
-        if !openIfNeeded() {
-            let directory = FilePermissions.directory(of: path)
-            if (try? FilePermissions.createPrivateDirectory(directory)) == nil { return }
-            descriptor = Glibc.open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
-            guard descriptor >= 0 else { return }
-        }
-        var value = UInt64(generation).littleEndian
-        _ = withUnsafeBytes(of: &value) { pwrite(descriptor, $0.baseAddress, 8, 0) }
+        guard let value = map(creating: true) else { return }
+        value.pointee.store(UInt64(generation).littleEndian, ordering: .releasing)
     }
 }

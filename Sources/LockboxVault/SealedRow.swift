@@ -47,6 +47,21 @@ struct SealedRow {
     /// outside the integrity count: tampering.
     var isInItsBucket: Bool { storedBucket.map { $0 == bucket } ?? true }
 
+    /// A new row's identifier (its persistent reference): the generation of the write that
+    /// creates it (8 bytes, big-endian), then 8 random bytes. Identifiers made later sort
+    /// after earlier ones, so the index of identifiers grows at its right edge, where its page
+    /// is in the cache and a full page splits without moving half of it, instead of at a
+    /// random place in a large file; the random half keeps those of one write apart. The
+    /// generation is in the row's `version` column already (until the row changes).
+    static func newIdentifier(generation: Int) -> [UInt8] {
+        var identifier = [UInt8](repeating: 0, count: 16)
+        identifier.withUnsafeMutableBytes { bytes in
+            bytes.storeBytes(of: UInt64(generation).bigEndian, as: UInt64.self)
+            Crypto.fillRandom(UnsafeMutableRawBufferPointer(rebasing: bytes[8...]))
+        }
+        return identifier
+    }
+
     static func bucket(ofLookupDigest digest: [UInt8]) -> Int {
         digest.isEmpty ? 0 : Int(digest[0])
     }

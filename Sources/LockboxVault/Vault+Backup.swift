@@ -150,8 +150,11 @@ extension Vault {
                     }
                     let keys = try keysForWriting(itemClass, accessibility, state: state)
                     let digest = Crypto.keyedDigest(PrimaryKey.encode(itemClass, attributes), key: keys.indexKey)
-                    let existing = try state.database.statement("SELECT \(SealedRow.columns()) FROM items WHERE primary_digest = ?")
-                    existing.bind(1, digest)
+                    let lookup = Crypto.keyedDigest(PrimaryKey.encode(itemClass, attributes, includingGroup: false), key: keys.indexKey)
+                    let existing = try state.database.statement(
+                        "SELECT \(SealedRow.columns()) FROM items WHERE lookup_digest = ? AND primary_digest = ?")
+                    existing.bind(1, lookup)
+                    existing.bind(2, digest)
                     if try existing.step() {
                         let row = try SealedRow.read(from: existing)
                         existing.reset()
@@ -185,7 +188,7 @@ extension Vault {
                     } else {
                         existing.reset()
                         let sealed = SealedRow.seal(
-                            id: Crypto.randomBytes(16), itemClass: itemClass, attributes: attributes, data: data,
+                            id: SealedRow.newIdentifier(generation: writer.generation), itemClass: itemClass, attributes: attributes, data: data,
                             classKey: keys.classKey, indexKey: keys.indexKey, vaultID: state.header.vaultID,
                             deviceID: state.device.identifier, accessControl: nil, presencePublicKey: nil, version: writer.generation)
                         try writer.insert(sealed)

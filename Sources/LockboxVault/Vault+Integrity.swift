@@ -5,7 +5,11 @@ import VaultStorage
 
 /// What this connection has verified of the integrity state, valid while no other connection
 /// writes (`PRAGMA data_version` unchanged).
-struct IntegrityCache {
+///
+/// A class: every operation looks at it several times, and as a value each look copied (and
+/// released) its dozen arrays and keys. Whoever changes it assigns it to ``Vault/State/integrity``
+/// again, which also refreshes what the value read keeps of it.
+final class IntegrityCache {
     var dataVersion: Int
     /// Nil for a vault from before schema 2 that has not been upgraded yet.
     var state: IntegrityState?
@@ -14,7 +18,15 @@ struct IntegrityCache {
     /// ``Database/pagerDataVersion`` of the snapshot this cache describes: a statement whose
     /// snapshot shows the same value reads exactly the file this cache verified (the value
     /// read of one item relies on it, `Vault+ValueRead.swift`). Nil when not known.
-    var pagerVersion: UInt32? = nil
+    var pagerVersion: UInt32?
+
+    init(dataVersion: Int, state: IntegrityState?, keys: IntegrityState.Keys?, verifiedBuckets: [Bool], pagerVersion: UInt32? = nil) {
+        self.dataVersion = dataVersion
+        self.state = state
+        self.keys = keys
+        self.verifiedBuckets = verifiedBuckets
+        self.pagerVersion = pagerVersion
+    }
 }
 
 extension Vault {
@@ -38,9 +50,19 @@ extension Vault {
     }
 
     private func confirmIntegrity(_ state: State) throws(LockboxError) -> IntegrityCache {
+        // In a write transaction the snapshot is the latest from `BEGIN IMMEDIATE` on, so
+        // SQLite's change counter already says whether anything but this connection's own
+        // commits (after which the cache noted it) changed the file: the same value is the
+        // same file, without `PRAGMA data_version`'s statement. (It also moves at another
+        // connection's checkpoint: then the statement below decides.)
+        if state.database.isInWriteTransaction, let cached = state.integrity, let known = cached.pagerVersion,
+            known == state.database.pagerDataVersion
+        {
+            return cached
+        }
         let remembered = state.rememberedGeneration.read()
         let dataVersion = try state.database.dataVersion
-        if var cached = state.integrity, cached.dataVersion == dataVersion {
+        if let cached = state.integrity, cached.dataVersion == dataVersion {
             // No other connection wrote since the cache was filled: what this connection sees
             // now (its own writes included) is what the cache describes.
             let pagerVersion = state.database.pagerDataVersion
@@ -82,7 +104,7 @@ extension Vault {
 
     /// Checks that the rows of `buckets` are exactly the current ones.
     func verifyBuckets(_ buckets: some Sequence<Int>, state: State) throws(LockboxError) {
-        var cache = try currentIntegrity(state)
+        let cache = try currentIntegrity(state)
         guard let stored = cache.state else { return }
         guard let keys = cache.keys else {
             // Neither the index root nor this machine's `always` key: nothing can be read.
@@ -194,6 +216,7 @@ extension Vault {
 
         func insert(_ row: SealedRow) throws(LockboxError) {
             precondition(row.version == generation, "a new row carries the writing generation")
+            try checkUnique(row, replacing: nil)
             let statement = try database.statement(
                 """
                 INSERT INTO items (id, item_class, accessibility, access_group, synchronizable, primary_digest,
@@ -209,6 +232,7 @@ extension Vault {
         }
 
         func replace(_ old: SealedRow, with row: SealedRow) throws(LockboxError) {
+            if row.primaryDigest != old.primaryDigest { try checkUnique(row, replacing: old.rowID) }
             let statement = try database.statement(
                 """
                 UPDATE items SET id = ?, item_class = ?, accessibility = ?, access_group = ?, synchronizable = ?,
@@ -233,6 +257,20 @@ extension Vault {
             integrity.remove(.init(old), key: keys.element)
             touchedBuckets.insert(old.bucket)
             if old.itemClass == .key { touchedKeyRows = true }
+        }
+
+        /// A primary key names one item (Apple's rule: `errSecDuplicateItem`). Schema 4 keeps
+        /// no index of primary digests for it: every row with the same primary key has the same
+        /// lookup digest, so the lookup index finds them (almost always none), inside this write
+        /// transaction, which no other connection's write can enter.
+        private func checkUnique(_ row: SealedRow, replacing rowID: Int?) throws(LockboxError) {
+            let statement = try database.statement("SELECT rowid FROM items WHERE lookup_digest = ? AND primary_digest = ?")
+            defer { statement.reset() }
+            statement.bind(1, row.lookupDigest)
+            statement.bind(2, row.primaryDigest)
+            while try statement.step() {
+                if statement.integer(0) != rowID { throw LockboxError(.duplicateItem, "An item with the same primary key already exists.") }
+            }
         }
 
         fileprivate func finish(state: State) throws(LockboxError) {
@@ -267,7 +305,7 @@ extension Vault {
             // an opened key is checked against its row before its next use.
             if sparedKeys { state.changesSparingKeys += state.database.totalChanges - changesBefore }
             state.rememberedGeneration.advance(to: committed.generation)
-            if var cache = state.integrity {
+            if let cache = state.integrity {
                 // Buckets verified before stay verified: this connection applied exact changes.
                 cache.state = committed
                 if cache.verifiedBuckets.isEmpty { cache.verifiedBuckets = [Bool](repeating: false, count: IntegrityState.bucketCount) }

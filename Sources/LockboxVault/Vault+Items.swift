@@ -69,15 +69,16 @@ extension Vault {
         return row.id
     }
 
-    /// Seals a prepared item as a new row (a fresh random id; the value under its class key, or
-    /// under a fresh item key when it has access control) with the keys of its class and
-    /// accessibility. Uses nothing of the vault's state: it may run on another thread.
+    /// Seals a prepared item as a new row (a new identifier for the writing generation,
+    /// ``SealedRow/newIdentifier(generation:)``; the value under its class key, or under a fresh
+    /// item key when it has access control) with the keys of its class and accessibility. Uses
+    /// nothing of the vault's state: it may run on another thread.
     static func sealForAdding(
         _ item: PreparedItem, keys: (classKey: SecretBytes, indexKey: SecretBytes), vaultID: [UInt8], deviceID: String,
         presencePublicKey: [UInt8]?, version: Int
     ) -> SealedRow {
         SealedRow.seal(
-            id: Crypto.randomBytes(16), itemClass: item.itemClass, attributes: item.attributes,
+            id: SealedRow.newIdentifier(generation: version), itemClass: item.itemClass, attributes: item.attributes,
             encodedAttributes: item.encodedAttributes, data: item.data,
             classKey: keys.classKey, indexKey: keys.indexKey, vaultID: vaultID,
             deviceID: deviceID, accessControl: item.accessControl,
@@ -85,7 +86,8 @@ extension Vault {
     }
 
     /// Inserts a row sealed for adding, refusing a duplicate of an item already here
-    /// (`errSecDuplicateItem`): the one place every add checks its primary key.
+    /// (`errSecDuplicateItem`, from the writer's primary-key check): the one place every add,
+    /// single or bulk, inserts its row.
     func insertSealed(_ row: SealedRow, writer: RowWriter) throws(LockboxError) {
         do throws(LockboxError) {
             try writer.insert(row)

@@ -23,7 +23,14 @@ enum VaultSchema {
     ///   every row (other rows' writes do not touch it). The schema step
     ///   needs no keys: a state of format 2 stays readable where it is until the next write
     ///   converts it (``IntegrityState/load(from:)``).
-    static let current = 3
+    /// - 4: the UNIQUE index of primary digests is gone (the table is rebuilt without it; rows,
+    ///   row ids and the other indexes stay as they were): a write checks that a primary key is
+    ///   new through the lookup index (``Vault/RowWriter``), so an add changes one index fewer.
+    ///   The group rows get columns for the record's generation and MACs, which a write puts in
+    ///   the rows it changes (state format 4) instead of rewriting `vault_state` too. An add
+    ///   thus writes two pages fewer to the write-ahead log. No keys needed: a record of format
+    ///   3 stays where it is until the next write converts it.
+    static let current = 4
 
     /// The page size of vault files created by this build (SQLite's default is 4096; a file
     /// keeps the size it was created with). Every page a write changes is appended whole to the
@@ -39,6 +46,7 @@ enum VaultSchema {
         case 0: try createVersion1(database)
         case 1: try addVersion2(database)
         case 2: try addVersion3(database)
+        case 3: try addVersion4(database)
         default: throw LockboxError(.param, "No migration from keychain schema version \(version).")
         }
     }
@@ -93,6 +101,46 @@ enum VaultSchema {
             DROP INDEX items_by_bucket;
             DROP INDEX items_by_class;
             CREATE INDEX items_synchronizable ON items(version) WHERE synchronizable = 1;
+            """)
+    }
+
+    /// SQLite cannot drop a column's UNIQUE constraint: the table is copied into one without
+    /// it, row by row with the same row ids, the old one dropped (its pages zeroed:
+    /// `secure_delete`), the copy renamed and its indexes made again. Columns keep their order.
+    private static func addVersion4(_ database: Database) throws(LockboxError) {
+        let columns =
+            "rowid, id, item_class, accessibility, access_group, synchronizable, device_id, access_control, primary_digest, "
+            + "lookup_digest, name_digest, wrapped_key, metadata, secret, format, version, bucket"
+        try database.execute(
+            """
+            CREATE TABLE items_schema4 (
+                rowid INTEGER PRIMARY KEY,
+                id BLOB NOT NULL UNIQUE,
+                item_class TEXT NOT NULL,
+                accessibility TEXT NOT NULL,
+                access_group TEXT NOT NULL,
+                synchronizable INTEGER NOT NULL,
+                device_id TEXT NOT NULL,
+                access_control TEXT NOT NULL,
+                primary_digest BLOB NOT NULL,
+                lookup_digest BLOB NOT NULL,
+                name_digest BLOB,
+                wrapped_key BLOB NOT NULL,
+                metadata BLOB NOT NULL,
+                secret BLOB NOT NULL,
+                format INTEGER NOT NULL DEFAULT 1,
+                version INTEGER NOT NULL DEFAULT 0,
+                bucket INTEGER NOT NULL DEFAULT 0
+            );
+            INSERT INTO items_schema4 (\(columns)) SELECT \(columns) FROM items ORDER BY rowid;
+            DROP TABLE items;
+            ALTER TABLE items_schema4 RENAME TO items;
+            CREATE INDEX items_by_lookup ON items(lookup_digest);
+            CREATE INDEX items_by_name ON items(name_digest);
+            CREATE INDEX items_synchronizable ON items(version) WHERE synchronizable = 1;
+            ALTER TABLE integrity_groups ADD COLUMN generation INTEGER;
+            ALTER TABLE integrity_groups ADD COLUMN mac BLOB;
+            ALTER TABLE integrity_groups ADD COLUMN always_mac BLOB;
             """)
     }
 

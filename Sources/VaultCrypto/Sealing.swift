@@ -51,6 +51,13 @@ package enum Crypto {
         return bytes
     }
 
+    /// Fills `buffer` with random bytes (not secret).
+    package static func fillRandom(_ buffer: UnsafeMutableRawBufferPointer) {
+        ensureInitialized()
+        guard let base = buffer.baseAddress, buffer.count > 0 else { return }
+        randombytes_buf(base, buffer.count)
+    }
+
     /// Seals `plaintext` with XChaCha20-Poly1305 under `key`, binding `associatedData`.
     /// - Returns: nonce || ciphertext || tag.
     package static func seal(_ plaintext: UnsafeRawBufferPointer, key: SecretBytes, associatedData: [UInt8]) -> [UInt8] {

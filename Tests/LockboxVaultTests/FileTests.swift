@@ -69,7 +69,17 @@ struct FileTests {
     @Test("a vault from a newer schema is refused, and the current one is recorded")
     func newerSchema_isRefused() throws {
         let fixture = try VaultFixture()
-        #expect(try fixture.vault.withDatabase { database throws(LockboxError) in try database.userVersion } == 3)
+        #expect(try fixture.vault.withDatabase { database throws(LockboxError) in try database.userVersion } == 4)
+        // Schema 4: the identifier is the items' only UNIQUE index (primary keys are checked
+        // through the lookup index); the indexes queries use are all there.
+        let indexes = try fixture.vault.withDatabase { database throws(LockboxError) -> [String] in
+            let statement = try database.statement(
+                "SELECT group_concat(ii.name) || ':' || il.\"unique\" FROM pragma_index_list('items') il, pragma_index_info(il.name) ii GROUP BY il.name ORDER BY 1")
+            var found: [String] = []
+            while try statement.step() { found.append(statement.text(0) ?? "") }
+            return found
+        }
+        #expect(indexes == ["id:1", "lookup_digest:0", "name_digest:0", "version:0"])
         try fixture.vault.withDatabase { database throws(LockboxError) in try database.execute("PRAGMA user_version = 99") }
         do {
             _ = try Vault.open(at: fixture.path)

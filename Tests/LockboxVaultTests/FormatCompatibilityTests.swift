@@ -7,8 +7,8 @@ import VaultStorage
 @testable import LockboxVault
 
 /// Every released file format keeps opening: the committed schema-1 vault and backup
-/// (Tests/Fixtures/vault-v1, written by the first release) and the schema-2 vault
-/// (Tests/Fixtures/vault-v2) are opened, upgraded in place and read back item by item.
+/// (Tests/Fixtures/vault-v1, written by the first release) and the schema-2 and schema-3 vaults
+/// (Tests/Fixtures/vault-v2, vault-v3) are opened, upgraded in place and read back item by item.
 @Suite("File format compatibility")
 struct FormatCompatibilityTests {
     static let fixtureRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
@@ -56,7 +56,7 @@ struct FormatCompatibilityTests {
     /// The fixture's items; the schema-2 fixture changed bob's value and added ivan.
     func checkEveryItem(_ vault: Vault, version: Int = 1) throws {
         for (query, value) in Self.expected {
-            if version == 2 && query.attributes.account == "bob" {
+            if version >= 2 && query.attributes.account == "bob" {
                 #expect(try vault.data(matching: query) == SecretBytes(utf8: "changed-at-v2"))
                 continue
             }
@@ -67,12 +67,24 @@ struct FormatCompatibilityTests {
         var presence = Query.genericPassword(service: "svc.presence", account: "frank")
         presence.authenticationContext = AuthenticationContext(verifier: ScriptedVerifier(.passphrase("fixture-passphrase-v1")))
         #expect(try vault.data(matching: presence) == SecretBytes(utf8: "presence"))
-        if version == 2 {
+        if version >= 2 {
             var query = Query.genericPassword(service: "svc.v2", account: "ivan")
             query.returning = [.attributes, .data]
             let ivan = try vault.items(matching: query)
-            #expect(ivan.first?.data == SecretBytes(utf8: "written-at-v2"))
+            #expect(ivan.first?.data == SecretBytes(utf8: version == 2 ? "written-at-v2" : "changed-at-v3"))
             #expect(ivan.first?.attributes.label == "label v2")
+        }
+        if version >= 3 {
+            var judy = Query.genericPassword(service: "svc.v3", account: "judy")
+            judy.returning = [.attributes, .data]
+            let found = try vault.items(matching: judy)
+            #expect(found.first?.data == SecretBytes(utf8: "written-at-v3"))
+            #expect(found.first?.attributes.label == "label v3")
+            var ken = Query.genericPassword(service: "svc.v3", account: "ken")
+            ken.synchronizable = .any
+            #expect(try vault.data(matching: ken) == SecretBytes(utf8: "synchronizable-at-v3"))
+            let changes = try vault.synchronizableChanges(since: 0)
+            #expect(changes.count == 1 && changes.changed.count == 1)
         }
     }
 
@@ -102,7 +114,7 @@ struct FormatCompatibilityTests {
         #expect(before == 3)
 
         try vault.update(matching: .genericPassword(service: "svc.v2", account: "ivan"), to: ItemUpdate(data: SecretBytes(utf8: "at-v3")))
-        #expect(try storedRecord(vault) == (3, 0, 16))
+        #expect(try storedRecord(vault) == (4, 0, 16))
         // The updated row is resealed in row format 3 (its value under the class key, bound to
         // its attributes); the others stay in format 2 and read as they are.
         let rowFormats = try vault.withDatabase { database throws(LockboxError) in
@@ -149,6 +161,44 @@ struct FormatCompatibilityTests {
             let third = try Vault.open(at: copy.path, configuration: copy.configuration)
             _ = try third.data(matching: .genericPassword(service: "svc.v3", account: "judy"))
         } == -26275)
+    }
+
+    @Test("the schema-3 vault opens, every item reads back, writes go on, and the record verifies throughout")
+    func version3Vault_opensAndWrites() throws {
+        let copy = try Copy(version: 3)
+        let vault = try Vault.open(at: copy.path, configuration: copy.configuration)
+        #expect(try vault.withDatabase { database throws(LockboxError) in try database.userVersion } == VaultSchema.current)
+        #expect(status { _ = try vault.data(matching: .genericPassword(service: "svc.example", account: "alice")) } == -25308)
+        try vault.unlock(passphrase: Self.passphrase)
+        try checkEveryItem(vault, version: 3)
+        #expect(try Vault.verify(at: copy.path, configuration: copy.configuration).isSound)
+        #expect(try vault.status().generation == 6)
+
+        // Until a write, the record stays in its format-3 place (generation and MACs in
+        // `vault_state`); the first write moves them into the group rows.
+        #expect(try storedRecord(vault) == (3, 0, 16))
+        try vault.update(matching: .genericPassword(service: "svc.v3", account: "judy"), to: ItemUpdate(data: SecretBytes(utf8: "at-v4")))
+        #expect(try storedRecord(vault) == (4, 0, 16))
+        let record = try vault.withDatabase { database throws(LockboxError) in
+            try database.firstRow("SELECT length(mac) + length(always_mac), generation FROM vault_state") { [$0.integer(0), $0.integer(1)] }
+        }
+        #expect(record == [0, 0])
+        try vault.add(.genericPassword(service: "svc.v4", account: "leo", data: SecretBytes(utf8: "new")))
+        // The same name once more is a duplicate, in the old rows and the new.
+        #expect(status { try vault.add(.genericPassword(service: "svc.v4", account: "leo", data: SecretBytes(utf8: "again"))) } == -25299)
+        #expect(status { try vault.add(.genericPassword(service: "svc.v3", account: "judy", data: SecretBytes(utf8: "again"))) } == -25299)
+        #expect(
+            status { try vault.add(.genericPassword(service: "svc.example", account: "alice", data: SecretBytes(utf8: "again"), accessGroup: "default")) }
+                == -25299)
+        try vault.delete(matching: .genericPassword(service: "svc.v3", account: "judy"))
+        try vault.add(.genericPassword(service: "svc.v3", account: "judy", data: SecretBytes(utf8: "re-added")))
+        #expect(try vault.status().generation == 10)
+        let other = try Vault.open(at: copy.path, configuration: copy.configuration)
+        try other.unlock(passphrase: Self.passphrase)
+        #expect(try other.data(matching: .genericPassword(service: "svc.v3", account: "judy")) == SecretBytes(utf8: "re-added"))
+        #expect(try other.data(matching: .genericPassword(service: "svc.v4", account: "leo")) == SecretBytes(utf8: "new"))
+        #expect(try other.data(matching: .genericPassword(service: "svc.v2", account: "ivan")) == SecretBytes(utf8: "changed-at-v3"))
+        #expect(try Vault.verify(at: copy.path, configuration: copy.configuration).isSound)
     }
 
     @Test("the schema-1 vault opens, is upgraded at its first unlock, and every item reads back exactly")

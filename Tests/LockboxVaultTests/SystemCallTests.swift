@@ -11,16 +11,33 @@ import VaultStorage
 struct SystemCallTests {
     // MARK: SQLite
 
-    @Test("a duplicate item is duplicateItem with SQLite's UNIQUE code as its cause")
-    func duplicatePrimaryKey_throwsDuplicateItem_withUniqueConstraintCode() throws {
+    @Test("a duplicate item is duplicateItem, found before anything is written, and the file is left as it was")
+    func duplicatePrimaryKey_throwsDuplicateItem_beforeWriting() throws {
         let fixture = try VaultFixture()
         try fixture.vault.add(.genericPassword(service: "svc", account: "alice", data: SecretBytes(utf8: "v")))
+        let before = try fixture.vault.status().generation
         let error = #expect(throws: LockboxError.self) {
             try fixture.vault.add(.genericPassword(service: "svc", account: "alice", data: SecretBytes(utf8: "w")))
         }
         #expect(error?.code == .duplicateItem)
-        #expect(error?.sqliteExtendedCode == 2067)  // SQLITE_CONSTRAINT_UNIQUE
-        #expect(error?.cause?.operation == "sqlite3_step")
+        // The lookup index found it (schema 4 has no UNIQUE index of primary digests): no
+        // SQLite constraint fired.
+        #expect(error?.sqliteExtendedCode == nil)
+        #expect(try fixture.vault.status().generation == before)
+        #expect(try fixture.vault.data(matching: .genericPassword(service: "svc", account: "alice")) == SecretBytes(utf8: "v"))
+        // An update that would give an item another's primary key is refused the same way.
+        try fixture.vault.add(.genericPassword(service: "svc", account: "bob", data: SecretBytes(utf8: "b")))
+        let renamed = #expect(throws: LockboxError.self) {
+            try fixture.vault.update(
+                matching: .genericPassword(service: "svc", account: "bob"), to: ItemUpdate(attributes: ItemAttributes(account: "alice")))
+        }
+        #expect(renamed?.code == .duplicateItem)
+        #expect(try fixture.vault.data(matching: .genericPassword(service: "svc", account: "bob")) == SecretBytes(utf8: "b"))
+        // The same name in another access group, or synchronizable, is another item.
+        try fixture.vault.add(.genericPassword(service: "svc", account: "alice", data: SecretBytes(utf8: "g"), accessGroup: "team.other"))
+        var synchronizable = Item.genericPassword(service: "svc", account: "alice", data: SecretBytes(utf8: "s"), accessibility: .afterFirstUnlock)
+        synchronizable.attributes.synchronizable = true
+        try fixture.vault.add(synchronizable)
     }
 
     @Test("a CHECK constraint violation is not reported as a duplicate item")

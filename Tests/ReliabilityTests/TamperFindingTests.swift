@@ -78,7 +78,8 @@ struct TamperFindingTests {
     static let verifyBlindSpots = [
         "UPDATE items SET secret = randomblob(length(secret)) WHERE rowid = 1",
         "UPDATE items SET wrapped_key = randomblob(length(wrapped_key)) WHERE rowid = 1",
-        "UPDATE vault_state SET always_mac = randomblob(length(always_mac))",
+        // The record's `always` MAC: in the group rows of the highest generation (state format 4).
+        "UPDATE integrity_groups SET always_mac = randomblob(length(always_mac)) WHERE generation = (SELECT max(generation) FROM integrity_groups)",
         "UPDATE items SET device_id = '0123456789abcdef' WHERE rowid = 1",
     ]
 

@@ -178,6 +178,11 @@ package final class Database {
     /// True while a transaction of ``readTransaction(_:)`` or ``writeTransaction(_:)`` runs.
     package private(set) var isInTransaction = false
 
+    /// True while a transaction of ``writeTransaction(_:)`` runs: its snapshot began with
+    /// `BEGIN IMMEDIATE` and is the latest (``pagerDataVersion`` already says whether another
+    /// connection committed), where a deferred one begins at its first read.
+    package private(set) var isInWriteTransaction = false
+
     private func transaction<T>(_ begin: Begin, _ body: () throws(LockboxError) -> T) throws(LockboxError) -> T {
         // Prepared once and kept: compiling BEGIN and COMMIT again costs more than a small read.
         let start =
@@ -189,7 +194,11 @@ package final class Database {
         start.reset()
         transactionSerial &+= 1
         isInTransaction = true
-        defer { isInTransaction = false }
+        isInWriteTransaction = begin == .immediate
+        defer {
+            isInTransaction = false
+            isInWriteTransaction = false
+        }
         do {
             let value = try body()
             let commit = try kept(&commitStatement, "COMMIT")

@@ -1,0 +1,135 @@
+import Foundation
+import Lockbox
+import LockboxTestSupport
+import Testing
+import VaultStorage
+
+/// From schema 4 the integrity record (generation and MACs) travels with the group rows a
+/// write changes; the record is the one of the highest generation. Putting back, bumping or
+/// removing rows of it must fail closed, like the single row it replaces.
+@Suite("Integrity record in the group rows")
+struct IntegrityRecordTests {
+    typealias GroupRow = (id: Int, accumulators: [UInt8], generation: Int, mac: [UInt8], alwaysMAC: [UInt8])
+
+    func groups(_ database: Database) throws -> [GroupRow] {
+        let statement = try database.statement("SELECT id, accumulators, generation, mac, always_mac FROM integrity_groups ORDER BY id")
+        defer { statement.reset() }
+        var rows: [GroupRow] = []
+        while try statement.step() {
+            rows.append((statement.integer(0) ?? -1, statement.blob(1) ?? [], statement.integer(2) ?? -1, statement.blob(3) ?? [], statement.blob(4) ?? []))
+        }
+        return rows
+    }
+
+    func put(_ row: GroupRow, into database: Database) throws {
+        let statement = try database.statement("UPDATE integrity_groups SET accumulators = ?, generation = ?, mac = ?, always_mac = ? WHERE id = ?")
+        statement.bind(1, row.accumulators)
+        statement.bind(2, row.generation)
+        statement.bind(3, row.mac)
+        statement.bind(4, row.alwaysMAC)
+        statement.bind(5, row.id)
+        try statement.run()
+        statement.reset()
+    }
+
+    /// A vault with items in several groups, the group rows as they are, and a read through a
+    /// fresh handle (another process) after `edit`.
+    func readAfter(_ edit: (Database, _ before: [GroupRow], _ after: [GroupRow]) throws -> Void) throws -> Int32? {
+        let fixture = try VaultFixture()
+        for index in 0..<40 {
+            try fixture.vault.add(.genericPassword(service: "svc.record", account: "user\(index)", data: SecretBytes(utf8: "value\(index)")))
+        }
+        let database = try Database(path: fixture.path, create: false)
+        let before = try groups(database)
+        try fixture.vault.update(matching: .genericPassword(service: "svc.record", account: "user7"), to: ItemUpdate(data: SecretBytes(utf8: "changed")))
+        let after = try groups(database)
+        try edit(database, before, after)
+        return status {
+            let reader = try fixture.reopen()
+            for index in 0..<40 { _ = try reader.data(matching: .genericPassword(service: "svc.record", account: "user\(index)")) }
+        }
+    }
+
+    @Test("untouched, every read succeeds: the record is the highest generation's, one write saves one row")
+    func untouched_readsBack() throws {
+        var changedRows = -1
+        let outcome = try readAfter { _, before, after in
+            changedRows = zip(before, after).filter { $0.0.generation != $0.1.generation }.count
+            let highest = after.map(\.generation).max() ?? 0
+            #expect(after.filter { $0.generation == highest }.count >= 1)
+        }
+        #expect(outcome == nil)
+        // An update within one bucket rewrites that bucket's group row alone.
+        #expect(changedRows == 1)
+    }
+
+    @Test("the changed group's row put back as it was before the write -> refused")
+    func olderGroupRowReplayed_isRefused() throws {
+        let outcome = try readAfter { database, before, after in
+            let changed = try #require(zip(before, after).first { $0.0.generation != $0.1.generation }?.0)
+            try put(changed, into: database)
+        }
+        #expect(outcome == -26275)
+    }
+
+    @Test("an older row given the highest generation (its MACs are then the record's) -> refused")
+    func olderRowBumped_isRefused() throws {
+        let outcome = try readAfter { database, _, after in
+            let highest = after.map(\.generation).max() ?? 0
+            var older = try #require(after.first { $0.generation < highest })
+            older.generation = highest + 1
+            try put(older, into: database)
+        }
+        #expect(outcome == -26275)
+    }
+
+    @Test("the record's row deleted -> refused")
+    func recordRowDeleted_isRefused() throws {
+        let outcome = try readAfter { database, _, _ in
+            try database.execute("DELETE FROM integrity_groups WHERE generation = (SELECT max(generation) FROM integrity_groups)")
+        }
+        #expect(outcome == -26275)
+    }
+
+    @Test("two rows of the highest generation with different MACs -> refused")
+    func disagreeingRecords_areRefused() throws {
+        let outcome = try readAfter { database, _, after in
+            let highest = after.map(\.generation).max() ?? 0
+            var other = try #require(after.first { $0.generation < highest })
+            other.generation = highest
+            try put(other, into: database)
+        }
+        #expect(outcome == -26275)
+    }
+
+    @Test("the whole record rolled back to an earlier write, rows included -> refused by the remembered generation")
+    func wholeRecordRolledBack_isRefused() throws {
+        let fixture = try VaultFixture()
+        try fixture.vault.add(.genericPassword(service: "svc.record", account: "a", data: SecretBytes(utf8: "1")))
+        try fixture.vault.withDatabase { database throws(LockboxError) in database.truncateWriteAheadLog() }
+        let copy = fixture.path + ".older"
+        try FileManager.default.copyItem(atPath: fixture.path, toPath: copy)
+        try fixture.vault.update(matching: .genericPassword(service: "svc.record", account: "a"), to: ItemUpdate(data: SecretBytes(utf8: "2")))
+        fixture.vault.lockAll()
+        for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: fixture.path + suffix) }
+        try FileManager.default.moveItem(atPath: copy, toPath: fixture.path)
+        let outcome = status {
+            let reader = try fixture.reopen()
+            try reader.unlock(passphrase: fixture.passphrase)
+            _ = try reader.data(matching: .genericPassword(service: "svc.record", account: "a"))
+        }
+        #expect(outcome == -26275)
+    }
+
+    @Test("a header change with no row written moves the record, and the file verifies")
+    func headerChange_movesTheRecord() throws {
+        let fixture = try VaultFixture()
+        try fixture.vault.add(.genericPassword(service: "svc.record", account: "a", data: SecretBytes(utf8: "1")))
+        let before = try fixture.vault.status().generation ?? 0
+        _ = try fixture.vault.changePassphrase(from: fixture.passphrase, to: SecretBytes(utf8: "another passphrase"))
+        let after = try fixture.vault.status().generation ?? 0
+        #expect(after > before)
+        #expect(try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration).isSound)
+        #expect(try fixture.reopen().data(matching: .genericPassword(service: "svc.record", account: "a")) == SecretBytes(utf8: "1"))
+    }
+}
