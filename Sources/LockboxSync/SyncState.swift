@@ -320,11 +320,14 @@ final class SyncState {
         return Int(hash % UInt64(count))
     }
 
-    /// An item's bucket.
-    static func bucket(of id: String) -> Int { bucket(of: id.utf8, count: itemBucketCount) }
+    /// An item's bucket (of its identifier's UTF-8 bytes, read in place).
+    static func bucket(of id: String) -> Int {
+        var id = id
+        return id.withUTF8 { bucket(of: UnsafeRawBufferPointer($0), count: itemBucketCount) }
+    }
 
     /// A vault row's bucket.
-    static func bucket(of reference: Data) -> Int { bucket(of: reference, count: rowBucketCount) }
+    static func bucket(of reference: Data) -> Int { reference.withUnsafeBytes { bucket(of: $0, count: rowBucketCount) } }
 
     private static func encodeItems(_ records: [String: ItemRecord]) -> [UInt8] {
         var encoder = FieldEncoder(capacity: 64 + records.count * 192)
