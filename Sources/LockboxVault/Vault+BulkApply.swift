@@ -8,10 +8,11 @@ extension Vault {
     /// ``applyChanges(count:_:)`` for a large batch, such as a new device's first sync: the same
     /// changes, made and counted the same way, in one write transaction, all of them or none;
     /// but `change` is called, and each new item prepared and sealed, on other threads, ahead
-    /// of this thread, which writes the rows in order. The rows a sealed add
-    /// writes are those ``add(_:)`` writes (``sealForAdding(_:keys:vaultID:deviceID:presencePublicKey:version:)``:
-    /// a fresh id, the value sealed under its class key), inserted and checked for a duplicate
-    /// by the same function (``insertSealed(_:writer:)``). A new item whose keys are not at hand
+    /// of this thread, which writes the rows in order. A new item's row is the one ``add(_:)``
+    /// writes, sealed by the same function
+    /// (``sealForAdding(_:keys:vaultID:deviceID:presencePublicKey:version:)``: a new identifier,
+    /// the value under its class key) and inserted, its primary key checked, by the same
+    /// function (``insertSealed(_:writer:)``). A new item whose keys are not at hand
     /// before the transaction (a `ThisDeviceOnly` class, a locked class) or that has access
     /// control is prepared there and sealed here instead, exactly as ``add(_:)`` does, and so
     /// fails as it does.
