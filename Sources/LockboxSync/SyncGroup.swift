@@ -349,6 +349,11 @@ public final class SyncGroup: Sendable {
     }
 
     func itemID(_ item: Item) -> String {
+        Self.itemID(item, keys: keys)
+    }
+
+    /// An item's opaque identifier in the group: a keyed digest of its primary key.
+    static func itemID(_ item: Item, keys: SyncKeys) -> String {
         Array(Crypto.keyedDigest(PrimaryKey.encode(item.itemClass, item.attributes), key: keys.naming).prefix(20)).hexString
     }
 
@@ -621,15 +626,7 @@ public final class SyncGroup: Sendable {
         // Every record's metadata is opened before anything is applied: a record that fails to
         // open stops the pull with the vault untouched. Values stay sealed until written.
         var failure: LockboxError { LockboxError.integrity("A record of the sync database") }
-        var received: [(id: String, version: Int64, sealed: SealedValueRecord)] = []
-        received.reserveCapacity(rows.count)
-        for row in rows {
-            guard let idBytes = row[0], let payload = row[2] else { throw failure }
-            let id = String(decoding: idBytes, as: UTF8.self)
-            let version = try PostgresConnection.integer(binary: row[1])
-            guard version > from, version <= counter else { throw failure }
-            received.append((id, version, try SealedValueRecord(payload, group: groupID, itemID: id, version: version, keys: keys)))
-        }
+        let received = try receive(rows, from: from, counter: counter, keys: keys)
         lap(\.open)
         // A device that knows nothing yet (its first sync) has nothing to look up per record.
         let knowsNothing = try state.isEmpty
@@ -638,15 +635,14 @@ public final class SyncGroup: Sendable {
         // before anything is applied.
         var pending = SyncState.Changes()
         var accumulator = from == 0 ? SyncHead.empty.accumulator : state.accumulator ?? []
-        for (id, version, sealed) in received {
-            if from > 0, let listed = try state.verified(id) {
+        for record in received {
+            if from > 0, let listed = try state.verified(record.id) {
                 SyncHead.subtract(listed.element, from: &accumulator)
             }
             // Older than what this device already saw of the item: a replay.
-            if !knowsNothing, let known = try state.entry(id), sealed.record.stamp < known.stamp { throw rolledBack() }
-            let element = SyncHead.element(itemID: id, version: version, record: sealed.record, keys: keys)
-            SyncHead.add(element, to: &accumulator)
-            pending.verified[id] = SyncState.Listed(version: version, element: element)
+            if !knowsNothing, let known = try state.entry(record.id), record.sealed.record.stamp < known.stamp { throw rolledBack() }
+            SyncHead.add(record.element, to: &accumulator)
+            pending.verified[record.id] = SyncState.Listed(version: record.version, element: record.element)
         }
         guard SyncHead.equal(accumulator, head.accumulator) else { throw SyncHead.withheld() }
         pending.replacesVerified = from == 0
@@ -655,7 +651,9 @@ public final class SyncGroup: Sendable {
         var changes: [(id: String, existing: Data?, sealed: SealedValueRecord)] = []
         // Rows written here since the push (by another process): checked before overwriting.
         var recent: Set<Data>?
-        for (id, _, sealed) in received {
+        for received in received {
+            let id = received.id
+            let sealed = received.sealed
             let record = sealed.record
             var known = pending.entries[id]
             if known == nil && !knowsNothing { known = try state.entry(id) }
@@ -686,9 +684,8 @@ public final class SyncGroup: Sendable {
             }
             report.pulled += 1
             pending.entries[id] = entry
-            if let item = record.item {
-                guard Self.isEligible(item), itemID(item) == id else { throw failure }
-            }
+            // An item that may not sync, or not the one its identifier names (checked as it was opened).
+            guard received.isFitting else { throw failure }
             // Applied with the others in one vault transaction.
             changes.append((id, existing, sealed))
         }
@@ -697,17 +694,22 @@ public final class SyncGroup: Sendable {
         lap(\.vault)
         pending.cursor = counter
         try state.commit(pending)
+        lap(\.state)
         try connection.execute(
             """
             INSERT INTO lockbox_sync_devices (group_id, device_id, pulled_version, last_sync) VALUES ($1, $2, $3, now())
             ON CONFLICT (group_id, device_id) DO UPDATE SET pulled_version = excluded.pulled_version, last_sync = now()
             """,
             [.text(groupID), .text(device.id), .integer(counter)])
-        lap(\.state)
+        lap(\.cursor)
         lastPullTimings.withLock { $0 = timings }
     }
 
-    /// Applies pulled records in one vault transaction (``Vault/applyChanges(count:_:)``), each
+    /// Changes from which a pull applies them through ``Vault/applyChanges(count:concurrently:)``.
+    static let bulkApplyMinimum = 128
+
+    /// Applies pulled records in one vault transaction (``Vault/applyChanges(count:_:)``, or for
+    /// many ``Vault/applyChanges(count:concurrently:)``), each
     /// value opened just before the vault seals it: new items added, others replaced, tombstones
     /// deleted. The state records the rows at once; when nothing else was written to the vault
     /// since the push listed its rows, the push's generation moves past these changes too, so
@@ -719,7 +721,7 @@ public final class SyncGroup: Sendable {
     ) throws(LockboxError) {
         guard !changes.isEmpty else { return }
         do {
-            let applied = try vault.applyChanges(count: changes.count) { index throws(LockboxError) -> SyncedChange in
+            let change = { @Sendable (index: Int) throws(LockboxError) -> SyncedChange in
                 let change = changes[index]
                 guard let item = try change.sealed.opened(keys: keys).item else {
                     guard let existing = change.existing else { preconditionFailure("a tombstone of nothing here is not applied") }
@@ -728,6 +730,11 @@ public final class SyncGroup: Sendable {
                 guard let existing = change.existing else { return .add(item) }
                 return .replace(reference: existing, with: item)
             }
+            // Many changes (a new device's import) are staged and sealed on other threads.
+            let applied =
+                changes.count >= Self.bulkApplyMinimum
+                ? try vault.applyChanges(count: changes.count, concurrently: change)
+                : try vault.applyChanges(count: changes.count, change)
             for (change, reference) in zip(changes, applied.references) {
                 if let reference {
                     pending.rows[reference] = .some(.some(change.id))
@@ -797,8 +804,10 @@ package struct PullTimings: Sendable {
     package var decide = Duration.zero
     /// The vault's one transaction: new items added, others replaced or deleted (values opened there).
     package var vault = Duration.zero
-    /// The local state's commit and the device's cursor in the database.
+    /// The local state's commit.
     package var state = Duration.zero
+    /// The device's cursor, written to the database.
+    package var cursor = Duration.zero
 
     package init() {}
 }

@@ -84,7 +84,7 @@ struct SyncStamp: Sendable, Hashable, Comparable {
 }
 
 /// One item's state as a record in the database, opened.
-struct SyncRecord {
+struct SyncRecord: Sendable {
     var stamp: SyncStamp
     /// Nil for a tombstone.
     var item: Item?
@@ -157,7 +157,7 @@ struct SyncRecord {
 /// A record whose metadata is open and whose value is still sealed: a pull decides from the
 /// metadata what to do, and opens a value only as it writes it, so that thousands of values are
 /// never in memory at once.
-struct SealedValueRecord {
+struct SealedValueRecord: Sendable {
     /// The record, with an item without its value.
     var record: SyncRecord
     let valueBox: [UInt8]?

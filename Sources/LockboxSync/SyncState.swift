@@ -11,20 +11,29 @@ import Glibc
 /// (`VAULT.sync/GROUP.db`, mode 0600), so that a sync reads and writes only what changed:
 ///
 /// - `progress`: how far this device has pulled (`cursor`, a database version) and pushed
-///   (`generation`, the vault's write generation its last push covered).
-/// - `entries`: per item (opaque identifier) the last version this device saw or wrote: its
-///   stamp, content digest and whether it is a tombstone.
-/// - `rows`: which vault row (persistent reference) holds which item; nil for a synchronizable
-///   row that does not sync (ThisDeviceOnly, access control). A row known here and gone from
-///   the vault is a delete.
+///   (`generation`, the vault's write generation its last push covered), the digest of the
+///   last head it verified, and how many vault rows it knows.
+/// - Per item (opaque identifier): its *entry*, the last version this device saw or wrote (its
+///   stamp, content digest and whether it is a tombstone); the version and head element
+///   (``SyncHead``) of its record as the last verified head lists it (a pull checks what it
+///   receives against the next head from these: withheld or replayed records); and the vault
+///   row that holds it.
+/// - Per vault row (persistent reference): the item it holds; nil for a synchronizable row that
+///   does not sync (ThisDeviceOnly, access control). A row known here and gone from the vault is
+///   a delete.
 ///
-/// - `verified`: per item, the version and head element (``SyncHead``) of its record as the
-///   last head this device verified lists it; `progress` keeps that head's digest. A pull
-///   checks what it receives against the next head from these (withheld or replayed records).
+/// Items and rows are kept in buckets (format 2): items by a digest of their identifier in
+/// `item_buckets` (``itemBucketCount``), rows by their reference in `row_buckets`
+/// (``rowBucketCount``), one SQLite row per bucket holding all of its records, with one MAC. A
+/// new device's first pull of 10,000 items writes about 9,500 rows (and as many MACs) instead of
+/// 30,000 rows and 20,000 MACs; a pull of ten changes rewrites the buckets of those ten items
+/// and of their rows. The first
+/// format (one SQLite row per entry, per vault row and per head element; `user_version` 0) is
+/// converted when the file is opened, in one transaction, every MAC checked first.
 ///
-/// Nothing in it is secret (identifiers are opaque, digests keyed); each row carries a MAC made
-/// with the device's state key, so an edited row (which could make this device push a delete
-/// the user never made) is an error, not a reason to act.
+/// Nothing in it is secret (identifiers are opaque, digests keyed); every bucket and the
+/// progress carry a MAC made with the device's state key, so an edited bucket (which could make
+/// this device push a delete the user never made) is an error, not a reason to act.
 ///
 /// Each phase of a sync updates it in one SQLite transaction after the database committed; a
 /// crash before that only repeats work: pushing an item whose record is already the
@@ -36,6 +45,30 @@ final class SyncState {
         var isTombstone: Bool
     }
 
+    /// One item's record as a verified head lists it.
+    struct Listed: Equatable {
+        var version: Int64
+        var element: [UInt8]
+    }
+
+    /// What the state holds of one item.
+    struct ItemRecord: Equatable {
+        var entry: Entry?
+        var listed: Listed?
+        /// The vault row that holds it.
+        var reference: Data?
+
+        var isEmpty: Bool { entry == nil && listed == nil && reference == nil }
+    }
+
+    /// The format this build writes (`PRAGMA user_version`): 2, buckets. (0: the first format.)
+    static let format = 2
+    /// Buckets of items: about 12 items (3 KiB) each at 100,000, so that a pull of ten changes
+    /// rewrites about as many bytes as ten rows per record did.
+    static let itemBucketCount = 8192
+    /// Buckets of rows (a row's record is a sixth of an item's): 25 rows (1 KiB) each at 100,000.
+    static let rowBucketCount = 4096
+
     private let database: Database
     private let key: SecretBytes
     let device: String
@@ -44,10 +77,16 @@ final class SyncState {
     /// The digest of the head at `cursor` this device verified; nil before its first verified
     /// pull (or in a state from before heads): the next pull then starts from version 0.
     private(set) var accumulator: [UInt8]?
+    /// Buckets read and verified so far (or written by this object), by index, while no other
+    /// connection has written the file (`PRAGMA data_version` still `cachedVersion`).
+    private var itemBuckets: [Int: [String: ItemRecord]] = [:]
+    private var rowBuckets: [Int: [Data: String?]] = [:]
+    private var cachedVersion: Int?
 
     static func path(vault: String, groupID: String) -> String { vault + ".sync/" + groupID + ".db" }
 
-    /// Opens (creating when missing) the state of `device` in the group.
+    /// Opens (creating when missing, converting one of the first format) the state of `device`
+    /// in the group.
     init(path: String, device: String, key: SecretBytes) throws(LockboxError) {
         let directory = String(path[..<(path.lastIndex(of: "/") ?? path.startIndex)])
         let oldMask = umask(0o077)
@@ -70,68 +109,185 @@ final class SyncState {
         try database.execute("PRAGMA wal_autocheckpoint=100")
         self.key = key
         self.device = device
-        try database.execute(
-            """
-            CREATE TABLE IF NOT EXISTS progress (
-                id INTEGER PRIMARY KEY CHECK (id = 1), device TEXT NOT NULL, cursor INTEGER NOT NULL,
-                generation INTEGER NOT NULL, mac BLOB NOT NULL);
-            CREATE TABLE IF NOT EXISTS entries (
-                item_id TEXT PRIMARY KEY, modified INTEGER NOT NULL, writer TEXT NOT NULL, digest BLOB NOT NULL,
-                tombstone INTEGER NOT NULL, mac BLOB NOT NULL) WITHOUT ROWID;
-            CREATE TABLE IF NOT EXISTS rows (
-                reference BLOB PRIMARY KEY, item_id TEXT, mac BLOB NOT NULL) WITHOUT ROWID;
-            CREATE INDEX IF NOT EXISTS rows_by_item ON rows(item_id);
-            CREATE TABLE IF NOT EXISTS verified (
-                item_id TEXT PRIMARY KEY, version INTEGER NOT NULL, element BLOB NOT NULL) WITHOUT ROWID;
-            """)
-        // A state from before heads: its progress gains the head's digest (none yet).
-        let hasAccumulator = try database.firstRow("SELECT count(*) FROM pragma_table_info('progress') WHERE name = 'accumulator'") {
-            $0.integer(0) ?? 0
-        }
-        if hasAccumulator == 0 { try database.execute("ALTER TABLE progress ADD COLUMN accumulator BLOB") }
-        let statement = try database.statement("SELECT device, cursor, generation, mac, accumulator FROM progress WHERE id = 1")
-        defer { statement.reset() }
-        if try statement.step() {
-            let stored = statement.text(0) ?? ""
-            let cursor = Int64(statement.integer(1) ?? -1)
-            let generation = statement.integer(2) ?? -1
-            let accumulator = statement.blob(4)
-            guard
-                statement.blob(3)
-                    == Self.progressMAC(device: stored, cursor: cursor, generation: generation, accumulator: accumulator, key: key)
-            else {
-                throw LockboxError.integrity("The sync state \(path)")
-            }
-            if stored == device {
-                self.cursor = cursor
-                self.generation = generation
-                self.accumulator = accumulator
-            } else {
-                // The state of another device identity (joined again): start over; the first
-                // sync adopts what the database already holds.
-                self.cursor = 0
-                self.generation = 0
-                try database.execute("DELETE FROM entries; DELETE FROM rows; DELETE FROM verified; DELETE FROM progress")
-            }
+        try Self.prepare(database, key: key)
+        let progress = try Self.readProgress(database, key: key)
+        if let progress, progress.device == device {
+            cursor = progress.cursor
+            generation = progress.generation
+            accumulator = progress.accumulator
         } else {
             cursor = 0
             generation = 0
+            if progress != nil {
+                // The state of another device identity (joined again): start over; the first
+                // sync adopts what the database already holds.
+                try database.execute("DELETE FROM item_buckets; DELETE FROM row_buckets; DELETE FROM progress")
+            }
         }
+    }
+
+    // MARK: The file's format
+
+    /// Creates the tables of ``format``, or converts a file of the first format, in one
+    /// transaction. A file of a later format is refused.
+    private static func prepare(_ database: Database, key: SecretBytes) throws(LockboxError) {
+        let found = try database.userVersion
+        guard found <= format else {
+            throw LockboxError(
+                .param,
+                "The sync state \(database.path) has format \(found), newer than this Lockbox (\(format)). "
+                    + "Upgrade Lockbox to sync this keychain.")
+        }
+        guard found < format else { return }
+        try database.writeTransaction { () throws(LockboxError) in
+            // Read again inside the transaction: another process may have converted it meanwhile.
+            guard try database.userVersion < format else { return }
+            let firstFormat = try hasTable("entries", database)
+            if try hasTable("progress", database) {
+                // The first format's progress, possibly from before heads.
+                if try !hasColumn("accumulator", of: "progress", database) {
+                    try database.execute("ALTER TABLE progress ADD COLUMN accumulator BLOB")
+                }
+                try database.execute("ALTER TABLE progress ADD COLUMN row_count INTEGER NOT NULL DEFAULT 0")
+            }
+            try database.execute(
+                """
+                CREATE TABLE IF NOT EXISTS progress (
+                    id INTEGER PRIMARY KEY CHECK (id = 1), device TEXT NOT NULL, cursor INTEGER NOT NULL,
+                    generation INTEGER NOT NULL, mac BLOB NOT NULL, accumulator BLOB, row_count INTEGER NOT NULL DEFAULT 0);
+                CREATE TABLE IF NOT EXISTS item_buckets (bucket INTEGER PRIMARY KEY, body BLOB NOT NULL, mac BLOB NOT NULL);
+                CREATE TABLE IF NOT EXISTS row_buckets (bucket INTEGER PRIMARY KEY, body BLOB NOT NULL, mac BLOB NOT NULL);
+                """)
+            if firstFormat { try convertFirstFormat(database, key: key) }
+            try database.execute("PRAGMA user_version = \(format)")
+        }
+    }
+
+    private static func hasTable(_ name: String, _ database: Database) throws(LockboxError) -> Bool {
+        let statement = try database.statement("SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = ?")
+        defer { statement.reset() }
+        statement.bind(1, name)
+        _ = try statement.step()
+        return statement.integer(0) == 1
+    }
+
+    private static func hasColumn(_ column: String, of table: String, _ database: Database) throws(LockboxError) -> Bool {
+        let statement = try database.statement("SELECT count(*) FROM pragma_table_info(?) WHERE name = ?")
+        defer { statement.reset() }
+        statement.bind(1, table)
+        statement.bind(2, column)
+        _ = try statement.step()
+        return statement.integer(0) == 1
+    }
+
+    /// Moves every entry, row and head element of the first format into buckets, each row's
+    /// and entry's MAC and the progress's checked first, and drops the old tables.
+    private static func convertFirstFormat(_ database: Database, key: SecretBytes) throws(LockboxError) {
+        let failure = LockboxError.integrity("The sync state \(database.path)")
+        var progress: Progress?
+        do {
+            let statement = try database.statement("SELECT device, cursor, generation, mac, accumulator FROM progress WHERE id = 1")
+            defer { statement.reset() }
+            if try statement.step() {
+                let read = Progress(
+                    device: statement.text(0) ?? "", cursor: Int64(statement.integer(1) ?? -1), generation: statement.integer(2) ?? -1,
+                    accumulator: statement.blob(4), rows: 0)
+                guard statement.blob(3) == firstFormatProgressMAC(read, key: key) else { throw failure }
+                progress = read
+            }
+        }
+        var items: [String: ItemRecord] = [:]
+        do {
+            let statement = try database.statement("SELECT item_id, modified, writer, digest, tombstone, mac FROM entries")
+            defer { statement.reset() }
+            while try statement.step() {
+                guard let id = statement.text(0) else { throw failure }
+                let entry = Entry(
+                    stamp: SyncStamp(modified: Int64(statement.integer(1) ?? 0), device: statement.text(2) ?? ""),
+                    contentDigest: statement.blob(3) ?? [], isTombstone: statement.integer(4) == 1)
+                guard statement.blob(5) == firstFormatEntryMAC(id, entry, key: key) else { throw failure }
+                items[id, default: ItemRecord()].entry = entry
+            }
+        }
+        var rows: [Data: String?] = [:]
+        do {
+            let statement = try database.statement("SELECT reference, item_id, mac FROM rows")
+            defer { statement.reset() }
+            while try statement.step() {
+                let reference = statement.blob(0) ?? []
+                let id = statement.text(1)
+                guard statement.blob(2) == firstFormatRowMAC(reference, id, key: key) else { throw failure }
+                rows.updateValue(id, forKey: Data(reference))
+                if let id { items[id, default: ItemRecord()].reference = Data(reference) }
+            }
+        }
+        do {
+            // Head elements had no MAC: an edited one only makes the next head check fail.
+            let statement = try database.statement("SELECT item_id, version, element FROM verified")
+            defer { statement.reset() }
+            while try statement.step() {
+                guard let id = statement.text(0) else { throw failure }
+                items[id, default: ItemRecord()].listed = Listed(version: Int64(statement.integer(1) ?? 0), element: statement.blob(2) ?? [])
+            }
+        }
+        var itemBuckets: [Int: [String: ItemRecord]] = [:]
+        for (id, record) in items { itemBuckets[bucket(of: id), default: [:]][id] = record }
+        var rowBuckets: [Int: [Data: String?]] = [:]
+        for (reference, id) in rows { rowBuckets[bucket(of: reference), default: [:]].updateValue(id, forKey: reference) }
+        try write(items: itemBuckets, rows: rowBuckets, database, key: key)
+        if var progress {
+            progress.rows = rows.count
+            try writeProgress(progress, database, key: key)
+        }
+        try database.execute("DROP TABLE entries; DROP TABLE rows; DROP TABLE verified")
     }
 
     // MARK: MACs
 
-    private static func progressMAC(device: String, cursor: Int64, generation: Int, accumulator: [UInt8]?, key: SecretBytes) -> [UInt8] {
+    /// What `progress` holds.
+    private struct Progress {
+        var device: String
+        var cursor: Int64
+        var generation: Int
+        var accumulator: [UInt8]?
+        var rows: Int
+    }
+
+    private static func progressMAC(_ progress: Progress, key: SecretBytes) -> [UInt8] {
         var encoder = FieldEncoder()
-        encoder.string(accumulator == nil ? "progress" : "progress.v2")
-        encoder.string(device)
-        encoder.integer(Int(cursor))
-        encoder.integer(generation)
-        if let accumulator { encoder.bytes(accumulator) }
+        encoder.string("lockbox.sync.state.progress.v3")
+        encoder.string(progress.device)
+        encoder.integer(Int(progress.cursor))
+        encoder.integer(progress.generation)
+        encoder.integer(progress.rows)
+        encoder.bytes(progress.accumulator)
         return Crypto.keyedDigest(encoder.bytes, key: key)
     }
 
-    private func entryMAC(_ id: String, _ entry: Entry) -> [UInt8] {
+    private enum BucketKind: String {
+        case items = "lockbox.sync.state.items.v2"
+        case rows = "lockbox.sync.state.rows.v2"
+    }
+
+    private static func bucketMAC(_ kind: BucketKind, _ index: Int, _ body: [UInt8], key: SecretBytes) -> [UInt8] {
+        var encoder = FieldEncoder(capacity: body.count + 64)
+        encoder.string(kind.rawValue)
+        encoder.integer(index)
+        encoder.bytes(body)
+        return encoder.withBytes { Crypto.keyedDigest($0, key: key) }
+    }
+
+    private static func firstFormatProgressMAC(_ progress: Progress, key: SecretBytes) -> [UInt8] {
+        var encoder = FieldEncoder()
+        encoder.string(progress.accumulator == nil ? "progress" : "progress.v2")
+        encoder.string(progress.device)
+        encoder.integer(Int(progress.cursor))
+        encoder.integer(progress.generation)
+        if let accumulator = progress.accumulator { encoder.bytes(accumulator) }
+        return Crypto.keyedDigest(encoder.bytes, key: key)
+    }
+
+    private static func firstFormatEntryMAC(_ id: String, _ entry: Entry, key: SecretBytes) -> [UInt8] {
         var encoder = FieldEncoder()
         encoder.string("entry")
         encoder.string(id)
@@ -142,7 +298,7 @@ final class SyncState {
         return Crypto.keyedDigest(encoder.bytes, key: key)
     }
 
-    private func rowMAC(_ reference: [UInt8], _ id: String?) -> [UInt8] {
+    private static func firstFormatRowMAC(_ reference: [UInt8], _ id: String?, key: SecretBytes) -> [UInt8] {
         var encoder = FieldEncoder()
         encoder.string("row")
         encoder.bytes(reference)
@@ -150,81 +306,274 @@ final class SyncState {
         return Crypto.keyedDigest(encoder.bytes, key: key)
     }
 
-    private var failure: LockboxError { LockboxError.integrity("The sync state \(database.path)") }
+    // MARK: Buckets
+
+    /// The bucket of `count` that bytes (an item's identifier, a row's reference) fall in:
+    /// FNV-1a, fixed for the file's life (identifiers are keyed digests and references random,
+    /// so the buckets fill evenly).
+    private static func bucket(of bytes: some Sequence<UInt8>, count: Int) -> Int {
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        for byte in bytes {
+            hash ^= UInt64(byte)
+            hash &*= 0x0000_0100_0000_01b3
+        }
+        return Int(hash % UInt64(count))
+    }
+
+    /// An item's bucket (of its identifier's UTF-8 bytes, read in place).
+    static func bucket(of id: String) -> Int {
+        var id = id
+        return id.withUTF8 { bucket(of: UnsafeRawBufferPointer($0), count: itemBucketCount) }
+    }
+
+    /// A vault row's bucket.
+    static func bucket(of reference: Data) -> Int { reference.withUnsafeBytes { bucket(of: $0, count: rowBucketCount) } }
+
+    private static func encodeItems(_ records: [String: ItemRecord]) -> [UInt8] {
+        var encoder = FieldEncoder(capacity: 64 + records.count * 192)
+        encoder.integer(records.count)
+        for (id, record) in records {
+            encoder.string(id)
+            if let entry = record.entry {
+                encoder.integer(Int(entry.stamp.modified))
+                encoder.string(entry.stamp.device)
+                encoder.bytes(entry.contentDigest)
+                encoder.integer(entry.isTombstone ? 1 : 0)
+            } else {
+                encoder.integer(nil)
+            }
+            if let listed = record.listed {
+                encoder.integer(Int(listed.version))
+                encoder.bytes(listed.element)
+            } else {
+                encoder.integer(nil)
+            }
+            encoder.bytes(record.reference.map { Array($0) })
+        }
+        return encoder.bytes
+    }
+
+    private static func decodeItems(_ body: [UInt8], bucket index: Int) throws(FieldDecoder.Malformed) -> [String: ItemRecord] {
+        var decoder = FieldDecoder(body)
+        guard let count = try decoder.integer(), count >= 0, count <= body.count else { throw FieldDecoder.Malformed() }
+        var records: [String: ItemRecord] = [:]
+        records.reserveCapacity(count)
+        for _ in 0..<count {
+            guard let id = try decoder.string(), bucket(of: id) == index, records[id] == nil else { throw FieldDecoder.Malformed() }
+            var record = ItemRecord()
+            if let modified = try decoder.integer() {
+                guard let writer = try decoder.string(), let digest = try decoder.bytes(), let tombstone = try decoder.integer() else {
+                    throw FieldDecoder.Malformed()
+                }
+                record.entry = Entry(stamp: SyncStamp(modified: Int64(modified), device: writer), contentDigest: digest, isTombstone: tombstone == 1)
+            }
+            if let version = try decoder.integer() {
+                guard let element = try decoder.bytes() else { throw FieldDecoder.Malformed() }
+                record.listed = Listed(version: Int64(version), element: element)
+            }
+            record.reference = try decoder.data()
+            records[id] = record
+        }
+        guard decoder.isAtEnd else { throw FieldDecoder.Malformed() }
+        return records
+    }
+
+    private static func encodeRows(_ rows: [Data: String?]) -> [UInt8] {
+        var encoder = FieldEncoder(capacity: 64 + rows.count * 72)
+        encoder.integer(rows.count)
+        for (reference, id) in rows {
+            encoder.bytes(reference)
+            encoder.string(id)
+        }
+        return encoder.bytes
+    }
+
+    private static func decodeRows(_ body: [UInt8], bucket index: Int) throws(FieldDecoder.Malformed) -> [Data: String?] {
+        var decoder = FieldDecoder(body)
+        guard let count = try decoder.integer(), count >= 0, count <= body.count else { throw FieldDecoder.Malformed() }
+        var rows: [Data: String?] = [:]
+        rows.reserveCapacity(count)
+        for _ in 0..<count {
+            guard let reference = try decoder.data(), bucket(of: reference) == index, rows[reference] == nil else {
+                throw FieldDecoder.Malformed()
+            }
+            rows.updateValue(try decoder.string(), forKey: reference)
+        }
+        guard decoder.isAtEnd else { throw FieldDecoder.Malformed() }
+        return rows
+    }
+
+    /// A bucket's body as stored, its MAC checked; nil when the bucket has no row.
+    private static func readBody(_ kind: BucketKind, _ index: Int, _ database: Database, key: SecretBytes) throws(LockboxError) -> [UInt8]? {
+        let statement = try database.statement(
+            kind == .items ? "SELECT body, mac FROM item_buckets WHERE bucket = ?" : "SELECT body, mac FROM row_buckets WHERE bucket = ?")
+        defer { statement.reset() }
+        statement.bind(1, index)
+        guard try statement.step() else { return nil }
+        let body = statement.blob(0) ?? []
+        guard let mac = statement.blob(1), SyncHead.equal(mac, bucketMAC(kind, index, body, key: key)) else {
+            throw LockboxError.integrity("The sync state \(database.path)")
+        }
+        return body
+    }
+
+    private static func readItems(_ index: Int, _ database: Database, key: SecretBytes) throws(LockboxError) -> [String: ItemRecord] {
+        guard let body = try readBody(.items, index, database, key: key) else { return [:] }
+        do {
+            return try decodeItems(body, bucket: index)
+        } catch {
+            throw LockboxError.integrity("The sync state \(database.path)")
+        }
+    }
+
+    private static func readRows(_ index: Int, _ database: Database, key: SecretBytes) throws(LockboxError) -> [Data: String?] {
+        guard let body = try readBody(.rows, index, database, key: key) else { return [:] }
+        do {
+            return try decodeRows(body, bucket: index)
+        } catch {
+            throw LockboxError.integrity("The sync state \(database.path)")
+        }
+    }
+
+    /// Writes buckets (an empty one is removed), in bucket order.
+    private static func write(
+        items: [Int: [String: ItemRecord]], rows: [Int: [Data: String?]], _ database: Database, key: SecretBytes
+    ) throws(LockboxError) {
+        let putItems = try database.statement("INSERT OR REPLACE INTO item_buckets (bucket, body, mac) VALUES (?, ?, ?)")
+        let dropItems = try database.statement("DELETE FROM item_buckets WHERE bucket = ?")
+        for (index, records) in items.sorted(by: { $0.key < $1.key }) {
+            if records.isEmpty {
+                dropItems.reset()
+                dropItems.bind(1, index)
+                try dropItems.run()
+            } else {
+                let body = encodeItems(records)
+                putItems.reset()
+                putItems.bind(1, index)
+                putItems.bind(2, body)
+                putItems.bind(3, bucketMAC(.items, index, body, key: key))
+                try putItems.run()
+            }
+        }
+        putItems.reset()
+        dropItems.reset()
+        let putRows = try database.statement("INSERT OR REPLACE INTO row_buckets (bucket, body, mac) VALUES (?, ?, ?)")
+        let dropRows = try database.statement("DELETE FROM row_buckets WHERE bucket = ?")
+        for (index, references) in rows.sorted(by: { $0.key < $1.key }) {
+            if references.isEmpty {
+                dropRows.reset()
+                dropRows.bind(1, index)
+                try dropRows.run()
+            } else {
+                let body = encodeRows(references)
+                putRows.reset()
+                putRows.bind(1, index)
+                putRows.bind(2, body)
+                putRows.bind(3, bucketMAC(.rows, index, body, key: key))
+                try putRows.run()
+            }
+        }
+        putRows.reset()
+        dropRows.reset()
+    }
+
+    private static func readProgress(_ database: Database, key: SecretBytes) throws(LockboxError) -> Progress? {
+        let statement = try database.statement("SELECT device, cursor, generation, mac, accumulator, row_count FROM progress WHERE id = 1")
+        defer { statement.reset() }
+        guard try statement.step() else { return nil }
+        let progress = Progress(
+            device: statement.text(0) ?? "", cursor: Int64(statement.integer(1) ?? -1), generation: statement.integer(2) ?? -1,
+            accumulator: statement.blob(4), rows: statement.integer(5) ?? -1)
+        guard statement.blob(3) == progressMAC(progress, key: key) else { throw LockboxError.integrity("The sync state \(database.path)") }
+        return progress
+    }
+
+    private static func writeProgress(_ progress: Progress, _ database: Database, key: SecretBytes) throws(LockboxError) {
+        let statement = try database.statement(
+            "INSERT OR REPLACE INTO progress (id, device, cursor, generation, mac, accumulator, row_count) VALUES (1, ?, ?, ?, ?, ?, ?)")
+        defer { statement.reset() }
+        statement.bind(1, progress.device)
+        statement.bind(2, Int(progress.cursor))
+        statement.bind(3, progress.generation)
+        statement.bind(4, progressMAC(progress, key: key))
+        statement.bind(5, progress.accumulator)
+        statement.bind(6, progress.rows)
+        try statement.run()
+    }
+
+    /// Forgets the buckets read when another connection has written the file since.
+    private func checkCache() throws(LockboxError) {
+        let version = try database.dataVersion
+        if version != cachedVersion {
+            itemBuckets = [:]
+            rowBuckets = [:]
+            cachedVersion = version
+        }
+    }
+
+    private func itemRecord(_ id: String) throws(LockboxError) -> ItemRecord? {
+        try checkCache()
+        let index = Self.bucket(of: id)
+        if let bucket = itemBuckets[index] { return bucket[id] }
+        let bucket = try Self.readItems(index, database, key: key)
+        itemBuckets[index] = bucket
+        return bucket[id]
+    }
 
     // MARK: Reading
 
     func entry(_ id: String) throws(LockboxError) -> Entry? {
-        let statement = try database.statement("SELECT modified, writer, digest, tombstone, mac FROM entries WHERE item_id = ?")
-        defer { statement.reset() }
-        statement.bind(1, id)
-        guard try statement.step() else { return nil }
-        let entry = Entry(
-            stamp: SyncStamp(modified: Int64(statement.integer(0) ?? 0), device: statement.text(1) ?? ""),
-            contentDigest: statement.blob(2) ?? [], isTombstone: statement.integer(3) == 1)
-        guard statement.blob(4) == entryMAC(id, entry) else { throw failure }
-        return entry
+        try itemRecord(id)?.entry
     }
 
     /// The item a vault row held at the last sync: `.some(nil)` for a row that does not sync,
     /// nil for a row this device does not know.
     func row(_ reference: Data) throws(LockboxError) -> String?? {
-        let statement = try database.statement("SELECT item_id, mac FROM rows WHERE reference = ?")
-        defer { statement.reset() }
-        statement.bind(1, Array(reference))
-        guard try statement.step() else { return nil }
-        let id = statement.text(0)
-        guard statement.blob(1) == rowMAC(Array(reference), id) else { throw failure }
-        return .some(id)
+        try checkCache()
+        let index = Self.bucket(of: reference)
+        if let bucket = rowBuckets[index] { return bucket[reference] }
+        let bucket = try Self.readRows(index, database, key: key)
+        rowBuckets[index] = bucket
+        return bucket[reference]
     }
 
     /// The vault row that holds `id`, if this device knows one.
     func reference(of id: String) throws(LockboxError) -> Data? {
-        let statement = try database.statement("SELECT reference, mac FROM rows WHERE item_id = ?")
-        defer { statement.reset() }
-        statement.bind(1, id)
-        guard try statement.step(), let reference = statement.blob(0) else { return nil }
-        guard statement.blob(1) == rowMAC(reference, id) else { throw failure }
-        return Data(reference)
+        try itemRecord(id)?.reference
     }
 
+    /// How many vault rows this device knows.
     var rowCount: Int {
-        get throws(LockboxError) {
-            let statement = try database.statement("SELECT count(*) FROM rows")
-            defer { statement.reset() }
-            _ = try statement.step()
-            return statement.integer(0) ?? 0
-        }
+        get throws(LockboxError) { try Self.readProgress(database, key: key)?.rows ?? 0 }
     }
 
     /// Every known row and the item it holds (the slow path that finds deletes).
     func allRows() throws(LockboxError) -> [Data: String?] {
-        let statement = try database.statement("SELECT reference, item_id, mac FROM rows")
-        defer { statement.reset() }
         var rows: [Data: String?] = [:]
-        while try statement.step() {
-            let reference = statement.blob(0) ?? []
-            let id = statement.text(1)
-            guard statement.blob(2) == rowMAC(reference, id) else { throw failure }
-            rows[Data(reference)] = .some(id)
+        for index in try storedBuckets("row_buckets") {
+            for (reference, id) in try Self.readRows(index, database, key: key) { rows.updateValue(id, forKey: reference) }
         }
         return rows
     }
 
-    /// The version and head element of `id`'s record in the last verified head; nil when that
-    /// head lists no record of it. (An edited row only makes the next check fail.)
-    func verified(_ id: String) throws(LockboxError) -> Listed? {
-        let statement = try database.statement("SELECT version, element FROM verified WHERE item_id = ?")
+    private func storedBuckets(_ table: String) throws(LockboxError) -> [Int] {
+        let statement = try database.statement("SELECT bucket FROM \(table) ORDER BY bucket")
         defer { statement.reset() }
-        statement.bind(1, id)
-        guard try statement.step() else { return nil }
-        return Listed(version: Int64(statement.integer(0) ?? 0), element: statement.blob(1) ?? [])
+        var buckets: [Int] = []
+        while try statement.step() { buckets.append(statement.integer(0) ?? -1) }
+        return buckets
+    }
+
+    /// The version and head element of `id`'s record in the last verified head; nil when that
+    /// head lists no record of it.
+    func verified(_ id: String) throws(LockboxError) -> Listed? {
+        try itemRecord(id)?.listed
     }
 
     /// True when this device has recorded nothing yet (before its first pull).
     var isEmpty: Bool {
         get throws(LockboxError) {
-            let statement = try database.statement("SELECT EXISTS (SELECT 1 FROM entries) OR EXISTS (SELECT 1 FROM rows)")
+            let statement = try database.statement("SELECT EXISTS (SELECT 1 FROM item_buckets) OR EXISTS (SELECT 1 FROM row_buckets)")
             defer { statement.reset() }
             _ = try statement.step()
             return statement.integer(0) == 0
@@ -234,20 +583,15 @@ final class SyncState {
     /// Items with a live entry (not tombstones): how many, for `lockbox sync status`.
     var liveEntryCount: Int {
         get throws(LockboxError) {
-            let statement = try database.statement("SELECT count(*) FROM entries WHERE tombstone = 0")
-            defer { statement.reset() }
-            _ = try statement.step()
-            return statement.integer(0) ?? 0
+            var count = 0
+            for index in try storedBuckets("item_buckets") {
+                count += try Self.readItems(index, database, key: key).values.count { $0.entry.map { !$0.isTombstone } ?? false }
+            }
+            return count
         }
     }
 
     // MARK: Writing
-
-    /// One item's record as a verified head lists it.
-    struct Listed: Equatable {
-        var version: Int64
-        var element: [UInt8]
-    }
 
     /// Changes of one phase, applied in one transaction.
     struct Changes {
@@ -270,73 +614,78 @@ final class SyncState {
         }
     }
 
-    /// Rows past which a commit empties the write-ahead log after it.
+    /// Records past which a commit empties the write-ahead log after it.
     static let largeCommit = 300
 
     /// Writes `changes` in one transaction; nothing when they change nothing (a sync with
-    /// nothing to push or pull writes no local state).
+    /// nothing to push or pull writes no local state). The buckets it changes are taken from
+    /// what this object read only when no other connection has written the file since;
+    /// otherwise they are read again inside the transaction, so that what another process wrote
+    /// to them is kept, as it was with one row per record.
     func commit(_ changes: Changes) throws(LockboxError) {
         if changes.changesNothing(of: self) { return }
+        let database = self.database
+        let key = self.key
+        var items: [Int: [String: ItemRecord]] = [:]
+        var rows: [Int: [Data: String?]] = [:]
         try database.writeTransaction { () throws(LockboxError) in
-            let putEntry = try database.statement(
-                "INSERT OR REPLACE INTO entries (item_id, modified, writer, digest, tombstone, mac) VALUES (?, ?, ?, ?, ?, ?)")
-            // Each table is written in its key's order: SQLite appends to its B-tree instead of
-            // splitting pages all over it (a first pull writes 10,000 rows to each).
-            for (id, entry) in changes.entries.sorted(by: { $0.key < $1.key }) {
-                putEntry.reset()
-                putEntry.bind(1, id)
-                putEntry.bind(2, Int(entry.stamp.modified))
-                putEntry.bind(3, entry.stamp.device)
-                putEntry.bind(4, entry.contentDigest)
-                putEntry.bind(5, entry.isTombstone ? 1 : 0)
-                putEntry.bind(6, entryMAC(id, entry))
-                try putEntry.run()
+            // Inside the write transaction: no other connection can write until it ends.
+            try checkCache()
+            items = itemBuckets
+            rows = rowBuckets
+            var knownRows = try Self.readProgress(database, key: key)?.rows ?? 0
+            var changedItems: Set<Int> = []
+            var changedRows: Set<Int> = []
+            func load(_ id: String) throws(LockboxError) -> Int {
+                let index = Self.bucket(of: id)
+                if items[index] == nil { items[index] = try Self.readItems(index, database, key: key) }
+                changedItems.insert(index)
+                return index
             }
-            putEntry.reset()
-            let putRow = try database.statement("INSERT OR REPLACE INTO rows (reference, item_id, mac) VALUES (?, ?, ?)")
-            let dropRow = try database.statement("DELETE FROM rows WHERE reference = ?")
-            let rows = changes.rows.map { (reference: Array($0.key), id: $0.value) }.sorted {
-                $0.reference.lexicographicallyPrecedes($1.reference)
-            }
-            for (reference, id) in rows {
-                if let id {
-                    putRow.reset()
-                    putRow.bind(1, reference)
-                    putRow.bind(2, id)
-                    putRow.bind(3, rowMAC(reference, id))
-                    try putRow.run()
-                } else {
-                    dropRow.reset()
-                    dropRow.bind(1, reference)
-                    try dropRow.run()
+            if changes.replacesVerified {
+                for index in try storedBuckets("item_buckets") where items[index] == nil {
+                    items[index] = try Self.readItems(index, database, key: key)
+                }
+                for index in items.keys where items[index]!.values.contains(where: { $0.listed != nil }) {
+                    for id in items[index]!.keys { items[index]![id]!.listed = nil }
+                    changedItems.insert(index)
                 }
             }
-            putRow.reset()
-            dropRow.reset()
-            if changes.replacesVerified { try database.execute("DELETE FROM verified") }
-            let putVerified = try database.statement("INSERT OR REPLACE INTO verified (item_id, version, element) VALUES (?, ?, ?)")
-            for (id, listed) in changes.verified.sorted(by: { $0.key < $1.key }) {
-                putVerified.reset()
-                putVerified.bind(1, id)
-                putVerified.bind(2, Int(listed.version))
-                putVerified.bind(3, listed.element)
-                try putVerified.run()
+            for (id, entry) in changes.entries { items[try load(id)]![id, default: ItemRecord()].entry = entry }
+            for (id, listed) in changes.verified { items[try load(id)]![id, default: ItemRecord()].listed = listed }
+            for (reference, change) in changes.rows {
+                let index = Self.bucket(of: reference)
+                if rows[index] == nil { rows[index] = try Self.readRows(index, database, key: key) }
+                changedRows.insert(index)
+                let old = rows[index]![reference]
+                if let change {
+                    if old == nil { knownRows += 1 }
+                    rows[index]!.updateValue(change, forKey: reference)
+                } else if old != nil {
+                    knownRows -= 1
+                    rows[index]!.removeValue(forKey: reference)
+                }
+                // The item side: which row holds it.
+                if case .some(.some(let former)) = old, change != .some(.some(former)) {
+                    let bucket = try load(former)
+                    if items[bucket]![former]?.reference == reference { items[bucket]![former]!.reference = nil }
+                }
+                if case .some(.some(let id)) = change { items[try load(id)]![id, default: ItemRecord()].reference = reference }
             }
-            putVerified.reset()
-            let cursor = changes.cursor ?? self.cursor
-            let generation = changes.generation ?? self.generation
-            let accumulator = changes.accumulator ?? self.accumulator
-            let putProgress = try database.statement(
-                "INSERT OR REPLACE INTO progress (id, device, cursor, generation, mac, accumulator) VALUES (1, ?, ?, ?, ?, ?)")
-            defer { putProgress.reset() }
-            putProgress.bind(1, device)
-            putProgress.bind(2, Int(cursor))
-            putProgress.bind(3, generation)
-            putProgress.bind(
-                4, Self.progressMAC(device: device, cursor: cursor, generation: generation, accumulator: accumulator, key: key))
-            putProgress.bind(5, accumulator)
-            try putProgress.run()
+            for index in changedItems where items[index]!.values.contains(where: \.isEmpty) {
+                items[index] = items[index]!.filter { !$0.value.isEmpty }
+            }
+            try Self.write(
+                items: items.filter { changedItems.contains($0.key) }, rows: rows.filter { changedRows.contains($0.key) }, database,
+                key: key)
+            try Self.writeProgress(
+                Progress(
+                    device: device, cursor: changes.cursor ?? cursor, generation: changes.generation ?? generation,
+                    accumulator: changes.accumulator ?? accumulator, rows: knownRows), database, key: key)
         }
+        // This connection's own commit leaves `data_version` as it was: the buckets stay valid.
+        itemBuckets = items
+        rowBuckets = rows
         // A large commit (a first pull) leaves a long log that every later sync would read
         // when it opens the file: it is moved into the file and emptied now.
         if changes.entries.count + changes.verified.count + changes.rows.count > Self.largeCommit {
@@ -350,8 +699,10 @@ final class SyncState {
     /// Forgets what this device pushed and pulled (after a key rotation re-sealed every record).
     func reset() throws(LockboxError) {
         try database.writeTransaction { () throws(LockboxError) in
-            try database.execute("DELETE FROM entries; DELETE FROM rows; DELETE FROM verified; DELETE FROM progress")
+            try database.execute("DELETE FROM item_buckets; DELETE FROM row_buckets; DELETE FROM progress")
         }
+        itemBuckets = [:]
+        rowBuckets = [:]
         cursor = 0
         generation = 0
         accumulator = nil

@@ -62,18 +62,38 @@ extension Vault {
                 "Access control needs a passphrase to verify the user, and this keychain has none. "
                     + "Set one with `lockbox set-passphrase`.")
         }
-        let row = SealedRow.seal(
-            id: SealedRow.newIdentifier(generation: writer.generation), itemClass: item.itemClass, attributes: item.attributes,
-            encodedAttributes: item.encodedAttributes, data: item.data,
-            classKey: keys.classKey, indexKey: keys.indexKey, vaultID: state.header.vaultID,
-            deviceID: state.device.identifier, accessControl: item.accessControl,
+        let row = Self.sealForAdding(
+            item, keys: keys, vaultID: state.header.vaultID, deviceID: state.device.identifier,
             presencePublicKey: state.header.presencePublicKey, version: writer.generation)
+        try insertSealed(row, writer: writer)
+        return row.id
+    }
+
+    /// Seals a prepared item as a new row (a new identifier for the writing generation,
+    /// ``SealedRow/newIdentifier(generation:)``; the value under its class key, or under a fresh
+    /// item key when it has access control) with the keys of its class and accessibility. Uses
+    /// nothing of the vault's state: it may run on another thread.
+    static func sealForAdding(
+        _ item: PreparedItem, keys: (classKey: SecretBytes, indexKey: SecretBytes), vaultID: [UInt8], deviceID: String,
+        presencePublicKey: [UInt8]?, version: Int
+    ) -> SealedRow {
+        SealedRow.seal(
+            id: SealedRow.newIdentifier(generation: version), itemClass: item.itemClass, attributes: item.attributes,
+            encodedAttributes: item.encodedAttributes, data: item.data,
+            classKey: keys.classKey, indexKey: keys.indexKey, vaultID: vaultID,
+            deviceID: deviceID, accessControl: item.accessControl,
+            presencePublicKey: presencePublicKey, version: version)
+    }
+
+    /// Inserts a row sealed for adding, refusing a duplicate of an item already here
+    /// (`errSecDuplicateItem`, from the writer's primary-key check): the one place every add,
+    /// single or bulk, inserts its row.
+    func insertSealed(_ row: SealedRow, writer: RowWriter) throws(LockboxError) {
         do throws(LockboxError) {
             try writer.insert(row)
         } catch {
-            throw error.code == .duplicateItem ? duplicate(item.itemClass, cause: error.cause) : error
+            throw error.code == .duplicateItem ? duplicate(row.itemClass, cause: error.cause) : error
         }
-        return row.id
     }
 
     public func items(matching query: Query) throws(LockboxError) -> [Item] {

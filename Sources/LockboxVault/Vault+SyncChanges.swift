@@ -107,39 +107,47 @@ extension Vault {
                 var applied = AppliedChanges(references: [], previousGeneration: writer.generation - 1, generation: writer.generation)
                 applied.references.reserveCapacity(count)
                 for index in 0..<count {
-                    // Several operations in one transaction: each starts with its statements
-                    // reset, as a single operation does.
-                    state.database.resetStatements()
-                    switch try change(index) {
-                    case .add(let item):
-                        let prepared = try prepareForAdding(item, now: now)
-                        applied.references.append(Data(try insert(prepared, writer: writer, state: state)))
-                    case .replace(let reference, let item):
-                        var query = Query(item.itemClass, synchronizable: .any)
-                        query.persistentReference = reference
-                        try updateRows(matching: query, to: ItemUpdate(attributes: item.attributes, data: item.data), writer: writer, state: state)
-                        applied.references.append(reference)
-                        replaced = true
-                    case .delete(let reference, let classes):
-                        var deleted = 0
-                        for itemClass in classes where deleted == 0 {
-                            state.database.resetStatements()
-                            var query = Query(itemClass, synchronizable: .any)
-                            query.persistentReference = reference
-                            do throws(LockboxError) {
-                                deleted = try deleteRows(matching: query, writer: writer, state: state)
-                            } catch where error.code == .itemNotFound {}
-                        }
-                        guard deleted > 0 else { throw LockboxError(.itemNotFound, "The row to delete is gone.") }
-                        applied.references.append(nil)
-                        replaced = true
-                    }
+                    let (reference, replacing) = try apply(try change(index), now: now, writer: writer, state: state)
+                    applied.references.append(reference)
+                    if replacing { replaced = true }
                 }
                 return applied
             }
             // Replaced and deleted values must not linger in the write-ahead log.
             if replaced { state.database.truncateWriteAheadLog() }
             return applied
+        }
+    }
+}
+
+extension Vault {
+    /// Makes one change inside a write transaction already open; returns the row that holds
+    /// the item afterwards (nil after a delete) and whether a value was replaced or deleted.
+    func apply(_ change: SyncedChange, now: Date, writer: RowWriter, state: State) throws(LockboxError) -> (Data?, replacing: Bool) {
+        // Several operations in one transaction: each starts with its statements reset, as a
+        // single operation does.
+        state.database.resetStatements()
+        switch change {
+        case .add(let item):
+            let prepared = try prepareForAdding(item, now: now)
+            return (Data(try insert(prepared, writer: writer, state: state)), false)
+        case .replace(let reference, let item):
+            var query = Query(item.itemClass, synchronizable: .any)
+            query.persistentReference = reference
+            try updateRows(matching: query, to: ItemUpdate(attributes: item.attributes, data: item.data), writer: writer, state: state)
+            return (reference, true)
+        case .delete(let reference, let classes):
+            var deleted = 0
+            for itemClass in classes where deleted == 0 {
+                state.database.resetStatements()
+                var query = Query(itemClass, synchronizable: .any)
+                query.persistentReference = reference
+                do throws(LockboxError) {
+                    deleted = try deleteRows(matching: query, writer: writer, state: state)
+                } catch where error.code == .itemNotFound {}
+            }
+            guard deleted > 0 else { throw LockboxError(.itemNotFound, "The row to delete is gone.") }
+            return (nil, true)
         }
     }
 }

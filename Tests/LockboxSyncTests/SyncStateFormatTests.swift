@@ -1,0 +1,221 @@
+import Foundation
+import Lockbox
+import LockboxCore
+import LockboxTestSupport
+import Testing
+import VaultStorage
+
+@testable import LockboxSync
+
+/// The local sync state's format 2 (buckets) and the conversion of a state of the first format
+/// (Tests/Fixtures/sync-state-v1, written by that format's code).
+@Suite("Sync state: buckets, and the first format converted")
+struct SyncStateFormatTests {
+    static let fixture = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .appendingPathComponent("Fixtures/sync-state-v1/state.db").path
+    static let key = SecretBytes(copying: [UInt8](repeating: 0x5a, count: 32))
+    static let device = "fixture-device"
+
+    // What the fixture holds (see its README).
+    static func itemID(_ index: Int) -> String {
+        Array(SHA256.hash(Array("item \(index)".utf8)).prefix(20)).map { String(format: "%02x", $0) }.joined()
+    }
+    static func reference(_ index: Int) -> Data { Data(SHA256.hash(Array("row \(index)".utf8)).prefix(16)) }
+    static func isTombstone(_ index: Int) -> Bool { index % 10 == 9 }
+    static func entry(_ index: Int) -> SyncState.Entry {
+        SyncState.Entry(
+            stamp: SyncStamp(modified: 1_700_000_000_000 + Int64(index), device: index % 2 == 0 ? "fixture-device" : "other-device"),
+            contentDigest: isTombstone(index) ? [] : [UInt8](repeating: UInt8(index % 256), count: 32), isTombstone: isTombstone(index))
+    }
+    static func listed(_ index: Int) -> SyncState.Listed {
+        SyncState.Listed(version: Int64(index + 1), element: [UInt8](repeating: UInt8((index * 7) % 256), count: 32))
+    }
+
+    /// A copy of the fixture in a fresh directory.
+    static func copyOfFixture() throws -> (TemporaryDirectory, String) {
+        let directory = TemporaryDirectory("lockbox-sync-state")
+        let path = directory.file("vault.sync/group.db")
+        try FileManager.default.createDirectory(atPath: directory.file("vault.sync"), withIntermediateDirectories: true)
+        try FileManager.default.copyItem(atPath: fixture, toPath: path)
+        return (directory, path)
+    }
+
+    static func userVersion(_ path: String) throws -> Int {
+        try Database(path: path, create: false).userVersion
+    }
+
+    static func tables(_ path: String) throws -> Set<String> {
+        let database = try Database(path: path, create: false)
+        let statement = try database.statement("SELECT name FROM sqlite_schema WHERE type = 'table'")
+        var names: Set<String> = []
+        while try statement.step() { names.insert(statement.text(0) ?? "") }
+        statement.reset()
+        return names
+    }
+
+    /// Everything the fixture holds, read through `state`.
+    static func expectFixtureContent(_ state: SyncState) throws {
+        #expect(state.cursor == 400)
+        #expect(state.generation == 77)
+        #expect(state.accumulator == [UInt8](repeating: 0xa5, count: 32))
+        #expect(try !state.isEmpty)
+        #expect(try state.rowCount == 365)
+        #expect(try state.liveEntryCount == 360)
+        for index in 0..<400 {
+            let id = itemID(index)
+            #expect(try state.entry(id) == entry(index))
+            #expect(try state.verified(id) == listed(index))
+            #expect(try state.reference(of: id) == (isTombstone(index) ? nil : reference(index)))
+            #expect(try state.row(reference(index)) == (isTombstone(index) ? nil : .some(.some(id))))
+        }
+        for index in 400..<405 { #expect(try state.row(reference(index)) == .some(.none)) }
+        let rows = try state.allRows()
+        #expect(rows.count == 365)
+        #expect(rows[reference(0)] == .some(itemID(0)))
+        #expect(rows[reference(402)] == .some(.none))
+        #expect(try state.entry(itemID(400)) == nil)
+    }
+
+    @Test("A state of the first format is converted when opened: every entry, row, head element and the progress read back")
+    func firstFormatConverted() throws {
+        let (directory, path) = try Self.copyOfFixture()
+        _ = directory
+        #expect(try Self.userVersion(path) == 0)
+        #expect(try Self.tables(path).isSuperset(of: ["entries", "rows", "verified", "progress"]))
+        try Self.expectFixtureContent(try SyncState(path: path, device: Self.device, key: Self.key))
+        #expect(try Self.userVersion(path) == SyncState.format)
+        #expect(try Self.tables(path) == ["progress", "item_buckets", "row_buckets"])
+        // Opened again, in its new format.
+        let state = try SyncState(path: path, device: Self.device, key: Self.key)
+        try Self.expectFixtureContent(state)
+        // And written: a row moves to another item, a row goes away, a new head replaces the old.
+        var changes = SyncState.Changes()
+        changes.rows[Self.reference(0)] = .some(.some(Self.itemID(9)))
+        changes.rows[Self.reference(1)] = .some(.some(nil))
+        changes.rows[Self.reference(400)] = .some(.none)
+        changes.entries[Self.itemID(9)] = Self.entry(8)
+        changes.verified[Self.itemID(3)] = Self.listed(5)
+        changes.replacesVerified = true
+        changes.cursor = 401
+        try state.commit(changes)
+        let reread = try SyncState(path: path, device: Self.device, key: Self.key)
+        #expect(reread.cursor == 401)
+        #expect(reread.generation == 77)
+        #expect(try reread.rowCount == 364)
+        #expect(try reread.reference(of: Self.itemID(9)) == Self.reference(0))
+        #expect(try reread.reference(of: Self.itemID(0)) == nil)
+        #expect(try reread.reference(of: Self.itemID(1)) == nil)
+        #expect(try reread.row(Self.reference(1)) == .some(.none))
+        #expect(try reread.row(Self.reference(400)) == nil)
+        #expect(try reread.entry(Self.itemID(9)) == Self.entry(8))
+        #expect(try reread.entry(Self.itemID(0)) == Self.entry(0))
+        #expect(try reread.verified(Self.itemID(3)) == Self.listed(5))
+        #expect(try reread.verified(Self.itemID(4)) == nil, "the replaced head's elements are gone")
+    }
+
+    @Test("A first-format state with an edited entry, or opened with another key, is refused and left as it was")
+    func editedFirstFormatRefused() throws {
+        let (directory, path) = try Self.copyOfFixture()
+        _ = directory
+        let wrongKey = #expect(throws: LockboxError.self) {
+            _ = try SyncState(path: path, device: Self.device, key: SecretBytes(copying: [UInt8](repeating: 0x5b, count: 32)))
+        }
+        #expect(wrongKey?.code == .decode)
+        let database = try Database(path: path, create: false)
+        let edit = try database.statement("UPDATE entries SET modified = modified + 1 WHERE item_id = ?")
+        edit.bind(1, Self.itemID(7))
+        try edit.run()
+        edit.reset()
+        let edited = #expect(throws: LockboxError.self) { _ = try SyncState(path: path, device: Self.device, key: Self.key) }
+        #expect(edited?.code == .decode)
+        #expect(try Self.userVersion(path) == 0, "a refused conversion changes nothing")
+        #expect(try Self.tables(path).contains("entries"))
+    }
+
+    @Test("An edited, swapped or emptied bucket is refused (errSecDecode), not acted on")
+    func editedBucketRefused() throws {
+        let (directory, path) = try Self.copyOfFixture()
+        _ = directory
+        _ = try SyncState(path: path, device: Self.device, key: Self.key)
+        let database = try Database(path: path, create: false)
+        let bucket = SyncState.bucket(of: Self.itemID(5))
+        let original = try #require(database.firstRow("SELECT body FROM item_buckets WHERE bucket = \(bucket)") { $0.blob(0) ?? [] })
+        var edited = original
+        edited[edited.count - 3] ^= 1
+        let put = try database.statement("UPDATE item_buckets SET body = ? WHERE bucket = ?")
+        put.bind(1, edited)
+        put.bind(2, bucket)
+        try put.run()
+        put.reset()
+        let state = try SyncState(path: path, device: Self.device, key: Self.key)
+        let error = #expect(throws: LockboxError.self) { _ = try state.entry(Self.itemID(5)) }
+        #expect(error?.code == .decode)
+        // Another bucket's row (body and MAC) moved into this bucket's place.
+        let other = try #require(database.firstRow("SELECT bucket FROM item_buckets WHERE bucket != \(bucket) LIMIT 1") { $0.integer(0) ?? -1 })
+        try database.execute("DELETE FROM item_buckets WHERE bucket = \(bucket)")
+        try database.execute("UPDATE item_buckets SET bucket = \(bucket) WHERE bucket = \(other)")
+        let swapped = #expect(throws: LockboxError.self) {
+            _ = try SyncState(path: path, device: Self.device, key: Self.key).entry(Self.itemID(5))
+        }
+        #expect(swapped?.code == .decode)
+        // The row count edited in the progress.
+        try database.execute("UPDATE progress SET row_count = row_count + 1")
+        let counted = #expect(throws: LockboxError.self) { _ = try SyncState(path: path, device: Self.device, key: Self.key) }
+        #expect(counted?.code == .decode)
+    }
+
+    @Test("Two connections writing items of one bucket: each commit keeps what the other wrote")
+    func concurrentWritersKeepEachOther() throws {
+        let directory = TemporaryDirectory("lockbox-sync-state")
+        let path = directory.file("vault.sync/group.db")
+        // Two items that share a bucket.
+        let first = Self.itemID(0)
+        let second = try #require((1..<200_000).lazy.map(Self.itemID).first { SyncState.bucket(of: $0) == SyncState.bucket(of: first) })
+        let one = try SyncState(path: path, device: "device-d", key: Self.key)
+        #expect(try one.entry(first) == nil)
+        let other = try SyncState(path: path, device: "device-d", key: Self.key)
+        var changes = SyncState.Changes()
+        changes.entries[second] = Self.entry(2)
+        try other.commit(changes)
+        changes = SyncState.Changes()
+        changes.entries[first] = Self.entry(1)
+        try one.commit(changes)
+        #expect(try one.entry(second) == Self.entry(2), "the other connection's entry was lost")
+        let reread = try SyncState(path: path, device: "device-d", key: Self.key)
+        #expect(try reread.entry(first) == Self.entry(1))
+        #expect(try reread.entry(second) == Self.entry(2))
+    }
+
+    @Test("A new state is written in buckets; a first pull's worth of records reads back whole")
+    func newStateInBuckets() throws {
+        let directory = TemporaryDirectory("lockbox-sync-state")
+        let path = directory.file("vault.sync/group.db")
+        let state = try SyncState(path: path, device: "device-b", key: Self.key)
+        #expect(try state.isEmpty)
+        var changes = SyncState.Changes()
+        for index in 0..<3000 {
+            changes.entries[Self.itemID(index)] = Self.entry(index)
+            changes.verified[Self.itemID(index)] = Self.listed(index)
+            changes.rows[Self.reference(index)] = .some(.some(Self.itemID(index)))
+        }
+        changes.replacesVerified = true
+        changes.cursor = 3000
+        changes.accumulator = [UInt8](repeating: 1, count: 32)
+        try state.commit(changes)
+        #expect(try Self.userVersion(path) == SyncState.format)
+        let rows = try Database(path: path, create: false).firstRow("SELECT count(*) FROM item_buckets") { $0.integer(0) ?? 0 } ?? 0
+        #expect(rows > 0 && rows <= SyncState.itemBucketCount)
+        let reread = try SyncState(path: path, device: "device-b", key: Self.key)
+        #expect(try reread.rowCount == 3000)
+        #expect(try reread.liveEntryCount == 3000 - 300)
+        for index in stride(from: 0, to: 3000, by: 7) {
+            #expect(try reread.entry(Self.itemID(index)) == Self.entry(index))
+            #expect(try reread.verified(Self.itemID(index)) == Self.listed(index))
+            #expect(try reread.reference(of: Self.itemID(index)) == Self.reference(index))
+        }
+        // Another device identity starts over.
+        let other = try SyncState(path: path, device: "device-c", key: Self.key)
+        #expect(other.cursor == 0)
+        #expect(try other.isEmpty)
+    }
+}
