@@ -439,42 +439,34 @@ final class SyncState {
     private static func write(
         items: [Int: [String: ItemRecord]], rows: [Int: [Data: String?]], _ database: Database, key: SecretBytes
     ) throws(LockboxError) {
-        let putItems = try database.statement("INSERT OR REPLACE INTO item_buckets (bucket, body, mac) VALUES (?, ?, ?)")
-        let dropItems = try database.statement("DELETE FROM item_buckets WHERE bucket = ?")
-        for (index, records) in items.sorted(by: { $0.key < $1.key }) {
-            if records.isEmpty {
-                dropItems.reset()
-                dropItems.bind(1, index)
-                try dropItems.run()
+        try writeBuckets(
+            items.mapValues { $0.isEmpty ? nil : encodeItems($0) }, of: .items, table: "item_buckets", database, key: key)
+        try writeBuckets(rows.mapValues { $0.isEmpty ? nil : encodeRows($0) }, of: .rows, table: "row_buckets", database, key: key)
+    }
+
+    /// Writes each bucket's encoded body with its MAC, or removes the bucket when its body is nil.
+    private static func writeBuckets(
+        _ bodies: [Int: [UInt8]?], of kind: BucketKind, table: String, _ database: Database, key: SecretBytes
+    ) throws(LockboxError) {
+        let put = try database.statement("INSERT OR REPLACE INTO \(table) (bucket, body, mac) VALUES (?, ?, ?)")
+        let drop = try database.statement("DELETE FROM \(table) WHERE bucket = ?")
+        defer {
+            put.reset()
+            drop.reset()
+        }
+        for (index, body) in bodies.sorted(by: { $0.key < $1.key }) {
+            if let body {
+                put.reset()
+                put.bind(1, index)
+                put.bind(2, body)
+                put.bind(3, bucketMAC(kind, index, body, key: key))
+                try put.run()
             } else {
-                let body = encodeItems(records)
-                putItems.reset()
-                putItems.bind(1, index)
-                putItems.bind(2, body)
-                putItems.bind(3, bucketMAC(.items, index, body, key: key))
-                try putItems.run()
+                drop.reset()
+                drop.bind(1, index)
+                try drop.run()
             }
         }
-        putItems.reset()
-        dropItems.reset()
-        let putRows = try database.statement("INSERT OR REPLACE INTO row_buckets (bucket, body, mac) VALUES (?, ?, ?)")
-        let dropRows = try database.statement("DELETE FROM row_buckets WHERE bucket = ?")
-        for (index, references) in rows.sorted(by: { $0.key < $1.key }) {
-            if references.isEmpty {
-                dropRows.reset()
-                dropRows.bind(1, index)
-                try dropRows.run()
-            } else {
-                let body = encodeRows(references)
-                putRows.reset()
-                putRows.bind(1, index)
-                putRows.bind(2, body)
-                putRows.bind(3, bucketMAC(.rows, index, body, key: key))
-                try putRows.run()
-            }
-        }
-        putRows.reset()
-        dropRows.reset()
     }
 
     private static func readProgress(_ database: Database, key: SecretBytes) throws(LockboxError) -> Progress? {
