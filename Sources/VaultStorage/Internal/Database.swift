@@ -308,11 +308,6 @@ package final class Database {
         Database.error(code: code, message: String(cString: sqlite3_errmsg(handle)), path: path, operation: operation)
     }
 
-    /// The items' primary-key digest, whose UNIQUE violation alone means "duplicate item".
-    private static let primaryDigestColumn = "items.primary_digest"
-    /// `SQLITE_CONSTRAINT_UNIQUE` (the C macro is not importable).
-    package static let constraintUniqueCode = SQLITE_CONSTRAINT | (8 << 8)
-
     /// Maps SQLite's result codes to Lockbox's, keeping the extended result code as the
     /// error's cause. The message never includes bound values (SQLite's own messages name
     /// tables, columns and constraints, never values).
@@ -335,10 +330,10 @@ package final class Database {
             return LockboxError.integrity("The keychain file \(path)")
         case SQLITE_READONLY, SQLITE_PERM, SQLITE_AUTH:
             return LockboxError(.io, "The keychain at \(path) cannot be written: check its permissions.")
-        case SQLITE_CONSTRAINT where code == constraintUniqueCode && message.hasSuffix(primaryDigestColumn):
-            return LockboxError(.duplicateItem, "An item with the same primary key already exists in the keychain.")
         case SQLITE_CONSTRAINT:
-            // Any other rule of the schema: a fault in Lockbox or a file edited outside it.
+            // Duplicates are refused before SQLite sees them (the vault's writer looks the primary
+            // key up first, schema 4 has no UNIQUE index of it): a constraint that fires is a
+            // fault in Lockbox or a file edited outside it, never "duplicate item".
             return LockboxError(
                 .io,
                 "A write to the keychain at \(path) broke a rule of its schema (\(message)); nothing was changed. "
