@@ -11,11 +11,16 @@ import Glibc
 // and 100,000 items, next to the floor: raw SQLite with the same durability settings and one
 // XChaCha20-Poly1305 open per read. Run with `swift run -c release lockbox-bench`.
 //
-//   lockbox-bench [--sizes 1000,100000] [--operations 1000] [--markdown]
+//   lockbox-bench [--sizes 1000,100000] [--operations 1000] [--rounds 1] [--markdown]
+//
+// With `--rounds R` each size's vault and floor are timed R times over (new items each round)
+// and a last table gives each operation's median p50 ratio and the rounds' range: one round's
+// ratio moves by about a tenth between runs on a shared machine.
 
 struct Options {
     var sizes = [1_000, 100_000]
     var operations = 1_000
+    var rounds = 1
     var markdown = false
     /// Only these operations are timed (the others still run once to set up); for profiling.
     var only: Set<String> = ["add", "find", "update", "delete"]
@@ -26,10 +31,11 @@ struct Options {
             switch argument {
             case "--sizes": sizes = (iterator.next() ?? "").split(separator: ",").compactMap { Int($0) }
             case "--operations": operations = Int(iterator.next() ?? "") ?? operations
+            case "--rounds": rounds = max(1, Int(iterator.next() ?? "") ?? rounds)
             case "--markdown": markdown = true
             case "--only": only = Set((iterator.next() ?? "").split(separator: ",").map(String.init))
             default:
-                FileHandle.standardError.write(Data("usage: lockbox-bench [--sizes 1000,100000] [--operations N] [--only add,find,update,delete] [--markdown]\n".utf8))
+                FileHandle.standardError.write(Data("usage: lockbox-bench [--sizes 1000,100000] [--operations N] [--rounds R] [--only add,find,update,delete] [--markdown]\n".utf8))
                 exit(64)
             }
         }
@@ -79,6 +85,8 @@ struct Row {
     var operation: String
     var vault: Sample
     var floor: Sample
+
+    var ratio: Double { vault.percentile(0.5) / floor.percentile(0.5) }
 }
 
 func temporaryDirectory() -> String {
@@ -172,15 +180,16 @@ func floorSubject(size: Int, directory: String) throws -> Subject {
 /// that the disk's and the machine's momentary state (another process's fsync, a busy core)
 /// fall on both alike. Updates and deletes work on added items, so the adds run as often as
 /// either of them.
-func compare(size: Int, operations: Int, vault: Subject, floor: Subject) throws -> [Row] {
+/// `first` numbers the round's new items (adds, updates and deletes use the same ones).
+func compare(size: Int, operations: Int, first: Int, vault: Subject, floor: Subject) throws -> [Row] {
     func count(_ name: String) -> Int { options.only.contains(name) ? operations : 0 }
     var generator = SystemRandomNumberGenerator()
     var rows: [Row] = []
     let plan: [(String, Int, KeyPath<Subject, (Int) throws -> Void>, (Int) -> Int)] = [
-        ("add", max(count("add"), count("update"), count("delete")), \.add, { $0 }),
+        ("add", max(count("add"), count("update"), count("delete")), \.add, { first + $0 }),
         ("find", count("find"), \.find, { _ in Int.random(in: 0..<size, using: &generator) }),
-        ("update", count("update"), \.update, { $0 }),
-        ("delete", count("delete"), \.delete, { $0 }),
+        ("update", count("update"), \.update, { first + $0 }),
+        ("delete", count("delete"), \.delete, { first + $0 }),
     ]
     for (name, runs, operation, index) in plan {
         var vaultSample = Sample()
@@ -205,7 +214,9 @@ for size in options.sizes {
         let vault = try vaultSubject(size: size, directory: directory)
         defer { vault.close() }
         let floor = try floorSubject(size: size, directory: directory)
-        rows += try compare(size: size, operations: options.operations, vault: vault, floor: floor)
+        for round in 0..<options.rounds {
+            rows += try compare(size: size, operations: options.operations, first: round * options.operations, vault: vault, floor: floor)
+        }
     } catch {
         FileHandle.standardError.write(Data("lockbox-bench: \(error)\n".utf8))
         exit(1)
@@ -218,11 +229,12 @@ func format(_ microseconds: Double) -> String { String(format: "%.1f", microseco
 /// insert, a read within 2x SQLite and one AEAD open.
 let targets: [String: Double] = ["add": 1.5, "find": 2.0]
 
-func verdict(_ row: Row) -> String {
-    guard let target = targets[row.operation] else { return "" }
-    let ratio = row.vault.percentile(0.5) / row.floor.percentile(0.5)
+func verdict(_ operation: String, _ ratio: Double) -> String {
+    guard let target = targets[operation] else { return "" }
     return String(format: "<= %.1fx %@", target, ratio <= target ? "met" : "MISSED")
 }
+
+func verdict(_ row: Row) -> String { verdict(row.operation, row.ratio) }
 
 if options.markdown {
     print("| items | operation | vault p50 (µs) | vault p99 (µs) | floor p50 (µs) | floor p99 (µs) | p50 ratio | target | CPU p50 vault / floor (µs) |")
@@ -243,6 +255,28 @@ if options.markdown {
                 row.vault.percentile(0.5), row.vault.percentile(0.99), row.floor.percentile(0.5),
                 row.floor.percentile(0.99), row.vault.percentile(0.5) / row.floor.percentile(0.5), verdict(row) as NSString,
                 row.vault.cpuPercentile(0.5), row.floor.cpuPercentile(0.5)))
+    }
+}
+if options.rounds > 1 {
+    // Per size and operation, in the order measured: the median of the rounds' p50 ratios.
+    var keys: [String] = []
+    var ratios: [String: [Double]] = [:]
+    for row in rows {
+        let key = "\(row.size) \(row.operation)"
+        if ratios[key] == nil { keys.append(key) }
+        ratios[key, default: []].append(row.ratio)
+    }
+    print("")
+    print("over \(options.rounds) rounds:")
+    print("items      op      median p50 ratio   range of rounds     target")
+    for key in keys {
+        let sorted = ratios[key]!.sorted()
+        let median = sorted.count % 2 == 1 ? sorted[sorted.count / 2] : (sorted[sorted.count / 2 - 1] + sorted[sorted.count / 2]) / 2
+        let parts = key.split(separator: " ").map(String.init)
+        func padded(_ text: String, _ width: Int) -> String { text + String(repeating: " ", count: max(0, width - text.count)) }
+        print(
+            padded(parts[0], 11) + padded(parts[1], 8)
+                + String(format: "%13.2fx      %.2fx - %.2fx     ", median, sorted.first!, sorted.last!) + verdict(parts[1], median))
     }
 }
 if let small = rows.first(where: { $0.operation == "find" }), let large = rows.last(where: { $0.operation == "find" }), options.sizes.count > 1 {
