@@ -28,12 +28,16 @@ import Glibc
 /// new device's first pull of 10,000 items writes about 9,500 rows (and as many MACs) instead of
 /// 30,000 rows and 20,000 MACs; a pull of ten changes rewrites the buckets of those ten items
 /// and of their rows. The first
-/// format (one SQLite row per entry, per vault row and per head element; `user_version` 0) is
-/// converted when the file is opened, in one transaction, every MAC checked first.
+/// format (one SQLite row per entry, per vault row and per head element; `user_version` 0) and
+/// the second (buckets without their sum) are converted when the file is opened, in one
+/// transaction, every MAC checked first.
 ///
 /// Nothing in it is secret (identifiers are opaque, digests keyed); every bucket and the
-/// progress carry a MAC made with the device's state key, so an edited bucket (which could make
-/// this device push a delete the user never made) is an error, not a reason to act.
+/// progress carry a MAC made with the device's state key, and the progress also a keyed sum of
+/// every bucket's MAC (format 3, `bucket_macs`), checked before the first bucket is read. So an
+/// edited, swapped or removed bucket, an older copy of one put back, or an older progress over
+/// newer buckets (any of which could make this device push a delete the user never made) is an
+/// error, not a reason to act.
 ///
 /// Each phase of a sync updates it in one SQLite transaction after the database committed; a
 /// crash before that only repeats work: pushing an item whose record is already the
