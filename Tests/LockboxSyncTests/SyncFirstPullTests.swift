@@ -112,3 +112,33 @@ extension SyncTests {
         #expect(try machines[0].value("race9.example", "user") == "A, later")
     }
 }
+
+extension SyncTests {
+    @Test("A pull whose record meets an item deleted here after the push (another process) does not bring it back; the next sync pushes the delete")
+    func pullMeetsItemDeletedAfterPush() throws {
+        let (groups, machines) = try threeMachines()
+        try machines[0].vault.add(contentsOf: synchronizableItems(3, prefix: "gone"))
+        try groups[0].sync()
+        try groups[1].sync()
+        #expect(try machines[1].value("gone1.example", "user") == "value 1")
+        tick()
+        try machines[0].set("gone1.example", "user", "edited on A")
+        try groups[0].sync()
+        // B's sync by hand: its push, then another process of B deletes the item A edited, then B's pull.
+        let connection = try PostgresConnection(try testDatabase())
+        let state = try SyncState(path: groups[1].statePath, device: groups[1].device.id, key: groups[1].device.stateKey)
+        var report = SyncGroup.Report()
+        try groups[1].push(connection, state: state, report: &report)
+        tick()
+        try machines[1].delete("gone1.example", "user")
+        try groups[1].pull(connection, state: state, report: &report)
+        #expect(try machines[1].value("gone1.example", "user") == nil, "the pull brought back an item deleted after the push")
+        #expect(try machines[1].verify())
+        #expect(try groups[1].sync().pushed == 1, "the delete is pushed")
+        try groups[0].sync()
+        #expect(try machines[0].value("gone1.example", "user") == nil)
+        #expect(try machines[0].value("gone2.example", "user") == "value 2")
+        #expect(try machines[1].count() == 2)
+        #expect(try groups[1].sync().changedNothing)
+    }
+}
