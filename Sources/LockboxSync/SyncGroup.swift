@@ -745,13 +745,58 @@ public final class SyncGroup: Sendable {
             if applied.previousGeneration == coveredGeneration { pending.generation = applied.generation }
         } catch where error.code == .duplicateItem || error.code == .itemNotFound {
             for change in changes {
-                if let reference = try apply(try change.sealed.opened(keys: keys), id: change.id, existing: change.existing) {
+                let record = try change.sealed.opened(keys: keys)
+                // No row the state knows holds the item: none known, or the known one deleted
+                // or replaced here after the push listed the rows (another process).
+                if let item = record.item, try !holds(change.existing, change.id) {
+                    if let local = try unknownLocal(sameKeyAs: item) {
+                        // A row of this item the state does not know: written here after the
+                        // push, so this sync has not compared it with the record. Not
+                        // overwritten: the same content is adopted; other content is left for
+                        // the next push, which settles it against this record by the rule
+                        // (the later write wins), as an edit made since the push is.
+                        if local.digest == record.contentDigest {
+                            pending.rows[local.reference] = .some(.some(change.id))
+                        } else {
+                            pending.entries.removeValue(forKey: change.id)
+                        }
+                        continue
+                    }
+                    if change.existing != nil {
+                        // Deleted here since the push: not brought back. The next push sees the
+                        // row gone and writes the delete, as for one made before this sync.
+                        pending.entries.removeValue(forKey: change.id)
+                        continue
+                    }
+                }
+                if let reference = try apply(record, id: change.id, existing: change.existing) {
                     pending.rows[reference] = .some(.some(change.id))
                 } else if let existing = change.existing {
                     pending.rows[existing] = .some(.none)
                 }
             }
         }
+    }
+
+    /// True when the vault row `reference` (if any) still holds the item `id`.
+    private func holds(_ reference: Data?, _ id: String) throws(LockboxError) -> Bool {
+        guard let reference, let local = try readLocal(reference) else { return false }
+        return itemID(local.item) == id
+    }
+
+    /// The synchronizable row holding an item of `item`'s primary key, and its content digest;
+    /// nil when there is none.
+    private func unknownLocal(sameKeyAs item: Item) throws(LockboxError) -> (reference: Data, digest: [UInt8])? {
+        let reference: Data
+        do {
+            guard let found = try vault.item(matching: Query.primaryKey(of: item, returning: [.persistentReference])).persistentReference
+            else { return nil }
+            reference = found
+        } catch where error.code == .itemNotFound {
+            return nil
+        }
+        guard let local = try readLocal(reference) else { return nil }
+        return (reference, local.digest)
     }
 
     /// Applies another device's record through the vault's own add, update and delete, so its

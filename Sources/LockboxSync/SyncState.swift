@@ -28,12 +28,16 @@ import Glibc
 /// new device's first pull of 10,000 items writes about 9,500 rows (and as many MACs) instead of
 /// 30,000 rows and 20,000 MACs; a pull of ten changes rewrites the buckets of those ten items
 /// and of their rows. The first
-/// format (one SQLite row per entry, per vault row and per head element; `user_version` 0) is
-/// converted when the file is opened, in one transaction, every MAC checked first.
+/// format (one SQLite row per entry, per vault row and per head element; `user_version` 0) and
+/// the second (buckets without their sum) are converted when the file is opened, in one
+/// transaction, every MAC checked first.
 ///
 /// Nothing in it is secret (identifiers are opaque, digests keyed); every bucket and the
-/// progress carry a MAC made with the device's state key, so an edited bucket (which could make
-/// this device push a delete the user never made) is an error, not a reason to act.
+/// progress carry a MAC made with the device's state key, and the progress also a keyed sum of
+/// every bucket's MAC (format 3, `bucket_macs`), checked before the first bucket is read. So an
+/// edited, swapped or removed bucket, an older copy of one put back, or an older progress over
+/// newer buckets (any of which could make this device push a delete the user never made) is an
+/// error, not a reason to act.
 ///
 /// Each phase of a sync updates it in one SQLite transaction after the database committed; a
 /// crash before that only repeats work: pushing an item whose record is already the
@@ -61,8 +65,9 @@ final class SyncState {
         var isEmpty: Bool { entry == nil && listed == nil && reference == nil }
     }
 
-    /// The format this build writes (`PRAGMA user_version`): 2, buckets. (0: the first format.)
-    static let format = 2
+    /// The format this build writes (`PRAGMA user_version`): 3, buckets whose MACs are also listed
+    /// in `bucket_macs` and summed in the progress. (0: the first format; 2: buckets alone.)
+    static let format = 3
     /// Buckets of items: about 12 items (3 KiB) each at 100,000, so that a pull of ten changes
     /// rewrites about as many bytes as ten rows per record did.
     static let itemBucketCount = 8192
@@ -81,6 +86,9 @@ final class SyncState {
     /// connection has written the file (`PRAGMA data_version` still `cachedVersion`).
     private var itemBuckets: [Int: [String: ItemRecord]] = [:]
     private var rowBuckets: [Int: [Data: String?]] = [:]
+    /// Every bucket's MAC, checked against the progress's sum; loaded at the first read of a
+    /// bucket (or commit) while no other connection has written the file.
+    private var directory: BucketDirectory?
     private var cachedVersion: Int?
 
     static func path(vault: String, groupID: String) -> String { vault + ".sync/" + groupID + ".db" }
@@ -121,7 +129,7 @@ final class SyncState {
             if progress != nil {
                 // The state of another device identity (joined again): start over; the first
                 // sync adopts what the database already holds.
-                try database.execute("DELETE FROM item_buckets; DELETE FROM row_buckets; DELETE FROM progress")
+                try database.execute("DELETE FROM item_buckets; DELETE FROM row_buckets; DELETE FROM bucket_macs; DELETE FROM progress")
             }
         }
     }
@@ -141,9 +149,10 @@ final class SyncState {
         guard found < format else { return }
         try database.writeTransaction { () throws(LockboxError) in
             // Read again inside the transaction: another process may have converted it meanwhile.
-            guard try database.userVersion < format else { return }
-            let firstFormat = try hasTable("entries", database)
-            if try hasTable("progress", database) {
+            let found = try database.userVersion
+            guard found < format else { return }
+            let firstFormat = found == 0 ? try hasTable("entries", database) : false
+            if found == 0, try hasTable("progress", database) {
                 // The first format's progress, possibly from before heads.
                 if try !hasColumn("accumulator", of: "progress", database) {
                     try database.execute("ALTER TABLE progress ADD COLUMN accumulator BLOB")
@@ -154,11 +163,21 @@ final class SyncState {
                 """
                 CREATE TABLE IF NOT EXISTS progress (
                     id INTEGER PRIMARY KEY CHECK (id = 1), device TEXT NOT NULL, cursor INTEGER NOT NULL,
-                    generation INTEGER NOT NULL, mac BLOB NOT NULL, accumulator BLOB, row_count INTEGER NOT NULL DEFAULT 0);
+                    generation INTEGER NOT NULL, mac BLOB NOT NULL, accumulator BLOB, row_count INTEGER NOT NULL DEFAULT 0,
+                    buckets BLOB);
                 CREATE TABLE IF NOT EXISTS item_buckets (bucket INTEGER PRIMARY KEY, body BLOB NOT NULL, mac BLOB NOT NULL);
                 CREATE TABLE IF NOT EXISTS row_buckets (bucket INTEGER PRIMARY KEY, body BLOB NOT NULL, mac BLOB NOT NULL);
+                CREATE TABLE IF NOT EXISTS bucket_macs (
+                    kind INTEGER NOT NULL, bucket INTEGER NOT NULL, mac BLOB NOT NULL, PRIMARY KEY (kind, bucket)) WITHOUT ROWID;
                 """)
-            if firstFormat { try convertFirstFormat(database, key: key) }
+            if try !hasColumn("buckets", of: "progress", database) {
+                try database.execute("ALTER TABLE progress ADD COLUMN buckets BLOB")
+            }
+            if firstFormat {
+                try convertFirstFormat(database, key: key)
+            } else if found == 2 {
+                try convertSecondFormat(database, key: key)
+            }
             try database.execute("PRAGMA user_version = \(format)")
         }
     }
@@ -191,7 +210,7 @@ final class SyncState {
             if try statement.step() {
                 let read = Progress(
                     device: statement.text(0) ?? "", cursor: Int64(statement.integer(1) ?? -1), generation: statement.integer(2) ?? -1,
-                    accumulator: statement.blob(4), rows: 0)
+                    accumulator: statement.blob(4), rows: 0, buckets: [])
                 guard statement.blob(3) == firstFormatProgressMAC(read, key: key) else { throw failure }
                 progress = read
             }
@@ -234,12 +253,47 @@ final class SyncState {
         for (id, record) in items { itemBuckets[bucket(of: id), default: [:]][id] = record }
         var rowBuckets: [Int: [Data: String?]] = [:]
         for (reference, id) in rows { rowBuckets[bucket(of: reference), default: [:]].updateValue(id, forKey: reference) }
-        try write(items: itemBuckets, rows: rowBuckets, database, key: key)
+        var directory = BucketDirectory()
+        try write(items: itemBuckets, rows: rowBuckets, database, key: key, directory: &directory)
         if var progress {
             progress.rows = rows.count
+            progress.buckets = directory.sum
             try writeProgress(progress, database, key: key)
         }
         try database.execute("DROP TABLE entries; DROP TABLE rows; DROP TABLE verified")
+    }
+
+    /// Lists every bucket's MAC of a state of format 2 in `bucket_macs` (each bucket's MAC
+    /// checked first) and puts their sum in the progress (its MAC of format 2 checked first).
+    private static func convertSecondFormat(_ database: Database, key: SecretBytes) throws(LockboxError) {
+        let failure = LockboxError.integrity("The sync state \(database.path)")
+        var progress: Progress?
+        do {
+            let statement = try database.statement("SELECT device, cursor, generation, mac, accumulator, row_count FROM progress WHERE id = 1")
+            defer { statement.reset() }
+            if try statement.step() {
+                let read = Progress(
+                    device: statement.text(0) ?? "", cursor: Int64(statement.integer(1) ?? -1), generation: statement.integer(2) ?? -1,
+                    accumulator: statement.blob(4), rows: statement.integer(5) ?? -1, buckets: [])
+                guard let mac = statement.blob(3), SyncHead.equal(mac, secondFormatProgressMAC(read, key: key)) else { throw failure }
+                progress = read
+            }
+        }
+        var directory = BucketDirectory()
+        for kind in [BucketKind.items, .rows] {
+            let statement = try database.statement("SELECT bucket, body, mac FROM \(kind.table)")
+            defer { statement.reset() }
+            while try statement.step() {
+                guard let index = statement.integer(0), let mac = statement.blob(2),
+                    SyncHead.equal(mac, bucketMAC(kind, index, statement.blob(1) ?? [], key: key))
+                else { throw failure }
+                try directory.set(kind, index, mac: mac, database, key: key)
+            }
+        }
+        if var progress {
+            progress.buckets = directory.sum
+            try writeProgress(progress, database, key: key)
+        }
     }
 
     // MARK: MACs
@@ -251,9 +305,25 @@ final class SyncState {
         var generation: Int
         var accumulator: [UInt8]?
         var rows: Int
+        /// The sum of every bucket's element (``BucketDirectory``): a bucket removed, or an older
+        /// copy put back, no longer adds up to it.
+        var buckets: [UInt8]
     }
 
     private static func progressMAC(_ progress: Progress, key: SecretBytes) -> [UInt8] {
+        var encoder = FieldEncoder()
+        encoder.string("lockbox.sync.state.progress.v4")
+        encoder.string(progress.device)
+        encoder.integer(Int(progress.cursor))
+        encoder.integer(progress.generation)
+        encoder.integer(progress.rows)
+        encoder.bytes(progress.accumulator)
+        encoder.bytes(progress.buckets)
+        return Crypto.keyedDigest(encoder.bytes, key: key)
+    }
+
+    /// The progress's MAC in format 2 (no sum of the buckets).
+    private static func secondFormatProgressMAC(_ progress: Progress, key: SecretBytes) -> [UInt8] {
         var encoder = FieldEncoder()
         encoder.string("lockbox.sync.state.progress.v3")
         encoder.string(progress.device)
@@ -267,6 +337,72 @@ final class SyncState {
     private enum BucketKind: String {
         case items = "lockbox.sync.state.items.v2"
         case rows = "lockbox.sync.state.rows.v2"
+
+        var table: String { self == .items ? "item_buckets" : "row_buckets" }
+        /// Its `kind` in `bucket_macs`.
+        var number: Int { self == .items ? 0 : 1 }
+    }
+
+    /// Every bucket's MAC, as `bucket_macs` lists them, and the sum of their elements (a keyed
+    /// digest of each MAC, which only the state key makes, so that no set of MACs seen in the
+    /// file can be chosen to give another set's sum). Each bucket's own MAC binds its body to
+    /// its index; this sum, kept in the MACed progress, binds the whole set to the progress: a
+    /// bucket removed, an older copy of one put back (with its MAC), or an older progress put
+    /// back over newer buckets, no longer adds up. (The whole file put back as it was is a
+    /// state from before the later syncs, as a crash leaves it; what a sync recovers from.)
+    private struct BucketDirectory {
+        var items: [Int: [UInt8]] = [:]
+        var rows: [Int: [UInt8]] = [:]
+        var sum = SyncHead.empty.accumulator
+
+        subscript(kind: BucketKind, index: Int) -> [UInt8]? { kind == .items ? items[index] : rows[index] }
+
+        static func element(_ kind: BucketKind, _ index: Int, _ mac: [UInt8], key: SecretBytes) -> [UInt8] {
+            var encoder = FieldEncoder(capacity: 96)
+            encoder.string("lockbox.sync.state.bucket-sum.v1")
+            encoder.integer(kind.number)
+            encoder.integer(index)
+            encoder.bytes(mac)
+            return Crypto.keyedDigest(encoder.bytes, key: key)
+        }
+
+        /// Records bucket `index`'s new MAC (nil: the bucket removed), in memory, in
+        /// `bucket_macs` and in the sum.
+        mutating func set(_ kind: BucketKind, _ index: Int, mac: [UInt8]?, _ database: Database, key: SecretBytes) throws(LockboxError) {
+            if let old = self[kind, index] { SyncHead.subtract(Self.element(kind, index, old, key: key), from: &sum) }
+            if let mac { SyncHead.add(Self.element(kind, index, mac, key: key), to: &sum) }
+            if kind == .items { items[index] = mac } else { rows[index] = mac }
+            let statement = try database.statement(
+                mac == nil ? "DELETE FROM bucket_macs WHERE kind = ? AND bucket = ?" : "INSERT OR REPLACE INTO bucket_macs (kind, bucket, mac) VALUES (?, ?, ?)")
+            defer { statement.reset() }
+            statement.bind(1, kind.number)
+            statement.bind(2, index)
+            if let mac { statement.bind(3, mac) }
+            try statement.run()
+        }
+
+        /// Every bucket's MAC as `bucket_macs` lists them, their sum checked against the
+        /// progress's (the empty sum when there is no progress).
+        static func load(_ database: Database, key: SecretBytes) throws(LockboxError) -> BucketDirectory {
+            let failure = LockboxError.integrity("The sync state \(database.path)")
+            var directory = BucketDirectory()
+            let statement = try database.statement("SELECT kind, bucket, mac FROM bucket_macs")
+            defer { statement.reset() }
+            while try statement.step() {
+                guard let number = statement.integer(0), let index = statement.integer(1), let mac = statement.blob(2) else { throw failure }
+                let kind: BucketKind
+                switch number {
+                case 0: kind = .items
+                case 1: kind = .rows
+                default: throw failure
+                }
+                SyncHead.add(element(kind, index, mac, key: key), to: &directory.sum)
+                if kind == .items { directory.items[index] = mac } else { directory.rows[index] = mac }
+            }
+            let expected = try readProgress(database, key: key)?.buckets ?? SyncHead.empty.accumulator
+            guard SyncHead.equal(directory.sum, expected) else { throw failure }
+            return directory
+        }
     }
 
     private static func bucketMAC(_ kind: BucketKind, _ index: Int, _ body: [UInt8], key: SecretBytes) -> [UInt8] {
@@ -403,22 +539,33 @@ final class SyncState {
         return rows
     }
 
-    /// A bucket's body as stored, its MAC checked; nil when the bucket has no row.
-    private static func readBody(_ kind: BucketKind, _ index: Int, _ database: Database, key: SecretBytes) throws(LockboxError) -> [UInt8]? {
+    /// A bucket's body as stored, its MAC checked, and that MAC the one `directory` lists; nil
+    /// when the bucket has no row and the directory none either.
+    private static func readBody(
+        _ kind: BucketKind, _ index: Int, _ database: Database, key: SecretBytes, directory: BucketDirectory
+    ) throws(LockboxError) -> [UInt8]? {
         let statement = try database.statement(
             kind == .items ? "SELECT body, mac FROM item_buckets WHERE bucket = ?" : "SELECT body, mac FROM row_buckets WHERE bucket = ?")
         defer { statement.reset() }
         statement.bind(1, index)
-        guard try statement.step() else { return nil }
+        let listed = directory[kind, index]
+        guard try statement.step() else {
+            // Removed, while the directory lists it.
+            guard listed == nil else { throw LockboxError.integrity("The sync state \(database.path)") }
+            return nil
+        }
         let body = statement.blob(0) ?? []
-        guard let mac = statement.blob(1), SyncHead.equal(mac, bucketMAC(kind, index, body, key: key)) else {
+        guard let mac = statement.blob(1), let listed, SyncHead.equal(mac, listed), SyncHead.equal(mac, bucketMAC(kind, index, body, key: key))
+        else {
             throw LockboxError.integrity("The sync state \(database.path)")
         }
         return body
     }
 
-    private static func readItems(_ index: Int, _ database: Database, key: SecretBytes) throws(LockboxError) -> [String: ItemRecord] {
-        guard let body = try readBody(.items, index, database, key: key) else { return [:] }
+    private static func readItems(
+        _ index: Int, _ database: Database, key: SecretBytes, directory: BucketDirectory
+    ) throws(LockboxError) -> [String: ItemRecord] {
+        guard let body = try readBody(.items, index, database, key: key, directory: directory) else { return [:] }
         do {
             return try decodeItems(body, bucket: index)
         } catch {
@@ -426,8 +573,10 @@ final class SyncState {
         }
     }
 
-    private static func readRows(_ index: Int, _ database: Database, key: SecretBytes) throws(LockboxError) -> [Data: String?] {
-        guard let body = try readBody(.rows, index, database, key: key) else { return [:] }
+    private static func readRows(
+        _ index: Int, _ database: Database, key: SecretBytes, directory: BucketDirectory
+    ) throws(LockboxError) -> [Data: String?] {
+        guard let body = try readBody(.rows, index, database, key: key, directory: directory) else { return [:] }
         do {
             return try decodeRows(body, bucket: index)
         } catch {
@@ -435,54 +584,61 @@ final class SyncState {
         }
     }
 
-    /// Writes buckets (an empty one is removed), in bucket order.
+    /// Writes buckets (an empty one is removed), in bucket order, and their MACs in `directory`
+    /// (whose new sum the progress written with them must hold).
     private static func write(
-        items: [Int: [String: ItemRecord]], rows: [Int: [Data: String?]], _ database: Database, key: SecretBytes
+        items: [Int: [String: ItemRecord]], rows: [Int: [Data: String?]], _ database: Database, key: SecretBytes,
+        directory: inout BucketDirectory
     ) throws(LockboxError) {
-        try writeBuckets(
-            items.mapValues { $0.isEmpty ? nil : encodeItems($0) }, of: .items, table: "item_buckets", database, key: key)
-        try writeBuckets(rows.mapValues { $0.isEmpty ? nil : encodeRows($0) }, of: .rows, table: "row_buckets", database, key: key)
+        try writeBuckets(items.mapValues { $0.isEmpty ? nil : encodeItems($0) }, of: .items, database, key: key, directory: &directory)
+        try writeBuckets(rows.mapValues { $0.isEmpty ? nil : encodeRows($0) }, of: .rows, database, key: key, directory: &directory)
     }
 
     /// Writes each bucket's encoded body with its MAC, or removes the bucket when its body is nil.
     private static func writeBuckets(
-        _ bodies: [Int: [UInt8]?], of kind: BucketKind, table: String, _ database: Database, key: SecretBytes
+        _ bodies: [Int: [UInt8]?], of kind: BucketKind, _ database: Database, key: SecretBytes, directory: inout BucketDirectory
     ) throws(LockboxError) {
-        let put = try database.statement("INSERT OR REPLACE INTO \(table) (bucket, body, mac) VALUES (?, ?, ?)")
-        let drop = try database.statement("DELETE FROM \(table) WHERE bucket = ?")
+        let put = try database.statement("INSERT OR REPLACE INTO \(kind.table) (bucket, body, mac) VALUES (?, ?, ?)")
+        let drop = try database.statement("DELETE FROM \(kind.table) WHERE bucket = ?")
         defer {
             put.reset()
             drop.reset()
         }
         for (index, body) in bodies.sorted(by: { $0.key < $1.key }) {
             if let body {
+                let mac = bucketMAC(kind, index, body, key: key)
                 put.reset()
                 put.bind(1, index)
                 put.bind(2, body)
-                put.bind(3, bucketMAC(kind, index, body, key: key))
+                put.bind(3, mac)
                 try put.run()
+                try directory.set(kind, index, mac: mac, database, key: key)
             } else {
                 drop.reset()
                 drop.bind(1, index)
                 try drop.run()
+                try directory.set(kind, index, mac: nil, database, key: key)
             }
         }
     }
 
     private static func readProgress(_ database: Database, key: SecretBytes) throws(LockboxError) -> Progress? {
-        let statement = try database.statement("SELECT device, cursor, generation, mac, accumulator, row_count FROM progress WHERE id = 1")
+        let statement = try database.statement(
+            "SELECT device, cursor, generation, mac, accumulator, row_count, buckets FROM progress WHERE id = 1")
         defer { statement.reset() }
         guard try statement.step() else { return nil }
         let progress = Progress(
             device: statement.text(0) ?? "", cursor: Int64(statement.integer(1) ?? -1), generation: statement.integer(2) ?? -1,
-            accumulator: statement.blob(4), rows: statement.integer(5) ?? -1)
-        guard statement.blob(3) == progressMAC(progress, key: key) else { throw LockboxError.integrity("The sync state \(database.path)") }
+            accumulator: statement.blob(4), rows: statement.integer(5) ?? -1, buckets: statement.blob(6) ?? [])
+        guard let mac = statement.blob(3), SyncHead.equal(mac, progressMAC(progress, key: key)) else {
+            throw LockboxError.integrity("The sync state \(database.path)")
+        }
         return progress
     }
 
     private static func writeProgress(_ progress: Progress, _ database: Database, key: SecretBytes) throws(LockboxError) {
         let statement = try database.statement(
-            "INSERT OR REPLACE INTO progress (id, device, cursor, generation, mac, accumulator, row_count) VALUES (1, ?, ?, ?, ?, ?, ?)")
+            "INSERT OR REPLACE INTO progress (id, device, cursor, generation, mac, accumulator, row_count, buckets) VALUES (1, ?, ?, ?, ?, ?, ?, ?)")
         defer { statement.reset() }
         statement.bind(1, progress.device)
         statement.bind(2, Int(progress.cursor))
@@ -490,6 +646,7 @@ final class SyncState {
         statement.bind(4, progressMAC(progress, key: key))
         statement.bind(5, progress.accumulator)
         statement.bind(6, progress.rows)
+        statement.bind(7, progress.buckets)
         try statement.run()
     }
 
@@ -499,15 +656,27 @@ final class SyncState {
         if version != cachedVersion {
             itemBuckets = [:]
             rowBuckets = [:]
+            directory = nil
             cachedVersion = version
         }
     }
 
-    private func itemRecord(_ id: String) throws(LockboxError) -> ItemRecord? {
+    /// The buckets' MACs, read and checked against the progress once while no other connection
+    /// writes the file: before the first bucket is read, so that no bucket is taken for the
+    /// state unless the whole set is the one the progress vouches for.
+    private func checkedDirectory() throws(LockboxError) -> BucketDirectory {
         try checkCache()
+        if let directory { return directory }
+        let loaded = try BucketDirectory.load(database, key: key)
+        directory = loaded
+        return loaded
+    }
+
+    private func itemRecord(_ id: String) throws(LockboxError) -> ItemRecord? {
+        let directory = try checkedDirectory()
         let index = Self.bucket(of: id)
         if let bucket = itemBuckets[index] { return bucket[id] }
-        let bucket = try Self.readItems(index, database, key: key)
+        let bucket = try Self.readItems(index, database, key: key, directory: directory)
         itemBuckets[index] = bucket
         return bucket[id]
     }
@@ -521,10 +690,10 @@ final class SyncState {
     /// The item a vault row held at the last sync: `.some(nil)` for a row that does not sync,
     /// nil for a row this device does not know.
     func row(_ reference: Data) throws(LockboxError) -> String?? {
-        try checkCache()
+        let directory = try checkedDirectory()
         let index = Self.bucket(of: reference)
         if let bucket = rowBuckets[index] { return bucket[reference] }
-        let bucket = try Self.readRows(index, database, key: key)
+        let bucket = try Self.readRows(index, database, key: key, directory: directory)
         rowBuckets[index] = bucket
         return bucket[reference]
     }
@@ -542,18 +711,17 @@ final class SyncState {
     /// Every known row and the item it holds (the slow path that finds deletes).
     func allRows() throws(LockboxError) -> [Data: String?] {
         var rows: [Data: String?] = [:]
-        for index in try storedBuckets("row_buckets") {
-            for (reference, id) in try Self.readRows(index, database, key: key) { rows.updateValue(id, forKey: reference) }
+        let directory = try checkedDirectory()
+        for index in storedBuckets(.rows, directory: directory) {
+            for (reference, id) in try Self.readRows(index, database, key: key, directory: directory) { rows.updateValue(id, forKey: reference) }
         }
         return rows
     }
 
-    private func storedBuckets(_ table: String) throws(LockboxError) -> [Int] {
-        let statement = try database.statement("SELECT bucket FROM \(table) ORDER BY bucket")
-        defer { statement.reset() }
-        var buckets: [Int] = []
-        while try statement.step() { buckets.append(statement.integer(0) ?? -1) }
-        return buckets
+    /// The buckets of `kind` that hold anything: those the checked directory lists (each one's
+    /// row then read and checked).
+    private func storedBuckets(_ kind: BucketKind, directory: BucketDirectory) -> [Int] {
+        (kind == .items ? directory.items : directory.rows).keys.sorted()
     }
 
     /// The version and head element of `id`'s record in the last verified head; nil when that
@@ -562,13 +730,19 @@ final class SyncState {
         try itemRecord(id)?.listed
     }
 
-    /// True when this device has recorded nothing yet (before its first pull).
+    /// True when this device has recorded nothing yet (before its first pull). A state whose
+    /// progress sums buckets that are no longer there is an error, not an empty state (which a
+    /// pull would take for a new device's).
     var isEmpty: Bool {
         get throws(LockboxError) {
             let statement = try database.statement("SELECT EXISTS (SELECT 1 FROM item_buckets) OR EXISTS (SELECT 1 FROM row_buckets)")
             defer { statement.reset() }
             _ = try statement.step()
-            return statement.integer(0) == 0
+            guard statement.integer(0) == 0 else { return false }
+            if let progress = try Self.readProgress(database, key: key), !SyncHead.equal(progress.buckets, SyncHead.empty.accumulator) {
+                throw LockboxError.integrity("The sync state \(database.path)")
+            }
+            return true
         }
     }
 
@@ -576,8 +750,11 @@ final class SyncState {
     var liveEntryCount: Int {
         get throws(LockboxError) {
             var count = 0
-            for index in try storedBuckets("item_buckets") {
-                count += try Self.readItems(index, database, key: key).values.count { $0.entry.map { !$0.isTombstone } ?? false }
+            let directory = try checkedDirectory()
+            for index in storedBuckets(.items, directory: directory) {
+                count += try Self.readItems(index, database, key: key, directory: directory).values.count {
+                    $0.entry.map { !$0.isTombstone } ?? false
+                }
             }
             return count
         }
@@ -620,9 +797,10 @@ final class SyncState {
         let key = self.key
         var items: [Int: [String: ItemRecord]] = [:]
         var rows: [Int: [Data: String?]] = [:]
+        var written: BucketDirectory?
         try database.writeTransaction { () throws(LockboxError) in
             // Inside the write transaction: no other connection can write until it ends.
-            try checkCache()
+            var directory = try checkedDirectory()
             items = itemBuckets
             rows = rowBuckets
             var knownRows = try Self.readProgress(database, key: key)?.rows ?? 0
@@ -630,13 +808,13 @@ final class SyncState {
             var changedRows: Set<Int> = []
             func load(_ id: String) throws(LockboxError) -> Int {
                 let index = Self.bucket(of: id)
-                if items[index] == nil { items[index] = try Self.readItems(index, database, key: key) }
+                if items[index] == nil { items[index] = try Self.readItems(index, database, key: key, directory: directory) }
                 changedItems.insert(index)
                 return index
             }
             if changes.replacesVerified {
-                for index in try storedBuckets("item_buckets") where items[index] == nil {
-                    items[index] = try Self.readItems(index, database, key: key)
+                for index in storedBuckets(.items, directory: directory) where items[index] == nil {
+                    items[index] = try Self.readItems(index, database, key: key, directory: directory)
                 }
                 for index in items.keys where items[index]!.values.contains(where: { $0.listed != nil }) {
                     for id in items[index]!.keys { items[index]![id]!.listed = nil }
@@ -647,7 +825,7 @@ final class SyncState {
             for (id, listed) in changes.verified { items[try load(id)]![id, default: ItemRecord()].listed = listed }
             for (reference, change) in changes.rows {
                 let index = Self.bucket(of: reference)
-                if rows[index] == nil { rows[index] = try Self.readRows(index, database, key: key) }
+                if rows[index] == nil { rows[index] = try Self.readRows(index, database, key: key, directory: directory) }
                 changedRows.insert(index)
                 let old = rows[index]![reference]
                 if let change {
@@ -669,12 +847,14 @@ final class SyncState {
             }
             try Self.write(
                 items: items.filter { changedItems.contains($0.key) }, rows: rows.filter { changedRows.contains($0.key) }, database,
-                key: key)
+                key: key, directory: &directory)
             try Self.writeProgress(
                 Progress(
                     device: device, cursor: changes.cursor ?? cursor, generation: changes.generation ?? generation,
-                    accumulator: changes.accumulator ?? accumulator, rows: knownRows), database, key: key)
+                    accumulator: changes.accumulator ?? accumulator, rows: knownRows, buckets: directory.sum), database, key: key)
+            written = directory
         }
+        self.directory = written
         // This connection's own commit leaves `data_version` as it was: the buckets stay valid.
         itemBuckets = items
         rowBuckets = rows
@@ -691,10 +871,11 @@ final class SyncState {
     /// Forgets what this device pushed and pulled (after a key rotation re-sealed every record).
     func reset() throws(LockboxError) {
         try database.writeTransaction { () throws(LockboxError) in
-            try database.execute("DELETE FROM item_buckets; DELETE FROM row_buckets; DELETE FROM progress")
+            try database.execute("DELETE FROM item_buckets; DELETE FROM row_buckets; DELETE FROM bucket_macs; DELETE FROM progress")
         }
         itemBuckets = [:]
         rowBuckets = [:]
+        directory = nil
         cursor = 0
         generation = 0
         accumulator = nil

@@ -3,6 +3,7 @@ import Lockbox
 import LockboxCore
 import LockboxTestSupport
 import Testing
+import VaultCrypto
 import VaultStorage
 
 @testable import LockboxSync
@@ -84,7 +85,7 @@ struct SyncStateFormatTests {
         #expect(try Self.tables(path).isSuperset(of: ["entries", "rows", "verified", "progress"]))
         try Self.expectFixtureContent(try SyncState(path: path, device: Self.device, key: Self.key))
         #expect(try Self.userVersion(path) == SyncState.format)
-        #expect(try Self.tables(path) == ["progress", "item_buckets", "row_buckets"])
+        #expect(try Self.tables(path) == ["progress", "item_buckets", "row_buckets", "bucket_macs"])
         // Opened again, in its new format.
         let state = try SyncState(path: path, device: Self.device, key: Self.key)
         try Self.expectFixtureContent(state)
@@ -162,6 +163,152 @@ struct SyncStateFormatTests {
         try database.execute("UPDATE progress SET row_count = row_count + 1")
         let counted = #expect(throws: LockboxError.self) { _ = try SyncState(path: path, device: Self.device, key: Self.key) }
         #expect(counted?.code == .decode)
+    }
+
+    /// Copies, as an attacker with write access to the file would, every row that holds bucket
+    /// `bucket` of `kind` (0 items, 1 rows), or the progress when `bucket` is nil, from
+    /// `snapshot` (an older copy of the state) over the current ones; with `remove`, deletes
+    /// them instead.
+    static func edit(_ path: String, kind: Int, bucket: Int?, from snapshot: String? = nil, remove: Bool = false) throws {
+        let database = try Database(path: path, create: false)
+        let table = kind == 0 ? "item_buckets" : "row_buckets"
+        let hasMACs = try database.firstRow("SELECT count(*) FROM sqlite_schema WHERE name = 'bucket_macs'") { $0.integer(0) ?? 0 } == 1
+        if let snapshot {
+            try database.execute("ATTACH DATABASE '\(snapshot)' AS old")
+            if let bucket {
+                try database.execute("DELETE FROM \(table) WHERE bucket = \(bucket)")
+                try database.execute("INSERT INTO \(table) SELECT * FROM old.\(table) WHERE bucket = \(bucket)")
+                if hasMACs {
+                    try database.execute("DELETE FROM bucket_macs WHERE kind = \(kind) AND bucket = \(bucket)")
+                    try database.execute("INSERT INTO bucket_macs SELECT * FROM old.bucket_macs WHERE kind = \(kind) AND bucket = \(bucket)")
+                }
+            } else {
+                try database.execute("INSERT OR REPLACE INTO progress SELECT * FROM old.progress")
+            }
+            try database.execute("DETACH DATABASE old")
+        } else if remove, let bucket {
+            try database.execute("DELETE FROM \(table) WHERE bucket = \(bucket)")
+            if hasMACs { try database.execute("DELETE FROM bucket_macs WHERE kind = \(kind) AND bucket = \(bucket)") }
+        }
+    }
+
+    @Test("A bucket removed, or an older copy of a bucket or of the progress put back, is refused (errSecDecode), not read as the state")
+    func removedOrReplayedBucketRefused() throws {
+        let directory = TemporaryDirectory("lockbox-sync-state")
+        let path = directory.file("vault.sync/group.db")
+        let snapshot = directory.file("older.db")
+        let first = Self.itemID(1)
+        let second = Self.itemID(2)
+        let state = try SyncState(path: path, device: "device-r", key: Self.key)
+        // Item 1 in row 1, item 2 in row 2: the state an attacker copies.
+        var changes = SyncState.Changes()
+        changes.entries[first] = Self.entry(1)
+        changes.entries[second] = Self.entry(2)
+        changes.rows[Self.reference(1)] = .some(.some(first))
+        changes.rows[Self.reference(2)] = .some(.some(second))
+        changes.cursor = 10
+        try state.commit(changes)
+        try Database(path: path, create: false).execute("VACUUM INTO '\(snapshot)'")
+        // Then item 1 changes, row 2 goes away (its delete pushed).
+        changes = SyncState.Changes()
+        changes.entries[first] = Self.entry(11)
+        changes.rows[Self.reference(2)] = .some(.none)
+        changes.cursor = 20
+        try state.commit(changes)
+        try Database(path: path, create: false).execute("VACUUM INTO '\(directory.file("current.db"))'")
+        func restore() throws {
+            for id in [first, second] { try Self.edit(path, kind: 0, bucket: SyncState.bucket(of: id), from: directory.file("current.db")) }
+            for index in [1, 2] {
+                try Self.edit(path, kind: 1, bucket: SyncState.bucket(of: Self.reference(index)), from: directory.file("current.db"))
+            }
+            try Self.edit(path, kind: 0, bucket: nil, from: directory.file("current.db"))
+            let state = try SyncState(path: path, device: "device-r", key: Self.key)
+            #expect(try state.entry(first) == Self.entry(11))
+            #expect(try state.row(Self.reference(2)) == nil)
+        }
+        func expectRefused(_ comment: Comment) {
+            let error = #expect(throws: LockboxError.self, comment) {
+                let state = try SyncState(path: path, device: "device-r", key: Self.key)
+                _ = try state.entry(first)
+                _ = try state.row(Self.reference(2))
+                _ = try state.isEmpty
+                try state.commit(SyncState.Changes(cursor: 30))
+            }
+            #expect(error?.code == .decode, comment)
+        }
+        try restore()
+
+        // The older item bucket (item 1's older entry) put back.
+        try Self.edit(path, kind: 0, bucket: SyncState.bucket(of: first), from: snapshot)
+        expectRefused("an older item bucket")
+        try restore()
+        // The older row bucket put back: row 2 known again, which a push takes for a delete of item 2.
+        try Self.edit(path, kind: 1, bucket: SyncState.bucket(of: Self.reference(2)), from: snapshot)
+        expectRefused("an older row bucket")
+        try restore()
+        // A bucket removed.
+        try Self.edit(path, kind: 0, bucket: SyncState.bucket(of: first), remove: true)
+        expectRefused("a removed item bucket")
+        try restore()
+        try Self.edit(path, kind: 1, bucket: SyncState.bucket(of: Self.reference(1)), remove: true)
+        expectRefused("a removed row bucket")
+        try restore()
+        // Every bucket removed: not a new, empty state.
+        try Self.edit(path, kind: 0, bucket: SyncState.bucket(of: first), remove: true)
+        try Self.edit(path, kind: 0, bucket: SyncState.bucket(of: second), remove: true)
+        try Self.edit(path, kind: 1, bucket: SyncState.bucket(of: Self.reference(1)), remove: true)
+        let emptied = #expect(throws: LockboxError.self) { _ = try SyncState(path: path, device: "device-r", key: Self.key).isEmpty }
+        #expect(emptied?.code == .decode)
+        try restore()
+        // The older progress put back (cursor 10) with the newer buckets.
+        try Self.edit(path, kind: 0, bucket: nil, from: snapshot)
+        expectRefused("an older progress")
+        try restore()
+    }
+
+    /// Turns a state of this format back into one of format 2 as that format's code wrote it:
+    /// no `bucket_macs`, no sum of the buckets in the progress, whose MAC is format 2's.
+    static func secondFormat(_ path: String) throws {
+        let database = try Database(path: path, create: false)
+        let progress = try #require(
+            database.firstRow("SELECT device, cursor, generation, row_count, accumulator FROM progress") {
+                ($0.text(0) ?? "", $0.integer(1) ?? 0, $0.integer(2) ?? 0, $0.integer(3) ?? 0, $0.blob(4))
+            })
+        var encoder = FieldEncoder()
+        encoder.string("lockbox.sync.state.progress.v3")
+        encoder.string(progress.0)
+        encoder.integer(progress.1)
+        encoder.integer(progress.2)
+        encoder.integer(progress.3)
+        encoder.bytes(progress.4)
+        let put = try database.statement("UPDATE progress SET mac = ?")
+        put.bind(1, Crypto.keyedDigest(encoder.bytes, key: key))
+        try put.run()
+        put.reset()
+        try database.execute("DROP TABLE bucket_macs; ALTER TABLE progress DROP COLUMN buckets; PRAGMA user_version = 2")
+    }
+
+    @Test("A state of format 2 (buckets without their sum) is converted when opened, every bucket's MAC checked first")
+    func secondFormatConverted() throws {
+        let (directory, path) = try Self.copyOfFixture()
+        _ = directory
+        _ = try SyncState(path: path, device: Self.device, key: Self.key)
+        try Self.secondFormat(path)
+        #expect(try Self.userVersion(path) == 2)
+        try Self.expectFixtureContent(try SyncState(path: path, device: Self.device, key: Self.key))
+        #expect(try Self.userVersion(path) == SyncState.format)
+        try Self.expectFixtureContent(try SyncState(path: path, device: Self.device, key: Self.key))
+
+        // One with an edited bucket is refused and left as it was.
+        let (other, edited) = try Self.copyOfFixture()
+        _ = other
+        _ = try SyncState(path: edited, device: Self.device, key: Self.key)
+        try Self.secondFormat(edited)
+        try Database(path: edited, create: false).execute(
+            "UPDATE row_buckets SET body = body || x'00' WHERE bucket = \(SyncState.bucket(of: Self.reference(3)))")
+        let error = #expect(throws: LockboxError.self) { _ = try SyncState(path: edited, device: Self.device, key: Self.key) }
+        #expect(error?.code == .decode)
+        #expect(try Self.userVersion(edited) == 2)
     }
 
     @Test("Two connections writing items of one bucket: each commit keeps what the other wrote")
