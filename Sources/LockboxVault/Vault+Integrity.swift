@@ -110,10 +110,16 @@ extension Vault {
             // Neither the index root nor this machine's `always` key: nothing can be read.
             throw lockedError()
         }
+        // Inside a write, the rows read include those it changed already, which its writer has
+        // counted (a sync batch adds an item, then deletes another by reference): they are
+        // compared with the writer's record. It is the record before the write plus exactly
+        // the write's changes, so a bucket that matches it matched before the write too, and
+        // stays verified whether the write commits or rolls back.
+        let expected = state.activeWriter?.integrity ?? stored
         var changed = false
         for bucket in buckets where !cache.verifiedBuckets[bucket] {
             let computed = try IntegrityState.computeAccumulator(bucket: bucket, database: state.database, key: keys.element)
-            guard IntegrityState.equal(computed, Array(stored.accumulator(bucket))) else {
+            guard IntegrityState.equal(computed, Array(expected.accumulator(bucket))) else {
                 throw LockboxError(
                     .decode,
                     "The keychain file does not hold the rows it last wrote (a row was replayed from an older copy, "
@@ -290,6 +296,8 @@ extension Vault {
         let changesBefore = state.database.totalChanges
         let value = try state.database.writeTransaction { () throws(LockboxError) -> T in
             let writer = try rowWriter(state)
+            state.activeWriter = writer
+            defer { state.activeWriter = nil }
             let value = try body(writer)
             try writer.finish(state: state)
             committed = writer.integrity
@@ -370,6 +378,14 @@ extension Vault {
             var header = try VaultHeader.load(from: state.database)
             guard header.verify(master: master) else { throw LockboxError.integrity("The keychain header") }
             let existing = try IntegrityState.load(from: state.database)
+            if existing == nil {
+                // Only a file of the first format has no record, and only the first upgrade
+                // makes one: a record missing from a later file was deleted, and rebuilding it
+                // from the rows would bless whatever rows were put in.
+                guard header.version == 1, state.rememberedGeneration.read() == 0, try !hasCurrentFormatRows(state.database) else {
+                    throw LockboxError.integrity("The keychain's integrity record (it is missing)")
+                }
+            }
             let legacyTDO = VaultHeader.ClassKeyID(accessibility: .alwaysThisDeviceOnly, device: device.identifier)
             let pending = try state.database.firstRow(
                 "SELECT count(*) FROM items WHERE format = 1 AND device_id IN ('', ?)" + (presenceSecretKey == nil ? " AND access_control = ''" : ""),

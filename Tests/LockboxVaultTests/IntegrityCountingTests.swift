@@ -97,18 +97,21 @@ struct IntegrityCountingTests {
         numeric[0] = "12345"
         try plant(database, numeric)
         try expectSameCounts(database, key: key)
-        // Sums that wrap: the same row's element added many times in one bucket.
+        // Sums that wrap: many elements of one row's columns (each its own id, version and
+        // primary key) in one bucket.
         let repeated = ordinary(700, bucket: 13)
         for copy in 0..<40 {
             var row = repeated
             row[0] = hex(Crypto.randomBytes(16))
             row[1] = String(copy)
+            row[2] = hex(Crypto.randomBytes(32))
             try plant(database, row)
         }
         try expectSameCounts(database, key: key)
     }
 
-    @Test("an id present twice, a bucket column that disagrees, a missing column: each refused by recount and by the bucket's check")
+    @Test(
+        "an id or a primary digest present twice, a bucket column that disagrees, a missing column: each refused by recount and by the bucket's check")
     func refusals() throws {
         let key = Crypto.generateKey()
         func expectRefused(_ edit: (Database) throws -> Void, bucket: Int) throws {
@@ -128,6 +131,21 @@ struct IntegrityCountingTests {
                 try plant(database, row)
                 row[1] = "51"
                 try plant(database, row)
+            }, bucket: 3)
+        // Another row of the same primary key (its own id and version), and the same with a
+        // primary digest that is not 32 bytes.
+        try expectRefused(
+            { database in
+                try database.execute(
+                    """
+                    INSERT INTO items SELECT randomblob(16), 99, primary_digest, lookup_digest, name_digest, item_class,
+                        accessibility, access_group, synchronizable, device_id, access_control, bucket
+                    FROM items WHERE version = 4
+                    """)
+            }, bucket: 3)
+        try expectRefused(
+            { database in
+                try database.execute("UPDATE items SET primary_digest = X'0102' WHERE version IN (4, 5)")
             }, bucket: 3)
         try expectRefused({ try $0.execute("UPDATE items SET bucket = 4 WHERE version = 4") }, bucket: 3)
         try expectRefused({ try $0.execute("UPDATE items SET device_id = NULL WHERE version = 4") }, bucket: 3)
