@@ -269,13 +269,18 @@ extension Vault {
         /// no index of primary digests for it: every row with the same primary key has the same
         /// lookup digest, so the lookup index finds them (almost always none), inside this write
         /// transaction, which no other connection's write can enter.
+        ///
+        /// The primary digests are compared as bytes, not by SQL: a digest column edited to hold
+        /// the same bytes as text is counted as before by the integrity record (which reads
+        /// bytes) and opens as before, but SQL's `=` with a blob would not find it.
         private func checkUnique(_ row: SealedRow, replacing rowID: Int?) throws(LockboxError) {
-            let statement = try database.statement("SELECT rowid FROM items WHERE lookup_digest = ? AND primary_digest = ?")
+            let statement = try database.statement("SELECT rowid, primary_digest FROM items WHERE lookup_digest = ?")
             defer { statement.reset() }
             statement.bind(1, row.lookupDigest)
-            statement.bind(2, row.primaryDigest)
             while try statement.step() {
-                if statement.integer(0) != rowID { throw LockboxError(.duplicateItem, "An item with the same primary key already exists.") }
+                guard statement.integer(0) != rowID, let stored = statement.borrowedBlob(1), stored.elementsEqual(row.primaryDigest)
+                else { continue }
+                throw LockboxError(.duplicateItem, "An item with the same primary key already exists.")
             }
         }
 

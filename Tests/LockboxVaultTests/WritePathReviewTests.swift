@@ -131,6 +131,27 @@ struct WritePathReviewTests {
         #expect(!(try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration).isSound))
     }
 
+    @Test(
+        "file: a primary digest stored as text (the same bytes: the record still verifies) does not let an add or a restore store the item twice")
+    func textTypedPrimaryDigest_isStillTheSameKey() throws {
+        let fixture = try VaultFixture()
+        try fixture.vault.add(.genericPassword(service: "svcA", account: "alice", data: SecretBytes(utf8: "alice-old")))
+        let backup = fixture.directory.file("backup.lockbox-backup")
+        let backupPassphrase = SecretBytes(utf8: "backup passphrase")
+        _ = try fixture.vault.backup(to: backup, passphrase: backupPassphrase)
+        let database = try Database(path: fixture.path, create: false)
+        try database.execute("UPDATE items SET primary_digest = CAST(primary_digest AS TEXT)")
+        #expect(try database.firstRow("SELECT typeof(primary_digest) FROM items") { $0.text(0) } == "text")
+        // The edit changes no byte the record counts or the row's seal binds.
+        #expect(read(try fixture.reopen(), "svcA", "alice") == "alice-old")
+        #expect(status { try fixture.vault.add(.genericPassword(service: "svcA", account: "alice", data: SecretBytes(utf8: "alice-new"))) }
+            == -25299)
+        let summary = try fixture.vault.restore(from: backup, passphrase: backupPassphrase)
+        #expect(summary.added == 0 && summary.kept == 1)
+        #expect(try database.firstRow("SELECT count(*) FROM items") { $0.integer(0) } == 1)
+        #expect(read(fixture.vault, "svcA", "alice") == "alice-old")
+    }
+
     // MARK: Rebuilding the integrity record
 
     /// A vault with alice's item at "alice-old", then at "alice-new"; the older row kept in a
