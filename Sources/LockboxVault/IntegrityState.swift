@@ -480,6 +480,14 @@ struct IntegrityState {
         var misplaced: LockboxError { LockboxError.integrity("The keychain's rows") }
         while try statement.step() {
             encoded.count = 0
+            // Every column of the storage class Lockbox writes, checked before any is read (a
+            // read may convert it). The element is made of bytes, and SQL finds no equality
+            // between classes whatever the bytes: a digest edited to text, a group to a blob or
+            // a flag to text would be counted as before while a query's SQL missed the row,
+            // which would then read as not found.
+            for column in 0..<Int32(writtenClasses.count) where statement.storageClass(column) != writtenClasses[Int(column)] {
+                guard column == 4 && statement.storageClass(column) == .null else { throw misplaced }
+            }
             guard let id = statement.borrowedBlob(0), let version = statement.integer(1),
                 let primary = statement.borrowedBlob(2), let lookup = statement.borrowedBlob(3)
             else { throw LockboxError.integrity() }
@@ -538,6 +546,12 @@ struct IntegrityState {
 
         static func < (left: DigestWords, right: DigestWords) -> Bool { left.words < right.words }
     }
+
+    /// The storage class of each of ``RowIdentity/columns`` as Lockbox writes it (the name
+    /// digest may also be NULL).
+    private static let writtenClasses: [StorageClass] = [
+        .blob, .integer, .blob, .blob, .blob, .text, .text, .text, .integer, .text, .text, .integer,
+    ]
 
     /// A 16-byte row id as two words, compared as the bytes are.
     private struct IdentifierWords: Comparable {

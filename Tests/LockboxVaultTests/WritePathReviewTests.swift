@@ -131,8 +131,7 @@ struct WritePathReviewTests {
         #expect(!(try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration).isSound))
     }
 
-    @Test(
-        "file: a primary digest stored as text (the same bytes: the record still verifies) does not let an add or a restore store the item twice")
+    @Test("file: a primary digest stored as text (the same bytes) is refused when read, and lets no add or restore store the item twice")
     func textTypedPrimaryDigest_isStillTheSameKey() throws {
         let fixture = try VaultFixture()
         try fixture.vault.add(.genericPassword(service: "svcA", account: "alice", data: SecretBytes(utf8: "alice-old")))
@@ -142,14 +141,42 @@ struct WritePathReviewTests {
         let database = try Database(path: fixture.path, create: false)
         try database.execute("UPDATE items SET primary_digest = CAST(primary_digest AS TEXT)")
         #expect(try database.firstRow("SELECT typeof(primary_digest) FROM items") { $0.text(0) } == "text")
-        // The edit changes no byte the record counts or the row's seal binds.
-        #expect(read(try fixture.reopen(), "svcA", "alice") == "alice-old")
+        #expect(read(try fixture.reopen(), "svcA", "alice") == "status -26275")
+        // The writer's check does not verify the bucket (an add stays cheap); it must still see
+        // the row, or a second one is stored next to it.
         #expect(status { try fixture.vault.add(.genericPassword(service: "svcA", account: "alice", data: SecretBytes(utf8: "alice-new"))) }
             == -25299)
-        let summary = try fixture.vault.restore(from: backup, passphrase: backupPassphrase)
-        #expect(summary.added == 0 && summary.kept == 1)
+        #expect(status { _ = try fixture.vault.restore(from: backup, passphrase: backupPassphrase) } == -26275)
         #expect(try database.firstRow("SELECT count(*) FROM items") { $0.integer(0) } == 1)
-        #expect(read(fixture.vault, "svcA", "alice") == "alice-old")
+    }
+
+    @Test(
+        "file: a column edited to another storage type with the same bytes (counted the same) hides no row from a query",
+        arguments: [
+            "name_digest = CAST(name_digest AS TEXT)", "synchronizable = 'no'", "access_group = CAST(access_group AS BLOB)",
+            "item_class = CAST(item_class AS BLOB)",
+        ])
+    func columnOfAnotherType_hidesNoRow(edit: String) throws {
+        let fixture = try VaultFixture()
+        try fixture.vault.add(.genericPassword(service: "svcB", account: "bob", data: SecretBytes(utf8: "bob-secret")))
+        let database = try Database(path: fixture.path, create: false)
+        try database.execute("UPDATE items SET \(edit)")
+        // By its name (the name digest), and in a listing of its group (SQL filters a scan).
+        var byName = Query(.genericPassword, limit: .all, returning: [.data])
+        byName.attributes.service = "svcB"
+        var inGroup = Query(.genericPassword, limit: .all, returning: [.data])
+        inGroup.attributes.accessGroup = Vault.defaultAccessGroup
+        for query in [byName, inGroup] {
+            for vault in [fixture.vault, try fixture.reopen()] {
+                let found = Result { try vault.items(matching: query) }
+                switch found {
+                case .success(let items):
+                    #expect(items.map(\.data) == [SecretBytes(utf8: "bob-secret")])
+                case .failure(let error):
+                    #expect((error as? LockboxError)?.status == -26275)
+                }
+            }
+        }
     }
 
     // MARK: Rebuilding the integrity record
