@@ -458,7 +458,10 @@ struct IntegrityState {
     /// digests for its ``RowIdentity``. The columns are encoded in place from SQLite's row into
     /// one reused buffer: a bucket check reads hundreds of rows, and a row costs no `String` or
     /// array of its own. A missing column, a `bucket` column that disagrees with the lookup
-    /// digest or an id present twice is tampering.
+    /// digest, an id present twice or a primary digest present twice is tampering. (No write
+    /// stores a second row of a primary key; a row hidden from the writer's check while the
+    /// item was added again, then shown, would otherwise be counted beside the new one and
+    /// served in its place.)
     private static func countRows(
         _ statement: Statement, key: SecretBytes, _ count: (Int, UnsafeRawBufferPointer) throws(LockboxError) -> Void
     ) throws(LockboxError) {
@@ -470,9 +473,21 @@ struct IntegrityState {
         var ids: [IdentifierWords] = []
         ids.reserveCapacity(512)
         var otherIDs = Set<[UInt8]>()
+        // Primary digests are 32 bytes: four words each, sorted at the end like the ids.
+        var primaries: [DigestWords] = []
+        primaries.reserveCapacity(512)
+        var otherPrimaries = Set<[UInt8]>()
         var misplaced: LockboxError { LockboxError.integrity("The keychain's rows") }
         while try statement.step() {
             encoded.count = 0
+            // Every column of the storage class Lockbox writes, checked before any is read (a
+            // read may convert it). The element is made of bytes, and SQL finds no equality
+            // between classes whatever the bytes: a digest edited to text, a group to a blob or
+            // a flag to text would be counted as before while a query's SQL missed the row,
+            // which would then read as not found.
+            for column in 0..<Int32(writtenClasses.count) where statement.storageClass(column) != writtenClasses[Int(column)] {
+                guard column == 4 && statement.storageClass(column) == .null else { throw misplaced }
+            }
             guard let id = statement.borrowedBlob(0), let version = statement.integer(1),
                 let primary = statement.borrowedBlob(2), let lookup = statement.borrowedBlob(3)
             else { throw LockboxError.integrity() }
@@ -501,12 +516,42 @@ struct IntegrityState {
             } else {
                 guard otherIDs.insert(Array(id)).inserted else { throw misplaced }
             }
+            if primary.count == 32 {
+                primaries.append(DigestWords(primary))
+            } else {
+                guard otherPrimaries.insert(Array(primary)).inserted else { throw misplaced }
+            }
             Crypto.keyedDigest(encoded.bytes, key: key, into: element)
             try count(bucket, UnsafeRawBufferPointer(element))
         }
         ids.sort()
         for index in ids.indices.dropFirst() where ids[index] == ids[index - 1] { throw misplaced }
+        primaries.sort()
+        for index in primaries.indices.dropFirst() where primaries[index] == primaries[index - 1] { throw misplaced }
     }
+
+    /// A 32-byte digest as four words, compared as the bytes are.
+    private struct DigestWords: Comparable {
+        var words: (UInt64, UInt64, UInt64, UInt64)
+
+        init(_ bytes: UnsafeRawBufferPointer) {
+            words = (
+                UInt64(bigEndian: bytes.loadUnaligned(as: UInt64.self)),
+                UInt64(bigEndian: bytes.loadUnaligned(fromByteOffset: 8, as: UInt64.self)),
+                UInt64(bigEndian: bytes.loadUnaligned(fromByteOffset: 16, as: UInt64.self)),
+                UInt64(bigEndian: bytes.loadUnaligned(fromByteOffset: 24, as: UInt64.self)))
+        }
+
+        static func == (left: DigestWords, right: DigestWords) -> Bool { left.words == right.words }
+
+        static func < (left: DigestWords, right: DigestWords) -> Bool { left.words < right.words }
+    }
+
+    /// The storage class of each of ``RowIdentity/columns`` as Lockbox writes it (the name
+    /// digest may also be NULL).
+    private static let writtenClasses: [StorageClass] = [
+        .blob, .integer, .blob, .blob, .blob, .text, .text, .text, .integer, .text, .text, .integer,
+    ]
 
     /// A 16-byte row id as two words, compared as the bytes are.
     private struct IdentifierWords: Comparable {

@@ -151,13 +151,17 @@ extension Vault {
                     let keys = try keysForWriting(itemClass, accessibility, state: state)
                     let digest = Crypto.keyedDigest(PrimaryKey.encode(itemClass, attributes), key: keys.indexKey)
                     let lookup = Crypto.keyedDigest(PrimaryKey.encode(itemClass, attributes, includingGroup: false), key: keys.indexKey)
-                    let existing = try state.database.statement(
-                        "SELECT \(SealedRow.columns()) FROM items WHERE lookup_digest = ? AND primary_digest = ?")
+                    // The row of the same primary key, its digest compared as bytes (as the
+                    // writer's check compares it, whatever type the column holds).
+                    let existing = try state.database.statement("SELECT \(SealedRow.columns()) FROM items WHERE lookup_digest = ?")
                     existing.bind(1, lookup)
-                    existing.bind(2, digest)
-                    if try existing.step() {
+                    var found: SealedRow?
+                    while found == nil, try existing.step() {
                         let row = try SealedRow.read(from: existing)
-                        existing.reset()
+                        if row.primaryDigest == digest { found = row }
+                    }
+                    existing.reset()
+                    if let row = found {
                         guard row.isInItsBucket else { throw LockboxError.integrity("The keychain's rows") }
                         try verifyBuckets([row.bucket], state: state)
                         var current: Date?
@@ -186,7 +190,6 @@ extension Vault {
                         try writer.replace(row, with: sealed)
                         summary.replaced += 1
                     } else {
-                        existing.reset()
                         let sealed = SealedRow.seal(
                             id: SealedRow.newIdentifier(generation: writer.generation), itemClass: itemClass, attributes: attributes, data: data,
                             classKey: keys.classKey, indexKey: keys.indexKey, vaultID: state.header.vaultID,

@@ -110,10 +110,16 @@ extension Vault {
             // Neither the index root nor this machine's `always` key: nothing can be read.
             throw lockedError()
         }
+        // Inside a write, the rows read include those it changed already, which its writer has
+        // counted (a sync batch adds an item, then deletes another by reference): they are
+        // compared with the writer's record. It is the record before the write plus exactly
+        // the write's changes, so a bucket that matches it matched before the write too, and
+        // stays verified whether the write commits or rolls back.
+        let expected = state.activeWriter?.integrity ?? stored
         var changed = false
         for bucket in buckets where !cache.verifiedBuckets[bucket] {
             let computed = try IntegrityState.computeAccumulator(bucket: bucket, database: state.database, key: keys.element)
-            guard IntegrityState.equal(computed, Array(stored.accumulator(bucket))) else {
+            guard IntegrityState.equal(computed, Array(expected.accumulator(bucket))) else {
                 throw LockboxError(
                     .decode,
                     "The keychain file does not hold the rows it last wrote (a row was replayed from an older copy, "
@@ -263,13 +269,18 @@ extension Vault {
         /// no index of primary digests for it: every row with the same primary key has the same
         /// lookup digest, so the lookup index finds them (almost always none), inside this write
         /// transaction, which no other connection's write can enter.
+        ///
+        /// The primary digests are compared as bytes, not by SQL: a digest column edited to hold
+        /// the same bytes as text is counted as before by the integrity record (which reads
+        /// bytes) and opens as before, but SQL's `=` with a blob would not find it.
         private func checkUnique(_ row: SealedRow, replacing rowID: Int?) throws(LockboxError) {
-            let statement = try database.statement("SELECT rowid FROM items WHERE lookup_digest = ? AND primary_digest = ?")
+            let statement = try database.statement("SELECT rowid, primary_digest FROM items WHERE lookup_digest = ?")
             defer { statement.reset() }
             statement.bind(1, row.lookupDigest)
-            statement.bind(2, row.primaryDigest)
             while try statement.step() {
-                if statement.integer(0) != rowID { throw LockboxError(.duplicateItem, "An item with the same primary key already exists.") }
+                guard statement.integer(0) != rowID, let stored = statement.borrowedBlob(1), stored.elementsEqual(row.primaryDigest)
+                else { continue }
+                throw LockboxError(.duplicateItem, "An item with the same primary key already exists.")
             }
         }
 
@@ -290,6 +301,8 @@ extension Vault {
         let changesBefore = state.database.totalChanges
         let value = try state.database.writeTransaction { () throws(LockboxError) -> T in
             let writer = try rowWriter(state)
+            state.activeWriter = writer
+            defer { state.activeWriter = nil }
             let value = try body(writer)
             try writer.finish(state: state)
             committed = writer.integrity
@@ -370,6 +383,14 @@ extension Vault {
             var header = try VaultHeader.load(from: state.database)
             guard header.verify(master: master) else { throw LockboxError.integrity("The keychain header") }
             let existing = try IntegrityState.load(from: state.database)
+            if existing == nil {
+                // Only a file of the first format has no record, and only the first upgrade
+                // makes one: a record missing from a later file was deleted, and rebuilding it
+                // from the rows would bless whatever rows were put in.
+                guard header.version == 1, state.rememberedGeneration.read() == 0, try !hasCurrentFormatRows(state.database) else {
+                    throw LockboxError.integrity("The keychain's integrity record (it is missing)")
+                }
+            }
             let legacyTDO = VaultHeader.ClassKeyID(accessibility: .alwaysThisDeviceOnly, device: device.identifier)
             let pending = try state.database.firstRow(
                 "SELECT count(*) FROM items WHERE format = 1 AND device_id IN ('', ?)" + (presenceSecretKey == nil ? " AND access_control = ''" : ""),

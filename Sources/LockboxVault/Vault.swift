@@ -135,6 +135,9 @@ public final class Vault: ItemStore, Sendable {
         /// The transaction (``Database/transactionSerial``) in which ``integrity`` was last
         /// confirmed against the file: within it, the snapshot cannot move.
         var integrityConfirmedIn: Int?
+        /// The writer of the write transaction running now (``Vault/writeRows(_:_:)``): the
+        /// rows it already changed are checked against its record, not the one before it.
+        var activeWriter: RowWriter?
         let rememberedGeneration: RememberedGeneration
         /// User verification an operation needs, asked outside the lock (see
         /// `withStateVerifyingUser`), and the proof the next run of the operation is given.

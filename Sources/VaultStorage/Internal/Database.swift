@@ -524,6 +524,18 @@ package final class Statement {
         while try step() {}
     }
 
+    /// The storage class of a column of the current row, as stored. Ask it before any other
+    /// accessor of the column: those may convert the value (a number read as text or bytes).
+    package func storageClass(_ column: Int32) -> StorageClass {
+        switch sqlite3_column_type(handle, column) {
+        case SQLITE_INTEGER: .integer
+        case SQLITE_FLOAT: .real
+        case SQLITE_TEXT: .text
+        case SQLITE_BLOB: .blob
+        default: .null
+        }
+    }
+
     package func blob(_ column: Int32) -> [UInt8]? {
         guard sqlite3_column_type(handle, column) != SQLITE_NULL else { return nil }
         let count = Int(sqlite3_column_bytes(handle, column))
@@ -572,4 +584,10 @@ package final class Statement {
         guard sqlite3_column_type(handle, column) != SQLITE_NULL else { return nil }
         return sqlite3_column_double(handle, column)
     }
+}
+
+/// SQLite's storage classes: what a value is stored as, which SQL comparisons depend on (a text
+/// and a blob of the same bytes are not equal).
+package enum StorageClass: Sendable {
+    case integer, real, text, blob, null
 }

@@ -1,0 +1,219 @@
+import Foundation
+import Lockbox
+import LockboxTestSupport
+import Testing
+import VaultStorage
+
+@testable import LockboxVault
+
+/// An attacker's and a careless user's review of the write path and the integrity record of
+/// schema 4 (the primary-key check inside the writer, record format 4, the remembered
+/// generation, the write confirmation): what a write transaction checks of rows it has already
+/// changed, and what rebuilds the integrity record.
+@Suite("Write path review: checks inside a write, rebuilding the record")
+struct WritePathReviewTests {
+    static func internetItem(_ server: String) -> Item {
+        var item = Item(.internetPassword, attributes: ItemAttributes())
+        item.attributes.server = server
+        item.attributes.account = "user"
+        item.data = SecretBytes(utf8: "internet \(server)")
+        return item
+    }
+
+    /// What reading `service`/`account` gives: the value as text, or the status as "status N".
+    func read(_ vault: Vault, _ service: String, _ account: String) -> String {
+        do {
+            let value = try vault.data(matching: .genericPassword(service: service, account: account))
+            return value.withUnsafeBytes { String(decoding: $0, as: UTF8.self) }
+        } catch {
+            return "status \(error.status)"
+        }
+    }
+
+    // MARK: Buckets checked after the same transaction changed them
+
+    @Test(
+        "a sync batch that adds an item, then deletes a row by reference, applies on a handle that had checked no bucket yet",
+        arguments: [false, true])
+    func batch_addThenDeleteByReference_freshHandle(concurrently: Bool) throws {
+        let fixture = try VaultFixture()
+        let added = try fixture.vault.applyChanges(count: 1) { _ throws(LockboxError) -> SyncedChange in .add(Self.internetItem("gone.example")) }
+        let reference = try #require(added.references[0])
+        // Another process: its handle has verified the record, not one bucket of rows.
+        let other = try fixture.reopen()
+        // The delete names both classes, as a sync does: the first finds the row but not of its
+        // class, and checks every bucket before saying so, the new item's bucket included.
+        let changes: [SyncedChange] = [
+            .add(.genericPassword(service: "new.example", account: "user", data: SecretBytes(utf8: "new"))),
+            .delete(reference: reference, classes: [.genericPassword, .internetPassword]),
+        ]
+        let applied =
+            if concurrently {
+                try other.applyChanges(count: 2, concurrently: { index throws(LockboxError) -> SyncedChange in changes[index] })
+            } else {
+                try other.applyChanges(count: 2) { index throws(LockboxError) -> SyncedChange in changes[index] }
+            }
+        #expect(applied.references.count == 2 && applied.references[1] == nil)
+        #expect(read(fixture.vault, "new.example", "user") == "new")
+        #expect(try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration).isSound)
+    }
+
+    @Test("a sync batch that adds an item, then replaces another of the same bucket, applies on a fresh handle")
+    func batch_addThenReplaceInSameBucket_freshHandle() throws {
+        let fixture = try VaultFixture()
+        // Two generic passwords of one service and account, in two access groups: one lookup
+        // digest, so one bucket.
+        let existing = try fixture.vault.applyChanges(count: 1) { _ throws(LockboxError) -> SyncedChange in
+            .add(.genericPassword(service: "svc.example", account: "alice", data: SecretBytes(utf8: "shared"), accessGroup: "team.shared"))
+        }
+        let reference = try #require(existing.references[0])
+        let other = try fixture.reopen()
+        var replacement = Item.genericPassword(
+            service: "svc.example", account: "alice", data: SecretBytes(utf8: "shared, replaced"), accessGroup: "team.shared")
+        replacement.attributes.label = "replaced"
+        let changes: [SyncedChange] = [
+            .add(.genericPassword(service: "svc.example", account: "alice", data: SecretBytes(utf8: "default"), accessGroup: "default")),
+            .replace(reference: reference, with: replacement),
+        ]
+        _ = try other.applyChanges(count: 2) { index throws(LockboxError) -> SyncedChange in changes[index] }
+        #expect(try fixture.vault.data(matching: .genericPassword(service: "svc.example", account: "alice", accessGroup: "default"))
+            == SecretBytes(utf8: "default"))
+        #expect(try fixture.vault.data(matching: .genericPassword(service: "svc.example", account: "alice", accessGroup: "team.shared"))
+            == SecretBytes(utf8: "shared, replaced"))
+        #expect(try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration).isSound)
+    }
+
+    @Test("a restore that adds an item, then meets an existing one of the same bucket, completes on a fresh handle")
+    func restore_addThenExistingInSameBucket_freshHandle() throws {
+        let source = try VaultFixture()
+        try source.vault.add(.genericPassword(service: "svc.example", account: "alice", data: SecretBytes(utf8: "default"), accessGroup: "default"))
+        try source.vault.add(
+            .genericPassword(service: "svc.example", account: "alice", data: SecretBytes(utf8: "shared"), accessGroup: "team.shared"))
+        let backup = source.directory.file("backup.lockbox-backup")
+        let backupPassphrase = SecretBytes(utf8: "backup passphrase")
+        _ = try source.vault.backup(to: backup, passphrase: backupPassphrase)
+
+        let target = try VaultFixture()
+        try target.vault.add(
+            .genericPassword(service: "svc.example", account: "alice", data: SecretBytes(utf8: "kept"), accessGroup: "team.shared"))
+        let other = try target.reopen()
+        try other.unlock(passphrase: target.passphrase)
+        // The backup's first item is new (added), its second exists (kept: it is newer here).
+        let summary = try other.restore(from: backup, passphrase: backupPassphrase)
+        #expect(summary == Vault.RestoreSummary(added: 1, replaced: 0, kept: 1))
+        #expect(try target.vault.data(matching: .genericPassword(service: "svc.example", account: "alice", accessGroup: "default"))
+            == SecretBytes(utf8: "default"))
+        #expect(try Vault.verify(at: target.path, configuration: target.vault.configuration).isSound)
+    }
+
+    // MARK: Two rows of one primary key
+
+    @Test(
+        "file: an item hidden from the primary-key check while the same item is added, then shown again, is errSecDecode, not the older value",
+        arguments: ["primary_digest", "lookup_digest"])
+    func hiddenRowDuringAdd_thenShown_failsClosed(column: String) throws {
+        let fixture = try VaultFixture()
+        try fixture.vault.add(.genericPassword(service: "svcA", account: "alice", data: SecretBytes(utf8: "alice-old")))
+        let database = try Database(path: fixture.path, create: false)
+        // The attacker hides the row from the writer's check (a digest replaced)...
+        try database.execute("CREATE TABLE kept AS SELECT rowid, \(column) FROM items")
+        try database.execute("UPDATE items SET \(column) = randomblob(32)")
+        // ... the user, or an app's add-or-update, adds the item again (its only way to set a value) ...
+        try fixture.vault.add(.genericPassword(service: "svcA", account: "alice", data: SecretBytes(utf8: "alice-new")))
+        // ... and the attacker puts the digest back: both rows are counted in the record.
+        try database.execute("UPDATE items SET \(column) = (SELECT \(column) FROM kept WHERE kept.rowid = items.rowid) WHERE rowid IN (SELECT rowid FROM kept); DROP TABLE kept")
+        #expect(try database.firstRow("SELECT count(*) FROM items GROUP BY primary_digest ORDER BY 1 DESC") { $0.integer(0) } == 2)
+        #expect(read(fixture.vault, "svcA", "alice") == "status -26275")
+        #expect(read(try fixture.reopen(), "svcA", "alice") == "status -26275")
+        var every = Query(.genericPassword, limit: .all, returning: [.data])
+        every.attributes.service = "svcA"
+        #expect(status { _ = try fixture.vault.items(matching: every) } == -26275)
+        #expect(!(try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration).isSound))
+    }
+
+    @Test("file: a primary digest stored as text (the same bytes) is refused when read, and lets no add or restore store the item twice")
+    func textTypedPrimaryDigest_isStillTheSameKey() throws {
+        let fixture = try VaultFixture()
+        try fixture.vault.add(.genericPassword(service: "svcA", account: "alice", data: SecretBytes(utf8: "alice-old")))
+        let backup = fixture.directory.file("backup.lockbox-backup")
+        let backupPassphrase = SecretBytes(utf8: "backup passphrase")
+        _ = try fixture.vault.backup(to: backup, passphrase: backupPassphrase)
+        let database = try Database(path: fixture.path, create: false)
+        try database.execute("UPDATE items SET primary_digest = CAST(primary_digest AS TEXT)")
+        #expect(try database.firstRow("SELECT typeof(primary_digest) FROM items") { $0.text(0) } == "text")
+        #expect(read(try fixture.reopen(), "svcA", "alice") == "status -26275")
+        // The writer's check does not verify the bucket (an add stays cheap); it must still see
+        // the row, or a second one is stored next to it.
+        #expect(status { try fixture.vault.add(.genericPassword(service: "svcA", account: "alice", data: SecretBytes(utf8: "alice-new"))) }
+            == -25299)
+        #expect(status { _ = try fixture.vault.restore(from: backup, passphrase: backupPassphrase) } == -26275)
+        #expect(try database.firstRow("SELECT count(*) FROM items") { $0.integer(0) } == 1)
+    }
+
+    @Test(
+        "file: a column edited to another storage type with the same bytes (counted the same) hides no row from a query",
+        arguments: [
+            "name_digest = CAST(name_digest AS TEXT)", "synchronizable = 'no'", "access_group = CAST(access_group AS BLOB)",
+            "item_class = CAST(item_class AS BLOB)",
+        ])
+    func columnOfAnotherType_hidesNoRow(edit: String) throws {
+        let fixture = try VaultFixture()
+        try fixture.vault.add(.genericPassword(service: "svcB", account: "bob", data: SecretBytes(utf8: "bob-secret")))
+        let database = try Database(path: fixture.path, create: false)
+        try database.execute("UPDATE items SET \(edit)")
+        // By its name (the name digest), and in a listing of its group (SQL filters a scan).
+        var byName = Query(.genericPassword, limit: .all, returning: [.data])
+        byName.attributes.service = "svcB"
+        var inGroup = Query(.genericPassword, limit: .all, returning: [.data])
+        inGroup.attributes.accessGroup = Vault.defaultAccessGroup
+        for query in [byName, inGroup] {
+            for vault in [fixture.vault, try fixture.reopen()] {
+                let found = Result { try vault.items(matching: query) }
+                switch found {
+                case .success(let items):
+                    #expect(items.map(\.data) == [SecretBytes(utf8: "bob-secret")])
+                case .failure(let error):
+                    #expect((error as? LockboxError)?.status == -26275)
+                }
+            }
+        }
+    }
+
+    // MARK: Rebuilding the integrity record
+
+    /// A vault with alice's item at "alice-old", then at "alice-new"; the older row kept in a
+    /// side table, as an attacker keeps an older copy of the file.
+    func vaultWithOlderRow() throws -> (VaultFixture, Database) {
+        let fixture = try VaultFixture()
+        try fixture.vault.add(.genericPassword(service: "svcA", account: "alice", data: SecretBytes(utf8: "alice-old")))
+        let database = try Database(path: fixture.path, create: false)
+        try database.execute("CREATE TABLE kept AS SELECT * FROM items")
+        try fixture.vault.update(matching: .genericPassword(service: "svcA", account: "alice"), to: ItemUpdate(data: SecretBytes(utf8: "alice-new")))
+        return (fixture, database)
+    }
+
+    /// The older row put back and the integrity record deleted.
+    func replayWithoutRecord(_ database: Database) throws {
+        try database.execute("DELETE FROM items; INSERT INTO items SELECT * FROM kept; DROP TABLE kept; DELETE FROM vault_state")
+    }
+
+    @Test("file: the integrity record deleted under a running process is not rebuilt over a replayed row at the next unlock")
+    func deletedRecord_unlock_doesNotBlessReplayedRow() throws {
+        let (fixture, database) = try vaultWithOlderRow()
+        try replayWithoutRecord(database)
+        fixture.vault.lockAll()
+        #expect(status { try fixture.vault.unlock(passphrase: fixture.passphrase) } == -26275)
+        #expect(read(fixture.vault, "svcA", "alice") == "status -26275")
+        #expect(try database.firstRow("SELECT count(*) FROM vault_state") { $0.integer(0) } == 0)
+        #expect(!(try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration).isSound))
+    }
+
+    @Test("file: the integrity record deleted is not rebuilt over a replayed row by a passphrase change")
+    func deletedRecord_changePassphrase_doesNotBlessReplayedRow() throws {
+        let (fixture, database) = try vaultWithOlderRow()
+        try replayWithoutRecord(database)
+        #expect(status { _ = try fixture.vault.changePassphrase(from: fixture.passphrase, to: SecretBytes(utf8: "another passphrase")) } == -26275)
+        #expect(read(fixture.vault, "svcA", "alice") == "status -26275")
+        #expect(try database.firstRow("SELECT count(*) FROM vault_state") { $0.integer(0) } == 0)
+    }
+}
