@@ -29,12 +29,13 @@ import Glibc
 /// 30,000 rows and 20,000 MACs; a pull of ten changes rewrites the buckets of those ten items
 /// and of their rows. The first
 /// format (one SQLite row per entry, per vault row and per head element; `user_version` 0) and
-/// the second (buckets without their sum) are converted when the file is opened, in one
+/// the second (buckets without their list) are converted when the file is opened, in one
 /// transaction, every MAC checked first.
 ///
 /// Nothing in it is secret (identifiers are opaque, digests keyed); every bucket and the
-/// progress carry a MAC made with the device's state key, and the progress also a keyed sum of
-/// every bucket's MAC (format 3, `bucket_macs`), checked before the first bucket is read. So an
+/// progress carry a MAC made with the device's state key; every bucket's MAC is also listed in
+/// `bucket_macs`, and the progress holds a keyed digest of each group of 128 listed MACs
+/// (format 3), a group checked before the first of its buckets is read. So an
 /// edited, swapped or removed bucket, an older copy of one put back, or an older progress over
 /// newer buckets (any of which could make this device push a delete the user never made) is an
 /// error, not a reason to act.
@@ -66,7 +67,8 @@ final class SyncState {
     }
 
     /// The format this build writes (`PRAGMA user_version`): 3, buckets whose MACs are also listed
-    /// in `bucket_macs` and summed in the progress. (0: the first format; 2: buckets alone.)
+    /// in `bucket_macs`, each group of them digested in the progress. (0: the first format; 2:
+    /// buckets alone.)
     static let format = 3
     /// Buckets of items: about 12 items (3 KiB) each at 100,000, so that a pull of ten changes
     /// rewrites about as many bytes as ten rows per record did.
@@ -86,8 +88,8 @@ final class SyncState {
     /// connection has written the file (`PRAGMA data_version` still `cachedVersion`).
     private var itemBuckets: [Int: [String: ItemRecord]] = [:]
     private var rowBuckets: [Int: [Data: String?]] = [:]
-    /// Every bucket's MAC, checked against the progress's sum; loaded at the first read of a
-    /// bucket (or commit) while no other connection has written the file.
+    /// The buckets' listed MACs, each group checked against the progress's digest of it when
+    /// first met; kept while no other connection has written the file.
     private var directory: BucketDirectory?
     private var cachedVersion: Int?
 
@@ -253,18 +255,19 @@ final class SyncState {
         for (id, record) in items { itemBuckets[bucket(of: id), default: [:]][id] = record }
         var rowBuckets: [Int: [Data: String?]] = [:]
         for (reference, id) in rows { rowBuckets[bucket(of: reference), default: [:]].updateValue(id, forKey: reference) }
-        var directory = BucketDirectory()
-        try write(items: itemBuckets, rows: rowBuckets, database, key: key, directory: &directory)
+        let directory = BucketDirectory.new(database, key: key)
+        try write(items: itemBuckets, rows: rowBuckets, database, key: key, directory: directory)
         if var progress {
             progress.rows = rows.count
-            progress.buckets = directory.sum
+            progress.buckets = directory.sealed()
             try writeProgress(progress, database, key: key)
         }
         try database.execute("DROP TABLE entries; DROP TABLE rows; DROP TABLE verified")
     }
 
     /// Lists every bucket's MAC of a state of format 2 in `bucket_macs` (each bucket's MAC
-    /// checked first) and puts their sum in the progress (its MAC of format 2 checked first).
+    /// checked first) and puts their groups' digests in the progress (its MAC of format 2
+    /// checked first).
     private static func convertSecondFormat(_ database: Database, key: SecretBytes) throws(LockboxError) {
         let failure = LockboxError.integrity("The sync state \(database.path)")
         var progress: Progress?
@@ -279,7 +282,7 @@ final class SyncState {
                 progress = read
             }
         }
-        var directory = BucketDirectory()
+        let directory = BucketDirectory.new(database, key: key)
         for kind in [BucketKind.items, .rows] {
             let statement = try database.statement("SELECT bucket, body, mac FROM \(kind.table)")
             defer { statement.reset() }
@@ -287,11 +290,11 @@ final class SyncState {
                 guard let index = statement.integer(0), let mac = statement.blob(2),
                     SyncHead.equal(mac, bucketMAC(kind, index, statement.blob(1) ?? [], key: key))
                 else { throw failure }
-                try directory.set(kind, index, mac: mac, database, key: key)
+                try directory.set(kind, index, mac: mac)
             }
         }
         if var progress {
-            progress.buckets = directory.sum
+            progress.buckets = directory.sealed()
             try writeProgress(progress, database, key: key)
         }
     }
@@ -305,14 +308,14 @@ final class SyncState {
         var generation: Int
         var accumulator: [UInt8]?
         var rows: Int
-        /// The sum of every bucket's element (``BucketDirectory``): a bucket removed, or an older
-        /// copy put back, no longer adds up to it.
+        /// Each group of buckets' digest (``BucketDirectory``): a bucket removed, or an older copy
+        /// put back, no longer matches its group's.
         var buckets: [UInt8]
     }
 
     private static func progressMAC(_ progress: Progress, key: SecretBytes) -> [UInt8] {
         var encoder = FieldEncoder()
-        encoder.string("lockbox.sync.state.progress.v4")
+        encoder.string("lockbox.sync.state.progress.v5")
         encoder.string(progress.device)
         encoder.integer(Int(progress.cursor))
         encoder.integer(progress.generation)
@@ -343,35 +346,79 @@ final class SyncState {
         var number: Int { self == .items ? 0 : 1 }
     }
 
-    /// Every bucket's MAC, as `bucket_macs` lists them, and the sum of their elements (a keyed
-    /// digest of each MAC, which only the state key makes, so that no set of MACs seen in the
-    /// file can be chosen to give another set's sum). Each bucket's own MAC binds its body to
-    /// its index; this sum, kept in the MACed progress, binds the whole set to the progress: a
-    /// bucket removed, an older copy of one put back (with its MAC), or an older progress put
-    /// back over newer buckets, no longer adds up. (The whole file put back as it was is a
-    /// state from before the later syncs, as a crash leaves it; what a sync recovers from.)
-    private struct BucketDirectory {
-        var items: [Int: [UInt8]] = [:]
-        var rows: [Int: [UInt8]] = [:]
-        var sum = SyncHead.empty.accumulator
+    /// Every bucket's MAC as `bucket_macs` lists them, checked a group at a time against the
+    /// progress. The buckets of each kind are cut into groups of ``groupSize``; the progress
+    /// (under its MAC) holds one digest per group, keyed, over the group's listed MACs (32 zero
+    /// bytes for a group with none). A group is read and checked the first time one of its
+    /// buckets is read or written, so a sync of a few changes checks a few groups, not every
+    /// bucket. Each bucket's own MAC binds its body to its index; the group digests bind the set
+    /// to the progress: a bucket removed, an older copy of one put back (with its MAC), or an
+    /// older progress put back over newer buckets, no longer matches its group's digest. (The
+    /// whole file put back as it was is a state from before the later syncs, as a crash leaves
+    /// it; what a sync recovers from.)
+    private final class BucketDirectory {
+        /// Buckets per group: 64 groups of item buckets and 32 of row buckets, each listing at
+        /// most 128 MACs (about 5 KiB to read and digest when first met).
+        static let groupSize = 128
+        static let itemGroups = itemBucketCount / groupSize
+        static let groupCount = itemGroups + rowBucketCount / groupSize
+        static let digestSize = 32
+        /// What the progress holds before any bucket exists.
+        static let emptyDigests = [UInt8](repeating: 0, count: groupCount * digestSize)
 
-        subscript(kind: BucketKind, index: Int) -> [UInt8]? { kind == .items ? items[index] : rows[index] }
+        /// Each group's digest, as the progress holds them (changed groups updated by ``sealed()``).
+        private var digests: [UInt8]
+        /// The groups checked (or made here): each listed bucket's MAC.
+        private var groups: [Int: [Int: [UInt8]]] = [:]
+        private var changed: Set<Int> = []
+        /// A directory built from nothing (a conversion): every group starts empty, unread.
+        private let startsEmpty: Bool
+        private let database: Database
+        private let key: SecretBytes
 
-        static func element(_ kind: BucketKind, _ index: Int, _ mac: [UInt8], key: SecretBytes) -> [UInt8] {
-            var encoder = FieldEncoder(capacity: 96)
-            encoder.string("lockbox.sync.state.bucket-sum.v1")
-            encoder.integer(kind.number)
-            encoder.integer(index)
-            encoder.bytes(mac)
-            return Crypto.keyedDigest(encoder.bytes, key: key)
+        private init(digests: [UInt8], startsEmpty: Bool, _ database: Database, key: SecretBytes) {
+            self.digests = digests
+            self.startsEmpty = startsEmpty
+            self.database = database
+            self.key = key
         }
 
-        /// Records bucket `index`'s new MAC (nil: the bucket removed), in memory, in
-        /// `bucket_macs` and in the sum.
-        mutating func set(_ kind: BucketKind, _ index: Int, mac: [UInt8]?, _ database: Database, key: SecretBytes) throws(LockboxError) {
-            if let old = self[kind, index] { SyncHead.subtract(Self.element(kind, index, old, key: key), from: &sum) }
-            if let mac { SyncHead.add(Self.element(kind, index, mac, key: key), to: &sum) }
-            if kind == .items { items[index] = mac } else { rows[index] = mac }
+        /// A directory over what the file lists, checked against `progress` (none: no bucket
+        /// may be listed) group by group as they are met.
+        static func stored(progress: Progress?, _ database: Database, key: SecretBytes) throws(LockboxError) -> BucketDirectory {
+            let digests = progress?.buckets ?? emptyDigests
+            guard digests.count == emptyDigests.count else { throw LockboxError.integrity("The sync state \(database.path)") }
+            return BucketDirectory(digests: digests, startsEmpty: false, database, key: key)
+        }
+
+        /// An empty directory whose buckets are all being written now (a conversion).
+        static func new(_ database: Database, key: SecretBytes) -> BucketDirectory {
+            BucketDirectory(digests: emptyDigests, startsEmpty: true, database, key: key)
+        }
+
+        static func group(_ kind: BucketKind, _ index: Int) -> Int { (kind == .items ? 0 : itemGroups) + index / groupSize }
+
+        /// The MAC the directory lists for a bucket; nil when it lists none.
+        func mac(_ kind: BucketKind, _ index: Int) throws(LockboxError) -> [UInt8]? {
+            try listed(Self.group(kind, index))[index]
+        }
+
+        /// Every bucket of `kind` the directory lists, in order (each of its groups checked).
+        func buckets(_ kind: BucketKind) throws(LockboxError) -> [Int] {
+            let groups = kind == .items ? 0..<Self.itemGroups : Self.itemGroups..<Self.groupCount
+            var found: [Int] = []
+            for group in groups { found += try listed(group).keys.sorted() }
+            return found
+        }
+
+        /// Records bucket `index`'s new MAC (nil: the bucket removed), in memory and in
+        /// `bucket_macs`; its group's digest is recomputed by ``sealed()``.
+        func set(_ kind: BucketKind, _ index: Int, mac: [UInt8]?) throws(LockboxError) {
+            let group = Self.group(kind, index)
+            var macs = try listed(group)
+            macs[index] = mac
+            groups[group] = macs
+            changed.insert(group)
             let statement = try database.statement(
                 mac == nil ? "DELETE FROM bucket_macs WHERE kind = ? AND bucket = ?" : "INSERT OR REPLACE INTO bucket_macs (kind, bucket, mac) VALUES (?, ?, ?)")
             defer { statement.reset() }
@@ -381,27 +428,54 @@ final class SyncState {
             try statement.run()
         }
 
-        /// Every bucket's MAC as `bucket_macs` lists them, their sum checked against the
-        /// progress's (the empty sum when there is no progress).
-        static func load(_ database: Database, key: SecretBytes) throws(LockboxError) -> BucketDirectory {
-            let failure = LockboxError.integrity("The sync state \(database.path)")
-            var directory = BucketDirectory()
-            let statement = try database.statement("SELECT kind, bucket, mac FROM bucket_macs")
-            defer { statement.reset() }
-            while try statement.step() {
-                guard let number = statement.integer(0), let index = statement.integer(1), let mac = statement.blob(2) else { throw failure }
-                let kind: BucketKind
-                switch number {
-                case 0: kind = .items
-                case 1: kind = .rows
-                default: throw failure
-                }
-                SyncHead.add(element(kind, index, mac, key: key), to: &directory.sum)
-                if kind == .items { directory.items[index] = mac } else { directory.rows[index] = mac }
+        /// The group digests with every changed group's recomputed: what the progress written
+        /// with these buckets holds.
+        func sealed() -> [UInt8] {
+            for group in changed {
+                let digest = Self.digest(group, groups[group] ?? [:], key: key)
+                digests.replaceSubrange(group * Self.digestSize..<(group + 1) * Self.digestSize, with: digest)
             }
-            let expected = try readProgress(database, key: key)?.buckets ?? SyncHead.empty.accumulator
-            guard SyncHead.equal(directory.sum, expected) else { throw failure }
-            return directory
+            changed.removeAll()
+            return digests
+        }
+
+        /// A group's listed MACs: read from `bucket_macs` and checked against its digest the
+        /// first time, kept after.
+        private func listed(_ group: Int) throws(LockboxError) -> [Int: [UInt8]] {
+            if let known = groups[group] { return known }
+            var macs: [Int: [UInt8]] = [:]
+            if !startsEmpty {
+                let failure = LockboxError.integrity("The sync state \(database.path)")
+                let isItems = group < Self.itemGroups
+                let first = (isItems ? group : group - Self.itemGroups) * Self.groupSize
+                let statement = try database.statement("SELECT bucket, mac FROM bucket_macs WHERE kind = ? AND bucket >= ? AND bucket < ?")
+                defer { statement.reset() }
+                statement.bind(1, isItems ? BucketKind.items.number : BucketKind.rows.number)
+                statement.bind(2, first)
+                statement.bind(3, first + Self.groupSize)
+                while try statement.step() {
+                    guard let index = statement.integer(0), let mac = statement.blob(1), macs[index] == nil else { throw failure }
+                    macs[index] = mac
+                }
+                let stored = Array(digests[group * Self.digestSize..<(group + 1) * Self.digestSize])
+                guard SyncHead.equal(Self.digest(group, macs, key: key), stored) else { throw failure }
+            }
+            groups[group] = macs
+            return macs
+        }
+
+        /// A keyed digest of a group's listed MACs in bucket order, or 32 zero bytes for none.
+        static func digest(_ group: Int, _ macs: [Int: [UInt8]], key: SecretBytes) -> [UInt8] {
+            guard !macs.isEmpty else { return [UInt8](repeating: 0, count: digestSize) }
+            var encoder = FieldEncoder(capacity: 64 + macs.count * 48)
+            encoder.string("lockbox.sync.state.group.v1")
+            encoder.integer(group)
+            encoder.integer(macs.count)
+            for index in macs.keys.sorted() {
+                encoder.integer(index)
+                encoder.bytes(macs[index]!)
+            }
+            return encoder.withBytes { Crypto.keyedDigest($0, key: key) }
         }
     }
 
@@ -548,7 +622,7 @@ final class SyncState {
             kind == .items ? "SELECT body, mac FROM item_buckets WHERE bucket = ?" : "SELECT body, mac FROM row_buckets WHERE bucket = ?")
         defer { statement.reset() }
         statement.bind(1, index)
-        let listed = directory[kind, index]
+        let listed = try directory.mac(kind, index)
         guard try statement.step() else {
             // Removed, while the directory lists it.
             guard listed == nil else { throw LockboxError.integrity("The sync state \(database.path)") }
@@ -585,18 +659,18 @@ final class SyncState {
     }
 
     /// Writes buckets (an empty one is removed), in bucket order, and their MACs in `directory`
-    /// (whose new sum the progress written with them must hold).
+    /// (whose group digests the progress written with them must hold).
     private static func write(
         items: [Int: [String: ItemRecord]], rows: [Int: [Data: String?]], _ database: Database, key: SecretBytes,
-        directory: inout BucketDirectory
+        directory: BucketDirectory
     ) throws(LockboxError) {
-        try writeBuckets(items.mapValues { $0.isEmpty ? nil : encodeItems($0) }, of: .items, database, key: key, directory: &directory)
-        try writeBuckets(rows.mapValues { $0.isEmpty ? nil : encodeRows($0) }, of: .rows, database, key: key, directory: &directory)
+        try writeBuckets(items.mapValues { $0.isEmpty ? nil : encodeItems($0) }, of: .items, database, key: key, directory: directory)
+        try writeBuckets(rows.mapValues { $0.isEmpty ? nil : encodeRows($0) }, of: .rows, database, key: key, directory: directory)
     }
 
     /// Writes each bucket's encoded body with its MAC, or removes the bucket when its body is nil.
     private static func writeBuckets(
-        _ bodies: [Int: [UInt8]?], of kind: BucketKind, _ database: Database, key: SecretBytes, directory: inout BucketDirectory
+        _ bodies: [Int: [UInt8]?], of kind: BucketKind, _ database: Database, key: SecretBytes, directory: BucketDirectory
     ) throws(LockboxError) {
         let put = try database.statement("INSERT OR REPLACE INTO \(kind.table) (bucket, body, mac) VALUES (?, ?, ?)")
         let drop = try database.statement("DELETE FROM \(kind.table) WHERE bucket = ?")
@@ -612,12 +686,12 @@ final class SyncState {
                 put.bind(2, body)
                 put.bind(3, mac)
                 try put.run()
-                try directory.set(kind, index, mac: mac, database, key: key)
+                try directory.set(kind, index, mac: mac)
             } else {
                 drop.reset()
                 drop.bind(1, index)
                 try drop.run()
-                try directory.set(kind, index, mac: nil, database, key: key)
+                try directory.set(kind, index, mac: nil)
             }
         }
     }
@@ -661,24 +735,34 @@ final class SyncState {
         }
     }
 
-    /// The buckets' MACs, read and checked against the progress once while no other connection
-    /// writes the file: before the first bucket is read, so that no bucket is taken for the
-    /// state unless the whole set is the one the progress vouches for.
+    /// The buckets' MACs as the progress vouches for them, kept while no other connection
+    /// writes the file: each group read and checked before the first of its buckets is read, so
+    /// that no bucket is taken for the state unless its group is the one the progress names.
     private func checkedDirectory() throws(LockboxError) -> BucketDirectory {
         try checkCache()
         if let directory { return directory }
-        let loaded = try BucketDirectory.load(database, key: key)
+        let loaded = try BucketDirectory.stored(progress: try Self.readProgress(database, key: key), database, key: key)
         directory = loaded
         return loaded
     }
 
+    /// Runs a read in one snapshot of the file (inside a commit's transaction, in it): the
+    /// progress, a group's MACs and a bucket are read as one connection committed them, never
+    /// some from before another connection's commit and some from after.
+    private func reading<T>(_ body: () throws(LockboxError) -> T) throws(LockboxError) -> T {
+        if database.isInTransaction { return try body() }
+        return try database.readTransaction(body)
+    }
+
     private func itemRecord(_ id: String) throws(LockboxError) -> ItemRecord? {
-        let directory = try checkedDirectory()
-        let index = Self.bucket(of: id)
-        if let bucket = itemBuckets[index] { return bucket[id] }
-        let bucket = try Self.readItems(index, database, key: key, directory: directory)
-        itemBuckets[index] = bucket
-        return bucket[id]
+        try reading { () throws(LockboxError) -> ItemRecord? in
+            let directory = try checkedDirectory()
+            let index = Self.bucket(of: id)
+            if let bucket = itemBuckets[index] { return bucket[id] }
+            let bucket = try Self.readItems(index, database, key: key, directory: directory)
+            itemBuckets[index] = bucket
+            return bucket[id]
+        }
     }
 
     // MARK: Reading
@@ -690,12 +774,14 @@ final class SyncState {
     /// The item a vault row held at the last sync: `.some(nil)` for a row that does not sync,
     /// nil for a row this device does not know.
     func row(_ reference: Data) throws(LockboxError) -> String?? {
-        let directory = try checkedDirectory()
-        let index = Self.bucket(of: reference)
-        if let bucket = rowBuckets[index] { return bucket[reference] }
-        let bucket = try Self.readRows(index, database, key: key, directory: directory)
-        rowBuckets[index] = bucket
-        return bucket[reference]
+        try reading { () throws(LockboxError) -> String?? in
+            let directory = try checkedDirectory()
+            let index = Self.bucket(of: reference)
+            if let bucket = rowBuckets[index] { return bucket[reference] }
+            let bucket = try Self.readRows(index, database, key: key, directory: directory)
+            rowBuckets[index] = bucket
+            return bucket[reference]
+        }
     }
 
     /// The vault row that holds `id`, if this device knows one.
@@ -710,19 +796,16 @@ final class SyncState {
 
     /// Every known row and the item it holds (the slow path that finds deletes).
     func allRows() throws(LockboxError) -> [Data: String?] {
-        var rows: [Data: String?] = [:]
-        let directory = try checkedDirectory()
-        for index in storedBuckets(.rows, directory: directory) {
-            for (reference, id) in try Self.readRows(index, database, key: key, directory: directory) { rows.updateValue(id, forKey: reference) }
+        try reading { () throws(LockboxError) -> [Data: String?] in
+            var rows: [Data: String?] = [:]
+            let directory = try checkedDirectory()
+            for index in try directory.buckets(.rows) {
+                for (reference, id) in try Self.readRows(index, database, key: key, directory: directory) { rows.updateValue(id, forKey: reference) }
+            }
+            return rows
         }
-        return rows
     }
 
-    /// The buckets of `kind` that hold anything: those the checked directory lists (each one's
-    /// row then read and checked).
-    private func storedBuckets(_ kind: BucketKind, directory: BucketDirectory) -> [Int] {
-        (kind == .items ? directory.items : directory.rows).keys.sorted()
-    }
 
     /// The version and head element of `id`'s record in the last verified head; nil when that
     /// head lists no record of it.
@@ -731,7 +814,7 @@ final class SyncState {
     }
 
     /// True when this device has recorded nothing yet (before its first pull). A state whose
-    /// progress sums buckets that are no longer there is an error, not an empty state (which a
+    /// progress vouches for buckets that are no longer there is an error, not an empty state (which a
     /// pull would take for a new device's).
     var isEmpty: Bool {
         get throws(LockboxError) {
@@ -739,7 +822,7 @@ final class SyncState {
             defer { statement.reset() }
             _ = try statement.step()
             guard statement.integer(0) == 0 else { return false }
-            if let progress = try Self.readProgress(database, key: key), !SyncHead.equal(progress.buckets, SyncHead.empty.accumulator) {
+            if let progress = try Self.readProgress(database, key: key), !SyncHead.equal(progress.buckets, BucketDirectory.emptyDigests) {
                 throw LockboxError.integrity("The sync state \(database.path)")
             }
             return true
@@ -749,14 +832,16 @@ final class SyncState {
     /// Items with a live entry (not tombstones): how many, for `lockbox sync status`.
     var liveEntryCount: Int {
         get throws(LockboxError) {
-            var count = 0
-            let directory = try checkedDirectory()
-            for index in storedBuckets(.items, directory: directory) {
-                count += try Self.readItems(index, database, key: key, directory: directory).values.count {
-                    $0.entry.map { !$0.isTombstone } ?? false
+            try reading { () throws(LockboxError) -> Int in
+                var count = 0
+                let directory = try checkedDirectory()
+                for index in try directory.buckets(.items) {
+                    count += try Self.readItems(index, database, key: key, directory: directory).values.count {
+                        $0.entry.map { !$0.isTombstone } ?? false
+                    }
                 }
+                return count
             }
-            return count
         }
     }
 
@@ -798,61 +883,68 @@ final class SyncState {
         var items: [Int: [String: ItemRecord]] = [:]
         var rows: [Int: [Data: String?]] = [:]
         var written: BucketDirectory?
-        try database.writeTransaction { () throws(LockboxError) in
-            // Inside the write transaction: no other connection can write until it ends.
-            var directory = try checkedDirectory()
-            items = itemBuckets
-            rows = rowBuckets
-            var knownRows = try Self.readProgress(database, key: key)?.rows ?? 0
-            var changedItems: Set<Int> = []
-            var changedRows: Set<Int> = []
-            func load(_ id: String) throws(LockboxError) -> Int {
-                let index = Self.bucket(of: id)
-                if items[index] == nil { items[index] = try Self.readItems(index, database, key: key, directory: directory) }
-                changedItems.insert(index)
-                return index
-            }
-            if changes.replacesVerified {
-                for index in storedBuckets(.items, directory: directory) where items[index] == nil {
-                    items[index] = try Self.readItems(index, database, key: key, directory: directory)
-                }
-                for index in items.keys where items[index]!.values.contains(where: { $0.listed != nil }) {
-                    for id in items[index]!.keys { items[index]![id]!.listed = nil }
+        do {
+            try database.writeTransaction { () throws(LockboxError) in
+                // Inside the write transaction: no other connection can write until it ends.
+                let directory = try checkedDirectory()
+                items = itemBuckets
+                rows = rowBuckets
+                var knownRows = try Self.readProgress(database, key: key)?.rows ?? 0
+                var changedItems: Set<Int> = []
+                var changedRows: Set<Int> = []
+                func load(_ id: String) throws(LockboxError) -> Int {
+                    let index = Self.bucket(of: id)
+                    if items[index] == nil { items[index] = try Self.readItems(index, database, key: key, directory: directory) }
                     changedItems.insert(index)
+                    return index
                 }
-            }
-            for (id, entry) in changes.entries { items[try load(id)]![id, default: ItemRecord()].entry = entry }
-            for (id, listed) in changes.verified { items[try load(id)]![id, default: ItemRecord()].listed = listed }
-            for (reference, change) in changes.rows {
-                let index = Self.bucket(of: reference)
-                if rows[index] == nil { rows[index] = try Self.readRows(index, database, key: key, directory: directory) }
-                changedRows.insert(index)
-                let old = rows[index]![reference]
-                if let change {
-                    if old == nil { knownRows += 1 }
-                    rows[index]!.updateValue(change, forKey: reference)
-                } else if old != nil {
-                    knownRows -= 1
-                    rows[index]!.removeValue(forKey: reference)
+                if changes.replacesVerified {
+                    for index in try directory.buckets(.items) where items[index] == nil {
+                        items[index] = try Self.readItems(index, database, key: key, directory: directory)
+                    }
+                    for index in items.keys where items[index]!.values.contains(where: { $0.listed != nil }) {
+                        for id in items[index]!.keys { items[index]![id]!.listed = nil }
+                        changedItems.insert(index)
+                    }
                 }
-                // The item side: which row holds it.
-                if case .some(.some(let former)) = old, change != .some(.some(former)) {
-                    let bucket = try load(former)
-                    if items[bucket]![former]?.reference == reference { items[bucket]![former]!.reference = nil }
+                for (id, entry) in changes.entries { items[try load(id)]![id, default: ItemRecord()].entry = entry }
+                for (id, listed) in changes.verified { items[try load(id)]![id, default: ItemRecord()].listed = listed }
+                for (reference, change) in changes.rows {
+                    let index = Self.bucket(of: reference)
+                    if rows[index] == nil { rows[index] = try Self.readRows(index, database, key: key, directory: directory) }
+                    changedRows.insert(index)
+                    let old = rows[index]![reference]
+                    if let change {
+                        if old == nil { knownRows += 1 }
+                        rows[index]!.updateValue(change, forKey: reference)
+                    } else if old != nil {
+                        knownRows -= 1
+                        rows[index]!.removeValue(forKey: reference)
+                    }
+                    // The item side: which row holds it.
+                    if case .some(.some(let former)) = old, change != .some(.some(former)) {
+                        let bucket = try load(former)
+                        if items[bucket]![former]?.reference == reference { items[bucket]![former]!.reference = nil }
+                    }
+                    if case .some(.some(let id)) = change { items[try load(id)]![id, default: ItemRecord()].reference = reference }
                 }
-                if case .some(.some(let id)) = change { items[try load(id)]![id, default: ItemRecord()].reference = reference }
+                for index in changedItems where items[index]!.values.contains(where: \.isEmpty) {
+                    items[index] = items[index]!.filter { !$0.value.isEmpty }
+                }
+                try Self.write(
+                    items: items.filter { changedItems.contains($0.key) }, rows: rows.filter { changedRows.contains($0.key) }, database,
+                    key: key, directory: directory)
+                try Self.writeProgress(
+                    Progress(
+                        device: device, cursor: changes.cursor ?? cursor, generation: changes.generation ?? generation,
+                        accumulator: changes.accumulator ?? accumulator, rows: knownRows, buckets: directory.sealed()), database, key: key)
+                written = directory
             }
-            for index in changedItems where items[index]!.values.contains(where: \.isEmpty) {
-                items[index] = items[index]!.filter { !$0.value.isEmpty }
-            }
-            try Self.write(
-                items: items.filter { changedItems.contains($0.key) }, rows: rows.filter { changedRows.contains($0.key) }, database,
-                key: key, directory: &directory)
-            try Self.writeProgress(
-                Progress(
-                    device: device, cursor: changes.cursor ?? cursor, generation: changes.generation ?? generation,
-                    accumulator: changes.accumulator ?? accumulator, rows: knownRows, buckets: directory.sum), database, key: key)
-            written = directory
+        } catch {
+            // The directory is changed in place as buckets are written: after a failed commit it
+            // no longer describes the file, and is read again.
+            directory = nil
+            throw error
         }
         self.directory = written
         // This connection's own commit leaves `data_version` as it was: the buckets stay valid.

@@ -226,15 +226,27 @@ struct SyncStateFormatTests {
             #expect(try state.entry(first) == Self.entry(11))
             #expect(try state.row(Self.reference(2)) == nil)
         }
+        // Each group of buckets is checked when one of its buckets is first read: what was
+        // edited is refused at the first read that would use it, and by the full listings (of
+        // rows, the slow path that finds deletes; of entries, for `sync status`), which read
+        // every group.
         func expectRefused(_ comment: Comment) {
             let error = #expect(throws: LockboxError.self, comment) {
                 let state = try SyncState(path: path, device: "device-r", key: Self.key)
                 _ = try state.entry(first)
+                _ = try state.entry(second)
+                _ = try state.row(Self.reference(1))
                 _ = try state.row(Self.reference(2))
                 _ = try state.isEmpty
                 try state.commit(SyncState.Changes(cursor: 30))
             }
             #expect(error?.code == .decode, comment)
+            let listing = #expect(throws: LockboxError.self, comment) {
+                let state = try SyncState(path: path, device: "device-r", key: Self.key)
+                _ = try state.allRows()
+                _ = try state.liveEntryCount
+            }
+            #expect(listing?.code == .decode, comment)
         }
         try restore()
 
