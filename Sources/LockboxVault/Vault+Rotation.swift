@@ -55,7 +55,7 @@ extension Vault {
         let device = state.device
         // The device-bound class keys could not be carried over: their items would be lost.
         if let unavailable = device.unavailability { throw unavailable }
-        let change = try state.database.writeTransaction { () throws(LockboxError) -> (PassphraseChange, Int) in
+        let change = try state.database.writeTransaction { () throws(LockboxError) -> (PassphraseChange, Int, VaultHeader) in
             state.integrity = nil
             var header = try VaultHeader.load(from: state.database)
             guard header.verify(master: oldMaster) else { throw LockboxError.integrity("The keychain header") }
@@ -111,8 +111,9 @@ extension Vault {
             try editHeader(&header)
             _ = try KeyCache.addMissingClassKeys(to: &header, master: newMaster, device: device)
             header.seal(master: newMaster)
+            // Saved in the transaction; the handle takes it once it commits (a rotation that fails
+            // leaves the handle with the header the file still has).
             try header.save(to: state.database)
-            state.header = header
             guard let newAlways = try KeyCache.unwrapClassKey(.always, header: header, master: newMaster, device: device) else {
                 throw LockboxError.integrity("The always class key")
             }
@@ -139,8 +140,9 @@ extension Vault {
             integrity.generation = generation
             integrity.seal(header: header, keys: newKeys)
             try integrity.save(to: state.database)
-            return (PassphraseChange(resealedItems: resealed, removedUnlockMethods: removedMethods), generation)
+            return (PassphraseChange(resealedItems: resealed, removedUnlockMethods: removedMethods), generation, header)
         }
+        state.header = change.2
         state.rememberedGeneration.advance(to: change.1)
         state.integrity = nil
         state.keys.forgetDerivedKeys()

@@ -537,7 +537,10 @@ public final class Vault: ItemStore, Sendable {
                     header.slots[index] = Self.wrap(slot, master: newMaster, presenceKey: presence, slotKey: slotKey, header: header)
                 }
             } catch {
-                // Nothing was changed: the keychain stays unlocked with the keys it had.
+                // Nothing was changed: the keychain stays unlocked with the keys it had. The
+                // header is read again (another process may have changed it meanwhile); when the
+                // file cannot be read now (the storage fault that failed the change), the handle's
+                // header is the one the rotation found, which the rollback left in the file.
                 state.header = (try? VaultHeader.load(from: state.database)) ?? state.header
                 try? cacheUnlockedKeys(master: verified.master, state: state)
                 throw error

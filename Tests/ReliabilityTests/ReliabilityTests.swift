@@ -66,6 +66,38 @@ struct FaultInjectionTests {
         #expect(report.violations.isEmpty, "\(report.summary)")
         #expect(report.faultsInjected == 4)
     }
+
+    @Test("a passphrase change whose last storage operations fail for good -> the keychain stays unlocked, nothing changed")
+    func passphraseChangeFailingAtItsEnd_staysUnlocked() throws {
+        // A rotation that failed after building its new header used to leave the handle with
+        // that uncommitted header when the file could not be read again: the keys it cached
+        // again did not open it, and the keychain was left locked (the fault campaign found it).
+        let fixture = try VaultFixture()
+        try fixture.vault.add(.genericPassword(service: "faults", account: "alice", data: SecretBytes(utf8: "v1")))
+        // How many storage operations a change takes: counted on another vault made the same way.
+        let twin = try VaultFixture()
+        try twin.vault.add(.genericPassword(service: "faults", account: "alice", data: SecretBytes(utf8: "v1")))
+        let counter = StorageFaults(kind: .diskFull, failingOperation: .max, persistent: true)
+        twin.vault.injectFaults(counter)
+        try twin.vault.changePassphrase(from: twin.passphrase, to: SecretBytes(utf8: "other passphrase"))
+        twin.vault.injectFaults(nil)
+        let total = counter.operations
+        #expect(total > 10)
+        // The last operations of the change (its integrity record, the commit) failing for good.
+        for failing in max(1, total - 3)...total {
+            fixture.vault.injectFaults(StorageFaults(kind: .diskFull, failingOperation: failing, persistent: true))
+            let error = #expect(throws: LockboxError.self) {
+                try fixture.vault.changePassphrase(from: fixture.passphrase, to: SecretBytes(utf8: "other passphrase"))
+            }
+            fixture.vault.injectFaults(nil)
+            #expect(error?.code == .io, "operation \(failing) of \(total)")
+            #expect(try fixture.vault.status().isUnlocked, "operation \(failing) of \(total)")
+            #expect(try fixture.vault.data(matching: .genericPassword(service: "faults", account: "alice")) == SecretBytes(utf8: "v1"))
+            #expect(try fixture.reopen().data(matching: .genericPassword(service: "faults", account: "alice")) == SecretBytes(utf8: "v1"))
+        }
+        fixture.vault.lock()
+        try fixture.vault.unlock(passphrase: fixture.passphrase)
+    }
 }
 
 @Suite("Leak campaign")
@@ -108,3 +140,5 @@ struct TamperCampaignTests {
         }
     }
 }
+
+
