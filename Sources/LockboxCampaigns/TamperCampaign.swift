@@ -991,7 +991,9 @@ extension Campaign {
 
     /// The value mutations of one stored value: flipped bytes at several offsets, a truncation,
     /// an empty value and NULL for text and blobs; neighbours, a flipped second byte and NULL for
-    /// integers.
+    /// integers. Each also changes storage class with the same bytes or number (a blob stored
+    /// as text, text as a blob, an integer as a real and as text), which SQL's comparisons and
+    /// conversions see differently from the bytes.
     func valueMutations(_ value: SQLValue) -> [(String, SQLValue)] {
         switch value {
         case .blob(let bytes), .text(let bytes):
@@ -1010,9 +1012,13 @@ extension Campaign {
             // An empty value (a portable item's device) gets one: another machine's identifier.
             if bytes.isEmpty { list.append(("set (other value)", wrap(Array("0123456789abcdef".utf8)))) }
             list.append(("null", .null))
+            if case .text = value { list.append(("as blob (same bytes)", .blob(bytes))) } else { list.append(("as text (same bytes)", .text(bytes))) }
             return list
         case .integer(let integer):
-            return [("+1", .integer(integer + 1)), ("-1", .integer(integer - 1)), ("flip byte 1", .integer(integer ^ 0x100)), ("null", .null)]
+            return [
+                ("+1", .integer(integer + 1)), ("-1", .integer(integer - 1)), ("flip byte 1", .integer(integer ^ 0x100)), ("null", .null),
+                ("as real (same number)", .real(Double(integer))), ("as text (not a number)", .text(Array("n\(integer)".utf8))),
+            ]
         case .real(let real):
             return [("+1000000", .real(real + 1_000_000)), ("zero", .real(0)), ("null", .null)]
         case .null:
