@@ -34,8 +34,8 @@ import Glibc
 ///
 /// Nothing in it is secret (identifiers are opaque, digests keyed); every bucket and the
 /// progress carry a MAC made with the device's state key; every bucket's MAC is also listed in
-/// `bucket_macs`, and the progress holds a keyed digest of each group of 128 listed MACs
-/// (format 3), a group checked before the first of its buckets is read. So an
+/// `mac_groups` (one row per group of 128 buckets), and the progress holds a keyed digest of
+/// each group's row (format 3), a group checked before the first of its buckets is read. So an
 /// edited, swapped or removed bucket, an older copy of one put back, or an older progress over
 /// newer buckets (any of which could make this device push a delete the user never made) is an
 /// error, not a reason to act.
@@ -67,7 +67,7 @@ final class SyncState {
     }
 
     /// The format this build writes (`PRAGMA user_version`): 3, buckets whose MACs are also listed
-    /// in `bucket_macs`, each group of them digested in the progress. (0: the first format; 2:
+    /// in `mac_groups`, each group's row digested in the progress. (0: the first format; 2:
     /// buckets alone.)
     static let format = 3
     /// Buckets of items: about 12 items (3 KiB) each at 100,000, so that a pull of ten changes
@@ -131,7 +131,7 @@ final class SyncState {
             if progress != nil {
                 // The state of another device identity (joined again): start over; the first
                 // sync adopts what the database already holds.
-                try database.execute("DELETE FROM item_buckets; DELETE FROM row_buckets; DELETE FROM bucket_macs; DELETE FROM progress")
+                try database.execute("DELETE FROM item_buckets; DELETE FROM row_buckets; DELETE FROM mac_groups; DELETE FROM progress")
             }
         }
     }
@@ -169,8 +169,7 @@ final class SyncState {
                     buckets BLOB);
                 CREATE TABLE IF NOT EXISTS item_buckets (bucket INTEGER PRIMARY KEY, body BLOB NOT NULL, mac BLOB NOT NULL);
                 CREATE TABLE IF NOT EXISTS row_buckets (bucket INTEGER PRIMARY KEY, body BLOB NOT NULL, mac BLOB NOT NULL);
-                CREATE TABLE IF NOT EXISTS bucket_macs (
-                    kind INTEGER NOT NULL, bucket INTEGER NOT NULL, mac BLOB NOT NULL, PRIMARY KEY (kind, bucket)) WITHOUT ROWID;
+                CREATE TABLE IF NOT EXISTS mac_groups (grp INTEGER PRIMARY KEY, macs BLOB NOT NULL);
                 """)
             if try !hasColumn("buckets", of: "progress", database) {
                 try database.execute("ALTER TABLE progress ADD COLUMN buckets BLOB")
@@ -259,13 +258,13 @@ final class SyncState {
         try write(items: itemBuckets, rows: rowBuckets, database, key: key, directory: directory)
         if var progress {
             progress.rows = rows.count
-            progress.buckets = directory.sealed()
+            progress.buckets = try directory.sealed()
             try writeProgress(progress, database, key: key)
         }
         try database.execute("DROP TABLE entries; DROP TABLE rows; DROP TABLE verified")
     }
 
-    /// Lists every bucket's MAC of a state of format 2 in `bucket_macs` (each bucket's MAC
+    /// Lists every bucket's MAC of a state of format 2 in `mac_groups` (each bucket's MAC
     /// checked first) and puts their groups' digests in the progress (its MAC of format 2
     /// checked first).
     private static func convertSecondFormat(_ database: Database, key: SecretBytes) throws(LockboxError) {
@@ -294,7 +293,7 @@ final class SyncState {
             }
         }
         if var progress {
-            progress.buckets = directory.sealed()
+            progress.buckets = try directory.sealed()
             try writeProgress(progress, database, key: key)
         }
     }
@@ -342,23 +341,21 @@ final class SyncState {
         case rows = "lockbox.sync.state.rows.v2"
 
         var table: String { self == .items ? "item_buckets" : "row_buckets" }
-        /// Its `kind` in `bucket_macs`.
-        var number: Int { self == .items ? 0 : 1 }
     }
 
-    /// Every bucket's MAC as `bucket_macs` lists them, checked a group at a time against the
-    /// progress. The buckets of each kind are cut into groups of ``groupSize``; the progress
-    /// (under its MAC) holds one digest per group, keyed, over the group's listed MACs (32 zero
-    /// bytes for a group with none). A group is read and checked the first time one of its
-    /// buckets is read or written, so a sync of a few changes checks a few groups, not every
-    /// bucket. Each bucket's own MAC binds its body to its index; the group digests bind the set
+    /// Every bucket's MAC as `mac_groups` lists them, checked a group at a time against the
+    /// progress. The buckets of each kind are cut into groups of ``groupSize``; each group is one
+    /// row (a 32-byte slot per bucket, zeros for none), and the progress (under its MAC) holds a
+    /// keyed digest of each group's row (32 zero bytes for a group without one). A group is read
+    /// and checked the first time one of its buckets is read or written, so a sync of a few
+    /// changes reads a few rows of 4 KiB, not every bucket's MAC. Each bucket's own MAC binds its body to its index; the group digests bind the set
     /// to the progress: a bucket removed, an older copy of one put back (with its MAC), or an
     /// older progress put back over newer buckets, no longer matches its group's digest. (The
     /// whole file put back as it was is a state from before the later syncs, as a crash leaves
     /// it; what a sync recovers from.)
     private final class BucketDirectory {
-        /// Buckets per group: 64 groups of item buckets and 32 of row buckets, each listing at
-        /// most 128 MACs (about 5 KiB to read and digest when first met).
+        /// Buckets per group: 64 groups of item buckets and 32 of row buckets, each a row of
+        /// 128 slots (4 KiB to read and digest when first met, to write when one changes).
         static let groupSize = 128
         static let itemGroups = itemBucketCount / groupSize
         static let groupCount = itemGroups + rowBucketCount / groupSize
@@ -411,70 +408,93 @@ final class SyncState {
             return found
         }
 
-        /// Records bucket `index`'s new MAC (nil: the bucket removed), in memory and in
-        /// `bucket_macs`; its group's digest is recomputed by ``sealed()``.
+        /// Records bucket `index`'s new MAC (nil: the bucket removed); its group's row and
+        /// digest are written by ``sealed()``.
         func set(_ kind: BucketKind, _ index: Int, mac: [UInt8]?) throws(LockboxError) {
             let group = Self.group(kind, index)
             var macs = try listed(group)
             macs[index] = mac
             groups[group] = macs
             changed.insert(group)
-            let statement = try database.statement(
-                mac == nil ? "DELETE FROM bucket_macs WHERE kind = ? AND bucket = ?" : "INSERT OR REPLACE INTO bucket_macs (kind, bucket, mac) VALUES (?, ?, ?)")
-            defer { statement.reset() }
-            statement.bind(1, kind.number)
-            statement.bind(2, index)
-            if let mac { statement.bind(3, mac) }
-            try statement.run()
         }
 
-        /// The group digests with every changed group's recomputed: what the progress written
-        /// with these buckets holds.
-        func sealed() -> [UInt8] {
-            for group in changed {
-                let digest = Self.digest(group, groups[group] ?? [:], key: key)
-                digests.replaceSubrange(group * Self.digestSize..<(group + 1) * Self.digestSize, with: digest)
+        /// Writes every changed group's row (removed when it lists nothing) and returns the
+        /// group digests with theirs recomputed: what the progress written with these buckets
+        /// holds.
+        func sealed() throws(LockboxError) -> [UInt8] {
+            let put = try database.statement("INSERT OR REPLACE INTO mac_groups (grp, macs) VALUES (?, ?)")
+            let drop = try database.statement("DELETE FROM mac_groups WHERE grp = ?")
+            defer {
+                put.reset()
+                drop.reset()
+            }
+            for group in changed.sorted() {
+                let macs = groups[group] ?? [:]
+                let row = Self.row(group, macs)
+                if macs.isEmpty {
+                    drop.reset()
+                    drop.bind(1, group)
+                    try drop.run()
+                } else {
+                    put.reset()
+                    put.bind(1, group)
+                    put.bind(2, row)
+                    try put.run()
+                }
+                digests.replaceSubrange(group * Self.digestSize..<(group + 1) * Self.digestSize, with: Self.digest(group, macs.isEmpty ? nil : row, key: key))
             }
             changed.removeAll()
             return digests
         }
 
-        /// A group's listed MACs: read from `bucket_macs` and checked against its digest the
-        /// first time, kept after.
+        /// The first bucket of a group (of its kind).
+        private static func firstBucket(_ group: Int) -> Int { (group < itemGroups ? group : group - itemGroups) * groupSize }
+
+        /// A group's row: one 32-byte slot per bucket of the group, in order, zeros for a
+        /// bucket it does not list.
+        private static func row(_ group: Int, _ macs: [Int: [UInt8]]) -> [UInt8] {
+            var row = [UInt8](repeating: 0, count: groupSize * digestSize)
+            let first = firstBucket(group)
+            for (index, mac) in macs { row.replaceSubrange((index - first) * digestSize..<(index - first + 1) * digestSize, with: mac) }
+            return row
+        }
+
+        /// A group's listed MACs: its row read (one row of `mac_groups`; none: it lists nothing)
+        /// and checked against its digest the first time, kept after.
         private func listed(_ group: Int) throws(LockboxError) -> [Int: [UInt8]] {
             if let known = groups[group] { return known }
             var macs: [Int: [UInt8]] = [:]
             if !startsEmpty {
                 let failure = LockboxError.integrity("The sync state \(database.path)")
-                let isItems = group < Self.itemGroups
-                let first = (isItems ? group : group - Self.itemGroups) * Self.groupSize
-                let statement = try database.statement("SELECT bucket, mac FROM bucket_macs WHERE kind = ? AND bucket >= ? AND bucket < ?")
+                let statement = try database.statement("SELECT macs FROM mac_groups WHERE grp = ?")
                 defer { statement.reset() }
-                statement.bind(1, isItems ? BucketKind.items.number : BucketKind.rows.number)
-                statement.bind(2, first)
-                statement.bind(3, first + Self.groupSize)
-                while try statement.step() {
-                    guard let index = statement.integer(0), let mac = statement.blob(1), macs[index] == nil else { throw failure }
-                    macs[index] = mac
+                statement.bind(1, group)
+                var row: [UInt8]?
+                if try statement.step() {
+                    guard let stored = statement.blob(0), stored.count == Self.groupSize * Self.digestSize else { throw failure }
+                    row = stored
+                    let first = Self.firstBucket(group)
+                    for slot in 0..<Self.groupSize {
+                        let mac = Array(stored[slot * Self.digestSize..<(slot + 1) * Self.digestSize])
+                        if mac.contains(where: { $0 != 0 }) { macs[first + slot] = mac }
+                    }
+                    // A row listing nothing is never written.
+                    guard !macs.isEmpty else { throw failure }
                 }
-                let stored = Array(digests[group * Self.digestSize..<(group + 1) * Self.digestSize])
-                guard SyncHead.equal(Self.digest(group, macs, key: key), stored) else { throw failure }
+                let expected = Array(digests[group * Self.digestSize..<(group + 1) * Self.digestSize])
+                guard SyncHead.equal(Self.digest(group, row, key: key), expected) else { throw failure }
             }
             groups[group] = macs
             return macs
         }
 
-        /// A keyed digest of a group's listed MACs in bucket order, or 32 zero bytes for none.
-        static func digest(_ group: Int, _ macs: [Int: [UInt8]], key: SecretBytes) -> [UInt8] {
-            guard !macs.isEmpty else { return [UInt8](repeating: 0, count: digestSize) }
-            var encoder = FieldEncoder(capacity: 64 + macs.count * 48)
+        /// A keyed digest of a group's row, or 32 zero bytes for a group without one.
+        static func digest(_ group: Int, _ row: [UInt8]?, key: SecretBytes) -> [UInt8] {
+            guard let row else { return [UInt8](repeating: 0, count: digestSize) }
+            var encoder = FieldEncoder(capacity: 64 + row.count)
             encoder.string("lockbox.sync.state.group.v1")
             encoder.integer(group)
-            encoder.integer(macs.count)
-            for index in macs.keys.sorted() {
-                encoder.integer(index)
-                encoder.bytes(macs[index]!)
-            }
+            encoder.bytes(row)
             return encoder.withBytes { Crypto.keyedDigest($0, key: key) }
         }
     }
@@ -937,7 +957,7 @@ final class SyncState {
                 try Self.writeProgress(
                     Progress(
                         device: device, cursor: changes.cursor ?? cursor, generation: changes.generation ?? generation,
-                        accumulator: changes.accumulator ?? accumulator, rows: knownRows, buckets: directory.sealed()), database, key: key)
+                        accumulator: changes.accumulator ?? accumulator, rows: knownRows, buckets: try directory.sealed()), database, key: key)
                 written = directory
             }
         } catch {
@@ -963,7 +983,7 @@ final class SyncState {
     /// Forgets what this device pushed and pulled (after a key rotation re-sealed every record).
     func reset() throws(LockboxError) {
         try database.writeTransaction { () throws(LockboxError) in
-            try database.execute("DELETE FROM item_buckets; DELETE FROM row_buckets; DELETE FROM bucket_macs; DELETE FROM progress")
+            try database.execute("DELETE FROM item_buckets; DELETE FROM row_buckets; DELETE FROM mac_groups; DELETE FROM progress")
         }
         itemBuckets = [:]
         rowBuckets = [:]

@@ -85,7 +85,7 @@ struct SyncStateFormatTests {
         #expect(try Self.tables(path).isSuperset(of: ["entries", "rows", "verified", "progress"]))
         try Self.expectFixtureContent(try SyncState(path: path, device: Self.device, key: Self.key))
         #expect(try Self.userVersion(path) == SyncState.format)
-        #expect(try Self.tables(path) == ["progress", "item_buckets", "row_buckets", "bucket_macs"])
+        #expect(try Self.tables(path) == ["progress", "item_buckets", "row_buckets", "mac_groups"])
         // Opened again, in its new format.
         let state = try SyncState(path: path, device: Self.device, key: Self.key)
         try Self.expectFixtureContent(state)
@@ -172,23 +172,39 @@ struct SyncStateFormatTests {
     static func edit(_ path: String, kind: Int, bucket: Int?, from snapshot: String? = nil, remove: Bool = false) throws {
         let database = try Database(path: path, create: false)
         let table = kind == 0 ? "item_buckets" : "row_buckets"
-        let hasMACs = try database.firstRow("SELECT count(*) FROM sqlite_schema WHERE name = 'bucket_macs'") { $0.integer(0) ?? 0 } == 1
+        let hasGroups = try database.firstRow("SELECT count(*) FROM sqlite_schema WHERE name = 'mac_groups'") { $0.integer(0) ?? 0 } == 1
+        // The bucket's group row in `mac_groups` (128 buckets, 64 groups of items first) and
+        // its slot (32 bytes) in it. (`||` makes text of blobs: the result is cast back.)
+        let group = bucket.map { (kind == 0 ? 0 : 64) + $0 / 128 }
+        let slot = bucket.map { ($0 % 128) * 32 }
         if let snapshot {
             try database.execute("ATTACH DATABASE '\(snapshot)' AS old")
-            if let bucket {
+            if let bucket, let group, let slot {
                 try database.execute("DELETE FROM \(table) WHERE bucket = \(bucket)")
                 try database.execute("INSERT INTO \(table) SELECT * FROM old.\(table) WHERE bucket = \(bucket)")
-                if hasMACs {
-                    try database.execute("DELETE FROM bucket_macs WHERE kind = \(kind) AND bucket = \(bucket)")
-                    try database.execute("INSERT INTO bucket_macs SELECT * FROM old.bucket_macs WHERE kind = \(kind) AND bucket = \(bucket)")
+                if hasGroups {
+                    // The older copy's slot put in the current group row (the other buckets'
+                    // slots as they are now), or the older group row when there is none now: a
+                    // bucket row no group lists is left out of every listing (and refused when
+                    // read by its index), so an attacker who wants it counted lists it too.
+                    try database.execute("INSERT OR IGNORE INTO mac_groups SELECT * FROM old.mac_groups WHERE grp = \(group)")
+                    try database.execute(
+                        """
+                        UPDATE mac_groups SET macs = CAST(substr(macs, 1, \(slot))
+                            || coalesce((SELECT substr(macs, \(slot + 1), 32) FROM old.mac_groups WHERE grp = \(group)), zeroblob(32))
+                            || substr(macs, \(slot + 33)) AS BLOB) WHERE grp = \(group)
+                        """)
                 }
             } else {
                 try database.execute("INSERT OR REPLACE INTO progress SELECT * FROM old.progress")
             }
             try database.execute("DETACH DATABASE old")
-        } else if remove, let bucket {
+        } else if remove, let bucket, let group, let slot {
             try database.execute("DELETE FROM \(table) WHERE bucket = \(bucket)")
-            if hasMACs { try database.execute("DELETE FROM bucket_macs WHERE kind = \(kind) AND bucket = \(bucket)") }
+            if hasGroups {
+                try database.execute(
+                    "UPDATE mac_groups SET macs = CAST(substr(macs, 1, \(slot)) || zeroblob(32) || substr(macs, \(slot + 33)) AS BLOB) WHERE grp = \(group)")
+            }
         }
     }
 
@@ -222,6 +238,11 @@ struct SyncStateFormatTests {
                 try Self.edit(path, kind: 1, bucket: SyncState.bucket(of: Self.reference(index)), from: directory.file("current.db"))
             }
             try Self.edit(path, kind: 0, bucket: nil, from: directory.file("current.db"))
+            // Every group row as it was (an edit may have added one the current state has not).
+            let database = try Database(path: path, create: false)
+            try database.execute("ATTACH DATABASE '\(directory.file("current.db"))' AS old")
+            try database.execute("DELETE FROM mac_groups; INSERT INTO mac_groups SELECT * FROM old.mac_groups")
+            try database.execute("DETACH DATABASE old")
             let state = try SyncState(path: path, device: "device-r", key: Self.key)
             #expect(try state.entry(first) == Self.entry(11))
             #expect(try state.row(Self.reference(2)) == nil)
@@ -279,7 +300,7 @@ struct SyncStateFormatTests {
     }
 
     /// Turns a state of this format back into one of format 2 as that format's code wrote it:
-    /// no `bucket_macs`, no sum of the buckets in the progress, whose MAC is format 2's.
+    /// no `mac_groups`, no group digests in the progress, whose MAC is format 2's.
     static func secondFormat(_ path: String) throws {
         let database = try Database(path: path, create: false)
         let progress = try #require(
@@ -297,10 +318,10 @@ struct SyncStateFormatTests {
         put.bind(1, Crypto.keyedDigest(encoder.bytes, key: key))
         try put.run()
         put.reset()
-        try database.execute("DROP TABLE bucket_macs; ALTER TABLE progress DROP COLUMN buckets; PRAGMA user_version = 2")
+        try database.execute("DROP TABLE mac_groups; ALTER TABLE progress DROP COLUMN buckets; PRAGMA user_version = 2")
     }
 
-    @Test("A state of format 2 (buckets without their sum) is converted when opened, every bucket's MAC checked first")
+    @Test("A state of format 2 (buckets without their list) is converted when opened, every bucket's MAC checked first")
     func secondFormatConverted() throws {
         let (directory, path) = try Self.copyOfFixture()
         _ = directory
