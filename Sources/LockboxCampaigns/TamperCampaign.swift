@@ -719,8 +719,9 @@ final class Campaign {
                 }
             }
         } catch {
-            // SQLITE_CONSTRAINT: the schema forbids this edit.
-            if let code = error.sqliteExtendedCode, code & 0xff == 19 { throw Refused() }
+            // SQLITE_CONSTRAINT, or SQLITE_MISMATCH (a row id that is not an integer): the
+            // schema forbids this edit.
+            if let code = error.sqliteExtendedCode, code & 0xff == 19 || code & 0xff == 20 { throw Refused() }
             throw error
         }
     }
