@@ -34,7 +34,7 @@ import Glibc
 ///
 /// Nothing in it is secret (identifiers are opaque, digests keyed); every bucket and the
 /// progress carry a MAC made with the device's state key; every bucket's MAC is also listed in
-/// `mac_groups` (one row per group of 128 buckets), and the progress holds a keyed digest of
+/// `mac_groups` (one row per group of 64 buckets), and the progress holds a keyed digest of
 /// each group's row (format 3), a group checked before the first of its buckets is read. So an
 /// edited, swapped or removed bucket, an older copy of one put back, or an older progress over
 /// newer buckets (any of which could make this device push a delete the user never made) is an
@@ -75,6 +75,10 @@ final class SyncState {
     static let itemBucketCount = 8192
     /// Buckets of rows (a row's record is a sixth of an item's): 25 rows (1 KiB) each at 100,000.
     static let rowBucketCount = 4096
+    /// Buckets per group of MACs (``BucketDirectory``): 128 groups of item buckets, then 64 of
+    /// row buckets, each a row of 64 slots of 32 bytes (2 KiB, which fits a page of the file
+    /// with room to spare: a group is read, digested and rewritten without an overflow page).
+    static let macGroupSize = 64
 
     private let database: Database
     private let key: SecretBytes
@@ -344,19 +348,18 @@ final class SyncState {
     }
 
     /// Every bucket's MAC as `mac_groups` lists them, checked a group at a time against the
-    /// progress. The buckets of each kind are cut into groups of ``groupSize``; each group is one
-    /// row (a 32-byte slot per bucket, zeros for none), and the progress (under its MAC) holds a
-    /// keyed digest of each group's row (32 zero bytes for a group without one). A group is read
-    /// and checked the first time one of its buckets is read or written, so a sync of a few
-    /// changes reads a few rows of 4 KiB, not every bucket's MAC. Each bucket's own MAC binds its body to its index; the group digests bind the set
-    /// to the progress: a bucket removed, an older copy of one put back (with its MAC), or an
+    /// progress. The buckets of each kind are cut into groups of ``SyncState/macGroupSize``; each
+    /// group is one row (a 32-byte slot per bucket, zeros for none), and the progress (under its
+    /// MAC) holds a keyed digest of each group's row (32 zero bytes for a group without one). A
+    /// group is read and checked the first time one of its buckets is read or written, so a sync
+    /// of a few changes reads a few small rows, not every bucket's MAC. Each bucket's own MAC
+    /// binds its body to its index; the group digests bind the set to the progress: a bucket
+    /// removed, an older copy of one put back (with its MAC), or an
     /// older progress put back over newer buckets, no longer matches its group's digest. (The
     /// whole file put back as it was is a state from before the later syncs, as a crash leaves
     /// it; what a sync recovers from.)
     private final class BucketDirectory {
-        /// Buckets per group: 64 groups of item buckets and 32 of row buckets, each a row of
-        /// 128 slots (4 KiB to read and digest when first met, to write when one changes).
-        static let groupSize = 128
+        static let groupSize = macGroupSize
         static let itemGroups = itemBucketCount / groupSize
         static let groupCount = itemGroups + rowBucketCount / groupSize
         static let digestSize = 32

@@ -173,10 +173,11 @@ struct SyncStateFormatTests {
         let database = try Database(path: path, create: false)
         let table = kind == 0 ? "item_buckets" : "row_buckets"
         let hasGroups = try database.firstRow("SELECT count(*) FROM sqlite_schema WHERE name = 'mac_groups'") { $0.integer(0) ?? 0 } == 1
-        // The bucket's group row in `mac_groups` (128 buckets, 64 groups of items first) and
-        // its slot (32 bytes) in it. (`||` makes text of blobs: the result is cast back.)
-        let group = bucket.map { (kind == 0 ? 0 : 64) + $0 / 128 }
-        let slot = bucket.map { ($0 % 128) * 32 }
+        // The bucket's group row in `mac_groups` (the groups of item buckets first) and its slot
+        // (32 bytes) in it. (`||` makes text of blobs: the result is cast back.)
+        let size = SyncState.macGroupSize
+        let group = bucket.map { (kind == 0 ? 0 : SyncState.itemBucketCount / size) + $0 / size }
+        let slot = bucket.map { ($0 % size) * 32 }
         if let snapshot {
             try database.execute("ATTACH DATABASE '\(snapshot)' AS old")
             if let bucket, let group, let slot {
