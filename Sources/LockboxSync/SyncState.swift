@@ -273,18 +273,8 @@ final class SyncState {
     /// checked first).
     private static func convertSecondFormat(_ database: Database, key: SecretBytes) throws(LockboxError) {
         let failure = LockboxError.integrity("The sync state \(database.path)")
-        var progress: Progress?
-        do {
-            let statement = try database.statement("SELECT device, cursor, generation, mac, accumulator, row_count FROM progress WHERE id = 1")
-            defer { statement.reset() }
-            if try statement.step() {
-                let read = Progress(
-                    device: statement.text(0) ?? "", cursor: Int64(statement.integer(1) ?? -1), generation: statement.integer(2) ?? -1,
-                    accumulator: statement.blob(4), rows: statement.integer(5) ?? -1, buckets: [])
-                guard let mac = statement.blob(3), SyncHead.equal(mac, secondFormatProgressMAC(read, key: key)) else { throw failure }
-                progress = read
-            }
-        }
+        // Its `buckets` column was just added, empty; format 2's MAC does not cover it.
+        let progress = try readProgress(database, key: key) { secondFormatProgressMAC($0, key: $1) }
         let directory = BucketDirectory.new(database, key: key)
         for kind in [BucketKind.items, .rows] {
             let statement = try database.statement("SELECT bucket, body, mac FROM \(kind.table)")
@@ -719,7 +709,11 @@ final class SyncState {
         }
     }
 
-    private static func readProgress(_ database: Database, key: SecretBytes) throws(LockboxError) -> Progress? {
+    /// The progress row, its MAC checked (`authenticated`: the MAC of the format it was written
+    /// in; the current one unless a conversion reads it).
+    private static func readProgress(
+        _ database: Database, key: SecretBytes, authenticated: (Progress, SecretBytes) -> [UInt8] = { progressMAC($0, key: $1) }
+    ) throws(LockboxError) -> Progress? {
         let statement = try database.statement(
             "SELECT device, cursor, generation, mac, accumulator, row_count, buckets FROM progress WHERE id = 1")
         defer { statement.reset() }
@@ -727,7 +721,7 @@ final class SyncState {
         let progress = Progress(
             device: statement.text(0) ?? "", cursor: Int64(statement.integer(1) ?? -1), generation: statement.integer(2) ?? -1,
             accumulator: statement.blob(4), rows: statement.integer(5) ?? -1, buckets: statement.blob(6) ?? [])
-        guard let mac = statement.blob(3), SyncHead.equal(mac, progressMAC(progress, key: key)) else {
+        guard let mac = statement.blob(3), SyncHead.equal(mac, authenticated(progress, key)) else {
             throw LockboxError.integrity("The sync state \(database.path)")
         }
         return progress
@@ -778,9 +772,13 @@ final class SyncState {
     }
 
     private func itemRecord(_ id: String) throws(LockboxError) -> ItemRecord? {
-        try reading { () throws(LockboxError) -> ItemRecord? in
+        let index = Self.bucket(of: id)
+        // A bucket read since no other connection wrote the file is answered without a snapshot
+        // (a sync asks for thousands of records, most in buckets it has read).
+        try checkCache()
+        if let bucket = itemBuckets[index] { return bucket[id] }
+        return try reading { () throws(LockboxError) -> ItemRecord? in
             let directory = try checkedDirectory()
-            let index = Self.bucket(of: id)
             if let bucket = itemBuckets[index] { return bucket[id] }
             let bucket = try Self.readItems(index, database, key: key, directory: directory)
             itemBuckets[index] = bucket
@@ -797,9 +795,11 @@ final class SyncState {
     /// The item a vault row held at the last sync: `.some(nil)` for a row that does not sync,
     /// nil for a row this device does not know.
     func row(_ reference: Data) throws(LockboxError) -> String?? {
-        try reading { () throws(LockboxError) -> String?? in
+        let index = Self.bucket(of: reference)
+        try checkCache()
+        if let bucket = rowBuckets[index] { return bucket[reference] }
+        return try reading { () throws(LockboxError) -> String?? in
             let directory = try checkedDirectory()
-            let index = Self.bucket(of: reference)
             if let bucket = rowBuckets[index] { return bucket[reference] }
             let bucket = try Self.readRows(index, database, key: key, directory: directory)
             rowBuckets[index] = bucket
