@@ -259,24 +259,23 @@ if options.markdown {
 }
 if options.rounds > 1 {
     // Per size and operation, in the order measured: the median of the rounds' p50 ratios.
-    var keys: [String] = []
-    var ratios: [String: [Double]] = [:]
+    var measured: [(size: Int, operation: String, ratios: [Double])] = []
     for row in rows {
-        let key = "\(row.size) \(row.operation)"
-        if ratios[key] == nil { keys.append(key) }
-        ratios[key, default: []].append(row.ratio)
+        if let index = measured.firstIndex(where: { $0.size == row.size && $0.operation == row.operation }) {
+            measured[index].ratios.append(row.ratio)
+        } else {
+            measured.append((row.size, row.operation, [row.ratio]))
+        }
     }
     print("")
     print("over \(options.rounds) rounds:")
     print("items      op      median p50 ratio   range of rounds     target")
-    for key in keys {
-        let sorted = ratios[key]!.sorted()
+    for (size, operation, ratios) in measured {
+        let sorted = ratios.sorted()
         let median = sorted.count % 2 == 1 ? sorted[sorted.count / 2] : (sorted[sorted.count / 2 - 1] + sorted[sorted.count / 2]) / 2
-        let parts = key.split(separator: " ").map(String.init)
-        func padded(_ text: String, _ width: Int) -> String { text + String(repeating: " ", count: max(0, width - text.count)) }
         print(
-            padded(parts[0], 11) + padded(parts[1], 8)
-                + String(format: "%13.2fx      %.2fx - %.2fx     ", median, sorted.first!, sorted.last!) + verdict(parts[1], median))
+            String(format: "%-10d ", size) + operation.padding(toLength: 8, withPad: " ", startingAt: 0)
+                + String(format: "%13.2fx      %.2fx - %.2fx     ", median, sorted.first!, sorted.last!) + verdict(operation, median))
     }
 }
 if let small = rows.first(where: { $0.operation == "find" }), let large = rows.last(where: { $0.operation == "find" }), options.sizes.count > 1 {
