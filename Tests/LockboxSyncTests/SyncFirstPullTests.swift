@@ -76,13 +76,10 @@ extension SyncTests {
         try groups[0].sync()
         // B's sync by hand: its push, then another process of B adds one of the items A wrote,
         // later than A, then B's pull (150 records: the bulk apply, which meets the duplicate).
-        let connection = try PostgresConnection(try testDatabase())
-        let state = try SyncState(path: groups[1].statePath, device: groups[1].device.id, key: groups[1].device.stateKey)
-        var report = SyncGroup.Report()
-        try groups[1].push(connection, state: state, report: &report)
-        tick()
-        try machines[1].add("race7.example", "user", "written on B after its push")
-        try groups[1].pull(connection, state: state, report: &report)
+        try syncByHand(groups[1]) {
+            tick()
+            try machines[1].add("race7.example", "user", "written on B after its push")
+        }
         #expect(try machines[1].value("race7.example", "user") == "written on B after its push", "the later local write was overwritten")
         #expect(try machines[1].value("race8.example", "user") == "value 8")
         #expect(try machines[1].count() == 150)
@@ -97,15 +94,13 @@ extension SyncTests {
         // Written here before the record it meets: the record (the later write) wins.
         try groups[2].sync()
         try machines[2].set("race9.example", "user", "C, first")
-        let state2 = try SyncState(path: groups[2].statePath, device: groups[2].device.id, key: groups[2].device.stateKey)
-        var report2 = SyncGroup.Report()
         try machines[2].delete("race9.example", "user")
-        try groups[2].push(connection, state: state2, report: &report2)
-        try machines[2].add("race9.example", "user", "C, re-added")
-        tick()
-        try machines[0].set("race9.example", "user", "A, later")
-        try groups[0].sync()
-        try groups[2].pull(connection, state: state2, report: &report2)
+        try syncByHand(groups[2]) {
+            try machines[2].add("race9.example", "user", "C, re-added")
+            tick()
+            try machines[0].set("race9.example", "user", "A, later")
+            try groups[0].sync()
+        }
         try groups[2].sync()
         try groups[0].sync()
         #expect(try machines[2].value("race9.example", "user") == "A, later")
@@ -125,13 +120,10 @@ extension SyncTests {
         try machines[0].set("gone1.example", "user", "edited on A")
         try groups[0].sync()
         // B's sync by hand: its push, then another process of B deletes the item A edited, then B's pull.
-        let connection = try PostgresConnection(try testDatabase())
-        let state = try SyncState(path: groups[1].statePath, device: groups[1].device.id, key: groups[1].device.stateKey)
-        var report = SyncGroup.Report()
-        try groups[1].push(connection, state: state, report: &report)
-        tick()
-        try machines[1].delete("gone1.example", "user")
-        try groups[1].pull(connection, state: state, report: &report)
+        try syncByHand(groups[1]) {
+            tick()
+            try machines[1].delete("gone1.example", "user")
+        }
         #expect(try machines[1].value("gone1.example", "user") == nil, "the pull brought back an item deleted after the push")
         #expect(try machines[1].verify())
         #expect(try groups[1].sync().pushed == 1, "the delete is pushed")
@@ -140,5 +132,18 @@ extension SyncTests {
         #expect(try machines[0].value("gone2.example", "user") == "value 2")
         #expect(try machines[1].count() == 2)
         #expect(try groups[1].sync().changedNothing)
+    }
+}
+
+extension SyncTests {
+    /// A sync of `group` by hand: its push, then `meanwhile` (what another process of the same
+    /// machine, or another machine, does between the two phases), then its pull.
+    func syncByHand(_ group: SyncGroup, meanwhile: () throws -> Void) throws {
+        let connection = try PostgresConnection(try testDatabase())
+        let state = try SyncState(path: group.statePath, device: group.device.id, key: group.device.stateKey)
+        var report = SyncGroup.Report()
+        try group.push(connection, state: state, report: &report)
+        try meanwhile()
+        try group.pull(connection, state: state, report: &report)
     }
 }

@@ -272,31 +272,27 @@ struct SyncStateFormatTests {
         }
         try restore()
 
-        // The older item bucket (item 1's older entry) put back.
-        try Self.edit(path, kind: 0, bucket: SyncState.bucket(of: first), from: snapshot)
-        expectRefused("an older item bucket")
-        try restore()
-        // The older row bucket put back: row 2 known again, which a push takes for a delete of item 2.
-        try Self.edit(path, kind: 1, bucket: SyncState.bucket(of: Self.reference(2)), from: snapshot)
-        expectRefused("an older row bucket")
-        try restore()
-        // A bucket removed.
-        try Self.edit(path, kind: 0, bucket: SyncState.bucket(of: first), remove: true)
-        expectRefused("a removed item bucket")
-        try restore()
-        try Self.edit(path, kind: 1, bucket: SyncState.bucket(of: Self.reference(1)), remove: true)
-        expectRefused("a removed row bucket")
-        try restore()
+        let edits: [(Comment, () throws -> Void)] = [
+            // Item 1's older entry.
+            ("an older item bucket", { try Self.edit(path, kind: 0, bucket: SyncState.bucket(of: first), from: snapshot) }),
+            // Row 2 known again, which a push takes for a delete of item 2.
+            ("an older row bucket", { try Self.edit(path, kind: 1, bucket: SyncState.bucket(of: Self.reference(2)), from: snapshot) }),
+            ("a removed item bucket", { try Self.edit(path, kind: 0, bucket: SyncState.bucket(of: first), remove: true) }),
+            ("a removed row bucket", { try Self.edit(path, kind: 1, bucket: SyncState.bucket(of: Self.reference(1)), remove: true) }),
+            // Cursor 10, with the newer buckets.
+            ("an older progress", { try Self.edit(path, kind: 0, bucket: nil, from: snapshot) }),
+        ]
+        for (comment, edit) in edits {
+            try edit()
+            expectRefused(comment)
+            try restore()
+        }
         // Every bucket removed: not a new, empty state.
         try Self.edit(path, kind: 0, bucket: SyncState.bucket(of: first), remove: true)
         try Self.edit(path, kind: 0, bucket: SyncState.bucket(of: second), remove: true)
         try Self.edit(path, kind: 1, bucket: SyncState.bucket(of: Self.reference(1)), remove: true)
         let emptied = #expect(throws: LockboxError.self) { _ = try SyncState(path: path, device: "device-r", key: Self.key).isEmpty }
         #expect(emptied?.code == .decode)
-        try restore()
-        // The older progress put back (cursor 10) with the newer buckets.
-        try Self.edit(path, kind: 0, bucket: nil, from: snapshot)
-        expectRefused("an older progress")
         try restore()
     }
 

@@ -29,21 +29,11 @@ struct AttackerReviewTests {
         return (fixture, try Database(path: fixture.path, create: false))
     }
 
-    /// What reading `service`/`account` gives: the value as text, or the status as "status N".
-    func read(_ vault: Vault, _ service: String, _ account: String) -> String {
-        do {
-            let value = try vault.data(matching: .genericPassword(service: service, account: account))
-            return value.withUnsafeBytes { String(decoding: $0, as: UTF8.self) }
-        } catch {
-            return "status \(error.status)"
-        }
-    }
-
-    /// The same as ``read(_:_:_:)`` through a new handle (another process); a failure to open
+    /// The same as ``readOutcome(_:_:_:)`` through a new handle (another process); a failure to open
     /// counts as the read's status.
     func readReopened(_ fixture: VaultFixture, _ service: String, _ account: String) -> String {
         do {
-            return read(try fixture.reopen(), service, account)
+            return readOutcome(try fixture.reopen(), service, account)
         } catch let error as LockboxError {
             return "status \(error.status)"
         } catch {
@@ -106,7 +96,7 @@ struct AttackerReviewTests {
         var replayed = old
         replayed[replayed.count - 1] = "999"
         try insertRow(database, rowID: 0, replayed)
-        let answer = read(fixture.vault, "svcA", "alice")
+        let answer = readOutcome(fixture.vault, "svcA", "alice")
         #expect(answer == "status -26275", "an older value came back: \(answer == "alice-secret")")
         let reopened = readReopened(fixture, "svcA", "alice")
         #expect(reopened == "status -26275", "an older value came back: \(reopened == "alice-secret")")
@@ -122,7 +112,7 @@ struct AttackerReviewTests {
         try dropUniqueConstraints(database)
         try insertRow(database, rowID: -1, old)
         try insertRow(database, rowID: 0, old)
-        let answer = read(fixture.vault, "svcA", "alice")
+        let answer = readOutcome(fixture.vault, "svcA", "alice")
         #expect(answer == "status -26275", "an older value came back: \(answer == "alice-secret")")
         let reopened = readReopened(fixture, "svcA", "alice")
         #expect(reopened == "status -26275", "an older value came back: \(reopened == "alice-secret")")
@@ -132,7 +122,7 @@ struct AttackerReviewTests {
     func editedBucketColumn_failsClosed() throws {
         let (fixture, database) = try makeVault()
         try database.execute("UPDATE items SET bucket = (bucket + 1) % 256 WHERE rowid = 1")
-        #expect(read(fixture.vault, "svcA", "alice") == "status -26275")
+        #expect(readOutcome(fixture.vault, "svcA", "alice") == "status -26275")
         #expect(readReopened(fixture, "svcA", "alice") == "status -26275")
     }
 
@@ -143,7 +133,7 @@ struct AttackerReviewTests {
         try fixture.vault.update(matching: .genericPassword(service: "svcA", account: "alice"), to: ItemUpdate(data: SecretBytes(utf8: "rotated")))
         try dropUniqueConstraints(database)
         try insertRow(database, rowID: 0, old)
-        #expect(read(fixture.vault, "svcA", "alice") == "status -26275")
+        #expect(readOutcome(fixture.vault, "svcA", "alice") == "status -26275")
         #expect(readReopened(fixture, "svcA", "alice") == "status -26275")
     }
 
@@ -173,7 +163,7 @@ struct AttackerReviewTests {
         var detected = 0
         for attempt in 0..<300 {
             // The victim reads alice (its bucket is now verified and cached)...
-            guard read(vault, "svcA", "alice") == "rotated" else {
+            guard readOutcome(vault, "svcA", "alice") == "rotated" else {
                 Issue.record("alice does not read back before attempt \(attempt)")
                 break
             }
@@ -199,7 +189,7 @@ struct AttackerReviewTests {
             try vault.update(matching: .genericPassword(service: "svcB", account: "bob"), to: ItemUpdate(data: SecretBytes(utf8: "b\(attempt)")))
             victimDone.set()
             attackerDone.wait()
-            let answer = read(vault, "svcA", "alice")
+            let answer = readOutcome(vault, "svcA", "alice")
             if answer == "alice-secret" {
                 served += 1
                 break
@@ -221,7 +211,7 @@ struct AttackerReviewTests {
         // The element counted in the bucket (id, version, digests) is unchanged, so the bucket
         // adds up; the query's SQL no longer selects the row.
         try database.execute("UPDATE items SET \(edit) WHERE rowid = 2")
-        #expect(read(fixture.vault, "svcB", "bob") == "status -26275")
+        #expect(readOutcome(fixture.vault, "svcB", "bob") == "status -26275")
         #expect(readReopened(fixture, "svcB", "bob") == "status -26275")
         #expect(try !Vault.verify(at: fixture.path, configuration: fixture.vault.configuration).isSound, "lockbox verify finds the file sound")
     }
@@ -244,7 +234,7 @@ struct AttackerReviewTests {
     func editedAccessGroup_failsClosed() throws {
         let (fixture, database) = try makeVault()
         try database.execute("UPDATE items SET access_group = 'other' WHERE rowid = 2")
-        #expect(read(fixture.vault, "svcB", "bob") == "status -26275")
+        #expect(readOutcome(fixture.vault, "svcB", "bob") == "status -26275")
         #expect(readReopened(fixture, "svcB", "bob") == "status -26275")
     }
 
@@ -252,13 +242,13 @@ struct AttackerReviewTests {
     func rowRelabelledFormat1_failsClosed() throws {
         let (fixture, database) = try makeVault()
         try database.execute("UPDATE items SET format = 1 WHERE rowid = 1")
-        #expect(read(fixture.vault, "svcA", "alice") == "status -26275")
+        #expect(readOutcome(fixture.vault, "svcA", "alice") == "status -26275")
         #expect(readReopened(fixture, "svcA", "alice") == "status -26275")
         // The next unlock must not "upgrade" (bless) it either.
         fixture.vault.lockAll()
         let reopened = try fixture.reopen()
         #expect(status { try reopened.unlock(passphrase: fixture.passphrase) } == -26275)
-        #expect(read(reopened, "svcA", "alice") != "alice-secret")
+        #expect(readOutcome(reopened, "svcA", "alice") != "alice-secret")
     }
 
     @Test(
@@ -272,7 +262,7 @@ struct AttackerReviewTests {
         let other = try fixture.reopen()
         try? other.unlock(passphrase: fixture.passphrase)
         other.lock()
-        #expect(read(other, "svcB", "bob") != "status -25300")
+        #expect(readOutcome(other, "svcB", "bob") != "status -25300")
     }
 
     @Test(
@@ -287,7 +277,7 @@ struct AttackerReviewTests {
         #expect(status { _ = try fixture.vault.changePassphrase(from: fixture.passphrase, to: SecretBytes(utf8: "a new passphrase")) } == -26275)
         let versions = try database.firstRow("SELECT count(DISTINCT version) FROM items WHERE rowid IN (-1, 0, 1)") { $0.integer(0) }
         #expect(versions != 1, "the two replayed rows now carry the newest version, like the current one")
-        #expect(read(fixture.vault, "svcA", "alice") != "alice-secret")
+        #expect(readOutcome(fixture.vault, "svcA", "alice") != "alice-secret")
     }
 
     @Test("file: a vault opened for one access group never returns another group's item whose group column was relabelled")
@@ -301,7 +291,7 @@ struct AttackerReviewTests {
             "UPDATE items SET access_group = 'parked' WHERE access_group = 'group.a'; UPDATE items SET access_group = 'group.a' WHERE access_group = 'group.b'")
         let onlyA = try fixture.reopen { $0.accessGroups = ["group.a"] }
         try onlyA.unlock(passphrase: fixture.passphrase)
-        #expect(read(onlyA, "svc", "acct") == "status -26275")
+        #expect(readOutcome(onlyA, "svc", "acct") == "status -26275")
     }
 
     @Test("file: an access-controlled row with its access-control column cleared is errSecDecode, never the value")
@@ -312,7 +302,7 @@ struct AttackerReviewTests {
         try fixture.vault.add(item)
         let database = try Database(path: fixture.path, create: false)
         try database.execute("UPDATE items SET access_control = ''")
-        #expect(read(fixture.vault, "svcP", "pat") == "status -26275")
+        #expect(readOutcome(fixture.vault, "svcP", "pat") == "status -26275")
         #expect(readReopened(fixture, "svcP", "pat") == "status -26275")
     }
 
@@ -338,14 +328,14 @@ struct AttackerReviewTests {
         var replayed = kept
         replayed[replayed.count - 1] = "999"
         try insertRow(database, rowID: 1000, replayed)
-        #expect(read(vault, "svc.example", "bob") != "after-first-unlock", "the deleted value is served")
+        #expect(readOutcome(vault, "svc.example", "bob") != "after-first-unlock", "the deleted value is served")
         // The next unlock upgrades what it finds in format 1.
         vault.lockAll()
         let next = try Vault.open(at: copy.path, configuration: copy.configuration)
         let unlocked = status { try next.unlock(passphrase: FormatCompatibilityTests.passphrase) }
         let bucket = try database.firstRow("SELECT bucket, format FROM items WHERE rowid = 1000") { "\($0.integer(0) ?? -1)/\($0.integer(1) ?? -1)" }
         #expect(unlocked == -26275 || bucket == "999/1", "the replayed row was resealed: bucket/format now \(bucket ?? "gone")")
-        #expect(read(next, "svc.example", "bob") != "after-first-unlock", "the deleted value is served after the upgrade")
+        #expect(readOutcome(next, "svc.example", "bob") != "after-first-unlock", "the deleted value is served after the upgrade")
         #expect(try !Vault.verify(at: copy.path, configuration: copy.configuration).isSound, "lockbox verify finds the resurrected row sound")
     }
 
@@ -356,7 +346,7 @@ struct AttackerReviewTests {
         let (fixture, database) = try makeVault()
         try database.execute("DELETE FROM vault_state")
         #expect(readReopened(fixture, "svcA", "alice") == "status -26275")
-        #expect(read(fixture.vault, "svcA", "alice") == "status -26275")
+        #expect(readOutcome(fixture.vault, "svcA", "alice") == "status -26275")
     }
 
     @Test("file: the integrity record deleted and the header taken back to version 1 is errSecDecode")
@@ -376,7 +366,7 @@ struct AttackerReviewTests {
     func headerVersion1_whileUnlocked_failsClosed() throws {
         let (fixture, database) = try makeVault()
         try database.execute("DELETE FROM header WHERE name IN ('version', 'index_root', 'previous_masters')")
-        #expect(read(fixture.vault, "svcA", "alice") == "status -26275")
+        #expect(readOutcome(fixture.vault, "svcA", "alice") == "status -26275")
         #expect(readReopened(fixture, "svcA", "alice") == "status -26275")
     }
 
@@ -477,7 +467,7 @@ struct AttackerReviewTests {
         let spelled = FilePermissions.directory(of: fixture.path) + "/./" + URL(fileURLWithPath: fixture.path).lastPathComponent
         let answer: String
         do {
-            answer = read(try Vault.open(at: spelled, configuration: fixture.vault.configuration), "svcA", "alice")
+            answer = readOutcome(try Vault.open(at: spelled, configuration: fixture.vault.configuration), "svcA", "alice")
         } catch {
             answer = "status \(error.status)"
         }
@@ -544,7 +534,7 @@ struct AttackerReviewTests {
         do {
             let reopened = try fixture.reopen()
             #expect(status { try reopened.unlock(passphrase: fixture.passphrase) } == -26275)
-            #expect(read(reopened, "svcT", "tdo") != "forged")
+            #expect(readOutcome(reopened, "svcT", "tdo") != "forged")
         } catch {
             #expect((error as? LockboxError)?.status == -26275)
         }
@@ -570,7 +560,7 @@ struct AttackerReviewTests {
         try FileManager.default.removeItem(atPath: remembered.path)
         let reopened = try fixture.reopen()
         try reopened.unlock(passphrase: fixture.passphrase)
-        let answer = read(reopened, "svcA", "alice")
+        let answer = readOutcome(reopened, "svcA", "alice")
         #expect(answer == "status -26275", "the older value came back: \(answer == "alice-secret")")
     }
 
@@ -590,7 +580,7 @@ struct AttackerReviewTests {
         do {
             let reopened = try Vault.open(at: spelled, configuration: fixture.vault.configuration)
             try reopened.unlock(passphrase: fixture.passphrase)
-            answer = read(reopened, "svcA", "alice")
+            answer = readOutcome(reopened, "svcA", "alice")
         } catch {
             answer = "status \(error.status)"
         }
@@ -611,7 +601,7 @@ struct AttackerReviewTests {
         do {
             let reopened = try fixture.reopen()
             try reopened.unlock(passphrase: fixture.passphrase)
-            answer = read(reopened, "svcA", "alice")
+            answer = readOutcome(reopened, "svcA", "alice")
         } catch let error as LockboxError {
             answer = "status \(error.status)"
         }
@@ -673,5 +663,16 @@ struct AttackerReviewTests {
         #expect(try failures(fixture.vault) >= 3)
         try database.execute("DELETE FROM unlock_attempts")
         #expect(try failures(fixture.vault) >= 3)
+    }
+}
+
+/// What reading `service`/`account` gives: the value as text, or the status as "status N" (for
+/// the suites that edit the file and compare what a read answers).
+func readOutcome(_ vault: Vault, _ service: String, _ account: String) -> String {
+    do {
+        let value = try vault.data(matching: .genericPassword(service: service, account: account))
+        return value.withUnsafeBytes { String(decoding: $0, as: UTF8.self) }
+    } catch {
+        return "status \(error.status)"
     }
 }

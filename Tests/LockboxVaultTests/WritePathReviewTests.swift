@@ -20,16 +20,6 @@ struct WritePathReviewTests {
         return item
     }
 
-    /// What reading `service`/`account` gives: the value as text, or the status as "status N".
-    func read(_ vault: Vault, _ service: String, _ account: String) -> String {
-        do {
-            let value = try vault.data(matching: .genericPassword(service: service, account: account))
-            return value.withUnsafeBytes { String(decoding: $0, as: UTF8.self) }
-        } catch {
-            return "status \(error.status)"
-        }
-    }
-
     // MARK: Buckets checked after the same transaction changed them
 
     @Test(
@@ -54,7 +44,7 @@ struct WritePathReviewTests {
                 try other.applyChanges(count: 2) { index throws(LockboxError) -> SyncedChange in changes[index] }
             }
         #expect(applied.references.count == 2 && applied.references[1] == nil)
-        #expect(read(fixture.vault, "new.example", "user") == "new")
+        #expect(readOutcome(fixture.vault, "new.example", "user") == "new")
         #expect(try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration).isSound)
     }
 
@@ -123,8 +113,8 @@ struct WritePathReviewTests {
         // ... and the attacker puts the digest back: both rows are counted in the record.
         try database.execute("UPDATE items SET \(column) = (SELECT \(column) FROM kept WHERE kept.rowid = items.rowid) WHERE rowid IN (SELECT rowid FROM kept); DROP TABLE kept")
         #expect(try database.firstRow("SELECT count(*) FROM items GROUP BY primary_digest ORDER BY 1 DESC") { $0.integer(0) } == 2)
-        #expect(read(fixture.vault, "svcA", "alice") == "status -26275")
-        #expect(read(try fixture.reopen(), "svcA", "alice") == "status -26275")
+        #expect(readOutcome(fixture.vault, "svcA", "alice") == "status -26275")
+        #expect(readOutcome(try fixture.reopen(), "svcA", "alice") == "status -26275")
         var every = Query(.genericPassword, limit: .all, returning: [.data])
         every.attributes.service = "svcA"
         #expect(status { _ = try fixture.vault.items(matching: every) } == -26275)
@@ -141,7 +131,7 @@ struct WritePathReviewTests {
         let database = try Database(path: fixture.path, create: false)
         try database.execute("UPDATE items SET primary_digest = CAST(primary_digest AS TEXT)")
         #expect(try database.firstRow("SELECT typeof(primary_digest) FROM items") { $0.text(0) } == "text")
-        #expect(read(try fixture.reopen(), "svcA", "alice") == "status -26275")
+        #expect(readOutcome(try fixture.reopen(), "svcA", "alice") == "status -26275")
         // The writer's check does not verify the bucket (an add stays cheap); it must still see
         // the row, or a second one is stored next to it.
         #expect(status { try fixture.vault.add(.genericPassword(service: "svcA", account: "alice", data: SecretBytes(utf8: "alice-new"))) }
@@ -203,7 +193,7 @@ struct WritePathReviewTests {
         try replayWithoutRecord(database)
         fixture.vault.lockAll()
         #expect(status { try fixture.vault.unlock(passphrase: fixture.passphrase) } == -26275)
-        #expect(read(fixture.vault, "svcA", "alice") == "status -26275")
+        #expect(readOutcome(fixture.vault, "svcA", "alice") == "status -26275")
         #expect(try database.firstRow("SELECT count(*) FROM vault_state") { $0.integer(0) } == 0)
         #expect(!(try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration).isSound))
     }
@@ -213,7 +203,7 @@ struct WritePathReviewTests {
         let (fixture, database) = try vaultWithOlderRow()
         try replayWithoutRecord(database)
         #expect(status { _ = try fixture.vault.changePassphrase(from: fixture.passphrase, to: SecretBytes(utf8: "another passphrase")) } == -26275)
-        #expect(read(fixture.vault, "svcA", "alice") == "status -26275")
+        #expect(readOutcome(fixture.vault, "svcA", "alice") == "status -26275")
         #expect(try database.firstRow("SELECT count(*) FROM vault_state") { $0.integer(0) } == 0)
     }
 }
