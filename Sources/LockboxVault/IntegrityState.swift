@@ -36,21 +36,37 @@ struct IntegrityState {
     /// MACs over a digest per group, the accumulators in `integrity_groups` and the generation
     /// and MACs in `vault_state`; 4, as 3 but the generation and MACs written into the rows of
     /// the groups a write changed (the record is the one with the highest generation), so a
-    /// write rewrites one row instead of two (`vault_state` keeps only the format). Formats 3
-    /// and 4 authenticate the same bytes. A state of an older format is verified as such and
-    /// rewritten in the current one at the next write.
-    static let currentFormat = 4
+    /// write rewrites one row instead of two (`vault_state` keeps only the format); 5, stored as
+    /// 4, the MACs over a tree of digests (``authenticatedBytes(vaultID:headerBinding:keys:)``),
+    /// so a write digests its group, one node and about 230 bytes twice instead of its group
+    /// and about 660 bytes twice. Formats 3 and 4 authenticate the same bytes. A state of an
+    /// older format is verified as such and rewritten in the current one at the next write.
+    static let currentFormat = 5
+    /// Format 5: groups per node of the tree (four nodes of four groups).
+    static let groupsPerNode = 4
+    static let nodeCount = groupCount / groupsPerNode
 
     var generation: Int
     var accumulators: [UInt8]
     var mac: [UInt8] = []
     var alwaysMAC: [UInt8] = []
     var format = IntegrityState.currentFormat
-    /// Per group: its digest under the element key, while its accumulators are unchanged.
-    private var groupDigests: [[UInt8]?] = Array(repeating: nil, count: IntegrityState.groupCount)
-    /// Groups whose stored row is out of date (all of them for a state not read from the file).
-    private(set) var unsavedGroups: [Bool] = Array(repeating: true, count: IntegrityState.groupCount)
-    /// The format of the record in the file (nil before it is first saved): a save in format 4
+    /// Per group, 32 bytes: its digest (format 5: BLAKE2b of the group's bytes; formats 3 and
+    /// 4: keyed by the element key), valid where its bit of `knownGroups` is set, that is while
+    /// its accumulators are unchanged. Flat bytes and bit sets rather than an array per digest:
+    /// every write copies the state, and a copy is then three buffers, not sixteen.
+    private var groupDigests = [UInt8](repeating: 0, count: IntegrityState.groupCount * 32)
+    private var knownGroups: UInt16 = 0
+    /// Format 5: per node, 32 bytes, the digest of its groups' digests, valid where its bit of
+    /// `knownNodes` is set.
+    private var nodeDigests = [UInt8](repeating: 0, count: IntegrityState.nodeCount * 32)
+    private var knownNodes: UInt8 = 0
+    /// Whether the cached digests are format 5's (they are dropped when the format changes).
+    private var digestsOfTree = false
+    /// Groups whose stored row is out of date, a bit each (all of them for a state not read
+    /// from the file).
+    private var unsavedGroups = UInt16.max
+    /// The format of the record in the file (nil before it is first saved): a save in the current format
     /// over an older record writes every group and marks `vault_state`.
     private var storedFormat: Int?
 
@@ -81,6 +97,11 @@ struct IntegrityState {
     /// accessibility, group, sync flag, device, access control), so that editing any of it
     /// (which would make a query miss the row) is noticed like a deletion.
     static func element(_ row: RowIdentity, key: SecretBytes) -> [UInt8] {
+        encodedElement(row).withBytes { Crypto.keyedDigest($0, key: key) }
+    }
+
+    /// What ``element(_:key:)`` digests.
+    private static func encodedElement(_ row: RowIdentity) -> FieldEncoder {
         // About 210 bytes for a row of the current format.
         var encoder = FieldEncoder(capacity: 256)
         encoder.bytes(row.id)
@@ -94,7 +115,7 @@ struct IntegrityState {
         encoder.integer(row.synchronizable)
         encoder.string(row.deviceID)
         encoder.string(row.accessControl)
-        return Crypto.keyedDigest(encoder.bytes, key: key)
+        return encoder
     }
 
     /// What the integrity state counts of a row: its columns but the sealed blobs (which their
@@ -163,68 +184,118 @@ struct IntegrityState {
     /// Counts a row in its bucket. Accumulators are sums modulo 2^256 (little-endian), so a
     /// row present twice counts twice instead of cancelling out.
     mutating func add(_ row: RowIdentity, key: SecretBytes) {
-        Self.add(Self.element(row, key: key), to: &accumulators, at: row.bucket * Self.accumulatorSize)
-        changed(bucket: row.bucket)
+        count(row, key: key, adding: true)
     }
 
     mutating func remove(_ row: RowIdentity, key: SecretBytes) {
-        Self.subtract(Self.element(row, key: key), from: &accumulators, at: row.bucket * Self.accumulatorSize)
+        count(row, key: key, adding: false)
+    }
+
+    /// Adds or subtracts the row's element in its bucket, the element digested into a buffer
+    /// on the stack.
+    private mutating func count(_ row: RowIdentity, key: SecretBytes, adding: Bool) {
+        let start = row.bucket * Self.accumulatorSize
+        let encoded = Self.encodedElement(row)
+        withUnsafeTemporaryAllocation(byteCount: Self.accumulatorSize, alignment: 8) { element in
+            encoded.withBytes { Crypto.keyedDigest($0, key: key, into: element) }
+            accumulators.withUnsafeMutableBytes { accumulators in
+                let bucket = UnsafeMutableRawBufferPointer(rebasing: accumulators[start..<start + Self.accumulatorSize])
+                if adding {
+                    ModularSum.add(UnsafeRawBufferPointer(element), to: bucket)
+                } else {
+                    ModularSum.subtract(UnsafeRawBufferPointer(element), from: bucket)
+                }
+            }
+        }
         changed(bucket: row.bucket)
     }
 
     private mutating func changed(bucket: Int) {
         let group = bucket / Self.bucketsPerGroup
-        groupDigests[group] = nil
-        unsavedGroups[group] = true
+        knownGroups &= ~(1 << group)
+        knownNodes &= ~(1 << (group / Self.groupsPerNode))
+        unsavedGroups |= 1 << group
     }
 
     /// Every group is written at the next save (a state rebuilt or converted).
     mutating func markAllUnsaved() {
-        unsavedGroups = Array(repeating: true, count: Self.groupCount)
-        groupDigests = Array(repeating: nil, count: Self.groupCount)
+        unsavedGroups = .max
+        forgetDigests()
     }
 
-    static func add(_ value: [UInt8], to accumulator: inout [UInt8], at start: Int) {
-        value.withUnsafeBytes { value in
-            accumulator.withUnsafeMutableBytes { ModularSum.add(value, to: UnsafeMutableRawBufferPointer(rebasing: $0[start..<start + accumulatorSize])) }
-        }
-    }
-
-    static func subtract(_ value: [UInt8], from accumulator: inout [UInt8], at start: Int) {
-        value.withUnsafeBytes { value in
-            accumulator.withUnsafeMutableBytes {
-                ModularSum.subtract(value, from: UnsafeMutableRawBufferPointer(rebasing: $0[start..<start + accumulatorSize]))
-            }
-        }
+    private mutating func forgetDigests() {
+        knownGroups = 0
+        knownNodes = 0
     }
 
     func accumulator(_ bucket: Int) -> ArraySlice<UInt8> {
         accumulators[bucket * Self.accumulatorSize..<(bucket + 1) * Self.accumulatorSize]
     }
 
-    /// What the MACs cover: the vault, the generation, the accumulators (from format 3 through one
-    /// digest per group) and the header (through its digest, ``headerBinding(_:key:)``).
-    private mutating func authenticatedBytes(vaultID: [UInt8], headerBinding: [UInt8], keys: Keys) -> [UInt8] {
-        // About 30 bytes, then 37 per group and 37 for the header.
+    /// What the MACs cover: the vault, the generation, the accumulators and the header (through
+    /// its digest, ``headerBinding(_:key:)``), in the state's format.
+    ///
+    /// Format 5 covers the accumulators through a tree: each group's 512 bytes are digested
+    /// (BLAKE2b-256, no key: the MACs over the tree are what a forger lacks, and a collision of
+    /// BLAKE2b is what replacing a group without changing them would need), each node digests
+    /// the four digests of its groups (128 bytes), and the MACs cover the four nodes. Every
+    /// digest's input has a fixed length and place, so no input of one level can stand for
+    /// another's. Formats 3 and 4 cover one digest per group, keyed by the element key.
+    private mutating func authenticatedBytes(vaultID: [UInt8], headerBinding: [UInt8], keys: Keys) -> FieldEncoder {
+        let tree = format >= 5
+        if digestsOfTree != tree {
+            forgetDigests()
+            digestsOfTree = tree
+        }
+        // About 30 bytes, then 37 per group or node and 37 for the header.
         var encoder = FieldEncoder(capacity: 64 + 37 * (Self.groupCount + 1))
-        encoder.string("lockbox.state.v3")
+        encoder.string(tree ? "lockbox.state.v5" : "lockbox.state.v3")
         encoder.bytes(vaultID)
         encoder.integer(generation)
-        for group in 0..<Self.groupCount {
-            if groupDigests[group] == nil {
-                groupDigests[group] = accumulators.withUnsafeBytes { bytes in
-                    Crypto.keyedDigest(
-                        UnsafeRawBufferPointer(rebasing: bytes[group * Self.groupSize..<(group + 1) * Self.groupSize]), key: keys.element)
+        if tree {
+            let nodeSize = Self.groupsPerNode * 32
+            for node in 0..<Self.nodeCount {
+                if knownNodes & (1 << node) == 0 {
+                    for group in node * Self.groupsPerNode..<(node + 1) * Self.groupsPerNode {
+                        computeGroupDigest(group, key: nil)
+                    }
+                    groupDigests.withUnsafeBytes { groups in
+                        nodeDigests.withUnsafeMutableBytes { nodes in
+                            Crypto.digest(
+                                UnsafeRawBufferPointer(rebasing: groups[node * nodeSize..<(node + 1) * nodeSize]),
+                                into: UnsafeMutableRawBufferPointer(rebasing: nodes[node * 32..<(node + 1) * 32]))
+                        }
+                    }
+                    knownNodes |= 1 << node
                 }
+                nodeDigests.withUnsafeBytes { encoder.bytes(inPlace: UnsafeRawBufferPointer(rebasing: $0[node * 32..<(node + 1) * 32])) }
             }
-            encoder.bytes(groupDigests[group]!)
+        } else {
+            for group in 0..<Self.groupCount {
+                computeGroupDigest(group, key: keys.element)
+                groupDigests.withUnsafeBytes { encoder.bytes(inPlace: UnsafeRawBufferPointer(rebasing: $0[group * 32..<(group + 1) * 32])) }
+            }
         }
         encoder.bytes(headerBinding)
-        return encoder.bytes
+        return encoder
+    }
+
+    /// Makes group `group`'s digest (keyed by `key` in formats 3 and 4) when its accumulators
+    /// changed since the last time.
+    private mutating func computeGroupDigest(_ group: Int, key: SecretBytes?) {
+        guard knownGroups & (1 << group) == 0 else { return }
+        accumulators.withUnsafeBytes { bytes in
+            let input = UnsafeRawBufferPointer(rebasing: bytes[group * Self.groupSize..<(group + 1) * Self.groupSize])
+            groupDigests.withUnsafeMutableBytes { digests in
+                let output = UnsafeMutableRawBufferPointer(rebasing: digests[group * 32..<(group + 1) * 32])
+                if let key { Crypto.keyedDigest(input, key: key, into: output) } else { Crypto.digest(input, into: output) }
+            }
+        }
+        knownGroups |= 1 << group
     }
 
     /// Format 2: every accumulator and the header's bytes, as they are.
-    private func authenticatedBytesVersion2(vaultID: [UInt8], header: VaultHeader) -> [UInt8] {
+    private func authenticatedBytesVersion2(vaultID: [UInt8], header: VaultHeader) -> FieldEncoder {
         var encoder = FieldEncoder()
         encoder.string("lockbox.state.v2")
         encoder.bytes(vaultID)
@@ -232,7 +303,7 @@ struct IntegrityState {
         encoder.bytes(accumulators)
         encoder.bytes(header.authenticatedBytes())
         encoder.bytes(header.mac)
-        return encoder.bytes
+        return encoder
     }
 
     /// The header as the state's MACs bind it: a digest of its authenticated bytes and its MAC,
@@ -253,11 +324,10 @@ struct IntegrityState {
         guard let stateKey = keys.state else { preconditionFailure("writing the integrity state needs the index root") }
         format = Self.currentFormat
         let bytes = authenticatedBytes(vaultID: vaultID, headerBinding: headerBinding, keys: keys)
-        mac = Crypto.keyedDigest(bytes, key: stateKey)
-        alwaysMAC = Crypto.keyedDigest(bytes, key: keys.always)
+        (mac, alwaysMAC) = bytes.withBytes { (Crypto.keyedDigest($0, key: stateKey), Crypto.keyedDigest($0, key: keys.always)) }
     }
 
-    private mutating func verifiedBytes(header: VaultHeader, headerBinding: [UInt8]?, keys: Keys) -> [UInt8] {
+    private mutating func verifiedBytes(header: VaultHeader, headerBinding: [UInt8]?, keys: Keys) -> FieldEncoder {
         if format == 2 { return authenticatedBytesVersion2(vaultID: header.vaultID, header: header) }
         return authenticatedBytes(
             vaultID: header.vaultID, headerBinding: headerBinding ?? Self.headerBinding(header, key: keys.element), keys: keys)
@@ -268,17 +338,17 @@ struct IntegrityState {
     mutating func verify(header: VaultHeader, headerBinding: [UInt8]? = nil, keys: Keys) -> Bool {
         let bytes = verifiedBytes(header: header, headerBinding: headerBinding, keys: keys)
         if let stateKey = keys.state {
-            return Self.equal(Crypto.keyedDigest(bytes, key: stateKey), mac)
+            return Self.equal(bytes.withBytes { Crypto.keyedDigest($0, key: stateKey) }, mac)
         }
-        return Self.equal(Crypto.keyedDigest(bytes, key: keys.always), alwaysMAC)
+        return Self.equal(bytes.withBytes { Crypto.keyedDigest($0, key: keys.always) }, alwaysMAC)
     }
 
     /// Checks every MAC the keys allow (both when the index root is there), for `verify`.
     mutating func verifyEvery(header: VaultHeader, keys: Keys) -> Bool {
         let bytes = verifiedBytes(header: header, headerBinding: nil, keys: keys)
-        let always = Self.equal(Crypto.keyedDigest(bytes, key: keys.always), alwaysMAC)
+        let always = Self.equal(bytes.withBytes { Crypto.keyedDigest($0, key: keys.always) }, alwaysMAC)
         guard let stateKey = keys.state else { return always }
-        return always && Self.equal(Crypto.keyedDigest(bytes, key: stateKey), mac)
+        return always && Self.equal(bytes.withBytes { Crypto.keyedDigest($0, key: stateKey) }, mac)
     }
 
     static func equal(_ left: [UInt8], _ right: [UInt8]) -> Bool {
@@ -302,7 +372,7 @@ struct IntegrityState {
         guard try statement.step() else { return nil }
         let malformed = LockboxError.integrity("The keychain's integrity record")
         guard let generation = statement.integer(0), generation >= 0, let inline = statement.blob(1),
-            let mac = statement.blob(2), let alwaysMAC = statement.blob(3), let format = statement.integer(4), (2...4).contains(format)
+            let mac = statement.blob(2), let alwaysMAC = statement.blob(3), let format = statement.integer(4), (2...5).contains(format)
         else { throw malformed }
         var state: IntegrityState
         if inline.count == bucketCount * accumulatorSize && format == 2 {
@@ -311,11 +381,11 @@ struct IntegrityState {
             state.alwaysMAC = alwaysMAC
         } else {
             guard inline.isEmpty else { throw malformed }
-            // In format 4 `vault_state` holds the format alone (what a save left there).
-            guard format != 4 || (generation == 0 && mac.isEmpty && alwaysMAC.isEmpty) else { throw malformed }
-            let groups = try loadGroups(from: database, withRecord: format == 4)
+            // From format 4 `vault_state` holds the format alone (what a save left there).
+            guard format < 4 || (generation == 0 && mac.isEmpty && alwaysMAC.isEmpty) else { throw malformed }
+            let groups = try loadGroups(from: database, withRecord: format >= 4)
             state = IntegrityState(generation: generation, accumulators: groups.accumulators)
-            state.unsavedGroups = Array(repeating: false, count: groupCount)
+            state.unsavedGroups = 0
             if let record = groups.record {
                 state.generation = record.generation
                 state.mac = record.mac
@@ -332,7 +402,7 @@ struct IntegrityState {
 
     private struct StoredGroups {
         var accumulators: [UInt8]
-        /// Format 4: the record the rows of the highest generation carry.
+        /// From format 4: the record the rows of the highest generation carry.
         var record: (generation: Int, mac: [UInt8], alwaysMAC: [UInt8])?
     }
 
@@ -366,12 +436,12 @@ struct IntegrityState {
     static func loadGeneration(from database: Database) throws(LockboxError) -> Int? {
         guard let (generation, format) = try database.firstRow("SELECT generation, format FROM vault_state WHERE id = 1", read: { ($0.integer(0), $0.integer(1)) })
         else { return nil }
-        guard format == 4 else { return generation }
+        guard let format, format >= 4 else { return generation }
         return try database.firstRow("SELECT max(generation) FROM integrity_groups") { $0.integer(0) } ?? nil
     }
 
     /// Writes the groups that changed since the state was read, each with the generation and
-    /// the MACs (format 4). An existing row is updated where it is (the same size: SQLite
+    /// the MACs (from format 4). An existing row is updated where it is (the same size: SQLite
     /// overwrites the cell in place, where a replacement would delete it and insert it again).
     /// Over a record of an older format every group is written, and `vault_state` keeps only
     /// the format from then on.
@@ -385,18 +455,18 @@ struct IntegrityState {
                 """)
             statement.bind(1, format)
             try statement.run()
-            unsavedGroups = Array(repeating: true, count: Self.groupCount)
+            unsavedGroups = .max
         }
         // A write that changed no group (a header change) still moves the record: it goes into
         // the first group's row.
-        if !unsavedGroups.contains(true) { unsavedGroups[0] = true }
+        if unsavedGroups == 0 { unsavedGroups = 1 }
         let group = try database.statement(
             """
             INSERT INTO integrity_groups (id, accumulators, generation, mac, always_mac) VALUES (?, ?, ?, ?, ?)
             ON CONFLICT (id) DO UPDATE SET accumulators = excluded.accumulators, generation = excluded.generation,
             mac = excluded.mac, always_mac = excluded.always_mac
             """)
-        for index in 0..<Self.groupCount where unsavedGroups[index] {
+        for index in 0..<Self.groupCount where unsavedGroups & (1 << index) != 0 {
             group.bind(1, index)
             accumulators.withUnsafeBytes { bytes in
                 group.bind(2, bytes: UnsafeRawBufferPointer(rebasing: bytes[index * Self.groupSize..<(index + 1) * Self.groupSize]))
@@ -406,7 +476,7 @@ struct IntegrityState {
             group.bind(5, alwaysMAC)
             try group.run()
             group.reset()
-            unsavedGroups[index] = false
+            unsavedGroups &= ~(1 << index)
         }
         storedFormat = Self.currentFormat
     }

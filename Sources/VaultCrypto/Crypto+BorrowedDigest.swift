@@ -15,4 +15,14 @@ extension Crypto {
                 keyBytes.baseAddress!.assumingMemoryBound(to: UInt8.self), keyBytes.count)
         }
     }
+
+    /// BLAKE2b-256 of public bytes read in place (the same digest as ``digest(_:)-([UInt8])``),
+    /// written into `output` (32 bytes).
+    package static func digest(_ input: UnsafeRawBufferPointer, into output: UnsafeMutableRawBufferPointer) {
+        precondition(output.count == 32, "a digest is 32 bytes")
+        ensureInitialized()
+        _ = crypto_generichash(
+            output.baseAddress!.assumingMemoryBound(to: UInt8.self), 32, input.baseAddress?.assumingMemoryBound(to: UInt8.self),
+            UInt64(input.count), nil, 0)
+    }
 }

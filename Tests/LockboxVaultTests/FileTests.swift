@@ -69,8 +69,8 @@ struct FileTests {
     @Test("a vault from a newer schema is refused, and the current one is recorded")
     func newerSchema_isRefused() throws {
         let fixture = try VaultFixture()
-        #expect(try fixture.vault.withDatabase { database throws(LockboxError) in try database.userVersion } == 4)
-        // Schema 4: the identifier is the items' only UNIQUE index (primary keys are checked
+        #expect(try fixture.vault.withDatabase { database throws(LockboxError) in try database.userVersion } == 5)
+        // From schema 4: the identifier is the items' only UNIQUE index (primary keys are checked
         // through the lookup index); the indexes queries use are all there.
         let indexes = try fixture.vault.withDatabase { database throws(LockboxError) -> [String] in
             let statement = try database.statement(

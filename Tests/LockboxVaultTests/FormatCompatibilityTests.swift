@@ -7,8 +7,9 @@ import VaultStorage
 @testable import LockboxVault
 
 /// Every released file format keeps opening: the committed schema-1 vault and backup
-/// (Tests/Fixtures/vault-v1, written by the first release) and the schema-2 and schema-3 vaults
-/// (Tests/Fixtures/vault-v2, vault-v3) are opened, upgraded in place and read back item by item.
+/// (Tests/Fixtures/vault-v1, written by the first release) and the schema-2, 3 and 4 vaults
+/// (Tests/Fixtures/vault-v2, vault-v3, vault-v4) are opened, upgraded in place and read back
+/// item by item.
 @Suite("File format compatibility")
 struct FormatCompatibilityTests {
     static let fixtureRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
@@ -78,13 +79,20 @@ struct FormatCompatibilityTests {
             var judy = Query.genericPassword(service: "svc.v3", account: "judy")
             judy.returning = [.attributes, .data]
             let found = try vault.items(matching: judy)
-            #expect(found.first?.data == SecretBytes(utf8: "written-at-v3"))
+            #expect(found.first?.data == SecretBytes(utf8: version == 3 ? "written-at-v3" : "changed-at-v4"))
             #expect(found.first?.attributes.label == "label v3")
             var ken = Query.genericPassword(service: "svc.v3", account: "ken")
             ken.synchronizable = .any
             #expect(try vault.data(matching: ken) == SecretBytes(utf8: "synchronizable-at-v3"))
             let changes = try vault.synchronizableChanges(since: 0)
             #expect(changes.count == 1 && changes.changed.count == 1)
+        }
+        if version >= 4 {
+            var liam = Query.genericPassword(service: "svc.v4", account: "liam")
+            liam.returning = [.attributes, .data]
+            let found = try vault.items(matching: liam)
+            #expect(found.first?.data == SecretBytes(utf8: "written-at-v4"))
+            #expect(found.first?.attributes.label == "label v4")
         }
     }
 
@@ -114,7 +122,7 @@ struct FormatCompatibilityTests {
         #expect(before == 3)
 
         try vault.update(matching: .genericPassword(service: "svc.v2", account: "ivan"), to: ItemUpdate(data: SecretBytes(utf8: "at-v3")))
-        #expect(try storedRecord(vault) == (4, 0, 16))
+        #expect(try storedRecord(vault) == (IntegrityState.currentFormat, 0, 16))
         // The updated row is resealed in row format 3 (its value under the class key, bound to
         // its attributes); the others stay in format 2 and read as they are.
         let rowFormats = try vault.withDatabase { database throws(LockboxError) in
@@ -178,7 +186,7 @@ struct FormatCompatibilityTests {
         // `vault_state`); the first write moves them into the group rows.
         #expect(try storedRecord(vault) == (3, 0, 16))
         try vault.update(matching: .genericPassword(service: "svc.v3", account: "judy"), to: ItemUpdate(data: SecretBytes(utf8: "at-v4")))
-        #expect(try storedRecord(vault) == (4, 0, 16))
+        #expect(try storedRecord(vault) == (IntegrityState.currentFormat, 0, 16))
         let record = try vault.withDatabase { database throws(LockboxError) in
             try database.firstRow("SELECT length(mac) + length(always_mac), generation FROM vault_state") { [$0.integer(0), $0.integer(1)] }
         }
@@ -199,6 +207,108 @@ struct FormatCompatibilityTests {
         #expect(try other.data(matching: .genericPassword(service: "svc.v4", account: "leo")) == SecretBytes(utf8: "new"))
         #expect(try other.data(matching: .genericPassword(service: "svc.v2", account: "ivan")) == SecretBytes(utf8: "changed-at-v3"))
         #expect(try Vault.verify(at: copy.path, configuration: copy.configuration).isSound)
+    }
+
+    @Test("the schema-4 vault opens, every item reads back, its first write moves the record to the tree of digests, and edits stay refused")
+    func version4Vault_opensAndConverts() throws {
+        let copy = try Copy(version: 4)
+        let vault = try Vault.open(at: copy.path, configuration: copy.configuration)
+        #expect(try vault.withDatabase { database throws(LockboxError) in try database.userVersion } == VaultSchema.current)
+        #expect(status { _ = try vault.data(matching: .genericPassword(service: "svc.example", account: "alice")) } == -25308)
+        try vault.unlock(passphrase: Self.passphrase)
+        try checkEveryItem(vault, version: 4)
+        #expect(try Vault.verify(at: copy.path, configuration: copy.configuration).isSound)
+        #expect(try vault.status().generation == 8)
+        // Until a write, the record stays in format 4 and is verified as such.
+        #expect(try storedRecord(vault) == (4, 0, 16))
+        let formatFour = try groupRows(vault)
+
+        try vault.update(matching: .genericPassword(service: "svc.v4", account: "liam"), to: ItemUpdate(data: SecretBytes(utf8: "at-v5")))
+        #expect(try storedRecord(vault) == (IntegrityState.currentFormat, 0, 16))
+        // The conversion writes every group with the new record.
+        #expect(try groupRows(vault).allSatisfy { $0.generation == 9 })
+        try vault.add(.genericPassword(service: "svc.v5", account: "mia", data: SecretBytes(utf8: "new")))
+        #expect(status { try vault.add(.genericPassword(service: "svc.v4", account: "liam", data: SecretBytes(utf8: "again"))) } == -25299)
+        let other = try Vault.open(at: copy.path, configuration: copy.configuration)
+        try other.unlock(passphrase: Self.passphrase)
+        #expect(try other.data(matching: .genericPassword(service: "svc.v4", account: "liam")) == SecretBytes(utf8: "at-v5"))
+        #expect(try other.data(matching: .genericPassword(service: "svc.v5", account: "mia")) == SecretBytes(utf8: "new"))
+        try other.delete(matching: .genericPassword(service: "svc.v3", account: "judy"))
+        #expect(status { _ = try vault.data(matching: .genericPassword(service: "svc.v3", account: "judy")) } == -25300)
+        #expect(try Vault.verify(at: copy.path, configuration: copy.configuration).isSound)
+        #expect(try vault.status().generation == 11)
+        let converted = try groupRows(vault)
+
+        // Each edit of the converted record is refused by a new handle (a new process), and
+        // putting the record back as it was undoes it.
+        let edits: [(String, (inout [GroupRow]) -> Void)] = [
+            ("the format marked 4 again", { _ in }),
+            ("two groups' accumulators swapped", { rows in
+                let used = rows.firstIndex { $0.accumulators != [UInt8](repeating: 0, count: 512) }!
+                let unused = rows.firstIndex { $0.accumulators == [UInt8](repeating: 0, count: 512) }!
+                (rows[used].accumulators, rows[unused].accumulators) = (rows[unused].accumulators, rows[used].accumulators)
+            }),
+            ("one accumulator byte changed", { rows in rows[rows.count / 2].accumulators[7] ^= 1 }),
+            ("the format-4 record of the fixture put back", { rows in rows = formatFour }),
+        ]
+        for (index, (name, edit)) in edits.enumerated() {
+            var rows = converted
+            edit(&rows)
+            try vault.withDatabase { database throws(LockboxError) in
+                try Self.write(rows, to: database)
+                if index == 0 { try database.execute("UPDATE vault_state SET format = 4") }
+            }
+            #expect(status {
+                let edited = try Vault.open(at: copy.path, configuration: copy.configuration)
+                try edited.unlock(passphrase: Self.passphrase)
+                _ = try edited.data(matching: .genericPassword(service: "svc.v5", account: "mia"))
+            } == -26275, "\(name)")
+            try vault.withDatabase { database throws(LockboxError) in
+                try Self.write(converted, to: database)
+                try database.execute("UPDATE vault_state SET format = \(IntegrityState.currentFormat)")
+            }
+        }
+        let restored = try Vault.open(at: copy.path, configuration: copy.configuration)
+        try restored.unlock(passphrase: Self.passphrase)
+        #expect(try restored.data(matching: .genericPassword(service: "svc.v5", account: "mia")) == SecretBytes(utf8: "new"))
+        #expect(try Vault.verify(at: copy.path, configuration: copy.configuration).isSound)
+    }
+
+    struct GroupRow: Equatable {
+        var id: Int
+        var accumulators: [UInt8]
+        var generation: Int
+        var mac: [UInt8]
+        var alwaysMAC: [UInt8]
+    }
+
+    func groupRows(_ vault: Vault) throws -> [GroupRow] {
+        try vault.withDatabase { database throws(LockboxError) in
+            let statement = try database.statement("SELECT id, accumulators, generation, mac, always_mac FROM integrity_groups ORDER BY id")
+            defer { statement.reset() }
+            var rows: [GroupRow] = []
+            while try statement.step() {
+                rows.append(
+                    GroupRow(
+                        id: statement.integer(0) ?? -1, accumulators: statement.blob(1) ?? [], generation: statement.integer(2) ?? -1,
+                        mac: statement.blob(3) ?? [], alwaysMAC: statement.blob(4) ?? []))
+            }
+            return rows
+        }
+    }
+
+    static func write(_ rows: [GroupRow], to database: Database) throws(LockboxError) {
+        let update = try database.statement("UPDATE integrity_groups SET accumulators = ?, generation = ?, mac = ?, always_mac = ? WHERE id = ?")
+        defer { update.reset() }
+        for row in rows {
+            update.bind(1, row.accumulators)
+            update.bind(2, row.generation)
+            update.bind(3, row.mac)
+            update.bind(4, row.alwaysMAC)
+            update.bind(5, row.id)
+            try update.run()
+            update.reset()
+        }
     }
 
     @Test("the schema-1 vault opens, is upgraded at its first unlock, and every item reads back exactly")
