@@ -77,21 +77,31 @@ package enum PrimaryKey {
         for field in ItemAttributes.primaryKeyFields(of: itemClass) {
             field.encode(attributes, into: &encoder)
         }
-        if includingGroup {
-            encoder.string(attributes.accessGroup)
-            encoder.integer((attributes.synchronizable ?? false) ? 1 : 0)
-        }
+        if includingGroup { encodeGroup(attributes, into: &encoder) }
+    }
+
+    /// What the encoding with the group has after the one without it: the access group and
+    /// the sync flag. (A row's lookup and primary digests are thus made from one encoding.)
+    package static func encodeGroup(_ attributes: ItemAttributes, into encoder: inout FieldEncoder) {
+        encoder.string(attributes.accessGroup)
+        encoder.integer((attributes.synchronizable ?? false) ? 1 : 0)
     }
 
     /// Encodes a class's "name" attribute, the one most queries give (service, server,
     /// application tag, issuer), or nil when it is not set.
     package static func encodeName(_ itemClass: ItemClass, _ attributes: ItemAttributes) -> [UInt8]? {
-        let field = ItemAttributes.nameField(of: itemClass)
-        guard field.isSet(in: attributes) else { return nil }
         var encoder = FieldEncoder()
+        return encodeName(itemClass, attributes, into: &encoder) ? encoder.bytes : nil
+    }
+
+    /// ``encodeName(_:_:)`` appended to `encoder`; false, and nothing appended, when the name
+    /// is not set.
+    package static func encodeName(_ itemClass: ItemClass, _ attributes: ItemAttributes, into encoder: inout FieldEncoder) -> Bool {
+        let field = ItemAttributes.nameField(of: itemClass)
+        guard field.isSet(in: attributes) else { return false }
         encoder.string(itemClass.rawValue)
         field.encode(attributes, into: &encoder)
-        return encoder.bytes
+        return true
     }
 
     /// True when `attributes` names one item by its primary key alone: every primary-key

@@ -460,22 +460,31 @@ struct IntegrityState {
         // A write that changed no group (a header change) still moves the record: it goes into
         // the first group's row.
         if unsavedGroups == 0 { unsavedGroups = 1 }
-        let group = try database.statement(
-            """
-            INSERT INTO integrity_groups (id, accumulators, generation, mac, always_mac) VALUES (?, ?, ?, ?, ?)
-            ON CONFLICT (id) DO UPDATE SET accumulators = excluded.accumulators, generation = excluded.generation,
-            mac = excluded.mac, always_mac = excluded.always_mac
-            """)
+        // Updated in place where the row is there (every write after the first), inserted
+        // where it is not (a record converted from format 2, which had no group rows).
+        let update = try database.statement(
+            "UPDATE integrity_groups SET accumulators = ?1, generation = ?2, mac = ?3, always_mac = ?4 WHERE id = ?5")
         for index in 0..<Self.groupCount where unsavedGroups & (1 << index) != 0 {
-            group.bind(1, index)
-            accumulators.withUnsafeBytes { bytes in
-                group.bind(2, bytes: UnsafeRawBufferPointer(rebasing: bytes[index * Self.groupSize..<(index + 1) * Self.groupSize]))
+            // Bound values are copied: the group's bytes are read in place.
+            func bind(_ statement: Statement) {
+                accumulators.withUnsafeBytes { bytes in
+                    statement.bind(1, bytes: UnsafeRawBufferPointer(rebasing: bytes[index * Self.groupSize..<(index + 1) * Self.groupSize]))
+                }
+                statement.bind(2, generation)
+                statement.bind(3, mac)
+                statement.bind(4, alwaysMAC)
+                statement.bind(5, index)
             }
-            group.bind(3, generation)
-            group.bind(4, mac)
-            group.bind(5, alwaysMAC)
-            try group.run()
-            group.reset()
+            bind(update)
+            try update.run()
+            update.reset()
+            if database.changes == 0 {
+                let insert = try database.statement(
+                    "INSERT INTO integrity_groups (accumulators, generation, mac, always_mac, id) VALUES (?1, ?2, ?3, ?4, ?5)")
+                bind(insert)
+                try insert.run()
+                insert.reset()
+            }
             unsavedGroups &= ~(1 << index)
         }
         storedFormat = Self.currentFormat

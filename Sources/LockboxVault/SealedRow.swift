@@ -126,20 +126,35 @@ struct SealedRow {
         accessControl: AccessControl?, presencePublicKey: [UInt8]?, version: Int
     ) -> SealedRow {
         let accessibility = attributes.accessibility ?? .default
+        let digests = indexDigests(itemClass, attributes, key: indexKey)
         var row = SealedRow(
             id: id, itemClass: itemClass, accessibility: accessibility,
             accessGroup: attributes.accessGroup ?? Vault.defaultAccessGroup,
             synchronizable: attributes.synchronizable ?? false,
             deviceID: accessibility.isThisDeviceOnly ? deviceID : "",
             accessControl: accessControl?.description ?? "",
-            primaryDigest: Crypto.keyedDigest(PrimaryKey.encode(itemClass, attributes), key: indexKey),
-            lookupDigest: Crypto.keyedDigest(PrimaryKey.encode(itemClass, attributes, includingGroup: false), key: indexKey),
-            nameDigest: PrimaryKey.encodeName(itemClass, attributes).map { Crypto.keyedDigest($0, key: indexKey) },
+            primaryDigest: digests.primary, lookupDigest: digests.lookup, nameDigest: digests.name,
             format: currentFormat, version: version, wrappedKey: [], metadata: [], secret: [])
         row.sealContents(
             classKey: classKey, attributes: attributes, encodedAttributes: encodedAttributes, data: data, vaultID: vaultID,
             presencePublicKey: accessControl != nil ? presencePublicKey : nil)
         return row
+    }
+
+    /// A row's index digests under `key`: of its primary key (``PrimaryKey/encode(_:_:includingGroup:)``),
+    /// of the same without the group (the lookup digest) and of its name, from one encoder:
+    /// the lookup encoding is the primary one's beginning.
+    static func indexDigests(
+        _ itemClass: ItemClass, _ attributes: ItemAttributes, key: SecretBytes
+    ) -> (primary: [UInt8], lookup: [UInt8], name: [UInt8]?) {
+        var encoder = FieldEncoder()
+        PrimaryKey.encode(itemClass, attributes, includingGroup: false, into: &encoder)
+        let lookup = encoder.withBytes { Crypto.keyedDigest($0, key: key) }
+        PrimaryKey.encodeGroup(attributes, into: &encoder)
+        let primary = encoder.withBytes { Crypto.keyedDigest($0, key: key) }
+        encoder.removeAll()
+        let name = PrimaryKey.encodeName(itemClass, attributes, into: &encoder) ? encoder.withBytes { Crypto.keyedDigest($0, key: key) } : nil
+        return (primary, lookup, name)
     }
 
     /// Seals the blobs of a row whose columns are set, in the row's format. From format 2 the
