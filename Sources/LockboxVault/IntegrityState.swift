@@ -102,19 +102,38 @@ struct IntegrityState {
 
     /// What ``element(_:key:)`` digests.
     private static func encodedElement(_ row: RowIdentity) -> FieldEncoder {
+        encodedElement(
+            id: row.id, version: row.version, primaryDigest: row.primaryDigest, lookupDigest: row.lookupDigest,
+            nameDigest: row.nameDigest, itemClass: row.itemClass, accessibility: row.accessibility, accessGroup: row.accessGroup,
+            synchronizable: row.synchronizable, deviceID: row.deviceID, accessControl: row.accessControl)
+    }
+
+    /// The same for a row being written, read from it in place (no ``RowIdentity`` copied).
+    private static func encodedElement(_ row: SealedRow) -> FieldEncoder {
+        encodedElement(
+            id: row.id, version: row.version, primaryDigest: row.primaryDigest, lookupDigest: row.lookupDigest,
+            nameDigest: row.nameDigest, itemClass: row.itemClass.rawValue, accessibility: row.accessibility.rawValue,
+            accessGroup: row.accessGroup, synchronizable: row.synchronizable ? 1 : 0, deviceID: row.deviceID,
+            accessControl: row.accessControl)
+    }
+
+    private static func encodedElement(
+        id: [UInt8], version: Int, primaryDigest: [UInt8], lookupDigest: [UInt8], nameDigest: [UInt8]?, itemClass: String,
+        accessibility: String, accessGroup: String, synchronizable: Int, deviceID: String, accessControl: String
+    ) -> FieldEncoder {
         // About 210 bytes for a row of the current format.
         var encoder = FieldEncoder(capacity: 256)
-        encoder.bytes(row.id)
-        encoder.integer(row.version)
-        encoder.bytes(row.primaryDigest)
-        encoder.bytes(row.lookupDigest)
-        encoder.bytes(row.nameDigest)
-        encoder.string(row.itemClass)
-        encoder.string(row.accessibility)
-        encoder.string(row.accessGroup)
-        encoder.integer(row.synchronizable)
-        encoder.string(row.deviceID)
-        encoder.string(row.accessControl)
+        encoder.bytes(id)
+        encoder.integer(version)
+        encoder.bytes(primaryDigest)
+        encoder.bytes(lookupDigest)
+        encoder.bytes(nameDigest)
+        encoder.string(itemClass)
+        encoder.string(accessibility)
+        encoder.string(accessGroup)
+        encoder.integer(synchronizable)
+        encoder.string(deviceID)
+        encoder.string(accessControl)
         return encoder
     }
 
@@ -184,18 +203,26 @@ struct IntegrityState {
     /// Counts a row in its bucket. Accumulators are sums modulo 2^256 (little-endian), so a
     /// row present twice counts twice instead of cancelling out.
     mutating func add(_ row: RowIdentity, key: SecretBytes) {
-        count(row, key: key, adding: true)
+        count(Self.encodedElement(row), bucket: row.bucket, key: key, adding: true)
     }
 
     mutating func remove(_ row: RowIdentity, key: SecretBytes) {
-        count(row, key: key, adding: false)
+        count(Self.encodedElement(row), bucket: row.bucket, key: key, adding: false)
     }
 
-    /// Adds or subtracts the row's element in its bucket, the element digested into a buffer
-    /// on the stack.
-    private mutating func count(_ row: RowIdentity, key: SecretBytes, adding: Bool) {
-        let start = row.bucket * Self.accumulatorSize
-        let encoded = Self.encodedElement(row)
+    /// ``add(_:key:)-(RowIdentity,_)`` of a row being written.
+    mutating func add(_ row: SealedRow, key: SecretBytes) {
+        count(Self.encodedElement(row), bucket: row.bucket, key: key, adding: true)
+    }
+
+    /// ``remove(_:key:)-(RowIdentity,_)`` of a row being replaced or deleted.
+    mutating func remove(_ row: SealedRow, key: SecretBytes) {
+        count(Self.encodedElement(row), bucket: row.bucket, key: key, adding: false)
+    }
+
+    /// Adds or subtracts an element in `bucket`, digested into a buffer on the stack.
+    private mutating func count(_ encoded: FieldEncoder, bucket: Int, key: SecretBytes, adding: Bool) {
+        let start = bucket * Self.accumulatorSize
         withUnsafeTemporaryAllocation(byteCount: Self.accumulatorSize, alignment: 8) { element in
             encoded.withBytes { Crypto.keyedDigest($0, key: key, into: element) }
             accumulators.withUnsafeMutableBytes { accumulators in
@@ -207,7 +234,7 @@ struct IntegrityState {
                 }
             }
         }
-        changed(bucket: row.bucket)
+        changed(bucket: bucket)
     }
 
     private mutating func changed(bucket: Int) {

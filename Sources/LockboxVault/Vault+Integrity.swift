@@ -208,7 +208,6 @@ extension Vault {
         /// `PRAGMA data_version` as read inside this write transaction: no other connection
         /// can commit before it ends, and this connection's own commits do not change it.
         let dataVersion: Int
-        private(set) var touchedBuckets: Set<Int> = []
         /// Whether a row of a managed key (class `.key`) was inserted, replaced or deleted.
         private(set) var touchedKeyRows = false
 
@@ -232,8 +231,7 @@ extension Vault {
                 """)
             row.bindColumns(to: statement)
             try statement.run()
-            integrity.add(.init(row), key: keys.element)
-            touchedBuckets.insert(row.bucket)
+            integrity.add(row, key: keys.element)
             if row.itemClass == .key { touchedKeyRows = true }
         }
 
@@ -250,9 +248,8 @@ extension Vault {
             row.bindColumns(to: statement)
             statement.bind(17, old.rowID)
             try statement.run()
-            integrity.remove(.init(old), key: keys.element)
-            integrity.add(.init(row), key: keys.element)
-            touchedBuckets.formUnion([old.bucket, row.bucket])
+            integrity.remove(old, key: keys.element)
+            integrity.add(row, key: keys.element)
             if old.itemClass == .key || row.itemClass == .key { touchedKeyRows = true }
         }
 
@@ -260,8 +257,7 @@ extension Vault {
             let statement = try database.statement("DELETE FROM items WHERE rowid = ?")
             statement.bind(1, old.rowID)
             try statement.run()
-            integrity.remove(.init(old), key: keys.element)
-            touchedBuckets.insert(old.bucket)
+            integrity.remove(old, key: keys.element)
             if old.itemClass == .key { touchedKeyRows = true }
         }
 

@@ -7,7 +7,12 @@ extension Vault {
     // MARK: ItemStore
 
     public func add(_ item: Item) throws(LockboxError) {
-        try add(contentsOf: [item])
+        let prepared = try prepareForAdding(item, now: currentDate())
+        try withState { state throws(LockboxError) in
+            try writeRows(state) { writer throws(LockboxError) in
+                _ = try insert(prepared, writer: writer, state: state)
+            }
+        }
     }
 
     /// Adds several items in one transaction: all of them or, on any error, none.
