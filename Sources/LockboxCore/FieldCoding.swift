@@ -47,6 +47,16 @@ package struct FieldEncoder {
         count = 0
     }
 
+    /// How many bytes are encoded so far.
+    package var byteCount: Int { count }
+
+    /// Drops what was encoded after the first `length` bytes (a ``byteCount`` read earlier), so
+    /// that one prefix serves several encodings in turn.
+    package mutating func truncate(to length: Int) {
+        precondition(length >= 0 && length <= count, "an encoder is truncated to a length it had")
+        count = length
+    }
+
     package mutating func bytes(_ value: [UInt8]?) {
         guard let value else { return absent() }
         value.withUnsafeBufferPointer { field($0) }

@@ -6,7 +6,9 @@ extension ItemAttributes {
     /// ``fields``, in the table's order.
     package func encoded() -> [UInt8] {
         var encoder = FieldEncoder()
-        encoder.bytes([Self.encodingVersion])
+        // The version byte read in place (the same field as `bytes([encodingVersion])`, without
+        // an array: this runs for every item written).
+        withUnsafeBytes(of: Self.encodingVersion) { encoder.bytes(inPlace: $0) }
         for field in Self.fields {
             field.encode(self, into: &encoder)
         }

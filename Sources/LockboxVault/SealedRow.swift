@@ -165,35 +165,47 @@ struct SealedRow {
         classKey: SecretBytes, attributes: ItemAttributes, encodedAttributes: [UInt8]? = nil, data: SecretBytes, vaultID: [UInt8],
         presencePublicKey: [UInt8]?
     ) {
-        let prefix = associatedDataPrefix(vaultID: vaultID)
+        // One encoder: the prefix, then each blob's purpose (``associatedData(prefix:_:)``, the
+        // value's ``valueAssociatedData(prefix:)``) in turn after it, read in place.
+        var associated = associatedDataPrefix(vaultID: vaultID)
+        let prefixLength = associated.byteCount
         // Attributes are sealed with the class key, not the item key: like iOS's metadata key,
         // they can be searched whenever the class is unlocked, without asking the user for an
         // access-controlled item's key.
         let encoded = encodedAttributes ?? attributes.encoded()
-        metadata = Crypto.seal(
-            format >= 2 ? Padding.padded(encoded) : encoded, key: classKey, associatedData: associatedData(prefix: prefix, .metadata))
+        associated.string(Purpose.metadata.rawValue)
+        metadata = associated.withBytes { Crypto.seal(format >= 2 ? Padding.padded(encoded) : encoded, key: classKey, associatedData: $0) }
         let valueKey: SecretBytes
         if sealsValueWithClassKey {
             wrappedKey = []
             valueKey = classKey
         } else {
             valueKey = Crypto.generateKey()
-            wrappedKey = Crypto.seal(valueKey, key: classKey, associatedData: associatedData(prefix: prefix, .itemKey))
+            associated.truncate(to: prefixLength)
+            associated.string(Purpose.itemKey.rawValue)
+            wrappedKey = associated.withBytes { Crypto.seal(valueKey, key: classKey, associatedData: $0) }
             if !accessControl.isEmpty, let presencePublicKey {
                 // A second lock: only the user's verification (the presence secret key) opens it.
                 wrappedKey = Crypto.seal(wrappedKey, toPublicKey: presencePublicKey)
             }
         }
-        secret = Crypto.seal(format >= 2 ? Padding.padded(data) : data, key: valueKey, associatedData: valueAssociatedData(prefix: prefix))
+        associated.truncate(to: prefixLength)
+        appendValuePurpose(to: &associated)
+        secret = associated.withBytes { Crypto.seal(format >= 2 ? Padding.padded(data) : data, key: valueKey, associatedData: $0) }
     }
 
     /// The value's associated data: from format 3 it ends with the digest of the sealed
     /// attributes, so an edited attributes column makes the value fail to open.
     private func valueAssociatedData(prefix: FieldEncoder) -> [UInt8] {
         var encoder = prefix
+        appendValuePurpose(to: &encoder)
+        return encoder.bytes
+    }
+
+    /// What the value's associated data has after the prefix.
+    private func appendValuePurpose(to encoder: inout FieldEncoder) {
         encoder.string(Purpose.data.rawValue)
         if bindsAttributesToValue { encoder.bytes(Crypto.digest(metadata)) }
-        return encoder.bytes
     }
 
     /// Opens the key the value is sealed under: the class key itself for a format-3 row

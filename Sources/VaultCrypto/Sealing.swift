@@ -61,6 +61,12 @@ package enum Crypto {
     /// Seals `plaintext` with XChaCha20-Poly1305 under `key`, binding `associatedData`.
     /// - Returns: nonce || ciphertext || tag.
     package static func seal(_ plaintext: UnsafeRawBufferPointer, key: SecretBytes, associatedData: [UInt8]) -> [UInt8] {
+        associatedData.withUnsafeBytes { seal(plaintext, key: key, associatedData: $0) }
+    }
+
+    /// ``seal(_:key:associatedData:)-(UnsafeRawBufferPointer,_,[UInt8])`` with the associated
+    /// data read in place.
+    package static func seal(_ plaintext: UnsafeRawBufferPointer, key: SecretBytes, associatedData: UnsafeRawBufferPointer) -> [UInt8] {
         ensureInitialized()
         precondition(key.count == keyByteCount, "sealing key must be 32 bytes")
         var box = [UInt8](repeating: 0, count: nonceByteCount + plaintext.count + 16)
@@ -68,15 +74,13 @@ package enum Crypto {
             let nonce = output.baseAddress!
             randombytes_buf(nonce, nonceByteCount)
             key.withUnsafeBytes { keyBytes in
-                associatedData.withUnsafeBufferPointer { ad in
-                    var written: UInt64 = 0
-                    let result = crypto_aead_xchacha20poly1305_ietf_encrypt(
-                        nonce + nonceByteCount, &written,
-                        plaintext.baseAddress?.assumingMemoryBound(to: UInt8.self), UInt64(plaintext.count),
-                        ad.baseAddress, UInt64(ad.count),
-                        nil, nonce, keyBytes.baseAddress!.assumingMemoryBound(to: UInt8.self))
-                    precondition(result == 0, "XChaCha20-Poly1305 encryption cannot fail")
-                }
+                var written: UInt64 = 0
+                let result = crypto_aead_xchacha20poly1305_ietf_encrypt(
+                    nonce + nonceByteCount, &written,
+                    plaintext.baseAddress?.assumingMemoryBound(to: UInt8.self), UInt64(plaintext.count),
+                    associatedData.baseAddress?.assumingMemoryBound(to: UInt8.self), UInt64(associatedData.count),
+                    nil, nonce, keyBytes.baseAddress!.assumingMemoryBound(to: UInt8.self))
+                precondition(result == 0, "XChaCha20-Poly1305 encryption cannot fail")
             }
         }
         return box
@@ -85,6 +89,16 @@ package enum Crypto {
     /// Seals a secret (see ``seal(_:key:associatedData:)``).
     package static func seal(_ secret: SecretBytes, key: SecretBytes, associatedData: [UInt8]) -> [UInt8] {
         secret.withUnsafeBytes { seal($0, key: key, associatedData: associatedData) }
+    }
+
+    /// Seals a secret, the associated data read in place.
+    package static func seal(_ secret: SecretBytes, key: SecretBytes, associatedData: UnsafeRawBufferPointer) -> [UInt8] {
+        secret.withUnsafeBytes { seal($0, key: key, associatedData: associatedData) }
+    }
+
+    /// Seals plain bytes, the associated data read in place.
+    package static func seal(_ bytes: [UInt8], key: SecretBytes, associatedData: UnsafeRawBufferPointer) -> [UInt8] {
+        bytes.withUnsafeBytes { seal($0, key: key, associatedData: associatedData) }
     }
 
     /// Seals plain bytes that are not secret by themselves (metadata).
