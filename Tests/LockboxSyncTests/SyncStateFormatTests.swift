@@ -271,6 +271,9 @@ struct SyncStateFormatTests {
             #expect(listing?.code == .decode, comment)
         }
         try restore()
+        // The group rows (in `mac_groups`, item groups first) of item 1's bucket and row 1's.
+        let itemGroup = SyncState.bucket(of: first) / SyncState.macGroupSize
+        let rowGroup = SyncState.itemBucketCount / SyncState.macGroupSize + SyncState.bucket(of: Self.reference(1)) / SyncState.macGroupSize
 
         let edits: [(Comment, () throws -> Void)] = [
             // Item 1's older entry.
@@ -281,6 +284,20 @@ struct SyncStateFormatTests {
             ("a removed row bucket", { try Self.edit(path, kind: 1, bucket: SyncState.bucket(of: Self.reference(1)), remove: true) }),
             // Cursor 10, with the newer buckets.
             ("an older progress", { try Self.edit(path, kind: 0, bucket: nil, from: snapshot) }),
+            // The group row of item 1's bucket cut to its first half (its other slots gone).
+            ("a group row cut short", {
+                try Database(path: path, create: false).execute(
+                    "UPDATE mac_groups SET macs = CAST(substr(macs, 1, \(SyncState.macGroupSize * 16)) AS BLOB) WHERE grp = \(itemGroup)")
+            }),
+            // The group rows of item 1's bucket and of row 1's bucket trade places.
+            ("two group rows swapped", {
+                try Database(path: path, create: false).execute(
+                    """
+                    UPDATE mac_groups SET grp = -1 WHERE grp = \(itemGroup);
+                    UPDATE mac_groups SET grp = \(itemGroup) WHERE grp = \(rowGroup);
+                    UPDATE mac_groups SET grp = \(rowGroup) WHERE grp = -1;
+                    """)
+            }),
         ]
         for (comment, edit) in edits {
             try edit()
