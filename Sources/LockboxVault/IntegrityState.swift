@@ -66,8 +66,8 @@ struct IntegrityState {
     /// Groups whose stored row is out of date, a bit each (all of them for a state not read
     /// from the file).
     private var unsavedGroups = UInt16.max
-    /// The format of the record in the file (nil before it is first saved): a save in the current format
-    /// over an older record writes every group and marks `vault_state`.
+    /// The format of the record in the file (nil before it is first saved): a save in the
+    /// current format over an older record writes every group and marks `vault_state`.
     private var storedFormat: Int?
 
     static func empty() -> IntegrityState {
