@@ -275,16 +275,24 @@ struct WritePathReviewTests {
         }
         try compare("after the adds")
         // Each row replaced (its old element removed as read, the new one added as written).
-        for (index, item) in Self.rowOfEveryKind().enumerated() where item.accessControl == nil {
+        // The access-controlled row's item key is sealed with the associated data written in
+        // place, then sealed to the presence key: it must open through both, before and after.
+        let verified = AuthenticationContext(verifier: ScriptedVerifier(.passphrase(VaultFixture.passphraseText)))
+        var controlled = Query.genericPassword(service: "svc.kinds", account: "controlled")
+        controlled.authenticationContext = verified
+        #expect(try fixture.vault.data(matching: controlled) == SecretBytes(utf8: "controlled"))
+        for (index, item) in Self.rowOfEveryKind().enumerated() {
             var query = Query(item.itemClass, attributes: item.attributes.primaryKeyOnly(of: item.itemClass))
             query.attributes.accessGroup = item.attributes.accessGroup
             query.synchronizable = item.attributes.synchronizable == true ? .synchronizable : .notSynchronizable
+            if item.accessControl != nil { query.authenticationContext = verified }
             try fixture.vault.update(matching: query, to: ItemUpdate(data: SecretBytes(utf8: "replaced \(index)")))
         }
         try compare("after the replaces")
         let reader = try fixture.reopen()
         #expect(readOutcome(reader, "svc.kinds", "plain") == "replaced 0")
         #expect(readOutcome(reader, "svc.kinds", "device") == "replaced 2")
+        #expect(try reader.data(matching: controlled) == SecretBytes(utf8: "replaced 3"))
     }
 
     /// SQLite reads text up to its first NUL, and Lockbox binds it so: an access group holding
