@@ -274,6 +274,41 @@ struct FormatCompatibilityTests {
         #expect(try Vault.verify(at: copy.path, configuration: copy.configuration).isSound)
     }
 
+    /// Formats 4 and 5 are stored alike and told apart by `vault_state.format` alone, which
+    /// the MACs do not cover: each format's MACs must fail when read as the other's.
+    @Test("the schema-4 vault's record marked format 5 before its conversion, and its format-4 record and format put back after it -> refused")
+    func version4Vault_formatRelabelled_isRefused() throws {
+        let copy = try Copy(version: 4)
+        let vault = try Vault.open(at: copy.path, configuration: copy.configuration)
+        try vault.unlock(passphrase: Self.passphrase)
+        let formatFour = try groupRows(vault)
+        func readByNewHandle() -> Int32? {
+            status {
+                let edited = try Vault.open(at: copy.path, configuration: copy.configuration)
+                try edited.unlock(passphrase: Self.passphrase)
+                _ = try edited.data(matching: .genericPassword(service: "svc.v4", account: "liam"))
+            }
+        }
+        try vault.withDatabase { database throws(LockboxError) in try database.execute("UPDATE vault_state SET format = 5") }
+        #expect(readByNewHandle() == -26275)
+        try vault.withDatabase { database throws(LockboxError) in try database.execute("UPDATE vault_state SET format = 4") }
+        #expect(readByNewHandle() == nil)
+
+        try vault.update(matching: .genericPassword(service: "svc.v4", account: "liam"), to: ItemUpdate(data: SecretBytes(utf8: "at-v5")))
+        let converted = try groupRows(vault)
+        try vault.withDatabase { database throws(LockboxError) in
+            try Self.write(formatFour, to: database)
+            try database.execute("UPDATE vault_state SET format = 4")
+        }
+        #expect(readByNewHandle() == -26275)
+        try vault.withDatabase { database throws(LockboxError) in
+            try Self.write(converted, to: database)
+            try database.execute("UPDATE vault_state SET format = \(IntegrityState.currentFormat)")
+        }
+        #expect(readByNewHandle() == nil)
+        #expect(try Vault.verify(at: copy.path, configuration: copy.configuration).isSound)
+    }
+
     struct GroupRow: Equatable {
         var id: Int
         var accumulators: [UInt8]

@@ -177,6 +177,26 @@ struct IntegrityRecordTests {
         #expect(try fixture.reopen().data(matching: .genericPassword(service: "svc.record", account: "a")) == SecretBytes(utf8: "1"))
     }
 
+    /// A write updates its group rows in place and inserts only a row that is not there (a
+    /// record converted from format 2 has none). A row deleted from a record that had it must
+    /// be refused when the record is read, never made again by the next write.
+    @Test("a group row holding an older record deleted under a running handle: its next write is refused and the row is not made again")
+    func groupRowDeleted_isRefusedNotRecreated() throws {
+        let fixture = try VaultFixture()
+        for index in 0..<20 {
+            try fixture.vault.add(.genericPassword(service: "svc.record", account: "user\(index)", data: SecretBytes(utf8: "value\(index)")))
+        }
+        let database = try Database(path: fixture.path, create: false)
+        let rows = try groups(database)
+        let highest = rows.map(\.generation).max() ?? 0
+        let victim = try #require(rows.last { $0.generation < highest })
+        try database.execute("DELETE FROM integrity_groups WHERE id = \(victim.id)")
+        #expect(status { try fixture.vault.add(.genericPassword(service: "svc.record", account: "new", data: SecretBytes(utf8: "new"))) } == -26275)
+        #expect(try groups(database).count == IntegrityState.groupCount - 1)
+        #expect(status { _ = try fixture.reopen().data(matching: .genericPassword(service: "svc.record", account: "user1")) } == -26275)
+        #expect((try? Vault.verify(at: fixture.path, configuration: fixture.vault.configuration))?.isSound != true)
+    }
+
     // MARK: Record format 5's tree
 
     /// The tree's MACs, checked the way a handle checks a record it loads (a state made from the
