@@ -309,6 +309,38 @@ struct FormatCompatibilityTests {
         #expect(try Vault.verify(at: copy.path, configuration: copy.configuration).isSound)
     }
 
+    /// The conversion to format 5 rewrites `vault_state` and every group row in one
+    /// transaction: a statement refused part-way (here a trigger stands for a full disk or an
+    /// I/O error on the tenth row) must leave the format-4 record whole and readable, and the
+    /// handle must convert it at its next write as if nothing had happened.
+    @Test("a conversion of the schema-4 record that fails part-way leaves the format-4 record whole, and the next write converts it")
+    func version4Vault_conversionFailingPartWay_leavesRecordWhole() throws {
+        let copy = try Copy(version: 4)
+        let vault = try Vault.open(at: copy.path, configuration: copy.configuration)
+        try vault.unlock(passphrase: Self.passphrase)
+        let before = try groupRows(vault)
+        let liam = Query.genericPassword(service: "svc.v4", account: "liam")
+        let value = try vault.data(matching: liam)
+        try vault.withDatabase { database throws(LockboxError) in
+            try database.execute(
+                "CREATE TRIGGER refuse_group_9 BEFORE UPDATE ON integrity_groups WHEN old.id = 9 BEGIN SELECT RAISE(ABORT, 'refused'); END")
+        }
+        #expect(status { try vault.update(matching: liam, to: ItemUpdate(data: SecretBytes(utf8: "at-v5"))) } != nil)
+        #expect(try storedRecord(vault) == (4, 0, 16))
+        #expect(try groupRows(vault) == before)
+        #expect(try vault.data(matching: liam) == value)
+        let other = try Vault.open(at: copy.path, configuration: copy.configuration)
+        try other.unlock(passphrase: Self.passphrase)
+        #expect(try other.data(matching: liam) == value)
+
+        try vault.withDatabase { database throws(LockboxError) in try database.execute("DROP TRIGGER refuse_group_9") }
+        try vault.update(matching: liam, to: ItemUpdate(data: SecretBytes(utf8: "at-v5")))
+        #expect(try storedRecord(vault) == (IntegrityState.currentFormat, 0, 16))
+        #expect(try groupRows(vault).allSatisfy { $0.generation == 9 })
+        #expect(try other.data(matching: liam) == SecretBytes(utf8: "at-v5"))
+        #expect(try Vault.verify(at: copy.path, configuration: copy.configuration).isSound)
+    }
+
     struct GroupRow: Equatable {
         var id: Int
         var accumulators: [UInt8]
