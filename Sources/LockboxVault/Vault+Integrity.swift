@@ -272,7 +272,9 @@ extension Vault {
             try checkStorable(accessGroup: row.accessGroup)
             guard !row.deviceID.utf8.contains(0), !row.accessControl.utf8.contains(0) else {
                 throw LockboxError(
-                    .param, "The item's device identifier or access control holds a NUL character, which the keychain cannot store: check this machine's device identity.")
+                    .param,
+                    "The item's device identifier or access control holds a NUL character, which the keychain cannot store: "
+                        + "check this machine's device identity.")
             }
         }
 
