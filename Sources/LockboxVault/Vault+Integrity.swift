@@ -221,6 +221,7 @@ extension Vault {
 
         func insert(_ row: SealedRow) throws(LockboxError) {
             precondition(row.version == generation, "a new row carries the writing generation")
+            try Self.checkStorable(row)
             try checkUnique(row, replacing: nil)
             let statement = try database.statement(
                 """
@@ -236,6 +237,7 @@ extension Vault {
         }
 
         func replace(_ old: SealedRow, with row: SealedRow) throws(LockboxError) {
+            try Self.checkStorable(row)
             if row.primaryDigest != old.primaryDigest { try checkUnique(row, replacing: old.rowID) }
             let statement = try database.statement(
                 """
@@ -259,6 +261,29 @@ extension Vault {
             try statement.run()
             integrity.remove(old, key: keys.element)
             if old.itemClass == .key { touchedKeyRows = true }
+        }
+
+        /// SQLite keeps text up to its first NUL, and Lockbox binds text so: a row whose text
+        /// columns held one would be stored cut there, while its element in the integrity record
+        /// and its associated data are made of the whole text. It could never be opened, and
+        /// its bucket would read as tampered, every other item of it with it. Every writer (an
+        /// add, an update, a synced replace, a restore) comes through here.
+        static func checkStorable(_ row: SealedRow) throws(LockboxError) {
+            try checkStorable(accessGroup: row.accessGroup)
+            guard !row.deviceID.utf8.contains(0), !row.accessControl.utf8.contains(0) else {
+                throw LockboxError(
+                    .param,
+                    "The item's device identifier or access control holds a NUL character, which the keychain cannot store: "
+                        + "check this machine's device identity.")
+            }
+        }
+
+        /// An access group the file can store as it is (no NUL character).
+        static func checkStorable(accessGroup: String) throws(LockboxError) {
+            guard !accessGroup.utf8.contains(0) else {
+                throw LockboxError(
+                    .param, "An access group cannot contain a NUL character (the keychain stores text up to it): use a name without one.")
+            }
         }
 
         /// A primary key names one item (Apple's rule: `errSecDuplicateItem`). Schema 4 keeps

@@ -673,13 +673,18 @@ extension Vault {
     // MARK: Rules and messages
 
     private func resolvedGroupForWriting(_ group: String?) throws(LockboxError) -> String {
-        guard let group else { return configuration.accessGroups?.first ?? Self.defaultAccessGroup }
+        guard let group else {
+            let resolved = configuration.accessGroups?.first ?? Self.defaultAccessGroup
+            try RowWriter.checkStorable(accessGroup: resolved)
+            return resolved
+        }
         guard isVisible(group) else {
             throw LockboxError(
                 .missingEntitlement,
                 "This store was opened for the access groups \(configuration.accessGroups ?? []); "
                     + "it cannot write to the group \(group).")
         }
+        try RowWriter.checkStorable(accessGroup: group)
         return group
     }
 

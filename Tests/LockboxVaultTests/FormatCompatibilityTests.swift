@@ -274,6 +274,73 @@ struct FormatCompatibilityTests {
         #expect(try Vault.verify(at: copy.path, configuration: copy.configuration).isSound)
     }
 
+    /// Formats 4 and 5 are stored alike and told apart by `vault_state.format` alone, which
+    /// the MACs do not cover: each format's MACs must fail when read as the other's.
+    @Test("the schema-4 vault's record marked format 5 before its conversion, and its format-4 record and format put back after it -> refused")
+    func version4Vault_formatRelabelled_isRefused() throws {
+        let copy = try Copy(version: 4)
+        let vault = try Vault.open(at: copy.path, configuration: copy.configuration)
+        try vault.unlock(passphrase: Self.passphrase)
+        let formatFour = try groupRows(vault)
+        func readByNewHandle() -> Int32? {
+            status {
+                let edited = try Vault.open(at: copy.path, configuration: copy.configuration)
+                try edited.unlock(passphrase: Self.passphrase)
+                _ = try edited.data(matching: .genericPassword(service: "svc.v4", account: "liam"))
+            }
+        }
+        try vault.withDatabase { database throws(LockboxError) in try database.execute("UPDATE vault_state SET format = 5") }
+        #expect(readByNewHandle() == -26275)
+        try vault.withDatabase { database throws(LockboxError) in try database.execute("UPDATE vault_state SET format = 4") }
+        #expect(readByNewHandle() == nil)
+
+        try vault.update(matching: .genericPassword(service: "svc.v4", account: "liam"), to: ItemUpdate(data: SecretBytes(utf8: "at-v5")))
+        let converted = try groupRows(vault)
+        try vault.withDatabase { database throws(LockboxError) in
+            try Self.write(formatFour, to: database)
+            try database.execute("UPDATE vault_state SET format = 4")
+        }
+        #expect(readByNewHandle() == -26275)
+        try vault.withDatabase { database throws(LockboxError) in
+            try Self.write(converted, to: database)
+            try database.execute("UPDATE vault_state SET format = \(IntegrityState.currentFormat)")
+        }
+        #expect(readByNewHandle() == nil)
+        #expect(try Vault.verify(at: copy.path, configuration: copy.configuration).isSound)
+    }
+
+    /// The conversion to format 5 rewrites `vault_state` and every group row in one
+    /// transaction: a statement refused part-way (here a trigger stands for a full disk or an
+    /// I/O error on the tenth row) must leave the format-4 record whole and readable, and the
+    /// handle must convert it at its next write as if nothing had happened.
+    @Test("a conversion of the schema-4 record that fails part-way leaves the format-4 record whole, and the next write converts it")
+    func version4Vault_conversionFailingPartWay_leavesRecordWhole() throws {
+        let copy = try Copy(version: 4)
+        let vault = try Vault.open(at: copy.path, configuration: copy.configuration)
+        try vault.unlock(passphrase: Self.passphrase)
+        let before = try groupRows(vault)
+        let liam = Query.genericPassword(service: "svc.v4", account: "liam")
+        let value = try vault.data(matching: liam)
+        try vault.withDatabase { database throws(LockboxError) in
+            try database.execute(
+                "CREATE TRIGGER refuse_group_9 BEFORE UPDATE ON integrity_groups WHEN old.id = 9 BEGIN SELECT RAISE(ABORT, 'refused'); END")
+        }
+        #expect(status { try vault.update(matching: liam, to: ItemUpdate(data: SecretBytes(utf8: "at-v5"))) } != nil)
+        #expect(try storedRecord(vault) == (4, 0, 16))
+        #expect(try groupRows(vault) == before)
+        #expect(try vault.data(matching: liam) == value)
+        let other = try Vault.open(at: copy.path, configuration: copy.configuration)
+        try other.unlock(passphrase: Self.passphrase)
+        #expect(try other.data(matching: liam) == value)
+
+        try vault.withDatabase { database throws(LockboxError) in try database.execute("DROP TRIGGER refuse_group_9") }
+        try vault.update(matching: liam, to: ItemUpdate(data: SecretBytes(utf8: "at-v5")))
+        #expect(try storedRecord(vault) == (IntegrityState.currentFormat, 0, 16))
+        #expect(try groupRows(vault).allSatisfy { $0.generation == 9 })
+        #expect(try other.data(matching: liam) == SecretBytes(utf8: "at-v5"))
+        #expect(try Vault.verify(at: copy.path, configuration: copy.configuration).isSound)
+    }
+
     struct GroupRow: Equatable {
         var id: Int
         var accumulators: [UInt8]

@@ -1,8 +1,12 @@
 import Foundation
 import Lockbox
+import LockboxCore
 import LockboxTestSupport
 import Testing
+import VaultCrypto
 import VaultStorage
+
+@testable import LockboxVault
 
 /// From schema 4 the integrity record (generation and MACs) travels with the group rows a
 /// write changes; the record is the one of the highest generation. Putting back, bumping or
@@ -171,5 +175,118 @@ struct IntegrityRecordTests {
         #expect(after > before)
         #expect(try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration).isSound)
         #expect(try fixture.reopen().data(matching: .genericPassword(service: "svc.record", account: "a")) == SecretBytes(utf8: "1"))
+    }
+
+    /// A write updates its group rows in place and inserts only a row that is not there (a
+    /// record converted from format 2 has none). A row deleted from a record that had it must
+    /// be refused when the record is read, never made again by the next write.
+    @Test("a group row holding an older record deleted under a running handle: its next write is refused and the row is not made again")
+    func groupRowDeleted_isRefusedNotRecreated() throws {
+        let fixture = try VaultFixture()
+        for index in 0..<20 {
+            try fixture.vault.add(.genericPassword(service: "svc.record", account: "user\(index)", data: SecretBytes(utf8: "value\(index)")))
+        }
+        let database = try Database(path: fixture.path, create: false)
+        let rows = try groups(database)
+        let highest = rows.map(\.generation).max() ?? 0
+        let victim = try #require(rows.last { $0.generation < highest })
+        try database.execute("DELETE FROM integrity_groups WHERE id = \(victim.id)")
+        #expect(status { try fixture.vault.add(.genericPassword(service: "svc.record", account: "new", data: SecretBytes(utf8: "new"))) } == -26275)
+        #expect(try groups(database).count == IntegrityState.groupCount - 1)
+        #expect(status { _ = try fixture.reopen().data(matching: .genericPassword(service: "svc.record", account: "user1")) } == -26275)
+        #expect((try? Vault.verify(at: fixture.path, configuration: fixture.vault.configuration))?.isSound != true)
+    }
+
+    // MARK: Record format 5's tree
+
+    /// The tree's MACs, checked the way a handle checks a record it loads (a state made from the
+    /// stored bytes, nothing cached): a record sealed over `accumulators`, then given other
+    /// accumulators or another format. Both MACs are checked: the index root's, and the
+    /// `always` one that alone is checked before the first unlock.
+    @Test("format 5: any one accumulator changed, two groups of a node or two nodes swapped, groups moved within a node, the generation or the format changed -> both MACs refuse")
+    func treeRecord_coversEveryAccumulatorInItsPlace() {
+        let header = VaultHeader(vaultID: Crypto.randomBytes(16), slots: [], wrappedClassKeys: SmallMap(), presencePublicKey: nil, mac: [])
+        let always = Crypto.generateKey()
+        let keys = IntegrityState.Keys(indexRoot: Crypto.generateKey(), alwaysClassKey: always)
+        let beforeFirstUnlock = IntegrityState.Keys(indexRoot: nil, alwaysClassKey: always)
+        let accumulators = Crypto.randomBytes(IntegrityState.bucketCount * IntegrityState.accumulatorSize)
+        var sealed = IntegrityState(generation: 41, accumulators: accumulators)
+        sealed.seal(header: header, keys: keys)
+        func accepted(_ bytes: [UInt8], generation: Int = 41, format: Int = IntegrityState.currentFormat) -> [Bool] {
+            var state = IntegrityState(generation: generation, accumulators: bytes)
+            state.mac = sealed.mac
+            state.alwaysMAC = sealed.alwaysMAC
+            state.format = format
+            var early = state
+            return [state.verify(header: header, keys: keys), early.verify(header: header, keys: beforeFirstUnlock)]
+        }
+        #expect(accepted(accumulators) == [true, true])
+        let groupSize = IntegrityState.groupSize
+        func group(_ bytes: [UInt8], _ index: Int) -> ArraySlice<UInt8> { bytes[index * groupSize..<(index + 1) * groupSize] }
+        for bucket in 0..<IntegrityState.bucketCount {
+            var edited = accumulators
+            edited[bucket * IntegrityState.accumulatorSize + bucket % IntegrityState.accumulatorSize] ^= 0x01
+            #expect(accepted(edited) == [false, false], "bucket \(bucket)")
+        }
+        for node in 0..<IntegrityState.nodeCount {
+            let first = node * IntegrityState.groupsPerNode
+            // Two groups of one node swapped.
+            var swapped = accumulators
+            swapped.replaceSubrange(first * groupSize..<(first + 1) * groupSize, with: group(accumulators, first + 1))
+            swapped.replaceSubrange((first + 1) * groupSize..<(first + 2) * groupSize, with: group(accumulators, first))
+            #expect(accepted(swapped) == [false, false], "node \(node)")
+            // A node's groups rotated (its digest input is the same four digests, in another order).
+            var rotated = accumulators
+            for index in 0..<IntegrityState.groupsPerNode {
+                let from = first + (index + 1) % IntegrityState.groupsPerNode
+                rotated.replaceSubrange((first + index) * groupSize..<(first + index + 1) * groupSize, with: group(accumulators, from))
+            }
+            #expect(accepted(rotated) == [false, false], "node \(node)")
+            // An accumulator moved from one group of the node to another (their sum unchanged).
+            var moved = accumulators
+            let from = first * groupSize, to = (first + 2) * groupSize + 5 * IntegrityState.accumulatorSize
+            moved.replaceSubrange(to..<to + IntegrityState.accumulatorSize, with: accumulators[from..<from + IntegrityState.accumulatorSize])
+            moved.replaceSubrange(from..<from + IntegrityState.accumulatorSize, with: accumulators[to..<to + IntegrityState.accumulatorSize])
+            #expect(accepted(moved) == [false, false], "node \(node)")
+        }
+        // Two nodes swapped whole.
+        let nodeBytes = IntegrityState.groupsPerNode * groupSize
+        let nodesSwapped = Array(accumulators[nodeBytes..<2 * nodeBytes] + accumulators[0..<nodeBytes] + accumulators[(2 * nodeBytes)...])
+        #expect(accepted(nodesSwapped) == [false, false])
+        #expect(accepted(accumulators, generation: 40) == [false, false])
+        #expect(accepted(accumulators, generation: 42) == [false, false])
+        // The same record read as one of the older formats (keyed group digests, another label).
+        #expect(accepted(accumulators, format: 4) == [false, false])
+        #expect(accepted(accumulators, format: 3) == [false, false])
+        #expect(accepted(accumulators, format: 2) == [false, false])
+    }
+
+    /// Each handle keeps the digests of the record it last wrote or verified. Two handles (two
+    /// processes) writing in turn each see the other's record as new and must not seal over
+    /// digests of their own older one.
+    @Test("two handles writing in turn, in different groups: every record verifies from scratch and every value reads back from both")
+    func twoHandlesWritingInTurn_keepNoStaleDigests() throws {
+        let fixture = try VaultFixture()
+        let other = try fixture.reopen()
+        try other.unlock(passphrase: fixture.passphrase)
+        let handles = [fixture.vault, other]
+        var written: [String: String] = [:]
+        for step in 0..<24 {
+            let handle = handles[step % 2]
+            let account = "user\(step % 7)"
+            let value = "value \(step)"
+            if written[account] == nil {
+                try handle.add(.genericPassword(service: "svc.turns", account: account, data: SecretBytes(utf8: value)))
+            } else {
+                try handle.update(matching: .genericPassword(service: "svc.turns", account: account), to: ItemUpdate(data: SecretBytes(utf8: value)))
+            }
+            written[account] = value
+            #expect(try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration).isSound, "step \(step)")
+            for (account, value) in written {
+                for reader in handles {
+                    #expect(try reader.data(matching: .genericPassword(service: "svc.turns", account: account)) == SecretBytes(utf8: value), "step \(step)")
+                }
+            }
+        }
     }
 }

@@ -1,7 +1,9 @@
 import Foundation
 import Lockbox
+import LockboxCore
 import LockboxTestSupport
 import Testing
+import VaultCrypto
 import VaultStorage
 
 @testable import LockboxVault
@@ -205,5 +207,154 @@ struct WritePathReviewTests {
         #expect(status { _ = try fixture.vault.changePassphrase(from: fixture.passphrase, to: SecretBytes(utf8: "another passphrase")) } == -26275)
         #expect(readOutcome(fixture.vault, "svcA", "alice") == "status -26275")
         #expect(try database.firstRow("SELECT count(*) FROM vault_state") { $0.integer(0) } == 0)
+    }
+
+    // MARK: Rows counted from the row written (record format 5's add path)
+
+    /// One row of each kind the integrity element distinguishes: no name digest, a device,
+    /// access control (an item key sealed to the presence key), synchronizable, a key, each
+    /// class, an access group beyond ASCII.
+    static func rowOfEveryKind() -> [Item] {
+        var noName = Item(.genericPassword, attributes: ItemAttributes())
+        noName.attributes.account = "no-service"
+        noName.data = SecretBytes(utf8: "no name")
+        var thisDevice = Item.genericPassword(
+            service: "svc.kinds", account: "device", data: SecretBytes(utf8: "device"), accessibility: .whenUnlockedThisDeviceOnly)
+        thisDevice.attributes.label = "this device"
+        var controlled = Item.genericPassword(service: "svc.kinds", account: "controlled", data: SecretBytes(utf8: "controlled"))
+        controlled.accessControl = .userPresence
+        var synchronizable = Item.genericPassword(service: "svc.kinds", account: "synced", data: SecretBytes(utf8: "synced"))
+        synchronizable.attributes.synchronizable = true
+        var key = Item(.key, attributes: ItemAttributes(), data: SecretBytes(utf8: "key bytes"))
+        key.attributes.keyClass = .symmetric
+        key.attributes.applicationTag = Data("com.example.kinds".utf8)
+        key.attributes.applicationLabel = Data([1, 2, 3])
+        var untaggedKey = Item(.key, attributes: ItemAttributes(), data: SecretBytes(utf8: "untagged"))
+        untaggedKey.attributes.keyClass = .private
+        untaggedKey.attributes.applicationLabel = Data([4, 5, 6])
+        var certificate = Item(.certificate, attributes: ItemAttributes(), data: SecretBytes(utf8: "certificate"))
+        certificate.attributes.certificateType = 3
+        certificate.attributes.issuer = Data("CN=Kinds CA".utf8)
+        certificate.attributes.serialNumber = Data([0x01, 0x02])
+        return [
+            .genericPassword(service: "svc.kinds", account: "plain", data: SecretBytes(utf8: "plain")), noName, thisDevice, controlled,
+            synchronizable, internetItem("kinds.example"), key, untaggedKey, certificate,
+            .genericPassword(service: "svc.kinds", account: "group", data: SecretBytes(utf8: "group"), accessGroup: "équipe.partagée"),
+        ]
+    }
+
+    /// A row being written is counted from the `SealedRow` itself; a bucket check and a
+    /// recount read the file, in place; the plain way makes a `RowIdentity`. All three must give
+    /// the same element for every kind of row, or a row just written reads as tampered (or a
+    /// replaced row's old element is subtracted wrongly and the bucket never adds up again).
+    @Test("every kind of row counts the same written, read back as a row, as an identity and in place, before and after a replace")
+    func rowOfEveryKind_countsTheSameEveryWay() throws {
+        let fixture = try VaultFixture()
+        for item in Self.rowOfEveryKind() { try fixture.vault.add(item) }
+        let database = try Database(path: fixture.path, create: false)
+        func compare(_ when: String) throws {
+            // Any key shows whether two encodings are the same bytes.
+            let key = Crypto.generateKey()
+            var fromRows = IntegrityState.empty()
+            var fromIdentities = IntegrityState.empty()
+            let rows = try database.statement("SELECT \(SealedRow.columns()), \(IntegrityState.RowIdentity.columns) FROM items")
+            defer { rows.reset() }
+            var count = 0
+            while try rows.step() {
+                fromRows.add(try SealedRow.read(from: rows), key: key)
+                fromIdentities.add(try IntegrityState.RowIdentity(rows, first: 17), key: key)
+                count += 1
+            }
+            #expect(count == Self.rowOfEveryKind().count, "\(when)")
+            let recounted = try IntegrityState.recount(database: database, key: key)
+            #expect(fromRows.accumulators == fromIdentities.accumulators, "\(when)")
+            #expect(fromRows.accumulators == recounted.accumulators, "\(when)")
+            // The record the writes sealed, counted from the rows as they were written, is the
+            // one the file's rows give.
+            #expect(try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration).isSound, "\(when)")
+        }
+        try compare("after the adds")
+        // Each row replaced (its old element removed as read, the new one added as written).
+        // The access-controlled row's item key is sealed with the associated data written in
+        // place, then sealed to the presence key: it must open through both, before and after.
+        let verified = AuthenticationContext(verifier: ScriptedVerifier(.passphrase(VaultFixture.passphraseText)))
+        var controlled = Query.genericPassword(service: "svc.kinds", account: "controlled")
+        controlled.authenticationContext = verified
+        #expect(try fixture.vault.data(matching: controlled) == SecretBytes(utf8: "controlled"))
+        for (index, item) in Self.rowOfEveryKind().enumerated() {
+            var query = Query(item.itemClass, attributes: item.attributes.primaryKeyOnly(of: item.itemClass))
+            query.attributes.accessGroup = item.attributes.accessGroup
+            query.synchronizable = item.attributes.synchronizable == true ? .synchronizable : .notSynchronizable
+            if item.accessControl != nil { query.authenticationContext = verified }
+            try fixture.vault.update(matching: query, to: ItemUpdate(data: SecretBytes(utf8: "replaced \(index)")))
+        }
+        try compare("after the replaces")
+        let reader = try fixture.reopen()
+        #expect(readOutcome(reader, "svc.kinds", "plain") == "replaced 0")
+        #expect(readOutcome(reader, "svc.kinds", "device") == "replaced 2")
+        #expect(try reader.data(matching: controlled) == SecretBytes(utf8: "replaced 3"))
+    }
+
+    /// SQLite reads text up to its first NUL, and Lockbox binds it so: an access group holding
+    /// one is stored cut there. The row's element and associated data would be made of the
+    /// whole string and its file of the cut one: the item could never be read, and every item
+    /// of its bucket would read as tampered from then on.
+    @Test("an access group holding a NUL is refused at add and update; a query naming one finds and deletes nothing")
+    func accessGroupWithNUL_isRefused() throws {
+        let fixture = try VaultFixture()
+        try fixture.vault.add(.genericPassword(service: "svc.nul", account: "alice", data: SecretBytes(utf8: "kept"), accessGroup: "team"))
+        try fixture.vault.add(.genericPassword(service: "svc.nul", account: "bob", data: SecretBytes(utf8: "bob"), accessGroup: "team"))
+        #expect(
+            status { try fixture.vault.add(.genericPassword(service: "svc.nul", account: "carol", data: SecretBytes(utf8: "x"), accessGroup: "team\u{0}x")) }
+                == -50)
+        var moved = ItemAttributes()
+        moved.accessGroup = "team\u{0}y"
+        #expect(status { try fixture.vault.update(matching: .genericPassword(service: "svc.nul", account: "bob"), to: ItemUpdate(attributes: moved)) } == -50)
+        // A synced replace comes to the writer without the update's checks of the group.
+        let synced = try fixture.vault.applyChanges(count: 1) { _ throws(LockboxError) -> SyncedChange in
+            .add(.genericPassword(service: "svc.nul", account: "dave", data: SecretBytes(utf8: "dave"), accessGroup: "team"))
+        }
+        let reference = try #require(synced.references[0])
+        #expect(status {
+            _ = try fixture.vault.applyChanges(count: 1) { _ throws(LockboxError) -> SyncedChange in
+                .replace(reference: reference, with: .genericPassword(service: "svc.nul", account: "dave", data: SecretBytes(utf8: "x"), accessGroup: "team\u{0}z"))
+            }
+        } == -50)
+        #expect(status { try fixture.vault.delete(matching: .genericPassword(service: "svc.nul", account: "alice", accessGroup: "team\u{0}x")) } == -25300)
+        #expect(readOutcome(fixture.vault, "svc.nul", "dave") == "dave")
+        #expect(readOutcome(fixture.vault, "svc.nul", "alice") == "kept")
+        #expect(readOutcome(fixture.vault, "svc.nul", "bob") == "bob")
+        #expect(try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration).isSound)
+        #expect(readOutcome(try fixture.reopen(), "svc.nul", "bob") == "bob")
+    }
+
+    // MARK: One associated-data encoder for a row's blobs
+
+    /// ``FieldEncoder/truncate(to:)`` only moves the length: a copy made before must keep its
+    /// bytes when the original then writes over them, and the reverse.
+    @Test("a truncated encoder writing after its prefix leaves a copy of it as it was, and a copy truncated leaves the original")
+    func truncatedEncoder_leavesCopiesIntact() {
+        var original = FieldEncoder(capacity: 64)
+        original.string("prefix")
+        let prefixLength = original.byteCount
+        original.string("first purpose")
+        let copy = original
+        let copied = copy.bytes
+        original.truncate(to: prefixLength)
+        original.string("second")
+        #expect(copy.bytes == copied)
+        var expected = FieldEncoder()
+        expected.string("prefix")
+        expected.string("second")
+        #expect(original.bytes == expected.bytes)
+
+        var truncatedCopy = original
+        truncatedCopy.truncate(to: prefixLength)
+        truncatedCopy.string("third")
+        #expect(original.bytes == expected.bytes)
+        var third = FieldEncoder()
+        third.string("prefix")
+        third.string("third")
+        #expect(truncatedCopy.bytes == third.bytes)
     }
 }
