@@ -11,16 +11,17 @@ import Glibc
 // and 100,000 items, next to the floor: raw SQLite with the same durability settings and one
 // XChaCha20-Poly1305 open per read. Run with `swift run -c release lockbox-bench`.
 //
-//   lockbox-bench [--sizes 1000,100000] [--operations 1000] [--rounds 1] [--markdown]
+//   lockbox-bench [--sizes 1000,100000] [--operations 1000] [--rounds 3] [--markdown]
 //
-// With `--rounds R` each size's vault and floor are timed R times over (new items each round)
-// and a last table gives each operation's median p50 ratio and the rounds' range: one round's
-// ratio moves by about a tenth between runs on a shared machine.
+// Each size's vault and floor are timed R times over (`--rounds R`, 3 unless told; new items
+// each round), and a last table gives each operation's median p50 ratio, the rounds' range and
+// the verdict: one round's ratio moves by about a tenth between runs on a shared machine, so a
+// verdict is given on the median of the rounds (on the round itself with `--rounds 1`).
 
 struct Options {
     var sizes = [1_000, 100_000]
     var operations = 1_000
-    var rounds = 1
+    var rounds = 3
     var markdown = false
     /// Only these operations are timed (the others still run once to set up); for profiling.
     var only: Set<String> = ["add", "find", "update", "delete"]
@@ -83,6 +84,7 @@ struct Sample {
 struct Row {
     var size: Int
     var operation: String
+    var round: Int
     var vault: Sample
     var floor: Sample
 
@@ -181,7 +183,8 @@ func floorSubject(size: Int, directory: String) throws -> Subject {
 /// fall on both alike. Updates and deletes work on added items, so the adds run as often as
 /// either of them.
 /// `first` numbers the round's new items (adds, updates and deletes use the same ones).
-func compare(size: Int, operations: Int, first: Int, vault: Subject, floor: Subject) throws -> [Row] {
+func compare(size: Int, operations: Int, round: Int, vault: Subject, floor: Subject) throws -> [Row] {
+    let first = round * operations
     func count(_ name: String) -> Int { options.only.contains(name) ? operations : 0 }
     var generator = SystemRandomNumberGenerator()
     var rows: [Row] = []
@@ -199,7 +202,7 @@ func compare(size: Int, operations: Int, first: Int, vault: Subject, floor: Subj
             try vaultSample.measure { try vault[keyPath: operation](item) }
             try floorSample.measure { try floor[keyPath: operation](item) }
         }
-        if options.only.contains(name) { rows.append(Row(size: size, operation: name, vault: vaultSample, floor: floorSample)) }
+        if options.only.contains(name) { rows.append(Row(size: size, operation: name, round: round, vault: vaultSample, floor: floorSample)) }
     }
     return rows
 }
@@ -215,7 +218,7 @@ for size in options.sizes {
         defer { vault.close() }
         let floor = try floorSubject(size: size, directory: directory)
         for round in 0..<options.rounds {
-            rows += try compare(size: size, operations: options.operations, first: round * options.operations, vault: vault, floor: floor)
+            rows += try compare(size: size, operations: options.operations, round: round, vault: vault, floor: floor)
         }
     } catch {
         FileHandle.standardError.write(Data("lockbox-bench: \(error)\n".utf8))
@@ -234,10 +237,17 @@ func verdict(_ operation: String, _ ratio: Double) -> String {
     return String(format: "<= %.1fx %@", target, ratio <= target ? "met" : "MISSED")
 }
 
-func verdict(_ row: Row) -> String { verdict(row.operation, row.ratio) }
+/// A round's own verdict with one round; with several, the round's number (the verdict is the
+/// rounds' median's, in the last table).
+func verdict(_ row: Row) -> String {
+    options.rounds > 1 ? "round \(row.round + 1) of \(options.rounds)" : verdict(row.operation, row.ratio)
+}
+
+/// The rows' verdict column: the target with one round, the round's number with several.
+let verdictColumn = options.rounds > 1 ? "round" : "target"
 
 if options.markdown {
-    print("| items | operation | vault p50 (µs) | vault p99 (µs) | floor p50 (µs) | floor p99 (µs) | p50 ratio | target | CPU p50 vault / floor (µs) |")
+    print("| items | operation | vault p50 (µs) | vault p99 (µs) | floor p50 (µs) | floor p99 (µs) | p50 ratio | \(verdictColumn) | CPU p50 vault / floor (µs) |")
     print("|---:|---|---:|---:|---:|---:|---:|---|---|")
     for row in rows {
         print(
@@ -247,7 +257,9 @@ if options.markdown {
                 + "\(format(row.vault.cpuPercentile(0.5))) / \(format(row.floor.cpuPercentile(0.5))) |")
     }
 } else {
-    print("items      op      vault p50   vault p99   floor p50   floor p99   p50 ratio   target           CPU p50 vault / floor   (microseconds)")
+    print(
+        "items      op      vault p50   vault p99   floor p50   floor p99   p50 ratio   "
+            + verdictColumn.padding(toLength: 17, withPad: " ", startingAt: 0) + "CPU p50 vault / floor   (microseconds)")
     for row in rows {
         print(
             String(
