@@ -237,35 +237,35 @@ func verdict(_ operation: String, _ ratio: Double) -> String {
     return String(format: "<= %.1fx %@", target, ratio <= target ? "met" : "MISSED")
 }
 
-/// A round's own verdict with one round; with several, the round's number (the verdict is the
-/// rounds' median's, in the last table).
-func verdict(_ row: Row) -> String {
+/// A row's last column: its own verdict with one round; with several, the round's number (the
+/// verdict is the rounds' median's, in the last table).
+func lastColumn(_ row: Row) -> String {
     options.rounds > 1 ? "round \(row.round + 1) of \(options.rounds)" : verdict(row.operation, row.ratio)
 }
 
-/// The rows' verdict column: the target with one round, the round's number with several.
-let verdictColumn = options.rounds > 1 ? "round" : "target"
+/// The heading of the rows' last column.
+let lastColumnHeading = options.rounds > 1 ? "round" : "target"
 
 if options.markdown {
-    print("| items | operation | vault p50 (µs) | vault p99 (µs) | floor p50 (µs) | floor p99 (µs) | p50 ratio | \(verdictColumn) | CPU p50 vault / floor (µs) |")
+    print("| items | operation | vault p50 (µs) | vault p99 (µs) | floor p50 (µs) | floor p99 (µs) | p50 ratio | \(lastColumnHeading) | CPU p50 vault / floor (µs) |")
     print("|---:|---|---:|---:|---:|---:|---:|---|---|")
     for row in rows {
         print(
             "| \(row.size) | \(row.operation) | \(format(row.vault.percentile(0.5))) | \(format(row.vault.percentile(0.99))) | "
                 + "\(format(row.floor.percentile(0.5))) | \(format(row.floor.percentile(0.99))) | "
-                + String(format: "%.2fx", row.vault.percentile(0.5) / row.floor.percentile(0.5)) + " | \(verdict(row)) | "
+                + String(format: "%.2fx", row.vault.percentile(0.5) / row.floor.percentile(0.5)) + " | \(lastColumn(row)) | "
                 + "\(format(row.vault.cpuPercentile(0.5))) / \(format(row.floor.cpuPercentile(0.5))) |")
     }
 } else {
     print(
         "items      op      vault p50   vault p99   floor p50   floor p99   p50 ratio   "
-            + verdictColumn.padding(toLength: 17, withPad: " ", startingAt: 0) + "CPU p50 vault / floor   (microseconds)")
+            + lastColumnHeading.padding(toLength: 17, withPad: " ", startingAt: 0) + "CPU p50 vault / floor   (microseconds)")
     for row in rows {
         print(
             String(
                 format: "%-10d %-7@ %9.1f   %9.1f   %9.1f   %9.1f   %7.2fx   %-16@ %7.1f / %-7.1f", row.size, row.operation as NSString,
                 row.vault.percentile(0.5), row.vault.percentile(0.99), row.floor.percentile(0.5),
-                row.floor.percentile(0.99), row.vault.percentile(0.5) / row.floor.percentile(0.5), verdict(row) as NSString,
+                row.floor.percentile(0.99), row.vault.percentile(0.5) / row.floor.percentile(0.5), lastColumn(row) as NSString,
                 row.vault.cpuPercentile(0.5), row.floor.cpuPercentile(0.5)))
     }
 }

@@ -50,19 +50,21 @@ struct IntegrityState {
     var accumulators: [UInt8]
     var mac: [UInt8] = []
     var alwaysMAC: [UInt8] = []
-    var format = IntegrityState.currentFormat
-    /// Per group, 32 bytes: its digest (format 5: BLAKE2b of the group's bytes; formats 3 and
-    /// 4: keyed by the element key), valid where its bit of `knownGroups` is set, that is while
-    /// its accumulators are unchanged. Flat bytes and bit sets rather than an array per digest:
-    /// every write copies the state, and a copy is then three buffers, not sixteen.
+    var format = IntegrityState.currentFormat {
+        // The cached digests are the format's: a state sealed in another one digests anew.
+        didSet { if format != oldValue { forgetDigests() } }
+    }
+    /// Per group, 32 bytes: its digest in the state's format (5: BLAKE2b of the group's bytes;
+    /// 3 and 4: keyed by the element key), valid where its bit of `knownGroups` is set, that is
+    /// while its accumulators and the format are unchanged. Flat bytes and bit sets rather than
+    /// an array per digest: every write copies the state, and a copy is then three buffers, not
+    /// sixteen.
     private var groupDigests = [UInt8](repeating: 0, count: IntegrityState.groupCount * 32)
     private var knownGroups: UInt16 = 0
     /// Format 5: per node, 32 bytes, the digest of its groups' digests, valid where its bit of
     /// `knownNodes` is set.
     private var nodeDigests = [UInt8](repeating: 0, count: IntegrityState.nodeCount * 32)
     private var knownNodes: UInt8 = 0
-    /// Whether the cached digests are format 5's (they are dropped when the format changes).
-    private var digestsOfTree = false
     /// Groups whose stored row is out of date, a bit each (all of them for a state not read
     /// from the file).
     private var unsavedGroups = UInt16.max
@@ -270,10 +272,6 @@ struct IntegrityState {
     /// another's. Formats 3 and 4 cover one digest per group, keyed by the element key.
     private mutating func authenticatedBytes(vaultID: [UInt8], headerBinding: [UInt8], keys: Keys) -> FieldEncoder {
         let tree = format >= 5
-        if digestsOfTree != tree {
-            forgetDigests()
-            digestsOfTree = tree
-        }
         // About 30 bytes, then 37 per group or node and 37 for the header.
         var encoder = FieldEncoder(capacity: 64 + 37 * (Self.groupCount + 1))
         encoder.string(tree ? "lockbox.state.v5" : "lockbox.state.v3")

@@ -673,19 +673,17 @@ extension Vault {
     // MARK: Rules and messages
 
     private func resolvedGroupForWriting(_ group: String?) throws(LockboxError) -> String {
-        guard let group else {
-            let resolved = configuration.accessGroups?.first ?? Self.defaultAccessGroup
-            try RowWriter.checkStorable(accessGroup: resolved)
-            return resolved
-        }
-        guard isVisible(group) else {
+        let resolved = group ?? configuration.accessGroups?.first ?? Self.defaultAccessGroup
+        if group != nil && !isVisible(resolved) {
             throw LockboxError(
                 .missingEntitlement,
                 "This store was opened for the access groups \(configuration.accessGroups ?? []); "
-                    + "it cannot write to the group \(group).")
+                    + "it cannot write to the group \(resolved).")
         }
-        try RowWriter.checkStorable(accessGroup: group)
-        return group
+        // Checked here too (the writer checks every row) so that an update fails before it
+        // asks the user anything.
+        try RowWriter.checkStorable(accessGroup: resolved)
+        return resolved
     }
 
     private func isVisible(_ group: String) -> Bool {

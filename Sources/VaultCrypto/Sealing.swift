@@ -214,13 +214,8 @@ package enum Crypto {
     /// ``keyedDigest(_:key:)-([UInt8],_)`` of bytes read in place (a part of a larger buffer,
     /// without copying it).
     package static func keyedDigest(_ input: UnsafeRawBufferPointer, key: SecretBytes) -> [UInt8] {
-        ensureInitialized()
         var digest = [UInt8](repeating: 0, count: 32)
-        key.withUnsafeBytes { keyBytes in
-            _ = crypto_generichash(
-                &digest, 32, input.baseAddress?.assumingMemoryBound(to: UInt8.self), UInt64(input.count),
-                keyBytes.baseAddress!.assumingMemoryBound(to: UInt8.self), keyBytes.count)
-        }
+        digest.withUnsafeMutableBytes { keyedDigest(input, key: key, into: $0) }
         return digest
     }
 
@@ -231,9 +226,8 @@ package enum Crypto {
 
     /// ``digest(_:)-([UInt8])`` of bytes read in place.
     package static func digest(_ input: UnsafeRawBufferPointer) -> [UInt8] {
-        ensureInitialized()
         var digest = [UInt8](repeating: 0, count: 32)
-        _ = crypto_generichash(&digest, 32, input.baseAddress?.assumingMemoryBound(to: UInt8.self), UInt64(input.count), nil, 0)
+        digest.withUnsafeMutableBytes { Self.digest(input, into: $0) }
         return digest
     }
 

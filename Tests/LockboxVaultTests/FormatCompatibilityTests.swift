@@ -341,41 +341,14 @@ struct FormatCompatibilityTests {
         #expect(try Vault.verify(at: copy.path, configuration: copy.configuration).isSound)
     }
 
-    struct GroupRow: Equatable {
-        var id: Int
-        var accumulators: [UInt8]
-        var generation: Int
-        var mac: [UInt8]
-        var alwaysMAC: [UInt8]
-    }
+    typealias GroupRow = IntegrityGroupRow
 
     func groupRows(_ vault: Vault) throws -> [GroupRow] {
-        try vault.withDatabase { database throws(LockboxError) in
-            let statement = try database.statement("SELECT id, accumulators, generation, mac, always_mac FROM integrity_groups ORDER BY id")
-            defer { statement.reset() }
-            var rows: [GroupRow] = []
-            while try statement.step() {
-                rows.append(
-                    GroupRow(
-                        id: statement.integer(0) ?? -1, accumulators: statement.blob(1) ?? [], generation: statement.integer(2) ?? -1,
-                        mac: statement.blob(3) ?? [], alwaysMAC: statement.blob(4) ?? []))
-            }
-            return rows
-        }
+        try vault.withDatabase { database throws(LockboxError) in try GroupRow.all(in: database) }
     }
 
     static func write(_ rows: [GroupRow], to database: Database) throws(LockboxError) {
-        let update = try database.statement("UPDATE integrity_groups SET accumulators = ?, generation = ?, mac = ?, always_mac = ? WHERE id = ?")
-        defer { update.reset() }
-        for row in rows {
-            update.bind(1, row.accumulators)
-            update.bind(2, row.generation)
-            update.bind(3, row.mac)
-            update.bind(4, row.alwaysMAC)
-            update.bind(5, row.id)
-            try update.run()
-            update.reset()
-        }
+        for row in rows { try row.put(into: database) }
     }
 
     @Test("the schema-1 vault opens, is upgraded at its first unlock, and every item reads back exactly")

@@ -13,28 +13,11 @@ import VaultStorage
 /// removing rows of it must fail closed, like the single row it replaces.
 @Suite("Integrity record in the group rows")
 struct IntegrityRecordTests {
-    typealias GroupRow = (id: Int, accumulators: [UInt8], generation: Int, mac: [UInt8], alwaysMAC: [UInt8])
+    typealias GroupRow = IntegrityGroupRow
 
-    func groups(_ database: Database) throws -> [GroupRow] {
-        let statement = try database.statement("SELECT id, accumulators, generation, mac, always_mac FROM integrity_groups ORDER BY id")
-        defer { statement.reset() }
-        var rows: [GroupRow] = []
-        while try statement.step() {
-            rows.append((statement.integer(0) ?? -1, statement.blob(1) ?? [], statement.integer(2) ?? -1, statement.blob(3) ?? [], statement.blob(4) ?? []))
-        }
-        return rows
-    }
+    func groups(_ database: Database) throws -> [GroupRow] { try GroupRow.all(in: database) }
 
-    func put(_ row: GroupRow, into database: Database) throws {
-        let statement = try database.statement("UPDATE integrity_groups SET accumulators = ?, generation = ?, mac = ?, always_mac = ? WHERE id = ?")
-        statement.bind(1, row.accumulators)
-        statement.bind(2, row.generation)
-        statement.bind(3, row.mac)
-        statement.bind(4, row.alwaysMAC)
-        statement.bind(5, row.id)
-        try statement.run()
-        statement.reset()
-    }
+    func put(_ row: GroupRow, into database: Database) throws { try row.put(into: database) }
 
     /// A vault with items in several groups, the group rows as they are, and a read through a
     /// fresh handle (another process) after `edit`.
