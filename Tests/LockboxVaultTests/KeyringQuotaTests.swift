@@ -1,3 +1,4 @@
+import Foundation
 import Glibc
 import KeyProviders
 import Lockbox
@@ -57,6 +58,12 @@ struct KeyringQuotaTests {
                 environment: [:], directory: directory.path, timeout: timeout)
         }
 
+        /// Writes a file the test user can read.
+        func writeFile(_ name: String, _ text: String) throws {
+            try text.write(toFile: directory.file(name), atomically: false, encoding: .utf8)
+            #expect(chmod(directory.file(name), 0o644) == 0)
+        }
+
         /// The quota use once the kernel's garbage collector, which frees invalidated keys
         /// asynchronously, has caught up: polled until it is within `keys` or 5 s passed.
         func settledQuotaUse(atMostKeys keys: Int) throws -> (keys: Int, bytes: Int) {
@@ -66,6 +73,18 @@ struct KeyringQuotaTests {
                 usleep(50_000)
                 waited += 1
                 use = try quotaUse()
+            }
+            return use
+        }
+
+        /// The quota use once it has not moved for 200 ms (the collector done), or after 5 s.
+        func quietQuotaUse() throws -> (keys: Int, bytes: Int) {
+            var use = try quotaUse()
+            for _ in 0..<25 {
+                usleep(200_000)
+                let now = try quotaUse()
+                if now == use { break }
+                use = now
             }
             return use
         }
@@ -191,6 +210,137 @@ struct KeyringQuotaTests {
         _ = try VaultFixture()  // an unlock
 
         #expect(throws: KernelKeyring.Absence.self) { _ = try KernelKeyring.find(description) }
+    }
+
+    /// Locks and unlocks, repeated, hold no quota once the kernel has freed the keys: each removed
+    /// key is unlinked before it is invalidated (the kernel keeps a link's 4 bytes charged when
+    /// its collector drops an invalidated key's link, and `lockbox` keyrings live until reboot).
+    @Test("locking and unlocking again and again leaves the user's key quota where it was")
+    func lockUnlockCycles_giveEveryByteBack() throws {
+        let sandbox = try UserSandbox()
+        let setup = """
+            set -e
+            export HOME="$PWD"
+            printf 'pw' | ./lockbox --keychain "$PWD/cycle.lockbox" init --passphrase-stdin --kdf interactive >/dev/null
+            echo done
+            """
+        #expect(try sandbox.runAsUser(setup).standardOutput.contains("done"))
+        let before = try sandbox.quietQuotaUse()
+        let cycles = """
+            set -e
+            export HOME="$PWD"
+            i=0
+            while [ $i -lt 60 ]; do
+                ./lockbox --keychain "$PWD/cycle.lockbox" lock --all
+                printf 'pw' | ./lockbox --keychain "$PWD/cycle.lockbox" unlock --passphrase-stdin >/dev/null
+                i=$((i + 1))
+            done
+            echo done
+            """
+        let result = try sandbox.runAsUser(cycles)
+        #expect(result.status == 0 && result.standardOutput.contains("done"), "\(result.standardError)")
+        let after = try sandbox.quietQuotaUse()
+        // 60 cycles of two removed keys: 480 bytes if links were dropped by the collector.
+        #expect(after.keys == before.keys, "keys: \(before.keys) before, \(after.keys) after")
+        #expect(after.bytes - before.bytes < 40, "bytes: \(before.bytes) before, \(after.bytes) after 60 lock/unlock cycles")
+    }
+
+    /// A `lockbox` keyring whose quota is used up by links the kernel's collector dropped without
+    /// giving their charge back (timed-out keys, earlier releases): the next store renews the
+    /// keyring and succeeds, and the keys already cached stay usable; four processes meeting the
+    /// full quota at once renew it one at a time (two renewals at once would lose keys).
+    @Test("a quota used up by dropped links is recovered: four unlocks at once succeed and nothing cached is lost")
+    func quotaHeldByDroppedLinks_isRecovered_byTheNextStore() throws {
+        let sandbox = try UserSandbox()
+        // Drops links until 25 to 28 bytes of the quota are left: room for a renewal (8 bytes
+        // for the new keyring, 4 for its link, 4 for the key being moved), none for an entry.
+        let fill = """
+            import ctypes, os, time
+            keyutils = ctypes.CDLL("libkeyutils.so.1", use_errno=True)
+            keyutils.add_key.restype = ctypes.c_int32
+            keyutils.keyctl_search.restype = ctypes.c_long
+            ring = ctypes.c_int32(keyutils.keyctl_search(-4, b"keyring", b"lockbox", 0))
+            assert ring.value > 0, "no lockbox keyring"
+
+            def use():
+                for line in open("/proc/key-users"):
+                    fields = line.split()
+                    if fields[0] == "%d:" % os.getuid():
+                        used, limit = map(int, fields[4].split("/"))
+                        return int(fields[3].split("/")[0]), used, limit
+
+            def settled(keys):
+                for _ in range(500):
+                    now = use()
+                    if now[0] <= keys:
+                        return now
+                    time.sleep(0.01)
+                raise SystemExit("the kernel's collector did not free the invalidated keys")
+
+            keys, used, limit = settled(10**6)
+            dropped = 0
+            while limit - used > 28:
+                # Each key costs up to 12 bytes until it is collected, its link's 4 for good. A
+                # name of its own: a key added under the name of one not yet collected would
+                # take its link's place, costing nothing.
+                for _ in range(max(1, min(40, (limit - used - 28) // 12))):
+                    serial = keyutils.add_key(b"user", b"d%d" % dropped, b"x", 1, ring)
+                    assert serial > 0, ctypes.get_errno()
+                    keyutils.keyctl_invalidate(serial)
+                    dropped += 1
+                keys, used, limit = settled(keys)
+            print("dropped", dropped, "free", limit - used)
+            """
+        try sandbox.writeFile("fill.py", fill)
+        let script = """
+            set -e
+            export HOME="$PWD"
+            printf 'pw' | ./lockbox --keychain "$PWD/first.lockbox" init --passphrase-stdin --kdf interactive >/dev/null
+            /usr/bin/python3 fill.py
+            # Full: no key of an entry's size fits.
+            if keyctl add user lockbox:probe "$(head -c 64 /dev/zero | tr '\\0' x)" @u >/dev/null 2>&1; then echo "quota not full"; exit 1; fi
+            # Four processes at once meet the full quota; one renews the keyring.
+            for i in 1 2 3 4; do
+                (printf 'pw' | ./lockbox --keychain "$PWD/next$i.lockbox" init --passphrase-stdin --kdf interactive >/dev/null 2>"next$i.err"; echo $? >"next$i.status") &
+            done
+            wait
+            cat next*.err >&2
+            for i in 1 2 3 4; do
+                [ "$(cat next$i.status)" = 0 ]
+                ./lockbox --keychain "$PWD/next$i.lockbox" status | grep -q 'state: unlocked'
+            done
+            ./lockbox --keychain "$PWD/first.lockbox" status | grep -q 'state: unlocked'
+            echo done
+            """
+        let result = try sandbox.runAsUser(script, timeout: 300)
+        #expect(result.status == 0 && result.standardOutput.contains("done"), "\(result.standardOutput) \(result.standardError)")
+        #expect(result.standardOutput.contains("dropped"), "\(result.standardOutput)")
+        let after = try sandbox.settledQuotaUse(atMostKeys: 4 + 3)
+        #expect(after.bytes < 2_000, "the user's keys hold \(after.bytes) bytes after the renewal")
+    }
+
+    /// A timed-out key's link, which the collector would drop (keeping its charge) only minutes
+    /// later, is unlinked at the next unlock of any vault.
+    @Test("a timed-out key's link is unlinked at the next unlock")
+    func timedOutKeysLink_isUnlinked_atTheNextUnlock() throws {
+        let sandbox = try UserSandbox()
+        let script = """
+            set -e
+            export HOME="$PWD"
+            printf 'pw' | ./lockbox --keychain "$PWD/short.lockbox" init --passphrase-stdin --kdf interactive >/dev/null
+            printf 'pw' | ./lockbox --keychain "$PWD/short.lockbox" unlock --passphrase-stdin --timeout 1 >/dev/null
+            sleep 2
+            keyctl show @u > before.txt 2>&1
+            printf 'pw' | ./lockbox --keychain "$PWD/other.lockbox" init --passphrase-stdin --kdf interactive >/dev/null
+            keyctl show @u > after.txt 2>&1
+            echo done
+            """
+        let result = try sandbox.runAsUser(script)
+        #expect(result.status == 0 && result.standardOutput.contains("done"), "\(result.standardError)")
+        let before = try String(contentsOfFile: sandbox.directory.file("before.txt"), encoding: .utf8)
+        let after = try String(contentsOfFile: sandbox.directory.file("after.txt"), encoding: .utf8)
+        #expect(before.contains("expired"), "the timed-out key is still linked before: \(before)")
+        #expect(!after.contains("expired"), "after the next unlock: \(after)")
     }
 
     @Test("a full quota is reported with the quota's files and what to do")

@@ -17,6 +17,14 @@ import Glibc
 ///
 /// Every call goes through ``call(_:_:)``: EINTR is retried, errno is captured at once and
 /// thrown as a ``Failure``.
+///
+/// Each link in a keyring costs its owner 4 bytes of quota. The kernel gives them back when a
+/// link is unlinked, never when its garbage collector drops the link of an invalidated,
+/// revoked or expired key: a keyring that lives for months would slowly fill the user's
+/// 20,000 bytes with nothing. So a key is unlinked before it is invalidated, links to dead keys
+/// are unlinked whenever Lockbox lists its entries, and when the quota is full anyway (charge
+/// left by timed-out keys, or by earlier releases) the keyring is renewed: a new one takes the
+/// live keys and the old one, with its charge, is dropped (``renewKeyring()``).
 package enum KernelKeyring {
     /// The kernel's serial number of a key.
     package typealias Serial = Int32
@@ -82,11 +90,24 @@ package enum KernelKeyring {
     /// Adds (or replaces) a key in the `lockbox` keyring, readable only by this user's processes.
     /// - Parameter timeout: seconds until the kernel forgets it; nil keeps it until reboot.
     package static func store(_ payload: SecretBytes, description: String, timeout: UInt32?) throws(Failure) -> Serial {
-        let keyring = try lockboxKeyring()
-        let serial = Serial(
-            try call("add_key") {
-                payload.withUnsafeBytes { Int(add_key("user", description, $0.baseAddress, $0.count, keyring)) }
-            })
+        func add() throws(Failure) -> Serial {
+            let keyring = try lockboxKeyring()
+            return Serial(
+                try call("add_key") {
+                    payload.withUnsafeBytes { Int(add_key("user", description, $0.baseAddress, $0.count, keyring)) }
+                })
+        }
+        let serial: Serial
+        do {
+            serial = try add()
+        } catch where error.isQuotaExceeded {
+            serial = try withRenewalLock { () throws(Failure) -> Serial in
+                // Another process may have renewed the keyring while this one waited.
+                if let serial = try? add() { return serial }
+                try renewKeyring()
+                return try retryingWhileCollected(add)
+            }
+        }
         do {
             try setPermissions(serial)
             // Also clears the countdown of a key this one replaced (0: no timeout).
@@ -159,6 +180,13 @@ package enum KernelKeyring {
     /// that is already gone counts as removed.
     /// - Throws: when the kernel refuses both.
     package static func remove(_ serial: Serial) throws(Failure) {
+        // A key of the `lockbox` keyring is unlinked first, which gives the link's quota back
+        // (the collector, which drops an invalidated key's link, does not); ours grant their
+        // user every permission, so it is still invalidated afterwards, no longer possessed. A
+        // key loose in @u (an earlier release's) may grant only its possessor: invalidated as is.
+        if let keyring = existingLockboxKeyring() {
+            _ = try? call("keyctl_unlink") { keyctl_unlink(serial, keyring) }
+        }
         do {
             _ = try call("keyctl_invalidate") { keyctl_invalidate(serial) }
         } catch where error.isMissing {
@@ -193,11 +221,114 @@ package enum KernelKeyring {
 
     /// The serials and descriptions of the `user` keys in the `lockbox` keyring, and of those
     /// linked directly in `@u` (where earlier releases stored theirs).
+    /// Links in the `lockbox` keyring to keys that are gone (timed out, revoked) are unlinked on
+    /// the way, giving their quota back.
     package static func entries() throws(Failure) -> [(serial: Serial, description: String)] {
-        try entries(in: lockboxKeyring()) + entries(in: KEY_SPEC_USER_KEYRING)
+        try entries(in: lockboxKeyring(), unlinkingDead: true) + entries(in: KEY_SPEC_USER_KEYRING, unlinkingDead: false)
     }
 
-    private static func entries(in keyring: Serial) throws(Failure) -> [(serial: Serial, description: String)] {
+    /// Replaces the `lockbox` keyring by a new one that holds the same live keys, and drops the
+    /// old one with the quota its dropped links still hold. Needs about 16 bytes of room: 8 for
+    /// the new keyring, 4 for its link, 4 for the key being moved (a move gives the old link's 4
+    /// back). Dead links are unlinked first, which gives 4 each.
+    ///
+    /// A renewal that runs out of room part-way leaves the new keyring inside the old one, where
+    /// searches from @u still find the keys it took; the next renewal takes them from there. A
+    /// key another process stores into the old keyring meanwhile is lost with it (its vault reads
+    /// as locked, its token is fetched again): this runs only when the quota is full.
+    package static func renewKeyring() throws(Failure) {
+        let old = try lockboxKeyring()
+        var live: [(serial: Serial, keyring: Serial)] = []
+        for serial in try serials(in: old) {
+            switch try? describe(serial) {
+            case .none:
+                _ = try? call("keyctl_unlink") { keyctl_unlink(serial, old) }
+            case .some(let key) where key.type == "keyring" && key.description == keyringName:
+                // Left by a renewal that ran out of room.
+                for inner in try serials(in: serial) where (try? describe(inner))?.type == "user" {
+                    live.append((inner, serial))
+                }
+            case .some(let key) where key.type == "user":
+                live.append((serial, old))
+            case .some:
+                continue
+            }
+        }
+        // Made inside the old keyring, which holds it until it takes the old one's place in @u.
+        let new = Serial(try call("add_key") { Int(add_key("keyring", keyringName, nil, 0, old)) })
+        do throws(Failure) {
+            try setPermissions(new)
+        } catch {
+            _ = try? call("keyctl_unlink") { keyctl_unlink(new, old) }
+            throw error
+        }
+        for (serial, keyring) in live {
+            do {
+                _ = try call("keyctl_move") { keyctl_move(serial, keyring, new, 0) }
+            } catch where error.isMissing {
+                continue  // gone meanwhile
+            } catch where error.errno == EOPNOTSUPP {
+                // A kernel before 5.1 has no move: linked, the old link's charge dropped later.
+                _ = try call("keyctl_link") { keyctl_link(serial, new) }
+            }
+        }
+        // Same type and name: replaces the old keyring's link in @u.
+        _ = try call("keyctl_link") { keyctl_link(new, KEY_SPEC_USER_KEYRING) }
+        // Gives the old keyring's charge back now rather than when the collector frees it
+        // (then it is gone already: nothing to do).
+        _ = try? call("keyctl_clear") { keyctl_clear(old) }
+    }
+
+    /// Runs `body` while holding the user's renewal lock: an abstract Unix socket name of the
+    /// user's, bound while `body` runs, released by the kernel also when the process dies. Two
+    /// renewals at once would each move the live keys and the second displace the first's
+    /// keyring, keys and all. The name is waited for up to 2 s; one held longer (another user
+    /// squatting it, as anyone may) only lets the race back in, so `body` then runs anyway.
+    private static func withRenewalLock<T>(_ body: () throws(Failure) -> T) throws(Failure) -> T {
+        let descriptor = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        defer { if descriptor >= 0 { close(descriptor) } }
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        // A leading NUL: the abstract namespace, no file.
+        let name = Array("\0lockbox.keyring-renewal.\(getuid())".utf8)
+        withUnsafeMutableBytes(of: &address.sun_path) { path in
+            path.copyBytes(from: name.prefix(path.count))
+        }
+        let length = socklen_t(MemoryLayout.offset(of: \sockaddr_un.sun_path)! + name.count)
+        if descriptor >= 0 {
+            for _ in 0..<400 {
+                let bound = withUnsafePointer(to: &address) {
+                    $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, length) }
+                }
+                if bound == 0 || Glibc.errno != EADDRINUSE { break }
+                usleep(5_000)
+            }
+        }
+        return try body()
+    }
+
+    /// Runs `body` again while it fails for a full quota, for up to about a quarter of a second:
+    /// keys that were just removed give their bytes back only when the kernel's collector, which
+    /// runs right after, has freed them.
+    private static func retryingWhileCollected<T>(_ body: () throws(Failure) -> T) throws(Failure) -> T {
+        var attempt = 0
+        while true {
+            do {
+                return try body()
+            } catch where error.isQuotaExceeded && attempt < 25 {
+                attempt += 1
+                usleep(10_000)
+            }
+        }
+    }
+
+    /// The `lockbox` keyring in @u, without creating it.
+    private static func existingLockboxKeyring() -> Serial? {
+        (try? call("keyctl_search") { keyctl_search(KEY_SPEC_USER_KEYRING, "keyring", keyringName, 0) }).map { Serial($0) }
+    }
+
+    /// The serials a keyring links to.
+    private static func serials(in keyring: Serial) throws(Failure) -> [Serial] {
         var serials: [Serial] = []
         // The list can grow between the size query and the read: read until it fits.
         while true {
@@ -210,28 +341,41 @@ package enum KernelKeyring {
             }
             if read <= serials.count * MemoryLayout<Serial>.size {
                 serials.removeLast(serials.count - read / MemoryLayout<Serial>.size)
-                break
+                return serials
             }
         }
+    }
+
+    private static func entries(in keyring: Serial, unlinkingDead: Bool) throws(Failure) -> [(serial: Serial, description: String)] {
         var entries: [(serial: Serial, description: String)] = []
-        for serial in serials {
-            var buffer = [CChar](repeating: 0, count: 512)
-            let length: Int
+        for serial in try serials(in: keyring) {
+            let key: (type: String, description: String)?
             do {
-                length = try call("keyctl_describe") {
-                    buffer.withUnsafeMutableBufferPointer { keyctl_describe(serial, $0.baseAddress, $0.count) }
-                }
+                key = try describe(serial)
             } catch where error.isMissing {
-                continue  // gone meanwhile (timed out, locked by another process)
+                // Timed out or revoked, its link not yet dropped by the collector (which would
+                // keep the link's quota): unlinked now. Or gone meanwhile.
+                if unlinkingDead { _ = try? call("keyctl_unlink") { keyctl_unlink(serial, keyring) } }
+                continue
             }
-            guard length <= buffer.count else { continue }  // not one of ours: ours are short
-            // "type;uid;gid;perm;description"
-            let text = String(decoding: buffer.prefix(max(0, length - 1)).map { UInt8(bitPattern: $0) }, as: UTF8.self)
-            let fields = text.split(separator: ";", maxSplits: 4, omittingEmptySubsequences: false)
-            guard fields.count == 5, fields[0] == "user" else { continue }
-            entries.append((serial, String(fields[4])))
+            guard let key, key.type == "user" else { continue }
+            entries.append((serial, key.description))
         }
         return entries
+    }
+
+    /// A key's type and description; nil for one whose description is longer than Lockbox's.
+    private static func describe(_ serial: Serial) throws(Failure) -> (type: String, description: String)? {
+        var buffer = [CChar](repeating: 0, count: 512)
+        let length = try call("keyctl_describe") {
+            buffer.withUnsafeMutableBufferPointer { keyctl_describe(serial, $0.baseAddress, $0.count) }
+        }
+        guard length <= buffer.count else { return nil }  // not one of ours: ours are short
+        // "type;uid;gid;perm;description"
+        let text = String(decoding: buffer.prefix(max(0, length - 1)).map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        let fields = text.split(separator: ";", maxSplits: 4, omittingEmptySubsequences: false)
+        guard fields.count == 5 else { return nil }
+        return (String(fields[0]), String(fields[4]))
     }
 
     /// Whether this process can use the kernel keyring at all.
