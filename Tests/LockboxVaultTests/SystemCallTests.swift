@@ -146,8 +146,17 @@ struct SystemCallTests {
             #expect(error.operation == "keyctl_revoke")
             #expect(error.errno == EACCES)
         }
+        // It was unlinked from the `lockbox` keyring first (which gives its quota back).
+        #expect {
+            _ = try KernelKeyring.find(description)
+        } throws: { error in
+            guard case .missing = error as? KernelKeyring.Absence else { return false }
+            return true
+        }
         // Removing by description ends too, with the kernel's refusal (the key matches but
         // may not be searched), instead of retrying forever.
+        let again = try KernelKeyring.store(SecretBytes(utf8: "x"), description: description, timeout: 2)
+        #expect(try run("/usr/bin/keyctl", ["setperm", String(again), "0x03030000"]).status == 0)
         do {
             try KernelKeyring.remove(description: description)
             Issue.record("remove(description:) passed over a key it could not remove")

@@ -90,34 +90,55 @@ package enum KernelKeyring {
     /// Adds (or replaces) a key in the `lockbox` keyring, readable only by this user's processes.
     /// - Parameter timeout: seconds until the kernel forgets it; nil keeps it until reboot.
     package static func store(_ payload: SecretBytes, description: String, timeout: UInt32?) throws(Failure) -> Serial {
-        func add() throws(Failure) -> Serial {
-            let keyring = try lockboxKeyring()
-            return Serial(
-                try call("add_key") {
-                    payload.withUnsafeBytes { Int(add_key("user", description, $0.baseAddress, $0.count, keyring)) }
-                })
+        // A renewal by another process between this one's lookup of the keyring and its add
+        // drops the key with the old keyring: added again into the one in @u.
+        for _ in 0..<3 {
+            let (serial, keyring) = try addRenewingWhenFull(payload, description: description)
+            do {
+                try setPermissions(serial)
+                // Also clears the countdown of a key this one replaced (0: no timeout).
+                try setTimeout(serial, seconds: timeout ?? 0)
+            } catch {
+                // A key whose permissions or timeout did not apply must not stay behind.
+                try? remove(serial)
+                throw error
+            }
+            if existingLockboxKeyring() == keyring { return serial }
         }
-        let serial: Serial
+        throw Failure(operation: "add_key", errno: EAGAIN)
+    }
+
+    /// Adds the key to the `lockbox` keyring; when the quota is full, renews the keyring (one
+    /// process at a time) and adds again. Returns the key and the keyring it went into.
+    private static func addRenewingWhenFull(_ payload: SecretBytes, description: String) throws(Failure) -> (Serial, keyring: Serial) {
+        func add() throws(Failure) -> (Serial, keyring: Serial) {
+            // The keyring just looked up may be dropped by a renewal before the add: looked up again.
+            var attempt = 0
+            while true {
+                let keyring = try lockboxKeyring()
+                do {
+                    let serial = try call("add_key") {
+                        payload.withUnsafeBytes { Int(add_key("user", description, $0.baseAddress, $0.count, keyring)) }
+                    }
+                    return (Serial(serial), keyring)
+                } catch where error.isMissing && attempt < 3 {
+                    attempt += 1
+                }
+            }
+        }
         do {
-            serial = try add()
+            return try add()
         } catch where error.isQuotaExceeded {
-            serial = try withRenewalLock { () throws(Failure) -> Serial in
+            // Renewing gives back bytes, never keys: a quota full of keys is reported as it is.
+            if let use = quotaUse(), use.keys >= use.maximumKeys { throw error }
+            let full = error
+            return try withRenewalLock(of: lockboxKeyring(), otherwise: full) { () throws(Failure) -> (Serial, keyring: Serial) in
                 // Another process may have renewed the keyring while this one waited.
-                if let serial = try? add() { return serial }
+                if let added = try? add() { return added }
                 try renewKeyring()
                 return try retryingWhileCollected(add)
             }
         }
-        do {
-            try setPermissions(serial)
-            // Also clears the countdown of a key this one replaced (0: no timeout).
-            try setTimeout(serial, seconds: timeout ?? 0)
-        } catch {
-            // A key whose permissions or timeout did not apply must not stay behind.
-            try? remove(serial)
-            throw error
-        }
-        return serial
     }
 
     /// The serial of the key with this description in `@u` (searched recursively, so also in
@@ -228,50 +249,70 @@ package enum KernelKeyring {
     }
 
     /// Replaces the `lockbox` keyring by a new one that holds the same live keys, and drops the
-    /// old one with the quota its dropped links still hold. Needs about 16 bytes of room: 8 for
-    /// the new keyring, 4 for its link, 4 for the key being moved (a move gives the old link's 4
-    /// back). Dead links are unlinked first, which gives 4 each.
+    /// old one with the quota its dropped links still hold. Callers hold the renewal lock
+    /// (``withRenewalLock(of:otherwise:_:)``): two renewals at once would each move the keys
+    /// and the second displace the first's keyring, keys and all.
     ///
-    /// A renewal that runs out of room part-way leaves the new keyring inside the old one, where
-    /// searches from @u still find the keys it took; the next renewal takes them from there. A
-    /// key another process stores into the old keyring meanwhile is lost with it (its vault reads
-    /// as locked, its token is fetched again): this runs only when the quota is full.
+    /// Needs 16 bytes of room: 8 for the new keyring, 4 for its link, 4 for the key being moved
+    /// (a move gives the old link's 4 back); dead links are unlinked first, 4 bytes each. With
+    /// less, nothing can be kept: the keyring is dropped, every entry with it, which gives
+    /// everything back (vaults read as locked until unlocked again, tokens are fetched again).
+    ///
+    /// The new keyring is made inside the old one, which holds it until it takes the old one's
+    /// place in @u. A renewal that stops part-way (out of room because another process stored
+    /// meanwhile, or killed) leaves it there, where searches from @u still find its keys; the
+    /// next renewal carries on with it.
     package static func renewKeyring() throws(Failure) {
         let old = try lockboxKeyring()
-        var live: [(serial: Serial, keyring: Serial)] = []
+        var live: [Serial] = []
+        var leftover: Serial?
         for serial in try serials(in: old) {
-            switch try? describe(serial) {
-            case .none:
-                _ = try? call("keyctl_unlink") { keyctl_unlink(serial, old) }
-            case .some(let key) where key.type == "keyring" && key.description == keyringName:
-                // Left by a renewal that ran out of room.
-                for inner in try serials(in: serial) where (try? describe(inner))?.type == "user" {
-                    live.append((inner, serial))
-                }
-            case .some(let key) where key.type == "user":
-                live.append((serial, old))
-            case .some:
-                continue
-            }
-        }
-        // Made inside the old keyring, which holds it until it takes the old one's place in @u.
-        let new = Serial(try call("add_key") { Int(add_key("keyring", keyringName, nil, 0, old)) })
-        do throws(Failure) {
-            try setPermissions(new)
-        } catch {
-            _ = try? call("keyctl_unlink") { keyctl_unlink(new, old) }
-            throw error
-        }
-        for (serial, keyring) in live {
             do {
-                _ = try call("keyctl_move") { keyctl_move(serial, keyring, new, 0) }
+                let key = try describe(serial)
+                if key?.type == "keyring" && key?.description == keyringName && leftover == nil {
+                    leftover = serial
+                } else {
+                    live.append(serial)
+                }
             } catch where error.isMissing {
-                continue  // gone meanwhile
-            } catch where error.errno == EOPNOTSUPP {
-                // A kernel before 5.1 has no move: linked, the old link's charge dropped later.
-                _ = try call("keyctl_link") { keyctl_link(serial, new) }
+                _ = try? call("keyctl_unlink") { keyctl_unlink(serial, old) }
+            } catch {
+                live.append(serial)  // not for this process to judge: kept
             }
         }
+        let needed = (leftover == nil ? 8 + 4 : 0) + 4
+        if let use = quotaUse(), use.maximumBytes - use.bytes < needed {
+            _ = try call("keyctl_unlink") { keyctl_unlink(old, KEY_SPEC_USER_KEYRING) }
+            _ = try? call("keyctl_clear") { keyctl_clear(old) }
+            return
+        }
+        let new: Serial
+        if let leftover {
+            new = leftover
+        } else {
+            new = Serial(try call("add_key") { Int(add_key("keyring", keyringName, nil, 0, old)) })
+            do throws(Failure) {
+                try setPermissions(new)
+            } catch {
+                _ = try? call("keyctl_unlink") { keyctl_unlink(new, old) }
+                throw error
+            }
+        }
+        func move(_ serials: [Serial]) throws(Failure) {
+            for serial in serials where serial != new {
+                do {
+                    _ = try call("keyctl_move") { keyctl_move(serial, old, new, 0) }
+                } catch where error.isMissing || error.errno == ENOENT {
+                    continue  // removed, or timed out, meanwhile
+                } catch where error.errno == EOPNOTSUPP {
+                    // A kernel before 5.1 has no move: linked, the old link's charge dropped with it.
+                    _ = try call("keyctl_link") { keyctl_link(serial, new) }
+                }
+            }
+        }
+        try move(live)
+        // Keys other processes stored into the old keyring meanwhile (they hold no lock).
+        try move(serials(in: old))
         // Same type and name: replaces the old keyring's link in @u.
         _ = try call("keyctl_link") { keyctl_link(new, KEY_SPEC_USER_KEYRING) }
         // Gives the old keyring's charge back now rather than when the collector frees it
@@ -279,35 +320,65 @@ package enum KernelKeyring {
         _ = try? call("keyctl_clear") { keyctl_clear(old) }
     }
 
-    /// Runs `body` while holding the user's renewal lock: an abstract Unix socket name of the
-    /// user's, bound while `body` runs, released by the kernel also when the process dies. Two
-    /// renewals at once would each move the live keys and the second displace the first's
-    /// keyring, keys and all. The name is waited for up to 2 s; one held longer (another user
-    /// squatting it, as anyone may) only lets the race back in, so `body` then runs anyway.
-    private static func withRenewalLock<T>(_ body: () throws(Failure) -> T) throws(Failure) -> T {
+    /// The user's quota use, from /proc/key-users; nil when it cannot be read.
+    static func quotaUse() -> (keys: Int, maximumKeys: Int, bytes: Int, maximumBytes: Int)? {
+        let descriptor = open("/proc/key-users", O_RDONLY | O_CLOEXEC)
+        guard descriptor >= 0 else { return nil }
+        defer { close(descriptor) }
+        var buffer = [UInt8](repeating: 0, count: 64 * 1024)
+        var count = 0
+        while count < buffer.count {
+            let read = buffer.withUnsafeMutableBytes { Glibc.read(descriptor, $0.baseAddress! + count, $0.count - count) }
+            if read < 0 && Glibc.errno == EINTR { continue }
+            guard read > 0 else { break }
+            count += read
+        }
+        // "  1000:     5 5/5 5/200 123/20000": uid, usage, keys/instantiated, keys/maximum, bytes/maximum.
+        let uid = "\(getuid()):"
+        for line in String(decoding: buffer[..<count], as: UTF8.self).split(separator: "\n") {
+            let fields = line.split(separator: " ")
+            guard fields.count >= 5, fields[0] == uid else { continue }
+            let keys = fields[3].split(separator: "/").compactMap { Int($0) }
+            let bytes = fields[4].split(separator: "/").compactMap { Int($0) }
+            guard keys.count == 2, bytes.count == 2 else { return nil }
+            return (keys[0], keys[1], bytes[0], bytes[1])
+        }
+        return nil
+    }
+
+    /// Runs `body` holding the renewal lock of the keyring `keyring`: an abstract Unix socket
+    /// name bound while `body` runs (released by the kernel also when the process dies). The
+    /// name holds the keyring's serial, which other users cannot see, so they cannot squat it.
+    /// Processes of this user in another network namespace do not see the name either: they
+    /// can renew at the same time (a service with a private network beside the CLI, both
+    /// meeting a full quota at once). When the lock cannot be had, within 2 s, `otherwise` is
+    /// thrown: no renewal without it.
+    private static func withRenewalLock<T>(
+        of keyring: Serial, otherwise failure: Failure, _ body: () throws(Failure) -> T
+    ) throws(Failure) -> T {
         let descriptor = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        defer { if descriptor >= 0 { close(descriptor) } }
+        guard descriptor >= 0 else { throw failure }
+        defer { close(descriptor) }
         var address = sockaddr_un()
         address.sun_family = sa_family_t(AF_UNIX)
         // A leading NUL: the abstract namespace, no file.
-        let name = Array("\0lockbox.keyring-renewal.\(getuid())".utf8)
+        let name = Array("\0lockbox.keyring-renewal.\(getuid()).\(keyring)".utf8)
         withUnsafeMutableBytes(of: &address.sun_path) { path in
             path.copyBytes(from: name.prefix(path.count))
         }
         let length = socklen_t(MemoryLayout.offset(of: \sockaddr_un.sun_path)! + name.count)
-        if descriptor >= 0 {
-            for _ in 0..<400 {
-                let bound = withUnsafePointer(to: &address) {
-                    $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, length) }
-                }
-                if bound == 0 || Glibc.errno != EADDRINUSE { break }
-                usleep(5_000)
+        for attempt in 0...400 {
+            let bound = withUnsafePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, length) }
             }
+            if bound == 0 { return try body() }
+            guard Glibc.errno == EADDRINUSE, attempt < 400 else { throw failure }
+            usleep(5_000)
         }
-        return try body()
+        throw failure
     }
 
-    /// Runs `body` again while it fails for a full quota, for up to about a quarter of a second:
+    /// Runs `body` again while it fails for a full quota, for up to about a tenth of a second:
     /// keys that were just removed give their bytes back only when the kernel's collector, which
     /// runs right after, has freed them.
     private static func retryingWhileCollected<T>(_ body: () throws(Failure) -> T) throws(Failure) -> T {
@@ -315,7 +386,7 @@ package enum KernelKeyring {
         while true {
             do {
                 return try body()
-            } catch where error.isQuotaExceeded && attempt < 25 {
+            } catch where error.isQuotaExceeded && attempt < 10 {
                 attempt += 1
                 usleep(10_000)
             }
@@ -356,6 +427,11 @@ package enum KernelKeyring {
                 // Timed out or revoked, its link not yet dropped by the collector (which would
                 // keep the link's quota): unlinked now. Or gone meanwhile.
                 if unlinkingDead { _ = try? call("keyctl_unlink") { keyctl_unlink(serial, keyring) } }
+                continue
+            }
+            // The new keyring of a renewal that stopped part-way: its keys are Lockbox's too.
+            if unlinkingDead, let key, key.type == "keyring", key.description == keyringName, keyring != serial {
+                entries += (try? Self.entries(in: serial, unlinkingDead: false)) ?? []
                 continue
             }
             guard let key, key.type == "user" else { continue }
