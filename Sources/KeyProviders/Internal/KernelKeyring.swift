@@ -240,10 +240,10 @@ package enum KernelKeyring {
         throw Failure(operation: "keyctl_invalidate", errno: EAGAIN)
     }
 
-    /// The serials and descriptions of the `user` keys in the `lockbox` keyring, and of those
-    /// linked directly in `@u` (where earlier releases stored theirs).
-    /// Links in the `lockbox` keyring to keys that are gone (timed out, revoked) are unlinked on
-    /// the way, giving their quota back.
+    /// The serials and descriptions of the `user` keys in the `lockbox` keyring (and in a keyring
+    /// a renewal left inside it), and of those linked directly in `@u` (where earlier releases
+    /// stored theirs). Links in the `lockbox` keyring to keys that are gone (timed out, revoked)
+    /// are unlinked on the way, giving their quota back.
     package static func entries() throws(Failure) -> [(serial: Serial, description: String)] {
         try entries(in: lockboxKeyring(), unlinkingDead: true) + entries(in: KEY_SPEC_USER_KEYRING, unlinkingDead: false)
     }
@@ -440,7 +440,8 @@ package enum KernelKeyring {
         return entries
     }
 
-    /// A key's type and description; nil for one whose description is longer than Lockbox's.
+    /// A key's type and description; nil for one whose description is longer than Lockbox's
+    /// or that the kernel describes in a form not known here.
     private static func describe(_ serial: Serial) throws(Failure) -> (type: String, description: String)? {
         var buffer = [CChar](repeating: 0, count: 512)
         let length = try call("keyctl_describe") {
