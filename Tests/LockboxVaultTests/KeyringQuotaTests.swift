@@ -42,6 +42,13 @@ struct KeyringQuotaTests {
             if getuid() == 0 { #expect(chown(directory.path, user.uid, user.gid) == 0) }
             // The directory is directly in /tmp, which every user may enter.
             #expect(directory.path.hasPrefix("/tmp/") && !directory.path.dropFirst(5).contains("/"))
+            // The test user's keys are the test's own: whatever an earlier run (on this kernel,
+            // which outlives runs) left, such as a test stopped half-way, is cleared. Not when the
+            // tests run as an ordinary user: those keys are that user's.
+            if getuid() == 0 {
+                let cleared = try runAsUser("keyctl clear @u")
+                #expect(cleared.status == 0, "keyctl clear @u as \(KeyringQuotaTests.userName): \(cleared.standardError)")
+            }
         }
 
         /// Runs a shell script as the test user, with HOME in the sandbox.
