@@ -98,6 +98,8 @@ package enum KernelKeyring {
                 try setPermissions(serial)
                 // Also clears the countdown of a key this one replaced (0: no timeout).
                 try setTimeout(serial, seconds: timeout ?? 0)
+            } catch where error.isMissing {
+                continue  // its keyring cleared by a renewal meanwhile: added again
             } catch {
                 // A key whose permissions or timeout did not apply must not stay behind.
                 try? remove(serial)
@@ -132,7 +134,7 @@ package enum KernelKeyring {
             // Renewing gives back bytes, never keys: a quota full of keys is reported as it is.
             if let use = quotaUse(), use.keys >= use.maximumKeys { throw error }
             let full = error
-            return try withRenewalLock(of: lockboxKeyring(), otherwise: full) { () throws(Failure) -> (Serial, keyring: Serial) in
+            return try withRenewalLock(otherwise: full) { () throws(Failure) -> (Serial, keyring: Serial) in
                 // Another process may have renewed the keyring while this one waited.
                 if let added = try? add() { return added }
                 try renewKeyring()
@@ -250,13 +252,13 @@ package enum KernelKeyring {
 
     /// Replaces the `lockbox` keyring by a new one that holds the same live keys, and drops the
     /// old one with the quota its dropped links still hold. Callers hold the renewal lock
-    /// (``withRenewalLock(of:otherwise:_:)``): two renewals at once would each move the keys
+    /// (``withRenewalLock(otherwise:_:)``): two renewals at once would each move the keys
     /// and the second displace the first's keyring, keys and all.
     ///
     /// Needs 16 bytes of room: 8 for the new keyring, 4 for its link, 4 for the key being moved
     /// (a move gives the old link's 4 back); dead links are unlinked first, 4 bytes each. With
-    /// less, nothing can be kept: the keyring is dropped, every entry with it, which gives
-    /// everything back (vaults read as locked until unlocked again, tokens are fetched again).
+    /// less it throws EDQUOT without starting, and the caller makes room from its own entries
+    /// (``KeyCache`` frees other vaults' keys) or reports the full quota.
     ///
     /// The new keyring is made inside the old one, which holds it until it takes the old one's
     /// place in @u. A renewal that stops part-way (out of room because another process stored
@@ -282,9 +284,7 @@ package enum KernelKeyring {
         }
         let needed = (leftover == nil ? 8 + 4 : 0) + 4
         if let use = quotaUse(), use.maximumBytes - use.bytes < needed {
-            _ = try call("keyctl_unlink") { keyctl_unlink(old, KEY_SPEC_USER_KEYRING) }
-            _ = try? call("keyctl_clear") { keyctl_clear(old) }
-            return
+            throw Failure(operation: "add_key", errno: EDQUOT)
         }
         let new: Serial
         if let leftover {
@@ -298,23 +298,29 @@ package enum KernelKeyring {
                 throw error
             }
         }
-        func move(_ serials: [Serial]) throws(Failure) {
+        // `exclusive`: a key of the same name already in the new keyring (stored again there
+        // by its process) is the newer one: the old keyring's copy is left to go with it.
+        func move(_ serials: [Serial], exclusive: Bool) throws(Failure) {
             for serial in serials where serial != new {
                 do {
-                    _ = try call("keyctl_move") { keyctl_move(serial, old, new, 0) }
-                } catch where error.isMissing || error.errno == ENOENT {
-                    continue  // removed, or timed out, meanwhile
+                    _ = try call("keyctl_move") { keyctl_move(serial, old, new, exclusive ? UInt32(KEYCTL_MOVE_EXCL) : 0) }
+                } catch where error.isMissing || error.errno == ENOENT || (exclusive && error.errno == EEXIST) {
+                    continue  // removed, or timed out, meanwhile; or newer in the new keyring
                 } catch where error.errno == EOPNOTSUPP {
                     // A kernel before 5.1 has no move: linked, the old link's charge dropped with it.
                     _ = try call("keyctl_link") { keyctl_link(serial, new) }
                 }
             }
         }
-        try move(live)
+        try move(live, exclusive: false)
         // Keys other processes stored into the old keyring meanwhile (they hold no lock).
-        try move(serials(in: old))
+        try move(serials(in: old), exclusive: false)
         // Same type and name: replaces the old keyring's link in @u.
         _ = try call("keyctl_link") { keyctl_link(new, KEY_SPEC_USER_KEYRING) }
+        // A store into the old keyring that checked it was still in @u just before the line
+        // above returned: its key is moved too. Any later store sees the new keyring in @u and
+        // stores again there.
+        try? move(serials(in: old), exclusive: true)
         // Gives the old keyring's charge back now rather than when the collector frees it
         // (then it is gone already: nothing to do).
         _ = try? call("keyctl_clear") { keyctl_clear(old) }
@@ -325,17 +331,20 @@ package enum KernelKeyring {
         let descriptor = open("/proc/key-users", O_RDONLY | O_CLOEXEC)
         guard descriptor >= 0 else { return nil }
         defer { close(descriptor) }
-        var buffer = [UInt8](repeating: 0, count: 64 * 1024)
-        var count = 0
-        while count < buffer.count {
-            let read = buffer.withUnsafeMutableBytes { Glibc.read(descriptor, $0.baseAddress! + count, $0.count - count) }
+        var contents: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 16 * 1024)
+        while true {
+            let read = chunk.withUnsafeMutableBytes { Glibc.read(descriptor, $0.baseAddress, $0.count) }
             if read < 0 && Glibc.errno == EINTR { continue }
-            guard read > 0 else { break }
-            count += read
+            guard read >= 0 else { return nil }
+            if read == 0 { break }
+            contents += chunk[..<read]
         }
-        // "  1000:     5 5/5 5/200 123/20000": uid, usage, keys/instantiated, keys/maximum, bytes/maximum.
+        // Complete lines only. "  1000:     5 5/5 5/200 123/20000": uid, usage,
+        // keys/instantiated, keys/maximum, bytes/maximum.
+        guard let end = contents.lastIndex(of: UInt8(ascii: "\n")) else { return nil }
         let uid = "\(getuid()):"
-        for line in String(decoding: buffer[..<count], as: UTF8.self).split(separator: "\n") {
+        for line in String(decoding: contents[..<end], as: UTF8.self).split(separator: "\n") {
             let fields = line.split(separator: " ")
             guard fields.count >= 5, fields[0] == uid else { continue }
             let keys = fields[3].split(separator: "/").compactMap { Int($0) }
@@ -346,23 +355,23 @@ package enum KernelKeyring {
         return nil
     }
 
-    /// Runs `body` holding the renewal lock of the keyring `keyring`: an abstract Unix socket
-    /// name bound while `body` runs (released by the kernel also when the process dies). The
-    /// name holds the keyring's serial, which other users cannot see, so they cannot squat it.
-    /// Processes of this user in another network namespace do not see the name either: they
-    /// can renew at the same time (a service with a private network beside the CLI, both
-    /// meeting a full quota at once). When the lock cannot be had, within 2 s, `otherwise` is
-    /// thrown: no renewal without it.
-    private static func withRenewalLock<T>(
-        of keyring: Serial, otherwise failure: Failure, _ body: () throws(Failure) -> T
-    ) throws(Failure) -> T {
+    /// Runs `body` holding the user's renewal lock: an abstract Unix socket name bound while
+    /// `body` runs (released by the kernel also when the process dies). The name holds the
+    /// serial of the user keyring `@u`, the same for all of the user's processes and never
+    /// visible to other users, so they cannot squat it. Processes of this user in another
+    /// network namespace do not see the name: they can renew at the same time (a service with
+    /// a private network beside the CLI, both meeting a full quota at once). When the lock
+    /// cannot be had, within 2 s, `otherwise` is thrown: no renewal without it.
+    private static func withRenewalLock<T>(otherwise failure: Failure, _ body: () throws(Failure) -> T) throws(Failure) -> T {
+        let user = keyctl_get_keyring_ID(KEY_SPEC_USER_KEYRING, 0)
+        guard user > 0 else { throw failure }
         let descriptor = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard descriptor >= 0 else { throw failure }
         defer { close(descriptor) }
         var address = sockaddr_un()
         address.sun_family = sa_family_t(AF_UNIX)
         // A leading NUL: the abstract namespace, no file.
-        let name = Array("\0lockbox.keyring-renewal.\(getuid()).\(keyring)".utf8)
+        let name = Array("\0lockbox.keyring-renewal.\(getuid()).\(user)".utf8)
         withUnsafeMutableBytes(of: &address.sun_path) { path in
             path.copyBytes(from: name.prefix(path.count))
         }
