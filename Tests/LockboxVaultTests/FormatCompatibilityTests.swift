@@ -263,10 +263,7 @@ struct FormatCompatibilityTests {
                 try edited.unlock(passphrase: Self.passphrase)
                 _ = try edited.data(matching: .genericPassword(service: "svc.v5", account: "mia"))
             } == -26275, "\(name)")
-            try vault.withDatabase { database throws(LockboxError) in
-                try Self.write(converted, to: database)
-                try database.execute("UPDATE vault_state SET format = \(IntegrityState.currentFormat)")
-            }
+            try putBack(converted, format: IntegrityState.currentFormat, in: vault)
         }
         let restored = try Vault.open(at: copy.path, configuration: copy.configuration)
         try restored.unlock(passphrase: Self.passphrase)
@@ -296,15 +293,9 @@ struct FormatCompatibilityTests {
 
         try vault.update(matching: .genericPassword(service: "svc.v4", account: "liam"), to: ItemUpdate(data: SecretBytes(utf8: "at-v5")))
         let converted = try groupRows(vault)
-        try vault.withDatabase { database throws(LockboxError) in
-            try Self.write(formatFour, to: database)
-            try database.execute("UPDATE vault_state SET format = 4")
-        }
+        try putBack(formatFour, format: 4, in: vault)
         #expect(readByNewHandle() == -26275)
-        try vault.withDatabase { database throws(LockboxError) in
-            try Self.write(converted, to: database)
-            try database.execute("UPDATE vault_state SET format = \(IntegrityState.currentFormat)")
-        }
+        try putBack(converted, format: IntegrityState.currentFormat, in: vault)
         #expect(readByNewHandle() == nil)
         #expect(try Vault.verify(at: copy.path, configuration: copy.configuration).isSound)
     }
@@ -349,6 +340,14 @@ struct FormatCompatibilityTests {
 
     static func write(_ rows: [GroupRow], to database: Database) throws(LockboxError) {
         for row in rows { try row.put(into: database) }
+    }
+
+    /// Puts integrity group rows back and marks the record's format, as an edit of the file would.
+    func putBack(_ rows: [GroupRow], format: Int, in vault: Vault) throws {
+        try vault.withDatabase { database throws(LockboxError) in
+            try Self.write(rows, to: database)
+            try database.execute("UPDATE vault_state SET format = \(format)")
+        }
     }
 
     @Test("the schema-1 vault opens, is upgraded at its first unlock, and every item reads back exactly")

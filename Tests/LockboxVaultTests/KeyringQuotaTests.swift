@@ -65,6 +65,17 @@ struct KeyringQuotaTests {
                 environment: [:], directory: directory.path, timeout: timeout)
         }
 
+        /// Runs a script of the tests' own as the test user: `set -e`, HOME in the sandbox, and
+        /// `init_vault NAME`, which makes the vault NAME.lockbox there (unlocked).
+        func runScript(_ body: String, timeout: Double = 600) throws -> ProcessResult {
+            try runAsUser(
+                """
+                set -e
+                export HOME="$PWD"
+                init_vault() { printf 'pw' | ./lockbox --keychain "$PWD/$1.lockbox" init --passphrase-stdin --kdf interactive >/dev/null; }
+                """ + "\n" + body, timeout: timeout)
+        }
+
         /// Writes a file the test user can read.
         func writeFile(_ name: String, _ text: String) throws {
             try text.write(toFile: directory.file(name), atomically: false, encoding: .utf8)
@@ -225,17 +236,9 @@ struct KeyringQuotaTests {
     @Test("locking and unlocking again and again leaves the user's key quota where it was")
     func lockUnlockCycles_giveEveryByteBack() throws {
         let sandbox = try UserSandbox()
-        let setup = """
-            set -e
-            export HOME="$PWD"
-            printf 'pw' | ./lockbox --keychain "$PWD/cycle.lockbox" init --passphrase-stdin --kdf interactive >/dev/null
-            echo done
-            """
-        #expect(try sandbox.runAsUser(setup).standardOutput.contains("done"))
+        #expect(try sandbox.runScript("init_vault cycle; echo done").standardOutput.contains("done"))
         let before = try sandbox.quietQuotaUse()
         let cycles = """
-            set -e
-            export HOME="$PWD"
             i=0
             while [ $i -lt 60 ]; do
                 ./lockbox --keychain "$PWD/cycle.lockbox" lock --all
@@ -244,7 +247,7 @@ struct KeyringQuotaTests {
             done
             echo done
             """
-        let result = try sandbox.runAsUser(cycles)
+        let result = try sandbox.runScript(cycles)
         #expect(result.status == 0 && result.standardOutput.contains("done"), "\(result.standardError)")
         let after = try sandbox.quietQuotaUse()
         // 60 cycles of two removed keys: 480 bytes if links were dropped by the collector.
@@ -307,14 +310,12 @@ struct KeyringQuotaTests {
         let sandbox = try UserSandbox()
         try sandbox.writeFile("fill.py", Self.dropLinks)
         let script = """
-            set -e
-            export HOME="$PWD"
-            printf 'pw' | ./lockbox --keychain "$PWD/first.lockbox" init --passphrase-stdin --kdf interactive >/dev/null
+            init_vault first
             /usr/bin/python3 fill.py \(room)
             # Full: no key of an entry's size fits.
             if keyctl add user lockbox:probe "$(head -c 64 /dev/zero | tr '\\0' x)" @u >/dev/null 2>&1; then echo "quota not full"; exit 1; fi
             for i in 1 2 3 4; do
-                (printf 'pw' | ./lockbox --keychain "$PWD/next$i.lockbox" init --passphrase-stdin --kdf interactive >/dev/null 2>"next$i.err"; echo $? >"next$i.status") &
+                (init_vault "next$i" 2>"next$i.err"; echo $? >"next$i.status") &
             done
             wait
             cat next*.err >&2
@@ -325,7 +326,7 @@ struct KeyringQuotaTests {
             ./lockbox --keychain "$PWD/first.lockbox" status | grep 'state:' | sed "s/^/first: /"
             echo done
             """
-        let result = try sandbox.runAsUser(script, timeout: 300)
+        let result = try sandbox.runScript(script, timeout: 300)
         #expect(result.status == 0 && result.standardOutput.contains("done"), "\(result.standardOutput) \(result.standardError)")
         #expect(result.standardOutput.contains("dropped"), "\(result.standardOutput)")
         #expect(result.standardOutput.contains("first: state: \(earlierVault)"), "\(result.standardOutput)")
@@ -352,9 +353,7 @@ struct KeyringQuotaTests {
         let sandbox = try UserSandbox()
         try sandbox.writeFile("fill.py", Self.dropLinks)
         let script = """
-            set -e
-            export HOME="$PWD"
-            printf 'pw' | ./lockbox --keychain "$PWD/first.lockbox" init --passphrase-stdin --kdf interactive >/dev/null
+            init_vault first
             # What a renewal killed after its first moves leaves.
             outer=$(keyctl search @u keyring lockbox)
             nested=$(keyctl newring lockbox "$outer")
@@ -364,13 +363,13 @@ struct KeyringQuotaTests {
             done
             ./lockbox --keychain "$PWD/first.lockbox" status | grep 'state:'
             /usr/bin/python3 fill.py 26
-            printf 'pw' | ./lockbox --keychain "$PWD/second.lockbox" init --passphrase-stdin --kdf interactive >/dev/null
+            init_vault second
             ./lockbox --keychain "$PWD/second.lockbox" status | grep 'state:'
             ./lockbox --keychain "$PWD/first.lockbox" status | grep 'state:'
             keyctl show @u
             echo done
             """
-        let result = try sandbox.runAsUser(script, timeout: 300)
+        let result = try sandbox.runScript(script, timeout: 300)
         #expect(result.status == 0 && result.standardOutput.contains("done"), "\(result.standardOutput) \(result.standardError)")
         #expect(result.standardOutput.components(separatedBy: "state: unlocked").count == 4, "\(result.standardOutput)")
         #expect(result.standardOutput.components(separatedBy: "keyring: lockbox").count == 2, "one lockbox keyring left: \(result.standardOutput)")
@@ -384,17 +383,15 @@ struct KeyringQuotaTests {
     func timedOutKeysLink_isUnlinked_atTheNextUnlock() throws {
         let sandbox = try UserSandbox()
         let script = """
-            set -e
-            export HOME="$PWD"
-            printf 'pw' | ./lockbox --keychain "$PWD/short.lockbox" init --passphrase-stdin --kdf interactive >/dev/null
+            init_vault short
             printf 'pw' | ./lockbox --keychain "$PWD/short.lockbox" unlock --passphrase-stdin --timeout 1 >/dev/null
             sleep 2
             keyctl show @u > before.txt 2>&1
-            printf 'pw' | ./lockbox --keychain "$PWD/other.lockbox" init --passphrase-stdin --kdf interactive >/dev/null
+            init_vault other
             keyctl show @u > after.txt 2>&1
             echo done
             """
-        let result = try sandbox.runAsUser(script)
+        let result = try sandbox.runScript(script)
         #expect(result.status == 0 && result.standardOutput.contains("done"), "\(result.standardError)")
         let before = try String(contentsOfFile: sandbox.directory.file("before.txt"), encoding: .utf8)
         let after = try String(contentsOfFile: sandbox.directory.file("after.txt"), encoding: .utf8)

@@ -79,7 +79,7 @@ package enum KernelKeyring {
     /// The `lockbox` keyring in `@u`, created (private to this user) when missing.
     package static func lockboxKeyring() throws(Failure) -> Serial {
         do {
-            return Serial(try call("keyctl_search") { keyctl_search(KEY_SPEC_USER_KEYRING, "keyring", keyringName, 0) })
+            return try searchLockboxKeyring()
         } catch where error.isMissing {
             let serial = Serial(try call("add_key") { Int(add_key("keyring", keyringName, nil, 0, KEY_SPEC_USER_KEYRING)) })
             try setPermissions(serial)
@@ -105,7 +105,7 @@ package enum KernelKeyring {
                 try? remove(serial)
                 throw error
             }
-            if existingLockboxKeyring() == keyring { return serial }
+            if (try? searchLockboxKeyring()) == keyring { return serial }
         }
         throw Failure(operation: "add_key", errno: EAGAIN)
     }
@@ -207,7 +207,7 @@ package enum KernelKeyring {
         // (the collector, which drops an invalidated key's link, does not); ours grant their
         // user every permission, so it is still invalidated afterwards, no longer possessed. A
         // key loose in @u (an earlier release's) may grant only its possessor: invalidated as is.
-        if let keyring = existingLockboxKeyring() {
+        if let keyring = try? searchLockboxKeyring() {
             _ = try? call("keyctl_unlink") { keyctl_unlink(serial, keyring) }
         }
         do {
@@ -403,8 +403,8 @@ package enum KernelKeyring {
     }
 
     /// The `lockbox` keyring in @u, without creating it.
-    private static func existingLockboxKeyring() -> Serial? {
-        (try? call("keyctl_search") { keyctl_search(KEY_SPEC_USER_KEYRING, "keyring", keyringName, 0) }).map { Serial($0) }
+    private static func searchLockboxKeyring() throws(Failure) -> Serial {
+        Serial(try call("keyctl_search") { keyctl_search(KEY_SPEC_USER_KEYRING, "keyring", keyringName, 0) })
     }
 
     /// The serials a keyring links to.
