@@ -690,10 +690,11 @@ public final class SyncGroup: Sendable {
             changes.append((id, existing, sealed))
         }
         lap(\.decide)
-        try applyPulled(changes, keys: keys, pending: &pending, coveredGeneration: state.generation)
-        lap(\.vault)
         pending.cursor = counter
-        try state.commit(pending)
+        // A large pull's state is written while the vault commits, and committed after it.
+        let started = try applyPulled(changes, keys: keys, pending: &pending, coveredGeneration: state.generation, state: state)
+        lap(\.vault)
+        if let started { try started.commit() } else { try state.commit(pending) }
         lap(\.state)
         try connection.execute(
             """
@@ -715,12 +716,28 @@ public final class SyncGroup: Sendable {
     /// since the push listed its rows, the push's generation moves past these changes too, so
     /// the next push does not read them back. Should the vault have changed under the state (a
     /// row gone, an item already there), each record is applied on its own instead.
+    ///
+    /// With many changes, `state`'s commit of `pending` is started (``SyncState/startCommit(_:)``)
+    /// once the vault has written them, while the vault commits, and returned: the caller
+    /// commits it (the vault's commit succeeded). Otherwise the caller commits `pending`.
     func applyPulled(
         _ changes: [(id: String, existing: Data?, sealed: SealedValueRecord)], keys: SyncKeys, pending: inout SyncState.Changes,
-        coveredGeneration: Int
-    ) throws(LockboxError) {
-        guard !changes.isEmpty else { return }
-        do {
+        coveredGeneration: Int, state: SyncState
+    ) throws(LockboxError) -> SyncState.PendingCommit? {
+        guard !changes.isEmpty else { return nil }
+        // What the state records of the applied changes: the rows that hold the items.
+        func record(_ applied: AppliedChanges, in pending: inout SyncState.Changes) {
+            for (change, reference) in zip(changes, applied.references) {
+                if let reference {
+                    pending.rows[reference] = .some(.some(change.id))
+                } else if let existing = change.existing {
+                    pending.rows[existing] = .some(.none)
+                }
+            }
+            if applied.previousGeneration == coveredGeneration { pending.generation = applied.generation }
+        }
+        var started: SyncState.PendingCommit?
+        do throws(LockboxError) {
             let change = { @Sendable (index: Int) throws(LockboxError) -> SyncedChange in
                 let change = changes[index]
                 guard let item = try change.sealed.opened(keys: keys).item else {
@@ -730,19 +747,27 @@ public final class SyncGroup: Sendable {
                 guard let existing = change.existing else { return .add(item) }
                 return .replace(reference: existing, with: item)
             }
-            // Many changes (a new device's import) are staged and sealed on other threads.
-            let applied =
-                changes.count >= Self.bulkApplyMinimum
-                ? try vault.applyChanges(count: changes.count, concurrently: change)
-                : try vault.applyChanges(count: changes.count, change)
-            for (change, reference) in zip(changes, applied.references) {
-                if let reference {
-                    pending.rows[reference] = .some(.some(change.id))
-                } else if let existing = change.existing {
-                    pending.rows[existing] = .some(.none)
+            // Many changes (a new device's import) are staged and sealed on other threads, and
+            // the state written while the vault commits.
+            let applied: AppliedChanges
+            do throws(LockboxError) {
+                if changes.count >= Self.bulkApplyMinimum {
+                    let written = pending
+                    applied = try vault.applyChanges(count: changes.count, concurrently: change, beforeCommit: { applied in
+                        var recorded = written
+                        record(applied, in: &recorded)
+                        started = state.startCommit(recorded)
+                    })
+                } else {
+                    applied = try vault.applyChanges(count: changes.count, change)
                 }
+            } catch {
+                started?.abandon()
+                started = nil
+                throw error
             }
-            if applied.previousGeneration == coveredGeneration { pending.generation = applied.generation }
+            record(applied, in: &pending)
+            return started
         } catch where error.code == .duplicateItem || error.code == .itemNotFound {
             for change in changes {
                 let record = try change.sealed.opened(keys: keys)
@@ -775,6 +800,7 @@ public final class SyncGroup: Sendable {
                     pending.rows[existing] = .some(.none)
                 }
             }
+            return nil
         }
     }
 

@@ -1,3 +1,4 @@
+import Dispatch
 import FoundationEssentials
 import LockboxCore
 import VaultCrypto
@@ -401,13 +402,15 @@ final class SyncState {
             return found
         }
 
+        /// True when the progress vouches for no bucket at all.
+        var listsNothing: Bool { SyncHead.equal(digests, Self.emptyDigests) }
+
         /// Records bucket `index`'s new MAC (nil: the bucket removed); its group's row and
         /// digest are written by ``sealed()``.
         func set(_ kind: BucketKind, _ index: Int, mac: [UInt8]?) throws(LockboxError) {
             let group = Self.group(kind, index)
-            var macs = try listed(group)
-            macs[index] = mac
-            groups[group] = macs
+            _ = try listed(group)
+            groups[group]![index] = mac
             changed.insert(group)
         }
 
@@ -677,13 +680,34 @@ final class SyncState {
         items: [Int: [String: ItemRecord]], rows: [Int: [Data: String?]], _ database: Database, key: SecretBytes,
         directory: BucketDirectory
     ) throws(LockboxError) {
-        try writeBuckets(items.mapValues { $0.isEmpty ? nil : encodeItems($0) }, of: .items, database, key: key, directory: directory)
-        try writeBuckets(rows.mapValues { $0.isEmpty ? nil : encodeRows($0) }, of: .rows, database, key: key, directory: directory)
+        try writeBuckets(sealed(items, of: .items, key: key, encode: encodeItems), of: .items, database, directory: directory)
+        try writeBuckets(sealed(rows, of: .rows, key: key, encode: encodeRows), of: .rows, database, directory: directory)
     }
 
-    /// Writes each bucket's encoded body with its MAC, or removes the bucket when its body is nil.
+    /// Each bucket's encoded body and its MAC, in bucket order (an empty bucket with neither:
+    /// it is removed); on both cores when there are many (a first pull writes thousands).
+    private static func sealed<Bucket: Sendable & Collection>(
+        _ buckets: [Int: Bucket], of kind: BucketKind, key: SecretBytes, encode: @escaping @Sendable (Bucket) -> [UInt8]
+    ) throws(LockboxError) -> [SealedBucket] {
+        let ordered = buckets.sorted { $0.key < $1.key }
+        return try SyncGroup.inParallel(ordered.count) { position -> SealedBucket in
+            let (index, bucket) = ordered[position]
+            guard !bucket.isEmpty else { return SealedBucket(index: index, body: nil, mac: []) }
+            let body = encode(bucket)
+            return SealedBucket(index: index, body: body, mac: bucketMAC(kind, index, body, key: key))
+        }
+    }
+
+    /// A bucket about to be written: its body (nil: the bucket is removed) and the body's MAC.
+    private struct SealedBucket: Sendable {
+        var index: Int
+        var body: [UInt8]?
+        var mac: [UInt8]
+    }
+
+    /// Writes each bucket's encoded body with its MAC, or removes the bucket when it has none.
     private static func writeBuckets(
-        _ bodies: [Int: [UInt8]?], of kind: BucketKind, _ database: Database, key: SecretBytes, directory: BucketDirectory
+        _ buckets: [SealedBucket], of kind: BucketKind, _ database: Database, directory: BucketDirectory
     ) throws(LockboxError) {
         let put = try database.statement("INSERT OR REPLACE INTO \(kind.table) (bucket, body, mac) VALUES (?, ?, ?)")
         let drop = try database.statement("DELETE FROM \(kind.table) WHERE bucket = ?")
@@ -691,20 +715,19 @@ final class SyncState {
             put.reset()
             drop.reset()
         }
-        for (index, body) in bodies.sorted(by: { $0.key < $1.key }) {
-            if let body {
-                let mac = bucketMAC(kind, index, body, key: key)
+        for bucket in buckets {
+            if let body = bucket.body {
                 put.reset()
-                put.bind(1, index)
+                put.bind(1, bucket.index)
                 put.bind(2, body)
-                put.bind(3, mac)
+                put.bind(3, bucket.mac)
                 try put.run()
-                try directory.set(kind, index, mac: mac)
+                try directory.set(kind, bucket.index, mac: bucket.mac)
             } else {
                 drop.reset()
-                drop.bind(1, index)
+                drop.bind(1, bucket.index)
                 try drop.run()
-                try directory.set(kind, index, mac: nil)
+                try directory.set(kind, bucket.index, mac: nil)
             }
         }
     }
@@ -852,6 +875,15 @@ final class SyncState {
         }
     }
 
+    /// True when the file has no bucket row and no group row.
+    private static func holdsNoBuckets(_ database: Database) throws(LockboxError) -> Bool {
+        let statement = try database.statement(
+            "SELECT EXISTS (SELECT 1 FROM item_buckets) OR EXISTS (SELECT 1 FROM row_buckets) OR EXISTS (SELECT 1 FROM mac_groups)")
+        defer { statement.reset() }
+        _ = try statement.step()
+        return statement.integer(0) == 0
+    }
+
     /// Items with a live entry (not tombstones): how many, for `lockbox sync status`.
     var liveEntryCount: Int {
         get throws(LockboxError) {
@@ -900,7 +932,13 @@ final class SyncState {
     /// otherwise they are read again inside the transaction, so that what another process wrote
     /// to them is kept, as it was with one row per record.
     func commit(_ changes: Changes) throws(LockboxError) {
-        if changes.changesNothing(of: self) { return }
+        try commit(changes, beforeCommitting: {})
+    }
+
+    /// ``commit(_:)``, calling `beforeCommitting` once every change is written, inside the
+    /// transaction: what it throws rolls the transaction back.
+    private func commit(_ changes: Changes, beforeCommitting: () throws(LockboxError) -> Void) throws(LockboxError) {
+        if changes.changesNothing(of: self) { return try beforeCommitting() }
         let database = self.database
         let key = self.key
         var items: [Int: [String: ItemRecord]] = [:]
@@ -910,6 +948,10 @@ final class SyncState {
             try database.writeTransaction { () throws(LockboxError) in
                 // Inside the write transaction: no other connection can write until it ends.
                 let directory = try checkedDirectory()
+                // A state that holds no bucket yet (before the first pull): every bucket is
+                // empty, none is read.
+                var holdsNone = directory.listsNothing
+                if holdsNone { holdsNone = try Self.holdsNoBuckets(database) }
                 items = itemBuckets
                 rows = rowBuckets
                 var knownRows = try Self.readProgress(database, key: key)?.rows ?? 0
@@ -917,7 +959,7 @@ final class SyncState {
                 var changedRows: Set<Int> = []
                 func load(_ id: String) throws(LockboxError) -> Int {
                     let index = Self.bucket(of: id)
-                    if items[index] == nil { items[index] = try Self.readItems(index, database, key: key, directory: directory) }
+                    if items[index] == nil { items[index] = holdsNone ? [:] : try Self.readItems(index, database, key: key, directory: directory) }
                     changedItems.insert(index)
                     return index
                 }
@@ -934,7 +976,7 @@ final class SyncState {
                 for (id, listed) in changes.verified { items[try load(id)]![id, default: ItemRecord()].listed = listed }
                 for (reference, change) in changes.rows {
                     let index = Self.bucket(of: reference)
-                    if rows[index] == nil { rows[index] = try Self.readRows(index, database, key: key, directory: directory) }
+                    if rows[index] == nil { rows[index] = holdsNone ? [:] : try Self.readRows(index, database, key: key, directory: directory) }
                     changedRows.insert(index)
                     let old = rows[index]![reference]
                     if let change {
@@ -961,6 +1003,7 @@ final class SyncState {
                     Progress(
                         device: device, cursor: changes.cursor ?? cursor, generation: changes.generation ?? generation,
                         accumulator: changes.accumulator ?? accumulator, rows: knownRows, buckets: try directory.sealed()), database, key: key)
+                try beforeCommitting()
                 written = directory
             }
         } catch {
@@ -981,6 +1024,75 @@ final class SyncState {
         if let cursor = changes.cursor { self.cursor = cursor }
         if let generation = changes.generation { self.generation = generation }
         if let accumulator = changes.accumulator { self.accumulator = accumulator }
+    }
+
+    /// Starts ``commit(_:)`` of `changes` on another thread, which writes them and then waits,
+    /// inside its transaction, for ``PendingCommit/commit()`` (which makes them durable) or
+    /// ``PendingCommit/abandon()`` (which rolls them back). A pull writes the local state this
+    /// way while the vault commits the changes it applied: the state never records a change
+    /// before the vault holds it. Until one of the two returns, this object is the other
+    /// thread's: nothing else may use it.
+    func startCommit(_ changes: Changes) -> PendingCommit {
+        let pending = PendingCommit()
+        let state = Handed(self)
+        DispatchQueue.global(qos: .userInitiated).async {
+            var abandoned = false
+            do throws(LockboxError) {
+                try state.value.commit(changes) { () throws(LockboxError) in
+                    pending.decided.wait()
+                    abandoned = !pending.proceeds
+                    if abandoned { throw PendingCommit.abandonment }
+                }
+            } catch {
+                // An abandoned commit was rolled back, as asked: not a failure.
+                if !abandoned { pending.failure = error }
+            }
+            pending.ended.signal()
+        }
+        return pending
+    }
+
+    /// A commit ``startCommit(_:)`` started on another thread.
+    final class PendingCommit: @unchecked Sendable {
+        /// What the other thread throws to roll back an abandoned commit (never seen outside).
+        /// Every commit started is settled by one of the two calls: the other thread waits
+        /// for it, holding the state's write lock.
+        fileprivate static let abandonment = LockboxError(.io, "The sync state's commit was abandoned.")
+        fileprivate let decided = DispatchSemaphore(value: 0)
+        fileprivate let ended = DispatchSemaphore(value: 0)
+        // Written by one thread before a semaphore's signal, read by the other after its wait.
+        fileprivate var proceeds = false
+        fileprivate var failure: LockboxError?
+        private var isSettled = false
+
+        fileprivate init() {}
+
+        /// Lets the transaction commit, waits for it, and throws what the commit threw (also
+        /// an error met while writing).
+        func commit() throws(LockboxError) {
+            settle(proceeding: true)
+            if let failure { throw failure }
+        }
+
+        /// Rolls the transaction back (when it got that far) and waits for it.
+        func abandon() {
+            settle(proceeding: false)
+        }
+
+        private func settle(proceeding: Bool) {
+            guard !isSettled else { return }
+            isSettled = true
+            proceeds = proceeding
+            decided.signal()
+            ended.wait()
+        }
+    }
+
+    /// The state handed to the thread of ``startCommit(_:)``, which alone uses it until the
+    /// commit is settled.
+    private struct Handed: @unchecked Sendable {
+        let value: SyncState
+        init(_ value: SyncState) { self.value = value }
     }
 
     /// Forgets what this device pushed and pulled (after a key rotation re-sealed every record).

@@ -30,6 +30,17 @@ extension Vault {
     public func applyChanges(
         count: Int, concurrently change: @escaping @Sendable (Int) throws(LockboxError) -> SyncedChange
     ) throws(LockboxError) -> AppliedChanges {
+        try applyChanges(count: count, concurrently: change, beforeCommit: { _ in })
+    }
+
+    /// ``applyChanges(count:concurrently:)``, calling `beforeCommit` on this thread once every
+    /// change is written, with what the call will return, just before the transaction commits
+    /// (which may still fail). It must not use this vault; it may start work elsewhere that
+    /// waits for the commit (a sync writes its own state beside the vault's commit).
+    public func applyChanges(
+        count: Int, concurrently change: @escaping @Sendable (Int) throws(LockboxError) -> SyncedChange,
+        beforeCommit: (AppliedChanges) -> Void
+    ) throws(LockboxError) -> AppliedChanges {
         let now = currentDate()
         return try withStateVerifyingUser { state throws(LockboxError) -> AppliedChanges in
             let restoreCache = try enlargePageCache(for: count, state: state)
@@ -77,6 +88,7 @@ extension Vault {
                         }
                     }
                 }
+                beforeCommit(applied)
                 return applied
             }
             // Replaced and deleted values must not linger in the write-ahead log.

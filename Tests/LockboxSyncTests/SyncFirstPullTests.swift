@@ -13,7 +13,7 @@ extension SyncTests {
             "SELECT counter FROM lockbox_sync_groups WHERE group_id = $1", [.text(group.groupID)]).first?[0] ?? nil
     }
 
-    @Test("A first pull stopped mid-import (a storage fault in the vault's transaction), or after the vault's commit and before the state's, resumes without loss or duplication")
+    @Test("A first pull stopped mid-import or at its commit (a storage fault in the vault's transaction), or after the vault's commit and before the state's, resumes without loss or duplication")
     func firstPullInterrupted() throws {
         let (groups, machines) = try threeMachines()
         let count = 600
@@ -29,6 +29,16 @@ extension SyncTests {
         machines[2].vault.injectFaults(nil)
         let operations = counting.operations
         #expect(operations > count, "the import's inserts are counted")
+
+        // Machine B fails at the end of its import, once every row is written and its local
+        // state is being written beside the vault's commit: the state is rolled back with the
+        // vault (had it committed alone, the next push would take the missing rows for deletes).
+        machines[1].vault.injectFaults(StorageFaults(kind: .ioError, failingOperation: operations - 1, persistent: false))
+        let late = #expect(throws: LockboxError.self) { try groups[1].sync() }
+        machines[1].vault.injectFaults(nil)
+        #expect(late?.code == .io)
+        #expect(try machines[1].count() == 0, "a failed commit left items behind")
+        #expect(try machines[1].verify())
 
         // Machine B fails half-way through its import: nothing of it stays.
         machines[1].vault.injectFaults(StorageFaults(kind: .ioError, failingOperation: operations / 2, persistent: false))
