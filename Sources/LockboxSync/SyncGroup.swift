@@ -634,6 +634,8 @@ public final class SyncGroup: Sendable {
         // a record withheld, deleted or replaced with an older one does not add up. Checked
         // before anything is applied.
         var pending = SyncState.Changes()
+        pending.entries.reserveCapacity(received.count)
+        pending.verified.reserveCapacity(received.count)
         var accumulator = from == 0 ? SyncHead.empty.accumulator : state.accumulator ?? []
         for record in received {
             if from > 0, let listed = try state.verified(record.id) {
@@ -649,6 +651,7 @@ public final class SyncGroup: Sendable {
         pending.accumulator = head.accumulator
         lap(\.verify)
         var changes: [(id: String, existing: Data?, sealed: SealedValueRecord)] = []
+        changes.reserveCapacity(received.count)
         // Rows written here since the push (by another process): checked before overwriting.
         var recent: Set<Data>?
         for received in received {
