@@ -721,8 +721,9 @@ public final class SyncGroup: Sendable {
     /// row gone, an item already there), each record is applied on its own instead.
     ///
     /// With many changes, `state`'s commit of `pending` is started (``SyncState/startCommit(_:)``)
-    /// once the vault has written them, while the vault commits, and returned: the caller
-    /// commits it (the vault's commit succeeded). Otherwise the caller commits `pending`.
+    /// once the vault has written them, while the vault commits, let go once the vault has
+    /// committed (while the vault moves its log into its file), and returned: the caller waits
+    /// for it (``SyncState/PendingCommit/commit()``). Otherwise the caller commits `pending`.
     func applyPulled(
         _ changes: [(id: String, existing: Data?, sealed: SealedValueRecord)], keys: SyncKeys, pending: inout SyncState.Changes,
         coveredGeneration: Int, state: SyncState
@@ -756,16 +757,24 @@ public final class SyncGroup: Sendable {
             do throws(LockboxError) {
                 if changes.count >= Self.bulkApplyMinimum {
                     let written = pending
-                    applied = try vault.applyChanges(count: changes.count, concurrently: change, beforeCommit: { applied in
-                        var recorded = written
-                        record(applied, in: &recorded)
-                        started = state.startCommit(recorded)
-                    })
+                    applied = try vault.applyChanges(
+                        count: changes.count, concurrently: change,
+                        beforeCommit: { applied in
+                            // Called again only if the vault ran its transaction again: the
+                            // first attempt's state is rolled back first.
+                            started?.abandon()
+                            var recorded = written
+                            record(applied, in: &recorded)
+                            started = state.startCommit(recorded)
+                        },
+                        afterCommit: { started?.proceed() })
                 } else {
                     applied = try vault.applyChanges(count: changes.count, change)
                 }
             } catch {
-                started?.abandon()
+                // The state's commit is rolled back with the vault's; should that rollback have
+                // failed, its connection is unusable, which is the error to report.
+                if let failed = started?.abandon() { throw failed }
                 started = nil
                 throw error
             }

@@ -1027,8 +1027,8 @@ final class SyncState {
     }
 
     /// Starts ``commit(_:)`` of `changes` on another thread, which writes them and then waits,
-    /// inside its transaction, for ``PendingCommit/commit()`` (which makes them durable) or
-    /// ``PendingCommit/abandon()`` (which rolls them back). A pull writes the local state this
+    /// inside its transaction, for ``PendingCommit/proceed()`` or ``PendingCommit/commit()``
+    /// (which make them durable) or ``PendingCommit/abandon()`` (which rolls them back). A pull writes the local state this
     /// way while the vault commits the changes it applied: the state never records a change
     /// before the vault holds it. Until one of the two returns, this object is the other
     /// thread's: nothing else may use it.
@@ -1044,46 +1044,65 @@ final class SyncState {
                     if abandoned { throw PendingCommit.abandonment }
                 }
             } catch {
-                // An abandoned commit was rolled back, as asked: not a failure.
-                if !abandoned { pending.failure = error }
+                // An abandoned commit rolled back, as asked, is not a failure; a rollback that
+                // failed is.
+                if !abandoned || error.message != PendingCommit.abandonment.message { pending.failure = error }
             }
             pending.ended.signal()
         }
         return pending
     }
 
-    /// A commit ``startCommit(_:)`` started on another thread.
+    /// A commit ``startCommit(_:)`` started on another thread. Every one is ended by
+    /// ``commit()`` or ``abandon()``: until it is decided, the other thread waits holding the
+    /// state's write lock.
     final class PendingCommit: @unchecked Sendable {
         /// What the other thread throws to roll back an abandoned commit (never seen outside).
-        /// Every commit started is settled by one of the two calls: the other thread waits
-        /// for it, holding the state's write lock.
         fileprivate static let abandonment = LockboxError(.io, "The sync state's commit was abandoned.")
         fileprivate let decided = DispatchSemaphore(value: 0)
         fileprivate let ended = DispatchSemaphore(value: 0)
         // Written by one thread before a semaphore's signal, read by the other after its wait.
         fileprivate var proceeds = false
         fileprivate var failure: LockboxError?
-        private var isSettled = false
 
         fileprivate init() {}
+
+        /// Lets the transaction commit, without waiting for it (``commit()`` waits).
+        func proceed() {
+            decide(proceeding: true)
+        }
 
         /// Lets the transaction commit, waits for it, and throws what the commit threw (also
         /// an error met while writing).
         func commit() throws(LockboxError) {
-            settle(proceeding: true)
+            decide(proceeding: true)
+            wait()
             if let failure { throw failure }
         }
 
-        /// Rolls the transaction back (when it got that far) and waits for it.
-        func abandon() {
-            settle(proceeding: false)
+        /// Rolls the transaction back (unless ``proceed()`` let it commit) and waits for it.
+        /// Returns what went wrong on the other thread, if anything (a rollback that failed
+        /// leaves the state's connection unusable).
+        @discardableResult
+        func abandon() -> LockboxError? {
+            decide(proceeding: false)
+            wait()
+            return failure
         }
 
-        private func settle(proceeding: Bool) {
-            guard !isSettled else { return }
-            isSettled = true
+        private var isDecided = false
+        private var isEnded = false
+
+        private func decide(proceeding: Bool) {
+            guard !isDecided else { return }
+            isDecided = true
             proceeds = proceeding
             decided.signal()
+        }
+
+        private func wait() {
+            guard !isEnded else { return }
+            isEnded = true
             ended.wait()
         }
     }

@@ -30,21 +30,28 @@ extension Vault {
     public func applyChanges(
         count: Int, concurrently change: @escaping @Sendable (Int) throws(LockboxError) -> SyncedChange
     ) throws(LockboxError) -> AppliedChanges {
-        try applyChanges(count: count, concurrently: change, beforeCommit: { _ in })
+        try applyChanges(count: count, concurrently: change, beforeCommit: { _ in }, afterCommit: {})
     }
 
     /// ``applyChanges(count:concurrently:)``, calling `beforeCommit` on this thread once every
     /// change is written, with what the call will return, just before the transaction commits
-    /// (which may still fail). It must not use this vault; it may start work elsewhere that
-    /// waits for the commit (a sync writes its own state beside the vault's commit).
+    /// (which may still fail), and `afterCommit` once it committed, before the log is moved
+    /// into the file. Neither may use this vault; they may start and release work elsewhere
+    /// that must wait for the commit (a sync writes its own state beside the vault's commit,
+    /// and lets it commit while the vault moves its log). Should the vault run the transaction
+    /// again (after asking the user to verify), `beforeCommit` is called again.
     public func applyChanges(
         count: Int, concurrently change: @escaping @Sendable (Int) throws(LockboxError) -> SyncedChange,
-        beforeCommit: (AppliedChanges) -> Void
+        beforeCommit: (AppliedChanges) -> Void, afterCommit: () -> Void
     ) throws(LockboxError) -> AppliedChanges {
         let now = currentDate()
         return try withStateVerifyingUser { state throws(LockboxError) -> AppliedChanges in
             let restoreCache = try enlargePageCache(for: count, state: state)
             defer { restoreCache() }
+            // The commit does not move the log into the file (a large transaction's log, run
+            // inside the commit); that is done below, once `afterCommit` has run.
+            state.database.setAutomaticCheckpoint(false)
+            defer { state.database.setAutomaticCheckpoint(true) }
             var replaced = false
             let applied = try writeRows(state) { writer throws(LockboxError) -> AppliedChanges in
                 let stager = ChangeStager(
@@ -91,8 +98,9 @@ extension Vault {
                 beforeCommit(applied)
                 return applied
             }
+            afterCommit()
             // Replaced and deleted values must not linger in the write-ahead log.
-            if replaced { state.database.truncateWriteAheadLog() }
+            if replaced { state.database.truncateWriteAheadLog() } else { state.database.checkpointWriteAheadLog() }
             return applied
         }
     }

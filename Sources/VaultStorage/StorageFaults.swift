@@ -13,6 +13,8 @@ package final class StorageFaults {
     package let failingOperation: Int
     package let persistent: Bool
     package private(set) var operations = 0
+    /// The SQL of each operation counted, in order: where a test wants a fault to land.
+    package private(set) var statements: [String] = []
 
     package init(kind: Kind, failingOperation: Int, persistent: Bool) {
         self.kind = kind
@@ -24,6 +26,7 @@ package final class StorageFaults {
         // Rolling back must still work, or a fault could never be recovered from.
         if let sql, sql == "ROLLBACK" { return }
         operations += 1
+        statements.append(sql ?? "")
         let hit = persistent ? operations >= failingOperation : operations == failingOperation
         guard hit else { return }
         switch kind {

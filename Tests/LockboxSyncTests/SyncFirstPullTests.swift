@@ -30,15 +30,21 @@ extension SyncTests {
         let operations = counting.operations
         #expect(operations > count, "the import's inserts are counted")
 
-        // Machine B fails at the end of its import, once every row is written and its local
-        // state is being written beside the vault's commit: the state is rolled back with the
-        // vault (had it committed alone, the next push would take the missing rows for deletes).
-        machines[1].vault.injectFaults(StorageFaults(kind: .ioError, failingOperation: operations - 1, persistent: false))
+        // Machine B fails at the vault's commit of its import, once every row is written and
+        // its local state is being written beside that commit: the state is rolled back with
+        // the vault (had it committed alone, the next push would take the missing rows for
+        // deletes). The import's commit is the last COMMIT of the pull.
+        let commit = try #require(counting.statements.lastIndex(of: "COMMIT"), "no COMMIT among the pull's statements") + 1
+        #expect(counting.statements[..<(commit - 1)].contains { $0.hasPrefix("INSERT INTO items") }, "the import's inserts come before its commit")
+        machines[1].vault.injectFaults(StorageFaults(kind: .ioError, failingOperation: commit, persistent: false))
         let late = #expect(throws: LockboxError.self) { try groups[1].sync() }
         machines[1].vault.injectFaults(nil)
         #expect(late?.code == .io)
         #expect(try machines[1].count() == 0, "a failed commit left items behind")
         #expect(try machines[1].verify())
+        let untouched = try SyncState(path: groups[1].statePath, device: groups[1].device.id, key: groups[1].device.stateKey)
+        #expect(try untouched.isEmpty, "the local state recorded an import the vault did not commit")
+        #expect(untouched.cursor == 0)
 
         // Machine B fails half-way through its import: nothing of it stays.
         machines[1].vault.injectFaults(StorageFaults(kind: .ioError, failingOperation: operations / 2, persistent: false))

@@ -279,6 +279,19 @@ package final class Database {
         _ = sqlite3_wal_checkpoint_v2(handle, nil, SQLITE_CHECKPOINT_TRUNCATE, nil, nil)
     }
 
+    /// Turns off (or back on, at SQLite's 1,000 pages) the checkpoint a commit runs when the
+    /// write-ahead log has grown past its limit; ``checkpointWriteAheadLog()`` then moves it.
+    package func setAutomaticCheckpoint(_ isOn: Bool) {
+        sqlite3_wal_autocheckpoint(handle, isOn ? 1000 : 0)
+    }
+
+    /// Moves the write-ahead log's content into the file without waiting for readers (a
+    /// passive checkpoint). Best effort, as ``truncateWriteAheadLog()``: what a reader still
+    /// needs stays for the next checkpoint.
+    package func checkpointWriteAheadLog() {
+        _ = sqlite3_wal_checkpoint_v2(handle, nil, SQLITE_CHECKPOINT_PASSIVE, nil, nil)
+    }
+
     /// The name of the VFS this connection goes through ("unix", or the one
     /// `gatheringLogWrites` chose).
     package var vfsName: String? {
@@ -503,7 +516,7 @@ package final class Statement {
     @discardableResult
     package func step() throws(LockboxError) -> Bool {
         if let bindFailure { throw bindFailure }
-        try database.faults?.check(nil)
+        if let faults = database.faults { try faults.check(sqlite3_sql(handle).map { String(cString: $0) }) }
         if !isStepped {
             isStepped = true
             database.stepped.append(self)
