@@ -132,6 +132,9 @@ do {
             insert.reset()
         }
     }
+    // The design that would keep the records as they arrive (docs/SYNC.md), measured alone.
+    var keptPhases = SyncGroup.KeptImportTimings()
+    let kept = try seconds { keptPhases = try joined.measureKeptImport(at: root + "/kept.db") }
     let secondSync = try seconds { try joined.sync() }
     // The local floor: the same items added to a fresh vault, as the pull adds them.
     let floorVault = try machine("floor")
@@ -153,6 +156,11 @@ do {
     }
     row("  the same rows fetched and stored raw (a plain table)", storeRaw,
         String(format: "%.2fx COPY: the floor of keeping them here (%d rows)", storeRaw / copy, stored))
+    row("  a first sync keeping the records as they arrive (design)", kept,
+        String(
+            format: "%.2fx COPY: fetch %.1f, open %.1f, head %.1f, digest and store %.1f ms (%d records)", kept / copy,
+            inSeconds(keptPhases.fetch) * 1000, inSeconds(keptPhases.open) * 1000, inSeconds(keptPhases.verify) * 1000,
+            inSeconds(keptPhases.store) * 1000, keptPhases.records))
     row("    of the sync: fetch (one query, binary rows)", inSeconds(phases.fetch))
     row("    of the sync: open every record's metadata", inSeconds(phases.open))
     row("    of the sync: check the records against the group's head", inSeconds(phases.verify))

@@ -163,3 +163,27 @@ extension SyncTests {
         try group.pull(connection, state: state, report: &report)
     }
 }
+
+extension SyncTests {
+    @Test("The benchmark's import that keeps records as they arrive reads every record, checks them against the head, and leaves the vault and the state alone")
+    func keptImportMeasuresTheWholeGroup() throws {
+        let (groups, machines) = try threeMachines()
+        try machines[0].vault.add(contentsOf: synchronizableItems(300, prefix: "kept"))
+        try groups[0].sync()
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("lockbox-kept-\(UUID().uuidString)").path
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+
+        let timings = try groups[1].measureKeptImport(at: directory + "/kept.db")
+        #expect(timings.records == 300)
+        #expect(try machines[1].count() == 0, "the measurement wrote to the vault")
+        #expect(!FileManager.default.fileExists(atPath: groups[1].statePath), "the measurement wrote a sync state")
+
+        // A record withheld by the database does not add up to the head.
+        try PostgresConnection(try testDatabase()).execute(
+            "DELETE FROM lockbox_sync_items WHERE group_id = $1 AND version = (SELECT min(version) FROM lockbox_sync_items WHERE group_id = $1)",
+            [.text(groups[0].groupID)])
+        let error = #expect(throws: LockboxError.self) { try groups[1].measureKeptImport(at: directory + "/again.db") }
+        #expect(error?.code == .decode)
+    }
+}

@@ -1,0 +1,90 @@
+import FoundationEssentials
+import LockboxCore
+import VaultCrypto
+import VaultStorage
+
+extension SyncGroup {
+    /// Where a kept import's time went (``measureKeptImport(at:)``).
+    package struct KeptImportTimings: Sendable {
+        package var records = 0
+        /// The counter, the head and every record, in one snapshot (as a pull fetches them).
+        package var fetch = Duration.zero
+        /// Every record's metadata opened and its head element made, on both cores.
+        package var open = Duration.zero
+        /// The records summed and compared with the head.
+        package var verify = Duration.zero
+        /// A lookup digest per record (on both cores), and every record inserted, as it
+        /// arrived, into a table of the vault's durability, one transaction.
+        package var store = Duration.zero
+
+        package init() {}
+    }
+
+    /// For the benchmark only: what a new device's first sync would cost if it kept the records
+    /// as they arrive (docs/SYNC.md, "A design for the first sync within 3x"), measured on this
+    /// group's records without touching the vault or the sync state. Everything such an import
+    /// could not skip is done: the records fetched as a pull fetches them, every metadata box
+    /// opened and checked as a pull checks it, the records summed against the group's head, a
+    /// keyed digest per record standing for the lookup digest a query needs, and each record
+    /// inserted with its version, payload, digest and head element into a new SQLite file at
+    /// `path` (WAL, `synchronous=FULL`, the item id as primary key and one index on the
+    /// digest), committed once. What it leaves out, the vault's integrity record (one sum per
+    /// row) and a few clear columns, is small beside these.
+    package func measureKeptImport(at path: String) throws(LockboxError) -> KeptImportTimings {
+        let clock = ContinuousClock()
+        var timings = KeptImportTimings()
+        var mark = clock.now
+        func lap(_ phase: WritableKeyPath<KeptImportTimings, Duration>) {
+            let now = clock.now
+            timings[keyPath: phase] += now - mark
+            mark = now
+        }
+        let keys = self.keys
+        let connection = try PostgresConnection(database)
+        let (head, rows) = try connection.transaction { () throws(LockboxError) -> (SyncHead, [[[UInt8]?]]) in
+            try connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            let counterRows = try connection.execute("SELECT counter, head FROM lockbox_sync_groups WHERE group_id = $1", [.text(groupID)])
+            guard let counterRow = counterRows.first else { throw LockboxError(.itemNotFound, "The sync group \(groupID) is not in the database.") }
+            let counter = try PostgresConnection.integer(counterRow[0])
+            let head = try SyncHead.open(
+                try counterRow[1].map { text throws(LockboxError) in try PostgresConnection.bytes(text) }, counter: counter, group: groupID,
+                keys: keys)
+            let rows = try connection.executeBinary(
+                "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 ORDER BY version", [.text(groupID)])
+            return (head, rows)
+        }
+        lap(\.fetch)
+        let received = try receive(rows, from: 0, counter: head.counter, keys: keys)
+        guard received.allSatisfy(\.isFitting) else { throw LockboxError.integrity("A record of the sync database") }
+        lap(\.open)
+        var accumulator = SyncHead.empty.accumulator
+        for record in received { SyncHead.add(record.element, to: &accumulator) }
+        guard SyncHead.equal(accumulator, head.accumulator) else { throw SyncHead.withheld() }
+        lap(\.verify)
+        let lookupKey = Crypto.generateKey()
+        let lookups = try Self.inParallel(received.count) { index in Crypto.keyedDigest(Array(received[index].id.utf8), key: lookupKey) }
+        let kept = try Database(path: path, create: true)
+        try kept.execute(
+            """
+            CREATE TABLE records (item_id BLOB PRIMARY KEY, version INTEGER NOT NULL, payload BLOB NOT NULL, lookup BLOB NOT NULL,
+                element BLOB NOT NULL);
+            CREATE INDEX records_by_lookup ON records(lookup);
+            """)
+        try kept.writeTransaction { () throws(LockboxError) in
+            let insert = try kept.statement("INSERT INTO records (item_id, version, payload, lookup, element) VALUES (?, ?, ?, ?, ?)")
+            defer { insert.reset() }
+            for (index, record) in received.enumerated() {
+                insert.reset()
+                insert.bind(1, Array(record.id.utf8))
+                insert.bind(2, Int(record.version))
+                insert.bind(3, rows[index][2] ?? [])
+                insert.bind(4, lookups[index])
+                insert.bind(5, record.element)
+                try insert.run()
+            }
+        }
+        lap(\.store)
+        timings.records = received.count
+        return timings
+    }
+}
