@@ -48,8 +48,8 @@ extension Vault {
         return try withStateVerifyingUser { state throws(LockboxError) -> AppliedChanges in
             let restoreCache = try enlargePageCache(for: count, state: state)
             defer { restoreCache() }
-            // The commit does not move the log into the file (a large transaction's log, run
-            // inside the commit); that is done below, once `afterCommit` has run.
+            // The commit leaves the log where it is (SQLite would move a large transaction's
+            // log into the file inside the commit); it is moved below, once `afterCommit` ran.
             state.database.setAutomaticCheckpoint(false)
             defer { state.database.setAutomaticCheckpoint(true) }
             var replaced = false
