@@ -220,7 +220,7 @@ let package = Package(
         .executableTarget(name: "LockboxStress", dependencies: ["Lockbox", "LockboxAuth"], swiftSettings: strict),
         // The crash, fault-injection and leak campaigns (docs/RELIABILITY.md), and their driver.
         .target(
-            name: "LockboxCampaigns", dependencies: ["Lockbox", "LockboxAuth", "VaultStorage"], swiftSettings: strict),
+            name: "LockboxCampaigns", dependencies: ["Lockbox", "LockboxAuth", "LockboxSync", "VaultStorage"], swiftSettings: strict),
         .executableTarget(name: "LockboxCampaign", dependencies: ["LockboxCampaigns"], swiftSettings: strict),
         // Managed-key signatures against OpenSSL's and libsodium's in-process calls (docs/KEYS.md).
         .executableTarget(

@@ -7,12 +7,15 @@ import LockboxCampaigns
 //   lockbox-campaign faults
 //   lockbox-campaign leaks --lockbox PATH/lockbox
 //   lockbox-campaign tamper [--sample]
+//   lockbox-campaign sync --iterations N --lockbox PATH/lockbox   (LOCKBOX_TEST_POSTGRES: scripts/postgres start)
 //
 // Prints a summary; exits 1 when any check failed.
 
 func usage() -> Never {
     FileHandle.standardError.write(
-        Data("usage: lockbox-campaign crash --iterations N --writer PATH | faults | leaks --lockbox PATH | tamper [--sample]\n".utf8))
+        Data(
+            ("usage: lockbox-campaign crash --iterations N --writer PATH | faults | leaks --lockbox PATH | tamper [--sample]"
+                + " | sync --iterations N --lockbox PATH\n").utf8))
     exit(64)
 }
 
@@ -72,6 +75,23 @@ do {
         let report = try outcome.get()
         print(report.summary)
         exit(report.totals.violations == 0 ? 0 : 1)
+    case "sync":
+        guard let iterations = options["--iterations"].flatMap(Int.init), let lockbox = options["--lockbox"] else { usage() }
+        guard let database = ProcessInfo.processInfo.environment["LOCKBOX_TEST_POSTGRES"] else {
+            FileHandle.standardError.write(Data("lockbox-campaign sync: set LOCKBOX_TEST_POSTGRES to a connection string (scripts/postgres start)\n".utf8))
+            exit(64)
+        }
+        let directory = temporaryDirectory()
+        let outcome = Result {
+            try SyncCrashCampaign.run(SyncCrashCampaign.Options(iterations: iterations, lockbox: lockbox, database: database, directory: directory)) {
+                FileHandle.standardError.write(Data("  \($0)\n".utf8))
+            }
+        }
+        // exit() runs no defer: the directory goes first.
+        try? FileManager.default.removeItem(atPath: directory)
+        let report = try outcome.get()
+        print(report.summary)
+        exit(report.violations.isEmpty ? 0 : 1)
     default:
         usage()
     }

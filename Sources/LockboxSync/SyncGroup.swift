@@ -417,18 +417,28 @@ public final class SyncGroup: Sendable {
             try write(changes, connection: connection, state: state, pending: &pending, report: &report)
             try state.commit(pending)
         }
-        // Deletes: items whose row went away or now holds another item.
+        // Deletes: items whose row went away or now holds another item. A delete is stamped
+        // with when it was made, as the vault recorded it, so that an edit made elsewhere after
+        // it wins; without a record (a row that now holds another item, or deleted by an older
+        // Lockbox), with now.
         var pending = SyncState.Changes()
         for (reference, _) in found.gone { pending.rows[reference] = .some(.none) }
+        var deletedAt: [String: Int64] = [:]
+        for (reference, date) in try vault.deletionTimes(of: found.gone.keys) {
+            guard case .some(.some(let id)) = found.gone[reference] else { continue }
+            deletedAt[id] = max(deletedAt[id] ?? 0, Self.milliseconds(date))
+        }
         var tombstones: [(id: String, record: SyncRecord)] = []
         for id in former.subtracting(produced).sorted() {
             guard let known = try state.entry(id), !known.isTombstone else { continue }
-            let modified = max(Self.milliseconds(nil), known.stamp.modified + 1)
+            let modified = max(deletedAt[id] ?? Self.milliseconds(nil), known.stamp.modified + 1)
             tombstones.append((id, SyncRecord(stamp: SyncStamp(modified: modified, device: device.id), item: nil, contentDigest: [])))
         }
         try write(tombstones, connection: connection, state: state, pending: &pending, report: &report)
         pending.generation = found.generation
         try state.commit(pending)
+        // The deletions this push covered are in the state now.
+        if !found.gone.isEmpty { try vault.forgetDeletions(through: found.generation) }
     }
 
     /// Writes one batch of changes in one transaction; a change that loses to the database's

@@ -210,12 +210,17 @@ extension Vault {
         let dataVersion: Int
         /// Whether a row of a managed key (class `.key`) was inserted, replaced or deleted.
         private(set) var touchedKeyRows = false
+        /// When this write is made (the vault's clock): the time a deleted synchronizable row's
+        /// deletion is recorded with.
+        let time: Date
+        private var prunedDeletions = false
 
-        fileprivate init(database: Database, integrity: IntegrityState, keys: IntegrityState.Keys, dataVersion: Int) {
+        fileprivate init(database: Database, integrity: IntegrityState, keys: IntegrityState.Keys, dataVersion: Int, time: Date) {
             self.database = database
             self.integrity = integrity
             self.keys = keys
             self.dataVersion = dataVersion
+            self.time = time
             generation = integrity.generation + 1
         }
 
@@ -261,6 +266,27 @@ extension Vault {
             try statement.run()
             integrity.remove(old, key: keys.element)
             if old.itemClass == .key { touchedKeyRows = true }
+            if old.synchronizable { try recordDeletion(of: old.id) }
+        }
+
+        /// Records when a synchronizable row was deleted (``Vault/deletionTimes(of:)``), under
+        /// a MAC of the state key; records older than ``Vault/deletionsKept`` go at the same time.
+        private func recordDeletion(of reference: [UInt8]) throws(LockboxError) {
+            guard let stateKey = keys.state else { throw LockboxError.locked("Unlock the keychain to delete a synchronizable item.") }
+            let milliseconds = Vault.milliseconds(time)
+            if !prunedDeletions {
+                prunedDeletions = true
+                let prune = try database.statement("DELETE FROM sync_deletions WHERE deleted_at < ?")
+                prune.bind(1, Int(milliseconds - Vault.deletionsKept))
+                try prune.run()
+            }
+            let statement = try database.statement(
+                "INSERT OR REPLACE INTO sync_deletions (reference, deleted_at, generation, mac) VALUES (?, ?, ?, ?)")
+            statement.bind(1, reference)
+            statement.bind(2, Int(milliseconds))
+            statement.bind(3, generation)
+            statement.bind(4, Vault.deletionMAC(reference: reference, milliseconds: milliseconds, generation: generation, stateKey: stateKey))
+            try statement.run()
         }
 
         /// SQLite keeps text up to its first NUL, and Lockbox binds text so: a row whose text
@@ -366,7 +392,7 @@ extension Vault {
         guard let stored = cache.state, let keys = cache.keys, keys.state != nil else { throw lockedError() }
         // `currentIntegrity` read the data version in this transaction (its confirmation is
         // per transaction, and this one has just begun).
-        return RowWriter(database: state.database, integrity: stored, keys: keys, dataVersion: cache.dataVersion)
+        return RowWriter(database: state.database, integrity: stored, keys: keys, dataVersion: cache.dataVersion, time: currentDate())
     }
 
     // MARK: Upgrading rows

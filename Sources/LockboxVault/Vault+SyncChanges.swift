@@ -1,5 +1,6 @@
 import FoundationEssentials
 import LockboxCore
+import VaultCrypto
 import VaultStorage
 
 /// What changed among the synchronizable rows since a generation: the small, read-only answer
@@ -58,6 +59,67 @@ extension Vault {
                     while try every.step() { changes.all?.insert(Data(every.blob(0) ?? [])) }
                 }
                 return changes
+            }
+        }
+    }
+}
+
+extension Vault {
+    /// How long a deletion stays recorded when no sync forgets it: 180 days, in milliseconds.
+    static let deletionsKept: Int64 = 180 * 24 * 3600 * 1000
+
+    static func milliseconds(_ date: Date) -> Int64 {
+        Int64((date.timeIntervalSince1970 * 1000).rounded(.down))
+    }
+
+    static func deletionMAC(reference: [UInt8], milliseconds: Int64, generation: Int, stateKey: SecretBytes) -> [UInt8] {
+        var encoder = FieldEncoder()
+        encoder.string("lockbox.vault.sync-deletion.v1")
+        encoder.bytes(reference)
+        encoder.integer(Int(milliseconds))
+        encoder.integer(generation)
+        return Crypto.keyedDigest(encoder.bytes, key: Crypto.deriveKey(from: stateKey, context: "lbxdelet", identifier: 1))
+    }
+
+    /// When each of `references`, synchronizable rows, was deleted here, as the deleting write
+    /// recorded it (from vault schema 6), so that sync can stamp a delete with when it was
+    /// made rather than when it noticed it. A row whose deletion is not recorded (deleted by
+    /// an older Lockbox, or forgotten) is absent. A record whose MAC does not match is an
+    /// integrity error (`errSecDecode`), never a time.
+    public func deletionTimes(of references: some Collection<Data>) throws(LockboxError) -> [Data: Date] {
+        guard !references.isEmpty else { return [:] }
+        return try withState { state throws(LockboxError) -> [Data: Date] in
+            try state.database.readTransaction { () throws(LockboxError) -> [Data: Date] in
+                guard let stateKey = try currentIntegrity(state).keys?.state else {
+                    throw LockboxError.locked("Unlock the keychain to sync it.")
+                }
+                let statement = try state.database.statement("SELECT deleted_at, generation, mac FROM sync_deletions WHERE reference = ?")
+                defer { statement.reset() }
+                var times: [Data: Date] = [:]
+                for reference in references {
+                    statement.reset()
+                    statement.bind(1, Array(reference))
+                    guard try statement.step() else { continue }
+                    guard let milliseconds = statement.integer(0), let generation = statement.integer(1), let mac = statement.blob(2)
+                    else { throw LockboxError.integrity("A recorded deletion of the keychain \(path)") }
+                    let expected = Self.deletionMAC(reference: Array(reference), milliseconds: Int64(milliseconds), generation: generation, stateKey: stateKey)
+                    guard mac.count == expected.count, mac.withUnsafeBytes({ a in expected.withUnsafeBytes { b in constantTimeEquals(a, b) } })
+                    else { throw LockboxError.integrity("A recorded deletion of the keychain \(path)") }
+                    times[reference] = Date(timeIntervalSince1970: Double(milliseconds) / 1000)
+                }
+                return times
+            }
+        }
+    }
+
+    /// Forgets the deletions recorded by writes up to `generation` (a sync has pushed them).
+    public func forgetDeletions(through generation: Int) throws(LockboxError) {
+        try withState { state throws(LockboxError) in
+            try state.database.writeTransaction { () throws(LockboxError) in
+                let statement = try state.database.statement("DELETE FROM sync_deletions WHERE generation <= ?")
+                defer { statement.reset() }
+                statement.bind(1, generation)
+                try statement.run()
             }
         }
     }

@@ -36,7 +36,10 @@ enum VaultSchema {
     ///   the version, so that a Lockbox of schema 4, which cannot verify a record of format 5,
     ///   refuses the file as newer instead of reporting it tampered; the record is converted
     ///   at the next write, like format 3's was.
-    static let current = 5
+    /// - 6: `sync_deletions`: the deletion of a synchronizable row is recorded with its time
+    ///   (and the writing generation, under a MAC of the unlocked vault's state key), so that
+    ///   sync stamps the delete with when it was made, not with when it was noticed.
+    static let current = 6
 
     /// The page size of vault files created by this build (SQLite's default is 4096; a file
     /// keeps the size it was created with). Every page a write changes is appended whole to the
@@ -54,6 +57,7 @@ enum VaultSchema {
         case 2: try addVersion3(database)
         case 3: try addVersion4(database)
         case 4: break
+        case 5: try addVersion6(database)
         default: throw LockboxError(.param, "No migration from keychain schema version \(version).")
         }
     }
@@ -148,6 +152,18 @@ enum VaultSchema {
             ALTER TABLE integrity_groups ADD COLUMN generation INTEGER;
             ALTER TABLE integrity_groups ADD COLUMN mac BLOB;
             ALTER TABLE integrity_groups ADD COLUMN always_mac BLOB;
+            """)
+    }
+
+    private static func addVersion6(_ database: Database) throws(LockboxError) {
+        try database.execute(
+            """
+            CREATE TABLE sync_deletions (
+                reference BLOB PRIMARY KEY,
+                deleted_at INTEGER NOT NULL,
+                generation INTEGER NOT NULL,
+                mac BLOB NOT NULL
+            ) WITHOUT ROWID;
             """)
     }
 

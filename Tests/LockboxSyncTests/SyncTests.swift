@@ -4,6 +4,7 @@ import LockboxTestSupport
 import LockboxVault
 import Synchronization
 import Testing
+import VaultStorage
 
 @testable import LockboxSync
 
@@ -167,6 +168,54 @@ struct SyncTests {
             #expect(try machine.value("ci.example", "bot") == "token-2")
             #expect(try machine.verify())
         }
+    }
+
+    @Test("A delete made offline is stamped with when it was made: an edit made elsewhere after it, synced first, wins; a later delete still wins")
+    func offlineDeleteLosesToALaterEdit() throws {
+        let (groups, machines) = try threeMachines()
+        try machines[0].add("wiki.example", "editor", "one")
+        try machines[0].add("mail.example", "editor", "one")
+        for group in groups { try group.sync() }
+
+        // Machine C, offline, deletes both; afterwards A edits the first and syncs.
+        try machines[2].delete("wiki.example", "editor")
+        try machines[2].delete("mail.example", "editor")
+        tick()
+        try machines[0].set("wiki.example", "editor", "edited after the delete")
+        try groups[0].sync()
+        // C comes back: its delete of the first is older than A's edit and loses (the item
+        // comes back to C); its delete of the second, which nobody edited since, wins.
+        try groups[2].sync()
+        for group in groups { try group.sync() }
+        for machine in machines {
+            #expect(try machine.value("wiki.example", "editor") == "edited after the delete")
+            #expect(try machine.value("mail.example", "editor") == nil)
+            #expect(try machine.verify())
+        }
+        // The deletions the push covered are forgotten; a record edited in the file is refused.
+        #expect(try machines[2].vault.deletionTimes(of: [Data(repeating: 1, count: 16)]).isEmpty)
+
+        // A later delete of the edited item (after the edit, before anything else) wins.
+        tick()
+        try machines[1].delete("wiki.example", "editor")
+        try groups[1].sync()
+        for group in groups { try group.sync() }
+        for machine in machines { #expect(try machine.value("wiki.example", "editor") == nil) }
+    }
+
+    @Test("A recorded deletion edited in the keychain file is refused (errSecDecode), not used as a time")
+    func editedDeletionRecordIsRefused() throws {
+        let (groups, machines) = try threeMachines()
+        try machines[0].add("wiki.example", "editor", "one")
+        for group in groups { try group.sync() }
+        try machines[2].delete("wiki.example", "editor")
+        // The attacker moves the delete later, so that it would beat edits made after it.
+        let attacker = try Database(path: machines[2].vault.path, create: false)
+        try attacker.execute("UPDATE sync_deletions SET deleted_at = deleted_at + 86400000")
+        #expect(attacker.totalChanges == 1)
+        let error = #expect(throws: LockboxError.self) { try groups[2].sync() }
+        #expect(error?.code == .decode)
+        #expect(try machines[0].value("wiki.example", "editor") == "one", "a refused delete reached the group")
     }
 
     @Test("ThisDeviceOnly and non-synchronizable items never reach the database; no service, account or value is in clear")

@@ -69,7 +69,12 @@ struct FileTests {
     @Test("a vault from a newer schema is refused, and the current one is recorded")
     func newerSchema_isRefused() throws {
         let fixture = try VaultFixture()
-        #expect(try fixture.vault.withDatabase { database throws(LockboxError) in try database.userVersion } == 5)
+        #expect(try fixture.vault.withDatabase { database throws(LockboxError) in try database.userVersion } == 6)
+        // From schema 6: synchronizable rows' deletions are recorded with their time.
+        let tables = try fixture.vault.withDatabase { database throws(LockboxError) -> Bool in
+            try database.firstRow("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'sync_deletions'") { $0.integer(0) } == 1
+        }
+        #expect(tables)
         // From schema 4: the identifier is the items' only UNIQUE index (primary keys are checked
         // through the lookup index); the indexes queries use are all there.
         let indexes = try fixture.vault.withDatabase { database throws(LockboxError) -> [String] in

@@ -24,6 +24,27 @@ struct CrashCampaignTests {
     }
 }
 
+@Suite("Sync crash campaign")
+struct SyncCrashCampaignTests {
+    @Test("lockbox sync now SIGKILLed at random moments on three machines -> every vault sound, and after syncing all hold each item's last write")
+    func killedSyncs_convergeToTheLastWrites() throws {
+        let database = try #require(
+            ProcessInfo.processInfo.environment["LOCKBOX_TEST_POSTGRES"],
+            "LOCKBOX_TEST_POSTGRES is not set: the sync campaign needs PostgreSQL (scripts/postgres start, which scripts/test runs)")
+        let directory = TemporaryDirectory("lockbox-sync-crash")
+        let lockbox = builtProduct("lockbox")
+        try #require(FileManager.default.isExecutableFile(atPath: lockbox), "lockbox is not built at \(lockbox)")
+        try #require(FileManager.default.isExecutableFile(atPath: builtProduct("lockbox-sync")), "lockbox-sync is not built beside lockbox")
+        let report = try SyncCrashCampaign.run(
+            SyncCrashCampaign.Options(iterations: 12, lockbox: lockbox, database: database, directory: directory.path))
+        #expect(report.violations.isEmpty, "\(report.summary)")
+        #expect(report.kills + report.finished == 12)
+        #expect(report.vaultChecks == 12)
+        #expect(report.localWrites >= 12)
+        #expect(report.itemChecks > 0)
+    }
+}
+
 @Suite("Fault injection")
 struct FaultInjectionTests {
     @Test("a full disk on the first write operation -> io error that says what to do, nothing written, then the write succeeds")

@@ -1,0 +1,263 @@
+import Foundation
+import Lockbox
+import LockboxSync
+import LockboxVault
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The sync crash campaign: three machines (vaults with their own device keys) in one sync
+/// group, local writes on a random machine, then `lockbox sync now` on a random machine,
+/// SIGKILLed at a random moment (or left to finish). After every run the killed machine's vault
+/// must pass its full check; at the end every machine syncs until nothing changes, and each
+/// must hold exactly what the last write of each item left (the later write wins, a delete
+/// included), with one record per item in the database: nothing lost, duplicated or brought
+/// back.
+package struct SyncCrashCampaign {
+    package struct Options: Sendable {
+        package var iterations: Int
+        /// The built `lockbox` (which hands `sync` to `lockbox-sync` beside it).
+        package var lockbox: String
+        /// A PostgreSQL connection string (scripts/postgres start).
+        package var database: String
+        /// A private directory for the machines.
+        package var directory: String
+
+        package init(iterations: Int, lockbox: String, database: String, directory: String) {
+            self.iterations = iterations
+            self.lockbox = lockbox
+            self.database = database
+            self.directory = directory
+        }
+    }
+
+    package struct Report: Sendable {
+        package var kills = 0
+        /// Syncs that finished before their kill came.
+        package var finished = 0
+        package var localWrites = 0
+        package var vaultChecks = 0
+        package var itemChecks = 0
+        package var violations: [String] = []
+        package var seconds = 0.0
+
+        package var summary: String {
+            var lines = ["sync crash campaign: \(kills + finished) syncs of `lockbox sync now` in \(String(format: "%.0f", seconds)) s"]
+            lines.append("  killed mid-sync: \(kills); finished before the kill: \(finished)")
+            lines.append("  local writes (adds, updates, deletes) on the three machines: \(localWrites)")
+            lines.append("  full vault checks after a run: \(vaultChecks); items compared after convergence: \(itemChecks)")
+            lines.append("  violations (failed checks, lost, stale, duplicated or resurrected items, failed syncs): \(violations.count)")
+            for violation in violations.prefix(20) { lines.append("    - \(violation)") }
+            return lines.joined(separator: "\n")
+        }
+    }
+
+    /// One machine: its vault, opened in this process (which keeps it unlocked for the
+    /// command-line runs), and the environment those runs get.
+    final class Machine {
+        let home: String
+        let vault: Vault
+
+        init(_ home: String) throws {
+            self.home = home
+            for directory in [home, home + "/data", home + "/data/lockbox", home + "/state", home + "/state/lockbox", home + "/config"] {
+                try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+            }
+            var configuration = Vault.Configuration()
+            configuration.keyDerivation = .interactive
+            configuration.device = DeviceIdentity(keyPath: home + "/state/lockbox/device-key")
+            vault = try Vault.create(
+                at: home + "/data/lockbox/default.lockbox", passphrase: SecretBytes(utf8: "sync campaign machine"), configuration: configuration)
+        }
+
+        var environment: [String: String] {
+            var environment = ProcessInfo.processInfo.environment
+            environment["XDG_DATA_HOME"] = home + "/data"
+            environment["XDG_STATE_HOME"] = home + "/state"
+            environment["XDG_CONFIG_HOME"] = home + "/config"
+            environment["HOME"] = home
+            return environment
+        }
+
+        func query(_ service: String) -> Query {
+            var query = Query.genericPassword(service: service, account: "user")
+            query.synchronizable = .synchronizable
+            return query
+        }
+
+        func value(_ service: String) throws -> String? {
+            var query = query(service)
+            query.returning = [.data]
+            guard try vault.contains(query) else { return nil }
+            return try vault.data(matching: query).withUnsafeBytes { String(decoding: $0, as: UTF8.self) }
+        }
+
+        /// Every synchronizable generic password's service and value (not the group's key).
+        func contents() throws -> [String: String] {
+            var query = Query(.genericPassword, limit: .all, synchronizable: .synchronizable)
+            query.returning = [.attributes, .data]
+            guard try vault.contains(query) else { return [:] }
+            var contents: [String: String] = [:]
+            for item in try vault.items(matching: query) where item.attributes.accessGroup != "lockbox.sync" {
+                let value = item.data?.withUnsafeBytes { String(decoding: $0, as: UTF8.self) } ?? ""
+                if contents.updateValue(value, forKey: item.attributes.service ?? "") != nil {
+                    contents[item.attributes.service ?? ""] = "<two items of one key>"
+                }
+            }
+            return contents
+        }
+
+        func isSound() throws -> Bool {
+            let report = try Vault.verify(at: vault.path, configuration: vault.configuration)
+            return report.isSound && report.checkedItems == report.items
+        }
+    }
+
+    /// Items the campaign writes: few, so that machines often write the same one.
+    static let keys = 24
+
+    package static func run(_ options: Options, progress: (String) -> Void = { _ in }) throws -> Report {
+        var report = Report()
+        let start = Date()
+        let machines = try (0..<3).map { try Machine(options.directory + "/machine-\($0)") }
+        defer { for machine in machines { machine.vault.lockAll() } }
+        let passphrase = SecretBytes(utf8: "sync campaign group")
+        let group = try SyncGroup.create(vault: machines[0].vault, database: options.database, passphrase: passphrase)
+        var groups = [group]
+        for machine in machines.dropFirst() {
+            groups.append(try SyncGroup.join(group.groupID, vault: machine.vault, database: options.database, passphrase: passphrase))
+        }
+        for machine in machines {
+            try FileManager.default.createDirectory(atPath: machine.vault.path + ".sync", withIntermediateDirectories: true)
+            try Data("group=\(group.groupID)\ndatabase=\(options.database)\n".utf8).write(
+                to: URL(fileURLWithPath: machine.vault.path + ".sync/config"))
+        }
+        // What each item holds after the last write made to it (nil: deleted), on any machine.
+        var model: [String: String?] = [:]
+        // Each item's writes, and each run of `lockbox sync now`, in order: printed with a violation.
+        var history: [String] = []
+        var sequence = 0
+        var generator = SystemRandomNumberGenerator()
+
+        for iteration in 0..<options.iterations {
+            // Local writes on one machine, each after the one before on the clock (a write's
+            // stamp is its time in milliseconds).
+            let writerIndex = Int.random(in: 0..<3, using: &generator)
+            let writer = machines[writerIndex]
+            for _ in 0..<Int.random(in: 1...3, using: &generator) {
+                usleep(2_000)
+                sequence += 1
+                let service = "crash\(Int.random(in: 0..<keys, using: &generator)).example"
+                let value = "value-\(sequence)"
+                if try writer.value(service) != nil {
+                    if Int.random(in: 0..<4, using: &generator) == 0 {
+                        try writer.vault.delete(matching: writer.query(service))
+                        model[service] = .some(nil)
+                        history.append("\(service): deleted on machine \(writerIndex)")
+                    } else {
+                        try writer.vault.update(matching: writer.query(service), to: ItemUpdate(data: SecretBytes(utf8: value)))
+                        model[service] = value
+                        history.append("\(service): \(value) on machine \(writerIndex) (update)")
+                    }
+                } else if case .some(.some) = model[service] {
+                    // The group holds it and this machine has not received it yet: an add here
+                    // would be another item of the same key, which sync settles by the later
+                    // write; one deleted again before it synced never reaches the group, whose
+                    // item stays (docs/SYNC.md, "Conflicts"). Not written.
+                    continue
+                } else {
+                    var item = Item.genericPassword(service: service, account: "user", data: SecretBytes(utf8: value))
+                    item.attributes.synchronizable = true
+                    try writer.vault.add(item)
+                    model[service] = value
+                    history.append("\(service): \(value) on machine \(writerIndex) (add)")
+                }
+                report.localWrites += 1
+            }
+            // One machine syncs, killed at a random moment of its run (or not at all).
+            let syncingIndex = Int.random(in: 0..<3, using: &generator)
+            let syncing = machines[syncingIndex]
+            let delay = Int.random(in: 0...250, using: &generator)
+            let outcome = try runAndKill(options.lockbox, ["--keychain", syncing.vault.path, "sync", "now"], environment: syncing.environment,
+                delayMilliseconds: delay)
+            history.append("sync on machine \(syncingIndex): \(outcome)")
+            switch outcome {
+            case .killed: report.kills += 1
+            case .finished(0, _): report.finished += 1
+            case .finished(let status, let errors):
+                report.violations.append("iteration \(iteration): lockbox sync now exited \(status) on its own: \(errors.prefix(300))")
+            }
+            report.vaultChecks += 1
+            if try !syncing.isSound() { report.violations.append("iteration \(iteration): the vault failed its full check after the run") }
+            if iteration % 25 == 24 { progress("\(iteration + 1) of \(options.iterations) runs, \(report.kills) killed") }
+        }
+
+        // Every machine syncs until nothing changes anywhere (two quiet rounds).
+        var quietRounds = 0
+        var rounds = 0
+        while quietRounds < 2 && rounds < 8 {
+            rounds += 1
+            var changed = false
+            for (index, group) in groups.enumerated() {
+                do {
+                    if try !group.sync().changedNothing { changed = true }
+                } catch {
+                    report.violations.append("convergence: machine \(index)'s sync failed: \(error)")
+                }
+            }
+            quietRounds = changed ? 0 : quietRounds + 1
+        }
+        if quietRounds < 2 { report.violations.append("convergence: the machines still changed after \(rounds) rounds of syncs") }
+        let expected = model.compactMapValues { $0 }
+        for (index, machine) in machines.enumerated() {
+            let contents = try machine.contents()
+            report.itemChecks += max(contents.count, expected.count)
+            for (service, value) in expected where contents[service] != value {
+                report.violations.append("machine \(index): \(service) holds \(contents[service] ?? "nothing"), its last write was \(value)")
+            }
+            for service in contents.keys where expected[service] == nil {
+                report.violations.append("machine \(index): \(service) is back (its last write deleted it)")
+            }
+            if try !machine.isSound() { report.violations.append("machine \(index): the vault failed its full check at the end") }
+        }
+        // The history of the items a violation names, for whoever reads the report.
+        let named = Set(report.violations.compactMap { $0.split(separator: " ").first { $0.hasSuffix(".example") }.map(String.init) })
+        if ProcessInfo.processInfo.environment["LOCKBOX_CAMPAIGN_TRACE"] != nil {
+            for line in history where named.contains(where: { line.hasPrefix($0 + ":") }) || line.hasPrefix("sync") {
+                progress(line)
+            }
+        }
+        report.seconds = Date().timeIntervalSince(start)
+        return report
+    }
+
+    enum Outcome {
+        case killed
+        case finished(Int32, String)
+    }
+
+    /// Runs `program`, SIGKILLs it after `delayMilliseconds` unless it has exited by then, and
+    /// says which happened.
+    static func runAndKill(_ program: String, _ arguments: [String], environment: [String: String], delayMilliseconds: Int) throws -> Outcome {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: program)
+        process.arguments = arguments
+        process.environment = environment
+        process.standardInput = FileHandle.nullDevice
+        let output = Pipe()
+        process.standardOutput = output
+        let errors = Pipe()
+        process.standardError = errors
+        try process.run()
+        let deadline = Date().addingTimeInterval(Double(delayMilliseconds) / 1000)
+        while process.isRunning && Date() < deadline { usleep(1_000) }
+        let exitedByItself = !process.isRunning
+        if !exitedByItself { kill(process.processIdentifier, SIGKILL) }
+        process.waitUntilExit()
+        let errorText = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        let outputText = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        if !exitedByItself && process.terminationReason == .uncaughtSignal { return .killed }
+        return .finished(process.terminationStatus, errorText + outputText)
+    }
+}
