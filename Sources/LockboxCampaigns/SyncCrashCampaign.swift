@@ -178,7 +178,7 @@ package struct SyncCrashCampaign {
             // One machine syncs, killed at a random moment of its run (or not at all).
             let syncingIndex = Int.random(in: 0..<3, using: &generator)
             let syncing = machines[syncingIndex]
-            let delay = Int.random(in: 0...250, using: &generator)
+            let delay = Int.random(in: 0...100, using: &generator)
             let outcome = try runAndKill(options.lockbox, ["--keychain", syncing.vault.path, "sync", "now"], environment: syncing.environment,
                 delayMilliseconds: delay)
             history.append("sync on machine \(syncingIndex): \(outcome)")

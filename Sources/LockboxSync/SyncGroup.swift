@@ -357,6 +357,11 @@ public final class SyncGroup: Sendable {
         Array(Crypto.keyedDigest(PrimaryKey.encode(item.itemClass, item.attributes), key: keys.naming).prefix(20)).hexString
     }
 
+    /// When a record was written: the date a vault gives the change it applies from it.
+    static func date(_ stamp: SyncStamp) -> Date {
+        Date(timeIntervalSince1970: Double(stamp.modified) / 1000)
+    }
+
     static func milliseconds(_ date: Date?) -> Int64 {
         Int64(((date ?? Date()).timeIntervalSince1970 * 1000).rounded(.down))
     }
@@ -754,10 +759,14 @@ public final class SyncGroup: Sendable {
         do throws(LockboxError) {
             let change = { @Sendable (index: Int) throws(LockboxError) -> SyncedChange in
                 let change = changes[index]
-                guard let item = try change.sealed.opened(keys: keys).item else {
+                // Dated as the other device made it: a row applied here whose state is then
+                // lost (a crash between the two commits) is pushed again with its own stamp,
+                // not taken for a newer edit made here.
+                guard var item = try change.sealed.opened(keys: keys).item else {
                     guard let existing = change.existing else { preconditionFailure("a tombstone of nothing here is not applied") }
-                    return .delete(reference: existing, classes: Self.syncedClasses)
+                    return .delete(reference: existing, classes: Self.syncedClasses, madeAt: Self.date(change.sealed.record.stamp))
                 }
+                item.attributes.modificationDate = Self.date(change.sealed.record.stamp)
                 guard let existing = change.existing else { return .add(item) }
                 return .replace(reference: existing, with: item)
             }
@@ -857,7 +866,7 @@ public final class SyncGroup: Sendable {
                     var query = Query(itemClass, synchronizable: .any)
                     query.persistentReference = existing
                     do {
-                        _ = try vault.delete(matching: query)
+                        _ = try vault.delete(matching: query, recordingDeletionAt: Self.date(record.stamp))
                     } catch where error.code == .itemNotFound {}
                 }
             }

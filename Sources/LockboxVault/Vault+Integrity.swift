@@ -213,6 +213,9 @@ extension Vault {
         /// When this write is made (the vault's clock): the time a deleted synchronizable row's
         /// deletion is recorded with.
         let time: Date
+        /// When set, the time deletions are recorded with instead of `time`: a delete another
+        /// device made, applied here.
+        var deletionTime: Date?
         private var prunedDeletions = false
 
         fileprivate init(database: Database, integrity: IntegrityState, keys: IntegrityState.Keys, dataVersion: Int, time: Date) {
@@ -273,11 +276,11 @@ extension Vault {
         /// a MAC of the state key; records older than ``Vault/deletionsKept`` go at the same time.
         private func recordDeletion(of reference: [UInt8]) throws(LockboxError) {
             guard let stateKey = keys.state else { throw LockboxError.locked("Unlock the keychain to delete a synchronizable item.") }
-            let milliseconds = Vault.milliseconds(time)
+            let milliseconds = Vault.milliseconds(deletionTime ?? time)
             if !prunedDeletions {
                 prunedDeletions = true
                 let prune = try database.statement("DELETE FROM sync_deletions WHERE deleted_at < ?")
-                prune.bind(1, Int(milliseconds - Vault.deletionsKept))
+                prune.bind(1, Int(Vault.milliseconds(time) - Vault.deletionsKept))
                 try prune.run()
             }
             let statement = try database.statement(

@@ -177,7 +177,9 @@ extension Vault {
     }
 
     /// `update(matching:to:)` inside a write transaction already open.
-    func updateRows(matching query: Query, to update: ItemUpdate, writer: RowWriter, state: State) throws(LockboxError) {
+    func updateRows(
+        matching query: Query, to update: ItemUpdate, writer: RowWriter, state: State, modifiedAt: Date? = nil
+    ) throws(LockboxError) {
         var query = query
         query.limit = .all
         let plan = try plan(for: query, readingData: true, state: state)
@@ -201,7 +203,7 @@ extension Vault {
             }
             attributes.apply(update.attributes)
             attributes.creationDate = attributes.creationDate ?? currentDate()
-            attributes.modificationDate = currentDate()
+            attributes.modificationDate = modifiedAt ?? currentDate()
             let encoded = attributes.encoded()
             try checkSizes(data: data, encodedAttributes: encoded)
             // A new accessibility means a new class key: the item key is rewrapped.
@@ -229,9 +231,17 @@ extension Vault {
     /// apply to deleting (as on iOS).
     @discardableResult
     public func delete(matching query: Query) throws(LockboxError) -> Int {
+        try delete(matching: query, recordingDeletionAt: nil)
+    }
+
+    /// ``delete(matching:)``, recording a synchronizable row's deletion with `madeAt` (a delete
+    /// another device made, applied here by sync) instead of now.
+    @discardableResult
+    package func delete(matching query: Query, recordingDeletionAt madeAt: Date?) throws(LockboxError) -> Int {
         try withState { state throws(LockboxError) -> Int in
             let count = try writeRows(state) { writer throws(LockboxError) -> Int in
-                try deleteRows(matching: query, writer: writer, state: state)
+                writer.deletionTime = madeAt
+                return try deleteRows(matching: query, writer: writer, state: state)
             }
             // Deleted values must not linger in the write-ahead log.
             state.database.truncateWriteAheadLog()

@@ -68,8 +68,9 @@ extension Vault {
     /// How long a deletion stays recorded when no sync forgets it: 180 days, in milliseconds.
     static let deletionsKept: Int64 = 180 * 24 * 3600 * 1000
 
+    /// A date in whole milliseconds (rounded: a record's stamp made a date comes back exact).
     static func milliseconds(_ date: Date) -> Int64 {
-        Int64((date.timeIntervalSince1970 * 1000).rounded(.down))
+        Int64((date.timeIntervalSince1970 * 1000).rounded())
     }
 
     static func deletionMAC(reference: [UInt8], milliseconds: Int64, generation: Int, stateKey: SecretBytes) -> [UInt8] {
@@ -127,12 +128,16 @@ extension Vault {
 
 /// One change that a sync brings to the vault.
 public enum SyncedChange: Sendable {
-    /// A new item.
+    /// A new item. Its modification date, when it has one (the time another device made the
+    /// change), is the item's creation and modification date here; otherwise now.
     case add(Item)
-    /// The item in the row `reference` replaced: its attributes and value become `item`'s.
+    /// The item in the row `reference` replaced: its attributes and value become `item`'s, its
+    /// modification date `item`'s when it has one (the time another device made the change).
     case replace(reference: Data, with: Item)
-    /// The row `reference` (of one of `classes`) deleted.
-    case delete(reference: Data, classes: [ItemClass])
+    /// The row `reference` (of one of `classes`) deleted. `madeAt`, when the delete was made
+    /// (another device's), is the deletion time recorded for the row (``Vault/deletionTimes(of:)``);
+    /// nil records now.
+    case delete(reference: Data, classes: [ItemClass], madeAt: Date? = nil)
 }
 
 /// What ``Vault/applyChanges(count:_:)`` wrote.
@@ -191,14 +196,18 @@ extension Vault {
         state.database.resetStatements()
         switch change {
         case .add(let item):
-            let prepared = try prepareForAdding(item, now: now)
+            let prepared = try prepareForAdding(item, now: item.attributes.modificationDate ?? now)
             return (Data(try insert(prepared, writer: writer, state: state)), false)
         case .replace(let reference, let item):
             var query = Query(item.itemClass, synchronizable: .any)
             query.persistentReference = reference
-            try updateRows(matching: query, to: ItemUpdate(attributes: item.attributes, data: item.data), writer: writer, state: state)
+            try updateRows(
+                matching: query, to: ItemUpdate(attributes: item.attributes, data: item.data), writer: writer, state: state,
+                modifiedAt: item.attributes.modificationDate)
             return (reference, true)
-        case .delete(let reference, let classes):
+        case .delete(let reference, let classes, let madeAt):
+            writer.deletionTime = madeAt
+            defer { writer.deletionTime = nil }
             var deleted = 0
             for itemClass in classes where deleted == 0 {
                 state.database.resetStatements()

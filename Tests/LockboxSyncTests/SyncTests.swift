@@ -203,6 +203,41 @@ struct SyncTests {
         for machine in machines { #expect(try machine.value("wiki.example", "editor") == nil) }
     }
 
+    @Test("A pulled change whose local state was lost (a crash between the two commits) is pushed again with its own time: a later edit made elsewhere still wins")
+    func reappliedChangeKeepsItsTime() throws {
+        let (groups, machines) = try threeMachines()
+        try machines[0].add("wiki.example", "editor", "one")
+        try machines[0].add("mail.example", "editor", "one")
+        for group in groups { try group.sync() }
+        try machines[0].set("wiki.example", "editor", "from A")
+        try machines[0].delete("mail.example", "editor")
+        try groups[0].sync()
+        // C edits both later, offline.
+        tick()
+        try machines[2].set("wiki.example", "editor", "from C")
+        try machines[2].set("mail.example", "editor", "from C")
+        tick()
+        // B pulls A's edit and delete; its vault commits, its state is lost.
+        let path = groups[1].statePath
+        let saved = (try Data(contentsOf: URL(fileURLWithPath: path)), try? Data(contentsOf: URL(fileURLWithPath: path + "-wal")))
+        try groups[1].sync()
+        #expect(try machines[1].value("wiki.example", "editor") == "from A")
+        #expect(try machines[1].value("mail.example", "editor") == nil)
+        try? FileManager.default.removeItem(atPath: path + "-shm")
+        try saved.0.write(to: URL(fileURLWithPath: path))
+        if let wal = saved.1 { try wal.write(to: URL(fileURLWithPath: path + "-wal")) } else { try? FileManager.default.removeItem(atPath: path + "-wal") }
+        // C's later edits reach the database; then B takes what it applied for changes of its
+        // own and pushes them: with the times A made them, they lose to C's.
+        try groups[2].sync()
+        try groups[1].sync()
+        for group in groups { try group.sync() }
+        for machine in machines {
+            #expect(try machine.value("wiki.example", "editor") == "from C")
+            #expect(try machine.value("mail.example", "editor") == "from C")
+            #expect(try machine.verify())
+        }
+    }
+
     @Test("A recorded deletion edited in the keychain file is refused (errSecDecode), not used as a time")
     func editedDeletionRecordIsRefused() throws {
         let (groups, machines) = try threeMachines()
