@@ -103,7 +103,8 @@ struct SyncRecord: Sendable {
         return encoder.bytes
     }
 
-    /// The attributes that travel: dates are the receiving vault's own.
+    /// The attributes that travel: not the dates (a receiving vault dates the change with the
+    /// record's stamp).
     static func travelling(_ attributes: ItemAttributes) -> ItemAttributes {
         var attributes = attributes
         attributes.creationDate = nil
