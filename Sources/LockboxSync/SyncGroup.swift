@@ -424,8 +424,9 @@ public final class SyncGroup: Sendable {
         }
         // Deletes: items whose row went away or now holds another item. A delete is stamped
         // with when it was made, as the vault recorded it, so that an edit made elsewhere after
-        // it wins; without a record (a row that now holds another item, or deleted by an older
-        // Lockbox), with now.
+        // it wins. Without a record (a row that now holds another item, a row deleted by an
+        // older Lockbox, a record removed from the file), just after the version this device
+        // knew: it replaces that version, and loses to any later one.
         var pending = SyncState.Changes()
         for (reference, _) in found.gone { pending.rows[reference] = .some(.none) }
         var deletedAt: [String: Int64] = [:]
@@ -436,14 +437,12 @@ public final class SyncGroup: Sendable {
         var tombstones: [(id: String, record: SyncRecord)] = []
         for id in former.subtracting(produced).sorted() {
             guard let known = try state.entry(id), !known.isTombstone else { continue }
-            let modified = max(deletedAt[id] ?? Self.milliseconds(nil), known.stamp.modified + 1)
+            let modified = max(deletedAt[id] ?? 0, known.stamp.modified + 1)
             tombstones.append((id, SyncRecord(stamp: SyncStamp(modified: modified, device: device.id), item: nil, contentDigest: [])))
         }
         try write(tombstones, connection: connection, state: state, pending: &pending, report: &report)
         pending.generation = found.generation
         try state.commit(pending)
-        // The deletions this push covered are in the state now.
-        if !found.gone.isEmpty { try vault.forgetDeletions(through: found.generation) }
     }
 
     /// Writes one batch of changes in one transaction; a change that loses to the database's
@@ -873,21 +872,24 @@ public final class SyncGroup: Sendable {
             return nil
         }
         guard Self.isEligible(item), itemID(item) == id else { throw LockboxError.integrity("A record of the sync database") }
+        // Dated as the other device made it (see ``applyPulled``).
+        let madeAt = Self.date(record.stamp)
         var updated = false
         if let existing {
             var query = Query(item.itemClass, synchronizable: .any)
             query.persistentReference = existing
             do {
-                try vault.update(matching: query, to: ItemUpdate(attributes: item.attributes, data: item.data))
+                try vault.update(matching: query, to: ItemUpdate(attributes: item.attributes, data: item.data), madeAt: madeAt)
                 updated = true
             } catch where error.code == .itemNotFound {}
         }
         if !updated {
             do {
-                try vault.add(item)
+                try vault.add(item, madeAt: madeAt)
             } catch where error.code == .duplicateItem {
                 // The row moved (another process re-added it): update it by its attributes.
-                try vault.update(matching: Query.primaryKey(of: item), to: ItemUpdate(attributes: item.attributes, data: item.data))
+                try vault.update(
+                    matching: Query.primaryKey(of: item), to: ItemUpdate(attributes: item.attributes, data: item.data), madeAt: madeAt)
             }
         }
         return try vault.item(matching: Query.primaryKey(of: item, returning: [.persistentReference])).persistentReference

@@ -7,7 +7,13 @@ extension Vault {
     // MARK: ItemStore
 
     public func add(_ item: Item) throws(LockboxError) {
-        let prepared = try prepareForAdding(item, now: currentDate())
+        try add(item, madeAt: nil)
+    }
+
+    /// ``add(_:)``, dated `madeAt` (a change another device made, applied here by sync) instead
+    /// of now.
+    package func add(_ item: Item, madeAt: Date?) throws(LockboxError) {
+        let prepared = try prepareForAdding(item, now: madeAt ?? currentDate())
         try withState { state throws(LockboxError) in
             try writeRows(state) { writer throws(LockboxError) in
                 _ = try insert(prepared, writer: writer, state: state)
@@ -163,13 +169,19 @@ extension Vault {
     }
 
     public func update(matching query: Query, to update: ItemUpdate) throws(LockboxError) {
+        try self.update(matching: query, to: update, madeAt: nil)
+    }
+
+    /// ``update(matching:to:)``, dated `madeAt` (a change another device made, applied here by
+    /// sync) instead of now.
+    package func update(matching query: Query, to update: ItemUpdate, madeAt: Date?) throws(LockboxError) {
         if let data = update.data { try checkSizes(data: data, encodedAttributes: nil) }
         if update.attributes.accessGroup != nil {
             _ = try resolvedGroupForWriting(update.attributes.accessGroup)
         }
         try withStateVerifyingUser { state throws(LockboxError) in
             try writeRows(state) { writer throws(LockboxError) in
-                try updateRows(matching: query, to: update, writer: writer, state: state)
+                try updateRows(matching: query, to: update, writer: writer, state: state, modifiedAt: madeAt)
             }
             // The replaced values must not linger in the write-ahead log.
             state.database.truncateWriteAheadLog()

@@ -112,18 +112,6 @@ extension Vault {
             }
         }
     }
-
-    /// Forgets the deletions recorded by writes up to `generation` (a sync has pushed them).
-    public func forgetDeletions(through generation: Int) throws(LockboxError) {
-        try withState { state throws(LockboxError) in
-            try state.database.writeTransaction { () throws(LockboxError) in
-                let statement = try state.database.statement("DELETE FROM sync_deletions WHERE generation <= ?")
-                defer { statement.reset() }
-                statement.bind(1, generation)
-                try statement.run()
-            }
-        }
-    }
 }
 
 /// One change that a sync brings to the vault.
