@@ -3,7 +3,8 @@ import Lockbox
 import VaultStorage
 
 /// The tamper campaign: the attacker who can write the vault file, but holds neither the
-/// passphrase nor this machine's device key, edits every column of every table (flipped bytes,
+/// passphrase nor this machine's device key, edits every column of every table that reads use
+/// (not `sync_deletions`, which the sync tests edit) (flipped bytes,
 /// truncations, NULL and empty values, values swapped between rows, values and whole rows
 /// replayed from an older copy of the same vault, deleted and duplicated rows) and the file as
 /// a whole (an older copy put in place, a lost or cut write-ahead log). Each edit starts from a
