@@ -41,18 +41,7 @@ extension SyncGroup {
         }
         let keys = self.keys
         let connection = try PostgresConnection(database)
-        let (head, rows) = try connection.transaction { () throws(LockboxError) -> (SyncHead, [[[UInt8]?]]) in
-            try connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            let counterRows = try connection.execute("SELECT counter, head FROM lockbox_sync_groups WHERE group_id = $1", [.text(groupID)])
-            guard let counterRow = counterRows.first else { throw LockboxError(.itemNotFound, "The sync group \(groupID) is not in the database.") }
-            let counter = try PostgresConnection.integer(counterRow[0])
-            let head = try SyncHead.open(
-                try counterRow[1].map { text throws(LockboxError) in try PostgresConnection.bytes(text) }, counter: counter, group: groupID,
-                keys: keys)
-            let rows = try connection.executeBinary(
-                "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 ORDER BY version", [.text(groupID)])
-            return (head, rows)
-        }
+        let (head, rows) = try fetchRecords(connection, above: 0, cursor: 0, keys: keys)
         lap(\.fetch)
         // Opened on other threads a batch at a time, two batches ahead, while this thread
         // inserts the batches already opened, in order; the head is checked before the commit.

@@ -599,23 +599,13 @@ public final class SyncGroup: Sendable {
                 + "Nothing was applied; have the database restored to its latest state.")
     }
 
-    func pull(_ connection: PostgresConnection, state: SyncState, report: inout Report) throws(LockboxError) {
-        let clock = ContinuousClock()
-        var timings = PullTimings()
-        var mark = clock.now
-        func lap(_ phase: WritableKeyPath<PullTimings, Duration>) {
-            let now = clock.now
-            timings[keyPath: phase] += now - mark
-            mark = now
-        }
-        let cursor = state.cursor
-        let keys = self.keys
-        // Records above what the last verified head covered; all of them when this device has
-        // verified none yet.
-        let from = state.accumulator == nil ? 0 : cursor
-        // One snapshot: the counter, the head and the records agree. Records come in binary
-        // form, one query.
-        let (head, rows) = try connection.transaction { () throws(LockboxError) -> (SyncHead, [[[UInt8]?]]) in
+    /// The counter, the head and every record with a version above `from`, in one snapshot, so
+    /// that they agree: records in binary form, one query. A counter below `cursor` (what this
+    /// device already saw) is a rollback; a key epoch other than `keys`' an error.
+    func fetchRecords(
+        _ connection: PostgresConnection, above from: Int64, cursor: Int64, keys: SyncKeys
+    ) throws(LockboxError) -> (SyncHead, [[[UInt8]?]]) {
+        try connection.transaction { () throws(LockboxError) -> (SyncHead, [[[UInt8]?]]) in
             try connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             let counterRows = try connection.execute(
                 "SELECT counter, key_epoch, head FROM lockbox_sync_groups WHERE group_id = $1", [.text(groupID)])
@@ -635,6 +625,23 @@ public final class SyncGroup: Sendable {
                 [.text(groupID), .integer(from)])
             return (head, rows)
         }
+    }
+
+    func pull(_ connection: PostgresConnection, state: SyncState, report: inout Report) throws(LockboxError) {
+        let clock = ContinuousClock()
+        var timings = PullTimings()
+        var mark = clock.now
+        func lap(_ phase: WritableKeyPath<PullTimings, Duration>) {
+            let now = clock.now
+            timings[keyPath: phase] += now - mark
+            mark = now
+        }
+        let cursor = state.cursor
+        let keys = self.keys
+        // Records above what the last verified head covered; all of them when this device has
+        // verified none yet.
+        let from = state.accumulator == nil ? 0 : cursor
+        let (head, rows) = try fetchRecords(connection, above: from, cursor: cursor, keys: keys)
         let counter = head.counter
         lap(\.fetch)
         // Every record's metadata is opened before anything is applied: a record that fails to

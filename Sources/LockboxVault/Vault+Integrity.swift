@@ -217,6 +217,15 @@ extension Vault {
         /// device made, applied here.
         var deletionTime: Date?
         private var prunedDeletions = false
+        /// Derived at the first deletion this write records, then kept for the others.
+        private var derivedDeletionKey: SecretBytes?
+
+        private func deletionKey(_ stateKey: SecretBytes) -> SecretBytes {
+            if let derivedDeletionKey { return derivedDeletionKey }
+            let key = Vault.deletionKey(stateKey)
+            derivedDeletionKey = key
+            return key
+        }
 
         fileprivate init(database: Database, integrity: IntegrityState, keys: IntegrityState.Keys, dataVersion: Int, time: Date) {
             self.database = database
@@ -288,7 +297,7 @@ extension Vault {
             statement.bind(1, reference)
             statement.bind(2, Int(milliseconds))
             statement.bind(3, generation)
-            statement.bind(4, Vault.deletionMAC(reference: reference, milliseconds: milliseconds, generation: generation, stateKey: stateKey))
+            statement.bind(4, Vault.deletionMAC(reference: reference, milliseconds: milliseconds, generation: generation, key: deletionKey(stateKey)))
             try statement.run()
         }
 

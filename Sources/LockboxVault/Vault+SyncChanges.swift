@@ -73,13 +73,18 @@ extension Vault {
         Int64((date.timeIntervalSince1970 * 1000).rounded())
     }
 
-    static func deletionMAC(reference: [UInt8], milliseconds: Int64, generation: Int, stateKey: SecretBytes) -> [UInt8] {
+    /// The key of deletion records' MACs, derived from the vault's state key.
+    static func deletionKey(_ stateKey: SecretBytes) -> SecretBytes {
+        Crypto.deriveKey(from: stateKey, context: "lbxdelet", identifier: 1)
+    }
+
+    static func deletionMAC(reference: [UInt8], milliseconds: Int64, generation: Int, key: SecretBytes) -> [UInt8] {
         var encoder = FieldEncoder()
         encoder.string("lockbox.vault.sync-deletion.v1")
         encoder.bytes(reference)
         encoder.integer(Int(milliseconds))
         encoder.integer(generation)
-        return Crypto.keyedDigest(encoder.bytes, key: Crypto.deriveKey(from: stateKey, context: "lbxdelet", identifier: 1))
+        return Crypto.keyedDigest(encoder.bytes, key: key)
     }
 
     /// When each of `references`, synchronizable rows, was deleted here, as the deleting write
@@ -94,6 +99,7 @@ extension Vault {
                 guard let stateKey = try currentIntegrity(state).keys?.state else {
                     throw LockboxError.locked("Unlock the keychain to sync it.")
                 }
+                let key = Self.deletionKey(stateKey)
                 let statement = try state.database.statement("SELECT deleted_at, generation, mac FROM sync_deletions WHERE reference = ?")
                 defer { statement.reset() }
                 var times: [Data: Date] = [:]
@@ -103,7 +109,7 @@ extension Vault {
                     guard try statement.step() else { continue }
                     guard let milliseconds = statement.integer(0), let generation = statement.integer(1), let mac = statement.blob(2)
                     else { throw LockboxError.integrity("A recorded deletion of the keychain \(path)") }
-                    let expected = Self.deletionMAC(reference: Array(reference), milliseconds: Int64(milliseconds), generation: generation, stateKey: stateKey)
+                    let expected = Self.deletionMAC(reference: Array(reference), milliseconds: Int64(milliseconds), generation: generation, key: key)
                     guard mac.count == expected.count, mac.withUnsafeBytes({ a in expected.withUnsafeBytes { b in constantTimeEquals(a, b) } })
                     else { throw LockboxError.integrity("A recorded deletion of the keychain \(path)") }
                     times[reference] = Date(timeIntervalSince1970: Double(milliseconds) / 1000)
