@@ -212,7 +212,7 @@ let package = Package(
             swiftSettings: strict),
         // Sync against a plain COPY of the same rows, and an incremental sync (docs/SYNC.md).
         .executableTarget(
-            name: "LockboxSyncBenchmark", dependencies: ["LockboxSync", "LockboxVault", "VaultStorage", "Lockbox"], swiftSettings: strict),
+            name: "LockboxSyncBenchmark", dependencies: ["LockboxSync", "LockboxVault", "VaultStorage", "VaultCrypto", "Lockbox"], swiftSettings: strict),
         .executableTarget(
             name: "LockboxBenchmark",
             dependencies: ["Lockbox", "VaultCrypto", "VaultStorage"],

@@ -3,6 +3,8 @@ import Lockbox
 import LockboxSync
 import LockboxVault
 import VaultStorage
+import VaultCrypto
+import Dispatch
 
 #if canImport(Glibc)
 import Glibc
@@ -17,6 +19,9 @@ import Glibc
 //
 // `--rounds` repeats the ten changes that many more times, each pulled by the reader's vault
 // opened anew (as a new process opens it: no bucket verified, no key cached but by the unlock).
+//
+// To profile the first sync alone: `perf record -D -1 --control fifo:CTL,ACK ...` with
+// LOCKBOX_PERF_CONTROL=CTL,ACK in the environment; the bench enables perf around that sync only.
 
 var items = 10_000
 var among = 100_000
@@ -35,6 +40,24 @@ while let argument = iterator.next() {
 guard let database = ProcessInfo.processInfo.environment["LOCKBOX_TEST_POSTGRES"] else {
     FileHandle.standardError.write(Data("lockbox-sync-bench: set LOCKBOX_TEST_POSTGRES to a connection string (scripts/postgres start)\n".utf8))
     exit(64)
+}
+
+/// perf's control and acknowledgement fifos (LOCKBOX_PERF_CONTROL="ctl,ack"), if profiling.
+let perfControl: (control: Int32, acknowledgement: Int32)? = {
+    guard let paths = ProcessInfo.processInfo.environment["LOCKBOX_PERF_CONTROL"]?.split(separator: ","), paths.count == 2 else {
+        return nil
+    }
+    let control = open(String(paths[0]), O_WRONLY)
+    let acknowledgement = open(String(paths[1]), O_RDONLY)
+    return control >= 0 && acknowledgement >= 0 ? (control, acknowledgement) : nil
+}()
+
+/// Tells perf to start or stop sampling and waits for its answer.
+func perf(_ command: String) {
+    guard let perfControl else { return }
+    _ = command.withCString { write(perfControl.control, $0, strlen($0)) }
+    var answer = [UInt8](repeating: 0, count: 8)
+    _ = read(perfControl.acknowledgement, &answer, answer.count)
 }
 
 func seconds(_ body: () throws -> Void) rethrows -> Double {
@@ -100,7 +123,9 @@ do {
     let joined = try SyncGroup.join(group.groupID, vault: reader, database: database, passphrase: SecretBytes(utf8: "benchmark group"))
     var pulled = 0
     let firstProcessorBefore = processorSeconds()
+    perf("enable\n")
     let firstSync = try seconds { pulled = try joined.sync().pulled }
+    perf("disable\n")
     let firstProcessor = processorSeconds() - firstProcessorBefore
     let phases = joined.lastPullTimings.withLock { $0 }
     let connection = try PostgresConnection(database)
@@ -132,6 +157,9 @@ do {
             insert.reset()
         }
     }
+    // The same rows in a table of the vault's shape, nothing opened.
+    var vaultShaped = 0
+    let storeVaultShaped = try seconds { vaultShaped = try storeInVaultShape(connection, groupID: group.groupID, path: root + "/shaped.db") }
     // The design that would keep the records as they arrive (docs/SYNC.md), measured alone.
     var keptPhases = SyncGroup.KeptImportTimings()
     let kept = try seconds { keptPhases = try joined.measureKeptImport(at: root + "/kept.db") }
@@ -156,6 +184,8 @@ do {
     }
     row("  the same rows fetched and stored raw (a plain table)", storeRaw,
         String(format: "%.2fx COPY: the floor of keeping them here (%d rows)", storeRaw / copy, stored))
+    row("  the same rows in a table of the vault's shape, nothing opened", storeVaultShaped,
+        String(format: "%.2fx COPY: the floor of any import into the vault's rows (%d rows)", storeVaultShaped / copy, vaultShaped))
     row("  a first sync keeping the records as they arrive (design)", kept,
         String(
             format: "%.2fx COPY: fetch %.1f, open beside store %.1f ms (%d records)", kept / copy,
@@ -247,4 +277,104 @@ do {
 } catch {
     FileHandle.standardError.write(Data("lockbox-sync-bench: \(error)\n".utf8))
     exit(1)
+}
+
+/// The floor of any import that keeps items as rows of the vault's shape: the rows fetched as a
+/// pull fetches them and inserted, in one transaction of the vault's settings (its page size,
+/// WAL, `synchronous=FULL`, its log writes gathered, a page cache as large as the bulk apply
+/// asks for), into a table with the vault's columns and indexes (`items`: identifier, lookup,
+/// name and synchronizable-version indexes), each record's payload standing for the row's
+/// sealed blobs. Nothing is opened or sealed: per record, on two other threads, a batch at a
+/// time, only four keyed digests, standing for the least a record needs (its head element over
+/// the payload, its lookup and name digests, its integrity element). So whatever design a new
+/// device imports with, as long as its items are rows a query finds through the vault's
+/// indexes, it costs at least this.
+func storeInVaultShape(_ connection: PostgresConnection, groupID: String, path: String) throws -> Int {
+    let rows = try connection.executeBinary(
+        "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 ORDER BY version", [.text(groupID)])
+    let database = try Database(path: path, create: true, pageSize: VaultSchema.pageSize, gatheringLogWrites: true)
+    try database.execute(
+        """
+        CREATE TABLE items (rowid INTEGER PRIMARY KEY, id BLOB NOT NULL UNIQUE, item_class TEXT NOT NULL,
+            accessibility TEXT NOT NULL, access_group TEXT NOT NULL, synchronizable INTEGER NOT NULL, device_id TEXT NOT NULL,
+            access_control TEXT NOT NULL, primary_digest BLOB NOT NULL, lookup_digest BLOB NOT NULL, name_digest BLOB,
+            wrapped_key BLOB NOT NULL, metadata BLOB NOT NULL, secret BLOB NOT NULL, format INTEGER NOT NULL,
+            version INTEGER NOT NULL, bucket INTEGER NOT NULL);
+        CREATE INDEX items_by_lookup ON items(lookup_digest);
+        CREATE INDEX items_by_name ON items(name_digest);
+        CREATE INDEX items_synchronizable ON items(version) WHERE synchronizable = 1;
+        PRAGMA cache_size = -\(min(rows.count * 3, 64 * 1024));
+        """)
+    let key = Crypto.generateKey()
+    /// Digests made on another thread for a range of rows; read only after `finished`.
+    final class Digested: @unchecked Sendable {
+        let range: Range<Int>
+        var digests: [(element: [UInt8], lookup: [UInt8], name: [UInt8], integrity: [UInt8])] = []
+        let finished = DispatchSemaphore(value: 0)
+        init(_ range: Range<Int>) { self.range = range }
+    }
+    var inserted = 0
+    try database.writeTransaction { () throws(LockboxError) in
+        let insert = try database.statement(
+            """
+            INSERT INTO items (id, item_class, accessibility, access_group, synchronizable, device_id, access_control,
+                primary_digest, lookup_digest, name_digest, wrapped_key, metadata, secret, format, version, bucket)
+            VALUES (?, 'genp', 'afterFirstUnlock', 'lockbox.default', 1, '', '', ?, ?, ?, ?, ?, X'', 4, ?, ?)
+            """)
+        defer { insert.reset() }
+        var inFlight: [Digested] = []
+        var next = 0
+        func digestAhead() {
+            while inFlight.count < 2 && next < rows.count {
+                let batch = Digested(next..<min(next + 128, rows.count))
+                DispatchQueue.global(qos: .userInitiated).async {
+                    for index in batch.range {
+                        let element = Crypto.keyedDigest(rows[index][2] ?? [], key: key)
+                        let lookup = Crypto.keyedDigest(rows[index][0] ?? [], key: key)
+                        batch.digests.append((element, lookup, Crypto.keyedDigest(lookup, key: key), Crypto.keyedDigest(element, key: key)))
+                    }
+                    batch.finished.signal()
+                }
+                inFlight.append(batch)
+                next = batch.range.upperBound
+            }
+        }
+        defer { for batch in inFlight { batch.finished.wait() } }
+        digestAhead()
+        var accumulator: UInt8 = 0
+        while !inFlight.isEmpty {
+            let batch = inFlight.removeFirst()
+            batch.finished.wait()
+            digestAhead()
+            for (offset, digests) in batch.digests.enumerated() {
+                let record = rows[batch.range.lowerBound + offset]
+                accumulator ^= digests.integrity[0]
+                insert.reset()
+                insert.bind(1, SealedRowIdentifier.make(inserted))
+                insert.bind(2, digests.element)
+                insert.bind(3, digests.lookup)
+                insert.bind(4, digests.name)
+                insert.bind(5, record[0] ?? [])
+                insert.bind(6, record[2] ?? [])
+                insert.bind(7, inserted)
+                insert.bind(8, Int(digests.lookup[0]))
+                try insert.run()
+                inserted += 1
+            }
+        }
+        _ = accumulator
+    }
+    return inserted
+}
+
+/// A row identifier as the vault makes them: 8 bytes that grow with each write, then 8 random.
+enum SealedRowIdentifier {
+    static func make(_ sequence: Int) -> [UInt8] {
+        var identifier = [UInt8](repeating: 0, count: 16)
+        identifier.withUnsafeMutableBytes { bytes in
+            bytes.storeBytes(of: UInt64(sequence).bigEndian, as: UInt64.self)
+            Crypto.fillRandom(UnsafeMutableRawBufferPointer(rebasing: bytes[8...]))
+        }
+        return identifier
+    }
 }

@@ -6,7 +6,7 @@ import VaultStorage
 /// The schema version lives in `PRAGMA user_version`. Opening a vault runs every migration
 /// from its version up to ``current`` in one write transaction, so a failed migration leaves
 /// the file as it was. A file from a newer Lockbox is refused rather than guessed at.
-enum VaultSchema {
+package enum VaultSchema {
     /// The version this build writes.
     ///
     /// - 1: the first release.
@@ -47,7 +47,7 @@ enum VaultSchema {
     /// four indexes, the integrity record), so half-size pages halve the bytes each durable
     /// write copies and checksums. A row (about 600 bytes) still fits a page three times, and a
     /// lookup at 100,000 items goes one level deeper, from pages SQLite's cache keeps.
-    static let pageSize = 2048
+    package static let pageSize = 2048
 
     /// Takes a vault from `version` to `version + 1`. A later schema adds a case here.
     static func migrate(_ database: Database, from version: Int) throws(LockboxError) {
