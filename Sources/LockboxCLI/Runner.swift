@@ -156,6 +156,9 @@ struct Runner {
             } else {
                 output.print("generation: \(report.generation.map(String.init) ?? "none") (remembered \(report.rememberedGeneration))")
                 output.print("items: \(report.items), checked \(report.checkedItems), bound to other machines \(report.otherMachinesItems)")
+                if let records = report.deletionRecords, records > 0 {
+                    output.print("recorded deletions of synchronizable items: \(records), damaged \(report.damagedDeletionRecords ?? 0)")
+                }
                 if report.acceptedOlderGeneration { output.print("The older file was accepted on purpose.") }
                 for problem in report.problems { output.print("problem: \(problem)") }
                 output.print(report.isSound ? "The keychain file is sound." : "The keychain file does NOT check out.")

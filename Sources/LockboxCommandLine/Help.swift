@@ -299,6 +299,7 @@ package enum Help {
                        lockbox [--keychain PATH] sync status [--json]
                        lockbox [--keychain PATH] sync now
                        lockbox [--keychain PATH] sync remove-device DEVICE [--passphrase-stdin]
+                       lockbox [--keychain PATH] sync forget-damaged-deletions
 
                 Keeps synchronizable items the same on several machines, end-to-end encrypted,
                 through a PostgreSQL database. Pairing codes and passphrases are read from standard

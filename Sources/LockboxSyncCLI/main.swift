@@ -22,6 +22,7 @@ let usage = """
            lockbox [--keychain PATH] sync status [--json]
            lockbox [--keychain PATH] sync now
            lockbox [--keychain PATH] sync remove-device DEVICE [--passphrase-stdin]
+           lockbox [--keychain PATH] sync forget-damaged-deletions
 
     Keeps the items marked synchronizable (and not ThisDeviceOnly) the same on several machines,
     end-to-end encrypted, through a PostgreSQL database (docs/SYNC.md). CONNINFO is a libpq
@@ -36,6 +37,10 @@ let usage = """
     now pushes this keychain's changes and pulls the other devices'.
     remove-device removes DEVICE and rotates the group key: it cannot read anything written
       afterwards. The group passphrase is dropped; --passphrase-stdin sets a new one.
+    forget-damaged-deletions drops the records of deleted items that were modified outside
+      Lockbox (`lockbox verify` counts them; sync refuses them). The deletes they recorded are
+      then pushed as made just after the version this device knew: a later edit made on
+      another device wins over them.
     """
 
 enum SyncCommand {
@@ -45,6 +50,7 @@ enum SyncCommand {
     case status(json: Bool)
     case now
     case removeDevice(String, passphrase: Bool)
+    case forgetDamagedDeletions
     case help
 }
 
@@ -101,6 +107,7 @@ func parse(_ arguments: [String]) throws(UsageProblem) -> (keychain: String?, co
         return (keychain, .join(group: positional[0], database: try needDatabase(), passphrase: passphrase))
     case "status": command = .status(json: json)
     case "now": command = .now
+    case "forget-damaged-deletions": command = .forgetDamagedDeletions
     case "remove-device":
         guard positional.count == 1 else { throw UsageProblem(message: "remove-device needs the device identifier") }
         return (keychain, .removeDevice(positional[0], passphrase: passphrase))
@@ -213,6 +220,17 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
         let configuration = try SyncConfiguration.load(vault: vault)
         let report = try SyncGroup(configuration.group, vault: vault, database: configuration.database).sync()
         streams.print("pushed \(report.pushed), pulled \(report.pulled), superseded \(report.superseded)")
+        return .success
+    case .forgetDamagedDeletions:
+        // The keychain's own records: no group or database needed.
+        let vault = try openVault(keychain)
+        let dropped = try vault.forgetDamagedDeletionRecords()
+        if dropped == 0 {
+            streams.print("No recorded deletion is damaged; nothing was dropped.")
+        } else {
+            streams.print(
+                "Dropped \(dropped) damaged record(s) of deleted items. Those deletes now lose to any later edit made on another device.")
+        }
         return .success
     case .removeDevice(let device, let withPassphrase):
         let vault = try openVault(keychain)

@@ -288,9 +288,7 @@ extension Vault {
             let milliseconds = Vault.milliseconds(deletionTime ?? time)
             if !prunedDeletions {
                 prunedDeletions = true
-                let prune = try database.statement("DELETE FROM sync_deletions WHERE deleted_at < ?")
-                prune.bind(1, Int(Vault.milliseconds(time) - Vault.deletionsKept))
-                try prune.run()
+                try pruneDeletions(key: deletionKey(stateKey))
             }
             let statement = try database.statement(
                 "INSERT OR REPLACE INTO sync_deletions (reference, deleted_at, generation, mac) VALUES (?, ?, ?, ?)")
@@ -299,6 +297,33 @@ extension Vault {
             statement.bind(3, generation)
             statement.bind(4, Vault.deletionMAC(reference: reference, milliseconds: milliseconds, generation: generation, key: deletionKey(stateKey)))
             try statement.run()
+        }
+
+        /// Drops the deletion records older than ``Vault/deletionsKept`` that are sound. A
+        /// damaged one stays, so that sync and `lockbox verify` report it instead of an edited
+        /// date making it vanish unnoticed.
+        private func pruneDeletions(key: SecretBytes) throws(LockboxError) {
+            let old = try database.statement("SELECT reference, deleted_at, generation, mac FROM sync_deletions WHERE deleted_at < ?")
+            defer { old.reset() }
+            old.bind(1, Int(Vault.milliseconds(time) - Vault.deletionsKept))
+            var expired: [[UInt8]] = []
+            while try old.step() {
+                guard old.storageClass(0) == .blob, old.storageClass(1) == .integer, old.storageClass(2) == .integer,
+                    let reference = old.blob(0),
+                    Vault.isSoundDeletionRecord(
+                        reference: reference, milliseconds: old.integer(1), generation: old.integer(2), mac: old.blob(3), key: key)
+                else { continue }
+                expired.append(reference)
+            }
+            old.reset()
+            guard !expired.isEmpty else { return }
+            let delete = try database.statement("DELETE FROM sync_deletions WHERE reference = ?")
+            defer { delete.reset() }
+            for reference in expired {
+                delete.reset()
+                delete.bind(1, reference)
+                try delete.run()
+            }
         }
 
         /// SQLite keeps text up to its first NUL, and Lockbox binds text so: a row whose text

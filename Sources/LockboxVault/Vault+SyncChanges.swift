@@ -87,19 +87,49 @@ extension Vault {
         return Crypto.keyedDigest(encoder.bytes, key: key)
     }
 
+    /// True when a deletion record's columns are what Lockbox wrote: whole numbers, and the
+    /// MAC over them.
+    static func isSoundDeletionRecord(
+        reference: [UInt8], milliseconds: Int?, generation: Int?, mac: [UInt8]?, key: SecretBytes
+    ) -> Bool {
+        guard let milliseconds, let generation, let mac else { return false }
+        let expected = deletionMAC(reference: reference, milliseconds: Int64(milliseconds), generation: generation, key: key)
+        return mac.count == expected.count && mac.withUnsafeBytes { a in expected.withUnsafeBytes { b in constantTimeEquals(a, b) } }
+    }
+
+    /// The error for a deletion record that fails its check, with the way out.
+    func damagedDeletionRecord() -> LockboxError {
+        LockboxError(
+            .decode,
+            "A recorded deletion of a synchronizable item in the keychain \(path) was modified outside Lockbox, so sync "
+                + "refuses to use it. `lockbox verify` shows how many; `lockbox sync forget-damaged-deletions` drops them "
+                + "(the deletes they recorded then lose to any later edit made on another device).")
+    }
+
+    /// The state key that deletion records are checked with, from the integrity record of this
+    /// transaction, read again when it was filled before the index root was at hand (a handle
+    /// that read while locked, unlocked since by this or another process).
+    func deletionKey(_ state: State) throws(LockboxError) -> SecretBytes {
+        var cache = try currentIntegrity(state)
+        if cache.keys?.state == nil {
+            state.integrity = nil
+            cache = try currentIntegrity(state)
+        }
+        guard let stateKey = cache.keys?.state else { throw LockboxError.locked("Unlock the keychain to sync it.") }
+        return Self.deletionKey(stateKey)
+    }
+
     /// When each of `references`, synchronizable rows, was deleted here, as the deleting write
     /// recorded it (from vault schema 6), so that sync can stamp a delete with when it was
     /// made rather than when it noticed it. A row whose deletion is not recorded (deleted by
     /// an older Lockbox, or forgotten) is absent. A record whose MAC does not match is an
-    /// integrity error (`errSecDecode`), never a time.
+    /// integrity error (`errSecDecode`), never a time; ``forgetDamagedDeletionRecords()``
+    /// drops such records.
     public func deletionTimes(of references: some Collection<Data>) throws(LockboxError) -> [Data: Date] {
         guard !references.isEmpty else { return [:] }
         return try withState { state throws(LockboxError) -> [Data: Date] in
             try state.database.readTransaction { () throws(LockboxError) -> [Data: Date] in
-                guard let stateKey = try currentIntegrity(state).keys?.state else {
-                    throw LockboxError.locked("Unlock the keychain to sync it.")
-                }
-                let key = Self.deletionKey(stateKey)
+                let key = try deletionKey(state)
                 let statement = try state.database.statement("SELECT deleted_at, generation, mac FROM sync_deletions WHERE reference = ?")
                 defer { statement.reset() }
                 var times: [Data: Date] = [:]
@@ -107,14 +137,64 @@ extension Vault {
                     statement.reset()
                     statement.bind(1, Array(reference))
                     guard try statement.step() else { continue }
-                    guard let milliseconds = statement.integer(0), let generation = statement.integer(1), let mac = statement.blob(2)
-                    else { throw LockboxError.integrity("A recorded deletion of the keychain \(path)") }
-                    let expected = Self.deletionMAC(reference: Array(reference), milliseconds: Int64(milliseconds), generation: generation, key: key)
-                    guard mac.count == expected.count, mac.withUnsafeBytes({ a in expected.withUnsafeBytes { b in constantTimeEquals(a, b) } })
-                    else { throw LockboxError.integrity("A recorded deletion of the keychain \(path)") }
+                    // Numbers stored as numbers (SQLite would read text "123ms" as 123).
+                    let milliseconds = statement.storageClass(0) == .integer ? statement.integer(0) : nil
+                    guard statement.storageClass(1) == .integer,
+                        Self.isSoundDeletionRecord(
+                            reference: Array(reference), milliseconds: milliseconds, generation: statement.integer(1), mac: statement.blob(2),
+                            key: key),
+                        let milliseconds
+                    else { throw damagedDeletionRecord() }
                     times[reference] = Date(timeIntervalSince1970: Double(milliseconds) / 1000)
                 }
                 return times
+            }
+        }
+    }
+
+    /// Every deletion record as stored, with whether it is sound under `key`. Values keep their
+    /// storage class (an edit may have made a number text), so that they can be written back as
+    /// they were.
+    static func deletionRecords(in database: Database, key: SecretBytes) throws(LockboxError) -> [(values: [StoredValue], sound: Bool)] {
+        let statement = try database.statement("SELECT reference, deleted_at, generation, mac FROM sync_deletions")
+        defer { statement.reset() }
+        var records: [(values: [StoredValue], sound: Bool)] = []
+        while try statement.step() {
+            let values = (0..<4).map { statement.storedValue(Int32($0)) }
+            var sound = false
+            if case .blob(let reference) = values[0], case .integer(let milliseconds) = values[1], case .integer(let generation) = values[2],
+                case .blob(let mac) = values[3]
+            {
+                sound = isSoundDeletionRecord(reference: reference, milliseconds: milliseconds, generation: generation, mac: mac, key: key)
+            }
+            records.append((values, sound))
+        }
+        return records
+    }
+
+    /// Drops the records of deleted synchronizable rows that fail their check (edited outside
+    /// Lockbox), which sync otherwise refuses; the sound ones stay as they are. A delete whose
+    /// record is dropped is pushed as one made just after the version this device knew: it
+    /// loses to any later edit made on another device. Needs the keychain unlocked.
+    ///
+    /// - Returns: how many records were dropped.
+    public func forgetDamagedDeletionRecords() throws(LockboxError) -> Int {
+        try withState { state throws(LockboxError) -> Int in
+            try writeRows(state) { writer throws(LockboxError) -> Int in
+                let records = try Self.deletionRecords(in: state.database, key: try deletionKey(state))
+                let damaged = records.filter { !$0.sound }
+                guard !damaged.isEmpty else { return 0 }
+                // Each damaged row is deleted by its values exactly as stored (`IS` compares
+                // storage classes too), so no sound record is touched.
+                let delete = try state.database.statement(
+                    "DELETE FROM sync_deletions WHERE reference IS ? AND deleted_at IS ? AND generation IS ? AND mac IS ?")
+                defer { delete.reset() }
+                for record in damaged {
+                    delete.reset()
+                    for (index, value) in record.values.enumerated() { delete.bind(Int32(index + 1), value) }
+                    try delete.run()
+                }
+                return damaged.count
             }
         }
     }

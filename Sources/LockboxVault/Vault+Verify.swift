@@ -19,6 +19,10 @@ extension Vault {
         public var problems: [String]
         /// The file was older than remembered and was accepted on purpose.
         public var acceptedOlderGeneration: Bool
+        /// Recorded deletions of synchronizable items (kept for sync), and how many of them
+        /// fail their check; nil before the first unlock, when they cannot be checked.
+        public var deletionRecords: Int?
+        public var damagedDeletionRecords: Int?
 
         public var isSound: Bool { problems.isEmpty }
     }
@@ -97,6 +101,20 @@ extension Vault {
                     }
                 }
                 statement.reset()
+                if let stateKey = keys.state,
+                    try state.database.firstRow("SELECT 1 FROM sqlite_master WHERE name = 'sync_deletions'", read: { _ in true }) ?? false
+                {
+                    let records = try Vault.deletionRecords(in: state.database, key: Vault.deletionKey(stateKey))
+                    let damaged = records.filter { !$0.sound }.count
+                    report.deletionRecords = records.count
+                    report.damagedDeletionRecords = damaged
+                    if damaged > 0 {
+                        report.problems.append(
+                            "\(damaged) of \(records.count) recorded deletion(s) of synchronizable items were modified outside Lockbox, "
+                                + "and sync refuses them. `lockbox sync forget-damaged-deletions` drops them; the deletes they recorded "
+                                + "then lose to any later edit made on another device.")
+                    }
+                }
                 if failed > 0 {
                     report.problems.append("\(failed) item(s) fail to open, do not match their lookup digest or sit outside their group.")
                 }

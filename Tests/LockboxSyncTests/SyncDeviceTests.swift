@@ -4,6 +4,7 @@ import LockboxTestSupport
 import LockboxVault
 import Synchronization
 import Testing
+import VaultStorage
 
 @testable import LockboxSync
 
@@ -285,7 +286,7 @@ extension SyncTests {
         #expect(try storedRecords(groups[0].groupID).count == count, "the new device wrote records")
     }
 
-    @Test("lockbox sync: create, invite, join with the code on standard input, now, status; status with the database down")
+    @Test("lockbox sync: create, invite, join with the code on standard input, now, status; status with the database down; forget-damaged-deletions")
     func commandLine() throws {
         let database = try testDatabase()
         let first = try Machine()
@@ -337,6 +338,26 @@ extension SyncTests {
         // A connection string with a password is refused before anything runs.
         let password = try SyncCLI.run(second, ["sync", "create", "--database", "host=x password=hunter2"])
         #expect(password.status == 64)
+
+        // A recorded deletion edited in the file: verify reports it, sync refuses it and says
+        // what to do, forget-damaged-deletions drops it, and sync goes on.
+        try first.add("gone.example", "alice", "to delete")
+        #expect(try SyncCLI.run(first, ["sync", "now"]).status == 0)
+        try first.delete("gone.example", "alice")
+        let attacker = try Database(path: first.vault.path, create: false)
+        try attacker.execute("UPDATE sync_deletions SET mac = zeroblob(32)")
+        #expect(attacker.totalChanges == 1)
+        let verify = try SyncCLI.run(first, ["verify"])
+        #expect(verify.status == 1 && verify.standardOutput.contains("damaged 1"), "verify: \(verify.standardOutput)")
+        let refused = try SyncCLI.run(first, ["sync", "now"])
+        #expect(refused.status == 1 && refused.standardError.contains("-26275"))
+        #expect(refused.standardError.contains("lockbox sync forget-damaged-deletions"))
+        let forgot = try SyncCLI.run(first, ["sync", "forget-damaged-deletions"])
+        #expect(forgot.status == 0 && forgot.standardOutput.contains("Dropped 1"), "forget: \(forgot.standardError)")
+        #expect(try SyncCLI.run(first, ["sync", "forget-damaged-deletions"]).standardOutput.contains("nothing was dropped"))
+        #expect(try SyncCLI.run(first, ["verify"]).status == 0)
+        #expect(try SyncCLI.run(first, ["sync", "now"]).status == 0)
+        #expect(try first.value("gone.example", "alice") == nil)
     }
 }
 

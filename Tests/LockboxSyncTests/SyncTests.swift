@@ -236,7 +236,7 @@ struct SyncTests {
         }
     }
 
-    @Test("A recorded deletion edited in the keychain file is refused (errSecDecode), not used as a time")
+    @Test("A recorded deletion edited in the keychain file is refused (errSecDecode), not used as a time; once dropped on request, the delete loses to a later edit")
     func editedDeletionRecordIsRefused() throws {
         let (groups, machines) = try threeMachines()
         try machines[0].add("wiki.example", "editor", "one")
@@ -248,7 +248,22 @@ struct SyncTests {
         #expect(attacker.totalChanges == 1)
         let error = #expect(throws: LockboxError.self) { try groups[2].sync() }
         #expect(error?.code == .decode)
+        #expect(error?.message.contains("lockbox sync forget-damaged-deletions") == true)
         #expect(try machines[0].value("wiki.example", "editor") == "one", "a refused delete reached the group")
+
+        // Meanwhile A edits the item; once C drops the damaged record, its delete is pushed as
+        // made just after the version C knew, and loses to that edit.
+        tick()
+        try machines[0].set("wiki.example", "editor", "edited after the delete")
+        try groups[0].sync()
+        #expect(try machines[2].vault.forgetDamagedDeletionRecords() == 1)
+        #expect(try machines[2].verify())
+        try groups[2].sync()
+        for group in groups { try group.sync() }
+        for machine in machines {
+            #expect(try machine.value("wiki.example", "editor") == "edited after the delete")
+            #expect(try machine.verify())
+        }
     }
 
     @Test("ThisDeviceOnly and non-synchronizable items never reach the database; no service, account or value is in clear")

@@ -1,0 +1,139 @@
+import Foundation
+import Lockbox
+import LockboxCore
+import LockboxTestSupport
+import Testing
+import VaultStorage
+
+@testable import LockboxVault
+
+/// The records of deleted synchronizable rows (`sync_deletions`), which sync stamps its
+/// tombstones with: an edited record is found, refused and can be dropped alone.
+@Suite("Deletion records: checked by verify, refused by sync, dropped on request")
+struct DeletionRecordTests {
+    /// A vault whose two synchronizable items were deleted, with their rows' references.
+    func vaultWithTwoDeletions(clock: ManualClock? = nil) throws -> (VaultFixture, first: Data, second: Data) {
+        let fixture = try VaultFixture { configuration in
+            if let clock { configuration.clock = clock }
+        }
+        var references: [Data] = []
+        for account in ["first", "second"] {
+            var item = Item.genericPassword(service: "deleted.example", account: account, data: SecretBytes(utf8: "v-\(account)"))
+            item.attributes.synchronizable = true
+            item.attributes.accessibility = .afterFirstUnlock
+            try fixture.vault.add(item)
+            var query = Query.genericPassword(service: "deleted.example", account: account)
+            query.synchronizable = .synchronizable
+            query.returning = [.attributes]
+            references.append(try #require(try fixture.vault.items(matching: query).first?.persistentReference))
+        }
+        for account in ["first", "second"] {
+            var query = Query.genericPassword(service: "deleted.example", account: account)
+            query.synchronizable = .synchronizable
+            #expect(try fixture.vault.delete(matching: query) == 1)
+        }
+        return (fixture, references[0], references[1])
+    }
+
+    @Test("An edited record: verify reports it, sync's lookup refuses it with the way out, and forgetting drops it alone")
+    func editedRecordIsFoundAndDroppedAlone() throws {
+        let (fixture, first, second) = try vaultWithTwoDeletions()
+        let times = try fixture.vault.deletionTimes(of: [first, second])
+        #expect(times.count == 2)
+        #expect(try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration).isSound)
+
+        // The attacker moves the first delete a day later, so that it would beat later edits.
+        let raw = try Database(path: fixture.path, create: false)
+        let edit = try raw.statement("UPDATE sync_deletions SET deleted_at = deleted_at + 86400000 WHERE reference = ?")
+        edit.bind(1, Array(first))
+        try edit.run()
+        edit.reset()
+        #expect(raw.totalChanges == 1)
+
+        let report = try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration)
+        #expect(!report.isSound)
+        #expect(report.deletionRecords == 2)
+        #expect(report.damagedDeletionRecords == 1)
+        #expect(report.problems.contains { $0.contains("lockbox sync forget-damaged-deletions") })
+
+        let refused = #expect(throws: LockboxError.self) { try fixture.vault.deletionTimes(of: [first]) }
+        #expect(refused?.code == .decode)
+        #expect(refused?.message.contains("lockbox sync forget-damaged-deletions") == true)
+        // The sound record still reads.
+        #expect(try fixture.vault.deletionTimes(of: [second]) == [second: times[second]!])
+
+        #expect(try fixture.vault.forgetDamagedDeletionRecords() == 1)
+        #expect(try fixture.vault.deletionTimes(of: [first, second]) == [second: times[second]!])
+        #expect(try fixture.vault.forgetDamagedDeletionRecords() == 0)
+        let after = try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration)
+        #expect(after.isSound)
+        #expect(after.deletionRecords == 1 && after.damagedDeletionRecords == 0)
+    }
+
+    @Test("Records whose columns changed storage class, were swapped or lost their MAC are damaged; forgetting drops exactly them")
+    func storageClassEditsAndSwapsAreDamaged() throws {
+        let (fixture, first, second) = try vaultWithTwoDeletions()
+        let times = try fixture.vault.deletionTimes(of: [first, second])
+        let raw = try Database(path: fixture.path, create: false)
+        // The first record's time as text that SQLite would read as the same number, and a
+        // third, forged record carrying the second's time, generation and MAC.
+        let edit = try raw.statement("UPDATE sync_deletions SET deleted_at = deleted_at || 'ms' WHERE reference = ?")
+        edit.bind(1, Array(first))
+        try edit.run()
+        edit.reset()
+        try raw.execute(
+            "INSERT INTO sync_deletions (reference, deleted_at, generation, mac) SELECT X'00112233', deleted_at, generation, mac FROM sync_deletions WHERE reference = X'\(hex(second))'"
+        )
+        let report = try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration)
+        #expect(report.deletionRecords == 3)
+        #expect(report.damagedDeletionRecords == 2, "the text time and the forged record")
+        let refused = #expect(throws: LockboxError.self) { try fixture.vault.deletionTimes(of: [first]) }
+        #expect(refused?.code == .decode)
+        #expect(try fixture.vault.forgetDamagedDeletionRecords() == 2)
+        #expect(try raw.firstRow("SELECT count(*) FROM sync_deletions", read: { $0.integer(0) }) == 1)
+        #expect(try fixture.vault.deletionTimes(of: [first, second]) == [second: times[second]!])
+        #expect(try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration).isSound)
+    }
+
+    @Test("Old records go at the next synchronizable delete, but a damaged one stays to be reported")
+    func pruneKeepsDamagedRecords() throws {
+        let clock = ManualClock()
+        let (fixture, first, second) = try vaultWithTwoDeletions(clock: clock)
+        let raw = try Database(path: fixture.path, create: false)
+        // The attacker ages the first record, hoping the prune makes it vanish unnoticed.
+        let edit = try raw.statement("UPDATE sync_deletions SET deleted_at = 1 WHERE reference = ?")
+        edit.bind(1, Array(first))
+        try edit.run()
+        edit.reset()
+        clock.advance(by: .seconds(181 * 24 * 3600))
+        try fixture.vault.unlock(passphrase: fixture.passphrase)
+        var item = Item.genericPassword(service: "later.example", account: "x", data: SecretBytes(utf8: "later"))
+        item.attributes.synchronizable = true
+        try fixture.vault.add(item)
+        var query = Query.genericPassword(service: "later.example", account: "x")
+        query.synchronizable = .synchronizable
+        #expect(try fixture.vault.delete(matching: query) == 1)
+        // The sound, expired record went; the damaged one and the new one are there.
+        let left = try raw.firstRow("SELECT count(*) FROM sync_deletions", read: { $0.integer(0) })
+        #expect(left == 2)
+        #expect(try raw.firstRow("SELECT count(*) FROM sync_deletions WHERE reference = X'\(hex(second))'", read: { $0.integer(0) }) == 0)
+        let refused = #expect(throws: LockboxError.self) { try fixture.vault.deletionTimes(of: [first]) }
+        #expect(refused?.code == .decode)
+        #expect(try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration).damagedDeletionRecords == 1)
+    }
+
+    @Test("A handle that read while locked finds the records once unlocked (its integrity cache lacked the state key)")
+    func recordsReadableAfterUnlockingAHandleThatReadLocked() throws {
+        let (fixture, first, _) = try vaultWithTwoDeletions()
+        let handle = try fixture.reopen()
+        handle.lockAll()
+        // A read while locked fills the handle's integrity cache without the state key.
+        let locked = #expect(throws: LockboxError.self) { try handle.deletionTimes(of: [first]) }
+        #expect(locked?.code == .interactionNotAllowed)
+        _ = try? handle.items(matching: Query(.genericPassword, limit: .all))
+        try handle.unlock(passphrase: fixture.passphrase)
+        #expect(try handle.deletionTimes(of: [first]).count == 1)
+    }
+
+    func hex(_ data: Data) -> String { data.map { String(format: "%02x", $0) }.joined() }
+}
