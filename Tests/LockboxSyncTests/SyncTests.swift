@@ -20,9 +20,11 @@ final class Machine: @unchecked Sendable {
     let directory = TemporaryDirectory("lockbox-sync-machine")
     let vault: Vault
 
-    init() throws {
+    /// - Parameter clock: this machine's clock (a machine whose clock runs ahead or behind).
+    init(clock: (any LockboxClock)? = nil) throws {
         var configuration = Vault.Configuration()
         configuration.keyDerivation = .interactive
+        if let clock { configuration.clock = clock }
         configuration.device = DeviceIdentity(keyPath: directory.file("state/lockbox/device-key"))
         vault = try Vault.create(
             at: directory.file("data/lockbox/default.lockbox"), passphrase: SecretBytes(utf8: "machine passphrase"),
@@ -234,6 +236,34 @@ struct SyncTests {
             #expect(try machine.value("mail.example", "editor") == "from C")
             #expect(try machine.verify())
         }
+    }
+
+    @Test("A change from a machine whose clock runs a day ahead is dated now here, not in the future; a later edit here still wins")
+    func aheadClockIsNotCarriedIntoTheFuture() throws {
+        let database = try testDatabase()
+        let ahead = ManualClock()
+        ahead.advance(by: .seconds(24 * 3600))
+        let machines = [try Machine(clock: ahead), try Machine()]
+        let groups = [
+            try SyncGroup.create(vault: machines[0].vault, database: database, passphrase: groupPassphrase),
+        ]
+        let joined = try SyncGroup.join(groups[0].groupID, vault: machines[1].vault, database: database, passphrase: groupPassphrase)
+        try machines[0].add("clock.example", "alice", "from the future")
+        try groups[0].sync()
+        try joined.sync()
+        var query = machines[1].query("clock.example", "alice")
+        query.returning = [.attributes]
+        let received = try #require(try machines[1].vault.items(matching: query).first)
+        let now = Date()
+        #expect(try #require(received.attributes.modificationDate) <= now)
+        #expect(try #require(received.attributes.creationDate) <= now)
+        // An edit made here afterwards (dated now, a day before the record's stamp) still wins:
+        // it is stamped after the version this machine knew.
+        tick()
+        try machines[1].set("clock.example", "alice", "edited here later")
+        try joined.sync()
+        try groups[0].sync()
+        for machine in machines { #expect(try machine.value("clock.example", "alice") == "edited here later") }
     }
 
     @Test("A recorded deletion edited in the keychain file is refused (errSecDecode), not used as a time; once dropped on request, the delete loses to a later edit")
