@@ -3,8 +3,8 @@ import Lockbox
 import VaultStorage
 
 /// The tamper campaign: the attacker who can write the vault file, but holds neither the
-/// passphrase nor this machine's device key, edits every column of every table that reads use
-/// (not `sync_deletions`, which the sync tests edit) (flipped bytes,
+/// passphrase nor this machine's device key, edits every column of every table that reads use,
+/// and of `sync_deletions`, the records of deleted synchronizable items that sync reads (flipped bytes,
 /// truncations, NULL and empty values, values swapped between rows, values and whole rows
 /// replayed from an older copy of the same vault, deleted and duplicated rows) and the file as
 /// a whole (an older copy put in place, a lost or cut write-ahead log). Each edit starts from a
@@ -17,7 +17,12 @@ import VaultStorage
 /// - `unlock`: a fresh handle, `lockAll()`, then `unlock(passphrase:)`, the access-controlled
 ///   item read with the passphrase as its user verification;
 ///
-/// and `Vault.verify(at:)` checks the file. Each read is compared with the same read on the
+/// and `Vault.verify(at:)` checks the file. The deletion times recorded for the two deleted
+/// synchronizable items are read in every state too (`Vault.deletionTimes(of:)`, what a sync
+/// stamps its tombstones with): the same time, or a closed failure; a record gone (deleted, or
+/// its reference edited) reads as no record, which is counted apart ("forgotten": sync then
+/// stamps that delete just after the version it knew, so it loses to any later edit) and is
+/// not a violation; any other time is. Each read is compared with the same read on the
 /// unedited file: the right value, or the same status as without the edit, is "unaffected";
 /// `errSecDecode` (-26275) is a closed failure, as is `errSecInteractionNotAllowed` (-25308)
 /// where the edit took a key away, and `errSecAuthFailed` (-25293) where the edit made the
@@ -100,6 +105,11 @@ package struct TamperCampaign {
         package var openFailures: [Int32: Int] = [:]
         /// Counter checks (not reads) that found the count brought down: part of the violations.
         package var counterViolations = 0
+        /// Deletion-time reads among the reads, and those that found no record where the
+        /// unedited file has one (a record removed or moved: not a violation, see above).
+        package var deletionReads = 0
+        package var forgottenDeletions = 0
+        package var forgottenTargets: [String] = []
         /// Reads not made because an edited attempt counter made the unlock wait 30 s (the
         /// counter counts as tampered: the longest delay applies).
         package var throttledUnlocks = 0
@@ -135,6 +145,9 @@ package struct TamperCampaign {
             lines.append(
                 "  attempt counter checked after \(throttleChecks) edits; unlocks not tried because the edited counter "
                     + "imposed the 30 s delay: \(throttledUnlocks)")
+            lines.append(
+                "  recorded deletions read: \(deletionReads); forgotten (a record gone: that delete then loses to later edits): "
+                    + "\(forgottenDeletions)\(forgottenTargets.isEmpty ? "" : ", by " + forgottenTargets.joined(separator: ", "))")
             lines.append("  edits refused by SQLite's constraints (not counted): \(refused); replays identical to the file: \(identical)")
             lines.append("  keys put back in the kernel keyring after other programs' unlocks freed them: \(keyringRestores); edits tried again: \(retried)")
             lines.append("")
@@ -251,6 +264,7 @@ struct TableSpec {
         TableSpec(name: "vault_state", columns: [], key: ["id"], match: ["id"]),
         TableSpec(name: "integrity_groups", columns: [], key: ["id"], match: ["id"]),
         TableSpec(name: "unlock_attempts", columns: [], key: ["id"], match: ["id"]),
+        TableSpec(name: "sync_deletions", columns: [], key: ["reference"], match: ["reference"]),
     ]
 }
 
@@ -336,6 +350,8 @@ final class Campaign {
     var memoryConfiguration: Vault.Configuration
     let keyring: Bool
     var probes: [Probe] = []
+    /// The deleted synchronizable items and their rows' references (the keys of their records).
+    var deletionProbes: [(name: String, reference: Data)] = []
     /// Pristine file bytes, the older copy, and the write-ahead-log base (main file and WAL).
     var pristine = Data()
     var older = Data()
@@ -430,6 +446,9 @@ final class Campaign {
             generic("sync/alice", service: "sync", account: "alice", .afterFirstUnlock, synchronizable: true, older: "sync-1", current: "sync-1"),
             generic("safe/alice", service: "safe", account: "alice", .whenUnlocked, accessControl: .userPresence, older: "safe-1", current: "safe-1"),
             generic("gone/item", service: "gone", account: "item", .whenUnlocked, older: "gone-1", current: nil),
+            // Deleted synchronizable items: their deletions are recorded for sync.
+            generic("sync/gone-a", service: "sync-gone", account: "a", .afterFirstUnlock, synchronizable: true, older: "sga-1", current: nil),
+            generic("sync/gone-b", service: "sync-gone", account: "b", .whenUnlocked, synchronizable: true, older: "sgb-1", current: nil),
             generic("late/item", service: "late", account: "item", .afterFirstUnlock, older: nil, current: "late-1"),
         ]
         var walItem = generic("wal/item", service: "wal", account: "item", .whenUnlocked, older: nil, current: nil)
@@ -481,6 +500,15 @@ final class Campaign {
             }
         }
         for probe in probes where probe.currentValue == nil && probe.olderValue != nil {
+            if probe.item.attributes.synchronizable == true {
+                var query = probe.query
+                query.returning = [.attributes]
+                guard let reference = try vault.items(matching: query).first?.persistentReference else {
+                    throw LockboxError(.param, "tamper campaign: \(probe.name) has no persistent reference")
+                }
+                deletionProbes.append((probe.name, reference))
+                probeByRowID[Array(reference)] = probe.name
+            }
             try step("delete \(probe.name)") { _ = try vault.delete(matching: probe.query) }
         }
         // A passphrase change rotates the master and class keys and reseals every row: the
@@ -569,6 +597,14 @@ final class Campaign {
     /// The unedited file must read as designed, or the campaign measures nothing.
     func checkBaseline(base: Edit.Base) throws {
         for state in states {
+            for deletion in deletionProbes {
+                let got = baseline[readKey(base, state, deletionKey(deletion.name))]
+                let expected = state == "locked" ? ReadResult.status(LockboxError.Code.interactionNotAllowed.rawValue) : nil
+                guard let got, expected.map({ got == $0 }) ?? (got.label == "a value") else {
+                    throw LockboxError(
+                        .param, "tamper campaign: the unedited file gives \(got?.label ?? "nothing") for the deletion of \(deletion.name) in state \(state)")
+                }
+            }
             for probe in probes {
                 let got = baseline[readKey(base, state, probe.name)]
                 let expected = expectedUnedited(probe, state: state, base: base)
@@ -762,7 +798,24 @@ final class Campaign {
                 ? AuthenticationContext(verifier: FixedPassphrase(passphrase: passphrase)) : nil
             observation.reads[key] = read(vault, probe, context: verification)
         }
+        for deletion in deletionProbes {
+            let key = readKey(base, state, deletionKey(deletion.name))
+            guard let vault else {
+                observation.reads[key] = .status(openStatus ?? 0)
+                continue
+            }
+            do {
+                let time = try vault.deletionTimes(of: [deletion.reference])[deletion.reference]
+                observation.reads[key] = time.map { .value(Array(String($0.timeIntervalSince1970).utf8)) }
+                    ?? .status(LockboxError.Code.itemNotFound.rawValue)
+            } catch {
+                observation.reads[key] = .status(error.status)
+            }
+        }
     }
+
+    /// The read name of a deleted item's recorded deletion time.
+    func deletionKey(_ name: String) -> String { "deletion of " + name }
 
     func open(_ configuration: Vault.Configuration, state: String, into observation: inout Observation) -> (Vault?, Int32?) {
         let (vault, status) = open(configuration)
@@ -846,6 +899,37 @@ final class Campaign {
             if state == "unlock" && observation.unlockSkipped {
                 report.throttledUnlocks += 1
                 continue
+            }
+            for deletion in deletionProbes {
+                let name = deletionKey(deletion.name)
+                let readKey = readKey(edit.base, state, name)
+                guard let got = observation.reads[readKey], let before = baseline[readKey] else { continue }
+                tally.reads += 1
+                report.deletionReads += 1
+                switch (got, before) {
+                case (.value(let value), .value(let expected)) where value == expected:
+                    tally.correct += 1
+                case (.value, _):
+                    tally.violations += 1
+                    violations.append(("\(state) \(name)", "a WRONG deletion time"))
+                case (.status(let status), .status(let expected)) where status == expected:
+                    tally.unchanged += 1
+                case (.status(let status), .value) where status == LockboxError.Code.itemNotFound.rawValue:
+                    // A record gone: that delete is then stamped just after the version known.
+                    tally.correct += 1
+                    report.forgottenDeletions += 1
+                    let target = "\(edit.table).\(edit.column) \(edit.mutation)"
+                    if !report.forgottenTargets.contains(target) { report.forgottenTargets.append(target) }
+                case (.status(let status), _):
+                    if isClosed(status, state: state) {
+                        tally.failClosed += 1
+                        closed = true
+                        report.closedByStatus[status, default: 0] += 1
+                    } else {
+                        tally.violations += 1
+                        violations.append(("\(state) \(name)", "status \(status) where the unedited file gives \(before.label)"))
+                    }
+                }
             }
             for probe in probes {
                 let readKey = readKey(edit.base, state, probe.name)
@@ -976,6 +1060,9 @@ extension Campaign {
         case "items":
             if case .blob(let id) = row.values["id"] ?? .null, let name = probeByRowID[id] { return name }
             return "row"
+        case "sync_deletions":
+            if case .blob(let reference) = row.values["reference"] ?? .null, let name = probeByRowID[reference] { return "deletion of " + name }
+            return "deletion"
         case "header":
             return String(decoding: row.values["name"]?.bytes ?? [], as: UTF8.self)
         case "class_keys":
@@ -1142,6 +1229,9 @@ extension Campaign {
         case "integrity_groups":
             // Ids 0 to 15 are taken; 16 is outside the CHECK constraint.
             copy.values[spec.key[0]] = .integer(16)
+        case "sync_deletions":
+            // The same time, generation and MAC under another row's reference.
+            copy.values["reference"] = .blob((0..<16).map { _ in UInt8.random(in: 0...255) })
         default:
             break
         }

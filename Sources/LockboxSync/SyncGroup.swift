@@ -363,13 +363,14 @@ public final class SyncGroup: Sendable {
     }
 
     /// The date a change another device made is applied with here: its stamp, but never later
-    /// than now. A writer whose clock runs ahead must not give items dates in this machine's
+    /// than now here. A writer whose clock runs ahead must not give items dates in this machine's
     /// future, which would sort them after every later local change (a restore's newer copy,
     /// the order items are listed in). Earlier than the stamp is the safe side: were this
     /// device's state lost, the change would be pushed again with that date, and it would
     /// lose, not win, against anything written after the stamp elsewhere.
-    static func appliedDate(_ stamp: SyncStamp) -> Date {
-        min(date(stamp), Date())
+    /// `now` is the vault's clock, which dates its own writes.
+    static func appliedDate(_ stamp: SyncStamp, now: Date) -> Date {
+        min(date(stamp), now)
     }
 
     static func milliseconds(_ date: Date?) -> Int64 {
@@ -772,6 +773,7 @@ public final class SyncGroup: Sendable {
             if applied.previousGeneration == coveredGeneration { pending.generation = applied.generation }
         }
         var started: SyncState.PendingCommit?
+        let now = vault.now
         do throws(LockboxError) {
             let change = { @Sendable (index: Int) throws(LockboxError) -> SyncedChange in
                 let change = changes[index]
@@ -780,9 +782,9 @@ public final class SyncGroup: Sendable {
                 // not taken for a newer edit made here.
                 guard var item = try change.sealed.opened(keys: keys).item else {
                     guard let existing = change.existing else { preconditionFailure("a tombstone of nothing here is not applied") }
-                    return .delete(reference: existing, classes: Self.syncedClasses, madeAt: Self.appliedDate(change.sealed.record.stamp))
+                    return .delete(reference: existing, classes: Self.syncedClasses, madeAt: Self.appliedDate(change.sealed.record.stamp, now: now))
                 }
-                item.attributes.modificationDate = Self.appliedDate(change.sealed.record.stamp)
+                item.attributes.modificationDate = Self.appliedDate(change.sealed.record.stamp, now: now)
                 guard let existing = change.existing else { return .add(item) }
                 return .replace(reference: existing, with: item)
             }
@@ -882,7 +884,7 @@ public final class SyncGroup: Sendable {
                     var query = Query(itemClass, synchronizable: .any)
                     query.persistentReference = existing
                     do {
-                        _ = try vault.delete(matching: query, recordingDeletionAt: Self.appliedDate(record.stamp))
+                        _ = try vault.delete(matching: query, recordingDeletionAt: Self.appliedDate(record.stamp, now: vault.now))
                     } catch where error.code == .itemNotFound {}
                 }
             }
@@ -890,7 +892,7 @@ public final class SyncGroup: Sendable {
         }
         guard Self.isEligible(item), itemID(item) == id else { throw LockboxError.integrity("A record of the sync database") }
         // Dated as the other device made it (see ``applyPulled``).
-        let madeAt = Self.appliedDate(record.stamp)
+        let madeAt = Self.appliedDate(record.stamp, now: vault.now)
         var updated = false
         if let existing {
             var query = Query(item.itemClass, synchronizable: .any)

@@ -308,12 +308,7 @@ extension Vault {
             old.bind(1, Int(Vault.milliseconds(time) - Vault.deletionsKept))
             var expired: [[UInt8]] = []
             while try old.step() {
-                guard old.storageClass(0) == .blob, old.storageClass(1) == .integer, old.storageClass(2) == .integer,
-                    let reference = old.blob(0),
-                    Vault.isSoundDeletionRecord(
-                        reference: reference, milliseconds: old.integer(1), generation: old.integer(2), mac: old.blob(3), key: key)
-                else { continue }
-                expired.append(reference)
+                if Vault.isSoundDeletionRecord(old, key: key) { expired.append(old.blob(0) ?? []) }
             }
             old.reset()
             guard !expired.isEmpty else { return }

@@ -785,4 +785,7 @@ extension Vault {
     func currentDate() -> Date {
         Date(timeIntervalSince1970: configuration.clock.sinceEpoch().secondsValue)
     }
+
+    /// ``currentDate()`` for the packages that date what they write into the vault (sync).
+    package var now: Date { currentDate() }
 }

@@ -87,12 +87,16 @@ extension Vault {
         return Crypto.keyedDigest(encoder.bytes, key: key)
     }
 
-    /// True when a deletion record's columns are what Lockbox wrote: whole numbers, and the
-    /// MAC over them.
-    static func isSoundDeletionRecord(
-        reference: [UInt8], milliseconds: Int?, generation: Int?, mac: [UInt8]?, key: SecretBytes
-    ) -> Bool {
-        guard let milliseconds, let generation, let mac else { return false }
+    /// True when a deletion record's columns are what Lockbox wrote: a blob reference, whole
+    /// numbers stored as numbers, a blob MAC, and the MAC over them. `statement`'s current row
+    /// holds `reference, deleted_at, generation, mac` from column `first` on.
+    static func isSoundDeletionRecord(_ statement: Statement, from first: Int32 = 0, key: SecretBytes) -> Bool {
+        // Storage classes first: SQLite reads text "123ms" as the number 123, and text as bytes.
+        guard statement.storageClass(first) == .blob, statement.storageClass(first + 1) == .integer,
+            statement.storageClass(first + 2) == .integer, statement.storageClass(first + 3) == .blob,
+            let reference = statement.blob(first), let milliseconds = statement.integer(first + 1),
+            let generation = statement.integer(first + 2), let mac = statement.blob(first + 3)
+        else { return false }
         let expected = deletionMAC(reference: reference, milliseconds: Int64(milliseconds), generation: generation, key: key)
         return mac.count == expected.count && mac.withUnsafeBytes { a in expected.withUnsafeBytes { b in constantTimeEquals(a, b) } }
     }
@@ -103,48 +107,46 @@ extension Vault {
             .decode,
             "A recorded deletion of a synchronizable item in the keychain \(path) was modified outside Lockbox, so sync "
                 + "refuses to use it. `lockbox verify` shows how many; `lockbox sync forget-damaged-deletions` drops them "
-                + "(the deletes they recorded then lose to any later edit made on another device).")
+                + "(the deletes they recorded, if not yet synced, then lose to any later edit made on another device).")
     }
 
-    /// The state key that deletion records are checked with, from the integrity record of this
-    /// transaction, read again when it was filled before the index root was at hand (a handle
-    /// that read while locked, unlocked since by this or another process).
+    /// Drops an integrity cache filled before the index root was at hand (a handle that read
+    /// while locked, unlocked since by this or another process), so that the next transaction
+    /// fills it with the state key. Called before a transaction begins: inside one, the cache
+    /// is read once per snapshot.
+    func refreshIntegrityWithoutStateKey(_ state: State) {
+        if let cached = state.integrity, cached.keys?.state == nil { state.integrity = nil }
+    }
+
+    /// The key deletion records are checked with, from this transaction's integrity record.
     func deletionKey(_ state: State) throws(LockboxError) -> SecretBytes {
-        var cache = try currentIntegrity(state)
-        if cache.keys?.state == nil {
-            state.integrity = nil
-            cache = try currentIntegrity(state)
-        }
-        guard let stateKey = cache.keys?.state else { throw LockboxError.locked("Unlock the keychain to sync it.") }
+        guard let stateKey = try currentIntegrity(state).keys?.state else { throw LockboxError.locked("Unlock the keychain to sync it.") }
         return Self.deletionKey(stateKey)
     }
 
     /// When each of `references`, synchronizable rows, was deleted here, as the deleting write
     /// recorded it (from vault schema 6), so that sync can stamp a delete with when it was
     /// made rather than when it noticed it. A row whose deletion is not recorded (deleted by
-    /// an older Lockbox, or forgotten) is absent. A record whose MAC does not match is an
-    /// integrity error (`errSecDecode`), never a time; ``forgetDamagedDeletionRecords()``
-    /// drops such records.
+    /// an older Lockbox, or forgotten) is absent. A record that fails its check (its MAC, or a
+    /// column stored as another kind of value) is an integrity error (`errSecDecode`), never a
+    /// time; ``forgetDamagedDeletionRecords()`` drops such records.
     public func deletionTimes(of references: some Collection<Data>) throws(LockboxError) -> [Data: Date] {
         guard !references.isEmpty else { return [:] }
         return try withState { state throws(LockboxError) -> [Data: Date] in
-            try state.database.readTransaction { () throws(LockboxError) -> [Data: Date] in
+            refreshIntegrityWithoutStateKey(state)
+            return try state.database.readTransaction { () throws(LockboxError) -> [Data: Date] in
                 let key = try deletionKey(state)
-                let statement = try state.database.statement("SELECT deleted_at, generation, mac FROM sync_deletions WHERE reference = ?")
+                let statement = try state.database.statement(
+                    "SELECT reference, deleted_at, generation, mac FROM sync_deletions WHERE reference = ?")
                 defer { statement.reset() }
                 var times: [Data: Date] = [:]
                 for reference in references {
                     statement.reset()
                     statement.bind(1, Array(reference))
                     guard try statement.step() else { continue }
-                    // Numbers stored as numbers (SQLite would read text "123ms" as 123).
-                    let milliseconds = statement.storageClass(0) == .integer ? statement.integer(0) : nil
-                    guard statement.storageClass(1) == .integer,
-                        Self.isSoundDeletionRecord(
-                            reference: Array(reference), milliseconds: milliseconds, generation: statement.integer(1), mac: statement.blob(2),
-                            key: key),
-                        let milliseconds
-                    else { throw damagedDeletionRecord() }
+                    guard Self.isSoundDeletionRecord(statement, key: key), let milliseconds = statement.integer(1) else {
+                        throw damagedDeletionRecord()
+                    }
                     times[reference] = Date(timeIntervalSince1970: Double(milliseconds) / 1000)
                 }
                 return times
@@ -152,49 +154,63 @@ extension Vault {
         }
     }
 
-    /// Every deletion record as stored, with whether it is sound under `key`. Values keep their
-    /// storage class (an edit may have made a number text), so that they can be written back as
-    /// they were.
-    static func deletionRecords(in database: Database, key: SecretBytes) throws(LockboxError) -> [(values: [StoredValue], sound: Bool)] {
+    /// How many deletion records the file holds, and how many fail their check under `key`.
+    static func countDeletionRecords(in database: Database, key: SecretBytes) throws(LockboxError) -> (all: Int, damaged: Int) {
         let statement = try database.statement("SELECT reference, deleted_at, generation, mac FROM sync_deletions")
         defer { statement.reset() }
-        var records: [(values: [StoredValue], sound: Bool)] = []
+        var counts = (all: 0, damaged: 0)
         while try statement.step() {
-            let values = (0..<4).map { statement.storedValue(Int32($0)) }
-            var sound = false
-            if case .blob(let reference) = values[0], case .integer(let milliseconds) = values[1], case .integer(let generation) = values[2],
-                case .blob(let mac) = values[3]
-            {
-                sound = isSoundDeletionRecord(reference: reference, milliseconds: milliseconds, generation: generation, mac: mac, key: key)
-            }
-            records.append((values, sound))
+            counts.all += 1
+            if !isSoundDeletionRecord(statement, key: key) { counts.damaged += 1 }
         }
-        return records
+        return counts
     }
 
     /// Drops the records of deleted synchronizable rows that fail their check (edited outside
     /// Lockbox), which sync otherwise refuses; the sound ones stay as they are. A delete whose
-    /// record is dropped is pushed as one made just after the version this device knew: it
-    /// loses to any later edit made on another device. Needs the keychain unlocked.
+    /// record is dropped, if not yet synced, is pushed as one made just after the version this
+    /// device knew: it loses to any later edit made on another device. Writes nothing when no
+    /// record is damaged (the records are outside the integrity record: dropping some is no new
+    /// generation). Needs the keychain unlocked.
     ///
     /// - Returns: how many records were dropped.
+    /// - Throws: `errSecDecode` when a damaged record could not be dropped.
     public func forgetDamagedDeletionRecords() throws(LockboxError) -> Int {
         try withState { state throws(LockboxError) -> Int in
-            try writeRows(state) { writer throws(LockboxError) -> Int in
-                let records = try Self.deletionRecords(in: state.database, key: try deletionKey(state))
-                let damaged = records.filter { !$0.sound }
-                guard !damaged.isEmpty else { return 0 }
-                // Each damaged row is deleted by its values exactly as stored (`IS` compares
-                // storage classes too), so no sound record is touched.
-                let delete = try state.database.statement(
-                    "DELETE FROM sync_deletions WHERE reference IS ? AND deleted_at IS ? AND generation IS ? AND mac IS ?")
+            refreshIntegrityWithoutStateKey(state)
+            let damaged = try state.database.readTransaction { () throws(LockboxError) -> Int in
+                try Self.countDeletionRecords(in: state.database, key: try deletionKey(state)).damaged
+            }
+            guard damaged > 0 else { return 0 }
+            return try state.database.writeTransaction { () throws(LockboxError) -> Int in
+                let key = try deletionKey(state)
+                // Rows holding a value of another kind go by their kind, with no value read
+                // back and bound again; then those whose MAC fails, by their reference, the
+                // primary key, now a blob in every row left.
+                let before = state.database.totalChanges
+                try state.database.execute(
+                    """
+                    DELETE FROM sync_deletions WHERE typeof(reference) <> 'blob' OR typeof(deleted_at) <> 'integer'
+                        OR typeof(generation) <> 'integer' OR typeof(mac) <> 'blob'
+                    """)
+                let select = try state.database.statement("SELECT reference, deleted_at, generation, mac FROM sync_deletions")
+                var forged: [[UInt8]] = []
+                while try select.step() {
+                    if !Self.isSoundDeletionRecord(select, key: key) { forged.append(select.blob(0) ?? []) }
+                }
+                select.reset()
+                let delete = try state.database.statement("DELETE FROM sync_deletions WHERE reference = ?")
                 defer { delete.reset() }
-                for record in damaged {
+                for reference in forged {
                     delete.reset()
-                    for (index, value) in record.values.enumerated() { delete.bind(Int32(index + 1), value) }
+                    delete.bind(1, reference)
                     try delete.run()
                 }
-                return damaged.count
+                guard try Self.countDeletionRecords(in: state.database, key: key).damaged == 0 else {
+                    throw LockboxError(
+                        .decode, "Some damaged records of deleted items in the keychain \(path) could not be dropped. Restore it from a backup.")
+                }
+                return state.database.totalChanges - before
             }
         }
     }

@@ -104,15 +104,14 @@ extension Vault {
                 if let stateKey = keys.state,
                     try state.database.firstRow("SELECT 1 FROM sqlite_master WHERE name = 'sync_deletions'", read: { _ in true }) ?? false
                 {
-                    let records = try Vault.deletionRecords(in: state.database, key: Vault.deletionKey(stateKey))
-                    let damaged = records.filter { !$0.sound }.count
-                    report.deletionRecords = records.count
-                    report.damagedDeletionRecords = damaged
-                    if damaged > 0 {
+                    let counts = try Vault.countDeletionRecords(in: state.database, key: Vault.deletionKey(stateKey))
+                    report.deletionRecords = counts.all
+                    report.damagedDeletionRecords = counts.damaged
+                    if counts.damaged > 0 {
                         report.problems.append(
-                            "\(damaged) of \(records.count) recorded deletion(s) of synchronizable items were modified outside Lockbox, "
-                                + "and sync refuses them. `lockbox sync forget-damaged-deletions` drops them; the deletes they recorded "
-                                + "then lose to any later edit made on another device.")
+                            "\(counts.damaged) of \(counts.all) recorded deletion(s) of synchronizable items were modified outside "
+                                + "Lockbox; a sync that needs one refuses it. `lockbox sync forget-damaged-deletions` drops them; the "
+                                + "deletes they recorded, if not yet synced, then lose to any later edit made on another device.")
                     }
                 }
                 if failed > 0 {

@@ -11,13 +11,15 @@ import VaultStorage
 /// tombstones with: an edited record is found, refused and can be dropped alone.
 @Suite("Deletion records: checked by verify, refused by sync, dropped on request")
 struct DeletionRecordTests {
-    /// A vault whose two synchronizable items were deleted, with their rows' references.
-    func vaultWithTwoDeletions(clock: ManualClock? = nil) throws -> (VaultFixture, first: Data, second: Data) {
+    /// A vault whose synchronizable items (one per account) were deleted, with their rows' references.
+    func vaultWithDeletions(
+        _ accounts: [String] = ["first", "second"], clock: ManualClock? = nil
+    ) throws -> (VaultFixture, [Data]) {
         let fixture = try VaultFixture { configuration in
             if let clock { configuration.clock = clock }
         }
         var references: [Data] = []
-        for account in ["first", "second"] {
+        for account in accounts {
             var item = Item.genericPassword(service: "deleted.example", account: account, data: SecretBytes(utf8: "v-\(account)"))
             item.attributes.synchronizable = true
             item.attributes.accessibility = .afterFirstUnlock
@@ -27,11 +29,16 @@ struct DeletionRecordTests {
             query.returning = [.attributes]
             references.append(try #require(try fixture.vault.items(matching: query).first?.persistentReference))
         }
-        for account in ["first", "second"] {
+        for account in accounts {
             var query = Query.genericPassword(service: "deleted.example", account: account)
             query.synchronizable = .synchronizable
             #expect(try fixture.vault.delete(matching: query) == 1)
         }
+        return (fixture, references)
+    }
+
+    func vaultWithTwoDeletions(clock: ManualClock? = nil) throws -> (VaultFixture, first: Data, second: Data) {
+        let (fixture, references) = try vaultWithDeletions(clock: clock)
         return (fixture, references[0], references[1])
     }
 
@@ -70,29 +77,45 @@ struct DeletionRecordTests {
         #expect(after.deletionRecords == 1 && after.damagedDeletionRecords == 0)
     }
 
-    @Test("Records whose columns changed storage class, were swapped or lost their MAC are damaged; forgetting drops exactly them")
-    func storageClassEditsAndSwapsAreDamaged() throws {
-        let (fixture, first, second) = try vaultWithTwoDeletions()
-        let times = try fixture.vault.deletionTimes(of: [first, second])
+    @Test("Records whose columns changed storage class or were forged are damaged everywhere; forgetting drops exactly them and writes no new generation")
+    func storageClassEditsAndForgeriesAreDamaged() throws {
+        let (fixture, references) = try vaultWithDeletions(["a", "b", "c", "d"])
+        let times = try fixture.vault.deletionTimes(of: references)
+        #expect(times.count == 4)
+        let generation = try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration).generation
+        // Nothing damaged: nothing written.
+        #expect(try fixture.vault.forgetDamagedDeletionRecords() == 0)
+        #expect(try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration).generation == generation)
+
         let raw = try Database(path: fixture.path, create: false)
-        // The first record's time as text that SQLite would read as the same number, and a
-        // third, forged record carrying the second's time, generation and MAC.
-        let edit = try raw.statement("UPDATE sync_deletions SET deleted_at = deleted_at || 'ms' WHERE reference = ?")
-        edit.bind(1, Array(first))
-        try edit.run()
-        edit.reset()
+        func edit(_ assignment: String, _ reference: Data) throws {
+            let statement = try raw.statement("UPDATE sync_deletions SET \(assignment) WHERE reference = ?")
+            statement.bind(1, Array(reference))
+            try statement.run()
+            statement.reset()
+        }
+        // a: its time as text that SQLite would read as the same number; b: its MAC as text
+        // (the same bytes); c: its generation as a real that is not a whole number; and a
+        // forged record carrying d's time, generation and MAC under another reference.
+        try edit("deleted_at = deleted_at || 'ms'", references[0])
+        try edit("mac = CAST(mac AS TEXT)", references[1])
+        try edit("generation = generation + 0.5", references[2])
         try raw.execute(
-            "INSERT INTO sync_deletions (reference, deleted_at, generation, mac) SELECT X'00112233', deleted_at, generation, mac FROM sync_deletions WHERE reference = X'\(hex(second))'"
+            "INSERT INTO sync_deletions (reference, deleted_at, generation, mac) SELECT X'00112233', deleted_at, generation, mac FROM sync_deletions WHERE reference = X'\(hex(references[3]))'"
         )
         let report = try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration)
-        #expect(report.deletionRecords == 3)
-        #expect(report.damagedDeletionRecords == 2, "the text time and the forged record")
-        let refused = #expect(throws: LockboxError.self) { try fixture.vault.deletionTimes(of: [first]) }
-        #expect(refused?.code == .decode)
-        #expect(try fixture.vault.forgetDamagedDeletionRecords() == 2)
+        #expect(report.deletionRecords == 5)
+        #expect(report.damagedDeletionRecords == 4)
+        for reference in references.prefix(3) {
+            let refused = #expect(throws: LockboxError.self) { try fixture.vault.deletionTimes(of: [reference]) }
+            #expect(refused?.code == .decode)
+        }
+        #expect(try fixture.vault.forgetDamagedDeletionRecords() == 4)
         #expect(try raw.firstRow("SELECT count(*) FROM sync_deletions", read: { $0.integer(0) }) == 1)
-        #expect(try fixture.vault.deletionTimes(of: [first, second]) == [second: times[second]!])
-        #expect(try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration).isSound)
+        #expect(try fixture.vault.deletionTimes(of: references) == [references[3]: times[references[3]]!])
+        let after = try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration)
+        #expect(after.isSound)
+        #expect(after.generation == generation, "dropping records outside the integrity record made a new generation")
     }
 
     @Test("Old records go at the next synchronizable delete, but a damaged one stays to be reported")

@@ -147,13 +147,24 @@ struct TamperCampaignTests {
         // Fails until the vault closes the weaknesses in TamperWeaknessTests.swift (rows hidden
         // by an edit of a filtered column, a replayed attempt counter).
         #expect(report.totals.violations == 0, "\(report.summary)")
-        #expect(report.tableOrder == ["items", "header", "key_slots", "class_keys", "vault_state", "integrity_groups", "unlock_attempts", "(file)"])
+        #expect(
+            report.tableOrder == [
+                "items", "header", "key_slots", "class_keys", "vault_state", "integrity_groups", "unlock_attempts", "sync_deletions", "(file)",
+            ])
         #expect(report.totals.edits >= 60)
         #expect(report.totals.reads >= report.totals.edits * 16)
         #expect(report.totals.failClosed > report.totals.reads / 2)
         #expect(
             report.totals.failClosed + report.totals.correct + report.totals.unchanged + report.totals.violations
                 == report.totals.reads + report.counterViolations)
+        // The recorded deletions are read in every state; an edited one fails closed and verify
+        // finds it, a removed one reads as no record.
+        #expect(report.deletionReads >= report.totals.edits * 4)
+        let editedRecord = report.tallies.filter { $0.key.table == "sync_deletions" && !$0.key.column.hasPrefix("(row") }.values
+        #expect(editedRecord.reduce(0) { $0 + $1.failClosed } > 0)
+        let removedRecord = report.tallies.first { $0.key.table == "sync_deletions" && $0.key.mutation == "delete row" }?.value
+        #expect(removedRecord?.violations == 0)
+        #expect(report.forgottenDeletions > 0)
         // The instrument sees what it must: rolled-back files and replayed rows fail closed.
         for mutation in ["older copy in place", "deleted before checkpoint"] {
             let tally = report.tallies.first { $0.key.table == "(file)" && $0.key.mutation == mutation }?.value

@@ -597,49 +597,6 @@ package final class Statement {
         guard sqlite3_column_type(handle, column) != SQLITE_NULL else { return nil }
         return sqlite3_column_double(handle, column)
     }
-
-    /// A column of the current row exactly as stored: its storage class and its value.
-    package func storedValue(_ column: Int32) -> StoredValue {
-        switch storageClass(column) {
-        case .integer: .integer(Int(sqlite3_column_int64(handle, column)))
-        case .real: .real(sqlite3_column_double(handle, column))
-        case .text:
-            // All of its bytes (sqlite3_column_blob gives a text's bytes unconverted), NULs included.
-            .text(blob(column) ?? [])
-        case .blob: .blob(blob(column) ?? [])
-        case .null: .null
-        }
-    }
-
-    /// Binds a value read with ``storedValue(_:)``, with its storage class.
-    package func bind(_ index: Int32, _ value: StoredValue) {
-        switch value {
-        case .integer(let number): bind(index, number)
-        case .real(let number): bind(index, number)
-        case .text(let bytes):
-            // Every byte, NULs included: the text as it was stored.
-            var empty: CChar = 0
-            let result = bytes.withUnsafeBytes { buffer in
-                withUnsafeMutablePointer(to: &empty) { emptyPointer in
-                    sqlite3_bind_text64(
-                        handle, index, buffer.baseAddress?.assumingMemoryBound(to: CChar.self) ?? UnsafePointer(emptyPointer),
-                        sqlite3_uint64(buffer.count), Statement.transient, UInt8(SQLITE_UTF8))
-                }
-            }
-            checkBind(index, result)
-        case .blob(let bytes): bind(index, bytes)
-        case .null: checkBind(index, sqlite3_bind_null(handle, index))
-        }
-    }
-}
-
-/// A value as SQLite stores it, with its storage class (text as its bytes).
-package enum StoredValue: Sendable, Equatable {
-    case integer(Int)
-    case real(Double)
-    case text([UInt8])
-    case blob([UInt8])
-    case null
 }
 
 /// SQLite's storage classes: what a value is stored as, which SQL comparisons depend on (a text
