@@ -9,8 +9,10 @@ import Glibc
 
 /// The sync crash campaign: three machines (vaults with their own device keys) in one sync
 /// group, local writes on a random machine, then `lockbox sync now` on a random machine,
-/// SIGKILLed at a random moment (or left to finish). After every run the killed machine's vault
-/// must pass its full check; at the end every machine syncs until nothing changes, and each
+/// SIGKILLed at a random moment (or left to finish); in some rounds two machines sync at once,
+/// or two processes of one machine, each killed at its own moment; and, when the campaign owns
+/// its database, in some rounds the database is crashed mid-sync and started again. After every
+/// run each machine that synced must pass its full check; at the end every machine syncs until nothing changes, and each
 /// must hold exactly what the last write of each item left (the later write wins, a delete
 /// included), with one record per item in the database: nothing lost, duplicated or brought
 /// back.
@@ -23,12 +25,18 @@ package struct SyncCrashCampaign {
         package var database: String
         /// A private directory for the machines.
         package var directory: String
+        /// Crashes the database (no checkpoint, connections cut) and starts it again, returning
+        /// once it accepts connections; nil when the database is shared and must stay up.
+        package var crashDatabase: (@Sendable () throws -> Void)?
 
-        package init(iterations: Int, lockbox: String, database: String, directory: String) {
+        package init(
+            iterations: Int, lockbox: String, database: String, directory: String, crashDatabase: (@Sendable () throws -> Void)? = nil
+        ) {
             self.iterations = iterations
             self.lockbox = lockbox
             self.database = database
             self.directory = directory
+            self.crashDatabase = crashDatabase
         }
     }
 
@@ -36,6 +44,13 @@ package struct SyncCrashCampaign {
         package var kills = 0
         /// Syncs that finished before their kill came.
         package var finished = 0
+        /// Rounds where two machines synced at once, and where two processes of one machine did.
+        package var concurrentRounds = 0
+        package var sameMachineRounds = 0
+        /// Rounds where the database crashed mid-sync, and the syncs that then failed on their
+        /// own, as they may (the database went away), or finished.
+        package var databaseCrashes = 0
+        package var failedWithTheDatabase = 0
         package var localWrites = 0
         package var vaultChecks = 0
         package var itemChecks = 0
@@ -45,6 +60,10 @@ package struct SyncCrashCampaign {
         package var summary: String {
             var lines = ["sync crash campaign: \(kills + finished) syncs of `lockbox sync now` in \(String(format: "%.0f", seconds)) s"]
             lines.append("  killed mid-sync: \(kills); finished before the kill: \(finished)")
+            lines.append("  rounds with two machines syncing at once: \(concurrentRounds); with two processes of one machine: \(sameMachineRounds)")
+            lines.append(
+                "  rounds with the database crashed mid-sync and started again: \(databaseCrashes); syncs that then failed on their own "
+                    + "(the database gone): \(failedWithTheDatabase)")
             lines.append("  local writes (adds, updates, deletes) on the three machines: \(localWrites)")
             lines.append("  full vault checks after a run: \(vaultChecks); items compared after convergence: \(itemChecks)")
             lines.append("  violations (failed checks, lost, stale, duplicated or resurrected items, failed syncs): \(violations.count)")
@@ -117,6 +136,25 @@ package struct SyncCrashCampaign {
     /// Items the campaign writes: few, so that machines often write the same one.
     static let keys = 24
 
+    /// What a round runs: one sync; two at once, on two machines or as two processes of one;
+    /// one while the database crashes (one sync when the database must stay up).
+    enum RoundKind {
+        case one, twoMachines, twoProcessesOfOneMachine, databaseCrash
+    }
+
+    /// The rounds' kinds, in a cycle of 20 (the machines and moments within each are random):
+    /// two machines at once in 4, two processes of one machine in 2, a database crash in 1.
+    /// The first twelve rounds hold each kind of the two syncs at once, so that a short run
+    /// meets them.
+    static let roundKinds: [RoundKind] = (0..<20).map { round in
+        switch round {
+        case 2, 7, 12, 17: .twoMachines
+        case 4, 14: .twoProcessesOfOneMachine
+        case 9: .databaseCrash
+        default: .one
+        }
+    }
+
     package static func run(_ options: Options, progress: (String) -> Void = { _ in }) throws -> Report {
         var report = Report()
         let start = Date()
@@ -175,21 +213,51 @@ package struct SyncCrashCampaign {
                 }
                 report.localWrites += 1
             }
-            // One machine syncs, killed at a random moment of its run (or not at all).
-            let syncingIndex = Int.random(in: 0..<3, using: &generator)
-            let syncing = machines[syncingIndex]
-            let delay = Int.random(in: 0...100, using: &generator)
-            let outcome = try runAndKill(options.lockbox, ["--keychain", syncing.vault.path, "sync", "now"], environment: syncing.environment,
-                delayMilliseconds: delay)
-            history.append("sync on machine \(syncingIndex): \(outcome)")
-            switch outcome {
-            case .killed: report.kills += 1
-            case .finished(0, _): report.finished += 1
-            case .finished(let status, let errors):
-                report.violations.append("iteration \(iteration): lockbox sync now exited \(status) on its own: \(errors.prefix(300))")
+            // One machine syncs, killed at a random moment of its run (or not at all); or two at
+            // once (two machines, or two processes of one), each killed at its own moment; or
+            // one while the database crashes under it.
+            let kind = Self.roundKinds[iteration % Self.roundKinds.count]
+            let crashing = options.crashDatabase != nil && kind == .databaseCrash
+            var syncingIndices = [Int.random(in: 0..<3, using: &generator)]
+            switch kind {
+            case .twoMachines:
+                syncingIndices.append((syncingIndices[0] + Int.random(in: 1...2, using: &generator)) % 3)
+                report.concurrentRounds += 1
+            case .twoProcessesOfOneMachine:
+                syncingIndices.append(syncingIndices[0])
+                report.sameMachineRounds += 1
+            case .one, .databaseCrash:
+                break
             }
-            report.vaultChecks += 1
-            if try !syncing.isSound() { report.violations.append("iteration \(iteration): the vault failed its full check after the run") }
+            let runs = syncingIndices.map { index in
+                Run(
+                    arguments: ["--keychain", machines[index].vault.path, "sync", "now"], environment: machines[index].environment,
+                    killAfterMilliseconds: crashing ? nil : Int.random(in: 0...100, using: &generator))
+            }
+            var crash: (afterMilliseconds: Int, body: @Sendable () throws -> Void)?
+            if crashing, let crashDatabase = options.crashDatabase {
+                crash = (Int.random(in: 0...60, using: &generator), crashDatabase)
+                report.databaseCrashes += 1
+            }
+            let outcomes = try runTogether(options.lockbox, runs, crash: crash)
+            for (index, outcome) in zip(syncingIndices, outcomes) {
+                history.append("sync on machine \(index)\(crashing ? " (database crashed)" : ""): \(outcome)")
+                switch outcome {
+                case .killed: report.kills += 1
+                case .finished(0, _): report.finished += 1
+                case .finished(1, _) where crashing:
+                    // The database went away under it: a clean failure, which the next sync repairs.
+                    report.failedWithTheDatabase += 1
+                case .finished(let status, let errors):
+                    report.violations.append("iteration \(iteration): lockbox sync now exited \(status) on its own: \(errors.prefix(300))")
+                }
+            }
+            for index in Set(syncingIndices) {
+                report.vaultChecks += 1
+                if try !machines[index].isSound() {
+                    report.violations.append("iteration \(iteration): machine \(index)'s vault failed its full check after the run")
+                }
+            }
             if iteration % 25 == 24 { progress("\(iteration + 1) of \(options.iterations) runs, \(report.kills) killed") }
         }
 
@@ -237,27 +305,92 @@ package struct SyncCrashCampaign {
         case finished(Int32, String)
     }
 
-    /// Runs `program`, SIGKILLs it after `delayMilliseconds` unless it has exited by then, and
-    /// says which happened.
-    static func runAndKill(_ program: String, _ arguments: [String], environment: [String: String], delayMilliseconds: Int) throws -> Outcome {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: program)
-        process.arguments = arguments
-        process.environment = environment
-        process.standardInput = FileHandle.nullDevice
-        let output = Pipe()
-        process.standardOutput = output
-        let errors = Pipe()
-        process.standardError = errors
-        try process.run()
-        let deadline = Date().addingTimeInterval(Double(delayMilliseconds) / 1000)
-        while process.isRunning && Date() < deadline { usleep(1_000) }
-        let exitedByItself = !process.isRunning
-        if !exitedByItself { kill(process.processIdentifier, SIGKILL) }
-        process.waitUntilExit()
-        let errorText = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        let outputText = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        if !exitedByItself && process.terminationReason == .uncaughtSignal { return .killed }
-        return .finished(process.terminationStatus, errorText + outputText)
+    /// One run of the program: its arguments and environment, and when to SIGKILL it (nil: let
+    /// it finish, within ``longestRun``).
+    struct Run {
+        var arguments: [String]
+        var environment: [String: String]
+        var killAfterMilliseconds: Int?
+    }
+
+    /// How long a run left to finish may take before it counts as hung (and is killed).
+    static let longestRun: TimeInterval = 120
+
+    /// Starts every run of `program` at once, SIGKILLs each at its moment unless it has exited
+    /// by then, calls `crash` (synchronously) that long after the start, and says what became
+    /// of each run. A run killed because it outlived ``longestRun`` is a finished run with
+    /// status -1. The runs are spawned and reaped here (posix_spawn, waitpid), not through
+    /// Process, whose watch over its children can miss one that exits beside another.
+    static func runTogether(
+        _ program: String, _ runs: [Run], crash: (afterMilliseconds: Int, body: @Sendable () throws -> Void)? = nil
+    ) throws -> [Outcome] {
+        let outputDirectory = FileManager.default.temporaryDirectory.appendingPathComponent("lockbox-sync-campaign-\(getpid())").path
+        try FileManager.default.createDirectory(atPath: outputDirectory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        defer { try? FileManager.default.removeItem(atPath: outputDirectory) }
+        struct Child {
+            var pid: pid_t
+            var output: String
+            var deadline: Date?
+            var status: Int32?
+            var killed = false
+            var hung = false
+        }
+        var children: [Child] = []
+        defer {
+            for child in children where child.status == nil {
+                kill(child.pid, SIGKILL)
+                var status: Int32 = 0
+                waitpid(child.pid, &status, 0)
+            }
+        }
+        let start = Date()
+        for (index, run) in runs.enumerated() {
+            let output = outputDirectory + "/\(index)"
+            var actions = posix_spawn_file_actions_t()
+            posix_spawn_file_actions_init(&actions)
+            defer { posix_spawn_file_actions_destroy(&actions) }
+            posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+            posix_spawn_file_actions_addopen(&actions, 1, output, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
+            posix_spawn_file_actions_adddup2(&actions, 1, 2)
+            let argv = ([program] + run.arguments).map { strdup($0) } + [nil]
+            let environment = run.environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
+            defer { for pointer in argv + environment { free(pointer) } }
+            var pid: pid_t = 0
+            let spawned = posix_spawn(&pid, program, &actions, nil, argv, environment)
+            guard spawned == 0 else { throw CocoaError(.fileReadUnknown, userInfo: ["spawn": "\(program): errno \(spawned)"]) }
+            children.append(Child(pid: pid, output: output, deadline: run.killAfterMilliseconds.map { start.addingTimeInterval(Double($0) / 1000) }))
+        }
+        var crashPending = crash
+        while children.contains(where: { $0.status == nil }) || crashPending != nil {
+            let now = Date()
+            if let pending = crashPending, now >= start.addingTimeInterval(Double(pending.afterMilliseconds) / 1000) {
+                crashPending = nil
+                try pending.body()
+                continue
+            }
+            for index in children.indices where children[index].status == nil {
+                var status: Int32 = 0
+                if waitpid(children[index].pid, &status, WNOHANG) == children[index].pid {
+                    children[index].status = status
+                } else if let deadline = children[index].deadline, now >= deadline, !children[index].killed {
+                    kill(children[index].pid, SIGKILL)
+                    children[index].killed = true
+                } else if now.timeIntervalSince(start) > longestRun, !children[index].hung {
+                    kill(children[index].pid, SIGKILL)
+                    children[index].hung = true
+                }
+            }
+            usleep(1_000)
+        }
+        return children.map { child in
+            let text = (try? String(contentsOfFile: child.output, encoding: .utf8)) ?? ""
+            let status = child.status ?? 0
+            // WIFSIGNALED / WEXITSTATUS, spelled out (the C macros are not imported).
+            let signal = status & 0x7f
+            let exitStatus = (status >> 8) & 0xff
+            if child.hung { return .finished(-1, "did not finish within \(Int(longestRun)) s: " + text) }
+            if signal != 0 { return child.killed && signal == SIGKILL ? .killed : .finished(-signal, "killed by signal \(signal): " + text) }
+            return .finished(exitStatus, text)
+        }
     }
 }

@@ -300,6 +300,9 @@ public final class SyncGroup: Sendable {
             throw LockboxError.locked("Unlock it to sync: locked items cannot be read, and are never taken for deleted ones.")
         }
         return try syncing.withLock { _ throws(LockboxError) -> Report in
+            // One sync of this vault and group at a time, across processes too.
+            let lock = try SyncLock(statePath: statePath)
+            defer { withExtendedLifetime(lock) {} }
             let connection = try PostgresConnection(database)
             try SyncSchema.migrate(connection)
             try catchUpKeys(connection)

@@ -286,6 +286,32 @@ extension SyncTests {
         #expect(try storedRecords(groups[0].groupID).count == count, "the new device wrote records")
     }
 
+    @Test("Two syncs of one vault take turns: lockbox sync now waits while another process holds the vault's sync lock, then syncs")
+    func syncsOfOneVaultTakeTurns() throws {
+        let (groups, machines) = try threeMachines()
+        try SyncCLI.configure(machines[0], group: groups[0].groupID, database: try testDatabase())
+        try machines[0].add("turns.example", "alice", "one")
+        var held: SyncLock? = try SyncLock(statePath: groups[0].statePath)
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: builtProduct("lockbox"))
+        process.arguments = ["--keychain", machines[0].vault.path, "sync", "now"]
+        process.environment = SyncCLI.environment(machines[0])
+        process.standardInput = FileHandle.nullDevice
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        usleep(800_000)
+        #expect(process.isRunning, "the sync did not wait for the lock")
+        #expect(try storedRecords(groups[0].groupID).isEmpty, "the sync pushed while another process held the lock")
+        withExtendedLifetime(held) {}
+        held = nil
+        process.waitUntilExit()
+        #expect(process.terminationStatus == 0)
+        #expect(try storedRecords(groups[0].groupID).count == 1)
+        // Nothing is left behind that would block the next sync.
+        #expect(try groups[0].sync().changedNothing)
+    }
+
     @Test("lockbox sync: create, invite, join with the code on standard input, now, status; status with the database down; forget-damaged-deletions")
     func commandLine() throws {
         let database = try testDatabase()
