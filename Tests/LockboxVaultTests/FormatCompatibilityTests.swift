@@ -7,9 +7,9 @@ import VaultStorage
 @testable import LockboxVault
 
 /// Every released file format keeps opening: the committed schema-1 vault and backup
-/// (Tests/Fixtures/vault-v1, written by the first release) and the schema-2, 3 and 4 vaults
-/// (Tests/Fixtures/vault-v2, vault-v3, vault-v4) are opened, upgraded in place and read back
-/// item by item.
+/// (Tests/Fixtures/vault-v1, written by the first release) and the schema-2, 3, 4 and 6 vaults
+/// (Tests/Fixtures/vault-v2, vault-v3, vault-v4, vault-v6) are opened, upgraded in place and
+/// read back item by item.
 @Suite("File format compatibility")
 struct FormatCompatibilityTests {
     static let fixtureRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
@@ -84,8 +84,10 @@ struct FormatCompatibilityTests {
             var ken = Query.genericPassword(service: "svc.v3", account: "ken")
             ken.synchronizable = .any
             #expect(try vault.data(matching: ken) == SecretBytes(utf8: "synchronizable-at-v3"))
+            // ken; from schema 6 also mona.
             let changes = try vault.synchronizableChanges(since: 0)
-            #expect(changes.count == 1 && changes.changed.count == 1)
+            let synchronizable = version >= 6 ? 2 : 1
+            #expect(changes.count == synchronizable && changes.changed.count == synchronizable)
         }
         if version >= 4 {
             var liam = Query.genericPassword(service: "svc.v4", account: "liam")
@@ -269,6 +271,35 @@ struct FormatCompatibilityTests {
         try restored.unlock(passphrase: Self.passphrase)
         #expect(try restored.data(matching: .genericPassword(service: "svc.v5", account: "mia")) == SecretBytes(utf8: "new"))
         #expect(try Vault.verify(at: copy.path, configuration: copy.configuration).isSound)
+    }
+
+    @Test("the schema-6 vault opens, every item reads back, its recorded deletion reads back with its time, and both are checked")
+    func version6Vault_opensWithItsDeletionRecord() throws {
+        let copy = try Copy(version: 6)
+        let vault = try Vault.open(at: copy.path, configuration: copy.configuration)
+        #expect(try vault.withDatabase { database throws(LockboxError) in try database.userVersion } == VaultSchema.current)
+        try vault.unlock(passphrase: Self.passphrase)
+        try checkEveryItem(vault, version: 6)
+        var mona = Query.genericPassword(service: "svc.v6", account: "mona")
+        mona.synchronizable = .synchronizable
+        mona.returning = [.attributes, .data]
+        let found = try vault.items(matching: mona)
+        #expect(found.first?.data == SecretBytes(utf8: "written-at-v6"))
+        #expect(found.first?.attributes.label == "label v6")
+        var nick = Query.genericPassword(service: "svc.v6", account: "nick")
+        nick.synchronizable = .any
+        #expect(try !vault.contains(nick))
+        let reference = Data([0, 0, 0, 0, 0, 0, 0, 0x0a, 0x4b, 0x9d, 0x9e, 0xc9, 0xf4, 0x4e, 0xd3, 0x40])
+        #expect(try vault.deletionTimes(of: [reference]) == [reference: Date(timeIntervalSince1970: 1_796_409_357.767)])
+        let report = try Vault.verify(at: copy.path, configuration: copy.configuration)
+        #expect(report.isSound)
+        #expect(report.generation == 11)
+        // Writes go on; an edited record of the fixture is refused.
+        mona.returning = []
+        try vault.update(matching: mona, to: ItemUpdate(data: SecretBytes(utf8: "at-v7")))
+        #expect(try vault.data(matching: mona) == SecretBytes(utf8: "at-v7"))
+        try vault.withDatabase { database throws(LockboxError) in try database.execute("UPDATE sync_deletions SET deleted_at = deleted_at + 1") }
+        #expect(status { _ = try vault.deletionTimes(of: [reference]) } == -26275)
     }
 
     /// Formats 4 and 5 are stored alike and told apart by `vault_state.format` alone, which
