@@ -192,7 +192,7 @@ struct Runner {
         case .deletePassword(let options):
             let store = try Keychain.open(keychainOptions()).store
             var query = Query(options.itemClass, attributes: options.attributes, limit: .all, returning: [])
-            query.synchronizable = .any
+            query.synchronizable = options.synchronizable ? .synchronizable : .any
             let deleted = try store.delete(matching: query)
             output.error("Deleted \(deleted) item\(deleted == 1 ? "" : "s").")
             return .success
@@ -341,7 +341,10 @@ struct Runner {
             changes.comment = options.attributes.comment
             changes.itemDescription = options.attributes.itemDescription
             changes.accessibility = options.attributes.accessibility
-            try store.update(matching: Query(options.itemClass, attributes: match), to: ItemUpdate(attributes: changes, data: secret))
+            // The item of the same kind: the sync flag is part of an item's primary key.
+            var query = Query(options.itemClass, attributes: match)
+            query.synchronizable = options.synchronizable ? .synchronizable : .notSynchronizable
+            try store.update(matching: query, to: ItemUpdate(attributes: changes, data: secret))
         }
         return .success
     }
@@ -351,7 +354,7 @@ struct Runner {
         var query = Query(
             options.itemClass, attributes: options.attributes, limit: .one,
             returning: options.printSecretOnly ? [.data] : [.attributes])
-        query.synchronizable = .any
+        query.synchronizable = options.synchronizable ? .synchronizable : .any
         guard let item = try store.items(matching: query).first else {
             throw LockboxError(.itemNotFound, "No matching item was found in the keychain.")
         }

@@ -134,20 +134,25 @@ package enum Help {
                   --access-group G     the access group (a namespace, not an isolation boundary)
                   --access-control C   userPresence or devicePasscode: every read asks for the
                                        passphrase again (on the terminal)
+                  --synchronizable     an item `lockbox sync` carries to the group's other
+                                       devices, end-to-end encrypted (not with a ThisDeviceOnly
+                                       accessibility or access control, which stay here)
                 """
         case "find-generic-password", "find-internet-password":
             return """
-                usage: lockbox [--keychain PATH] \(verb) [-s NAME] [-a ACCOUNT] [-w [--raw] | --json]
+                usage: lockbox [--keychain PATH] \(verb) [-s NAME] [-a ACCOUNT] [--synchronizable] [-w [--raw] | --json]
 
                 Finds the first matching item. Prints its attributes, or with -w only the secret
                 followed by a newline; with -w --raw only the secret's bytes, no newline.
+                --synchronizable matches only synchronizable items (otherwise both kinds).
                 Exit status 44 when nothing matches.
                 """
         case "delete-generic-password", "delete-internet-password":
             return """
-                usage: lockbox [--keychain PATH] \(verb) [-s NAME] [-a ACCOUNT] [--all]
+                usage: lockbox [--keychain PATH] \(verb) [-s NAME] [-a ACCOUNT] [--synchronizable] [--all]
 
-                Deletes every matching item and says how many. A delete that names no attribute
+                Deletes every matching item and says how many (with --synchronizable, only
+                synchronizable ones; otherwise both kinds). A delete that names no attribute
                 would delete every item of the class: it is refused (status 64) unless --all is
                 given. A locked keychain deletes nothing (OSStatus -25308). Exit status 44 when
                 nothing matches.

@@ -96,6 +96,10 @@ package struct PasswordOptions {
     package var allowEmpty = false
     /// `--all` (delete): delete every item of the class when no attribute is named.
     package var all = false
+    /// `--synchronizable`: add a synchronizable item (`lockbox sync` carries it to the group's
+    /// other devices); find and delete only synchronizable items. Without it, add makes an item
+    /// that stays here, and find and delete match both kinds.
+    package var synchronizable = false
 }
 
 /// The options of the key verbs (`generate-key`, `sign`, `public-key`, `delete-key`).
@@ -481,6 +485,9 @@ package enum Parser {
             case "--raw" where isAdd || isFind: parsed.raw = true
             case "--allow-empty" where isAdd: parsed.allowEmpty = true
             case "--all" where isDelete: parsed.all = true
+            case "--synchronizable":
+                parsed.synchronizable = true
+                if isAdd { parsed.attributes.synchronizable = true }
             case "-w":
                 if isAdd {
                     // `security add-generic-password -w SECRET` puts the secret in argv, where
@@ -505,7 +512,7 @@ package enum Parser {
     /// Every option a password verb knows (some only for add, find or delete).
     static let passwordOptions: Set<String> = [
         "-a", "-s", "-l", "-j", "-D", "-r", "-P", "-p", "-d", "-t", "--access-group", "--accessibility", "-U",
-        "--access-control", "--raw", "--allow-empty", "--all", "-w", "--json", "--help", "-h",
+        "--access-control", "--raw", "--allow-empty", "--all", "-w", "--json", "--help", "-h", "--synchronizable",
     ]
 }
 

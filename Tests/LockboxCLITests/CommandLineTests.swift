@@ -138,6 +138,28 @@ struct CommandLineTests {
         #expect(try lockbox(["--keychain", keychain, "find-generic-password", "-s", "S", "-a", "A", "-w"]).standardOutput == "two\n")
     }
 
+    @Test("--synchronizable adds an item sync carries, beside a local one of the same name; find, -U and delete with it touch only that one")
+    func synchronizableFlag_addsFindsUpdatesAndDeletesTheSyncedItem() throws {
+        let cli = try initialized()
+        defer { try? cli.cleanUp() }
+        let name = ["-s", "S", "-a", "A"]
+        func run(_ verb: String, _ arguments: [String], input: String = "") throws -> ProcessResult {
+            try lockbox(["--keychain", keychain, verb] + arguments, input: input)
+        }
+        #expect(try run("add-generic-password", name + ["--synchronizable"], input: "synced").status == 0)
+        // The sync flag is part of the primary key: a local item of the same name is another item.
+        #expect(try run("add-generic-password", name, input: "local").status == 0)
+        #expect(try run("add-generic-password", name + ["--synchronizable"], input: "again").standardError.contains("-25299"))
+        #expect(try run("add-generic-password", name + ["--synchronizable", "-U"], input: "synced-2").status == 0)
+        #expect(try run("find-generic-password", name + ["--synchronizable", "-w"]).standardOutput == "synced-2\n")
+        let json = try run("find-generic-password", name + ["--synchronizable", "--json"]).standardOutput
+        #expect(json.contains("\"synchronizable\" : true"))
+        let deleted = try run("delete-generic-password", name + ["--synchronizable"])
+        #expect(deleted.status == 0 && deleted.standardError.contains("Deleted 1 item."))
+        #expect(try run("find-generic-password", name + ["-w"]).standardOutput == "local\n")
+        #expect(try run("find-generic-password", name + ["--synchronizable", "-w"]).status == 44)
+    }
+
     @Test("internet passwords add, find and delete by server, protocol and port")
     func internetPasswords_roundTrip() throws {
         let cli = try initialized()
