@@ -19,10 +19,10 @@ import VaultStorage
 ///
 /// and `Vault.verify(at:)` checks the file. The deletion times recorded for the two deleted
 /// synchronizable items are read in every state too (`Vault.deletionTimes(of:)`, what a sync
-/// stamps its tombstones with): the same time, or a closed failure; a record gone (deleted, or
-/// its reference edited) reads as no record, which is counted apart ("forgotten": sync then
-/// stamps that delete just after the version it knew, so it loses to any later edit) and is
-/// not a violation; any other time is. Each read is compared with the same read on the
+/// stamps its tombstones with): the same time, or a closed failure; no record where the
+/// unedited file has one is counted apart ("forgotten": sync would then stamp that delete just
+/// after the version it knew, so it would lose to any later edit; the integrity record's sum of
+/// the records makes it a closed failure instead); any other time is a violation. Each read is compared with the same read on the
 /// unedited file: the right value, or the same status as without the edit, is "unaffected";
 /// `errSecDecode` (-26275) is a closed failure, as is `errSecInteractionNotAllowed` (-25308)
 /// where the edit took a key away, and `errSecAuthFailed` (-25293) where the edit made the

@@ -224,12 +224,19 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
     case .forgetDamagedDeletions:
         // The keychain's own records: no group or database needed.
         let vault = try openVault(keychain)
-        let dropped = try vault.forgetDamagedDeletionRecords()
-        if dropped == 0 {
+        let repair = try vault.forgetDamagedDeletionRecords()
+        if repair.changedNothing {
             streams.print("No recorded deletion is damaged; nothing was dropped.")
-        } else {
+        }
+        if repair.dropped > 0 {
             streams.print(
-                "Dropped \(dropped) damaged record(s) of deleted items. Those deletes now lose to any later edit made on another device.")
+                "Dropped \(repair.dropped) damaged record(s) of deleted items. Those deletes, if not yet synced, now lose to any later "
+                    + "edit made on another device.")
+        }
+        if repair.acceptedChangedSet {
+            streams.print(
+                "Accepted the records of deleted items as they are now (some were removed or put back outside Lockbox). A delete "
+                    + "whose record is gone, if not yet synced, now loses to any later edit made on another device.")
         }
         return .success
     case .removeDevice(let device, let withPassphrase):

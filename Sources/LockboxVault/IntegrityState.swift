@@ -39,15 +39,24 @@ struct IntegrityState {
     /// write rewrites one row instead of two (`vault_state` keeps only the format); 5, stored as
     /// 4, the MACs over a tree of digests (``authenticatedBytes(vaultID:headerBinding:keys:)``),
     /// so a write digests its group, one node and about 230 bytes twice instead of its group
-    /// and about 660 bytes twice. Formats 3 and 4 authenticate the same bytes. A state of an
-    /// older format is verified as such and rewritten in the current one at the next write.
-    static let currentFormat = 5
+    /// and about 660 bytes twice; 6, as 5, the MACs also covering ``deletions`` (kept in
+    /// `vault_state.accumulators`, 32 bytes). Formats 3 and 4 authenticate the same bytes. A
+    /// state of an older format is verified as such and rewritten in the current one at the
+    /// next write.
+    static let currentFormat = 6
     /// Format 5: groups per node of the tree (four nodes of four groups).
     static let groupsPerNode = 4
     static let nodeCount = groupCount / groupsPerNode
 
     var generation: Int
     var accumulators: [UInt8]
+    /// Format 6: the modular sum of the MACs of the records in `sync_deletions` (the deletions
+    /// of synchronizable rows, which sync stamps its tombstones with), so that a record removed
+    /// or put back from an older copy no longer adds up. A state of an older format has none
+    /// (zeros); the write that converts it sums the records it finds.
+    private(set) var deletions = [UInt8](repeating: 0, count: IntegrityState.accumulatorSize)
+    /// `deletions` changed since the state was read: the next save writes it.
+    private var deletionsChanged = false
     var mac: [UInt8] = []
     var alwaysMAC: [UInt8] = []
     var format = IntegrityState.currentFormat {
@@ -257,6 +266,27 @@ struct IntegrityState {
         knownNodes = 0
     }
 
+    /// Counts a deletion record (its MAC) in ``deletions``, or takes one out.
+    mutating func countDeletion(mac: [UInt8], adding: Bool) {
+        deletions.withUnsafeMutableBytes { sum in
+            mac.withUnsafeBytes { element in
+                if adding { ModularSum.add(element, to: sum) } else { ModularSum.subtract(element, from: sum) }
+            }
+        }
+        deletionsChanged = true
+    }
+
+    /// Sets ``deletions`` to the sum of the records as they are (a conversion, or records
+    /// dropped on the user's request).
+    mutating func setDeletions(_ sum: [UInt8]) {
+        precondition(sum.count == Self.accumulatorSize)
+        deletions = sum
+        deletionsChanged = true
+    }
+
+    /// True when ``deletions`` is part of what the MACs cover (format 6 and later).
+    var coversDeletions: Bool { format >= 6 }
+
     func accumulator(_ bucket: Int) -> ArraySlice<UInt8> {
         accumulators[bucket * Self.accumulatorSize..<(bucket + 1) * Self.accumulatorSize]
     }
@@ -272,9 +302,9 @@ struct IntegrityState {
     /// another's. Formats 3 and 4 cover one digest per group, keyed by the element key.
     private mutating func authenticatedBytes(vaultID: [UInt8], headerBinding: [UInt8], keys: Keys) -> FieldEncoder {
         let tree = format >= 5
-        // About 30 bytes, then 37 per group or node and 37 for the header.
-        var encoder = FieldEncoder(capacity: 64 + 37 * (Self.groupCount + 1))
-        encoder.string(tree ? "lockbox.state.v5" : "lockbox.state.v3")
+        // About 30 bytes, then 37 per group or node, 37 for the header and 37 for the deletions.
+        var encoder = FieldEncoder(capacity: 64 + 37 * (Self.groupCount + 2))
+        encoder.string(format >= 6 ? "lockbox.state.v6" : tree ? "lockbox.state.v5" : "lockbox.state.v3")
         encoder.bytes(vaultID)
         encoder.integer(generation)
         if tree {
@@ -302,6 +332,7 @@ struct IntegrityState {
             }
         }
         encoder.bytes(headerBinding)
+        if format >= 6 { encoder.bytes(deletions) }
         return encoder
     }
 
@@ -397,7 +428,7 @@ struct IntegrityState {
         guard try statement.step() else { return nil }
         let malformed = LockboxError.integrity("The keychain's integrity record")
         guard let generation = statement.integer(0), generation >= 0, let inline = statement.blob(1),
-            let mac = statement.blob(2), let alwaysMAC = statement.blob(3), let format = statement.integer(4), (2...5).contains(format)
+            let mac = statement.blob(2), let alwaysMAC = statement.blob(3), let format = statement.integer(4), (2...6).contains(format)
         else { throw malformed }
         var state: IntegrityState
         if inline.count == bucketCount * accumulatorSize && format == 2 {
@@ -405,7 +436,9 @@ struct IntegrityState {
             state.mac = mac
             state.alwaysMAC = alwaysMAC
         } else {
-            guard inline.isEmpty else { throw malformed }
+            // Up to format 5 `vault_state` holds no accumulators any more; from 6, the sum of
+            // the deletion records.
+            guard format >= 6 ? inline.count == accumulatorSize : inline.isEmpty else { throw malformed }
             // From format 4 `vault_state` holds the format alone (what a save left there).
             guard format < 4 || (generation == 0 && mac.isEmpty && alwaysMAC.isEmpty) else { throw malformed }
             let groups = try loadGroups(from: database, withRecord: format >= 4)
@@ -422,6 +455,7 @@ struct IntegrityState {
         }
         state.format = format
         state.storedFormat = format
+        if format >= 6 { state.deletions = inline }
         return state
     }
 
@@ -475,12 +509,22 @@ struct IntegrityState {
         if storedFormat != Self.currentFormat {
             let statement = try database.statement(
                 """
-                INSERT INTO vault_state (id, generation, accumulators, mac, always_mac, format) VALUES (1, 0, X'', X'', X'', ?)
-                ON CONFLICT (id) DO UPDATE SET generation = 0, accumulators = X'', mac = X'', always_mac = X'', format = excluded.format
+                INSERT INTO vault_state (id, generation, accumulators, mac, always_mac, format) VALUES (1, 0, ?, X'', X'', ?)
+                ON CONFLICT (id) DO UPDATE SET generation = 0, accumulators = excluded.accumulators, mac = X'', always_mac = X'',
+                    format = excluded.format
                 """)
-            statement.bind(1, format)
+            statement.bind(1, deletions)
+            statement.bind(2, format)
             try statement.run()
             unsavedGroups = .max
+            deletionsChanged = false
+        } else if deletionsChanged {
+            // The same size as before: SQLite overwrites the cell in place.
+            let statement = try database.statement("UPDATE vault_state SET accumulators = ? WHERE id = 1")
+            statement.bind(1, deletions)
+            try statement.run()
+            statement.reset()
+            deletionsChanged = false
         }
         // A write that changed no group (a header change) still moves the record: it goes into
         // the first group's row.

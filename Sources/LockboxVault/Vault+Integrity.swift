@@ -290,13 +290,23 @@ extension Vault {
                 prunedDeletions = true
                 try pruneDeletions(key: deletionKey(stateKey))
             }
+            // A record of the same row already there (put back from an older copy, or a row
+            // deleted twice): its MAC leaves the integrity record's sum with it.
+            let existing = try database.statement("SELECT reference, deleted_at, generation, mac FROM sync_deletions WHERE reference = ?")
+            existing.bind(1, reference)
+            if try existing.step(), Vault.isSoundDeletionRecord(existing, key: deletionKey(stateKey)), let mac = existing.blob(3) {
+                integrity.countDeletion(mac: mac, adding: false)
+            }
+            existing.reset()
+            let mac = Vault.deletionMAC(reference: reference, milliseconds: milliseconds, generation: generation, key: deletionKey(stateKey))
             let statement = try database.statement(
                 "INSERT OR REPLACE INTO sync_deletions (reference, deleted_at, generation, mac) VALUES (?, ?, ?, ?)")
             statement.bind(1, reference)
             statement.bind(2, Int(milliseconds))
             statement.bind(3, generation)
-            statement.bind(4, Vault.deletionMAC(reference: reference, milliseconds: milliseconds, generation: generation, key: deletionKey(stateKey)))
+            statement.bind(4, mac)
             try statement.run()
+            integrity.countDeletion(mac: mac, adding: true)
         }
 
         /// Drops the deletion records older than ``Vault/deletionsKept`` that are sound. A
@@ -306,18 +316,19 @@ extension Vault {
             let old = try database.statement("SELECT reference, deleted_at, generation, mac FROM sync_deletions WHERE deleted_at < ?")
             defer { old.reset() }
             old.bind(1, Int(Vault.milliseconds(time) - Vault.deletionsKept))
-            var expired: [[UInt8]] = []
+            var expired: [(reference: [UInt8], mac: [UInt8])] = []
             while try old.step() {
-                if Vault.isSoundDeletionRecord(old, key: key) { expired.append(old.blob(0) ?? []) }
+                if Vault.isSoundDeletionRecord(old, key: key) { expired.append((old.blob(0) ?? [], old.blob(3) ?? [])) }
             }
             old.reset()
             guard !expired.isEmpty else { return }
             let delete = try database.statement("DELETE FROM sync_deletions WHERE reference = ?")
             defer { delete.reset() }
-            for reference in expired {
+            for record in expired {
                 delete.reset()
-                delete.bind(1, reference)
+                delete.bind(1, record.reference)
                 try delete.run()
+                integrity.countDeletion(mac: record.mac, adding: false)
             }
         }
 
@@ -421,7 +432,12 @@ extension Vault {
             state.integrity = nil
             cache = try currentIntegrity(state)
         }
-        guard let stored = cache.state, let keys = cache.keys, keys.state != nil else { throw lockedError() }
+        guard var stored = cache.state, let keys = cache.keys, let stateKey = keys.state else { throw lockedError() }
+        if !stored.coversDeletions {
+            // A record of an older format has no sum of the deletion records: this write, which
+            // converts it, starts from the records as they are.
+            stored.setDeletions(try Self.deletionRecordSum(in: state.database, key: Self.deletionKey(stateKey)).sum)
+        }
         // `currentIntegrity` read the data version in this transaction (its confirmation is
         // per transaction, and this one has just begun).
         return RowWriter(database: state.database, integrity: stored, keys: keys, dataVersion: cache.dataVersion, time: currentDate())
@@ -563,6 +579,9 @@ extension Vault {
 
             // Every row is counted, including the ones left as they were.
             var integrity = try IntegrityState.recount(database: state.database, key: keys.element)
+            if let stateKey = keys.state {
+                integrity.setDeletions(try Self.deletionRecordSum(in: state.database, key: Self.deletionKey(stateKey)).sum)
+            }
             integrity.generation = generation
             integrity.seal(header: header, keys: keys)
             try integrity.save(to: state.database)
@@ -588,6 +607,11 @@ extension Vault {
         let counted = try IntegrityState.recount(database: state.database, key: keys.element)
         guard IntegrityState.equal(counted.accumulators, stored.accumulators) else {
             throw LockboxError.integrity("The keychain's rows")
+        }
+        // The records of deleted synchronizable rows, which the rebuilt record sums anew.
+        if stored.coversDeletions, let stateKey = keys.state {
+            let records = try Self.deletionRecordSum(in: state.database, key: Self.deletionKey(stateKey))
+            guard records.damaged == 0, IntegrityState.equal(records.sum, stored.deletions) else { throw damagedDeletionRecord() }
         }
     }
 }

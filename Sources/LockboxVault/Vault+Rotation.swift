@@ -137,6 +137,10 @@ extension Vault {
                 resealed += 1
             }
             var integrity = try IntegrityState.recount(database: state.database, key: newKeys.element)
+            // The deletion records keep their MACs (the index root, and so the state key, stays).
+            if let stateKey = newKeys.state {
+                integrity.setDeletions(try Self.deletionRecordSum(in: state.database, key: Self.deletionKey(stateKey)).sum)
+            }
             integrity.generation = generation
             integrity.seal(header: header, keys: newKeys)
             try integrity.save(to: state.database)

@@ -101,13 +101,24 @@ extension Vault {
         return mac.count == expected.count && mac.withUnsafeBytes { a in expected.withUnsafeBytes { b in constantTimeEquals(a, b) } }
     }
 
-    /// The error for a deletion record that fails its check, with the way out.
+    /// The error for deletion records that fail their check, with the way out.
     func damagedDeletionRecord() -> LockboxError {
         LockboxError(
             .decode,
-            "A recorded deletion of a synchronizable item in the keychain \(path) was modified outside Lockbox, so sync "
-                + "refuses to use it. `lockbox verify` shows how many; `lockbox sync forget-damaged-deletions` drops them "
-                + "(the deletes they recorded, if not yet synced, then lose to any later edit made on another device).")
+            "The records of deleted synchronizable items in the keychain \(path) were modified outside Lockbox (a record "
+                + "edited, removed or put back), so sync refuses to use them. `lockbox verify` shows what; "
+                + "`lockbox sync forget-damaged-deletions` drops the damaged ones and accepts the rest (the deletes they "
+                + "recorded, if not yet synced, then lose to any later edit made on another device).")
+    }
+
+    /// Checks the deletion records as a whole against the integrity record of this transaction
+    /// (from its format 6): every record sound, and their MACs summing to what the record
+    /// covers, so that a record removed, added or put back from an older copy is an error like
+    /// an edited one.
+    func checkDeletionRecords(_ state: State, key: SecretBytes) throws(LockboxError) {
+        guard let stored = try currentIntegrity(state).state, stored.coversDeletions else { return }
+        let records = try Self.deletionRecordSum(in: state.database, key: key)
+        guard records.damaged == 0, IntegrityState.equal(records.sum, stored.deletions) else { throw damagedDeletionRecord() }
     }
 
     /// Drops an integrity cache filled before the index root was at hand (a handle that read
@@ -136,6 +147,7 @@ extension Vault {
             refreshIntegrityWithoutStateKey(state)
             return try state.database.readTransaction { () throws(LockboxError) -> [Data: Date] in
                 let key = try deletionKey(state)
+                try checkDeletionRecords(state, key: key)
                 let statement = try state.database.statement(
                     "SELECT reference, deleted_at, generation, mac FROM sync_deletions WHERE reference = ?")
                 defer { statement.reset() }
@@ -154,40 +166,67 @@ extension Vault {
         }
     }
 
-    /// How many deletion records the file holds, and how many fail their check under `key`.
-    static func countDeletionRecords(in database: Database, key: SecretBytes) throws(LockboxError) -> (all: Int, damaged: Int) {
+    /// The deletion records of the file: how many, how many fail their check under `key`, and
+    /// the modular sum of the sound ones' MACs (what the integrity record covers from its
+    /// format 6).
+    static func deletionRecordSum(in database: Database, key: SecretBytes) throws(LockboxError) -> (all: Int, damaged: Int, sum: [UInt8]) {
         let statement = try database.statement("SELECT reference, deleted_at, generation, mac FROM sync_deletions")
         defer { statement.reset() }
-        var counts = (all: 0, damaged: 0)
+        var result = (all: 0, damaged: 0, sum: [UInt8](repeating: 0, count: IntegrityState.accumulatorSize))
         while try statement.step() {
-            counts.all += 1
-            if !isSoundDeletionRecord(statement, key: key) { counts.damaged += 1 }
+            result.all += 1
+            guard isSoundDeletionRecord(statement, key: key), let mac = statement.blob(3) else {
+                result.damaged += 1
+                continue
+            }
+            result.sum.withUnsafeMutableBytes { sum in mac.withUnsafeBytes { ModularSum.add($0, to: sum) } }
         }
-        return counts
+        return result
+    }
+
+    /// What ``forgetDamagedDeletionRecords()`` did.
+    public struct DeletionRecordRepair: Sendable, Equatable {
+        /// Records dropped because they failed their check.
+        public var dropped: Int
+        /// The records left no longer summed to what the integrity record covered (some were
+        /// removed or put back outside Lockbox) and were accepted as they are.
+        public var acceptedChangedSet: Bool
+
+        /// True when nothing was wrong, and nothing was written.
+        public var changedNothing: Bool { dropped == 0 && !acceptedChangedSet }
     }
 
     /// Drops the records of deleted synchronizable rows that fail their check (edited outside
-    /// Lockbox), which sync otherwise refuses; the sound ones stay as they are. A delete whose
-    /// record is dropped, if not yet synced, is pushed as one made just after the version this
-    /// device knew: it loses to any later edit made on another device. Writes nothing when no
-    /// record is damaged (the records are outside the integrity record: dropping some is no new
-    /// generation). Needs the keychain unlocked.
+    /// Lockbox), which sync otherwise refuses, and accepts the set left as it is (records
+    /// removed or put back outside Lockbox no longer add up to the integrity record's sum,
+    /// which sync also refuses); the sound records stay as they are. A delete whose record is
+    /// dropped or was removed, if not yet synced, is pushed as one made just after the version
+    /// this device knew: it loses to any later edit made on another device. Writes nothing when
+    /// nothing is wrong. Needs the keychain unlocked.
     ///
-    /// - Returns: how many records were dropped.
+    /// - Returns: what was dropped and accepted.
     /// - Throws: `errSecDecode` when a damaged record could not be dropped.
-    public func forgetDamagedDeletionRecords() throws(LockboxError) -> Int {
-        try withState { state throws(LockboxError) -> Int in
+    public func forgetDamagedDeletionRecords() throws(LockboxError) -> DeletionRecordRepair {
+        try withState { state throws(LockboxError) -> DeletionRecordRepair in
             refreshIntegrityWithoutStateKey(state)
-            let damaged = try state.database.readTransaction { () throws(LockboxError) -> Int in
-                try Self.countDeletionRecords(in: state.database, key: try deletionKey(state)).damaged
-            }
-            guard damaged > 0 else { return 0 }
-            return try state.database.writeTransaction { () throws(LockboxError) -> Int in
+            let sound = try state.database.readTransaction { () throws(LockboxError) -> Bool in
                 let key = try deletionKey(state)
+                do throws(LockboxError) {
+                    try checkDeletionRecords(state, key: key)
+                    return try Self.deletionRecordSum(in: state.database, key: key).damaged == 0
+                } catch {
+                    guard error.code == .decode else { throw error }
+                    return false
+                }
+            }
+            guard !sound else { return DeletionRecordRepair(dropped: 0, acceptedChangedSet: false) }
+            return try writeRows(state) { writer throws(LockboxError) -> DeletionRecordRepair in
+                guard let stateKey = writer.keys.state else { throw lockedError() }
+                let key = Self.deletionKey(stateKey)
+                let before = try Self.deletionRecordSum(in: state.database, key: key)
                 // Rows holding a value of another kind go by their kind, with no value read
                 // back and bound again; then those whose MAC fails, by their reference, the
                 // primary key, now a blob in every row left.
-                let before = state.database.totalChanges
                 try state.database.execute(
                     """
                     DELETE FROM sync_deletions WHERE typeof(reference) <> 'blob' OR typeof(deleted_at) <> 'integer'
@@ -206,11 +245,14 @@ extension Vault {
                     delete.bind(1, reference)
                     try delete.run()
                 }
-                guard try Self.countDeletionRecords(in: state.database, key: key).damaged == 0 else {
+                let after = try Self.deletionRecordSum(in: state.database, key: key)
+                guard after.damaged == 0 else {
                     throw LockboxError(
                         .decode, "Some damaged records of deleted items in the keychain \(path) could not be dropped. Restore it from a backup.")
                 }
-                return state.database.totalChanges - before
+                let accepted = !IntegrityState.equal(after.sum, writer.integrity.deletions)
+                writer.integrity.setDeletions(after.sum)
+                return DeletionRecordRepair(dropped: before.all - after.all, acceptedChangedSet: accepted)
             }
         }
     }

@@ -104,14 +104,22 @@ extension Vault {
                 if let stateKey = keys.state,
                     try state.database.firstRow("SELECT 1 FROM sqlite_master WHERE name = 'sync_deletions'", read: { _ in true }) ?? false
                 {
-                    let counts = try Vault.countDeletionRecords(in: state.database, key: Vault.deletionKey(stateKey))
-                    report.deletionRecords = counts.all
-                    report.damagedDeletionRecords = counts.damaged
-                    if counts.damaged > 0 {
+                    let records = try Vault.deletionRecordSum(in: state.database, key: Vault.deletionKey(stateKey))
+                    report.deletionRecords = records.all
+                    report.damagedDeletionRecords = records.damaged
+                    if records.damaged > 0 {
                         report.problems.append(
-                            "\(counts.damaged) of \(counts.all) recorded deletion(s) of synchronizable items were modified outside "
-                                + "Lockbox; a sync that needs one refuses it. `lockbox sync forget-damaged-deletions` drops them; the "
+                            "\(records.damaged) of \(records.all) recorded deletion(s) of synchronizable items were modified outside "
+                                + "Lockbox, and sync refuses them. `lockbox sync forget-damaged-deletions` drops them; the "
                                 + "deletes they recorded, if not yet synced, then lose to any later edit made on another device.")
+                    } else if let stored = try IntegrityState.load(from: state.database), stored.coversDeletions,
+                        !IntegrityState.equal(records.sum, stored.deletions)
+                    {
+                        report.problems.append(
+                            "The recorded deletions of synchronizable items are not the ones Lockbox wrote (a record removed or put "
+                                + "back outside Lockbox), and sync refuses them. `lockbox sync forget-damaged-deletions` accepts them as "
+                                + "they are; a delete whose record is gone, if not yet synced, then loses to any later edit made on "
+                                + "another device.")
                     }
                 }
                 if failed > 0 {

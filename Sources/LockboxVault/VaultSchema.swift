@@ -39,7 +39,12 @@ package enum VaultSchema {
     /// - 6: `sync_deletions`: the deletion of a synchronizable row is recorded with its time
     ///   (and the writing generation, under a MAC of the unlocked vault's state key), so that
     ///   sync stamps the delete with when it was made, not with when it was noticed.
-    static let current = 6
+    /// - 7: the integrity record's MACs also cover the sum of those records' MACs (state format
+    ///   6, kept in `vault_state.accumulators`), so a record removed, or one put back from an
+    ///   older copy, is found like a row. The step changes nothing but the version, so that a
+    ///   Lockbox of schema 6 refuses the file as newer instead of reporting it tampered; the
+    ///   record is converted at the next write.
+    static let current = 7
 
     /// The page size of vault files created by this build (SQLite's default is 4096; a file
     /// keeps the size it was created with). Every page a write changes is appended whole to the
@@ -58,6 +63,7 @@ package enum VaultSchema {
         case 3: try addVersion4(database)
         case 4: break
         case 5: try addVersion6(database)
+        case 6: break
         default: throw LockboxError(.param, "No migration from keychain schema version \(version).")
         }
     }

@@ -66,25 +66,25 @@ struct DeletionRecordTests {
         let refused = #expect(throws: LockboxError.self) { try fixture.vault.deletionTimes(of: [first]) }
         #expect(refused?.code == .decode)
         #expect(refused?.message.contains("lockbox sync forget-damaged-deletions") == true)
-        // The sound record still reads.
-        #expect(try fixture.vault.deletionTimes(of: [second]) == [second: times[second]!])
+        // The records are checked as a set: the sound one is refused too until the damaged one goes.
+        #expect(status { _ = try fixture.vault.deletionTimes(of: [second]) } == -26275)
 
-        #expect(try fixture.vault.forgetDamagedDeletionRecords() == 1)
+        #expect(try fixture.vault.forgetDamagedDeletionRecords().dropped == 1)
         #expect(try fixture.vault.deletionTimes(of: [first, second]) == [second: times[second]!])
-        #expect(try fixture.vault.forgetDamagedDeletionRecords() == 0)
+        #expect(try fixture.vault.forgetDamagedDeletionRecords().changedNothing)
         let after = try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration)
         #expect(after.isSound)
         #expect(after.deletionRecords == 1 && after.damagedDeletionRecords == 0)
     }
 
-    @Test("Records whose columns changed storage class or were forged are damaged everywhere; forgetting drops exactly them and writes no new generation")
+    @Test("Records whose columns changed storage class or were forged are damaged everywhere; forgetting drops exactly them, and writes nothing when nothing is wrong")
     func storageClassEditsAndForgeriesAreDamaged() throws {
         let (fixture, references) = try vaultWithDeletions(["a", "b", "c", "d"])
         let times = try fixture.vault.deletionTimes(of: references)
         #expect(times.count == 4)
         let generation = try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration).generation
         // Nothing damaged: nothing written.
-        #expect(try fixture.vault.forgetDamagedDeletionRecords() == 0)
+        #expect(try fixture.vault.forgetDamagedDeletionRecords().changedNothing)
         #expect(try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration).generation == generation)
 
         let raw = try Database(path: fixture.path, create: false)
@@ -110,12 +110,64 @@ struct DeletionRecordTests {
             let refused = #expect(throws: LockboxError.self) { try fixture.vault.deletionTimes(of: [reference]) }
             #expect(refused?.code == .decode)
         }
-        #expect(try fixture.vault.forgetDamagedDeletionRecords() == 4)
+        #expect(try fixture.vault.forgetDamagedDeletionRecords() == Vault.DeletionRecordRepair(dropped: 4, acceptedChangedSet: true))
         #expect(try raw.firstRow("SELECT count(*) FROM sync_deletions", read: { $0.integer(0) }) == 1)
         #expect(try fixture.vault.deletionTimes(of: references) == [references[3]: times[references[3]]!])
         let after = try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration)
         #expect(after.isSound)
-        #expect(after.generation == generation, "dropping records outside the integrity record made a new generation")
+        // Dropping records is a write of the integrity record, which covers their sum.
+        #expect(after.generation == generation.map { $0 + 1 })
+    }
+
+    @Test("A record removed from the file, or put back after the vault dropped it, no longer adds up: refused, reported, and accepted on request")
+    func removedOrReplayedRecordIsFound() throws {
+        let clock = ManualClock()
+        let (fixture, references) = try vaultWithDeletions(["a", "b"], clock: clock)
+        let times = try fixture.vault.deletionTimes(of: references)
+        let raw = try Database(path: fixture.path, create: false)
+        let saved = try raw.firstRow("SELECT deleted_at, generation, mac FROM sync_deletions WHERE reference = X'\(hex(references[0]))'") {
+            ($0.integer(0)!, $0.integer(1)!, $0.blob(2)!)
+        }!
+        // Removed: every sound record left is refused as a set, verify says so.
+        try raw.execute("DELETE FROM sync_deletions WHERE reference = X'\(hex(references[0]))'")
+        let refused = #expect(throws: LockboxError.self) { try fixture.vault.deletionTimes(of: [references[1]]) }
+        #expect(refused?.code == .decode)
+        let report = try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration)
+        #expect(!report.isSound && report.damagedDeletionRecords == 0)
+        #expect(report.problems.contains { $0.contains("removed or put back") })
+        // Put back as it was: it adds up again.
+        let insert = try raw.statement("INSERT INTO sync_deletions (reference, deleted_at, generation, mac) VALUES (?, ?, ?, ?)")
+        insert.bind(1, Array(references[0]))
+        insert.bind(2, saved.0)
+        insert.bind(3, saved.1)
+        insert.bind(4, saved.2)
+        try insert.run()
+        insert.reset()
+        #expect(try fixture.vault.deletionTimes(of: references) == times)
+
+        // The vault drops expired records itself; the attacker puts one back from a copy.
+        clock.advance(by: .seconds(181 * 24 * 3600))
+        try fixture.vault.unlock(passphrase: fixture.passphrase)
+        var item = Item.genericPassword(service: "later.example", account: "x", data: SecretBytes(utf8: "later"))
+        item.attributes.synchronizable = true
+        try fixture.vault.add(item)
+        var query = Query.genericPassword(service: "later.example", account: "x")
+        query.synchronizable = .synchronizable
+        #expect(try fixture.vault.delete(matching: query) == 1)
+        #expect(try fixture.vault.deletionTimes(of: references).isEmpty)
+        insert.bind(1, Array(references[0]))
+        insert.bind(2, saved.0)
+        insert.bind(3, saved.1)
+        insert.bind(4, saved.2)
+        try insert.run()
+        insert.reset()
+        let replayed = #expect(throws: LockboxError.self) { try fixture.vault.deletionTimes(of: [references[0]]) }
+        #expect(replayed?.code == .decode)
+
+        // Accepted on the user's request: nothing dropped, the set taken as it is.
+        #expect(try fixture.vault.forgetDamagedDeletionRecords() == Vault.DeletionRecordRepair(dropped: 0, acceptedChangedSet: true))
+        #expect(try fixture.vault.deletionTimes(of: [references[0]]).count == 1)
+        #expect(try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration).isSound)
     }
 
     @Test("Old records go at the next synchronizable delete, but a damaged one stays to be reported")

@@ -69,7 +69,7 @@ struct FileTests {
     @Test("a vault from a newer schema is refused, and the current one is recorded")
     func newerSchema_isRefused() throws {
         let fixture = try VaultFixture()
-        #expect(try fixture.vault.withDatabase { database throws(LockboxError) in try database.userVersion } == 6)
+        #expect(try fixture.vault.withDatabase { database throws(LockboxError) in try database.userVersion } == 7)
         // From schema 6: synchronizable rows' deletions are recorded with their time.
         let tables = try fixture.vault.withDatabase { database throws(LockboxError) -> Bool in
             try database.firstRow("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'sync_deletions'") { $0.integer(0) } == 1

@@ -124,7 +124,7 @@ struct FormatCompatibilityTests {
         #expect(before == 3)
 
         try vault.update(matching: .genericPassword(service: "svc.v2", account: "ivan"), to: ItemUpdate(data: SecretBytes(utf8: "at-v3")))
-        #expect(try storedRecord(vault) == (IntegrityState.currentFormat, 0, 16))
+        #expect(try storedRecord(vault) == (IntegrityState.currentFormat, IntegrityState.accumulatorSize, 16))
         // The updated row is resealed in row format 3 (its value under the class key, bound to
         // its attributes); the others stay in format 2 and read as they are.
         let rowFormats = try vault.withDatabase { database throws(LockboxError) in
@@ -188,7 +188,7 @@ struct FormatCompatibilityTests {
         // `vault_state`); the first write moves them into the group rows.
         #expect(try storedRecord(vault) == (3, 0, 16))
         try vault.update(matching: .genericPassword(service: "svc.v3", account: "judy"), to: ItemUpdate(data: SecretBytes(utf8: "at-v4")))
-        #expect(try storedRecord(vault) == (IntegrityState.currentFormat, 0, 16))
+        #expect(try storedRecord(vault) == (IntegrityState.currentFormat, IntegrityState.accumulatorSize, 16))
         let record = try vault.withDatabase { database throws(LockboxError) in
             try database.firstRow("SELECT length(mac) + length(always_mac), generation FROM vault_state") { [$0.integer(0), $0.integer(1)] }
         }
@@ -226,7 +226,7 @@ struct FormatCompatibilityTests {
         let formatFour = try groupRows(vault)
 
         try vault.update(matching: .genericPassword(service: "svc.v4", account: "liam"), to: ItemUpdate(data: SecretBytes(utf8: "at-v5")))
-        #expect(try storedRecord(vault) == (IntegrityState.currentFormat, 0, 16))
+        #expect(try storedRecord(vault) == (IntegrityState.currentFormat, IntegrityState.accumulatorSize, 16))
         // The conversion writes every group with the new record.
         #expect(try groupRows(vault).allSatisfy { $0.generation == 9 })
         try vault.add(.genericPassword(service: "svc.v5", account: "mia", data: SecretBytes(utf8: "new")))
@@ -273,7 +273,7 @@ struct FormatCompatibilityTests {
         #expect(try Vault.verify(at: copy.path, configuration: copy.configuration).isSound)
     }
 
-    @Test("the schema-6 vault opens, every item reads back, its recorded deletion reads back with its time, and both are checked")
+    @Test("the schema-6 vault opens, every item reads back, its recorded deletion reads back with its time; its first write sums the record into the integrity record")
     func version6Vault_opensWithItsDeletionRecord() throws {
         let copy = try Copy(version: 6)
         let vault = try Vault.open(at: copy.path, configuration: copy.configuration)
@@ -296,8 +296,18 @@ struct FormatCompatibilityTests {
         #expect(report.generation == 11)
         // Writes go on; an edited record of the fixture is refused.
         mona.returning = []
+        #expect(try storedRecord(vault) == (5, 0, 16))
         try vault.update(matching: mona, to: ItemUpdate(data: SecretBytes(utf8: "at-v7")))
         #expect(try vault.data(matching: mona) == SecretBytes(utf8: "at-v7"))
+        // That write converted the record to format 6, summing the fixture's deletion record:
+        // removing it is now found, and putting it back undoes that.
+        #expect(try storedRecord(vault) == (IntegrityState.currentFormat, IntegrityState.accumulatorSize, 16))
+        try vault.withDatabase { database throws(LockboxError) in
+            try database.execute("CREATE TEMP TABLE saved AS SELECT * FROM sync_deletions; DELETE FROM sync_deletions")
+        }
+        #expect(status { _ = try vault.deletionTimes(of: [reference]) } == -26275)
+        try vault.withDatabase { database throws(LockboxError) in try database.execute("INSERT INTO sync_deletions SELECT * FROM saved") }
+        #expect(try vault.deletionTimes(of: [reference]).count == 1)
         try vault.withDatabase { database throws(LockboxError) in try database.execute("UPDATE sync_deletions SET deleted_at = deleted_at + 1") }
         #expect(status { _ = try vault.deletionTimes(of: [reference]) } == -26275)
     }
@@ -357,7 +367,7 @@ struct FormatCompatibilityTests {
 
         try vault.withDatabase { database throws(LockboxError) in try database.execute("DROP TRIGGER refuse_group_9") }
         try vault.update(matching: liam, to: ItemUpdate(data: SecretBytes(utf8: "at-v5")))
-        #expect(try storedRecord(vault) == (IntegrityState.currentFormat, 0, 16))
+        #expect(try storedRecord(vault) == (IntegrityState.currentFormat, IntegrityState.accumulatorSize, 16))
         #expect(try groupRows(vault).allSatisfy { $0.generation == 9 })
         #expect(try other.data(matching: liam) == SecretBytes(utf8: "at-v5"))
         #expect(try Vault.verify(at: copy.path, configuration: copy.configuration).isSound)

@@ -162,14 +162,16 @@ struct TamperCampaignTests {
         #expect(
             report.totals.failClosed + report.totals.correct + report.totals.unchanged + report.totals.violations
                 == report.totals.reads + report.counterViolations)
-        // The recorded deletions are read in every state; an edited one fails closed and verify
-        // finds it, a removed one reads as no record.
+        // The recorded deletions are read in every state; an edited, removed or added one fails
+        // closed (the integrity record covers their sum), none is forgotten.
         #expect(report.deletionReads >= report.totals.edits * 4)
+        for mutation in ["delete row", "duplicate row"] {
+            let tally = report.tallies.first { $0.key.table == "sync_deletions" && $0.key.mutation == mutation }?.value
+            #expect(tally?.failClosed ?? 0 > 0, "sync_deletions \(mutation)")
+        }
         let editedRecord = report.tallies.filter { $0.key.table == "sync_deletions" && !$0.key.column.hasPrefix("(row") }.values
         #expect(editedRecord.reduce(0) { $0 + $1.failClosed } > 0)
-        let removedRecord = report.tallies.first { $0.key.table == "sync_deletions" && $0.key.mutation == "delete row" }?.value
-        #expect(removedRecord?.violations == 0)
-        #expect(report.forgottenDeletions > 0)
+        #expect(report.forgottenDeletions == 0)
         // The instrument sees what it must: rolled-back files and replayed rows fail closed.
         for mutation in ["older copy in place", "deleted before checkpoint"] {
             let tally = report.tallies.first { $0.key.table == "(file)" && $0.key.mutation == mutation }?.value
