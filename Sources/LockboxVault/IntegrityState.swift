@@ -57,6 +57,10 @@ struct IntegrityState {
     private(set) var deletions = [UInt8](repeating: 0, count: IntegrityState.accumulatorSize)
     /// `deletions` changed since the state was read: the next save writes it.
     private var deletionsChanged = false
+    /// Whether `deletions` is the sum of the records (read in format 6, set, or a new vault's
+    /// zeros): a state of an older format, or a recount of the rows, has no sum until one is
+    /// set, and sealing it before would cover a wrong one.
+    private var deletionsKnown = true
     var mac: [UInt8] = []
     var alwaysMAC: [UInt8] = []
     var format = IntegrityState.currentFormat {
@@ -282,10 +286,15 @@ struct IntegrityState {
         precondition(sum.count == Self.accumulatorSize)
         deletions = sum
         deletionsChanged = true
+        deletionsKnown = true
     }
 
     /// True when ``deletions`` is part of what the MACs cover (format 6 and later).
     var coversDeletions: Bool { format >= 6 }
+
+    /// True when ``deletions`` is known to be the records' sum, so that the state may be sealed
+    /// in format 6; false for a state read in an older format or recounted, until it is set.
+    var knowsDeletions: Bool { deletionsKnown }
 
     func accumulator(_ bucket: Int) -> ArraySlice<UInt8> {
         accumulators[bucket * Self.accumulatorSize..<(bucket + 1) * Self.accumulatorSize]
@@ -378,6 +387,7 @@ struct IntegrityState {
     /// Seals in the current format.
     mutating func seal(vaultID: [UInt8], headerBinding: [UInt8], keys: Keys) {
         guard let stateKey = keys.state else { preconditionFailure("writing the integrity state needs the index root") }
+        precondition(deletionsKnown, "the deletion records' sum is set before a state of an older format is sealed")
         format = Self.currentFormat
         let bytes = authenticatedBytes(vaultID: vaultID, headerBinding: headerBinding, keys: keys)
         (mac, alwaysMAC) = bytes.withBytes { (Crypto.keyedDigest($0, key: stateKey), Crypto.keyedDigest($0, key: keys.always)) }
@@ -456,6 +466,7 @@ struct IntegrityState {
         state.format = format
         state.storedFormat = format
         if format >= 6 { state.deletions = inline }
+        state.deletionsKnown = format >= 6
         return state
     }
 
@@ -598,6 +609,7 @@ struct IntegrityState {
             }
         }
         state.markAllUnsaved()
+        state.deletionsKnown = false
         return state
     }
 

@@ -184,6 +184,10 @@ extension Vault {
             try header.save(to: state.database)
             state.header = header
             guard var next = stored, let keys else { return nil }
+            if !next.knowsDeletions, let stateKey = keys.state {
+                // A record of an older format, converted by this write: the records as they are.
+                next.setDeletions(try Self.deletionRecordSum(in: state.database, key: Self.deletionKey(stateKey)).sum)
+            }
             // The `always` key is the same (a new machine's copy of it at most), so the row
             // elements keep their values.
             next.generation += 1
@@ -433,7 +437,7 @@ extension Vault {
             cache = try currentIntegrity(state)
         }
         guard var stored = cache.state, let keys = cache.keys, let stateKey = keys.state else { throw lockedError() }
-        if !stored.coversDeletions {
+        if !stored.knowsDeletions {
             // A record of an older format has no sum of the deletion records: this write, which
             // converts it, starts from the records as they are.
             stored.setDeletions(try Self.deletionRecordSum(in: state.database, key: Self.deletionKey(stateKey)).sum)

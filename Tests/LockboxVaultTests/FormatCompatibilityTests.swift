@@ -312,6 +312,27 @@ struct FormatCompatibilityTests {
         #expect(status { _ = try vault.deletionTimes(of: [reference]) } == -26275)
     }
 
+    @Test("the schema-6 vault copied to another machine: its first unlock there changes the header and converts the record, summing the deletion record")
+    func version6Vault_onAnotherMachine_convertsWithItsDeletionRecord() throws {
+        let copy = try Copy(version: 6)
+        var configuration = copy.configuration
+        configuration.device = DeviceIdentity(
+            keyPath: copy.directory.file("state/other-device-key"), machineIDPath: copy.directory.file("state/other-machine-id"))
+        try "0123456789abcdef0123456789abcdef\n".write(toFile: copy.directory.file("state/other-machine-id"), atomically: true, encoding: .utf8)
+        let vault = try Vault.open(at: copy.path, configuration: configuration)
+        #expect(try storedRecord(vault) == (5, 0, 16))
+        try vault.unlock(passphrase: Self.passphrase)
+        // The unlock added this machine's class keys: a header change, which sealed the record anew.
+        #expect(try storedRecord(vault) == (IntegrityState.currentFormat, IntegrityState.accumulatorSize, 16))
+        let reference = Data([0, 0, 0, 0, 0, 0, 0, 0x0a, 0x4b, 0x9d, 0x9e, 0xc9, 0xf4, 0x4e, 0xd3, 0x40])
+        #expect(try vault.deletionTimes(of: [reference]) == [reference: Date(timeIntervalSince1970: 1_796_409_357.767)])
+        var mona = Query.genericPassword(service: "svc.v6", account: "mona")
+        mona.synchronizable = .synchronizable
+        #expect(try vault.data(matching: mona) == SecretBytes(utf8: "written-at-v6"))
+        try vault.withDatabase { database throws(LockboxError) in try database.execute("DELETE FROM sync_deletions") }
+        #expect(status { _ = try vault.deletionTimes(of: [reference]) } == -26275)
+    }
+
     /// Formats 4 and 5 are stored alike and told apart by `vault_state.format` alone, which
     /// the MACs do not cover: each format's MACs must fail when read as the other's.
     @Test("the schema-4 vault's record marked format 5 before its conversion, and its format-4 record and format put back after it -> refused")
