@@ -50,7 +50,7 @@ struct IntegrityState {
 
     var generation: Int
     var accumulators: [UInt8]
-    /// Format 6: the modular sum of the MACs of the records in `sync_deletions` (the deletions
+    /// Format 6: the modular sum of the values of the records in `sync_deletions` (the deletions
     /// of synchronizable rows, which sync stamps its tombstones with), so that a record removed
     /// or put back from an older copy no longer adds up. A state of an older format has none
     /// (zeros); the write that converts it sums the records it finds.
@@ -270,10 +270,12 @@ struct IntegrityState {
         knownNodes = 0
     }
 
-    /// Counts a deletion record (its MAC) in ``deletions``, or takes one out.
-    mutating func countDeletion(mac: [UInt8], adding: Bool) {
+    /// Counts a deletion record (its value, ``Vault/deletionElement(mac:sumKey:)``) in
+    /// ``deletions``, or takes one out.
+    mutating func countDeletion(element value: [UInt8], adding: Bool) {
+        precondition(value.count == Self.accumulatorSize)
         deletions.withUnsafeMutableBytes { sum in
-            mac.withUnsafeBytes { element in
+            value.withUnsafeBytes { element in
                 if adding { ModularSum.add(element, to: sum) } else { ModularSum.subtract(element, from: sum) }
             }
         }

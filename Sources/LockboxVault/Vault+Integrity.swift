@@ -186,7 +186,7 @@ extension Vault {
             guard var next = stored, let keys else { return nil }
             if !next.knowsDeletions, let stateKey = keys.state {
                 // A record of an older format, converted by this write: the records as they are.
-                next.setDeletions(try Self.deletionRecordSum(in: state.database, key: Self.deletionKey(stateKey)).sum)
+                next.setDeletions(try Self.deletionSumForConversion(in: state.database, stateKey: stateKey))
             }
             // The `always` key is the same (a new machine's copy of it at most), so the row
             // elements keep their values.
@@ -223,12 +223,20 @@ extension Vault {
         private var prunedDeletions = false
         /// Derived at the first deletion this write records, then kept for the others.
         private var derivedDeletionKey: SecretBytes?
+        private var derivedDeletionSumKey: SecretBytes?
 
         private func deletionKey(_ stateKey: SecretBytes) -> SecretBytes {
             if let derivedDeletionKey { return derivedDeletionKey }
             let key = Vault.deletionKey(stateKey)
             derivedDeletionKey = key
             return key
+        }
+
+        /// A deletion record's value in the integrity record's sum.
+        private func deletionElement(mac: [UInt8], stateKey: SecretBytes) -> [UInt8] {
+            let sumKey = derivedDeletionSumKey ?? Vault.deletionSumKey(deletionKey(stateKey))
+            derivedDeletionSumKey = sumKey
+            return Vault.deletionElement(mac: mac, sumKey: sumKey)
         }
 
         fileprivate init(database: Database, integrity: IntegrityState, keys: IntegrityState.Keys, dataVersion: Int, time: Date) {
@@ -292,14 +300,14 @@ extension Vault {
             let milliseconds = Vault.milliseconds(deletionTime ?? time)
             if !prunedDeletions {
                 prunedDeletions = true
-                try pruneDeletions(key: deletionKey(stateKey))
+                try pruneDeletions(stateKey: stateKey)
             }
             // A record of the same row already there (put back from an older copy, or a row
             // deleted twice): its MAC leaves the integrity record's sum with it.
             let existing = try database.statement("SELECT reference, deleted_at, generation, mac FROM sync_deletions WHERE reference = ?")
             existing.bind(1, reference)
             if try existing.step(), Vault.isSoundDeletionRecord(existing, key: deletionKey(stateKey)), let mac = existing.blob(3) {
-                integrity.countDeletion(mac: mac, adding: false)
+                integrity.countDeletion(element: deletionElement(mac: mac, stateKey: stateKey), adding: false)
             }
             existing.reset()
             let mac = Vault.deletionMAC(reference: reference, milliseconds: milliseconds, generation: generation, key: deletionKey(stateKey))
@@ -310,13 +318,14 @@ extension Vault {
             statement.bind(3, generation)
             statement.bind(4, mac)
             try statement.run()
-            integrity.countDeletion(mac: mac, adding: true)
+            integrity.countDeletion(element: deletionElement(mac: mac, stateKey: stateKey), adding: true)
         }
 
         /// Drops the deletion records older than ``Vault/deletionsKept`` that are sound. A
         /// damaged one stays, so that sync and `lockbox verify` report it instead of an edited
         /// date making it vanish unnoticed.
-        private func pruneDeletions(key: SecretBytes) throws(LockboxError) {
+        private func pruneDeletions(stateKey: SecretBytes) throws(LockboxError) {
+            let key = deletionKey(stateKey)
             let old = try database.statement("SELECT reference, deleted_at, generation, mac FROM sync_deletions WHERE deleted_at < ?")
             defer { old.reset() }
             old.bind(1, Int(Vault.milliseconds(time) - Vault.deletionsKept))
@@ -332,7 +341,7 @@ extension Vault {
                 delete.reset()
                 delete.bind(1, record.reference)
                 try delete.run()
-                integrity.countDeletion(mac: record.mac, adding: false)
+                integrity.countDeletion(element: deletionElement(mac: record.mac, stateKey: stateKey), adding: false)
             }
         }
 
@@ -440,7 +449,7 @@ extension Vault {
         if !stored.knowsDeletions {
             // A record of an older format has no sum of the deletion records: this write, which
             // converts it, starts from the records as they are.
-            stored.setDeletions(try Self.deletionRecordSum(in: state.database, key: Self.deletionKey(stateKey)).sum)
+            stored.setDeletions(try Self.deletionSumForConversion(in: state.database, stateKey: stateKey))
         }
         // `currentIntegrity` read the data version in this transaction (its confirmation is
         // per transaction, and this one has just begun).
@@ -506,6 +515,10 @@ extension Vault {
                     """, bind: { $0.bind(1, device.identifier) }, read: { $0.integer(0) ?? 0 }) ?? 0
                 if waiting > 0 { return nil }
             }
+            // The deletion records' sum is carried over as it was verified (the state key stays):
+            // a rebuild blesses no record removed or put back outside Lockbox, and a wrong set
+            // blocks no unlock; only a record of an older format is summed from the table.
+            let carriedDeletions = existing.flatMap { $0.knowsDeletions ? $0.deletions : nil }
             if let existing {
                 // What is there must check out before the rows are resealed and recounted.
                 try verifyBeforeRebuilding(existing, header: header, master: master, state: state)
@@ -583,8 +596,10 @@ extension Vault {
 
             // Every row is counted, including the ones left as they were.
             var integrity = try IntegrityState.recount(database: state.database, key: keys.element)
-            if let stateKey = keys.state {
-                integrity.setDeletions(try Self.deletionRecordSum(in: state.database, key: Self.deletionKey(stateKey)).sum)
+            if let carriedDeletions {
+                integrity.setDeletions(carriedDeletions)
+            } else if let stateKey = keys.state {
+                integrity.setDeletions(try Self.deletionSumForConversion(in: state.database, stateKey: stateKey))
             }
             integrity.generation = generation
             integrity.seal(header: header, keys: keys)
@@ -611,11 +626,6 @@ extension Vault {
         let counted = try IntegrityState.recount(database: state.database, key: keys.element)
         guard IntegrityState.equal(counted.accumulators, stored.accumulators) else {
             throw LockboxError.integrity("The keychain's rows")
-        }
-        // The records of deleted synchronizable rows, which the rebuilt record sums anew.
-        if stored.coversDeletions, let stateKey = keys.state {
-            let records = try Self.deletionRecordSum(in: state.database, key: Self.deletionKey(stateKey))
-            guard records.damaged == 0, IntegrityState.equal(records.sum, stored.deletions) else { throw damagedDeletionRecord() }
         }
     }
 }

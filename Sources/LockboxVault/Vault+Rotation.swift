@@ -69,6 +69,9 @@ extension Vault {
             else { throw LockboxError.integrity("The keychain's integrity record") }
             let indexRoot = try header.indexRoot(master: oldMaster)
             _ = oldAlways
+            // Carried over as verified (the state key stays): the rebuild blesses no record
+            // removed or put back outside Lockbox, and a wrong set blocks no passphrase change.
+            let carriedDeletions = stored.knowsDeletions ? stored.deletions : nil
             try verifyBeforeRebuilding(stored, header: header, master: oldMaster, state: state)
             let remembered = state.rememberedGeneration.read()
             let previousMasters = try header.openPreviousMasters(master: oldMaster)
@@ -138,8 +141,10 @@ extension Vault {
             }
             var integrity = try IntegrityState.recount(database: state.database, key: newKeys.element)
             // The deletion records keep their MACs (the index root, and so the state key, stays).
-            if let stateKey = newKeys.state {
-                integrity.setDeletions(try Self.deletionRecordSum(in: state.database, key: Self.deletionKey(stateKey)).sum)
+            if let carriedDeletions {
+                integrity.setDeletions(carriedDeletions)
+            } else if let stateKey = newKeys.state {
+                integrity.setDeletions(try Self.deletionSumForConversion(in: state.database, stateKey: stateKey))
             }
             integrity.generation = generation
             integrity.seal(header: header, keys: newKeys)

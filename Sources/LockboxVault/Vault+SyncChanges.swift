@@ -78,6 +78,18 @@ extension Vault {
         Crypto.deriveKey(from: stateKey, context: "lbxdelet", identifier: 1)
     }
 
+    /// The key of the values the integrity record sums for the deletion records, derived from
+    /// their MAC key: a record's value is a keyed digest of its MAC, which the file does not
+    /// show, so a sum cannot be made up from the MACs it does.
+    static func deletionSumKey(_ deletionKey: SecretBytes) -> SecretBytes {
+        Crypto.deriveKey(from: deletionKey, context: "lbxdelsm", identifier: 1)
+    }
+
+    /// A record's value in the integrity record's sum.
+    static func deletionElement(mac: [UInt8], sumKey: SecretBytes) -> [UInt8] {
+        Crypto.keyedDigest(mac, key: sumKey)
+    }
+
     static func deletionMAC(reference: [UInt8], milliseconds: Int64, generation: Int, key: SecretBytes) -> [UInt8] {
         var encoder = FieldEncoder()
         encoder.string("lockbox.vault.sync-deletion.v1")
@@ -166,22 +178,46 @@ extension Vault {
         }
     }
 
-    /// The deletion records of the file: how many, how many fail their check under `key`, and
-    /// the modular sum of the sound ones' MACs (what the integrity record covers from its
-    /// format 6).
+    /// The deletion records of the file: how many, how many fail their check under `key` (a
+    /// reference present twice, which the table's key forbids, counts as damaged each time
+    /// after the first), and the modular sum of the sound ones' values
+    /// (``deletionElement(mac:sumKey:)``), what the integrity record covers from its format 6.
+    /// A file without the table (removed outside Lockbox) is `errSecDecode`.
     static func deletionRecordSum(in database: Database, key: SecretBytes) throws(LockboxError) -> (all: Int, damaged: Int, sum: [UInt8]) {
+        guard try hasDeletionRecordTable(database) else {
+            throw LockboxError(
+                .decode,
+                "The keychain's table of deleted synchronizable items is missing (removed outside Lockbox), so sync refuses to "
+                    + "run. `lockbox sync forget-damaged-deletions` makes it again, empty.")
+        }
+        let sumKey = deletionSumKey(key)
         let statement = try database.statement("SELECT reference, deleted_at, generation, mac FROM sync_deletions")
         defer { statement.reset() }
         var result = (all: 0, damaged: 0, sum: [UInt8](repeating: 0, count: IntegrityState.accumulatorSize))
+        var references = Set<[UInt8]>()
         while try statement.step() {
             result.all += 1
-            guard isSoundDeletionRecord(statement, key: key), let mac = statement.blob(3) else {
+            guard isSoundDeletionRecord(statement, key: key), let reference = statement.blob(0), let mac = statement.blob(3),
+                references.insert(reference).inserted
+            else {
                 result.damaged += 1
                 continue
             }
-            result.sum.withUnsafeMutableBytes { sum in mac.withUnsafeBytes { ModularSum.add($0, to: sum) } }
+            let element = deletionElement(mac: mac, sumKey: sumKey)
+            result.sum.withUnsafeMutableBytes { sum in element.withUnsafeBytes { ModularSum.add($0, to: sum) } }
         }
         return result
+    }
+
+    /// The sum a record of an older format is converted with: the records as they are, none
+    /// when the table is missing (it was covered by nothing before; sync reports it).
+    static func deletionSumForConversion(in database: Database, stateKey: SecretBytes) throws(LockboxError) -> [UInt8] {
+        guard try hasDeletionRecordTable(database) else { return [UInt8](repeating: 0, count: IntegrityState.accumulatorSize) }
+        return try deletionRecordSum(in: database, key: deletionKey(stateKey)).sum
+    }
+
+    static func hasDeletionRecordTable(_ database: Database) throws(LockboxError) -> Bool {
+        try database.firstRow("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'sync_deletions'", read: { _ in true }) ?? false
     }
 
     /// What ``forgetDamagedDeletionRecords()`` did.
@@ -210,6 +246,7 @@ extension Vault {
         try withState { state throws(LockboxError) -> DeletionRecordRepair in
             refreshIntegrityWithoutStateKey(state)
             let sound = try state.database.readTransaction { () throws(LockboxError) -> Bool in
+                guard try Self.hasDeletionRecordTable(state.database) else { return false }
                 let key = try deletionKey(state)
                 do throws(LockboxError) {
                     try checkDeletionRecords(state, key: key)
@@ -223,6 +260,8 @@ extension Vault {
             return try writeRows(state) { writer throws(LockboxError) -> DeletionRecordRepair in
                 guard let stateKey = writer.keys.state else { throw lockedError() }
                 let key = Self.deletionKey(stateKey)
+                // A table removed outside Lockbox is made again, empty.
+                if try !Self.hasDeletionRecordTable(state.database) { try VaultSchema.createDeletionRecords(state.database) }
                 let before = try Self.deletionRecordSum(in: state.database, key: key)
                 // Rows holding a value of another kind go by their kind, with no value read
                 // back and bound again; then those whose MAC fails, by their reference, the
@@ -233,9 +272,13 @@ extension Vault {
                         OR typeof(generation) <> 'integer' OR typeof(mac) <> 'blob'
                     """)
                 let select = try state.database.statement("SELECT reference, deleted_at, generation, mac FROM sync_deletions")
-                var forged: [[UInt8]] = []
+                // Every copy of a reference present twice goes too (the table's key forbids it:
+                // the table was made again outside Lockbox), the genuine one with the others.
+                var forged = Set<[UInt8]>()
+                var seen = Set<[UInt8]>()
                 while try select.step() {
-                    if !Self.isSoundDeletionRecord(select, key: key) { forged.append(select.blob(0) ?? []) }
+                    let reference = select.blob(0) ?? []
+                    if !Self.isSoundDeletionRecord(select, key: key) || !seen.insert(reference).inserted { forged.insert(reference) }
                 }
                 select.reset()
                 let delete = try state.database.statement("DELETE FROM sync_deletions WHERE reference = ?")

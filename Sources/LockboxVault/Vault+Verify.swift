@@ -101,9 +101,12 @@ extension Vault {
                     }
                 }
                 statement.reset()
-                if let stateKey = keys.state,
-                    try state.database.firstRow("SELECT 1 FROM sqlite_master WHERE name = 'sync_deletions'", read: { _ in true }) ?? false
-                {
+                let coversDeletions = try IntegrityState.load(from: state.database)?.coversDeletions ?? false
+                if keys.state != nil, try !Vault.hasDeletionRecordTable(state.database), coversDeletions {
+                    report.problems.append(
+                        "The table of deleted synchronizable items is missing (removed outside Lockbox), and sync refuses to run. "
+                            + "`lockbox sync forget-damaged-deletions` makes it again, empty.")
+                } else if let stateKey = keys.state, try Vault.hasDeletionRecordTable(state.database) {
                     let records = try Vault.deletionRecordSum(in: state.database, key: Vault.deletionKey(stateKey))
                     report.deletionRecords = records.all
                     report.damagedDeletionRecords = records.damaged

@@ -162,6 +162,12 @@ package enum VaultSchema {
     }
 
     private static func addVersion6(_ database: Database) throws(LockboxError) {
+        try createDeletionRecords(database)
+    }
+
+    /// The table of schema 6: also made again, empty, when it was removed outside Lockbox and
+    /// the user asks for it (``Vault/forgetDamagedDeletionRecords()``).
+    static func createDeletionRecords(_ database: Database) throws(LockboxError) {
         try database.execute(
             """
             CREATE TABLE sync_deletions (

@@ -170,6 +170,51 @@ struct DeletionRecordTests {
         #expect(try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration).isSound)
     }
 
+    @Test("A table made again without its key, holding copies of a record, or removed altogether: found, and repaired on request")
+    func copiedRecordsAndAMissingTableAreFound() throws {
+        let (fixture, references) = try vaultWithDeletions(["a", "b"])
+        let raw = try Database(path: fixture.path, create: false)
+        // The table rebuilt without its primary key, so that a record can be there twice.
+        try raw.execute(
+            """
+            CREATE TABLE copy AS SELECT * FROM sync_deletions;
+            DROP TABLE sync_deletions;
+            CREATE TABLE sync_deletions (reference BLOB, deleted_at INTEGER, generation INTEGER, mac BLOB);
+            INSERT INTO sync_deletions SELECT * FROM copy;
+            INSERT INTO sync_deletions SELECT * FROM copy WHERE reference = X'\(hex(references[0]))';
+            DROP TABLE copy;
+            """)
+        let report = try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration)
+        #expect(report.deletionRecords == 3 && report.damagedDeletionRecords == 1)
+        #expect(status { _ = try fixture.vault.deletionTimes(of: [references[1]]) } == -26275)
+        // Both copies go (which one is genuine cannot be told); the other record stays.
+        #expect(try fixture.vault.forgetDamagedDeletionRecords() == Vault.DeletionRecordRepair(dropped: 2, acceptedChangedSet: true))
+        #expect(try fixture.vault.deletionTimes(of: references).keys.sorted { $0.lexicographicallyPrecedes($1) } == [references[1]])
+
+        // The table removed: verify and sync say so; the repair makes it again, empty.
+        try raw.execute("DROP TABLE sync_deletions")
+        let missing = try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration)
+        #expect(missing.problems.contains { $0.contains("missing") })
+        let refused = #expect(throws: LockboxError.self) { try fixture.vault.deletionTimes(of: references) }
+        #expect(refused?.code == .decode)
+        #expect(refused?.message.contains("forget-damaged-deletions") == true)
+        #expect(try fixture.vault.forgetDamagedDeletionRecords() == Vault.DeletionRecordRepair(dropped: 0, acceptedChangedSet: true))
+        #expect(try fixture.vault.deletionTimes(of: references).isEmpty)
+        #expect(try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration).isSound)
+    }
+
+    @Test("A passphrase change neither blesses a removed record nor is blocked by it")
+    func passphraseChangeCarriesTheSum() throws {
+        let (fixture, references) = try vaultWithDeletions(["a", "b"])
+        let raw = try Database(path: fixture.path, create: false)
+        try raw.execute("DELETE FROM sync_deletions WHERE reference = X'\(hex(references[0]))'")
+        try fixture.vault.changePassphrase(from: fixture.passphrase, to: SecretBytes(utf8: "another passphrase"))
+        // The rebuilt record carried the sum as it was: the removal is still found.
+        #expect(status { _ = try fixture.vault.deletionTimes(of: [references[1]]) } == -26275)
+        #expect(try fixture.vault.forgetDamagedDeletionRecords().acceptedChangedSet)
+        #expect(try fixture.vault.deletionTimes(of: references).count == 1)
+    }
+
     @Test("Old records go at the next synchronizable delete, but a damaged one stays to be reported")
     func pruneKeepsDamagedRecords() throws {
         let clock = ManualClock()
