@@ -30,6 +30,9 @@ extension SyncGroup {
         public var devices: [Device]?
         /// Why the database could not be asked (the keychain stays usable); nil when it answered.
         public var unreachable: String?
+        /// The records of items deleted here that the next push stamps its tombstones with, and
+        /// whether a sync would accept them (``Vault/deletionRecordHealth()``).
+        public var deletionRecords = Vault.DeletionRecordHealth(records: 0, isSound: true)
     }
 
     /// This device's view of the group, and the database's when it answers.
@@ -46,6 +49,7 @@ extension SyncGroup {
                 syncedItems: try state.liveEntryCount,
                 pendingLocalChanges: try vault.synchronizableChanges(since: state.generation).changed.count)
             status.headFingerprint = state.accumulator.map { Array($0.prefix(8)).hexString }
+            status.deletionRecords = try vault.deletionRecordHealth()
             do throws(LockboxError) {
                 let connection = try PostgresConnection(database)
                 try SyncSchema.migrate(connection)

@@ -258,6 +258,7 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
                 "\"keyEpoch\": \(status.keyEpoch)", "\"pulledVersion\": \(status.pulledVersion)",
                 "\"pendingLocalChanges\": \(status.pendingLocalChanges)", "\"syncedItems\": \(status.syncedItems)",
                 "\"databaseReachable\": \(status.unreachable == nil)",
+                "\"deletionRecords\": \(status.deletionRecords.records)", "\"deletionRecordsSound\": \(status.deletionRecords.isSound)",
             ]
             if let lastSync = status.lastSync { fields.append("\"lastSync\": \(jsonString(lastSync))") }
             if let head = status.headFingerprint { fields.append("\"head\": \(jsonString(head))") }
@@ -276,6 +277,13 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
             streams.print("last sync:        \(status.lastSync ?? "never")")
             streams.print("synced items:     \(status.syncedItems)")
             streams.print("pending here:     \(status.pendingLocalChanges) changed row(s) since the last push")
+            if status.deletionRecords.isSound {
+                streams.print("deleted here:     \(status.deletionRecords.records) recorded deletion(s), sound")
+            } else {
+                streams.print(
+                    "deleted here:     the records of deleted items were modified outside Lockbox: sync refuses them; "
+                        + "`lockbox sync forget-damaged-deletions` repairs them")
+            }
             if let unreachable = status.unreachable {
                 streams.print("database:         unreachable (\(unreachable)); the keychain is fully usable, sync later")
             } else {

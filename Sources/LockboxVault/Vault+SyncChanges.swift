@@ -220,6 +220,39 @@ extension Vault {
         try database.firstRow("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'sync_deletions'", read: { _ in true }) ?? false
     }
 
+    /// The state of the records of deleted synchronizable rows, as a sync would find it.
+    public struct DeletionRecordHealth: Sendable, Equatable {
+        /// Records in the file (a copy of a reference counted each time).
+        public var records: Int
+        /// False when a sync would refuse them: a record edited, removed, copied or put back
+        /// outside Lockbox, or the table missing. ``Vault/forgetDamagedDeletionRecords()``
+        /// repairs it.
+        public var isSound: Bool
+
+        package init(records: Int, isSound: Bool) {
+            self.records = records
+            self.isSound = isSound
+        }
+    }
+
+    /// Checks the records of deleted synchronizable rows as a sync does, without using them.
+    /// Needs the keychain unlocked.
+    public func deletionRecordHealth() throws(LockboxError) -> DeletionRecordHealth {
+        try withState { state throws(LockboxError) -> DeletionRecordHealth in
+            refreshIntegrityWithoutStateKey(state)
+            return try state.database.readTransaction { () throws(LockboxError) -> DeletionRecordHealth in
+                let key = try deletionKey(state)
+                guard try Self.hasDeletionRecordTable(state.database) else { return DeletionRecordHealth(records: 0, isSound: false) }
+                let records = try Self.deletionRecordSum(in: state.database, key: key)
+                var sound = records.damaged == 0
+                if sound, let stored = try currentIntegrity(state).state, stored.coversDeletions {
+                    sound = IntegrityState.equal(records.sum, stored.deletions)
+                }
+                return DeletionRecordHealth(records: records.all, isSound: sound)
+            }
+        }
+    }
+
     /// What ``forgetDamagedDeletionRecords()`` did.
     public struct DeletionRecordRepair: Sendable, Equatable {
         /// Records dropped because they failed their check.

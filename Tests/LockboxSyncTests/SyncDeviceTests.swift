@@ -375,6 +375,10 @@ extension SyncTests {
         #expect(attacker.totalChanges == 1)
         let verify = try SyncCLI.run(first, ["verify"])
         #expect(verify.status == 1 && verify.standardOutput.contains("damaged 1"), "verify: \(verify.standardOutput)")
+        // Status says so before a sync fails on it.
+        let damagedStatus = try SyncCLI.run(first, ["sync", "status", "--json"])
+        #expect(damagedStatus.standardOutput.contains("\"deletionRecordsSound\": false"), "\(damagedStatus.standardOutput)")
+        #expect(try SyncCLI.run(first, ["sync", "status"]).standardOutput.contains("forget-damaged-deletions"))
         let refused = try SyncCLI.run(first, ["sync", "now"])
         #expect(refused.status == 1 && refused.standardError.contains("-26275"))
         #expect(refused.standardError.contains("lockbox sync forget-damaged-deletions"))
@@ -382,6 +386,7 @@ extension SyncTests {
         #expect(forgot.status == 0 && forgot.standardOutput.contains("Dropped 1"), "forget: \(forgot.standardError)")
         #expect(try SyncCLI.run(first, ["sync", "forget-damaged-deletions"]).standardOutput.contains("nothing was dropped"))
         #expect(try SyncCLI.run(first, ["verify"]).status == 0)
+        #expect(try SyncCLI.run(first, ["sync", "status", "--json"]).standardOutput.contains("\"deletionRecordsSound\": true"))
         #expect(try SyncCLI.run(first, ["sync", "now"]).status == 0)
         #expect(try first.value("gone.example", "alice") == nil)
     }
