@@ -1,7 +1,4 @@
 import Foundation
-#if canImport(Glibc)
-import Glibc
-#endif
 import LockboxCampaigns
 
 // The reliability campaigns' driver (docs/RELIABILITY.md is written by scripts/campaign).
@@ -10,16 +7,9 @@ import LockboxCampaigns
 //   lockbox-campaign faults
 //   lockbox-campaign leaks --lockbox PATH/lockbox
 //   lockbox-campaign tamper [--sample]
-//   lockbox-campaign sync --iterations N --lockbox PATH [--postgres SCRIPT]/lockbox   (LOCKBOX_TEST_POSTGRES: scripts/postgres start)
+//   lockbox-campaign sync --iterations N --lockbox PATH/lockbox [--postgres scripts/postgres]   (LOCKBOX_TEST_POSTGRES: scripts/postgres start)
 //
 // Prints a summary; exits 1 when any check failed.
-
-/// `scripts/postgres crash` failed: the campaign cannot go on without its database.
-struct DatabaseDidNotComeBack: Error, CustomStringConvertible {
-    var script: String
-    var status: Int32
-    var description: String { "\(script) crash exited \(status): the database did not come back" }
-}
 
 func usage() -> Never {
     FileHandle.standardError.write(
@@ -94,28 +84,10 @@ do {
         let directory = temporaryDirectory()
         // `--postgres SCRIPT`: the database is the campaign's own (scripts/postgres, with
         // LOCKBOX_POSTGRES_STATE), which it may crash mid-sync and start again.
-        var crashDatabase: (@Sendable () throws -> Void)?
-        if let script = options["--postgres"] {
-            crashDatabase = {
-                // posix_spawn and waitpid, not Process: Foundation's watch over its children can
-                // miss one that exits beside another (the syncs running meanwhile), and never
-                // return from waitUntilExit.
-                var pid: pid_t = 0
-                let arguments = [script, "crash"]
-                let argv = arguments.map { strdup($0) } + [nil]
-                defer { for argument in argv { free(argument) } }
-                let spawned = posix_spawn(&pid, script, nil, nil, argv, environ)
-                guard spawned == 0 else { throw DatabaseDidNotComeBack(script: script, status: Int32(spawned)) }
-                var status: Int32 = 0
-                while waitpid(pid, &status, 0) < 0 {
-                    guard errno == EINTR else { throw DatabaseDidNotComeBack(script: script, status: -errno) }
-                }
-                guard status == 0 else { throw DatabaseDidNotComeBack(script: script, status: status) }
-            }
-        }
         let outcome = Result {
             try SyncCrashCampaign.run(
-                SyncCrashCampaign.Options(iterations: iterations, lockbox: lockbox, database: database, directory: directory, crashDatabase: crashDatabase)
+                SyncCrashCampaign.Options(
+                    iterations: iterations, lockbox: lockbox, database: database, directory: directory, postgresScript: options["--postgres"])
             ) {
                 FileHandle.standardError.write(Data("  \($0)\n".utf8))
             }

@@ -25,18 +25,17 @@ package struct SyncCrashCampaign {
         package var database: String
         /// A private directory for the machines.
         package var directory: String
-        /// Crashes the database (no checkpoint, connections cut) and starts it again, returning
-        /// once it accepts connections; nil when the database is shared and must stay up.
-        package var crashDatabase: (@Sendable () throws -> Void)?
+        /// `scripts/postgres` of the campaign's own database, which `crash` crashes (no
+        /// checkpoint, connections cut) and starts again, with `LOCKBOX_POSTGRES_STATE` in the
+        /// environment; nil when the database is shared and must stay up.
+        package var postgresScript: String?
 
-        package init(
-            iterations: Int, lockbox: String, database: String, directory: String, crashDatabase: (@Sendable () throws -> Void)? = nil
-        ) {
+        package init(iterations: Int, lockbox: String, database: String, directory: String, postgresScript: String? = nil) {
             self.iterations = iterations
             self.lockbox = lockbox
             self.database = database
             self.directory = directory
-            self.crashDatabase = crashDatabase
+            self.postgresScript = postgresScript
         }
     }
 
@@ -217,7 +216,7 @@ package struct SyncCrashCampaign {
             // once (two machines, or two processes of one), each killed at its own moment; or
             // one while the database crashes under it.
             let kind = Self.roundKinds[iteration % Self.roundKinds.count]
-            let crashing = options.crashDatabase != nil && kind == .databaseCrash
+            let crashing = options.postgresScript != nil && kind == .databaseCrash
             var syncingIndices = [Int.random(in: 0..<3, using: &generator)]
             switch kind {
             case .twoMachines:
@@ -235,8 +234,8 @@ package struct SyncCrashCampaign {
                     killAfterMilliseconds: crashing ? nil : Int.random(in: 0...100, using: &generator))
             }
             var crash: (afterMilliseconds: Int, body: @Sendable () throws -> Void)?
-            if crashing, let crashDatabase = options.crashDatabase {
-                crash = (Int.random(in: 0...60, using: &generator), crashDatabase)
+            if crashing, let script = options.postgresScript {
+                crash = (Int.random(in: 0...60, using: &generator), { try crashDatabase(script) })
                 report.databaseCrashes += 1
             }
             let outcomes = try runTogether(options.lockbox, runs, crash: crash)
@@ -313,6 +312,19 @@ package struct SyncCrashCampaign {
         var killAfterMilliseconds: Int?
     }
 
+    /// Runs `script crash` and returns once the database accepts connections again.
+    static func crashDatabase(_ script: String) throws {
+        let environment = ProcessInfo.processInfo.environment
+        guard case .finished(0, _) = try runTogether(script, [Run(arguments: ["crash"], environment: environment, killAfterMilliseconds: nil)])[0]
+        else { throw DatabaseDidNotComeBack(script: script) }
+    }
+
+    /// `scripts/postgres crash` failed: the campaign cannot go on without its database.
+    struct DatabaseDidNotComeBack: Error, CustomStringConvertible {
+        var script: String
+        var description: String { "\(script) crash failed: the database did not come back" }
+    }
+
     /// How long a run left to finish may take before it counts as hung (and is killed).
     static let longestRun: TimeInterval = 120
 
@@ -324,7 +336,7 @@ package struct SyncCrashCampaign {
     static func runTogether(
         _ program: String, _ runs: [Run], crash: (afterMilliseconds: Int, body: @Sendable () throws -> Void)? = nil
     ) throws -> [Outcome] {
-        let outputDirectory = FileManager.default.temporaryDirectory.appendingPathComponent("lockbox-sync-campaign-\(getpid())").path
+        let outputDirectory = FileManager.default.temporaryDirectory.appendingPathComponent("lockbox-sync-campaign-\(UUID().uuidString)").path
         try FileManager.default.createDirectory(atPath: outputDirectory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
         defer { try? FileManager.default.removeItem(atPath: outputDirectory) }
         struct Child {

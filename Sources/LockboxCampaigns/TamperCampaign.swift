@@ -895,6 +895,18 @@ final class Campaign {
         tally.edits = 1
         var closed = false
         var violations: [(String, String)] = []
+        // A status other than the unedited file's: a closed failure, or a violation described
+        // by `what`.
+        func countChanged(_ status: Int32, state: String, place: String, what: String) {
+            if isClosed(status, state: state) {
+                tally.failClosed += 1
+                closed = true
+                report.closedByStatus[status, default: 0] += 1
+            } else {
+                tally.violations += 1
+                violations.append((place, what))
+            }
+        }
         for state in states {
             if state == "unlock" && observation.unlockSkipped {
                 report.throttledUnlocks += 1
@@ -921,14 +933,8 @@ final class Campaign {
                     let target = "\(edit.table).\(edit.column) \(edit.mutation)"
                     if !report.forgottenTargets.contains(target) { report.forgottenTargets.append(target) }
                 case (.status(let status), _):
-                    if isClosed(status, state: state) {
-                        tally.failClosed += 1
-                        closed = true
-                        report.closedByStatus[status, default: 0] += 1
-                    } else {
-                        tally.violations += 1
-                        violations.append(("\(state) \(name)", "status \(status) where the unedited file gives \(before.label)"))
-                    }
+                    countChanged(
+                        status, state: state, place: "\(state) \(name)", what: "status \(status) where the unedited file gives \(before.label)")
                 }
             }
             for probe in probes {
@@ -944,16 +950,9 @@ final class Campaign {
                 case (.status(let status), .status(let expected)) where status == expected:
                     tally.unchanged += 1
                 case (.status(let status), _):
-                    if isClosed(status, state: state) {
-                        tally.failClosed += 1
-                        closed = true
-                        report.closedByStatus[status, default: 0] += 1
-                    } else {
-                        tally.violations += 1
-                        let what = status == LockboxError.Code.itemNotFound.rawValue
-                            ? "not found (-25300) for an item that is there" : "status \(status) where the unedited file gives \(before.label)"
-                        violations.append(("\(state) \(probe.name)", what))
-                    }
+                    let what = status == LockboxError.Code.itemNotFound.rawValue
+                        ? "not found (-25300) for an item that is there" : "status \(status) where the unedited file gives \(before.label)"
+                    countChanged(status, state: state, place: "\(state) \(probe.name)", what: what)
                 }
             }
         }

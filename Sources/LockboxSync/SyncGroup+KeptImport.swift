@@ -31,18 +31,11 @@ extension SyncGroup {
     /// an import built this way would. What it leaves out, the vault's integrity record (one sum per
     /// row) and a few clear columns, is small beside these.
     package func measureKeptImport(at path: String) throws(LockboxError) -> KeptImportTimings {
-        let clock = ContinuousClock()
-        var timings = KeptImportTimings()
-        var mark = clock.now
-        func lap(_ phase: WritableKeyPath<KeptImportTimings, Duration>) {
-            let now = clock.now
-            timings[keyPath: phase] += now - mark
-            mark = now
-        }
+        var timer = PhaseTimer(KeptImportTimings())
         let keys = self.keys
         let connection = try PostgresConnection(database)
         let (head, rows) = try fetchRecords(connection, above: 0, cursor: 0, keys: keys)
-        lap(\.fetch)
+        timer.lap(\.fetch)
         // Opened on other threads a batch at a time, two batches ahead, while this thread
         // inserts the batches already opened, in order; the head is checked before the commit.
         let lookupKey = Crypto.generateKey()
@@ -93,13 +86,13 @@ extension SyncGroup {
                     insert.bind(4, lookup)
                     insert.bind(5, record.element)
                     try insert.run()
-                    timings.records += 1
+                    timer.timings.records += 1
                 }
             }
             guard SyncHead.equal(accumulator, head.accumulator) else { throw SyncHead.withheld() }
         }
-        lap(\.store)
-        return timings
+        timer.lap(\.store)
+        return timer.timings
     }
 }
 

@@ -642,14 +642,7 @@ public final class SyncGroup: Sendable {
     }
 
     func pull(_ connection: PostgresConnection, state: SyncState, report: inout Report) throws(LockboxError) {
-        let clock = ContinuousClock()
-        var timings = PullTimings()
-        var mark = clock.now
-        func lap(_ phase: WritableKeyPath<PullTimings, Duration>) {
-            let now = clock.now
-            timings[keyPath: phase] += now - mark
-            mark = now
-        }
+        var timer = PhaseTimer(PullTimings())
         let cursor = state.cursor
         let keys = self.keys
         // Records above what the last verified head covered; all of them when this device has
@@ -657,12 +650,12 @@ public final class SyncGroup: Sendable {
         let from = state.accumulator == nil ? 0 : cursor
         let (head, rows) = try fetchRecords(connection, above: from, cursor: cursor, keys: keys)
         let counter = head.counter
-        lap(\.fetch)
+        timer.lap(\.fetch)
         // Every record's metadata is opened before anything is applied: a record that fails to
         // open stops the pull with the vault untouched. Values stay sealed until written.
         var failure: LockboxError { LockboxError.integrity("A record of the sync database") }
         let received = try receive(rows, from: from, counter: counter, keys: keys)
-        lap(\.open)
+        timer.lap(\.open)
         // A device that knows nothing yet (its first sync) has nothing to look up per record.
         let knowsNothing = try state.isEmpty
         // The records received, with those the last verified head listed, must give this head:
@@ -684,7 +677,7 @@ public final class SyncGroup: Sendable {
         guard SyncHead.equal(accumulator, head.accumulator) else { throw SyncHead.withheld() }
         pending.replacesVerified = from == 0
         pending.accumulator = head.accumulator
-        lap(\.verify)
+        timer.lap(\.verify)
         var changes: [(id: String, existing: Data?, sealed: SealedValueRecord)] = []
         changes.reserveCapacity(received.count)
         // Rows written here since the push (by another process): checked before overwriting.
@@ -727,21 +720,21 @@ public final class SyncGroup: Sendable {
             // Applied with the others in one vault transaction.
             changes.append((id, existing, sealed))
         }
-        lap(\.decide)
+        timer.lap(\.decide)
         pending.cursor = counter
         // A large pull's state is written while the vault commits, and committed after it.
         let started = try applyPulled(changes, keys: keys, pending: &pending, coveredGeneration: state.generation, state: state)
-        lap(\.vault)
+        timer.lap(\.vault)
         if let started { try started.commit() } else { try state.commit(pending) }
-        lap(\.state)
+        timer.lap(\.state)
         try connection.execute(
             """
             INSERT INTO lockbox_sync_devices (group_id, device_id, pulled_version, last_sync) VALUES ($1, $2, $3, now())
             ON CONFLICT (group_id, device_id) DO UPDATE SET pulled_version = excluded.pulled_version, last_sync = now()
             """,
             [.text(groupID), .text(device.id), .integer(counter)])
-        lap(\.cursor)
-        lastPullTimings.withLock { $0 = timings }
+        timer.lap(\.cursor)
+        lastPullTimings.withLock { $0 = timer.timings }
     }
 
     /// Changes from which a pull applies them through ``Vault/applyChanges(count:concurrently:)``.

@@ -341,16 +341,14 @@ func storeInVaultShape(_ connection: PostgresConnection, groupID: String, path: 
         }
         defer { for batch in inFlight { batch.finished.wait() } }
         digestAhead()
-        var accumulator: UInt8 = 0
         while !inFlight.isEmpty {
             let batch = inFlight.removeFirst()
             batch.finished.wait()
             digestAhead()
             for (offset, digests) in batch.digests.enumerated() {
                 let record = rows[batch.range.lowerBound + offset]
-                accumulator ^= digests.integrity[0]
                 insert.reset()
-                insert.bind(1, SealedRowIdentifier.make(inserted))
+                insert.bind(1, Vault.newRowIdentifier(generation: inserted))
                 insert.bind(2, digests.element)
                 insert.bind(3, digests.lookup)
                 insert.bind(4, digests.name)
@@ -362,19 +360,6 @@ func storeInVaultShape(_ connection: PostgresConnection, groupID: String, path: 
                 inserted += 1
             }
         }
-        _ = accumulator
     }
     return inserted
-}
-
-/// A row identifier as the vault makes them: 8 bytes that grow with each write, then 8 random.
-enum SealedRowIdentifier {
-    static func make(_ sequence: Int) -> [UInt8] {
-        var identifier = [UInt8](repeating: 0, count: 16)
-        identifier.withUnsafeMutableBytes { bytes in
-            bytes.storeBytes(of: UInt64(sequence).bigEndian, as: UInt64.self)
-            Crypto.fillRandom(UnsafeMutableRawBufferPointer(rebasing: bytes[8...]))
-        }
-        return identifier
-    }
 }

@@ -788,4 +788,8 @@ extension Vault {
 
     /// ``currentDate()`` for the packages that date what they write into the vault (sync).
     package var now: Date { currentDate() }
+
+    /// A new row's identifier as a write of `generation` makes it, for the benchmarks that
+    /// store rows of the vault's shape.
+    package static func newRowIdentifier(generation: Int) -> [UInt8] { SealedRow.newIdentifier(generation: generation) }
 }

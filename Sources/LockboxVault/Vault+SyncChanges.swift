@@ -123,14 +123,33 @@ extension Vault {
                 + "recorded, if not yet synced, then lose to any later edit made on another device).")
     }
 
-    /// Checks the deletion records as a whole against the integrity record of this transaction
-    /// (from its format 6): every record sound, and their MACs summing to what the record
-    /// covers, so that a record removed, added or put back from an older copy is an error like
-    /// an edited one.
-    func checkDeletionRecords(_ state: State, key: SecretBytes) throws(LockboxError) {
-        guard let stored = try currentIntegrity(state).state, stored.coversDeletions else { return }
-        let records = try Self.deletionRecordSum(in: state.database, key: key)
-        guard records.damaged == 0, IntegrityState.equal(records.sum, stored.deletions) else { throw damagedDeletionRecord() }
+    /// The deletion records as a whole, as a sync finds them: the table there, every record
+    /// sound, and (from the integrity record's format 6) their values summing to what `stored`
+    /// covers, so that a record removed, added or put back from an older copy counts like an
+    /// edited one.
+    struct DeletionRecordAssessment {
+        var tableMissing = false
+        var records = 0
+        var damaged = 0
+        /// False when `stored` covers a sum that the records do not make.
+        var sumMatches = true
+
+        var isSound: Bool { !tableMissing && damaged == 0 && sumMatches }
+    }
+
+    static func assessDeletionRecords(
+        in database: Database, key: SecretBytes, stored: IntegrityState?
+    ) throws(LockboxError) -> DeletionRecordAssessment {
+        guard try hasDeletionRecordTable(database) else { return DeletionRecordAssessment(tableMissing: true) }
+        let records = try deletionRecordSum(in: database, key: key)
+        var assessment = DeletionRecordAssessment(records: records.all, damaged: records.damaged)
+        if let stored, stored.coversDeletions { assessment.sumMatches = IntegrityState.equal(records.sum, stored.deletions) }
+        return assessment
+    }
+
+    /// ``assessDeletionRecords(in:key:stored:)`` against this transaction's integrity record.
+    func assessDeletionRecords(_ state: State, key: SecretBytes) throws(LockboxError) -> DeletionRecordAssessment {
+        try Self.assessDeletionRecords(in: state.database, key: key, stored: try currentIntegrity(state).state)
     }
 
     /// Drops an integrity cache filled before the index root was at hand (a handle that read
@@ -159,7 +178,9 @@ extension Vault {
             refreshIntegrityWithoutStateKey(state)
             return try state.database.readTransaction { () throws(LockboxError) -> [Data: Date] in
                 let key = try deletionKey(state)
-                try checkDeletionRecords(state, key: key)
+                let assessment = try assessDeletionRecords(state, key: key)
+                guard !assessment.tableMissing else { throw missingDeletionRecordTable() }
+                guard assessment.isSound else { throw damagedDeletionRecord() }
                 let statement = try state.database.statement(
                     "SELECT reference, deleted_at, generation, mac FROM sync_deletions WHERE reference = ?")
                 defer { statement.reset() }
@@ -182,14 +203,8 @@ extension Vault {
     /// reference present twice, which the table's key forbids, counts as damaged each time
     /// after the first), and the modular sum of the sound ones' values
     /// (``deletionElement(mac:sumKey:)``), what the integrity record covers from its format 6.
-    /// A file without the table (removed outside Lockbox) is `errSecDecode`.
+    /// The table must be there (``hasDeletionRecordTable(_:)``).
     static func deletionRecordSum(in database: Database, key: SecretBytes) throws(LockboxError) -> (all: Int, damaged: Int, sum: [UInt8]) {
-        guard try hasDeletionRecordTable(database) else {
-            throw LockboxError(
-                .decode,
-                "The keychain's table of deleted synchronizable items is missing (removed outside Lockbox), so sync refuses to "
-                    + "run. `lockbox sync forget-damaged-deletions` makes it again, empty.")
-        }
         let sumKey = deletionSumKey(key)
         let statement = try database.statement("SELECT reference, deleted_at, generation, mac FROM sync_deletions")
         defer { statement.reset() }
@@ -214,6 +229,14 @@ extension Vault {
     static func deletionSumForConversion(in database: Database, stateKey: SecretBytes) throws(LockboxError) -> [UInt8] {
         guard try hasDeletionRecordTable(database) else { return [UInt8](repeating: 0, count: IntegrityState.accumulatorSize) }
         return try deletionRecordSum(in: database, key: deletionKey(stateKey)).sum
+    }
+
+    /// The error for a table of deletion records removed outside Lockbox, with the way out.
+    func missingDeletionRecordTable() -> LockboxError {
+        LockboxError(
+            .decode,
+            "The keychain's table of deleted synchronizable items is missing (removed outside Lockbox), so sync refuses to "
+                + "run. `lockbox sync forget-damaged-deletions` makes it again, empty.")
     }
 
     static func hasDeletionRecordTable(_ database: Database) throws(LockboxError) -> Bool {
@@ -241,14 +264,8 @@ extension Vault {
         try withState { state throws(LockboxError) -> DeletionRecordHealth in
             refreshIntegrityWithoutStateKey(state)
             return try state.database.readTransaction { () throws(LockboxError) -> DeletionRecordHealth in
-                let key = try deletionKey(state)
-                guard try Self.hasDeletionRecordTable(state.database) else { return DeletionRecordHealth(records: 0, isSound: false) }
-                let records = try Self.deletionRecordSum(in: state.database, key: key)
-                var sound = records.damaged == 0
-                if sound, let stored = try currentIntegrity(state).state, stored.coversDeletions {
-                    sound = IntegrityState.equal(records.sum, stored.deletions)
-                }
-                return DeletionRecordHealth(records: records.all, isSound: sound)
+                let assessment = try assessDeletionRecords(state, key: try deletionKey(state))
+                return DeletionRecordHealth(records: assessment.records, isSound: assessment.isSound)
             }
         }
     }
@@ -279,15 +296,7 @@ extension Vault {
         try withState { state throws(LockboxError) -> DeletionRecordRepair in
             refreshIntegrityWithoutStateKey(state)
             let sound = try state.database.readTransaction { () throws(LockboxError) -> Bool in
-                guard try Self.hasDeletionRecordTable(state.database) else { return false }
-                let key = try deletionKey(state)
-                do throws(LockboxError) {
-                    try checkDeletionRecords(state, key: key)
-                    return try Self.deletionRecordSum(in: state.database, key: key).damaged == 0
-                } catch {
-                    guard error.code == .decode else { throw error }
-                    return false
-                }
+                try assessDeletionRecords(state, key: try deletionKey(state)).isSound
             }
             guard !sound else { return DeletionRecordRepair(dropped: 0, acceptedChangedSet: false) }
             return try writeRows(state) { writer throws(LockboxError) -> DeletionRecordRepair in

@@ -101,23 +101,24 @@ extension Vault {
                     }
                 }
                 statement.reset()
-                let coversDeletions = try IntegrityState.load(from: state.database)?.coversDeletions ?? false
-                if keys.state != nil, try !Vault.hasDeletionRecordTable(state.database), coversDeletions {
-                    report.problems.append(
-                        "The table of deleted synchronizable items is missing (removed outside Lockbox), and sync refuses to run. "
-                            + "`lockbox sync forget-damaged-deletions` makes it again, empty.")
-                } else if let stateKey = keys.state, try Vault.hasDeletionRecordTable(state.database) {
-                    let records = try Vault.deletionRecordSum(in: state.database, key: Vault.deletionKey(stateKey))
-                    report.deletionRecords = records.all
-                    report.damagedDeletionRecords = records.damaged
-                    if records.damaged > 0 {
+                if let stateKey = keys.state {
+                    let deletions = try Vault.assessDeletionRecords(in: state.database, key: Vault.deletionKey(stateKey), stored: stored)
+                    if deletions.tableMissing {
+                        if stored?.coversDeletions == true {
+                            report.problems.append(
+                                "The table of deleted synchronizable items is missing (removed outside Lockbox), and sync refuses to "
+                                    + "run. `lockbox sync forget-damaged-deletions` makes it again, empty.")
+                        }
+                    } else {
+                        report.deletionRecords = deletions.records
+                        report.damagedDeletionRecords = deletions.damaged
+                    }
+                    if deletions.damaged > 0 {
                         report.problems.append(
-                            "\(records.damaged) of \(records.all) recorded deletion(s) of synchronizable items were modified outside "
-                                + "Lockbox, and sync refuses them. `lockbox sync forget-damaged-deletions` drops them; the "
+                            "\(deletions.damaged) of \(deletions.records) recorded deletion(s) of synchronizable items were modified "
+                                + "outside Lockbox, and sync refuses them. `lockbox sync forget-damaged-deletions` drops them; the "
                                 + "deletes they recorded, if not yet synced, then lose to any later edit made on another device.")
-                    } else if let stored = try IntegrityState.load(from: state.database), stored.coversDeletions,
-                        !IntegrityState.equal(records.sum, stored.deletions)
-                    {
+                    } else if !deletions.sumMatches {
                         report.problems.append(
                             "The recorded deletions of synchronizable items are not the ones Lockbox wrote (a record removed or put "
                                 + "back outside Lockbox), and sync refuses them. `lockbox sync forget-damaged-deletions` accepts them as "

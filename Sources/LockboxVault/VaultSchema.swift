@@ -39,9 +39,9 @@ package enum VaultSchema {
     /// - 6: `sync_deletions`: the deletion of a synchronizable row is recorded with its time
     ///   (and the writing generation, under a MAC of the unlocked vault's state key), so that
     ///   sync stamps the delete with when it was made, not with when it was noticed.
-    /// - 7: the integrity record's MACs also cover the sum of those records' MACs (state format
-    ///   6, kept in `vault_state.accumulators`), so a record removed, or one put back from an
-    ///   older copy, is found like a row. The step changes nothing but the version, so that a
+    /// - 7: the integrity record's MACs also cover a sum of one keyed value per such record
+    ///   (state format 6, kept in `vault_state.accumulators`), so a record removed, or one put
+    ///   back from an older copy, is found like a row. The step changes nothing but the version, so that a
     ///   Lockbox of schema 6 refuses the file as newer instead of reporting it tampered; the
     ///   record is converted at the next write.
     static let current = 7

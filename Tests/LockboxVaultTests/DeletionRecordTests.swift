@@ -37,6 +37,38 @@ struct DeletionRecordTests {
         return (fixture, references)
     }
 
+    /// Edits the record of `reference` in the file as an attacker would (`assignment` is SQL).
+    func edit(_ raw: Database, _ assignment: String, _ reference: Data) throws {
+        let statement = try raw.statement("UPDATE sync_deletions SET \(assignment) WHERE reference = ?")
+        statement.bind(1, Array(reference))
+        try statement.run()
+        statement.reset()
+    }
+
+    /// Puts a record back into the file as it was read before.
+    func insertRecord(_ raw: Database, _ reference: Data, _ saved: (Int, Int, [UInt8])) throws {
+        let insert = try raw.statement("INSERT INTO sync_deletions (reference, deleted_at, generation, mac) VALUES (?, ?, ?, ?)")
+        insert.bind(1, Array(reference))
+        insert.bind(2, saved.0)
+        insert.bind(3, saved.1)
+        insert.bind(4, saved.2)
+        try insert.run()
+        insert.reset()
+    }
+
+    /// Moves the clock past the 180 days records are kept and deletes another synchronizable
+    /// item: that write prunes the expired records.
+    func deleteAfterExpiry(_ fixture: VaultFixture, clock: ManualClock) throws {
+        clock.advance(by: .seconds(181 * 24 * 3600))
+        try fixture.vault.unlock(passphrase: fixture.passphrase)
+        var item = Item.genericPassword(service: "later.example", account: "x", data: SecretBytes(utf8: "later"))
+        item.attributes.synchronizable = true
+        try fixture.vault.add(item)
+        var query = Query.genericPassword(service: "later.example", account: "x")
+        query.synchronizable = .synchronizable
+        #expect(try fixture.vault.delete(matching: query) == 1)
+    }
+
     func vaultWithTwoDeletions(clock: ManualClock? = nil) throws -> (VaultFixture, first: Data, second: Data) {
         let (fixture, references) = try vaultWithDeletions(clock: clock)
         return (fixture, references[0], references[1])
@@ -51,10 +83,7 @@ struct DeletionRecordTests {
 
         // The attacker moves the first delete a day later, so that it would beat later edits.
         let raw = try Database(path: fixture.path, create: false)
-        let edit = try raw.statement("UPDATE sync_deletions SET deleted_at = deleted_at + 86400000 WHERE reference = ?")
-        edit.bind(1, Array(first))
-        try edit.run()
-        edit.reset()
+        try edit(raw, "deleted_at = deleted_at + 86400000", first)
         #expect(raw.totalChanges == 1)
 
         let report = try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration)
@@ -88,18 +117,12 @@ struct DeletionRecordTests {
         #expect(try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration).generation == generation)
 
         let raw = try Database(path: fixture.path, create: false)
-        func edit(_ assignment: String, _ reference: Data) throws {
-            let statement = try raw.statement("UPDATE sync_deletions SET \(assignment) WHERE reference = ?")
-            statement.bind(1, Array(reference))
-            try statement.run()
-            statement.reset()
-        }
         // a: its time as text that SQLite would read as the same number; b: its MAC as text
         // (the same bytes); c: its generation as a real that is not a whole number; and a
         // forged record carrying d's time, generation and MAC under another reference.
-        try edit("deleted_at = deleted_at || 'ms'", references[0])
-        try edit("mac = CAST(mac AS TEXT)", references[1])
-        try edit("generation = generation + 0.5", references[2])
+        try edit(raw, "deleted_at = deleted_at || 'ms'", references[0])
+        try edit(raw, "mac = CAST(mac AS TEXT)", references[1])
+        try edit(raw, "generation = generation + 0.5", references[2])
         try raw.execute(
             "INSERT INTO sync_deletions (reference, deleted_at, generation, mac) SELECT X'00112233', deleted_at, generation, mac FROM sync_deletions WHERE reference = X'\(hex(references[3]))'"
         )
@@ -136,31 +159,13 @@ struct DeletionRecordTests {
         #expect(!report.isSound && report.damagedDeletionRecords == 0)
         #expect(report.problems.contains { $0.contains("removed or put back") })
         // Put back as it was: it adds up again.
-        let insert = try raw.statement("INSERT INTO sync_deletions (reference, deleted_at, generation, mac) VALUES (?, ?, ?, ?)")
-        insert.bind(1, Array(references[0]))
-        insert.bind(2, saved.0)
-        insert.bind(3, saved.1)
-        insert.bind(4, saved.2)
-        try insert.run()
-        insert.reset()
+        try insertRecord(raw, references[0], saved)
         #expect(try fixture.vault.deletionTimes(of: references) == times)
 
         // The vault drops expired records itself; the attacker puts one back from a copy.
-        clock.advance(by: .seconds(181 * 24 * 3600))
-        try fixture.vault.unlock(passphrase: fixture.passphrase)
-        var item = Item.genericPassword(service: "later.example", account: "x", data: SecretBytes(utf8: "later"))
-        item.attributes.synchronizable = true
-        try fixture.vault.add(item)
-        var query = Query.genericPassword(service: "later.example", account: "x")
-        query.synchronizable = .synchronizable
-        #expect(try fixture.vault.delete(matching: query) == 1)
+        try deleteAfterExpiry(fixture, clock: clock)
         #expect(try fixture.vault.deletionTimes(of: references).isEmpty)
-        insert.bind(1, Array(references[0]))
-        insert.bind(2, saved.0)
-        insert.bind(3, saved.1)
-        insert.bind(4, saved.2)
-        try insert.run()
-        insert.reset()
+        try insertRecord(raw, references[0], saved)
         let replayed = #expect(throws: LockboxError.self) { try fixture.vault.deletionTimes(of: [references[0]]) }
         #expect(replayed?.code == .decode)
 
@@ -221,18 +226,8 @@ struct DeletionRecordTests {
         let (fixture, first, second) = try vaultWithTwoDeletions(clock: clock)
         let raw = try Database(path: fixture.path, create: false)
         // The attacker ages the first record, hoping the prune makes it vanish unnoticed.
-        let edit = try raw.statement("UPDATE sync_deletions SET deleted_at = 1 WHERE reference = ?")
-        edit.bind(1, Array(first))
-        try edit.run()
-        edit.reset()
-        clock.advance(by: .seconds(181 * 24 * 3600))
-        try fixture.vault.unlock(passphrase: fixture.passphrase)
-        var item = Item.genericPassword(service: "later.example", account: "x", data: SecretBytes(utf8: "later"))
-        item.attributes.synchronizable = true
-        try fixture.vault.add(item)
-        var query = Query.genericPassword(service: "later.example", account: "x")
-        query.synchronizable = .synchronizable
-        #expect(try fixture.vault.delete(matching: query) == 1)
+        try edit(raw, "deleted_at = 1", first)
+        try deleteAfterExpiry(fixture, clock: clock)
         // The sound, expired record went; the damaged one and the new one are there.
         let left = try raw.firstRow("SELECT count(*) FROM sync_deletions", read: { $0.integer(0) })
         #expect(left == 2)
