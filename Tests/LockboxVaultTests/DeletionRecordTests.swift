@@ -208,6 +208,20 @@ struct DeletionRecordTests {
         #expect(try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration).isSound)
     }
 
+    @Test("The record relabelled format 5 with its sum emptied, to have a removal summed anew at the next write: refused")
+    func relabelledRecordIsRefused() throws {
+        let (fixture, references) = try vaultWithDeletions(["a", "b"])
+        let raw = try Database(path: fixture.path, create: false)
+        try raw.execute("DELETE FROM sync_deletions WHERE reference = X'\(hex(references[0]))'")
+        try raw.execute("UPDATE vault_state SET format = 5, accumulators = X''")
+        let other = try fixture.reopen()
+        #expect(status { _ = try other.deletionTimes(of: [references[1]]) } == -26275)
+        #expect(status { try other.add(.genericPassword(service: "after.example", account: "x", data: SecretBytes(utf8: "v"))) } == -26275)
+        // Verify refuses the record outright, or reports it.
+        let verified = try? Vault.verify(at: fixture.path, configuration: fixture.vault.configuration)
+        #expect(verified?.isSound != true)
+    }
+
     @Test("A passphrase change neither blesses a removed record nor is blocked by it")
     func passphraseChangeCarriesTheSum() throws {
         let (fixture, references) = try vaultWithDeletions(["a", "b"])
