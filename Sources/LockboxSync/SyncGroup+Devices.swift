@@ -238,6 +238,7 @@ extension SyncGroup {
                     "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 ORDER BY version", [.text(groupID)])
                 // Every record gets a new version: the head is computed anew, under the new key.
                 var head = SyncHead.empty
+                var resealed: [StoredRecord] = []
                 for record in records {
                     guard let id = record[0] else { throw LockboxError.integrity("A record of the sync database") }
                     let opened = try SyncRecord.open(
@@ -247,10 +248,12 @@ extension SyncGroup {
                         SyncHead.element(itemID: id, version: try PostgresConnection.integer(record[1]), record: opened, keys: old), to: &served)
                     counter += 1
                     SyncHead.add(SyncHead.element(itemID: id, version: counter, record: opened, keys: new), to: &head.accumulator)
-                    try connection.execute(
-                        "UPDATE lockbox_sync_items SET version = $3, payload = $4 WHERE group_id = $1 AND item_id = $2",
-                        [.text(groupID), .text(id), .integer(counter), .bytes(opened.seal(group: groupID, itemID: id, version: counter, keys: new))])
+                    resealed.append(
+                        StoredRecord(
+                            id: id, version: counter, device: opened.stamp.device,
+                            payload: opened.seal(group: groupID, itemID: id, version: counter, keys: new)))
                 }
+                try Self.store(resealed, group: groupID, connection: connection)
                 try resealFleetSessions(connection, from: old, to: new)
                 // Every record was read: they must be exactly the ones the head lists, or the
                 // new head would vouch for what the database changed.

@@ -469,6 +469,7 @@ public final class SyncGroup: Sendable {
         var written: [(id: String, record: SyncRecord)] = []
         var superseding: [(id: String, record: SyncRecord)] = []
         var writes = 0
+        var stored: [StoredRecord] = []
         let cursor = state.cursor
         let keys = self.keys
         try connection.transaction { () throws(LockboxError) in
@@ -515,19 +516,14 @@ public final class SyncGroup: Sendable {
                 counter += 1
                 if let replaced { SyncHead.subtract(replaced, from: &head.accumulator) }
                 SyncHead.add(SyncHead.element(itemID: change.id, version: counter, record: change.record, keys: keys), to: &head.accumulator)
-                try connection.execute(
-                    """
-                    INSERT INTO lockbox_sync_items (group_id, item_id, version, device_id, payload) VALUES ($1, $2, $3, $4, $5)
-                    ON CONFLICT (group_id, item_id) DO UPDATE
-                    SET version = excluded.version, device_id = excluded.device_id, payload = excluded.payload
-                    """,
-                    [
-                        .text(groupID), .text(change.id), .integer(counter), .text(change.record.stamp.device),
-                        .bytes(change.record.seal(group: groupID, itemID: change.id, version: counter, keys: keys)),
-                    ])
+                stored.append(
+                    StoredRecord(
+                        id: change.id, version: counter, device: change.record.stamp.device,
+                        payload: change.record.seal(group: groupID, itemID: change.id, version: counter, keys: keys)))
                 written.append(change)
                 writes += 1
             }
+            try Self.store(stored, group: groupID, connection: connection)
             head.counter = counter
             try connection.execute(
                 "UPDATE lockbox_sync_groups SET counter = $2, head = $3 WHERE group_id = $1",
@@ -548,6 +544,47 @@ public final class SyncGroup: Sendable {
             pending.entries[change.id] = SyncState.Entry(
                 stamp: change.record.stamp, contentDigest: change.record.contentDigest, isTombstone: change.record.isTombstone)
             report.superseded += 1
+        }
+    }
+
+    /// A sealed record as a push writes it to the database.
+    struct StoredRecord {
+        let id: String
+        let version: Int64
+        let device: String
+        let payload: [UInt8]
+    }
+
+    /// Rows per statement when records are written: a statement's parameters stay far below
+    /// PostgreSQL's 65,535, and a push of thousands of items makes a few round trips, not one a
+    /// record (on loopback a round trip costs more than sealing the record).
+    static let recordsPerStatement = 500
+
+    /// Writes records (new, or replacing the item's record) within the caller's transaction,
+    /// many to a statement. An item appears once: one statement cannot write a row twice.
+    static func store(_ records: [StoredRecord], group: String, connection: PostgresConnection) throws(LockboxError) {
+        guard Set(records.map(\.id)).count == records.count else {
+            // Two rows of one primary key: the vault's uniqueness allows it only in a damaged file.
+            throw LockboxError.integrity("Two items the push read")
+        }
+        for start in stride(from: 0, to: records.count, by: recordsPerStatement) {
+            let chunk = records[start..<min(start + recordsPerStatement, records.count)]
+            var parameters: [PostgresConnection.Value] = [.text(group)]
+            parameters.reserveCapacity(1 + 4 * chunk.count)
+            var rows: [String] = []
+            rows.reserveCapacity(chunk.count)
+            for record in chunk {
+                let first = parameters.count + 1
+                rows.append("($1, $\(first), $\(first + 1)::bigint, $\(first + 2), $\(first + 3)::bytea)")
+                parameters += [.text(record.id), .integer(record.version), .text(record.device), .bytes(record.payload)]
+            }
+            try connection.execute(
+                """
+                INSERT INTO lockbox_sync_items (group_id, item_id, version, device_id, payload) VALUES \(rows.joined(separator: ", "))
+                ON CONFLICT (group_id, item_id) DO UPDATE
+                SET version = excluded.version, device_id = excluded.device_id, payload = excluded.payload
+                """,
+                parameters)
         }
     }
 

@@ -91,6 +91,45 @@ extension SyncTests {
         #expect(!dump.contains(PairingCode.normalized(code)) && !dump.contains(PairingCode.normalized(fresh)))
     }
 
+    @Test("Pushes and a device removal writing more records than one statement holds: every record at its own version, read back whole")
+    func recordsSpanningStatements() throws {
+        let (groups, machines) = try threeMachines()
+        let count = 2 * SyncGroup.recordsPerStatement + 203
+        try machines[0].vault.add(contentsOf: synchronizableItems(count, prefix: "many"))
+        #expect(try groups[0].sync().pushed == count)
+        func versions() throws -> [Int64] { try storedRecords(groups[0].groupID).map(\.version) }
+        #expect(try versions() == Array(1...Int64(count)))
+        #expect(try groups[1].sync().pulled == count)
+        #expect(try machines[1].count() == count)
+        // Replacing existing records, more than a statement's worth, with some deleted among them.
+        tick()
+        let edited = SyncGroup.recordsPerStatement + 100
+        for index in 0..<edited { try machines[1].set("many\(index).example", "user", "edited \(index)") }
+        for index in edited..<(edited + 10) { try machines[1].delete("many\(index).example", "user") }
+        #expect(try groups[1].sync().pushed == edited + 10)
+        #expect(try storedRecords(groups[0].groupID).count == count)
+        #expect(try Set(versions()).count == count)
+        #expect(try groups[0].sync().pulled == edited + 10)
+        #expect(try machines[0].value("many0.example", "user") == "edited 0")
+        #expect(try machines[0].value("many\(edited - 1).example", "user") == "edited \(edited - 1)")
+        #expect(try machines[0].value("many\(edited).example", "user") == nil)
+        #expect(try machines[0].value("many\(count - 1).example", "user") == "value \(count - 1)")
+        // A removal re-seals every record under the new key; the remaining device reads them all.
+        let before = try storedRecords(groups[0].groupID).map(\.id).sorted()
+        try groups[0].removeDevice(groups[2].deviceID)
+        let after = try storedRecords(groups[0].groupID)
+        #expect(after.map(\.id).sorted() == before)
+        #expect(Set(after.map(\.version)).count == count)
+        #expect(after.allSatisfy { $0.version > Int64(count + edited + 10) })
+        for record in after {
+            _ = try SyncRecord.open(record.payload, group: groups[0].groupID, itemID: record.id, version: record.version, keys: groups[0].keys)
+        }
+        #expect(try groups[1].sync().changedNothing)
+        #expect(try machines[1].count() == count - 10)
+        #expect(try machines[1].value("many\(count - 1).example", "user") == "value \(count - 1)")
+        #expect(try machines[1].verify())
+    }
+
     @Test("A removed device opens nothing written after its removal, cannot sync, and cannot rejoin with the old passphrase")
     func removedDeviceReadsNothingNew() throws {
         let (groups, machines) = try threeMachines()
