@@ -35,6 +35,10 @@ do {
     } else if invocation.command.usesKeys {
         streams.error("lockbox: \(OAuthHelper.exec(OAuthHelper.keysName, arguments: arguments))")
         status = .failure
+    } else if case .sync = invocation.command, let backend = invocation.backend, backend != .vault {
+        // Sync reads and writes the vault's own rows; it is not a view of another store.
+        streams.error("lockbox: sync works on the vault backend only, not \(backend.rawValue); leave out --backend")
+        status = .usage
     } else if case .sync(let syncArguments) = invocation.command {
         let keychain = invocation.keychain.map { ["--keychain", $0] } ?? []
         streams.error("lockbox: \(OAuthHelper.exec("lockbox-sync", arguments: keychain + syncArguments))")

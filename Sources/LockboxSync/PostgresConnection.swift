@@ -28,8 +28,32 @@ package final class PostgresConnection {
         }
     }
 
+    /// Seconds a connection attempt may take when neither the connection string
+    /// (`connect_timeout=`) nor `PGCONNECT_TIMEOUT` says: libpq's own default is to wait
+    /// forever, so a server that accepts the connection and never answers would hang a sync or
+    /// a status.
+    package static let defaultConnectTimeout = 10
+
     package init(_ conninfo: String) throws(LockboxError) {
-        guard let connection = PQconnectdb(conninfo) else {
+        // Keywords before the expanded connection string are defaults it can override.
+        var keywords = ["dbname"]
+        var values = [conninfo]
+        if getenv("PGCONNECT_TIMEOUT") == nil {
+            keywords.insert("connect_timeout", at: 0)
+            values.insert(String(Self.defaultConnectTimeout), at: 0)
+        }
+        let keywordPointers = keywords.map { strdup($0) }
+        let valuePointers = values.map { strdup($0) }
+        defer {
+            keywordPointers.forEach { free($0) }
+            valuePointers.forEach { free($0) }
+        }
+        let connection = (keywordPointers.map { UnsafePointer($0) } + [nil]).withUnsafeBufferPointer { keywordBuffer in
+            (valuePointers.map { UnsafePointer($0) } + [nil]).withUnsafeBufferPointer { valueBuffer in
+                PQconnectdbParams(keywordBuffer.baseAddress, valueBuffer.baseAddress, 1)
+            }
+        }
+        guard let connection else {
             throw LockboxError(.allocate, "Cannot allocate a PostgreSQL connection.")
         }
         // Checked before `self.connection` is set: once it is, a throw runs `deinit`, which
@@ -47,6 +71,25 @@ package final class PostgresConnection {
     }
 
     deinit { PQfinish(connection) }
+
+    /// Whether a connection string or URI names a password, as libpq reads it (`password=`,
+    /// or one in a URI's user information); nil when libpq cannot read it at all. A password
+    /// belongs in a password file (`passfile=`, `PGPASSFILE`), never on a command line or in
+    /// a configuration file.
+    package static func namesPassword(_ conninfo: String) -> Bool? {
+        var error: UnsafeMutablePointer<CChar>?
+        guard let options = PQconninfoParse(conninfo, &error) else {
+            if let error { PQfreemem(error) }
+            return nil
+        }
+        defer { PQconninfoFree(options) }
+        var option = options
+        while let keyword = option.pointee.keyword {
+            if String(cString: keyword) == "password", let value = option.pointee.val, value.pointee != 0 { return true }
+            option += 1
+        }
+        return false
+    }
 
     private static func message(_ connection: OpaquePointer) -> String {
         guard let text = PQerrorMessage(connection) else { return "no message" }

@@ -156,6 +156,7 @@ extension SyncGroup {
     /// A one-time pairing code for another device to join with (``join(_:vault:database:pairingCode:)``):
     /// show it to the user of the new device. It works once, until `validFor` has passed.
     public func pairingCode(validFor: Duration = .seconds(600)) throws(LockboxError) -> String {
+        try Self.requireUnlocked(vault, "Unlock it to invite a device: a pairing code hands out the group's keys.")
         let connection = try PostgresConnection(database)
         try SyncSchema.migrate(connection)
         try catchUpKeys(connection)
@@ -187,6 +188,8 @@ extension SyncGroup {
         guard deviceID != device.id else {
             throw LockboxError(.param, "A device cannot remove itself. Remove it from another device of the group.")
         }
+        try Self.requireUnlocked(vault, "Unlock it to remove a device.")
+        if let newPassphrase { try Self.checkNewPassphrase(newPassphrase) }
         try syncing.withLock { _ throws(LockboxError) in
             let connection = try PostgresConnection(database)
             try SyncSchema.migrate(connection)
@@ -210,7 +213,7 @@ extension SyncGroup {
                 var served = SyncHead.empty.accumulator
                 let listed = try devices(connection)
                 guard listed.contains(where: { $0.id == deviceID }) else {
-                    throw LockboxError(.itemNotFound, "The sync group has no device \(deviceID). `lockbox sync status` lists its devices.")
+                    throw LockboxError(.itemNotFound, "The sync group has no device of that identifier (not shown, in case it is a secret). `lockbox sync status` lists its devices.")
                 }
                 let keyRows = try connection.execute(
                     "SELECT device_id, public_key FROM lockbox_sync_devices WHERE group_id = $1", [.text(groupID)])

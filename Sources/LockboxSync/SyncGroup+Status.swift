@@ -19,8 +19,8 @@ extension SyncGroup {
         public var headFingerprint: String?
         /// Items this device has synced (not counting tombstones).
         public var syncedItems: Int
-        /// Synchronizable rows written here since the last push (rows a pull applied count
-        /// too, until the next push finds them unchanged).
+        /// The changes the next push would write: items added or changed here since the last
+        /// push (not ThisDeviceOnly ones, which never leave), and items deleted here.
         public var pendingLocalChanges: Int
         /// Versions the database holds above this device's cursor; nil when unreachable.
         public var pendingRemoteVersions: Int?
@@ -47,7 +47,7 @@ extension SyncGroup {
             var status = Status(
                 groupID: groupID, deviceID: device.id, keyEpoch: keys.epoch, pulledVersion: state.cursor,
                 syncedItems: try state.liveEntryCount,
-                pendingLocalChanges: try vault.synchronizableChanges(since: state.generation).changed.count)
+                pendingLocalChanges: try pendingChanges(state: state))
             status.headFingerprint = state.accumulator.map { Array($0.prefix(8)).hexString }
             status.deletionRecords = try vault.deletionRecordHealth()
             do throws(LockboxError) {
@@ -66,5 +66,27 @@ extension SyncGroup {
             }
             return status
         }
+    }
+
+    /// What the next push would write, found as the push finds it (``push(_:state:report:)``)
+    /// without writing anything: rows read and compared with what the group has of them, and
+    /// items whose row went away.
+    func pendingChanges(state: SyncState) throws(LockboxError) -> Int {
+        let found = try localChanges(state: state)
+        var pending = 0
+        var former = Set(found.gone.values.compactMap { $0 })
+        var produced = Set<String>()
+        for reference in found.toRead {
+            if case .some(.some(let old)) = try state.row(reference) { former.insert(old) }
+            guard let local = try readLocal(reference) else { continue }
+            let id = itemID(local.item)
+            produced.insert(id)
+            if let known = try state.entry(id), !known.isTombstone, known.contentDigest == local.digest { continue }
+            pending += 1
+        }
+        for id in former.subtracting(produced) {
+            if let known = try state.entry(id), !known.isTombstone { pending += 1 }
+        }
+        return pending
     }
 }

@@ -91,9 +91,8 @@ public final class SyncGroup: Sendable {
     /// key derived from it (Argon2id), for other devices to join with; without, devices join
     /// only with a pairing code (``pairingCode(validFor:)``).
     public static func create(vault: Vault, database: String, passphrase: SecretBytes? = nil) throws(LockboxError) -> SyncGroup {
-        if let passphrase, passphrase.isEmpty {
-            throw LockboxError(.param, "The group passphrase is empty. Choose one to protect the sync group, or create the group without one.")
-        }
+        try requireUnlocked(vault, "Unlock it to create a sync group.")
+        if let passphrase { try checkNewPassphrase(passphrase) }
         let connection = try PostgresConnection(database)
         try SyncSchema.migrate(connection)
         let groupID = Crypto.randomBytes(16).hexString
@@ -111,12 +110,12 @@ public final class SyncGroup: Sendable {
     public static func join(
         _ groupID: String, vault: Vault, database: String, passphrase: SecretBytes
     ) throws(LockboxError) -> SyncGroup {
+        try checkGroupIdentifier(groupID)
+        try requireUnlocked(vault, "Unlock it to join a sync group.")
         let connection = try PostgresConnection(database)
         try SyncSchema.migrate(connection)
         let rows = try connection.execute("SELECT key_wrap FROM lockbox_sync_groups WHERE group_id = $1", [.text(groupID)])
-        guard let row = rows.first else {
-            throw LockboxError(.itemNotFound, "There is no sync group \(groupID) in that database. Check the group identifier.")
-        }
+        guard let row = rows.first else { throw noSuchGroup(groupID) }
         guard row[0] != nil else {
             throw LockboxError(
                 .authFailed, "The sync group \(groupID) has no passphrase (it was created without one, or a device was removed). Join it with a pairing code from one of its devices.")
@@ -131,12 +130,18 @@ public final class SyncGroup: Sendable {
     public static func join(
         _ groupID: String, vault: Vault, database: String, pairingCode: String
     ) throws(LockboxError) -> SyncGroup {
+        try checkGroupIdentifier(groupID)
         let code = PairingCode.normalized(pairingCode)
         guard code.count == PairingCode.length else {
             throw LockboxError(.param, "A pairing code has \(PairingCode.length) letters and digits (dashes optional). Check the code shown on the other device.")
         }
+        // Before the code is used up: a join that could not keep the keys would waste it.
+        try requireUnlocked(vault, "Unlock it to join a sync group; the pairing code was not used.")
         let connection = try PostgresConnection(database)
         try SyncSchema.migrate(connection)
+        guard try !connection.execute("SELECT 1 FROM lockbox_sync_groups WHERE group_id = $1", [.text(groupID)]).isEmpty else {
+            throw noSuchGroup(groupID)
+        }
         let invitation = String(code.prefix(PairingCode.invitationLength))
         // Taken and removed in one statement: a code serves one attempt only.
         let rows = try connection.execute(
@@ -153,6 +158,46 @@ public final class SyncGroup: Sendable {
             throw refused
         }
         return try enroll(groupID: groupID, vault: vault, database: database, keys: keys, connection: connection)
+    }
+
+    static func noSuchGroup(_ groupID: String) -> LockboxError {
+        LockboxError(
+            .itemNotFound,
+            "There is no sync group \(groupID) in that database. Check the group identifier (`lockbox sync status` shows it on a device of the group) and the connection string.")
+    }
+
+    /// Whether `text` has the form of a group identifier: 32 lowercase hexadecimal digits, as
+    /// ``create(vault:database:passphrase:)`` makes them.
+    public static func isGroupIdentifier(_ text: String) -> Bool {
+        text.utf8.count == 32 && text.utf8.allSatisfy { (UInt8(ascii: "0")...UInt8(ascii: "9")).contains($0) || (UInt8(ascii: "a")...UInt8(ascii: "f")).contains($0) }
+    }
+
+    /// Refuses what is not a group identifier, without repeating it (it may be a secret typed
+    /// in the wrong place).
+    static func checkGroupIdentifier(_ text: String) throws(LockboxError) {
+        guard isGroupIdentifier(text) else {
+            throw LockboxError(
+                .param, "That is not a sync group identifier (32 hexadecimal digits, as `lockbox sync create` printed it); not shown, in case it is a secret.")
+        }
+    }
+
+    /// The fewest characters a new group passphrase may have. The database holds the group keys
+    /// sealed under it (Argon2id), so whoever can read the database can guess at it offline.
+    public static let minimumPassphraseLength = 12
+
+    static func checkNewPassphrase(_ passphrase: SecretBytes) throws(LockboxError) {
+        let characters = passphrase.withUnsafeBytes { String(decoding: $0, as: UTF8.self).count }
+        guard characters >= minimumPassphraseLength else {
+            throw LockboxError(
+                .param,
+                "The group passphrase is too short: anyone who can read the sync database can guess at it offline. Choose one of at least \(minimumPassphraseLength) characters (a few words), or none and join devices with pairing codes.")
+        }
+    }
+
+    /// Creating, joining and managing a group hand out or take in its keys: only while the user
+    /// has the keychain unlocked, as the keychain's own secrets.
+    static func requireUnlocked(_ vault: Vault, _ hint: String) throws(LockboxError) {
+        guard try vault.isUnlocked else { throw LockboxError.locked(hint) }
     }
 
     /// A group this vault already belongs to, with its keys from the vault.

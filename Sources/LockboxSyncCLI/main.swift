@@ -44,9 +44,9 @@ let usage = """
     """
 
 enum SyncCommand {
-    case create(database: String, passphrase: Bool)
+    case create(database: String, passphrase: Bool, replacing: Bool)
     case invite(minutes: Int)
-    case join(group: String, database: String, passphrase: Bool)
+    case join(group: String, database: String, passphrase: Bool, replacing: Bool)
     case status(json: Bool)
     case now
     case removeDevice(String, passphrase: Bool)
@@ -58,6 +58,19 @@ struct UsageProblem: Error {
     var message: String
 }
 
+/// The options each verb takes; any other is a usage error, not silently ignored.
+let optionsOfVerb: [String: Set<String>] = [
+    "create": ["--database", "--passphrase-stdin", "--replace-group"],
+    "join": ["--database", "--passphrase-stdin", "--replace-group"],
+    "invite": ["--minutes"],
+    "status": ["--json"],
+    "now": [],
+    "remove-device": ["--passphrase-stdin"],
+    "forget-damaged-deletions": [],
+]
+
+/// Arguments are named by their position after `sync` (the verb is 1), never by their text: a
+/// secret typed in the wrong place must not be echoed.
 func parse(_ arguments: [String]) throws(UsageProblem) -> (keychain: String?, command: SyncCommand) {
     var remaining = arguments[...]
     var keychain: String?
@@ -69,52 +82,87 @@ func parse(_ arguments: [String]) throws(UsageProblem) -> (keychain: String?, co
         remaining.removeFirst()
         keychain = try value("--keychain")
     }
+    // Positions counted after `sync`, the verb being 1.
+    let verbIndex = arguments.count - remaining.count
+    func lastPosition() -> Int { arguments.count - remaining.count - verbIndex }
     guard let verb = remaining.popFirst() else { throw UsageProblem(message: "sync needs a verb") }
+    if ["--help", "-h", "help"].contains(verb) { return (keychain, .help) }
+    guard let allowed = optionsOfVerb[verb] else {
+        throw UsageProblem(message: "argument 1 after sync is not a sync verb (not shown, in case it is a secret)")
+    }
     var database: String?
     var passphrase = false
+    var replacing = false
     var json = false
     var minutes = 10
-    var positional: [String] = []
+    var positional: [(text: String, position: Int)] = []
     while let option = remaining.popFirst() {
+        let at = lastPosition()
+        if option.hasPrefix("-") {
+            guard allowed.contains(option) else {
+                throw UsageProblem(message: "argument \(at) after sync is not an option of sync \(verb) (not shown, in case it is a secret)")
+            }
+        }
         switch option {
         case "--database": database = try value(option)
         case "--passphrase-stdin": passphrase = true
+        case "--replace-group": replacing = true
         case "--json": json = true
         case "--minutes":
             guard let number = Int(try value(option)), (1...1440).contains(number) else {
                 throw UsageProblem(message: "--minutes takes a number from 1 to 1440")
             }
             minutes = number
-        default:
-            guard !option.hasPrefix("-") else { throw UsageProblem(message: "unknown option \(option)") }
-            positional.append(option)
+        default: positional.append((option, at))
         }
     }
-    if let database, database.contains("password") {
-        throw UsageProblem(message: "the connection string names a password: put it in a password file (passfile=, PGPASSFILE) instead")
-    }
+    if let database { try checkConnectionString(database) }
     func needDatabase() throws(UsageProblem) -> String {
         guard let database else { throw UsageProblem(message: "\(verb) needs --database CONNINFO") }
         return database
     }
-    let command: SyncCommand
-    switch verb {
-    case "--help", "-h", "help": command = .help
-    case "create": command = .create(database: try needDatabase(), passphrase: passphrase)
-    case "invite": command = .invite(minutes: minutes)
-    case "join":
-        guard positional.count == 1 else { throw UsageProblem(message: "join needs the group identifier") }
-        return (keychain, .join(group: positional[0], database: try needDatabase(), passphrase: passphrase))
-    case "status": command = .status(json: json)
-    case "now": command = .now
-    case "forget-damaged-deletions": command = .forgetDamagedDeletions
-    case "remove-device":
-        guard positional.count == 1 else { throw UsageProblem(message: "remove-device needs the device identifier") }
-        return (keychain, .removeDevice(positional[0], passphrase: passphrase))
-    default: throw UsageProblem(message: "unknown sync verb \(verb)")
+    func onePositional(_ what: String) throws(UsageProblem) -> String {
+        guard let first = positional.first else { throw UsageProblem(message: "\(verb) needs \(what)") }
+        guard positional.count == 1 else {
+            throw UsageProblem(message: "argument \(positional[1].position) after sync is one too many for sync \(verb) (not shown, in case it is a secret)")
+        }
+        return first.text
     }
-    guard positional.isEmpty else { throw UsageProblem(message: "\(verb) takes no argument \(positional[0])") }
-    return (keychain, command)
+    switch verb {
+    case "join":
+        return (keychain, .join(group: try onePositional("the group identifier"), database: try needDatabase(), passphrase: passphrase, replacing: replacing))
+    case "remove-device":
+        return (keychain, .removeDevice(try onePositional("the device identifier"), passphrase: passphrase))
+    default:
+        break
+    }
+    if let extra = positional.first {
+        throw UsageProblem(message: "argument \(extra.position) after sync is not taken by sync \(verb) (not shown, in case it is a secret)")
+    }
+    switch verb {
+    case "create": return (keychain, .create(database: try needDatabase(), passphrase: passphrase, replacing: replacing))
+    case "invite": return (keychain, .invite(minutes: minutes))
+    case "status": return (keychain, .status(json: json))
+    case "now": return (keychain, .now)
+    default: return (keychain, .forgetDamagedDeletions)
+    }
+}
+
+/// A connection string is kept in a file of lines and must hold no secret: one with a control
+/// character (a line break would cut it where it is saved, dropping what follows, such as
+/// `sslmode=verify-full`) or naming a password is refused, without repeating it.
+func checkConnectionString(_ database: String) throws(UsageProblem) {
+    guard !database.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) else {
+        throw UsageProblem(message: "the connection string holds a line break or another control character: give it on one line")
+    }
+    switch PostgresConnection.namesPassword(database) {
+    case nil:
+        throw UsageProblem(message: "the connection string is not one libpq can read (not shown, in case it holds a secret)")
+    case true?:
+        throw UsageProblem(message: "the connection string names a password: put it in a password file (passfile=, PGPASSFILE) instead")
+    case false?:
+        break
+    }
 }
 
 /// Which group this keychain syncs with, and through which database: `VAULT.sync/config`
@@ -166,6 +214,50 @@ func readSecret(_ prompt: String) throws(LockboxError) -> SecretBytes {
     return try SecretInput.readSecret(raw: false, limit: SecretInput.passphraseLimit)
 }
 
+/// A new group passphrase: asked twice on a terminal, so that a typo does not become a
+/// passphrase nobody knows.
+func readNewPassphrase(_ prompt: String) throws(LockboxError) -> SecretBytes {
+    guard SecretInput.standardInputIsTerminal else { return try readSecret(prompt) }
+    let first = try SecretInput.prompt(prompt, limit: SecretInput.passphraseLimit)
+    let second = try SecretInput.prompt("Repeat it: ", limit: SecretInput.passphraseLimit)
+    guard first == second else { throw LockboxError(.param, "The two passphrases differ; nothing was changed.") }
+    return first
+}
+
+/// Refuses to move a keychain that already syncs with a group to another one unless asked:
+/// its items would stop following the first group without a word.
+func checkNotInGroup(_ vault: Vault, replacing: Bool) throws(LockboxError) {
+    guard !replacing, FileManager.default.fileExists(atPath: SyncConfiguration.path(vault: vault)) else { return }
+    let current = (try? SyncConfiguration.load(vault: vault))?.group
+    throw LockboxError(
+        .duplicateItem,
+        "This keychain already syncs with the group \(current.map { shown($0) } ?? "named in " + SyncConfiguration.path(vault: vault)). "
+            + "To sync it with another group instead, add --replace-group; it then stays listed as a device of the first group "
+            + "until a device there removes it (`lockbox sync remove-device`).")
+}
+
+/// Checks the keychain is unlocked before a secret is asked for or a code used up.
+func requireUnlocked(_ vault: Vault, _ hint: String) throws(LockboxError) {
+    guard try vault.isUnlocked else { throw LockboxError.locked(hint) }
+}
+
+/// Text the database gave (device identifiers, dates), as a terminal may show it: printable
+/// ASCII as it is, anything else escaped and quoted, so a row cannot forge lines or hide marks
+/// with control sequences.
+func shown(_ text: String) -> String {
+    if text.unicodeScalars.allSatisfy({ (0x21...0x7E).contains($0.value) }) { return text }
+    var escaped = "\""
+    for scalar in text.unicodeScalars {
+        switch scalar.value {
+        case 0x22: escaped += "\\\""
+        case 0x5C: escaped += "\\\\"
+        case 0x20...0x7E: escaped.unicodeScalars.append(scalar)
+        default: escaped += "\\u{" + String(scalar.value, radix: 16) + "}"
+        }
+    }
+    return escaped + "\""
+}
+
 func jsonString(_ text: String) -> String {
     var escaped = "\""
     for scalar in text.unicodeScalars {
@@ -186,9 +278,11 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
     case .help:
         streams.print(usage)
         return .success
-    case .create(let database, let withPassphrase):
+    case .create(let database, let withPassphrase, let replacing):
         let vault = try openVault(keychain)
-        let passphrase = withPassphrase ? try readSecret("Group passphrase: ") : nil
+        try checkNotInGroup(vault, replacing: replacing)
+        try requireUnlocked(vault, "Unlock it to create a sync group.")
+        let passphrase = withPassphrase ? try readNewPassphrase("Group passphrase: ") : nil
         let group = try SyncGroup.create(vault: vault, database: database, passphrase: passphrase)
         try SyncConfiguration(group: group.groupID, database: database).save(vault: vault)
         streams.print(group.groupID)
@@ -199,10 +293,16 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
         let group = try SyncGroup(configuration.group, vault: vault, database: configuration.database)
         let code = try group.pairingCode(validFor: .seconds(minutes * 60))
         streams.print("group \(group.groupID)")
-        streams.print("pairing code \(code) (one use, \(minutes) minutes)")
+        streams.print("pairing code \(code) (one use, \(minutes) minute\(minutes == 1 ? "" : "s"))")
         return .success
-    case .join(let groupID, let database, let withPassphrase):
+    case .join(let groupID, let database, let withPassphrase, let replacing):
+        guard SyncGroup.isGroupIdentifier(groupID) else {
+            throw LockboxError(
+                .param, "That is not a sync group identifier (32 hexadecimal digits, as `lockbox sync create` printed it); not shown, in case it is a secret.")
+        }
         let vault = try openVault(keychain)
+        try checkNotInGroup(vault, replacing: replacing)
+        try requireUnlocked(vault, "Unlock it to join a sync group.")
         let group: SyncGroup
         if withPassphrase {
             group = try SyncGroup.join(groupID, vault: vault, database: database, passphrase: try readSecret("Group passphrase: "))
@@ -212,8 +312,14 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
             group = try SyncGroup.join(groupID, vault: vault, database: database, pairingCode: text)
         }
         try SyncConfiguration(group: group.groupID, database: database).save(vault: vault)
-        let report = try group.sync()
-        streams.print("joined \(group.groupID) as device \(group.deviceID); pulled \(report.pulled), pushed \(report.pushed)")
+        streams.print("joined \(group.groupID) as device \(group.deviceID)")
+        do {
+            let report = try group.sync()
+            streams.print("first sync: pulled \(report.pulled), pushed \(report.pushed)")
+        } catch {
+            // Joined all the same: the pairing code is used up, and `sync now` goes on from here.
+            throw LockboxError(error.code, "Joined, but the first sync failed: \(error.message) Run `lockbox sync now` once that is fixed.")
+        }
         return .success
     case .now:
         let vault = try openVault(keychain)
@@ -235,15 +341,17 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
         }
         if repair.acceptedChangedSet {
             streams.print(
-                "Accepted the records of deleted items as they are now (some were removed or put back outside Lockbox). A delete "
-                    + "whose record is gone, if not yet synced, now loses to any later edit made on another device.")
+                "Accepted the records of deleted items as they are now: they did not add up to what the keychain had recorded "
+                    + "(records removed, put back or altered outside Lockbox). A delete whose record is gone, if not yet synced, "
+                    + "now loses to any later edit made on another device.")
         }
         return .success
     case .removeDevice(let device, let withPassphrase):
         let vault = try openVault(keychain)
         let configuration = try SyncConfiguration.load(vault: vault)
         let group = try SyncGroup(configuration.group, vault: vault, database: configuration.database)
-        let passphrase = withPassphrase ? try readSecret("New group passphrase: ") : nil
+        try requireUnlocked(vault, "Unlock it to remove a device.")
+        let passphrase = withPassphrase ? try readNewPassphrase("New group passphrase: ") : nil
         try group.removeDevice(device, newPassphrase: passphrase)
         streams.print("removed \(device); the group key is now at epoch \(group.keyEpoch)")
         return .success
@@ -274,9 +382,9 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
             streams.print("this device:      \(status.deviceID)")
             streams.print("key epoch:        \(status.keyEpoch)")
             streams.print("verified head:    version \(status.pulledVersion), \(status.headFingerprint ?? "none yet")")
-            streams.print("last sync:        \(status.lastSync ?? "never")")
+            streams.print("last sync:        \(status.lastSync.map(shown) ?? (status.unreachable == nil ? "never" : "unknown: the database is unreachable"))")
             streams.print("synced items:     \(status.syncedItems)")
-            streams.print("pending here:     \(status.pendingLocalChanges) changed row(s) since the last push")
+            streams.print("pending here:     \(status.pendingLocalChanges) change(s) for the next push")
             if status.deletionRecords.isSound {
                 streams.print("deleted here:     \(status.deletionRecords.records) recorded deletion(s), sound")
             } else {
@@ -292,7 +400,8 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
                 for device in status.devices ?? [] {
                     let mark = device.id == status.deviceID ? " (this device)" : ""
                     let trust = device.isAttested ? "" : " UNATTESTED: not written by a device of the group"
-                    streams.print("  \(device.id)  pulled \(device.pulledVersion)  last sync \(device.lastSync ?? "never")\(mark)\(trust)")
+                    streams.print(
+                        "  \(shown(device.id))  pulled \(device.pulledVersion)  last sync \(device.lastSync.map(shown) ?? "never")\(mark)\(trust)")
                 }
             }
         }

@@ -274,8 +274,10 @@ extension Vault {
     public struct DeletionRecordRepair: Sendable, Equatable {
         /// Records dropped because they failed their check.
         public var dropped: Int
-        /// The records left no longer summed to what the integrity record covered (some were
-        /// removed or put back outside Lockbox) and were accepted as they are.
+        /// Besides the dropped records, the set had changed: the records left, with the dropped
+        /// ones, no longer summed to what the integrity record covered (records removed, put
+        /// back, or altered in their MAC outside Lockbox, or the table removed), and were
+        /// accepted as they are.
         public var acceptedChangedSet: Bool
 
         /// True when nothing was wrong, and nothing was written.
@@ -305,14 +307,20 @@ extension Vault {
                 // A table removed outside Lockbox is made again, empty.
                 if try !Self.hasDeletionRecordTable(state.database) { try VaultSchema.createDeletionRecords(state.database) }
                 let before = try Self.deletionRecordSum(in: state.database, key: key)
+                // The MACs the dropped rows show: a record edited only in its other columns
+                // still shows its own, so once its value is taken from the covered sum, the
+                // rows left add up to it unless others were removed, put back or altered.
+                var droppedMACs = Set<[UInt8]>()
+                let ofAnotherKind = """
+                    typeof(reference) <> 'blob' OR typeof(deleted_at) <> 'integer' OR typeof(generation) <> 'integer' OR typeof(mac) <> 'blob'
+                    """
+                let shown = try state.database.statement("SELECT mac FROM sync_deletions WHERE (\(ofAnotherKind)) AND typeof(mac) = 'blob'")
+                while try shown.step() { droppedMACs.insert(shown.blob(0) ?? []) }
+                shown.reset()
                 // Rows holding a value of another kind go by their kind, with no value read
                 // back and bound again; then those whose MAC fails, by their reference, the
                 // primary key, now a blob in every row left.
-                try state.database.execute(
-                    """
-                    DELETE FROM sync_deletions WHERE typeof(reference) <> 'blob' OR typeof(deleted_at) <> 'integer'
-                        OR typeof(generation) <> 'integer' OR typeof(mac) <> 'blob'
-                    """)
+                try state.database.execute("DELETE FROM sync_deletions WHERE \(ofAnotherKind)")
                 let select = try state.database.statement("SELECT reference, deleted_at, generation, mac FROM sync_deletions")
                 // Every copy of a reference present twice goes too (the table's key forbids it:
                 // the table was made again outside Lockbox), the genuine one with the others.
@@ -320,7 +328,13 @@ extension Vault {
                 var seen = Set<[UInt8]>()
                 while try select.step() {
                     let reference = select.blob(0) ?? []
-                    if !Self.isSoundDeletionRecord(select, key: key) || !seen.insert(reference).inserted { forged.insert(reference) }
+                    if !Self.isSoundDeletionRecord(select, key: key) || !seen.insert(reference).inserted {
+                        forged.insert(reference)
+                    }
+                }
+                select.reset()
+                while try select.step() {
+                    if forged.contains(select.blob(0) ?? []) { droppedMACs.insert(select.blob(3) ?? []) }
                 }
                 select.reset()
                 let delete = try state.database.statement("DELETE FROM sync_deletions WHERE reference = ?")
@@ -335,7 +349,13 @@ extension Vault {
                     throw LockboxError(
                         .decode, "Some damaged records of deleted items in the keychain \(path) could not be dropped. Restore it from a backup.")
                 }
-                let accepted = !IntegrityState.equal(after.sum, writer.integrity.deletions)
+                var expected = after.sum
+                let sumKey = Self.deletionSumKey(key)
+                for mac in droppedMACs {
+                    let element = Self.deletionElement(mac: mac, sumKey: sumKey)
+                    expected.withUnsafeMutableBytes { sum in element.withUnsafeBytes { ModularSum.add($0, to: sum) } }
+                }
+                let accepted = !IntegrityState.equal(expected, writer.integrity.deletions)
                 writer.integrity.setDeletions(after.sum)
                 return DeletionRecordRepair(dropped: before.all - after.all, acceptedChangedSet: accepted)
             }

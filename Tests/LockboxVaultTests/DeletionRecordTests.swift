@@ -98,7 +98,9 @@ struct DeletionRecordTests {
         // The records are checked as a set: the sound one is refused too until the damaged one goes.
         #expect(status { _ = try fixture.vault.deletionTimes(of: [second]) } == -26275)
 
-        #expect(try fixture.vault.forgetDamagedDeletionRecords().dropped == 1)
+        // Only its time was edited: it still shows its own MAC, so the repair can tell that
+        // nothing else changed in the set.
+        #expect(try fixture.vault.forgetDamagedDeletionRecords() == Vault.DeletionRecordRepair(dropped: 1, acceptedChangedSet: false))
         #expect(try fixture.vault.deletionTimes(of: [first, second]) == [second: times[second]!])
         #expect(try fixture.vault.forgetDamagedDeletionRecords().changedNothing)
         let after = try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration)
@@ -192,8 +194,9 @@ struct DeletionRecordTests {
         let report = try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration)
         #expect(report.deletionRecords == 3 && report.damagedDeletionRecords == 1)
         #expect(status { _ = try fixture.vault.deletionTimes(of: [references[1]]) } == -26275)
-        // Both copies go (which one is genuine cannot be told); the other record stays.
-        #expect(try fixture.vault.forgetDamagedDeletionRecords() == Vault.DeletionRecordRepair(dropped: 2, acceptedChangedSet: true))
+        // Both copies go (which one is genuine cannot be told); the other record stays. The
+        // copies show one MAC, the record's own: nothing else in the set changed.
+        #expect(try fixture.vault.forgetDamagedDeletionRecords() == Vault.DeletionRecordRepair(dropped: 2, acceptedChangedSet: false))
         #expect(try fixture.vault.deletionTimes(of: references).keys.sorted { $0.lexicographicallyPrecedes($1) } == [references[1]])
 
         // The table removed: verify and sync say so; the repair makes it again, empty.

@@ -1,0 +1,185 @@
+import Foundation
+import Lockbox
+import LockboxTestSupport
+import LockboxVault
+import Testing
+
+@testable import LockboxSync
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A TCP port that accepts connections (the kernel completes them from the listen queue) and
+/// never answers: a server that hangs.
+final class SilentServer {
+    let descriptor: Int32
+    let port: UInt16
+
+    init() throws {
+        let socketDescriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        address.sin_port = 0
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(socketDescriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        guard bound == 0 && listen(socketDescriptor, 8) == 0 else {
+            close(socketDescriptor)
+            throw LockboxError(.io, "cannot listen on a loopback port")
+        }
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        _ = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(socketDescriptor, $0, &length) }
+        }
+        descriptor = socketDescriptor
+        port = UInt16(bigEndian: address.sin_port)
+    }
+
+    deinit { close(descriptor) }
+}
+
+extension SyncTests {
+    @Test("lockbox sync refuses a password in a URI, a connection string on several lines, stray arguments and options of other verbs, without echoing them")
+    func commandLineRefusals() throws {
+        let database = try testDatabase()
+        let machine = try Machine()
+        let canary = makeCanary("sync-argument")
+        func refused(_ arguments: [String], _ what: String) throws {
+            let result = try SyncCLI.run(machine, arguments)
+            #expect(result.status == 64, "\(what): status \(result.status), \(result.standardError)")
+            #expect(!result.standardOutput.contains(canary) && !result.standardError.contains(canary), "\(what) echoed its argument")
+        }
+        // A password in a URI's user information, or as a URI parameter: refused, never saved.
+        try refused(["sync", "create", "--database", "postgresql://lockbox:\(canary)@127.0.0.1:1/postgres"], "a URI with a password")
+        try refused(["sync", "create", "--database", "postgresql://lockbox@127.0.0.1:1/postgres?password=\(canary)"], "a URI parameter")
+        try refused(["sync", "create", "--database", "host=127.0.0.1 password = '\(canary)'"], "password with spaces")
+        try refused(["sync", "join", String(repeating: "a", count: 32), "--database", "host=127.0.0.1 password=\(canary)"], "join")
+        #expect(!FileManager.default.fileExists(atPath: machine.vault.path + ".sync/config"))
+        // A line break would cut the string where it is saved, dropping what follows it.
+        try refused(["sync", "create", "--database", "host=127.0.0.1 dbname=postgres\nsslmode=verify-full \(canary)"], "two lines")
+        try refused(["sync", "create", "--database", "host='unterminated \(canary)"], "unreadable")
+        // Stray arguments and options: named by position only.
+        try refused(["sync", "now", canary], "a stray argument")
+        try refused(["sync", canary], "an unknown verb")
+        try refused(["sync", "now", "--" + canary], "an unknown option")
+        try refused(["sync", "create", "--database", database, "--passphrase-stdin", canary], "an argument after an option")
+        try refused(["sync", "remove-device", "0123456789abcdef", canary], "a second device")
+        let stray = try SyncCLI.run(machine, ["sync", "now", canary])
+        #expect(stray.standardError.contains("argument 2 after sync"), "\(stray.standardError)")
+        // Options of other verbs are refused, not ignored (a --database given to now would
+        // otherwise be dropped for the saved one).
+        try refused(["sync", "now", "--database", database], "--database for now")
+        try refused(["sync", "status", "--passphrase-stdin"], "--passphrase-stdin for status")
+        try refused(["sync", "now", "--json"], "--json for now")
+        try refused(["sync", "status", "--minutes", "5"], "--minutes for status")
+        try refused(["--backend", "secret-service", "sync", "status"], "another backend")
+        // A group identifier of the wrong form: refused before anything runs, not repeated.
+        let badGroup = try SyncCLI.run(machine, ["sync", "join", canary, "--database", database], input: "ABCD-EFGH-JKLM-NPQR\n")
+        #expect(badGroup.status == 1 && badGroup.standardError.contains("-50"), "\(badGroup.standardError)")
+        #expect(!badGroup.standardError.contains(canary))
+        // A password file whose name holds the word is no password.
+        #expect(PostgresConnection.namesPassword("host=127.0.0.1 passfile=/home/user/passwords.pgpass user=password_admin") == false)
+        #expect(PostgresConnection.namesPassword("postgresql://lockbox@127.0.0.1/postgres") == false)
+        #expect(PostgresConnection.namesPassword("postgresql://lockbox:secret@127.0.0.1/postgres") == true)
+        #expect(PostgresConnection.namesPassword("host='unterminated") == nil)
+    }
+
+    @Test("Joining needs the keychain unlocked before the pairing code is used; a keychain in a group is moved to another only with --replace-group")
+    func joiningChecksFirst() throws {
+        let database = try testDatabase()
+        let first = try Machine()
+        let second = try Machine()
+        let group = try SyncGroup.create(vault: first.vault, database: database)
+        let code = try group.pairingCode()
+        second.vault.lock()
+        let locked = #expect(throws: LockboxError.self) {
+            try SyncGroup.join(group.groupID, vault: second.vault, database: database, pairingCode: code)
+        }
+        #expect(locked?.code == .interactionNotAllowed)
+        // The code is still good once the keychain is unlocked.
+        try second.vault.unlock(passphrase: SecretBytes(utf8: "machine passphrase"))
+        let joined = try SyncGroup.join(group.groupID, vault: second.vault, database: database, pairingCode: code)
+        #expect(joined.groupID == group.groupID)
+        // Inviting, creating and removing need it unlocked too.
+        first.vault.lock()
+        #expect(throws: LockboxError.self) { try group.pairingCode() }
+        #expect(throws: LockboxError.self) { try group.removeDevice(joined.deviceID) }
+        #expect(throws: LockboxError.self) { try SyncGroup.create(vault: first.vault, database: database) }
+        try first.vault.unlock(passphrase: SecretBytes(utf8: "machine passphrase"))
+        // A group passphrase short enough to guess offline is refused.
+        let short = #expect(throws: LockboxError.self) {
+            try SyncGroup.create(vault: first.vault, database: database, passphrase: SecretBytes(utf8: "a"))
+        }
+        #expect(short?.code == .param)
+        #expect(throws: LockboxError.self) { try group.removeDevice(joined.deviceID, newPassphrase: SecretBytes(utf8: "short")) }
+        #expect(try group.devices().count == 2, "a refused removal removed the device")
+
+        // From the command line: a keychain that syncs with a group is not moved silently.
+        try SyncCLI.configure(first, group: group.groupID, database: database)
+        let moved = try SyncCLI.run(first, ["sync", "create", "--database", database])
+        #expect(moved.status == 1 && moved.standardError.contains("--replace-group"), "\(moved.standardError)")
+        #expect(try String(contentsOfFile: first.vault.path + ".sync/config", encoding: .utf8).contains(group.groupID))
+        let replaced = try SyncCLI.run(first, ["sync", "create", "--database", database, "--replace-group"])
+        #expect(replaced.status == 0, "\(replaced.standardError)")
+        let newGroup = replaced.standardOutput.trimmingCharacters(in: .whitespacesAndNewlines)
+        #expect(newGroup != group.groupID && SyncGroup.isGroupIdentifier(newGroup))
+        #expect(try String(contentsOfFile: first.vault.path + ".sync/config", encoding: .utf8).contains(newGroup))
+        // A join to a group the database does not hold says so.
+        let third = try Machine()
+        let missing = try SyncCLI.run(third, ["sync", "join", String(repeating: "0", count: 32), "--database", database], input: "ABCD-EFGH-JKLM-NPQR\n")
+        #expect(missing.status == 44 && missing.standardError.contains("no sync group"), "\(missing.standardError)")
+    }
+
+    @Test("sync status: what the next push would write; device rows from the database shown escaped; offline, the last sync unknown; a silent server times out")
+    func statusIsAccurateAndSafe() throws {
+        let database = try testDatabase()
+        let (groups, machines) = try threeMachines()
+        try SyncCLI.configure(machines[0], group: groups[0].groupID, database: database)
+        try machines[0].add("keep.example", "a", "one")
+        try machines[0].add("drop.example", "a", "two")
+        try groups[0].sync()
+        #expect(try groups[0].status().pendingLocalChanges == 0)
+        // ThisDeviceOnly items never leave: nothing pending.
+        try machines[0].add("local.example", "a", "three", accessibility: .whenUnlockedThisDeviceOnly)
+        #expect(try groups[0].status().pendingLocalChanges == 0)
+        // An add, an edit and a delete: three changes for the next push.
+        try machines[0].add("new.example", "a", "four")
+        try machines[0].set("keep.example", "a", "edited")
+        try machines[0].delete("drop.example", "a")
+        #expect(try groups[0].status().pendingLocalChanges == 3)
+        #expect(try groups[0].sync().pushed == 3)
+        #expect(try groups[0].status().pendingLocalChanges == 0)
+
+        // A device row the database's administrator added, with a line break and a terminal
+        // escape that would forge a line and hide the mark.
+        let connection = try PostgresConnection(database)
+        let forged = "evil\n  \(groups[1].deviceID)  pulled 9  last sync now\u{1B}[8m"
+        try connection.execute(
+            "INSERT INTO lockbox_sync_devices VALUES ($1, $2, 0, $3, $3, now())",
+            [.text(groups[0].groupID), .text(forged), .bytes([UInt8](repeating: 0, count: 32))])
+        let status = try SyncCLI.run(machines[0], ["sync", "status"])
+        #expect(status.status == 0, "\(status.standardError)")
+        #expect(!status.standardOutput.contains("\u{1B}"), "a control sequence from the database reached the terminal")
+        let lines = status.standardOutput.split(separator: "\n")
+        let forgedLine = try #require(lines.first { $0.contains("evil") })
+        #expect(forgedLine.contains("UNATTESTED") && forgedLine.contains("\\u{a}"), "\(forgedLine)")
+        #expect(lines.filter { $0.contains(groups[1].deviceID) }.count == 2, "the forged row made a line of its own")
+
+        // Offline: the last sync is unknown, not "never".
+        let closed = TemporaryDirectory("lockbox-sync-closed")
+        try SyncCLI.configure(machines[0], group: groups[0].groupID, database: "host=\(closed.path) port=1 dbname=postgres user=lockbox")
+        let offline = try SyncCLI.run(machines[0], ["sync", "status"])
+        #expect(offline.status == 0 && offline.standardOutput.contains("last sync:        unknown"), "\(offline.standardOutput)")
+
+        // A server that accepts and never answers: the default connect timeout ends the wait.
+        let silent = try SilentServer()
+        try SyncCLI.configure(machines[0], group: groups[0].groupID, database: "host=127.0.0.1 port=\(silent.port) dbname=postgres user=lockbox")
+        let started = Date()
+        let hung = try SyncCLI.run(machines[0], ["sync", "status"], timeout: 60)
+        let waited = Date().timeIntervalSince(started)
+        #expect(hung.status == 0 && hung.standardOutput.contains("unreachable"), "status: \(hung.status) \(hung.standardOutput)")
+        #expect(waited < Double(PostgresConnection.defaultConnectTimeout) * 3, "status waited \(waited) s for a silent server")
+    }
+}
