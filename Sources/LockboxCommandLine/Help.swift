@@ -298,9 +298,9 @@ package enum Help {
                 """
         case "sync":
             return """
-                usage: lockbox [--keychain PATH] sync create --database CONNINFO [--passphrase-stdin]
+                usage: lockbox [--keychain PATH] sync create --database CONNINFO [--passphrase-stdin] [--replace-group]
                        lockbox [--keychain PATH] sync invite [--minutes N]
-                       lockbox [--keychain PATH] sync join GROUP --database CONNINFO [--passphrase-stdin]
+                       lockbox [--keychain PATH] sync join GROUP --database CONNINFO [--passphrase-stdin] [--replace-group]
                        lockbox [--keychain PATH] sync status [--json]
                        lockbox [--keychain PATH] sync now
                        lockbox [--keychain PATH] sync remove-device DEVICE [--passphrase-stdin]

@@ -16,9 +16,9 @@ _ = lockbox_harden_process()
 
 let streams = StandardStreams()
 let usage = """
-    usage: lockbox [--keychain PATH] sync create --database CONNINFO [--passphrase-stdin]
+    usage: lockbox [--keychain PATH] sync create --database CONNINFO [--passphrase-stdin] [--replace-group]
            lockbox [--keychain PATH] sync invite [--minutes N]
-           lockbox [--keychain PATH] sync join GROUP --database CONNINFO [--passphrase-stdin]
+           lockbox [--keychain PATH] sync join GROUP --database CONNINFO [--passphrase-stdin] [--replace-group]
            lockbox [--keychain PATH] sync status [--json]
            lockbox [--keychain PATH] sync now
            lockbox [--keychain PATH] sync remove-device DEVICE [--passphrase-stdin]
@@ -28,7 +28,9 @@ let usage = """
     end-to-end encrypted, through a PostgreSQL database (docs/SYNC.md). CONNINFO is a libpq
     connection string or URI; name the password with passfile= or PGPASSFILE, never password=.
     create makes a group (this keychain is its first device) and prints its identifier; with
-      --passphrase-stdin, devices may also join with that passphrase.
+      --passphrase-stdin, devices may also join with that passphrase (12 characters at least,
+      asked twice on a terminal). A keychain that syncs with a group already moves to the new
+      one only with --replace-group (also for join).
     invite prints a one-time pairing code for another device, valid N minutes (default 10).
     join joins GROUP: it reads the pairing code (or, with --passphrase-stdin, the group
       passphrase) from standard input or the terminal.
