@@ -192,15 +192,15 @@ package final class PostgresConnection {
 
     /// A `bytea` column in hex form (`\x...`) as bytes.
     package static func bytes(_ text: String?) throws(LockboxError) -> [UInt8] {
-        guard let text, text.hasPrefix("\\x") else { throw LockboxError.integrity("A sync record") }
+        guard let text, text.hasPrefix("\\x") else { throw LockboxError.syncDatabase("A value the sync database gave") }
         let digits = Array(text.utf8.dropFirst(2))
-        guard digits.count % 2 == 0 else { throw LockboxError.integrity("A sync record") }
+        guard digits.count % 2 == 0 else { throw LockboxError.syncDatabase("A value the sync database gave") }
         var bytes: [UInt8] = []
         bytes.reserveCapacity(digits.count / 2)
         var index = 0
         while index < digits.count {
             guard let high = hexValue(digits[index]), let low = hexValue(digits[index + 1]) else {
-                throw LockboxError.integrity("A sync record")
+                throw LockboxError.syncDatabase("A value the sync database gave")
             }
             bytes.append(high << 4 | low)
             index += 2
@@ -219,12 +219,12 @@ package final class PostgresConnection {
 
     /// A `bigint` column in binary format (8 bytes, big endian).
     package static func integer(binary bytes: [UInt8]?) throws(LockboxError) -> Int64 {
-        guard let bytes, bytes.count == 8 else { throw LockboxError.integrity("A sync record") }
+        guard let bytes, bytes.count == 8 else { throw LockboxError.syncDatabase("A value the sync database gave") }
         return Int64(bitPattern: bytes.reduce(0) { $0 << 8 | UInt64($1) })
     }
 
     package static func integer(_ text: String?) throws(LockboxError) -> Int64 {
-        guard let text, let value = Int64(text) else { throw LockboxError.integrity("A sync record") }
+        guard let text, let value = Int64(text) else { throw LockboxError.syncDatabase("A value the sync database gave") }
         return value
     }
 }

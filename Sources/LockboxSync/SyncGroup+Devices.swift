@@ -243,13 +243,13 @@ extension SyncGroup {
                 var head = SyncHead.empty
                 var resealed: [StoredRecord] = []
                 for record in records {
-                    guard let id = record[0] else { throw LockboxError.integrity("A record of the sync database") }
+                    guard let id = record[0] else { throw LockboxError.syncDatabase() }
                     let opened = try SyncRecord.open(
                         try PostgresConnection.bytes(record[2]), group: groupID, itemID: id, version: try PostgresConnection.integer(record[1]),
                         keys: old)
                     SyncHead.add(
                         SyncHead.element(itemID: id, version: try PostgresConnection.integer(record[1]), record: opened, keys: old), to: &served)
-                    counter += 1
+                    counter = try SyncHead.version(after: counter)
                     SyncHead.add(SyncHead.element(itemID: id, version: counter, record: opened, keys: new), to: &head.accumulator)
                     resealed.append(
                         StoredRecord(
@@ -320,7 +320,7 @@ extension SyncGroup {
                     .authFailed,
                     "This device was removed from the sync group \(groupID): it holds no key for what the group wrote since. Join again with a pairing code from a device of the group.")
             }
-            let failure = LockboxError.integrity("The sync group's key grant")
+            let failure = LockboxError.syncDatabase("The sync group's key grant")
             var outer = FieldDecoder(try PostgresConnection.bytes(grantRow[0]))
             guard let box = try? outer.bytes(), let mac = try? outer.bytes(), outer.isAtEnd,
                 mac == grantMAC(box, deviceID: device.id, epoch: next, under: previous),

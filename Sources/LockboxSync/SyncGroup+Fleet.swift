@@ -48,7 +48,7 @@ extension SyncGroup {
     }
 
     func openFleet(_ sealed: [UInt8], session: String, field: FleetField, keys: SyncKeys) throws(LockboxError) -> (secret: SecretBytes, details: [UInt8]) {
-        let failure = LockboxError.integrity("A fleet session in the sync database")
+        let failure = LockboxError.syncDatabase("A fleet session in the sync database")
         var decoder = FieldDecoder(sealed)
         guard let detailsBox = try? decoder.bytes(), let secretBox = try? decoder.bytes(), decoder.isAtEnd,
             let details = try? Crypto.openBytes(

@@ -77,7 +77,7 @@ extension SyncGroup {
                 batch.finished.wait()
                 openAhead()
                 for (offset, (record, lookup)) in try batch.result.get().enumerated() {
-                    guard record.isFitting else { throw LockboxError.integrity("A record of the sync database") }
+                    guard record.isFitting else { throw LockboxError.syncDatabase() }
                     SyncHead.add(record.element, to: &accumulator)
                     insert.reset()
                     insert.bind(1, Array(record.id.utf8))

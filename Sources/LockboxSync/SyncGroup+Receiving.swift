@@ -24,7 +24,7 @@ extension SyncGroup {
         let groupID = self.groupID
         return try Self.inParallel(rows.count) { index throws(LockboxError) -> ReceivedRecord in
             // Made only on failure: a pull opens thousands of records.
-            var failure: LockboxError { LockboxError.integrity("A record of the sync database") }
+            var failure: LockboxError { LockboxError.syncDatabase() }
             let row = rows[index]
             guard row.count == 3, let idBytes = row[0], let payload = row[2] else { throw failure }
             let id = String(decoding: idBytes, as: UTF8.self)

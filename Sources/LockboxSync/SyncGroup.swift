@@ -275,7 +275,7 @@ public final class SyncGroup: Sendable {
         var decoder = FieldDecoder(wrap)
         guard let parameters = try? decoder.bytes(), let epoch = try? decoder.integer(), let box = try? decoder.bytes(), decoder.isAtEnd,
             let derivation = PassphraseKeyDerivation(decoding: parameters), derivation.meetsMinimum
-        else { throw LockboxError.integrity("The sync group's key") }
+        else { throw LockboxError.syncDatabase("The sealed group key in the sync database") }
         guard let wrappingKey = try derivation.deriveKey(from: secret) else {
             throw LockboxError(.allocate, "Cannot allocate memory to derive the group key. Free some memory and try again.")
         }
@@ -527,7 +527,7 @@ public final class SyncGroup: Sendable {
                 "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 AND item_id = ANY($2::text[])",
                 [.text(groupID), .text("{" + changes.map(\.id).joined(separator: ",") + "}")])
             {
-                guard let id = row[0] else { throw LockboxError.integrity("A record of the sync database") }
+                guard let id = row[0] else { throw LockboxError.syncDatabase() }
                 existing[id] = (try PostgresConnection.integer(row[1]), row[2])
             }
             for change in changes {
@@ -558,7 +558,7 @@ public final class SyncGroup: Sendable {
                     // This device saw a record of the item, and records are never deleted.
                     throw SyncHead.withheld()
                 }
-                counter += 1
+                counter = try SyncHead.version(after: counter)
                 if let replaced { SyncHead.subtract(replaced, from: &head.accumulator) }
                 SyncHead.add(SyncHead.element(itemID: change.id, version: counter, record: change.record, keys: keys), to: &head.accumulator)
                 stored.append(
@@ -670,22 +670,40 @@ public final class SyncGroup: Sendable {
         let missing = "SELECT counter FROM lockbox_sync_groups WHERE group_id = $1 AND head IS NULL AND counter > 0"
         guard try !connection.execute(missing, [.text(groupID)]).isEmpty else { return }
         guard state.accumulator == nil else { throw SyncHead.tampered() }
+        // Only a device that synced the group before heads may vouch for its records, and only
+        // for a set that holds, at least as new, every record it saw. A device that has synced
+        // nothing cannot tell such a group from one whose head was removed in the database to
+        // hide records: trusting it would let the database drop any record it likes.
+        guard try !state.isEmpty else { throw Self.headless() }
+        let known = try state.allEntries()
         let keys = self.keys
         try connection.transaction { () throws(LockboxError) in
             guard let row = try connection.execute(missing + " FOR UPDATE", [.text(groupID)]).first else { return }
             var head = SyncHead(counter: try PostgresConnection.integer(row[0]), accumulator: SyncHead.empty.accumulator)
+            var seen = Set<String>()
             for record in try connection.executeBinary(
                 "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1", [.text(groupID)])
             {
-                guard let idBytes = record[0], let payload = record[2] else { throw LockboxError.integrity("A record of the sync database") }
+                guard let idBytes = record[0], let payload = record[2] else { throw LockboxError.syncDatabase() }
                 let id = String(decoding: idBytes, as: UTF8.self)
                 let version = try PostgresConnection.integer(binary: record[1])
                 let opened = try SealedValueRecord(payload, group: groupID, itemID: id, version: version, keys: keys)
+                if let entry = known[id], opened.record.stamp < entry.stamp { throw rolledBack() }
+                seen.insert(id)
                 SyncHead.add(SyncHead.element(itemID: id, version: version, record: opened.record, keys: keys), to: &head.accumulator)
             }
+            guard known.keys.allSatisfy(seen.contains) else { throw SyncHead.withheld() }
             try connection.execute(
                 "UPDATE lockbox_sync_groups SET head = $2 WHERE group_id = $1", [.text(groupID), .bytes(head.sealed(group: groupID, keys: keys))])
         }
+    }
+
+    static func headless() -> LockboxError {
+        LockboxError(
+            .decode,
+            "The sync database holds no head for this group (the signed list of its records), and this device has synced nothing "
+                + "yet, so it cannot tell a group last written before heads from a head removed in the database. Nothing was applied. "
+                + "Sync once on a device of the group that synced before: it restores the head, or reports the database as changed.")
     }
 
     func rolledBack() -> LockboxError {
@@ -735,7 +753,7 @@ public final class SyncGroup: Sendable {
         timer.lap(\.fetch)
         // Every record's metadata is opened before anything is applied: a record that fails to
         // open stops the pull with the vault untouched. Values stay sealed until written.
-        var failure: LockboxError { LockboxError.integrity("A record of the sync database") }
+        var failure: LockboxError { LockboxError.syncDatabase() }
         let received = try receive(rows, from: from, counter: counter, keys: keys)
         timer.lap(\.open)
         // A device that knows nothing yet (its first sync) has nothing to look up per record.
@@ -968,7 +986,7 @@ public final class SyncGroup: Sendable {
             }
             return nil
         }
-        guard Self.isEligible(item), itemID(item) == id else { throw LockboxError.integrity("A record of the sync database") }
+        guard Self.isEligible(item), itemID(item) == id else { throw LockboxError.syncDatabase() }
         // Dated as the other device made it (see ``applyPulled``).
         let madeAt = Self.appliedDate(record.stamp, now: vault.now)
         var updated = false

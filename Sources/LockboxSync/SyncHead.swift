@@ -85,6 +85,14 @@ struct SyncHead: Equatable {
         left.count == right.count && left.withUnsafeBytes { a in right.withUnsafeBytes { b in constantTimeEquals(a, b) } }
     }
 
+    /// The version after `counter`. No group writes 2^63 versions: a counter at the limit was
+    /// set in the database, and must not trap.
+    static func version(after counter: Int64) throws(LockboxError) -> Int64 {
+        let (next, overflow) = counter.addingReportingOverflow(1)
+        guard !overflow else { throw LockboxError.syncDatabase("The group's change counter") }
+        return next
+    }
+
     static func tampered() -> LockboxError {
         LockboxError(
             .decode,
@@ -99,5 +107,17 @@ struct SyncHead: Equatable {
             .decode,
             "The sync database did not serve the records its head lists: records were withheld, deleted or replaced with older ones. "
                 + "Nothing was applied; have the database restored to its latest state.")
+    }
+}
+
+extension LockboxError {
+    /// Data the sync database served failed its check: it was changed in the database, or
+    /// written by something other than the group's devices. Not the keychain file's fault: the
+    /// message must not send the user to a backup of it.
+    static func syncDatabase(_ what: String = "A record of the sync database") -> LockboxError {
+        LockboxError(
+            .decode,
+            "\(what) failed its check: it was changed in the database, or written by something other than this group's devices. "
+                + "Nothing was applied here and the local keychain is unaffected; have the database restored to its latest state.")
     }
 }

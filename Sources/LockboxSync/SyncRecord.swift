@@ -167,7 +167,7 @@ struct SealedValueRecord: Sendable {
     init(_ payload: [UInt8], group: String, itemID: String, version: Int64, keys: SyncKeys) throws(LockboxError) {
         associated = SyncRecord.associatedData(group: group, itemID: itemID, version: version)
         // Made only on failure: a pull opens thousands of records.
-        var failure: LockboxError { LockboxError.integrity("A record of the sync database") }
+        var failure: LockboxError { LockboxError.syncDatabase() }
         let metaBox: [UInt8]
         do {
             var outer = FieldDecoder(payload)
@@ -208,7 +208,7 @@ struct SealedValueRecord: Sendable {
     func opened(keys: SyncKeys) throws(LockboxError) -> SyncRecord {
         guard let valueBox, record.item != nil else { return record }
         guard let value = try? Crypto.open(valueBox, key: keys.sealing, associatedData: associated + [1]) else {
-            throw LockboxError.integrity("A record of the sync database")
+            throw LockboxError.syncDatabase()
         }
         var record = record
         record.item?.data = value

@@ -123,25 +123,76 @@ extension SyncTests {
         #expect(try machines[1].value("d.example", "user") == "d1")
     }
 
-    @Test("A group without a head (from before heads) gets one from a device that has verified none; the others then verify it")
+    @Test("A group without a head gets one only from a device that synced it before heads, checked against what it saw; a new device refuses it")
     func groupFromBeforeHeadsGetsOne() throws {
         let (groups, machines) = try threeMachines()
         for name in ["l1", "l2", "l3"] { try machines[0].add("\(name).example", "user", name) }
         try groups[0].sync()
         try groups[1].sync()
-        // As a group written before schema 3 would be: records, and no head.
         let connection = try PostgresConnection(try testDatabase())
-        try connection.execute("UPDATE lockbox_sync_groups SET head = NULL WHERE group_id = $1", [.text(groups[0].groupID)])
-        // Machine C has verified no head: it computes one from the records, and pulls.
+        let group = groups[0].groupID
+        // As a group written before schema 3 would be: records, and no head.
+        try connection.execute("UPDATE lockbox_sync_groups SET head = NULL WHERE group_id = $1", [.text(group)])
+        // Machine C has synced nothing: it cannot tell that from a head removed to hide records.
+        let refused = #expect(throws: LockboxError.self) { try groups[2].sync() }
+        #expect(refused?.code == .decode && refused?.message.contains("no head") == true, "\(String(describing: refused))")
+        #expect(try machines[2].count() == 0)
+        // Machines that verified a head refuse a group without one.
+        let tampered = #expect(throws: LockboxError.self) { try groups[0].sync() }
+        #expect(tampered?.code == .decode)
+
+        // Machine B as a device that synced before heads: it vouches for the records, but only
+        // for a set holding every record it saw, at least as new.
+        let stateB = try SyncState(path: groups[1].statePath, device: groups[1].deviceID, key: groups[1].device.stateKey)
+        try stateB.forgetVerifiedHead()
+        let hidden = try #require(try storedRecords(group).first)
+        try connection.execute("DELETE FROM lockbox_sync_items WHERE group_id = $1 AND item_id = $2", [.text(group), .text(hidden.id)])
+        let withheld = #expect(throws: LockboxError.self) { try groups[1].sync() }
+        #expect(withheld?.code == .decode)
+        #expect(try connection.execute("SELECT head FROM lockbox_sync_groups WHERE group_id = $1", [.text(group)]).first?[0] == nil)
+        try connection.execute(
+            "INSERT INTO lockbox_sync_items (group_id, item_id, version, device_id, payload) VALUES ($1, $2, $3, $4, $5)",
+            [.text(group), .text(hidden.id), .integer(hidden.version), .text(groups[0].deviceID), .bytes(hidden.payload)])
+        #expect(try groups[1].sync().changedNothing)
+        #expect(try connection.execute("SELECT head FROM lockbox_sync_groups WHERE group_id = $1", [.text(group)]).first?[0] != nil)
+        // Then the others verify it: C pulls everything, A goes on.
         #expect(try groups[2].sync().pulled == 3)
         #expect(try machines[2].value("l2.example", "user") == "l2")
-        let head = try connection.execute("SELECT head FROM lockbox_sync_groups WHERE group_id = $1", [.text(groups[0].groupID)])
-        #expect(head.first?[0] != nil)
-        // The machines that verified the same records before agree with it.
         try machines[1].set("l1.example", "user", "l1 again")
         try groups[1].sync()
         try groups[0].sync()
         #expect(try machines[0].value("l1.example", "user") == "l1 again")
+    }
+
+    @Test("A record hidden by removing the head is refused by a new device and by the others; a counter at its limit is an error, not a trap")
+    func headRemovedToHideARecord() throws {
+        let (groups, machines) = try threeMachines()
+        for name in ["a", "b", "c", "d"] { try machines[0].add("\(name).example", "user", name) }
+        try groups[0].sync()
+        try groups[1].sync()
+        try machines[0].add("e.example", "user", "e")
+        try groups[0].sync()
+        let connection = try PostgresConnection(try testDatabase())
+        let group = groups[0].groupID
+        let newest = try #require(try storedRecords(group).last)
+        try connection.execute("DELETE FROM lockbox_sync_items WHERE group_id = $1 AND item_id = $2", [.text(group), .text(newest.id)])
+        try connection.execute("UPDATE lockbox_sync_groups SET head = NULL WHERE group_id = $1", [.text(group)])
+        #expect(throws: LockboxError.self) { try groups[2].sync() }
+        #expect(throws: LockboxError.self) { try groups[1].sync() }
+        #expect(try machines[2].count() == 0 && machines[1].count() == 4)
+        // The record put back and the counter set to the largest version: a device that synced
+        // before heads signs a head at that counter, and its push (a local change) is an error,
+        // not a trap; its change stays.
+        try connection.execute(
+            "INSERT INTO lockbox_sync_items (group_id, item_id, version, device_id, payload) VALUES ($1, $2, $3, $4, $5)",
+            [.text(group), .text(newest.id), .integer(newest.version), .text(groups[0].deviceID), .bytes(newest.payload)])
+        try connection.execute("UPDATE lockbox_sync_groups SET counter = $2 WHERE group_id = $1", [.text(group), .integer(Int64.max)])
+        try SyncState(path: groups[1].statePath, device: groups[1].deviceID, key: groups[1].device.stateKey).forgetVerifiedHead()
+        try machines[1].add("mine.example", "user", "local")
+        let limit = #expect(throws: LockboxError.self) { try groups[1].sync() }
+        #expect(limit?.code == .decode && limit?.message.contains("counter") == true, "\(String(describing: limit))")
+        #expect(try machines[1].value("mine.example", "user") == "local")
+        #expect(try machines[1].verify() && machines[2].verify())
     }
 
     @Test("The head rolled back, edited or removed is refused by the devices that saw a later one")
