@@ -66,9 +66,22 @@ package final class PostgresConnection {
                 "Cannot reach the sync database (\(reason)). The local keychain is unaffected; check the connection string and that the server runs, then sync again.")
         }
         self.connection = connection
-        // The server's notices (such as "already exists, skipping") are not for the user.
-        try execute("SET client_min_messages TO warning")
+        // The server's notices (such as "already exists, skipping") are not for the user. A lock
+        // another session holds (a stuck transaction, a hostile administrator) ends a wait after
+        // `lockTimeout` instead of never, unless the connection's options set a timeout of their own.
+        try execute(
+            """
+            SELECT set_config('client_min_messages', 'warning', false),
+                set_config('lock_timeout', CASE current_setting('lock_timeout') WHEN '0' THEN $1 ELSE current_setting('lock_timeout') END, false)
+            """, [.text(Self.lockTimeout)])
     }
+
+    /// How long a statement may wait for a lock when the connection's options do not say
+    /// (`options='-c lock_timeout=...'`, `PGOPTIONS`): longer than any honest holder keeps one (a
+    /// push of a batch, a device removal re-sealing every record, a fleet machine's refresh
+    /// with its HTTP timeouts), so that a lock never held up by one is a clear error instead of
+    /// a wait without end.
+    package static let lockTimeout = "2min"
 
     deinit { PQfinish(connection) }
 

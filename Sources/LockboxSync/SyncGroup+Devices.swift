@@ -318,7 +318,9 @@ extension SyncGroup {
             guard let grantRow = grants.first else {
                 throw LockboxError(
                     .authFailed,
-                    "This device was removed from the sync group \(groupID): it holds no key for what the group wrote since. Join again with a pairing code from a device of the group.")
+                    "This device holds no key for the sync group \(groupID)'s current key epoch: it was removed from the group, or the "
+                        + "database's epoch was changed. `lockbox sync status` on another device of the group lists its devices; if this one "
+                        + "is not among them, join again with a pairing code from one of them.")
             }
             let failure = LockboxError.syncDatabase("The sync group's key grant")
             var outer = FieldDecoder(try PostgresConnection.bytes(grantRow[0]))

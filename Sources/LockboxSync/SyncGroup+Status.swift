@@ -30,6 +30,10 @@ extension SyncGroup {
         public var devices: [Device]?
         /// Why the database could not be asked (the keychain stays usable); nil when it answered.
         public var unreachable: String?
+        /// What the database answered that a sync would refuse (its data changed, this device
+        /// without a key for the current epoch); nil when nothing. The local part is shown all
+        /// the same.
+        public var databaseProblem: String?
         /// The records of items deleted here that the next push stamps its tombstones with, and
         /// whether a sync would accept them (``Vault/deletionRecordHealth()``).
         public var deletionRecords = Vault.DeletionRecordHealth(records: 0, isSound: true)
@@ -63,6 +67,8 @@ extension SyncGroup {
                 status.lastSync = devices.first(where: { $0.id == device.id })?.lastSync
             } catch where error.code == .notAvailable {
                 status.unreachable = error.message
+            } catch where error.code != .interactionNotAllowed {
+                status.databaseProblem = error.message
             }
             return status
         }

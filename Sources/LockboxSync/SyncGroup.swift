@@ -734,6 +734,14 @@ public final class SyncGroup: Sendable {
             let head = try SyncHead.open(
                 try counterRow[2].map { text throws(LockboxError) in try PostgresConnection.bytes(text) }, counter: counter, group: groupID,
                 keys: keys)
+            // Each version is one record's: more records above `from` than versions up to the
+            // counter were added in the database. Refused before they are fetched, so such rows
+            // cost no memory here.
+            let listed = try connection.execute(
+                "SELECT count(*) FROM lockbox_sync_items WHERE group_id = $1 AND version > $2", [.text(groupID), .integer(from)])
+            guard try PostgresConnection.integer(listed.first?[0] ?? nil) <= max(counter - from, 0) else {
+                throw LockboxError.syncDatabase("The records of the sync database (more than its versions)")
+            }
             let rows = try connection.executeBinary(
                 "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 AND version > $2 ORDER BY version",
                 [.text(groupID), .integer(from)])

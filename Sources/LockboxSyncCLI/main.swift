@@ -374,6 +374,7 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
             if let head = status.headFingerprint { fields.append("\"head\": \(jsonString(head))") }
             if let remote = status.pendingRemoteVersions { fields.append("\"pendingRemoteVersions\": \(remote)") }
             if let unreachable = status.unreachable { fields.append("\"databaseError\": \(jsonString(unreachable))") }
+            if let problem = status.databaseProblem { fields.append("\"databaseProblem\": \(jsonString(problem))") }
             let devices = (status.devices ?? []).map { device in
                 "{\"id\": \(jsonString(device.id)), \"pulledVersion\": \(device.pulledVersion), \"lastSync\": \(device.lastSync.map(jsonString) ?? "null"), \"attested\": \(device.isAttested)}"
             }
@@ -396,6 +397,8 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
             }
             if let unreachable = status.unreachable {
                 streams.print("database:         unreachable (\(unreachable)); the keychain is fully usable, sync later")
+            } else if let problem = status.databaseProblem {
+                streams.print("database:         a sync would fail: \(problem) The keychain is fully usable.")
             } else {
                 streams.print("pending remote:   \(status.pendingRemoteVersions ?? 0) version(s) not pulled yet")
                 streams.print("devices:")

@@ -246,3 +246,58 @@ extension SyncTests {
         #expect(try machines[1].value("h.example", "user") == "h2")
     }
 }
+
+extension SyncTests {
+    @Test("A lock the database never releases ends a sync with an error; rows added beyond the versions are refused before they are fetched; a forged key epoch leaves status usable")
+    func hostileDatabaseWaitsAndRows() throws {
+        let database = try testDatabase()
+        let (groups, machines) = try threeMachines()
+        try machines[0].add("w.example", "user", "w1")
+        try groups[0].sync()
+        try groups[1].sync()
+        let group = groups[0].groupID
+        // Every connection waits for locks for a bounded time unless its options say otherwise.
+        #expect(try PostgresConnection(database).execute("SHOW lock_timeout").first?[0] == PostgresConnection.lockTimeout)
+        // The group row held by another session: with a short timeout of its own, a push ends
+        // with an error instead of waiting, and the local change stays for the next sync.
+        let holder = try PostgresConnection(database)
+        try holder.execute("BEGIN")
+        try holder.execute("SELECT 1 FROM lockbox_sync_groups WHERE group_id = $1 FOR UPDATE", [.text(group)])
+        let impatient = try SyncGroup(group, vault: machines[1].vault, database: database + " options='-c lock_timeout=1s'")
+        try machines[1].set("w.example", "user", "w2")
+        let started = Date()
+        let waited = #expect(throws: LockboxError.self) { try impatient.sync() }
+        #expect(waited?.message.contains("lock timeout") == true, "\(String(describing: waited))")
+        #expect(Date().timeIntervalSince(started) < 30)
+        try holder.execute("ROLLBACK")
+        #expect(try groups[1].sync().pushed == 1)
+        #expect(try groups[0].sync().pulled == 1)
+
+        // Twenty large rows at versions already taken: refused before any is fetched.
+        let connection = try PostgresConnection(database)
+        let counter = try PostgresConnection.integer(
+            try connection.execute("SELECT counter FROM lockbox_sync_groups WHERE group_id = $1", [.text(group)])[0][0])
+        try connection.execute(
+            """
+            INSERT INTO lockbox_sync_items (group_id, item_id, version, device_id, payload)
+            SELECT $1, 'junk' || n, $2, 'x', convert_to(repeat('A', 1024 * 1024), 'UTF8') FROM generate_series(1, 20) n
+            """, [.text(group), .integer(counter)])
+        let flooded = #expect(throws: LockboxError.self) { try groups[2].sync() }
+        #expect(flooded?.code == .decode && flooded?.message.contains("more than its versions") == true, "\(String(describing: flooded))")
+        #expect(try machines[2].count() == 0)
+        try connection.execute("DELETE FROM lockbox_sync_items WHERE group_id = $1 AND item_id LIKE 'junk%'", [.text(group)])
+        #expect(try groups[2].sync().pulled == 1)
+
+        // The key epoch moved ahead with no grant: a sync says this device holds no key for it;
+        // status still shows the local part, and the problem.
+        try connection.execute("UPDATE lockbox_sync_groups SET key_epoch = $2 WHERE group_id = $1", [.text(group), .integer(1 << 62)])
+        let noKey = #expect(throws: LockboxError.self) { try groups[1].sync() }
+        #expect(noKey?.code == .authFailed)
+        let status = try groups[1].status()
+        #expect(status.unreachable == nil && status.databaseProblem?.contains("no key") == true)
+        #expect(status.syncedItems == 1)
+        try connection.execute("UPDATE lockbox_sync_groups SET key_epoch = 0 WHERE group_id = $1", [.text(group)])
+        #expect(try groups[1].sync().changedNothing)
+        #expect(try machines[1].verify())
+    }
+}
