@@ -90,7 +90,7 @@ public struct FleetAccessTokenCache: AccessTokenCache {
             var decoder = FieldDecoder(stored.details)
             guard let type = try? decoder.string(), let expires = try? decoder.integer(), let fresh = try? decoder.integer(),
                 let scope = try? decoder.string(), decoder.isAtEnd
-            else { throw LockboxError.integrity("A fleet session in the sync database") }
+            else { throw LockboxError.syncDatabase("A fleet session in the sync database") }
             let credentials = Credentials(
                 accessToken: stored.secret, tokenType: type, expiresAt: Date(timeIntervalSince1970: Double(expires) / 1000),
                 scope: scope.split(separator: " ").map(String.init))

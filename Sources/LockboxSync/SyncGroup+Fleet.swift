@@ -28,38 +28,60 @@ extension SyncGroup {
         return connection
     }
 
-    private func fleetAssociatedData(session: String, field: FleetField, part: Int, epoch: Int64) -> [UInt8] {
+    /// What a field's two boxes are bound to: the group, the session, the field, which box, the
+    /// key epoch and (from format 2) the field's version, so that no sealed field passes for
+    /// another, or for another version of itself.
+    private func fleetAssociatedData(session: String, field: FleetField, part: Int, epoch: Int64, version: Int64?) -> [UInt8] {
         var encoder = FieldEncoder()
-        encoder.string("lockbox.fleet.v1")
+        encoder.string(version == nil ? "lockbox.fleet.v1" : "lockbox.fleet.v2")
         encoder.string(groupID)
         encoder.string(session)
         encoder.string(field.rawValue)
         encoder.integer(part)
         encoder.integer(Int(epoch))
+        if let version { encoder.integer(Int(version)) }
         return encoder.bytes
     }
 
-    /// Seals a secret and its (non-secret) details for one field of a session.
-    func sealFleet(_ secret: SecretBytes, details: [UInt8], session: String, field: FleetField, keys: SyncKeys) -> [UInt8] {
+    /// Seals a secret and its (non-secret) details for one field of a session, at `version`.
+    func sealFleet(_ secret: SecretBytes, details: [UInt8], session: String, field: FleetField, version: Int64, keys: SyncKeys) -> [UInt8] {
         var encoder = FieldEncoder()
-        encoder.bytes(Crypto.seal(details, key: keys.fleet, associatedData: fleetAssociatedData(session: session, field: field, part: 0, epoch: keys.epoch)))
-        encoder.bytes(Crypto.seal(secret, key: keys.fleet, associatedData: fleetAssociatedData(session: session, field: field, part: 1, epoch: keys.epoch)))
+        encoder.bytes(
+            Crypto.seal(details, key: keys.fleet, associatedData: fleetAssociatedData(session: session, field: field, part: 0, epoch: keys.epoch, version: version)))
+        encoder.bytes(
+            Crypto.seal(secret, key: keys.fleet, associatedData: fleetAssociatedData(session: session, field: field, part: 1, epoch: keys.epoch, version: version)))
+        encoder.integer(Int(version))
         return encoder.bytes
     }
 
-    func openFleet(_ sealed: [UInt8], session: String, field: FleetField, keys: SyncKeys) throws(LockboxError) -> (secret: SecretBytes, details: [UInt8]) {
+    /// Opens a sealed field: its secret, details and version (0 for a field of the first
+    /// format, which had none).
+    func openFleet(_ sealed: [UInt8], session: String, field: FleetField, keys: SyncKeys) throws(LockboxError) -> (
+        secret: SecretBytes, details: [UInt8], version: Int64
+    ) {
         let failure = LockboxError.syncDatabase("A fleet session in the sync database")
         var decoder = FieldDecoder(sealed)
-        guard let detailsBox = try? decoder.bytes(), let secretBox = try? decoder.bytes(), decoder.isAtEnd,
+        guard let detailsBox = try? decoder.bytes(), let secretBox = try? decoder.bytes() else { throw failure }
+        var version: Int64?
+        if !decoder.isAtEnd {
+            guard let number = try? decoder.integer(), number > 0, decoder.isAtEnd else { throw failure }
+            version = Int64(number)
+        }
+        guard
             let details = try? Crypto.openBytes(
-                detailsBox, key: keys.fleet, associatedData: fleetAssociatedData(session: session, field: field, part: 0, epoch: keys.epoch)),
+                detailsBox, key: keys.fleet, associatedData: fleetAssociatedData(session: session, field: field, part: 0, epoch: keys.epoch, version: version)),
             let secret = try? Crypto.open(
-                secretBox, key: keys.fleet, associatedData: fleetAssociatedData(session: session, field: field, part: 1, epoch: keys.epoch))
+                secretBox, key: keys.fleet, associatedData: fleetAssociatedData(session: session, field: field, part: 1, epoch: keys.epoch, version: version))
         else { throw failure }
-        return (secret, details)
+        return (secret, details, version ?? 0)
     }
 
+    /// This machine's marks of the versions it saw (``FleetMarks``).
+    var fleetMarks: FleetMarks { FleetMarks(path: FleetMarks.path(vault: vault.path, groupID: groupID), key: device.stateKey) }
+
     /// One field of a session, opened; nil when there is none.
+    /// - Throws: `errSecDecode` for a field that fails to open, or one older than a version this
+    ///   machine already read or wrote (an older token put back in the database).
     package func readFleet(_ connection: PostgresConnection, session: String, field: FleetField) throws(LockboxError) -> (
         secret: SecretBytes, details: [UInt8]
     )? {
@@ -67,27 +89,41 @@ extension SyncGroup {
             "SELECT \(field.rawValue) FROM lockbox_fleet_sessions WHERE group_id = $1 AND session_id = $2",
             [.text(groupID), .text(session)])
         guard let row = rows.first, let value = row[0] else { return nil }
-        return try openFleet(try PostgresConnection.bytes(value), session: session, field: field, keys: keys)
+        let opened = try openFleet(try PostgresConnection.bytes(value), session: session, field: field, keys: keys)
+        try fleetMarks.check(session: session, field: field, version: opened.version)
+        return (opened.secret, opened.details)
     }
 
-    /// Writes (or, with nil, clears) one field of a session; committed when it returns.
+    /// Writes (or, with nil, clears) one field of a session; committed when it returns. The
+    /// field is sealed at the row's next version, taken under the row's lock: versions only
+    /// grow, across sign-outs too (a cleared session keeps its row).
     package func writeFleet(
         _ connection: PostgresConnection, session: String, field: FleetField, secret: SecretBytes?, details: [UInt8] = []
     ) throws(LockboxError) {
-        let value: PostgresConnection.Value = secret.map { .bytes(sealFleet($0, details: details, session: session, field: field, keys: keys)) } ?? .null
-        try connection.execute(
-            """
-            INSERT INTO lockbox_fleet_sessions (group_id, session_id, version, \(field.rawValue)) VALUES ($1, $2, 1, $3)
-            ON CONFLICT (group_id, session_id) DO UPDATE
-            SET \(field.rawValue) = excluded.\(field.rawValue), version = lockbox_fleet_sessions.version + 1
-            """,
-            [.text(groupID), .text(session), value])
+        let keys = self.keys
+        let written = try connection.transaction { () throws(LockboxError) -> Int64 in
+            let rows = try connection.execute(
+                "SELECT version FROM lockbox_fleet_sessions WHERE group_id = $1 AND session_id = $2 FOR UPDATE", [.text(groupID), .text(session)])
+            let version = try SyncHead.version(after: try rows.first.map { row throws(LockboxError) in try PostgresConnection.integer(row[0]) } ?? 0)
+            let value: PostgresConnection.Value =
+                secret.map { .bytes(sealFleet($0, details: details, session: session, field: field, version: version, keys: keys)) } ?? .null
+            try connection.execute(
+                """
+                INSERT INTO lockbox_fleet_sessions (group_id, session_id, version, \(field.rawValue)) VALUES ($1, $2, $3, $4)
+                ON CONFLICT (group_id, session_id) DO UPDATE SET \(field.rawValue) = excluded.\(field.rawValue), version = excluded.version
+                """,
+                [.text(groupID), .text(session), .integer(version), value])
+            return version
+        }
+        if secret != nil { try fleetMarks.check(session: session, field: field, version: written) }
     }
 
-    /// Removes a session (both tokens).
+    /// Signs a session out (both tokens gone). The row stays, with its version, so that the
+    /// tokens of a later sign-in are newer than any this session had.
     package func clearFleet(_ connection: PostgresConnection, session: String) throws(LockboxError) {
         try connection.execute(
-            "DELETE FROM lockbox_fleet_sessions WHERE group_id = $1 AND session_id = $2", [.text(groupID), .text(session)])
+            "UPDATE lockbox_fleet_sessions SET refresh_token = NULL, access_token = NULL, version = version + 1 WHERE group_id = $1 AND session_id = $2",
+            [.text(groupID), .text(session)])
     }
 
     /// Waits for the session's advisory lock on a connection of its own, which holds it until
@@ -109,8 +145,11 @@ extension SyncGroup {
             var values: [PostgresConnection.Value] = []
             for (index, field) in [FleetField.refreshToken, .accessToken].enumerated() {
                 if let value = row[index + 1] {
+                    // The field keeps its version: the new epoch's key is what makes the old
+                    // ciphertext useless to put back.
                     let opened = try openFleet(try PostgresConnection.bytes(value), session: session, field: field, keys: old)
-                    values.append(.bytes(sealFleet(opened.secret, details: opened.details, session: session, field: field, keys: new)))
+                    values.append(
+                        .bytes(sealFleet(opened.secret, details: opened.details, session: session, field: field, version: max(opened.version, 1), keys: new)))
                 } else {
                     values.append(.null)
                 }

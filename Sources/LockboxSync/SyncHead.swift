@@ -114,7 +114,7 @@ extension LockboxError {
     /// Data the sync database served failed its check: it was changed in the database, or
     /// written by something other than the group's devices. Not the keychain file's fault: the
     /// message must not send the user to a backup of it.
-    static func syncDatabase(_ what: String = "A record of the sync database") -> LockboxError {
+    package static func syncDatabase(_ what: String = "A record of the sync database") -> LockboxError {
         LockboxError(
             .decode,
             "\(what) failed its check: it was changed in the database, or written by something other than this group's devices. "

@@ -1,0 +1,110 @@
+import Foundation
+import Lockbox
+import LockboxTestSupport
+import LockboxVault
+import Testing
+import VaultCrypto
+
+@testable import LockboxSync
+
+extension SyncTests {
+    func text(_ opened: (secret: SecretBytes, details: [UInt8])?) -> String? {
+        opened.map { $0.secret.withUnsafeBytes { String(decoding: $0, as: UTF8.self) } }
+    }
+
+    @Test("An older fleet token put back in the database is refused by the machines that saw a newer one; a sign-out and a new sign-in are not taken for one")
+    func fleetTokenReplayIsRefused() throws {
+        let (groups, machines) = try threeMachines()
+        defer { withExtendedLifetime(machines) {} }
+        let database = try PostgresConnection(try testDatabase())
+        let group = groups[0].groupID
+        let session = groups[0].fleetSessionID("account-1")
+        func sealedRefreshToken() throws -> String? {
+            try database.execute(
+                "SELECT refresh_token FROM lockbox_fleet_sessions WHERE group_id = $1 AND session_id = $2", [.text(group), .text(session)]
+            ).first?[0] ?? nil
+        }
+        func putBack(_ sealed: String?) throws {
+            try database.execute(
+                "UPDATE lockbox_fleet_sessions SET refresh_token = $3::bytea WHERE group_id = $1 AND session_id = $2",
+                [.text(group), .text(session), sealed.map { .text($0) } ?? .null])
+        }
+        try groups[0].writeFleet(try groups[0].fleetConnection(), session: session, field: .refreshToken, secret: SecretBytes(utf8: "refresh-1"))
+        #expect(try text(groups[1].readFleet(try groups[1].fleetConnection(), session: session, field: .refreshToken)) == "refresh-1")
+        let first = try sealedRefreshToken()
+        try groups[0].writeFleet(try groups[0].fleetConnection(), session: session, field: .refreshToken, secret: SecretBytes(utf8: "refresh-2"))
+        #expect(try text(groups[1].readFleet(try groups[1].fleetConnection(), session: session, field: .refreshToken)) == "refresh-2")
+        let second = try sealedRefreshToken()
+
+        // The rotated-out token put back: the reader and the writer refuse it (the server would
+        // take its use for reuse and revoke the session everywhere).
+        try putBack(first)
+        for index in 0..<2 {
+            let replayed = #expect(throws: LockboxError.self) {
+                try groups[index].readFleet(try groups[index].fleetConnection(), session: session, field: .refreshToken)
+            }
+            #expect(replayed?.code == .decode && replayed?.message.contains("older") == true, "\(String(describing: replayed))")
+        }
+        // The access token field of the same row, written later, does not make the refresh
+        // token look old.
+        try putBack(second)
+        try groups[0].writeFleet(
+            try groups[0].fleetConnection(), session: session, field: .accessToken, secret: SecretBytes(utf8: "access-1"), details: [])
+        #expect(try text(groups[1].readFleet(try groups[1].fleetConnection(), session: session, field: .refreshToken)) == "refresh-2")
+        #expect(try text(groups[1].readFleet(try groups[1].fleetConnection(), session: session, field: .accessToken)) == "access-1")
+
+        // Signed out, then in again on another machine: the new token is newer than any before.
+        try groups[0].clearFleet(try groups[0].fleetConnection(), session: session)
+        #expect(try groups[1].readFleet(try groups[1].fleetConnection(), session: session, field: .refreshToken) == nil)
+        try groups[2].writeFleet(try groups[2].fleetConnection(), session: session, field: .refreshToken, secret: SecretBytes(utf8: "refresh-3"))
+        #expect(try text(groups[1].readFleet(try groups[1].fleetConnection(), session: session, field: .refreshToken)) == "refresh-3")
+        #expect(try text(groups[0].readFleet(try groups[0].fleetConnection(), session: session, field: .refreshToken)) == "refresh-3")
+
+        // A device removal re-seals the fields under the new key, keeping their versions.
+        try groups[0].removeDevice(groups[2].deviceID)
+        #expect(try text(groups[1].readFleet(try groups[1].fleetConnection(), session: session, field: .refreshToken)) == "refresh-3")
+
+        // The machine's marks edited: refused, with the way out; removed: trusted again.
+        let marks = groups[1].fleetMarks.path
+        var bytes = try #require(FileManager.default.contents(atPath: marks))
+        bytes[bytes.count / 2] ^= 1
+        try bytes.write(to: URL(fileURLWithPath: marks))
+        let edited = #expect(throws: LockboxError.self) {
+            try groups[1].readFleet(try groups[1].fleetConnection(), session: session, field: .refreshToken)
+        }
+        #expect(edited?.code == .decode && edited?.message.contains("Remove the file") == true)
+        try FileManager.default.removeItem(atPath: marks)
+        #expect(try text(groups[1].readFleet(try groups[1].fleetConnection(), session: session, field: .refreshToken)) == "refresh-3")
+        let mode = try FileManager.default.attributesOfItem(atPath: marks)[.posixPermissions] as? Int
+        #expect(mode == 0o600)
+    }
+
+    @Test("A fleet token sealed before versions (the first format) is still read")
+    func firstFormatFleetTokenIsRead() throws {
+        let (groups, machines) = try threeMachines()
+        defer { withExtendedLifetime(machines) {} }
+        let group = groups[0].groupID
+        let session = groups[0].fleetSessionID("account-old")
+        let keys = groups[0].keys
+        func associatedData(_ part: Int) -> [UInt8] {
+            var encoder = FieldEncoder()
+            encoder.string("lockbox.fleet.v1")
+            encoder.string(group)
+            encoder.string(session)
+            encoder.string("refresh_token")
+            encoder.integer(part)
+            encoder.integer(Int(keys.epoch))
+            return encoder.bytes
+        }
+        var sealed = FieldEncoder()
+        sealed.bytes(Crypto.seal([UInt8](), key: keys.fleet, associatedData: associatedData(0)))
+        sealed.bytes(Crypto.seal(SecretBytes(utf8: "old format"), key: keys.fleet, associatedData: associatedData(1)))
+        try PostgresConnection(try testDatabase()).execute(
+            "INSERT INTO lockbox_fleet_sessions (group_id, session_id, version, refresh_token) VALUES ($1, $2, 1, $3)",
+            [.text(group), .text(session), .bytes(sealed.bytes)])
+        #expect(try text(groups[1].readFleet(try groups[1].fleetConnection(), session: session, field: .refreshToken)) == "old format")
+        // The next write is of the new format, at a later version.
+        try groups[0].writeFleet(try groups[0].fleetConnection(), session: session, field: .refreshToken, secret: SecretBytes(utf8: "new format"))
+        #expect(try text(groups[1].readFleet(try groups[1].fleetConnection(), session: session, field: .refreshToken)) == "new format")
+    }
+}
