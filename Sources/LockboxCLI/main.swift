@@ -35,9 +35,13 @@ do {
     } else if invocation.command.usesKeys {
         streams.error("lockbox: \(OAuthHelper.exec(OAuthHelper.keysName, arguments: arguments))")
         status = .failure
-    } else if case .sync = invocation.command, let backend = invocation.backend, backend != .vault {
-        // Sync reads and writes the vault's own rows; it is not a view of another store.
-        streams.error("lockbox: sync works on the vault backend only, not \(backend.rawValue); leave out --backend")
+    } else if case .sync = invocation.command,
+        let backend = invocation.backend ?? (try? Keychain.backend(environmentValue: getenv("LOCKBOX_BACKEND").map { String(cString: $0) })) ?? nil,
+        backend == .secretService
+    {
+        // Sync reads and writes the vault's own rows (the broker serves the same file); the
+        // desktop keychain is another store.
+        streams.error("lockbox: sync works on the vault, not on the secret-service backend; choose the vault or leave out --backend (and LOCKBOX_BACKEND)")
         status = .usage
     } else if case .sync(let syncArguments) = invocation.command {
         let keychain = invocation.keychain.map { ["--keychain", $0] } ?? []

@@ -13,9 +13,11 @@ import Glibc
 /// refused. A machine that never read a session has no mark for it, and trusts what it is
 /// first given.
 ///
-/// Several processes of one machine update the file: each reads it, keeps the larger of each
-/// mark, and replaces it whole. Two updates at once can lose one mark, never raise one: at
-/// worst a replay of a version between the two goes unnoticed here, never a false alarm.
+/// Several processes (and threads) of one machine update the file: each takes an exclusive
+/// `flock` on `GROUP.fleet.lock`, reads the file, keeps the larger of each mark and replaces the
+/// file whole (a temporary file of its own, then `rename`). A reader compares what the database
+/// serves with the mark it read before asking, so a newer version another process writes
+/// meanwhile is never taken for a replay.
 struct FleetMarks {
     let path: String
     let key: SecretBytes
@@ -25,6 +27,7 @@ struct FleetMarks {
     private static func markName(session: String, field: SyncGroup.FleetField) -> String { session + "/" + field.rawValue }
 
     /// The marks in the file; none when there is no file yet.
+    /// - Throws: `errSecDecode` when the file was modified outside Lockbox.
     func load() throws(LockboxError) -> [String: Int64] {
         guard let data = FileManager.default.contents(atPath: path) else { return [:] }
         let bytes = [UInt8](data)
@@ -42,22 +45,34 @@ struct FleetMarks {
         return marks
     }
 
-    /// Checks `version` of a field against its mark, and raises the mark to it.
-    /// - Throws: `errSecDecode` when the database served an older version than this machine saw.
-    func check(session: String, field: SyncGroup.FleetField, version: Int64) throws(LockboxError) {
-        var marks = try load()
-        let name = Self.markName(session: session, field: field)
-        if let mark = marks[name] {
-            guard version >= mark else {
-                throw LockboxError.syncDatabase("A fleet session's token in the sync database (older than one this machine already saw)")
-            }
-            if version == mark { return }
-        }
-        marks[name] = version
-        try save(marks)
+    /// The newest version of a field this machine has seen; nil when none.
+    func mark(session: String, field: SyncGroup.FleetField) throws(LockboxError) -> Int64? {
+        try load()[Self.markName(session: session, field: field)]
     }
 
-    private func save(_ marks: [String: Int64]) throws(LockboxError) {
+    /// The error for a field older than `mark`.
+    static func replayed() -> LockboxError {
+        LockboxError.syncDatabase("A fleet session's token in the sync database (older than one this machine already saw)")
+    }
+
+    /// Raises a field's mark to `version` (never lowers it). Best effort: it runs after the
+    /// database has answered or committed, and a mark not kept only weakens the check against
+    /// replays on this machine; it must not turn a stored token into a failed store.
+    func raise(session: String, field: SyncGroup.FleetField, to version: Int64) {
+        let directory = String(path[..<(path.lastIndex(of: "/") ?? path.startIndex)])
+        if !directory.isEmpty && mkdir(directory, 0o700) != 0 && errno != EEXIST { return }
+        let lock = open(path + ".lock", O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        guard lock >= 0 else { return }
+        defer { close(lock) }
+        while flock(lock, LOCK_EX) != 0 { guard errno == EINTR else { return } }
+        guard var marks = try? load() else { return }
+        let name = Self.markName(session: session, field: field)
+        if let mark = marks[name], mark >= version { return }
+        marks[name] = version
+        save(marks)
+    }
+
+    private func save(_ marks: [String: Int64]) {
         var encoder = FieldEncoder()
         encoder.string("lockbox.fleet.marks.v1")
         encoder.integer(marks.count)
@@ -66,20 +81,18 @@ struct FleetMarks {
             encoder.integer(Int(version))
         }
         let body = encoder.bytes
-        let directory = String(path[..<(path.lastIndex(of: "/") ?? path.startIndex)])
-        if !directory.isEmpty && mkdir(directory, 0o700) != 0 && errno != EEXIST {
-            throw LockboxError(.io, "Cannot create \(directory) (errno \(errno)). Check its parent's permissions.")
-        }
-        let temporary = path + ".\(getpid()).tmp"
-        let descriptor = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o600)
-        guard descriptor >= 0 else { throw LockboxError(.io, "Cannot write \(temporary) (errno \(errno)). Check the directory's permissions.") }
+        var template = Array((path + ".XXXXXX").utf8CString)
+        let descriptor = template.withUnsafeMutableBufferPointer { mkstemp($0.baseAddress!) }
+        guard descriptor >= 0 else { return }
+        _ = fcntl(descriptor, F_SETFD, FD_CLOEXEC)
+        let temporary = String(decoding: template.dropLast().map { UInt8(bitPattern: $0) }, as: UTF8.self)
         let contents = body + mac(body)
         let written = contents.withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
-        let synced = fsync(descriptor) == 0
+        let synced = fchmod(descriptor, 0o600) == 0 && fsync(descriptor) == 0
         close(descriptor)
         guard written == contents.count, synced, rename(temporary, path) == 0 else {
             unlink(temporary)
-            throw LockboxError(.io, "Cannot write \(path) (errno \(errno)). Check the disk and the directory's permissions.")
+            return
         }
     }
 

@@ -38,7 +38,12 @@ package final class PostgresConnection {
         // Keywords before the expanded connection string are defaults it can override.
         var keywords = ["dbname"]
         var values = [conninfo]
-        if getenv("PGCONNECT_TIMEOUT") == nil {
+        // Not when a timeout is given another way, or may be (a service file's entry: libpq
+        // reads it only for what the keywords leave unset).
+        func setInEnvironment(_ name: String) -> Bool { getenv(name).map { $0.pointee != 0 } ?? false }
+        let timeoutGiven = setInEnvironment("PGCONNECT_TIMEOUT") || setInEnvironment("PGSERVICE")
+            || Self.option("connect_timeout", of: conninfo) != nil || Self.option("service", of: conninfo) != nil
+        if !timeoutGiven {
             keywords.insert("connect_timeout", at: 0)
             values.insert(String(Self.defaultConnectTimeout), at: 0)
         }
@@ -90,23 +95,42 @@ package final class PostgresConnection {
     /// belongs in a password file (`passfile=`, `PGPASSFILE`), never on a command line or in
     /// a configuration file.
     package static func namesPassword(_ conninfo: String) -> Bool? {
+        guard let options = options(of: conninfo) else { return nil }
+        return !(options["password"] ?? "").isEmpty
+    }
+
+    /// The options a connection string or URI sets, as libpq reads it (no defaults, no
+    /// environment); nil when libpq cannot read it.
+    static func options(of conninfo: String) -> [String: String]? {
         var error: UnsafeMutablePointer<CChar>?
-        guard let options = PQconninfoParse(conninfo, &error) else {
+        guard let parsed = PQconninfoParse(conninfo, &error) else {
             if let error { PQfreemem(error) }
             return nil
         }
-        defer { PQconninfoFree(options) }
-        var option = options
+        defer { PQconninfoFree(parsed) }
+        var options: [String: String] = [:]
+        var option = parsed
         while let keyword = option.pointee.keyword {
-            if String(cString: keyword) == "password", let value = option.pointee.val, value.pointee != 0 { return true }
+            if let value = option.pointee.val { options[String(cString: keyword)] = String(cString: value) }
             option += 1
         }
-        return false
+        return options
+    }
+
+    /// One option a connection string sets, non-empty; nil otherwise.
+    static func option(_ keyword: String, of conninfo: String) -> String? {
+        options(of: conninfo)?[keyword].flatMap { $0.isEmpty ? nil : $0 }
     }
 
     private static func message(_ connection: OpaquePointer) -> String {
         guard let text = PQerrorMessage(connection) else { return "no message" }
-        return String(cString: text).split(whereSeparator: { $0.isNewline }).first.map(String.init) ?? "no message"
+        return printable(String(cString: text).split(whereSeparator: { $0.isNewline }).first.map(String.init) ?? "no message")
+    }
+
+    /// A message the server wrote, as it may be shown on a terminal and in logs: control
+    /// characters (terminal escape sequences a hostile server could send) replaced.
+    static func printable(_ text: String) -> String {
+        String(String.UnicodeScalarView(text.unicodeScalars.map { $0.value < 0x20 || (0x7F...0x9F).contains($0.value) ? "?" : $0 }))
     }
 
     /// Runs one statement; the rows of its result, each column as text (nil for NULL).
@@ -145,7 +169,7 @@ package final class PostgresConnection {
         let status = PQresultStatus(result)
         guard status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK else {
             let text = PQresultErrorMessage(result).map { String(cString: $0) } ?? ""
-            let reason = text.split(whereSeparator: { $0.isNewline }).first.map(String.init) ?? "no message"
+            let reason = Self.printable(text.split(whereSeparator: { $0.isNewline }).first.map(String.init) ?? "no message")
             throw LockboxError(.io, "The sync database refused a statement (\(reason)). Sync again later.")
         }
         var rows: [[Column?]] = []

@@ -85,12 +85,16 @@ extension SyncGroup {
     package func readFleet(_ connection: PostgresConnection, session: String, field: FleetField) throws(LockboxError) -> (
         secret: SecretBytes, details: [UInt8]
     )? {
+        // The mark as it was before the database was asked: a newer version that another
+        // process of this machine writes and marks meanwhile is not a replay.
+        let mark = try fleetMarks.mark(session: session, field: field)
         let rows = try connection.execute(
             "SELECT \(field.rawValue) FROM lockbox_fleet_sessions WHERE group_id = $1 AND session_id = $2",
             [.text(groupID), .text(session)])
         guard let row = rows.first, let value = row[0] else { return nil }
         let opened = try openFleet(try PostgresConnection.bytes(value), session: session, field: field, keys: keys)
-        try fleetMarks.check(session: session, field: field, version: opened.version)
+        if let mark, opened.version < mark { throw FleetMarks.replayed() }
+        fleetMarks.raise(session: session, field: field, to: opened.version)
         return (opened.secret, opened.details)
     }
 
@@ -100,22 +104,39 @@ extension SyncGroup {
     package func writeFleet(
         _ connection: PostgresConnection, session: String, field: FleetField, secret: SecretBytes?, details: [UInt8] = []
     ) throws(LockboxError) {
-        let keys = self.keys
-        let written = try connection.transaction { () throws(LockboxError) -> Int64 in
-            let rows = try connection.execute(
-                "SELECT version FROM lockbox_fleet_sessions WHERE group_id = $1 AND session_id = $2 FOR UPDATE", [.text(groupID), .text(session)])
-            let version = try SyncHead.version(after: try rows.first.map { row throws(LockboxError) in try PostgresConnection.integer(row[0]) } ?? 0)
-            let value: PostgresConnection.Value =
-                secret.map { .bytes(sealFleet($0, details: details, session: session, field: field, version: version, keys: keys)) } ?? .null
-            try connection.execute(
-                """
-                INSERT INTO lockbox_fleet_sessions (group_id, session_id, version, \(field.rawValue)) VALUES ($1, $2, $3, $4)
-                ON CONFLICT (group_id, session_id) DO UPDATE SET \(field.rawValue) = excluded.\(field.rawValue), version = excluded.version
-                """,
-                [.text(groupID), .text(session), .integer(version), value])
-            return version
+        // The group's epoch is checked under a shared lock of its row, which a device removal
+        // holds exclusively while it re-seals the sessions: a field is never sealed with a key
+        // the removal has just replaced. A removal that committed first is caught up with, and
+        // the write made again.
+        for _ in 0..<3 {
+            let keys = self.keys
+            let written = try connection.transaction { () throws(LockboxError) -> Int64? in
+                let group = try connection.execute(
+                    "SELECT key_epoch FROM lockbox_sync_groups WHERE group_id = $1 FOR SHARE", [.text(groupID)])
+                guard let epoch = group.first else {
+                    throw LockboxError(.itemNotFound, "The sync group \(groupID) is not in the database any more. Nothing was changed here.")
+                }
+                guard try PostgresConnection.integer(epoch[0]) == keys.epoch else { return nil }
+                let rows = try connection.execute(
+                    "SELECT version FROM lockbox_fleet_sessions WHERE group_id = $1 AND session_id = $2 FOR UPDATE", [.text(groupID), .text(session)])
+                let version = try SyncHead.version(after: try rows.first.map { row throws(LockboxError) in try PostgresConnection.integer(row[0]) } ?? 0)
+                let value: PostgresConnection.Value =
+                    secret.map { .bytes(sealFleet($0, details: details, session: session, field: field, version: version, keys: keys)) } ?? .null
+                try connection.execute(
+                    """
+                    INSERT INTO lockbox_fleet_sessions (group_id, session_id, version, \(field.rawValue)) VALUES ($1, $2, $3, $4)
+                    ON CONFLICT (group_id, session_id) DO UPDATE SET \(field.rawValue) = excluded.\(field.rawValue), version = excluded.version
+                    """,
+                    [.text(groupID), .text(session), .integer(version), value])
+                return version
+            }
+            if let written {
+                if secret != nil { fleetMarks.raise(session: session, field: field, to: written) }
+                return
+            }
+            try catchUpKeys(connection)
         }
-        if secret != nil { try fleetMarks.check(session: session, field: field, version: written) }
+        throw LockboxError(.io, "The sync group's key kept changing while a fleet token was stored (devices being removed). Try again.")
     }
 
     /// Signs a session out (both tokens gone). The row stays, with its version, so that the
@@ -138,8 +159,10 @@ extension SyncGroup {
 
     /// Re-seals every fleet session under the new epoch's key (inside a device removal).
     func resealFleetSessions(_ connection: PostgresConnection, from old: SyncKeys, to new: SyncKeys) throws(LockboxError) {
+        // Locked as they are read: a token stored meanwhile would otherwise be overwritten by
+        // the older one re-sealed here.
         let rows = try connection.execute(
-            "SELECT session_id, refresh_token, access_token FROM lockbox_fleet_sessions WHERE group_id = $1", [.text(groupID)])
+            "SELECT session_id, refresh_token, access_token FROM lockbox_fleet_sessions WHERE group_id = $1 FOR UPDATE", [.text(groupID)])
         for row in rows {
             guard let session = row[0] else { continue }
             var values: [PostgresConnection.Value] = []

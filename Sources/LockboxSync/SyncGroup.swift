@@ -670,11 +670,14 @@ public final class SyncGroup: Sendable {
         let missing = "SELECT counter FROM lockbox_sync_groups WHERE group_id = $1 AND head IS NULL AND counter > 0"
         guard try !connection.execute(missing, [.text(groupID)]).isEmpty else { return }
         guard state.accumulator == nil else { throw SyncHead.tampered() }
-        // Only a device that synced the group before heads may vouch for its records, and only
-        // for a set that holds, at least as new, every record it saw. A device that has synced
-        // nothing cannot tell such a group from one whose head was removed in the database to
-        // hide records: trusting it would let the database drop any record it likes.
-        guard try !state.isEmpty else { throw Self.headless() }
+        // Only a device that pulled the group before heads may vouch for its records, and only
+        // for a set that holds, at least as new, every record it saw. A pull since heads always
+        // records the head it verified with its cursor: a cursor without a head is a pull from
+        // before them (a state reset after a key rotation has neither). Any other device (a new
+        // one, or one whose first pull failed after its push) cannot tell such a group from one
+        // whose head was removed in the database to hide records: trusting it would let the
+        // database drop any record it likes.
+        guard state.cursor > 0 else { throw Self.headless() }
         let known = try state.allEntries()
         let keys = self.keys
         try connection.transaction { () throws(LockboxError) in
@@ -701,7 +704,7 @@ public final class SyncGroup: Sendable {
     static func headless() -> LockboxError {
         LockboxError(
             .decode,
-            "The sync database holds no head for this group (the signed list of its records), and this device has synced nothing "
+            "The sync database holds no head for this group (the signed list of its records), and this device has pulled nothing "
                 + "yet, so it cannot tell a group last written before heads from a head removed in the database. Nothing was applied. "
                 + "Sync once on a device of the group that synced before: it restores the head, or reports the database as changed.")
     }

@@ -228,9 +228,12 @@ func readNewPassphrase(_ prompt: String) throws(LockboxError) -> SecretBytes {
 
 /// Refuses to move a keychain that already syncs with a group to another one unless asked:
 /// its items would stop following the first group without a word.
-func checkNotInGroup(_ vault: Vault, replacing: Bool) throws(LockboxError) {
+/// Joining the group the keychain already names is allowed: a device removed from it joins
+/// again that way.
+func checkNotInGroup(_ vault: Vault, replacing: Bool, joining: String? = nil) throws(LockboxError) {
     guard !replacing, FileManager.default.fileExists(atPath: SyncConfiguration.path(vault: vault)) else { return }
     let current = (try? SyncConfiguration.load(vault: vault))?.group
+    if let joining, current == joining { return }
     throw LockboxError(
         .duplicateItem,
         "This keychain already syncs with the group \(current.map { shown($0) } ?? "named in " + SyncConfiguration.path(vault: vault)). "
@@ -241,6 +244,20 @@ func checkNotInGroup(_ vault: Vault, replacing: Bool) throws(LockboxError) {
 /// Checks the keychain is unlocked before a secret is asked for or a code used up.
 func requireUnlocked(_ vault: Vault, _ hint: String) throws(LockboxError) {
     guard try vault.isUnlocked else { throw LockboxError.locked(hint) }
+}
+
+/// A message that may quote the server (libpq's error text): printable characters as they
+/// are, control characters escaped, so a hostile server cannot send terminal sequences.
+func shownMessage(_ text: String) -> String {
+    var escaped = ""
+    for scalar in text.unicodeScalars {
+        if scalar.value < 0x20 || (0x7F...0x9F).contains(scalar.value) {
+            escaped += "\\u{" + String(scalar.value, radix: 16) + "}"
+        } else {
+            escaped.unicodeScalars.append(scalar)
+        }
+    }
+    return escaped
 }
 
 /// Text the database gave (device identifiers, dates), as a terminal may show it: printable
@@ -303,7 +320,7 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
                 .param, "That is not a sync group identifier (32 hexadecimal digits, as `lockbox sync create` printed it); not shown, in case it is a secret.")
         }
         let vault = try openVault(keychain)
-        try checkNotInGroup(vault, replacing: replacing)
+        try checkNotInGroup(vault, replacing: replacing, joining: groupID)
         try requireUnlocked(vault, "Unlock it to join a sync group.")
         let group: SyncGroup
         if withPassphrase {
@@ -385,7 +402,8 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
             streams.print("this device:      \(status.deviceID)")
             streams.print("key epoch:        \(status.keyEpoch)")
             streams.print("verified head:    version \(status.pulledVersion), \(status.headFingerprint ?? "none yet")")
-            streams.print("last sync:        \(status.lastSync.map(shown) ?? (status.unreachable == nil ? "never" : "unknown: the database is unreachable"))")
+            let unknownLastSync = status.unreachable != nil ? "unknown: the database is unreachable" : "unknown: the database's answer was refused"
+            streams.print("last sync:        \(status.lastSync.map(shown) ?? (status.unreachable == nil && status.databaseProblem == nil ? "never" : unknownLastSync))")
             streams.print("synced items:     \(status.syncedItems)")
             streams.print("pending here:     \(status.pendingLocalChanges) change(s) for the next push")
             if status.deletionRecords.isSound {
@@ -396,9 +414,9 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
                         + "`lockbox sync forget-damaged-deletions` repairs them")
             }
             if let unreachable = status.unreachable {
-                streams.print("database:         unreachable (\(unreachable)); the keychain is fully usable, sync later")
+                streams.print("database:         unreachable (\(shownMessage(unreachable))); the keychain is fully usable, sync later")
             } else if let problem = status.databaseProblem {
-                streams.print("database:         a sync would fail: \(problem) The keychain is fully usable.")
+                streams.print("database:         a sync would fail: \(shownMessage(problem)) The keychain is fully usable.")
             } else {
                 streams.print("pending remote:   \(status.pendingRemoteVersions ?? 0) version(s) not pulled yet")
                 streams.print("devices:")

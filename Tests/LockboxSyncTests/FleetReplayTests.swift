@@ -2,6 +2,7 @@ import Foundation
 import Lockbox
 import LockboxTestSupport
 import LockboxVault
+import Synchronization
 import Testing
 import VaultCrypto
 
@@ -77,6 +78,36 @@ extension SyncTests {
         #expect(try text(groups[1].readFleet(try groups[1].fleetConnection(), session: session, field: .refreshToken)) == "refresh-3")
         let mode = try FileManager.default.attributesOfItem(atPath: marks)[.posixPermissions] as? Int
         #expect(mode == 0o600)
+    }
+
+    @Test("Threads of one machine storing and reading a session's tokens at once: no token taken for a replay, no failed store")
+    func fleetWritersAndReadersOfOneMachine() throws {
+        let (groups, machines) = try threeMachines()
+        defer { withExtendedLifetime(machines) {} }
+        let sessions = [groups[0].fleetSessionID("account-a"), groups[0].fleetSessionID("account-b")]
+        let group = groups[0]
+        let failures = Mutex<[String]>([])
+        let rounds = 150
+        DispatchQueue.concurrentPerform(iterations: 4) { worker in
+            let session = sessions[worker % 2]
+            do {
+                let connection = try group.fleetConnection()
+                for round in 0..<rounds {
+                    if worker < 2 {
+                        try group.writeFleet(connection, session: session, field: .refreshToken, secret: SecretBytes(utf8: "token \(round)"))
+                    } else {
+                        _ = try group.readFleet(connection, session: session, field: .refreshToken)
+                    }
+                }
+            } catch {
+                failures.withLock { $0.append("worker \(worker): \(error)") }
+            }
+        }
+        #expect(failures.withLock { $0 }.isEmpty, "\(failures.withLock { $0 })")
+        for session in sessions {
+            #expect(try text(groups[1].readFleet(try groups[1].fleetConnection(), session: session, field: .refreshToken)) == "token \(rounds - 1)")
+            #expect(try groups[0].fleetMarks.mark(session: session, field: .refreshToken) == Int64(rounds))
+        }
     }
 
     @Test("A fleet token sealed before versions (the first format) is still read")

@@ -75,6 +75,11 @@ extension SyncTests {
         try refused(["sync", "now", "--json"], "--json for now")
         try refused(["sync", "status", "--minutes", "5"], "--minutes for status")
         try refused(["--backend", "secret-service", "sync", "status"], "another backend")
+        var desktop = SyncCLI.environment(machine)
+        desktop["LOCKBOX_BACKEND"] = "secret-service"
+        let viaEnvironment = try LockboxTestSupport.run(
+            builtProduct("lockbox"), ["--keychain", machine.vault.path, "sync", "status"], input: [], environment: desktop, timeout: nil)
+        #expect(viaEnvironment.status == 64, "LOCKBOX_BACKEND=secret-service: \(viaEnvironment.standardError)")
         // A group identifier of the wrong form: refused before anything runs, not repeated.
         let badGroup = try SyncCLI.run(machine, ["sync", "join", canary, "--database", database], input: "ABCD-EFGH-JKLM-NPQR\n")
         #expect(badGroup.status == 1 && badGroup.standardError.contains("-50"), "\(badGroup.standardError)")
@@ -126,6 +131,18 @@ extension SyncTests {
         let newGroup = replaced.standardOutput.trimmingCharacters(in: .whitespacesAndNewlines)
         #expect(newGroup != group.groupID && SyncGroup.isGroupIdentifier(newGroup))
         #expect(try String(contentsOfFile: first.vault.path + ".sync/config", encoding: .utf8).contains(newGroup))
+        // A device removed from its group joins it again with a new code: the group it names
+        // already is no other group.
+        let rejoining = try Machine()
+        let member = try SyncGroup.join(newGroup, vault: rejoining.vault, database: database, pairingCode: try SyncGroup(newGroup, vault: first.vault, database: database).pairingCode())
+        try SyncCLI.configure(rejoining, group: newGroup, database: database)
+        try SyncGroup(newGroup, vault: first.vault, database: database).removeDevice(member.deviceID)
+        let removed = try SyncCLI.run(rejoining, ["sync", "now"])
+        #expect(removed.status == 1 && removed.standardError.contains("-25293") && removed.standardError.contains("join again"), "\(removed.standardError)")
+        let newCode = try SyncGroup(newGroup, vault: first.vault, database: database).pairingCode()
+        let again = try SyncCLI.run(rejoining, ["sync", "join", newGroup, "--database", database], input: newCode + "\n")
+        #expect(again.status == 0, "join again: \(again.standardError)")
+        #expect(try SyncCLI.run(rejoining, ["sync", "now"]).status == 0)
         // A join to a group the database does not hold says so.
         let third = try Machine()
         let missing = try SyncCLI.run(third, ["sync", "join", String(repeating: "0", count: 32), "--database", database], input: "ABCD-EFGH-JKLM-NPQR\n")

@@ -164,6 +164,34 @@ extension SyncTests {
         #expect(try machines[0].value("l1.example", "user") == "l1 again")
     }
 
+    @Test("A device whose first pull failed after its push cannot vouch for a group whose head was removed")
+    func failedFirstPullCannotVouch() throws {
+        let (groups, machines) = try threeMachines()
+        for name in ["a", "b"] { try machines[0].add("\(name).example", "user", name) }
+        try groups[0].sync()
+        let connection = try PostgresConnection(try testDatabase())
+        let group = groups[0].groupID
+        // Machine C's first sync pushes its own item, then its pull fails on a damaged record.
+        let target = try #require(try storedRecords(group).first)
+        var damaged = target.payload
+        damaged[damaged.count - 1] ^= 1
+        try connection.execute(
+            "UPDATE lockbox_sync_items SET payload = $3 WHERE group_id = $1 AND item_id = $2", [.text(group), .text(target.id), .bytes(damaged)])
+        try machines[2].add("own.example", "user", "own")
+        #expect(throws: LockboxError.self) { try groups[2].sync() }
+        #expect(try storedRecords(group).count == 3, "the push before the failed pull was not committed")
+        // The record put back, the other one removed with the head: C has pushed, never pulled.
+        try connection.execute(
+            "UPDATE lockbox_sync_items SET payload = $3 WHERE group_id = $1 AND item_id = $2", [.text(group), .text(target.id), .bytes(target.payload)])
+        let other = try #require(try storedRecords(group).first { $0.id != target.id && $0.version < 3 })
+        try connection.execute("DELETE FROM lockbox_sync_items WHERE group_id = $1 AND item_id = $2", [.text(group), .text(other.id)])
+        try connection.execute("UPDATE lockbox_sync_groups SET head = NULL WHERE group_id = $1", [.text(group)])
+        let refused = #expect(throws: LockboxError.self) { try groups[2].sync() }
+        #expect(refused?.code == .decode && refused?.message.contains("no head") == true, "\(String(describing: refused))")
+        #expect(try connection.execute("SELECT head FROM lockbox_sync_groups WHERE group_id = $1", [.text(group)]).first?[0] == nil)
+        #expect(try machines[2].value("own.example", "user") == "own")
+    }
+
     @Test("A record hidden by removing the head is refused by a new device and by the others; a counter at its limit is an error, not a trap")
     func headRemovedToHideARecord() throws {
         let (groups, machines) = try threeMachines()
