@@ -10,6 +10,10 @@ import Glibc
 /// may name a password file (`passfile=`); libpq's messages never carry the password.
 package final class PostgresConnection {
     private let connection: OpaquePointer
+    /// How long a statement waits for the server's reply (``defaultReplyTimeout``).
+    private let replyTimeout: Duration
+    /// Set once the server stopped answering: the connection is not used again.
+    private var isClosed = false
 
     /// A parameter or a column: text, or nil for SQL NULL.
     package enum Value {
@@ -34,7 +38,8 @@ package final class PostgresConnection {
     /// a status.
     package static let defaultConnectTimeout = 10
 
-    package init(_ conninfo: String) throws(LockboxError) {
+    package init(_ conninfo: String, replyTimeout: Duration = defaultReplyTimeout) throws(LockboxError) {
+        self.replyTimeout = replyTimeout
         // Keywords before the expanded connection string are defaults it can override.
         var keywords = ["dbname"]
         var values = [conninfo]
@@ -133,6 +138,64 @@ package final class PostgresConnection {
         String(String.UnicodeScalarView(text.unicodeScalars.map { $0.value < 0x20 || (0x7F...0x9F).contains($0.value) ? "?" : $0 }))
     }
 
+    /// How long a statement may wait for the server's reply: longer than any lock wait the
+    /// server allows (``lockTimeout``), so that only a server that stopped answering (or a
+    /// connection cut somewhere on the way without a word) reaches it.
+    package static let defaultReplyTimeout: Duration = .seconds(150)
+
+    /// The error for a connection gone in the middle of a statement.
+    private func lost(_ reason: String) -> LockboxError {
+        LockboxError(
+            .notAvailable,
+            "The connection to the sync database was lost (\(reason)). The local keychain is unaffected; sync again when the database is reachable.")
+    }
+
+    /// Waits for the result of a statement just sent (`sent`: what `PQsendQueryParams`
+    /// returned), never longer than `replyTimeout` without a byte from the server. The last
+    /// result is kept, as `PQexec` keeps it. After a timeout the connection is closed: the
+    /// server's reply, if it ever comes, has nowhere to go.
+    private func awaitResult(_ sent: Int32) throws(LockboxError) -> OpaquePointer {
+        guard !isClosed else { throw lost("closed after an earlier failure") }
+        guard sent == 1 else { throw lost(Self.message(connection)) }
+        let socket = PQsocket(connection)
+        func wait(for events: Int16) throws(LockboxError) {
+            var descriptor = pollfd(fd: socket, events: events, revents: 0)
+            let milliseconds = Int32(replyTimeout.components.seconds * 1000 + replyTimeout.components.attoseconds / 1_000_000_000_000_000)
+            while true {
+                let ready = poll(&descriptor, 1, milliseconds)
+                if ready > 0 { return }
+                if ready < 0 && errno == EINTR { continue }
+                isClosed = true
+                throw LockboxError(
+                    .notAvailable,
+                    "The sync database stopped answering (no reply for \(replyTimeout.components.seconds) s). The local keychain is unaffected; sync again later.")
+            }
+        }
+        // What the statement's parameters did not fit in the socket's buffer at once.
+        while true {
+            let flushed = PQflush(connection)
+            if flushed == 0 { break }
+            guard flushed > 0 else { throw lost(Self.message(connection)) }
+            try wait(for: Int16(POLLIN | POLLOUT))
+            guard PQconsumeInput(connection) == 1 else { throw lost(Self.message(connection)) }
+        }
+        var last: OpaquePointer?
+        while true {
+            while PQisBusy(connection) == 1 {
+                try wait(for: Int16(POLLIN))
+                guard PQconsumeInput(connection) == 1 else {
+                    if let last { PQclear(last) }
+                    throw lost(Self.message(connection))
+                }
+            }
+            guard let result = PQgetResult(connection) else { break }
+            if let last { PQclear(last) }
+            last = result
+        }
+        guard let last else { throw lost(Self.message(connection)) }
+        return last
+    }
+
     /// Runs one statement; the rows of its result, each column as text (nil for NULL).
     @discardableResult
     package func execute(_ sql: String, _ parameters: [Value] = []) throws(LockboxError) -> [[String?]] {
@@ -159,17 +222,16 @@ package final class PostgresConnection {
         let texts = parameters.map { $0.sqlText.flatMap { strdup($0) } }
         defer { texts.forEach { free($0) } }
         let pointers = texts.map { $0.map { UnsafePointer<CChar>($0) } }
-        let result = pointers.withUnsafeBufferPointer { buffer in
-            PQexecParams(connection, sql, Int32(buffer.count), nil, buffer.baseAddress, nil, nil, binary ? 1 : 0)
-        }
-        guard let result else {
-            throw LockboxError(.io, "The sync database did not answer (\(Self.message(connection))). Sync again later.")
-        }
+        let result = try awaitResult(
+            pointers.withUnsafeBufferPointer { buffer in
+                PQsendQueryParams(connection, sql, Int32(buffer.count), nil, buffer.baseAddress, nil, nil, binary ? 1 : 0)
+            })
         defer { PQclear(result) }
         let status = PQresultStatus(result)
         guard status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK else {
             let text = PQresultErrorMessage(result).map { String(cString: $0) } ?? ""
             let reason = Self.printable(text.split(whereSeparator: { $0.isNewline }).first.map(String.init) ?? "no message")
+            if PQstatus(connection) == CONNECTION_BAD { throw lost(reason) }
             throw LockboxError(.io, "The sync database refused a statement (\(reason)). Sync again later.")
         }
         var rows: [[Column?]] = []

@@ -181,12 +181,13 @@ public final class SyncGroup: Sendable {
         }
     }
 
-    /// The fewest characters a new group passphrase may have. The database holds the group keys
+    /// The fewest characters other than spaces a new group passphrase may have. The database holds the group keys
     /// sealed under it (Argon2id), so whoever can read the database can guess at it offline.
     public static let minimumPassphraseLength = 12
 
     static func checkNewPassphrase(_ passphrase: SecretBytes) throws(LockboxError) {
-        let characters = passphrase.withUnsafeBytes { String(decoding: $0, as: UTF8.self).count }
+        // Spaces do not count: twelve of them are no passphrase.
+        let characters = passphrase.withUnsafeBytes { String(decoding: $0, as: UTF8.self).filter { !$0.isWhitespace }.count }
         guard characters >= minimumPassphraseLength else {
             throw LockboxError(
                 .param,

@@ -337,7 +337,8 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
             streams.print("first sync: pulled \(report.pulled), pushed \(report.pushed)")
         } catch {
             // Joined all the same: the pairing code is used up, and `sync now` goes on from here.
-            throw LockboxError(error.code, "Joined, but the first sync failed: \(error.message) Run `lockbox sync now` once that is fixed.")
+            throw LockboxError(
+                error.code, "Joined as device \(group.deviceID); the first sync failed (`lockbox sync now` goes on from here): \(error.message)")
         }
         return .success
     case .now:
@@ -390,8 +391,9 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
             if let lastSync = status.lastSync { fields.append("\"lastSync\": \(jsonString(lastSync))") }
             if let head = status.headFingerprint { fields.append("\"head\": \(jsonString(head))") }
             if let remote = status.pendingRemoteVersions { fields.append("\"pendingRemoteVersions\": \(remote)") }
-            if let unreachable = status.unreachable { fields.append("\"databaseError\": \(jsonString(unreachable))") }
-            if let problem = status.databaseProblem { fields.append("\"databaseProblem\": \(jsonString(problem))") }
+            // One key for what kept the database's part from being shown; `databaseReachable`
+            // tells an unreachable database from one whose answer a sync would refuse.
+            if let error = status.unreachable ?? status.databaseProblem { fields.append("\"databaseError\": \(jsonString(error))") }
             let devices = (status.devices ?? []).map { device in
                 "{\"id\": \(jsonString(device.id)), \"pulledVersion\": \(device.pulledVersion), \"lastSync\": \(device.lastSync.map(jsonString) ?? "null"), \"attested\": \(device.isAttested)}"
             }
@@ -407,10 +409,10 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
             streams.print("synced items:     \(status.syncedItems)")
             streams.print("pending here:     \(status.pendingLocalChanges) change(s) for the next push")
             if status.deletionRecords.isSound {
-                streams.print("deleted here:     \(status.deletionRecords.records) recorded deletion(s), sound")
+                streams.print("deletion records: \(status.deletionRecords.records) (deletes made or applied here, kept 180 days for sync), sound")
             } else {
                 streams.print(
-                    "deleted here:     the records of deleted items were modified outside Lockbox: sync refuses them; "
+                    "deletion records: the records of deleted items were modified outside Lockbox: sync refuses them; "
                         + "`lockbox sync forget-damaged-deletions` repairs them")
             }
             if let unreachable = status.unreachable {

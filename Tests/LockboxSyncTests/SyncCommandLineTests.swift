@@ -2,6 +2,7 @@ import Foundation
 import Lockbox
 import LockboxTestSupport
 import LockboxVault
+import Synchronization
 import Testing
 
 @testable import LockboxSync
@@ -40,7 +41,82 @@ final class SilentServer {
     deinit { close(descriptor) }
 }
 
+/// A loopback relay to the test PostgreSQL that forwards both ways until ``stall()``, then
+/// stops passing the server's bytes on: a server that took the login and stopped answering.
+final class StallingRelay: @unchecked Sendable {
+    let listener: Int32
+    let port: UInt16
+    private let stalled = Mutex(false)
+    private let target: UInt16
+
+    init(to target: UInt16) throws {
+        self.target = target
+        let server = try SilentServer()
+        listener = dup(server.descriptor)
+        port = server.port
+        let listening = listener
+        Thread.detachNewThread { [self] in
+            let client = accept(listening, nil, nil)
+            guard client >= 0 else { return }
+            let upstream = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            var address = sockaddr_in()
+            address.sin_family = sa_family_t(AF_INET)
+            address.sin_addr.s_addr = inet_addr("127.0.0.1")
+            address.sin_port = self.target.bigEndian
+            let connected = withUnsafePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(upstream, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            }
+            guard connected == 0 else { return }
+            Thread.detachNewThread { self.pump(from: client, to: upstream, always: true) }
+            self.pump(from: upstream, to: client, always: false)
+        }
+    }
+
+    private func pump(from source: Int32, to destination: Int32, always: Bool) {
+        var buffer = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let count = buffer.withUnsafeMutableBytes { read(source, $0.baseAddress, $0.count) }
+            guard count > 0 else { return }
+            if !always && stalled.withLock({ $0 }) { continue }
+            _ = buffer.withUnsafeBytes { write(destination, $0.baseAddress, count) }
+        }
+    }
+
+    func stall() { stalled.withLock { $0 = true } }
+
+    deinit { close(listener) }
+}
+
 extension SyncTests {
+    @Test("A server that took the login and then stopped answering: the statement ends with an error after the reply timeout, and the connection is not used again")
+    func stalledServerEndsTheWait() throws {
+        let database = try testDatabase()
+        let port = try #require(database.split(separator: " ").first { $0.hasPrefix("port=") }.flatMap { UInt16($0.dropFirst(5)) })
+        let relay = try StallingRelay(to: port)
+        // The password file names the server's port: a copy names the relay's.
+        let directory = TemporaryDirectory("lockbox-relay")
+        let passfile = try #require(database.split(separator: " ").first { $0.hasPrefix("passfile=") }.map { String($0.dropFirst(9)) })
+        let entries = try String(contentsOfFile: passfile, encoding: .utf8).replacingOccurrences(of: ":\(port):", with: ":\(relay.port):")
+        try entries.write(toFile: directory.file("pgpass"), atomically: true, encoding: .utf8)
+        try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: directory.file("pgpass"))
+        let viaRelay = database.split(separator: " ").map { word -> String in
+            if word.hasPrefix("port=") { return "port=\(relay.port)" }
+            if word.hasPrefix("passfile=") { return "passfile=" + directory.file("pgpass") }
+            return String(word)
+        }.joined(separator: " ")
+        let connection = try PostgresConnection(viaRelay, replyTimeout: .seconds(2))
+        #expect(try connection.execute("SELECT 1").first?[0] == "1")
+        relay.stall()
+        let started = Date()
+        let stopped = #expect(throws: LockboxError.self) { try connection.execute("SELECT 2") }
+        #expect(stopped?.code == .notAvailable && stopped?.message.contains("stopped answering") == true, "\(String(describing: stopped))")
+        #expect(Date().timeIntervalSince(started) < 20)
+        let after = #expect(throws: LockboxError.self) { try connection.execute("SELECT 3") }
+        #expect(after?.code == .notAvailable)
+        // The default is longer than any lock wait the server allows.
+        #expect(PostgresConnection.defaultReplyTimeout > .seconds(120))
+    }
+
     @Test("lockbox sync refuses a password in a URI, a connection string on several lines, stray arguments and options of other verbs, without echoing them")
     func commandLineRefusals() throws {
         let database = try testDatabase()
@@ -118,6 +194,9 @@ extension SyncTests {
             try SyncGroup.create(vault: first.vault, database: database, passphrase: SecretBytes(utf8: "a"))
         }
         #expect(short?.code == .param)
+        #expect(throws: LockboxError.self) {
+            try SyncGroup.create(vault: first.vault, database: database, passphrase: SecretBytes(utf8: String(repeating: " ", count: 20) + "abc"))
+        }
         #expect(throws: LockboxError.self) { try group.removeDevice(joined.deviceID, newPassphrase: SecretBytes(utf8: "short")) }
         #expect(try group.devices().count == 2, "a refused removal removed the device")
 
