@@ -319,8 +319,7 @@ struct Runner {
             secret = try SecretInput.prompt("Secret for \(name): ", limit: Self.secretLimit)
             if !secret.isEmpty || !options.allowEmpty {
                 guard !secret.isEmpty else { throw Self.emptySecret }
-                let again = try SecretInput.prompt("Repeat it: ", limit: Self.secretLimit)
-                guard secret == again else { throw LockboxError(.param, "The two entries differ; nothing was stored.") }
+                _ = try SecretInput.repeated(secret, limit: Self.secretLimit, mismatch: "The two entries differ; nothing was stored.")
             }
         } else {
             secret = try SecretInput.readSecret(raw: options.raw, limit: Self.secretLimit)
@@ -400,11 +399,7 @@ struct Runner {
         guard SecretInput.standardInputIsTerminal else { throw Self.noPassphraseSource }
         let first = try SecretInput.prompt(prompt, limit: SecretInput.passphraseLimit)
         guard !first.isEmpty else { throw Self.emptyPassphrase }
-        let second = try SecretInput.prompt("Repeat it: ", limit: SecretInput.passphraseLimit)
-        guard first == second else {
-            throw LockboxError(.param, "The two passphrases differ; nothing was changed.")
-        }
-        return first
+        return try SecretInput.repeated(first, limit: SecretInput.passphraseLimit, mismatch: "The two passphrases differ; nothing was changed.")
     }
 
     private func existingPassphrase(fromStandardInput: Bool, prompt: String) throws(LockboxError) -> SecretBytes {

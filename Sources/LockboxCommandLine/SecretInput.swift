@@ -74,6 +74,15 @@ package enum SecretInput {
 
     package static var standardInputIsTerminal: Bool { isatty(STDIN_FILENO) == 1 }
 
+    /// Asks for a new secret typed without echo a second time ("Repeat it: "), so that a typo
+    /// is not kept: returns `first` when both match.
+    /// - Throws: `errSecParam` with `mismatch` when they differ.
+    package static func repeated(_ first: SecretBytes, limit: Int, mismatch: String) throws(LockboxError) -> SecretBytes {
+        let second = try prompt("Repeat it: ", limit: limit)
+        guard first == second else { throw LockboxError(.param, mismatch) }
+        return first
+    }
+
     /// Asks on the controlling terminal with echo off.
     package static func prompt(_ text: String, limit: Int = 64 * 1024) throws(LockboxError) -> SecretBytes {
         let terminal = open("/dev/tty", O_RDWR | O_CLOEXEC)

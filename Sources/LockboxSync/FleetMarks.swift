@@ -1,10 +1,7 @@
 import FoundationEssentials
 import LockboxCore
+import LockboxVault
 import VaultCrypto
-
-#if canImport(Glibc)
-import Glibc
-#endif
 
 /// The newest version of each fleet session's fields this machine has read or written
 /// (`VAULT.sync/GROUP.fleet`, mode 0600, authenticated with the device's state key). A field
@@ -14,8 +11,8 @@ import Glibc
 /// first given.
 ///
 /// Several processes (and threads) of one machine update the file: each takes an exclusive
-/// `flock` on `GROUP.fleet.lock`, reads the file, keeps the larger of each mark and replaces the
-/// file whole (a temporary file of its own, then `rename`). A reader compares what the database
+/// `flock` on `GROUP.fleet.lock` (``SyncLock``), reads the file, keeps the larger of each mark
+/// and replaces the file whole (``Vault/writeAtomically(_:to:what:)``). A reader compares what the database
 /// serves with the mark it read before asking, so a newer version another process writes
 /// meanwhile is never taken for a replay.
 struct FleetMarks {
@@ -59,20 +56,12 @@ struct FleetMarks {
     /// database has answered or committed, and a mark not kept only weakens the check against
     /// replays on this machine; it must not turn a stored token into a failed store.
     func raise(session: String, field: SyncGroup.FleetField, to version: Int64) {
-        let directory = String(path[..<(path.lastIndex(of: "/") ?? path.startIndex)])
-        if !directory.isEmpty && mkdir(directory, 0o700) != 0 && errno != EEXIST { return }
-        let lock = open(path + ".lock", O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
-        guard lock >= 0 else { return }
-        defer { close(lock) }
-        while flock(lock, LOCK_EX) != 0 { guard errno == EINTR else { return } }
+        guard let lock = try? SyncLock(lockPath: path + ".lock") else { return }
+        defer { withExtendedLifetime(lock) {} }
         guard var marks = try? load() else { return }
         let name = Self.markName(session: session, field: field)
         if let mark = marks[name], mark >= version { return }
         marks[name] = version
-        save(marks)
-    }
-
-    private func save(_ marks: [String: Int64]) {
         var encoder = FieldEncoder()
         encoder.string("lockbox.fleet.marks.v1")
         encoder.integer(marks.count)
@@ -81,19 +70,7 @@ struct FleetMarks {
             encoder.integer(Int(version))
         }
         let body = encoder.bytes
-        var template = Array((path + ".XXXXXX").utf8CString)
-        let descriptor = template.withUnsafeMutableBufferPointer { mkstemp($0.baseAddress!) }
-        guard descriptor >= 0 else { return }
-        _ = fcntl(descriptor, F_SETFD, FD_CLOEXEC)
-        let temporary = String(decoding: template.dropLast().map { UInt8(bitPattern: $0) }, as: UTF8.self)
-        let contents = body + mac(body)
-        let written = contents.withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
-        let synced = fchmod(descriptor, 0o600) == 0 && fsync(descriptor) == 0
-        close(descriptor)
-        guard written == contents.count, synced, rename(temporary, path) == 0 else {
-            unlink(temporary)
-            return
-        }
+        try? Vault.writeAtomically(body + mac(body), to: path, what: "the fleet's token marks")
     }
 
     private func mac(_ body: [UInt8]) -> [UInt8] {

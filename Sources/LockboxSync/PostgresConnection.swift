@@ -46,8 +46,9 @@ package final class PostgresConnection {
         // Not when a timeout is given another way, or may be (a service file's entry: libpq
         // reads it only for what the keywords leave unset).
         func setInEnvironment(_ name: String) -> Bool { getenv(name).map { $0.pointee != 0 } ?? false }
+        let given = Self.options(of: conninfo) ?? [:]
         let timeoutGiven = setInEnvironment("PGCONNECT_TIMEOUT") || setInEnvironment("PGSERVICE")
-            || Self.option("connect_timeout", of: conninfo) != nil || Self.option("service", of: conninfo) != nil
+            || !(given["connect_timeout"] ?? "").isEmpty || !(given["service"] ?? "").isEmpty
         if !timeoutGiven {
             keywords.insert("connect_timeout", at: 0)
             values.insert(String(Self.defaultConnectTimeout), at: 0)
@@ -122,11 +123,6 @@ package final class PostgresConnection {
         return options
     }
 
-    /// One option a connection string sets, non-empty; nil otherwise.
-    static func option(_ keyword: String, of conninfo: String) -> String? {
-        options(of: conninfo)?[keyword].flatMap { $0.isEmpty ? nil : $0 }
-    }
-
     private static func message(_ connection: OpaquePointer) -> String {
         guard let text = PQerrorMessage(connection) else { return "no message" }
         return printable(String(cString: text).split(whereSeparator: { $0.isNewline }).first.map(String.init) ?? "no message")
@@ -134,7 +130,7 @@ package final class PostgresConnection {
 
     /// A message the server wrote, as it may be shown on a terminal and in logs: control
     /// characters (terminal escape sequences a hostile server could send) replaced.
-    static func printable(_ text: String) -> String {
+    package static func printable(_ text: String) -> String {
         String(String.UnicodeScalarView(text.unicodeScalars.map { $0.value < 0x20 || (0x7F...0x9F).contains($0.value) ? "?" : $0 }))
     }
 

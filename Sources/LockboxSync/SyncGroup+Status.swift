@@ -43,9 +43,7 @@ extension SyncGroup {
     /// - Throws: `interactionNotAllowed` when the vault is locked. An unreachable database is
     ///   not an error here: ``Status/unreachable`` says why.
     public func status() throws(LockboxError) -> Status {
-        guard try vault.isUnlocked else {
-            throw LockboxError.locked("Unlock it to see the sync status.")
-        }
+        try Self.requireUnlocked(vault, "Unlock it to see the sync status.")
         return try syncing.withLock { _ throws(LockboxError) -> Status in
             let state = try SyncState(path: statePath, device: device.id, key: device.stateKey)
             var status = Status(
@@ -87,12 +85,9 @@ extension SyncGroup {
             guard let local = try readLocal(reference) else { continue }
             let id = itemID(local.item)
             produced.insert(id)
-            if let known = try state.entry(id), !known.isTombstone, known.contentDigest == local.digest { continue }
+            if Self.isPushed(local, known: try state.entry(id)) { continue }
             pending += 1
         }
-        for id in former.subtracting(produced) {
-            if let known = try state.entry(id), !known.isTombstone { pending += 1 }
-        }
-        return pending
+        return pending + (try Self.deleted(former: former, produced: produced, state: state)).count
     }
 }

@@ -174,7 +174,7 @@ public final class SyncGroup: Sendable {
 
     /// Refuses what is not a group identifier, without repeating it (it may be a secret typed
     /// in the wrong place).
-    static func checkGroupIdentifier(_ text: String) throws(LockboxError) {
+    package static func checkGroupIdentifier(_ text: String) throws(LockboxError) {
         guard isGroupIdentifier(text) else {
             throw LockboxError(
                 .param, "That is not a sync group identifier (32 hexadecimal digits, as `lockbox sync create` printed it); not shown, in case it is a secret.")
@@ -186,8 +186,12 @@ public final class SyncGroup: Sendable {
     public static let minimumPassphraseLength = 12
 
     static func checkNewPassphrase(_ passphrase: SecretBytes) throws(LockboxError) {
-        // Spaces do not count: twelve of them are no passphrase.
-        let characters = passphrase.withUnsafeBytes { String(decoding: $0, as: UTF8.self).filter { !$0.isWhitespace }.count }
+        // Characters counted in place (no copy of the passphrase in a String): the UTF-8
+        // bytes that start one, but not ASCII spaces, tabs or line breaks, since twelve spaces
+        // are no passphrase.
+        let characters = passphrase.withUnsafeBytes { bytes in
+            bytes.count { $0 & 0xC0 != 0x80 && ![0x20, 0x09, 0x0A, 0x0B, 0x0C, 0x0D].contains($0) }
+        }
         guard characters >= minimumPassphraseLength else {
             throw LockboxError(
                 .param,
@@ -197,7 +201,7 @@ public final class SyncGroup: Sendable {
 
     /// Creating, joining and managing a group hand out or take in its keys: only while the user
     /// has the keychain unlocked, as the keychain's own secrets.
-    static func requireUnlocked(_ vault: Vault, _ hint: String) throws(LockboxError) {
+    package static func requireUnlocked(_ vault: Vault, _ hint: String) throws(LockboxError) {
         guard try vault.isUnlocked else { throw LockboxError.locked(hint) }
     }
 
@@ -342,9 +346,7 @@ public final class SyncGroup: Sendable {
     ///   removed from the group.
     @discardableResult
     public func sync() throws(LockboxError) -> Report {
-        guard try vault.isUnlocked else {
-            throw LockboxError.locked("Unlock it to sync: locked items cannot be read, and are never taken for deleted ones.")
-        }
+        try Self.requireUnlocked(vault, "Unlock it to sync: locked items cannot be read, and are never taken for deleted ones.")
         return try syncing.withLock { _ throws(LockboxError) -> Report in
             // One sync of this vault and group at a time, across processes too.
             let lock = try SyncLock(statePath: statePath)
@@ -471,7 +473,7 @@ public final class SyncGroup: Sendable {
                 produced.insert(id)
                 pending.rows[reference] = .some(.some(id))
                 let known = try state.entry(id)
-                if let known, !known.isTombstone, known.contentDigest == local.digest { continue }
+                if Self.isPushed(local, known: known) { continue }
                 // Causally after the version this device had seen, whatever its clock says.
                 let modified = max(Self.milliseconds(local.item.attributes.modificationDate), (known?.stamp.modified ?? 0) + 1)
                 var item = local.item
@@ -495,14 +497,29 @@ public final class SyncGroup: Sendable {
             deletedAt[id] = max(deletedAt[id] ?? 0, Self.milliseconds(date))
         }
         var tombstones: [(id: String, record: SyncRecord)] = []
-        for id in former.subtracting(produced).sorted() {
-            guard let known = try state.entry(id), !known.isTombstone else { continue }
+        for (id, known) in try Self.deleted(former: former, produced: produced, state: state) {
             let modified = max(deletedAt[id] ?? 0, known.stamp.modified + 1)
             tombstones.append((id, SyncRecord(stamp: SyncStamp(modified: modified, device: device.id), item: nil, contentDigest: [])))
         }
         try write(tombstones, connection: connection, state: state, pending: &pending, report: &report)
         pending.generation = found.generation
         try state.commit(pending)
+    }
+
+    /// Whether the group already holds an item's local content, as this device last saw its
+    /// record: then a push writes nothing for it.
+    static func isPushed(_ local: LocalItem, known: SyncState.Entry?) -> Bool {
+        known.map { !$0.isTombstone && $0.contentDigest == local.digest } ?? false
+    }
+
+    /// The items a push writes a tombstone for, in order: those a gone or replaced row held
+    /// (`former`) that no row holds now (`produced`), and whose last known record is not one.
+    static func deleted(former: Set<String>, produced: Set<String>, state: SyncState) throws(LockboxError) -> [(String, SyncState.Entry)] {
+        var deleted: [(String, SyncState.Entry)] = []
+        for id in former.subtracting(produced).sorted() {
+            if let known = try state.entry(id), !known.isTombstone { deleted.append((id, known)) }
+        }
+        return deleted
     }
 
     /// Writes one batch of changes in one transaction; a change that loses to the database's

@@ -11,8 +11,13 @@ final class SyncLock {
     private let descriptor: Int32
 
     /// Waits until no other process holds the lock of the state at `statePath`.
-    init(statePath: String) throws(LockboxError) {
-        let path = statePath.hasSuffix(".db") ? String(statePath.dropLast(3)) + ".lock" : statePath + ".lock"
+    convenience init(statePath: String) throws(LockboxError) {
+        try self.init(lockPath: statePath.hasSuffix(".db") ? String(statePath.dropLast(3)) + ".lock" : statePath + ".lock")
+    }
+
+    /// Waits until no other process (or thread: each lock is a descriptor of its own) holds
+    /// the lock file at `path`, made with its directory when missing.
+    init(lockPath path: String) throws(LockboxError) {
         let directory = String(path[..<(path.lastIndex(of: "/") ?? path.startIndex)])
         if !directory.isEmpty && mkdir(directory, 0o700) != 0 && errno != EEXIST {
             throw LockboxError(.io, "Cannot create \(directory) (errno \(errno)). Check its parent's permissions.")

@@ -221,9 +221,7 @@ func readSecret(_ prompt: String) throws(LockboxError) -> SecretBytes {
 func readNewPassphrase(_ prompt: String) throws(LockboxError) -> SecretBytes {
     guard SecretInput.standardInputIsTerminal else { return try readSecret(prompt) }
     let first = try SecretInput.prompt(prompt, limit: SecretInput.passphraseLimit)
-    let second = try SecretInput.prompt("Repeat it: ", limit: SecretInput.passphraseLimit)
-    guard first == second else { throw LockboxError(.param, "The two passphrases differ; nothing was changed.") }
-    return first
+    return try SecretInput.repeated(first, limit: SecretInput.passphraseLimit, mismatch: "The two passphrases differ; nothing was changed.")
 }
 
 /// Refuses to move a keychain that already syncs with a group to another one unless asked:
@@ -239,25 +237,6 @@ func checkNotInGroup(_ vault: Vault, replacing: Bool, joining: String? = nil) th
         "This keychain already syncs with the group \(current.map { shown($0) } ?? "named in " + SyncConfiguration.path(vault: vault)). "
             + "To sync it with another group instead, add --replace-group; it then stays listed as a device of the first group "
             + "until a device there removes it (`lockbox sync remove-device`).")
-}
-
-/// Checks the keychain is unlocked before a secret is asked for or a code used up.
-func requireUnlocked(_ vault: Vault, _ hint: String) throws(LockboxError) {
-    guard try vault.isUnlocked else { throw LockboxError.locked(hint) }
-}
-
-/// A message that may quote the server (libpq's error text): printable characters as they
-/// are, control characters escaped, so a hostile server cannot send terminal sequences.
-func shownMessage(_ text: String) -> String {
-    var escaped = ""
-    for scalar in text.unicodeScalars {
-        if scalar.value < 0x20 || (0x7F...0x9F).contains(scalar.value) {
-            escaped += "\\u{" + String(scalar.value, radix: 16) + "}"
-        } else {
-            escaped.unicodeScalars.append(scalar)
-        }
-    }
-    return escaped
 }
 
 /// Text the database gave (device identifiers, dates), as a terminal may show it: printable
@@ -300,7 +279,7 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
     case .create(let database, let withPassphrase, let replacing):
         let vault = try openVault(keychain)
         try checkNotInGroup(vault, replacing: replacing)
-        try requireUnlocked(vault, "Unlock it to create a sync group.")
+        try SyncGroup.requireUnlocked(vault, "Unlock it to create a sync group.")
         let passphrase = withPassphrase ? try readNewPassphrase("Group passphrase: ") : nil
         let group = try SyncGroup.create(vault: vault, database: database, passphrase: passphrase)
         try SyncConfiguration(group: group.groupID, database: database).save(vault: vault)
@@ -315,13 +294,10 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
         streams.print("pairing code \(code) (one use, \(minutes) minute\(minutes == 1 ? "" : "s"))")
         return .success
     case .join(let groupID, let database, let withPassphrase, let replacing):
-        guard SyncGroup.isGroupIdentifier(groupID) else {
-            throw LockboxError(
-                .param, "That is not a sync group identifier (32 hexadecimal digits, as `lockbox sync create` printed it); not shown, in case it is a secret.")
-        }
+        try SyncGroup.checkGroupIdentifier(groupID)
         let vault = try openVault(keychain)
         try checkNotInGroup(vault, replacing: replacing, joining: groupID)
-        try requireUnlocked(vault, "Unlock it to join a sync group.")
+        try SyncGroup.requireUnlocked(vault, "Unlock it to join a sync group.")
         let group: SyncGroup
         if withPassphrase {
             group = try SyncGroup.join(groupID, vault: vault, database: database, passphrase: try readSecret("Group passphrase: "))
@@ -370,7 +346,7 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
         let vault = try openVault(keychain)
         let configuration = try SyncConfiguration.load(vault: vault)
         let group = try SyncGroup(configuration.group, vault: vault, database: configuration.database)
-        try requireUnlocked(vault, "Unlock it to remove a device.")
+        try SyncGroup.requireUnlocked(vault, "Unlock it to remove a device.")
         let passphrase = withPassphrase ? try readNewPassphrase("New group passphrase: ") : nil
         try group.removeDevice(device, newPassphrase: passphrase)
         streams.print("removed \(device); the group key is now at epoch \(group.keyEpoch)")
@@ -416,9 +392,9 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
                         + "`lockbox sync forget-damaged-deletions` repairs them")
             }
             if let unreachable = status.unreachable {
-                streams.print("database:         unreachable (\(shownMessage(unreachable))); the keychain is fully usable, sync later")
+                streams.print("database:         unreachable (\(PostgresConnection.printable(unreachable))); the keychain is fully usable, sync later")
             } else if let problem = status.databaseProblem {
-                streams.print("database:         a sync would fail: \(shownMessage(problem)) The keychain is fully usable.")
+                streams.print("database:         a sync would fail: \(PostgresConnection.printable(problem)) The keychain is fully usable.")
             } else {
                 streams.print("pending remote:   \(status.pendingRemoteVersions ?? 0) version(s) not pulled yet")
                 streams.print("devices:")

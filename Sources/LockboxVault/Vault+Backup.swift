@@ -261,11 +261,12 @@ extension Vault {
     /// Writes `bytes` to a new file beside `path` and renames it into place. The temporary
     /// file has an unpredictable name and is created exclusively without following links
     /// (`O_EXCL | O_NOFOLLOW`), so nobody can plant it or a symlink in its place beforehand.
-    private static func writeAtomically(_ bytes: [UInt8], to path: String) throws(LockboxError) {
+    /// `what` names the file in errors ("the backup").
+    package static func writeAtomically(_ bytes: [UInt8], to path: String, what: String = "the backup") throws(LockboxError) {
         let temporary = path + ".partial-" + Crypto.randomBytes(8).hexString
         let descriptor = Glibc.open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
         guard descriptor >= 0 else {
-            throw LockboxError(.io, "Cannot write the backup \(path): \(String(cString: strerror(errno))).")
+            throw LockboxError(.io, "Cannot write \(what) \(path): \(String(cString: strerror(errno))).")
         }
         var offset = 0
         while offset < bytes.count {
@@ -274,19 +275,19 @@ extension Vault {
             guard written > 0 else {
                 close(descriptor)
                 unlink(temporary)
-                throw LockboxError(.io, "Writing the backup \(path) failed (disk full?); nothing was written.")
+                throw LockboxError(.io, "Writing \(what) \(path) failed (disk full?); nothing was written.")
             }
             offset += written
         }
         guard fsync(descriptor) == 0 else {
             close(descriptor)
             unlink(temporary)
-            throw LockboxError(.io, "Writing the backup \(path) failed (fsync: \(String(cString: strerror(errno)))); nothing was written.")
+            throw LockboxError(.io, "Writing \(what) \(path) failed (fsync: \(String(cString: strerror(errno)))); nothing was written.")
         }
         close(descriptor)
         guard rename(temporary, path) == 0 else {
             unlink(temporary)
-            throw LockboxError(.io, "Cannot move the backup into place at \(path).")
+            throw LockboxError(.io, "Cannot move \(what) into place at \(path).")
         }
     }
 }

@@ -325,18 +325,14 @@ extension Vault {
                 // Every copy of a reference present twice goes too (the table's key forbids it:
                 // the table was made again outside Lockbox), the genuine one with the others.
                 var forged = Set<[UInt8]>()
-                var seen = Set<[UInt8]>()
+                var macs: [[UInt8]: [[UInt8]]] = [:]
                 while try select.step() {
                     let reference = select.blob(0) ?? []
-                    if !Self.isSoundDeletionRecord(select, key: key) || !seen.insert(reference).inserted {
-                        forged.insert(reference)
-                    }
+                    if !Self.isSoundDeletionRecord(select, key: key) || macs[reference] != nil { forged.insert(reference) }
+                    macs[reference, default: []].append(select.blob(3) ?? [])
                 }
                 select.reset()
-                while try select.step() {
-                    if forged.contains(select.blob(0) ?? []) { droppedMACs.insert(select.blob(3) ?? []) }
-                }
-                select.reset()
+                for reference in forged { droppedMACs.formUnion(macs[reference] ?? []) }
                 let delete = try state.database.statement("DELETE FROM sync_deletions WHERE reference = ?")
                 defer { delete.reset() }
                 for reference in forged {
