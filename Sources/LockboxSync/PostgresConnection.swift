@@ -6,7 +6,7 @@ import Glibc
 #endif
 
 /// One libpq connection (the only CLibPQ importer). Parameters go separately from the SQL text
-/// (`PQexecParams`), as text; `bytea` travels in PostgreSQL's hex form. The connection string
+/// (`PQsendQueryParams`): text as text, bytes as `bytea` in the binary format. The connection string
 /// may name a password file (`passfile=`); libpq's messages never carry the password.
 package final class PostgresConnection {
     private let connection: OpaquePointer
@@ -20,17 +20,63 @@ package final class PostgresConnection {
         case text(String)
         case bytes([UInt8])
         case integer(Int64)
+        /// A one-dimensional array (``texts(_:)``, ``integers(_:)``, ``byteStrings(_:)``), sent in
+        /// the binary format.
+        case array(Array)
         case null
+
+        /// A `text[]` parameter.
+        static func texts(_ values: [String]) -> Value { .array(Array(elementType: 25, arrayType: 1009, values.map { Swift.Array($0.utf8) })) }
+        /// A `bigint[]` parameter.
+        static func integers(_ values: [Int64]) -> Value {
+            .array(Array(elementType: 20, arrayType: 1016, values.map { value in (0..<8).reversed().map { UInt8(truncatingIfNeeded: value >> ($0 * 8)) } }))
+        }
+        /// A `bytea[]` parameter.
+        static func byteStrings(_ values: [[UInt8]]) -> Value { .array(Array(elementType: 17, arrayType: 1001, values)) }
 
         var sqlText: String? {
             switch self {
-            case .null: nil
+            case .null, .array: nil
             case .text(let text): text
             case .integer(let value): String(value)
             case .bytes(let bytes): "\\x" + bytes.hexString
             }
         }
+
+        /// An array's elements in PostgreSQL's binary array format (no nulls).
+        package struct Array {
+            let elementType: UInt32
+            let arrayType: UInt32
+            let elements: [[UInt8]]
+
+            init(elementType: UInt32, arrayType: UInt32, _ elements: [[UInt8]]) {
+                self.elementType = elementType
+                self.arrayType = arrayType
+                self.elements = elements
+            }
+
+            /// Dimensions, a flag for nulls, the element type, the one dimension's length and
+            /// lower bound, then each element's length and bytes; integers big endian.
+            var encoded: [UInt8] {
+                var bytes: [UInt8] = []
+                bytes.reserveCapacity(20 + elements.reduce(0) { $0 + 4 + $1.count })
+                func append(_ value: UInt32) { for shift in [24, 16, 8, 0] { bytes.append(UInt8(truncatingIfNeeded: value >> UInt32(shift))) } }
+                append(1)
+                append(0)
+                append(elementType)
+                append(UInt32(elements.count))
+                append(1)
+                for element in elements {
+                    append(UInt32(element.count))
+                    bytes += element
+                }
+                return bytes
+            }
+        }
     }
+
+    /// The type of a `bytea` parameter (`pg_type.oid`, fixed in PostgreSQL's catalog).
+    private static let byteaType: UInt32 = 17
 
     /// Seconds a connection attempt may take when neither the connection string
     /// (`connect_timeout=`) nor `PGCONNECT_TIMEOUT` says: libpq's own default is to wait
@@ -215,12 +261,41 @@ package final class PostgresConnection {
     private func run<Column>(
         _ sql: String, _ parameters: [Value], binary: Bool, column: (OpaquePointer, Int32, Int32) -> Column
     ) throws(LockboxError) -> [[Column?]] {
-        let texts = parameters.map { $0.sqlText.flatMap { strdup($0) } }
-        defer { texts.forEach { free($0) } }
-        let pointers = texts.map { $0.map { UnsafePointer<CChar>($0) } }
+        // Text parameters as text; bytes as `bytea` in the binary format (no hex to make here
+        // or to decode on the server: a push sends megabytes of records).
+        var values: [UnsafeMutablePointer<CChar>?] = []
+        var lengths: [Int32] = []
+        var formats: [Int32] = []
+        var types: [UInt32] = []
+        values.reserveCapacity(parameters.count)
+        defer { values.forEach { free($0) } }
+        func appendBinary(_ bytes: [UInt8], type: UInt32) {
+            let copy = malloc(max(bytes.count, 1))!.assumingMemoryBound(to: CChar.self)
+            bytes.withUnsafeBytes { source in
+                if let base = source.baseAddress { memcpy(copy, base, bytes.count) }
+            }
+            values.append(copy)
+            lengths.append(Int32(bytes.count))
+            formats.append(1)
+            types.append(type)
+        }
+        for parameter in parameters {
+            if case .bytes(let bytes) = parameter {
+                appendBinary(bytes, type: Self.byteaType)
+            } else if case .array(let array) = parameter {
+                appendBinary(array.encoded, type: array.arrayType)
+            } else {
+                values.append(parameter.sqlText.flatMap { strdup($0) })
+                lengths.append(0)
+                formats.append(0)
+                types.append(0)
+            }
+        }
+        let pointers = values.map { $0.map { UnsafePointer<CChar>($0) } }
         let result = try awaitResult(
             pointers.withUnsafeBufferPointer { buffer in
-                PQsendQueryParams(connection, sql, Int32(buffer.count), nil, buffer.baseAddress, nil, nil, binary ? 1 : 0)
+                PQsendQueryParams(
+                    connection, sql, Int32(buffer.count), types, buffer.baseAddress, lengths, formats, binary ? 1 : 0)
             })
         defer { PQclear(result) }
         let status = PQresultStatus(result)

@@ -80,13 +80,17 @@ extension SyncGroup {
         var pending = 0
         var former = Set(found.gone.values.compactMap { $0 })
         var produced = Set<String>()
-        for reference in found.toRead {
-            if case .some(.some(let old)) = try state.row(reference) { former.insert(old) }
-            guard let local = try readLocal(reference) else { continue }
-            let id = itemID(local.item)
-            produced.insert(id)
-            if Self.isPushed(local, known: try state.entry(id)) { continue }
-            pending += 1
+        for start in stride(from: 0, to: found.toRead.count, by: Self.pushBatch) {
+            let batch = found.toRead[start..<min(start + Self.pushBatch, found.toRead.count)]
+            let read = try readLocal(batch)
+            for reference in batch {
+                if case .some(.some(let old)) = try state.row(reference) { former.insert(old) }
+                guard let local = read[reference] else { continue }
+                let id = itemID(local.item)
+                produced.insert(id)
+                if Self.isPushed(local, known: try state.entry(id)) { continue }
+                pending += 1
+            }
         }
         return pending + (try Self.deleted(former: former, produced: produced, state: state)).count
     }

@@ -371,32 +371,21 @@ public final class SyncGroup: Sendable {
 
     /// The item in the vault row `reference`, when it syncs; nil when the row is gone or does
     /// not sync (another class, ThisDeviceOnly, access control).
+    /// - Throws: `interactionNotAllowed` when the row is locked: a locked item is never taken
+    ///   for one that does not sync (its last record would be replaced by a delete).
     func readLocal(_ reference: Data) throws(LockboxError) -> LocalItem? {
-        for itemClass in Self.syncedClasses {
-            var query = Query(itemClass, returning: [.attributes, .data, .persistentReference], synchronizable: .any)
-            query.persistentReference = reference
-            let item: Item
-            do {
-                // A key's value is read through the key API's path: sync carries a
-                // non-extractable key to the group's devices, sealed end to end, and nowhere else.
-                item = itemClass == .key ? try keyMaterial(query) : try vault.item(matching: query)
-            } catch where error.code == .itemNotFound {
-                continue
-            } catch where error.code == .authFailed || error.code == .userCanceled || error.code == .interactionNotAllowed {
-                // An access-controlled item (its value needs the user): it does not sync.
-                return nil
-            }
-            guard Self.isEligible(item) else { return nil }
-            return LocalItem(item: item, digest: SyncRecord.contentDigest(item, keys: keys))
-        }
-        return nil
+        try readLocal([reference])[reference]
     }
 
-    private func keyMaterial(_ query: Query) throws(LockboxError) -> Item {
-        guard let item = try vault.keyMaterial(matching: query).first else {
-            throw LockboxError(.itemNotFound, "No such key.")
+    /// ``readLocal(_:)`` for many rows, in one read of the vault: the rows that sync, by
+    /// reference.
+    func readLocal(_ references: some Collection<Data>) throws(LockboxError) -> [Data: LocalItem] {
+        var local: [Data: LocalItem] = [:]
+        for (reference, item) in try vault.synchronizableItems(inRows: Array(references), classes: Self.syncedClasses)
+        where Self.isEligible(item) {
+            local[reference] = LocalItem(item: item, digest: SyncRecord.contentDigest(item, keys: keys))
         }
-        return item
+        return local
     }
 
     func itemID(_ item: Item) -> String {
@@ -460,37 +449,44 @@ public final class SyncGroup: Sendable {
         report.examined = found.toRead.count
         var former = Set(found.gone.values.compactMap { $0 })
         var produced = Set<String>()
+        // The state is committed once, at the end: a crash before then repeats reading and
+        // comparing only, as a record the database already holds with the same stamp is not
+        // written again.
+        var pending = SyncState.Changes()
         for start in stride(from: 0, to: found.toRead.count, by: Self.pushBatch) {
-            var pending = SyncState.Changes()
             var changes: [(id: String, record: SyncRecord)] = []
-            for reference in found.toRead[start..<min(start + Self.pushBatch, found.toRead.count)] {
-                if case .some(.some(let old)) = try state.row(reference) { former.insert(old) }
-                guard let local = try readLocal(reference) else {
-                    pending.rows[reference] = .some(.some(nil))
-                    continue
+            let batch = found.toRead[start..<min(start + Self.pushBatch, found.toRead.count)]
+            let read = try readLocal(batch)
+            try state.inSnapshot { () throws(LockboxError) in
+                for reference in batch {
+                    if case .some(.some(let old)) = try state.row(reference) { former.insert(old) }
+                    guard let local = read[reference] else {
+                        pending.setRow(reference, .some(nil))
+                        continue
+                    }
+                    let id = itemID(local.item)
+                    produced.insert(id)
+                    pending.setRow(reference, .some(id))
+                    let known = try state.entry(id, after: pending)
+                    if Self.isPushed(local, known: known) { continue }
+                    // Causally after the version this device had seen, whatever its clock says.
+                    let modified = max(Self.milliseconds(local.item.attributes.modificationDate), (known?.stamp.modified ?? 0) + 1)
+                    var item = local.item
+                    item.attributes = SyncRecord.travelling(item.attributes)
+                    item.persistentReference = nil
+                    changes.append((id, SyncRecord(stamp: SyncStamp(modified: modified, device: device.id), item: item, contentDigest: local.digest)))
                 }
-                let id = itemID(local.item)
-                produced.insert(id)
-                pending.rows[reference] = .some(.some(id))
-                let known = try state.entry(id)
-                if Self.isPushed(local, known: known) { continue }
-                // Causally after the version this device had seen, whatever its clock says.
-                let modified = max(Self.milliseconds(local.item.attributes.modificationDate), (known?.stamp.modified ?? 0) + 1)
-                var item = local.item
-                item.attributes = SyncRecord.travelling(item.attributes)
-                item.persistentReference = nil
-                changes.append((id, SyncRecord(stamp: SyncStamp(modified: modified, device: device.id), item: item, contentDigest: local.digest)))
             }
-            try write(changes, connection: connection, state: state, pending: &pending, report: &report)
-            try state.commit(pending)
+            try state.inSnapshot { () throws(LockboxError) in
+                try write(changes, connection: connection, state: state, pending: &pending, report: &report)
+            }
         }
         // Deletes: items whose row went away or now holds another item. A delete is stamped
         // with when it was made, as the vault recorded it, so that an edit made elsewhere after
         // it wins. Without a record (a row that now holds another item, a row deleted by an
         // older Lockbox, a record removed from the file), just after the version this device
         // knew: it replaces that version, and loses to any later one.
-        var pending = SyncState.Changes()
-        for (reference, _) in found.gone { pending.rows[reference] = .some(.none) }
+        for (reference, _) in found.gone { pending.setRow(reference, .none) }
         var deletedAt: [String: Int64] = [:]
         for (reference, date) in try vault.deletionTimes(of: found.gone.keys) {
             guard case .some(.some(let id)) = found.gone[reference] else { continue }
@@ -549,7 +545,7 @@ public final class SyncGroup: Sendable {
                 existing[id] = (try PostgresConnection.integer(row[1]), row[2])
             }
             for change in changes {
-                let known = try state.entry(change.id)
+                let known = try state.entry(change.id, after: pending)
                 var replaced: [UInt8]?
                 if let row = existing[change.id] {
                     let remote = try SyncRecord.open(
@@ -600,9 +596,9 @@ public final class SyncGroup: Sendable {
         for change in superseding {
             let existing = Self.reference(of: change.id, pending: pending, state: state)
             if let reference = try apply(change.record, id: change.id, existing: try existing()) {
-                pending.rows[reference] = .some(.some(change.id))
+                pending.setRow(reference, .some(change.id))
             } else if let old = try existing() {
-                pending.rows[old] = .some(.none)
+                pending.setRow(old, .none)
             }
             pending.entries[change.id] = SyncState.Entry(
                 stamp: change.record.stamp, contentDigest: change.record.contentDigest, isTombstone: change.record.isTombstone)
@@ -618,9 +614,10 @@ public final class SyncGroup: Sendable {
         let payload: [UInt8]
     }
 
-    /// Rows per statement when records are written: a statement's parameters stay far below
-    /// PostgreSQL's 65,535, and a push of thousands of items makes a few round trips, not one a
-    /// record (on loopback a round trip costs more than sealing the record).
+    /// Rows per statement when records are written (as arrays, in the binary format): a push of
+    /// thousands of items makes a few round trips, not one a record (on loopback a round trip
+    /// costs more than sealing the record), and no statement carries more than a few hundred
+    /// kilobytes.
     static let recordsPerStatement = 500
 
     /// Writes records (new, or replacing the item's record) within the caller's transaction,
@@ -632,29 +629,24 @@ public final class SyncGroup: Sendable {
         }
         for start in stride(from: 0, to: records.count, by: recordsPerStatement) {
             let chunk = records[start..<min(start + recordsPerStatement, records.count)]
-            var parameters: [PostgresConnection.Value] = [.text(group)]
-            parameters.reserveCapacity(1 + 4 * chunk.count)
-            var rows: [String] = []
-            rows.reserveCapacity(chunk.count)
-            for record in chunk {
-                let first = parameters.count + 1
-                rows.append("($1, $\(first), $\(first + 1)::bigint, $\(first + 2), $\(first + 3)::bytea)")
-                parameters += [.text(record.id), .integer(record.version), .text(record.device), .bytes(record.payload)]
-            }
             try connection.execute(
                 """
-                INSERT INTO lockbox_sync_items (group_id, item_id, version, device_id, payload) VALUES \(rows.joined(separator: ", "))
+                INSERT INTO lockbox_sync_items (group_id, item_id, version, device_id, payload)
+                SELECT $1, * FROM unnest($2::text[], $3::bigint[], $4::text[], $5::bytea[])
                 ON CONFLICT (group_id, item_id) DO UPDATE
                 SET version = excluded.version, device_id = excluded.device_id, payload = excluded.payload
                 """,
-                parameters)
+                [
+                    .text(group), .texts(chunk.map(\.id)), .integers(chunk.map(\.version)), .texts(chunk.map(\.device)),
+                    .byteStrings(chunk.map(\.payload)),
+                ])
         }
     }
 
     /// The vault row holding `id`: as this phase recorded it so far, else as the state knows it.
     static func reference(of id: String, pending: SyncState.Changes, state: SyncState) -> () throws(LockboxError) -> Data? {
         { () throws(LockboxError) -> Data? in
-            if let (reference, _) = pending.rows.first(where: { $0.value == .some(.some(id)) }) { return reference }
+            if let reference = pending.holder(of: id) { return reference }
             guard let reference = try state.reference(of: id) else { return nil }
             // Recorded as gone or as another item in this phase.
             if let change = pending.rows[reference], change != .some(.some(id)) { return nil }
@@ -890,9 +882,9 @@ public final class SyncGroup: Sendable {
         func record(_ applied: AppliedChanges, in pending: inout SyncState.Changes) {
             for (change, reference) in zip(changes, applied.references) {
                 if let reference {
-                    pending.rows[reference] = .some(.some(change.id))
+                    pending.setRow(reference, .some(change.id))
                 } else if let existing = change.existing {
-                    pending.rows[existing] = .some(.none)
+                    pending.setRow(existing, .none)
                 }
             }
             if applied.previousGeneration == coveredGeneration { pending.generation = applied.generation }
@@ -955,7 +947,7 @@ public final class SyncGroup: Sendable {
                         // the next push, which settles it against this record by the rule
                         // (the later write wins), as an edit made since the push is.
                         if local.digest == record.contentDigest {
-                            pending.rows[local.reference] = .some(.some(change.id))
+                            pending.setRow(local.reference, .some(change.id))
                         } else {
                             pending.entries.removeValue(forKey: change.id)
                         }
@@ -969,9 +961,9 @@ public final class SyncGroup: Sendable {
                     }
                 }
                 if let reference = try apply(record, id: change.id, existing: change.existing) {
-                    pending.rows[reference] = .some(.some(change.id))
+                    pending.setRow(reference, .some(change.id))
                 } else if let existing = change.existing {
-                    pending.rows[existing] = .some(.none)
+                    pending.setRow(existing, .none)
                 }
             }
             return nil
@@ -1068,3 +1060,4 @@ extension Query {
         return query
     }
 }
+

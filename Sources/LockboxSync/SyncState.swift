@@ -794,6 +794,12 @@ final class SyncState {
         return try database.readTransaction(body)
     }
 
+    /// Runs `body`, whose reads of this state see one snapshot of the file: many reads cost
+    /// one transaction, not one each.
+    func inSnapshot<T>(_ body: () throws(LockboxError) -> T) throws(LockboxError) -> T {
+        try reading(body)
+    }
+
     private func itemRecord(_ id: String) throws(LockboxError) -> ItemRecord? {
         let index = Self.bucket(of: id)
         // A bucket read since no other connection wrote the file is answered without a snapshot
@@ -813,6 +819,12 @@ final class SyncState {
 
     func entry(_ id: String) throws(LockboxError) -> Entry? {
         try itemRecord(id)?.entry
+    }
+
+    /// `id`'s entry as `pending` leaves it, if it sets one; else as committed.
+    func entry(_ id: String, after pending: Changes) throws(LockboxError) -> Entry? {
+        if let entry = pending.entries[id] { return entry }
+        return try entry(id)
     }
 
     /// The item a vault row held at the last sync: `.some(nil)` for a row that does not sync,
@@ -938,8 +950,28 @@ final class SyncState {
         /// The newly verified head's digest (with `cursor`, its counter).
         var accumulator: [UInt8]?
         /// Reference -> item (nil: a row that does not sync); `.none` as a value removes the row.
-        var rows: [Data: String??] = [:]
+        /// Changed through ``setRow(_:_:)``.
+        private(set) var rows: [Data: String??] = [:]
+        /// Item -> the rows `rows` says hold it: a push or a pull of thousands of changes asks
+        /// for an item's row once per change.
+        private var holders: [String: Set<Data>] = [:]
         var cursor: Int64?
+
+        /// Records what the vault row `reference` holds now: an item, nil for a row that does
+        /// not sync, `.none` for a row gone.
+        mutating func setRow(_ reference: Data, _ change: String??) {
+            if case .some(.some(.some(let former))) = rows[reference] {
+                holders[former]?.remove(reference)
+                if holders[former]?.isEmpty == true { holders.removeValue(forKey: former) }
+            }
+            rows[reference] = change
+            if case .some(.some(let id)) = change { holders[id, default: []].insert(reference) }
+        }
+
+        /// A row these changes say holds `id`, if any.
+        func holder(of id: String) -> Data? {
+            holders[id]?.first
+        }
         var generation: Int?
 
         /// True when committing would write nothing new to a state at `cursor`, `generation`

@@ -21,7 +21,8 @@ import Glibc
 // opened anew (as a new process opens it: no bucket verified, no key cached but by the unlock).
 //
 // To profile the first sync alone: `perf record -D -1 --control fifo:CTL,ACK ...` with
-// LOCKBOX_PERF_CONTROL=CTL,ACK in the environment; the bench enables perf around that sync only.
+// LOCKBOX_PERF_CONTROL=CTL,ACK in the environment; the bench enables perf around that sync only,
+// or around the writer's first push with LOCKBOX_PERF_PHASE=push.
 
 var items = 10_000
 var among = 100_000
@@ -118,14 +119,17 @@ do {
     let writer = try machine("writer")
     try fill(writer, count: items, prefix: "first")
     let group = try SyncGroup.create(vault: writer, database: database, passphrase: SecretBytes(utf8: "benchmark group"))
+    let profilesPush = ProcessInfo.processInfo.environment["LOCKBOX_PERF_PHASE"] == "push"
+    if profilesPush { perf("enable\n") }
     let push = try seconds { try group.sync() }
+    if profilesPush { perf("disable\n") }
     let reader = try machine("reader")
     let joined = try SyncGroup.join(group.groupID, vault: reader, database: database, passphrase: SecretBytes(utf8: "benchmark group"))
     var pulled = 0
     let firstProcessorBefore = processorSeconds()
-    perf("enable\n")
+    if !profilesPush { perf("enable\n") }
     let firstSync = try seconds { pulled = try joined.sync().pulled }
-    perf("disable\n")
+    if !profilesPush { perf("disable\n") }
     let firstProcessor = processorSeconds() - firstProcessorBefore
     let phases = joined.lastPullTimings.withLock { $0 }
     let connection = try PostgresConnection(database)

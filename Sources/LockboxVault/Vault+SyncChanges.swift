@@ -469,3 +469,53 @@ extension Vault {
                 + "Store it with synchronizable off, or without access control.")
     }
 }
+
+extension Vault {
+    /// The items sync may send, read from the rows `references` in one snapshot: for the sync
+    /// layer only, which seals them end to end for the group's devices (a non-extractable key's
+    /// value included, as the key API reads it).
+    ///
+    /// A row of a class outside `classes`, a row that is gone or that another store of this file
+    /// may not see, and an access-controlled row (its value needs this machine's user, so it
+    /// never syncs) have no entry; such a row's value is not opened, and the user is never asked.
+    /// A row this vault cannot open because it is locked is an error, never a missing entry: a
+    /// locked item must not be taken for one that no longer syncs.
+    /// - Throws: `interactionNotAllowed` when a row's class key is locked; `decode` when a row
+    ///   fails its integrity check.
+    package func synchronizableItems(inRows references: [Data], classes: [ItemClass]) throws(LockboxError) -> [Data: Item] {
+        guard !references.isEmpty else { return [:] }
+        return try withState { state throws(LockboxError) -> [Data: Item] in
+            try state.database.readTransaction { () throws(LockboxError) -> [Data: Item] in
+                _ = try currentIntegrity(state)
+                var found: [Data: Item] = [:]
+                found.reserveCapacity(references.count)
+                for reference in references {
+                    for itemClass in classes {
+                        // Each row's statements start reset, as each operation's do.
+                        state.database.resetStatements()
+                        var query = Query(itemClass, returning: [.attributes, .data, .persistentReference], synchronizable: .any)
+                        query.persistentReference = reference
+                        let plan = try plan(for: query, readingData: true, state: state)
+                        guard let row = try verifyIntegrity(of: try candidates(plan, state: state), plan: plan, state: state).first else {
+                            continue
+                        }
+                        guard row.accessControl.isEmpty else { break }
+                        guard let classKey = try state.keys.classKey(for: row.accessibility, header: state.header) else {
+                            throw lockedError()
+                        }
+                        let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
+                        guard let attributes = try openMatching(row, plan: plan, classKey: classKey, prefix: prefix) else { break }
+                        var item = Item(itemClass, attributes: attributes)
+                        let valueKey = try valueKey(of: row, classKey: classKey, prefix: prefix, query: query, action: "read", state: state)
+                        item.data = try row.openData(valueKey: valueKey, prefix: prefix)
+                        item.persistentReference = reference
+                        found[reference] = item
+                        break
+                    }
+                }
+                state.database.resetStatements()
+                return found
+            }
+        }
+    }
+}

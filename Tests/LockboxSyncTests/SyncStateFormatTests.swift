@@ -91,9 +91,9 @@ struct SyncStateFormatTests {
         try Self.expectFixtureContent(state)
         // And written: a row moves to another item, a row goes away, a new head replaces the old.
         var changes = SyncState.Changes()
-        changes.rows[Self.reference(0)] = .some(.some(Self.itemID(9)))
-        changes.rows[Self.reference(1)] = .some(.some(nil))
-        changes.rows[Self.reference(400)] = .some(.none)
+        changes.setRow(Self.reference(0), .some(Self.itemID(9)))
+        changes.setRow(Self.reference(1), .some(nil))
+        changes.setRow(Self.reference(400), .none)
         changes.entries[Self.itemID(9)] = Self.entry(8)
         changes.verified[Self.itemID(3)] = Self.listed(5)
         changes.replacesVerified = true
@@ -221,15 +221,15 @@ struct SyncStateFormatTests {
         var changes = SyncState.Changes()
         changes.entries[first] = Self.entry(1)
         changes.entries[second] = Self.entry(2)
-        changes.rows[Self.reference(1)] = .some(.some(first))
-        changes.rows[Self.reference(2)] = .some(.some(second))
+        changes.setRow(Self.reference(1), .some(first))
+        changes.setRow(Self.reference(2), .some(second))
         changes.cursor = 10
         try state.commit(changes)
         try Database(path: path, create: false).execute("VACUUM INTO '\(snapshot)'")
         // Then item 1 changes, row 2 goes away (its delete pushed).
         changes = SyncState.Changes()
         changes.entries[first] = Self.entry(11)
-        changes.rows[Self.reference(2)] = .some(.none)
+        changes.setRow(Self.reference(2), .none)
         changes.cursor = 20
         try state.commit(changes)
         try Database(path: path, create: false).execute("VACUUM INTO '\(directory.file("current.db"))'")
@@ -260,7 +260,9 @@ struct SyncStateFormatTests {
                 _ = try state.row(Self.reference(1))
                 _ = try state.row(Self.reference(2))
                 _ = try state.isEmpty
-                try state.commit(SyncState.Changes(cursor: 30))
+                var changes = SyncState.Changes()
+                changes.cursor = 30
+                try state.commit(changes)
             }
             #expect(error?.code == .decode, comment)
             let listing = #expect(throws: LockboxError.self, comment) {
@@ -390,7 +392,7 @@ struct SyncStateFormatTests {
         for index in 0..<3000 {
             changes.entries[Self.itemID(index)] = Self.entry(index)
             changes.verified[Self.itemID(index)] = Self.listed(index)
-            changes.rows[Self.reference(index)] = .some(.some(Self.itemID(index)))
+            changes.setRow(Self.reference(index), .some(Self.itemID(index)))
         }
         changes.replacesVerified = true
         changes.cursor = 3000

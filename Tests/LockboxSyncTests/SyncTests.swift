@@ -513,6 +513,40 @@ struct SyncTests {
         #expect(try machines[1].value("u.example", "user") == "still writable")
     }
 
+    @Test("A keychain locked in the middle of a push (another process locked it) stops the push: an edited item is never taken for a gone one and deleted on the other machines")
+    func lockedMidPush() throws {
+        let (groups, machines) = try threeMachines()
+        try machines[0].add("locked.example", "alice", "v1", accessibility: .whenUnlocked)
+        try machines[0].add("open.example", "bob", "b1", accessibility: .afterFirstUnlock)
+        for group in groups { try group.sync() }
+        #expect(try machines[1].value("locked.example", "alice") == "v1")
+        try machines[0].set("locked.example", "alice", "v2")
+        try machines[0].set("open.example", "bob", "b2")
+
+        // The sync checked that the keychain was unlocked; it is locked before the push reads the
+        // changed rows (the push run as the sync runs it, past that check).
+        let connection = try PostgresConnection(try testDatabase())
+        let state = try SyncState(path: groups[0].statePath, device: groups[0].device.id, key: groups[0].device.stateKey)
+        machines[0].vault.lock()
+        var report = SyncGroup.Report()
+        let error = #expect(throws: LockboxError.self) { try groups[0].push(connection, state: state, report: &report) }
+        #expect(error?.code == .interactionNotAllowed)
+        #expect(report.pushed == 0)
+        // The status, which reads the rows as a push does, says locked too.
+        #expect(throws: LockboxError.self) { try groups[0].pendingChanges(state: state) }
+
+        // Nothing reached the group: the other machines still read the item.
+        try groups[1].sync()
+        #expect(try machines[1].value("locked.example", "alice") == "v1")
+        #expect(try machines[1].value("open.example", "bob") == "b1")
+        // Unlocked again, the next sync pushes both edits.
+        try machines[0].vault.unlock(passphrase: SecretBytes(utf8: "machine passphrase"))
+        #expect(try groups[0].sync().pushed == 2)
+        try groups[1].sync()
+        #expect(try machines[1].value("locked.example", "alice") == "v2")
+        #expect(try machines[1].value("open.example", "bob") == "b2")
+    }
+
     @Test("Joining with a wrong passphrase fails; a joined vault keeps the group key as a ThisDeviceOnly item")
     func joining() throws {
         let database = try testDatabase()
