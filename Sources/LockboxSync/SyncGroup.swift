@@ -453,6 +453,7 @@ public final class SyncGroup: Sendable {
         // comparing only, as a record the database already holds with the same stamp is not
         // written again.
         var pending = SyncState.Changes()
+        var inStep = VerifiedHead(of: state)
         for start in stride(from: 0, to: found.toRead.count, by: Self.pushBatch) {
             var changes: [(id: String, record: SyncRecord)] = []
             let batch = found.toRead[start..<min(start + Self.pushBatch, found.toRead.count)]
@@ -478,7 +479,7 @@ public final class SyncGroup: Sendable {
                 }
             }
             try state.inSnapshot { () throws(LockboxError) in
-                try write(changes, connection: connection, state: state, pending: &pending, report: &report)
+                try write(changes, connection: connection, state: state, pending: &pending, inStep: &inStep, report: &report)
             }
         }
         // Deletes: items whose row went away or now holds another item. A delete is stamped
@@ -497,9 +498,44 @@ public final class SyncGroup: Sendable {
             let modified = max(deletedAt[id] ?? 0, known.stamp.modified + 1)
             tombstones.append((id, SyncRecord(stamp: SyncStamp(modified: modified, device: device.id), item: nil, contentDigest: [])))
         }
-        try write(tombstones, connection: connection, state: state, pending: &pending, report: &report)
+        try write(tombstones, connection: connection, state: state, pending: &pending, inStep: &inStep, report: &report)
         pending.generation = found.generation
+        // Nobody else wrote between this device's last verified head and its writes: the head
+        // it wrote is verified too, and the pull that follows does not fetch its own records.
+        if let inStep, inStep.counter != state.cursor {
+            pending.cursor = inStep.counter
+            pending.accumulator = inStep.accumulator
+            pending.replacesVerified = inStep.replacesAll
+            for (id, listed) in inStep.listed { pending.verified[id] = listed }
+        }
         try state.commit(pending)
+    }
+
+    /// The group's head as this device verified it, carried through its own writes while
+    /// every batch finds the database's head equal to it (nobody else wrote since): then the
+    /// head after the push is the verified one plus what this device wrote, and the records it
+    /// lists are known without fetching them.
+    struct VerifiedHead {
+        var counter: Int64
+        var accumulator: [UInt8]
+        /// The records this push wrote, as the head lists them.
+        var listed: [String: SyncState.Listed] = [:]
+        /// The verified head was the empty group's (this device had verified none, and the
+        /// group had no record): the records listed are all the head holds.
+        let replacesAll: Bool
+
+        /// The state's verified head; the empty group's for a state that has verified none
+        /// and pulled nothing (found equal to the database's only if the group is empty);
+        /// nil for a state that pulled before heads.
+        init?(of state: SyncState) {
+            if let accumulator = state.accumulator {
+                (counter, self.accumulator, replacesAll) = (state.cursor, accumulator, false)
+            } else if state.cursor == 0 {
+                (counter, self.accumulator, replacesAll) = (0, SyncHead.empty.accumulator, true)
+            } else {
+                return nil
+            }
+        }
     }
 
     /// Whether the group already holds an item's local content, as this device last saw its
@@ -522,9 +558,10 @@ public final class SyncGroup: Sendable {
     /// record has that record applied here instead.
     func write(
         _ changes: [(id: String, record: SyncRecord)], connection: PostgresConnection, state: SyncState,
-        pending: inout SyncState.Changes, report: inout Report
+        pending: inout SyncState.Changes, inStep: inout VerifiedHead?, report: inout Report
     ) throws(LockboxError) {
         guard !changes.isEmpty else { return }
+        var stepped = inStep
         var written: [(id: String, record: SyncRecord)] = []
         var superseding: [(id: String, record: SyncRecord)] = []
         var writes = 0
@@ -535,6 +572,9 @@ public final class SyncGroup: Sendable {
             // The group row's lock orders every writer of the group: versions commit in order.
             var head = try lockedHead(connection, cursor: cursor, keys: keys)
             var counter = head.counter
+            if let verified = stepped, verified.counter != counter || !SyncHead.equal(verified.accumulator, head.accumulator) {
+                stepped = nil
+            }
             // The database's records of the changed items, in one round trip.
             var existing: [String: (version: Int64, payload: String?)] = [:]
             for row in try connection.execute(
@@ -574,7 +614,9 @@ public final class SyncGroup: Sendable {
                 }
                 counter = try SyncHead.version(after: counter)
                 if let replaced { SyncHead.subtract(replaced, from: &head.accumulator) }
-                SyncHead.add(SyncHead.element(itemID: change.id, version: counter, record: change.record, keys: keys), to: &head.accumulator)
+                let element = SyncHead.element(itemID: change.id, version: counter, record: change.record, keys: keys)
+                SyncHead.add(element, to: &head.accumulator)
+                stepped?.listed[change.id] = SyncState.Listed(version: counter, element: element)
                 stored.append(
                     StoredRecord(
                         id: change.id, version: counter, device: change.record.stamp.device,
@@ -587,7 +629,11 @@ public final class SyncGroup: Sendable {
             try connection.execute(
                 "UPDATE lockbox_sync_groups SET counter = $2, head = $3 WHERE group_id = $1",
                 [.text(groupID), .integer(counter), .bytes(head.sealed(group: groupID, keys: keys))])
+            stepped?.counter = counter
+            stepped?.accumulator = head.accumulator
         }
+        // Committed: what this batch wrote is part of the head.
+        inStep = stepped
         for change in written {
             pending.entries[change.id] = SyncState.Entry(
                 stamp: change.record.stamp, contentDigest: change.record.contentDigest, isTombstone: change.record.isTombstone)
@@ -771,6 +817,7 @@ public final class SyncGroup: Sendable {
         let from = state.accumulator == nil ? 0 : cursor
         let (head, rows) = try fetchRecords(connection, above: from, cursor: cursor, keys: keys)
         let counter = head.counter
+        timer.timings.records = rows.count
         timer.lap(\.fetch)
         // Every record's metadata is opened before anything is applied: a record that fails to
         // open stops the pull with the vault untouched. Values stay sealed until written.
@@ -1034,6 +1081,8 @@ public final class SyncGroup: Sendable {
 
 /// The phases of a pull, timed.
 package struct PullTimings: Sendable {
+    /// Records fetched (those above the cursor).
+    package var records = 0
     /// The counter and the records, from PostgreSQL.
     package var fetch = Duration.zero
     /// Opening every record's metadata.

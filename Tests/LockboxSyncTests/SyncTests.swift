@@ -513,6 +513,55 @@ struct SyncTests {
         #expect(try machines[1].value("u.example", "user") == "still writable")
     }
 
+    @Test("A push nobody else's write came between leaves the device at the head it wrote: the pull after it fetches none of its own records; one that another device's write came before fetches and checks them")
+    func pushInStep() throws {
+        let (groups, machines) = try threeMachines()
+        let counter = { () throws -> Int64 in
+            try PostgresConnection.integer(
+                try PostgresConnection(try testDatabase()).execute(
+                    "SELECT counter FROM lockbox_sync_groups WHERE group_id = $1", [.text(groups[0].groupID)]).first?[0] ?? nil)
+        }
+        let cursor = { (group: SyncGroup) throws -> Int64 in
+            try SyncState(path: group.statePath, device: group.device.id, key: group.device.stateKey).cursor
+        }
+        // The group's creator, before it verified any head: the group is empty.
+        for index in 0..<3 { try machines[0].add("s\(index).example", "user", "v\(index)") }
+        #expect(try groups[0].sync().pushed == 3)
+        #expect(groups[0].lastPullTimings.withLock { $0.records } == 0)
+        #expect(try cursor(groups[0]) == (try counter()))
+        try groups[1].sync()
+        #expect(groups[1].lastPullTimings.withLock { $0.records } == 3)
+
+        // In step again: an edit and a delete.
+        try machines[1].set("s0.example", "user", "edited")
+        try machines[1].delete("s1.example", "user")
+        #expect(try groups[1].sync().pushed == 2)
+        #expect(groups[1].lastPullTimings.withLock { $0.records } == 0)
+        #expect(try cursor(groups[1]) == (try counter()))
+
+        // Another device wrote first: the push is not in step, and the pull fetches and checks
+        // that device's record and its own.
+        try machines[2].add("other.example", "user", "from C")
+        try groups[2].sync()
+        try machines[0].set("s2.example", "user", "edited on A")
+        #expect(try groups[0].sync().pushed == 1)
+        #expect(groups[0].lastPullTimings.withLock { $0.records } >= 2)
+        #expect(try cursor(groups[0]) == (try counter()))
+        for group in groups { try group.sync() }
+        for machine in machines {
+            #expect(try machine.value("s0.example", "user") == "edited")
+            #expect(try machine.value("s1.example", "user") == nil)
+            #expect(try machine.value("s2.example", "user") == "edited on A")
+            #expect(try machine.value("other.example", "user") == "from C")
+            #expect(try machine.verify())
+        }
+        // Every device's verified head is the database's: a further round fetches nothing.
+        for group in groups {
+            #expect(try group.sync().changedNothing)
+            #expect(group.lastPullTimings.withLock { $0.records } == 0)
+        }
+    }
+
     @Test("A keychain locked in the middle of a push (another process locked it) stops the push: an edited item is never taken for a gone one and deleted on the other machines")
     func lockedMidPush() throws {
         let (groups, machines) = try threeMachines()
