@@ -199,7 +199,12 @@ extension SyncGroup {
             let wrap = try newPassphrase.map { passphrase throws(LockboxError) in
                 try Self.wrapKeys(new, groupID: groupID, purpose: "passphrase", secret: passphrase)
             }
-            try establishHead(connection, state: try SyncState(path: statePath, device: device.id, key: device.stateKey))
+            let state = try SyncState(path: statePath, device: device.id, key: device.stateKey)
+            try establishHead(connection, state: state)
+            // The new head, when this device had verified the one it replaces (it then holds
+            // every record already: the state records the new versions, and the next pull
+            // fetches nothing).
+            var inStep: VerifiedHead?
             try connection.transaction { () throws(LockboxError) in
                 let group = try connection.execute(
                     "SELECT counter, key_epoch, head FROM lockbox_sync_groups WHERE group_id = $1 FOR UPDATE", [.text(groupID)])
@@ -211,6 +216,10 @@ extension SyncGroup {
                     try row[2].map { text throws(LockboxError) in try PostgresConnection.bytes(text) }, counter: counter, group: groupID,
                     keys: old)
                 var served = SyncHead.empty.accumulator
+                var stepped = VerifiedHead(of: state)
+                if let verified = stepped, verified.counter != counter || !SyncHead.equal(verified.accumulator, oldHead.accumulator) {
+                    stepped = nil
+                }
                 let listed = try devices(connection)
                 guard listed.contains(where: { $0.id == deviceID }) else {
                     throw LockboxError(.itemNotFound, "The sync group has no device of that identifier (not shown, in case it is a secret). `lockbox sync status` lists its devices.")
@@ -250,7 +259,9 @@ extension SyncGroup {
                     SyncHead.add(
                         SyncHead.element(itemID: id, version: try PostgresConnection.integer(record[1]), record: opened, keys: old), to: &served)
                     counter = try SyncHead.version(after: counter)
-                    SyncHead.add(SyncHead.element(itemID: id, version: counter, record: opened, keys: new), to: &head.accumulator)
+                    let element = SyncHead.element(itemID: id, version: counter, record: opened, keys: new)
+                    SyncHead.add(element, to: &head.accumulator)
+                    stepped?.listed[id] = SyncState.Listed(version: counter, element: element)
                     resealed.append(
                         StoredRecord(
                             id: id, version: counter, device: opened.stamp.device,
@@ -268,8 +279,19 @@ extension SyncGroup {
                         .text(groupID), .integer(counter), .integer(new.epoch), wrap.map { .bytes($0) } ?? .null,
                         .bytes(head.sealed(group: groupID, keys: new)),
                     ])
+                stepped?.counter = counter
+                stepped?.accumulator = head.accumulator
+                inStep = stepped
             }
             try install(new)
+            if let inStep {
+                var changes = SyncState.Changes()
+                changes.cursor = inStep.counter
+                changes.accumulator = inStep.accumulator
+                changes.replacesVerified = true
+                changes.verified = inStep.listed
+                try state.commit(changes)
+            }
         }
     }
 

@@ -124,7 +124,14 @@ extension SyncTests {
         for record in after {
             _ = try SyncRecord.open(record.payload, group: groups[0].groupID, itemID: record.id, version: record.version, keys: groups[0].keys)
         }
+        // The remover had verified the head it replaced: it is at the new one, with nothing to
+        // fetch; the other device fetches every re-sealed record and applies none.
+        #expect(try groups[0].status().pendingRemoteVersions == 0)
+        #expect(try groups[0].sync().changedNothing)
+        #expect(groups[0].lastPullTimings.withLock { $0.records } == 0)
+        #expect(try groups[1].status().pendingRemoteVersions == count)
         #expect(try groups[1].sync().changedNothing)
+        #expect(groups[1].lastPullTimings.withLock { $0.records } == count)
         #expect(try machines[1].count() == count - 10)
         #expect(try machines[1].value("many\(count - 1).example", "user") == "value \(count - 1)")
         #expect(try machines[1].verify())
