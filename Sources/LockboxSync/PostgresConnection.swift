@@ -91,13 +91,16 @@ package final class PostgresConnection {
         var values = [conninfo]
         // Not when a timeout is given another way, or may be (a service file's entry: libpq
         // reads it only for what the keywords leave unset).
-        func setInEnvironment(_ name: String) -> Bool { getenv(name).map { $0.pointee != 0 } ?? false }
         let given = Self.options(of: conninfo) ?? [:]
-        let timeoutGiven = setInEnvironment("PGCONNECT_TIMEOUT") || setInEnvironment("PGSERVICE")
+        let timeoutGiven = Self.environmentValue("PGCONNECT_TIMEOUT") != nil || Self.environmentValue("PGSERVICE") != nil
             || !(given["connect_timeout"] ?? "").isEmpty || !(given["service"] ?? "").isEmpty
         if !timeoutGiven {
             keywords.insert("connect_timeout", at: 0)
             values.insert(String(Self.defaultConnectTimeout), at: 0)
+        }
+        for (keyword, value) in Self.transportDefaults(given, environment: Self.environmentValue) {
+            keywords.insert(keyword, at: 0)
+            values.insert(value, at: 0)
         }
         let keywordPointers = keywords.map { strdup($0) }
         let valuePointers = values.map { strdup($0) }
@@ -131,6 +134,92 @@ package final class PostgresConnection {
             SELECT set_config('client_min_messages', 'warning', false),
                 set_config('lock_timeout', CASE current_setting('lock_timeout') WHEN '0' THEN $1 ELSE current_setting('lock_timeout') END, false)
             """, [.text(Self.lockTimeout)])
+    }
+
+    /// What a connection to another machine uses when neither its string nor the environment
+    /// (`PGSSLMODE`, `PGSSLROOTCERT`, a service file) says: TLS with the server's certificate
+    /// and name verified (`sslmode=verify-full`), where libpq's own default (`prefer`) tries
+    /// TLS without verifying anything and falls back to no encryption without a word. A server
+    /// on this machine (a Unix socket, `localhost`, a loopback address) keeps libpq's default.
+    /// Verification trusts `~/.postgresql/root.crt` when there is one (libpq's rule), else the
+    /// system's certificate authorities. An explicit `sslmode` is the user's choice, and
+    /// ``transport`` says what it gave.
+    static func transportDefaults(_ given: [String: String], environment: (String) -> String?) -> [(String, String)] {
+        if !(given["service"] ?? "").isEmpty || environment("PGSERVICE") != nil { return [] }
+        var defaults: [(String, String)] = []
+        var mode = given["sslmode"].flatMap { $0.isEmpty ? nil : $0 } ?? environment("PGSSLMODE")
+        if mode == nil && !isLocal(given, environment: environment) {
+            defaults.append(("sslmode", "verify-full"))
+            mode = "verify-full"
+        }
+        let rootGiven = !(given["sslrootcert"] ?? "").isEmpty || environment("PGSSLROOTCERT") != nil
+        if mode == "verify-full" || mode == "verify-ca", !rootGiven, !hasOwnRootCertificate(),
+            access(systemCertificates, R_OK) == 0
+        {
+            defaults.append(("sslrootcert", systemCertificates))
+        }
+        return defaults
+    }
+
+    /// A variable of the process's environment, nil when unset or empty.
+    static func environmentValue(_ name: String) -> String? {
+        guard let value = getenv(name), value.pointee != 0 else { return nil }
+        return String(cString: value)
+    }
+
+    /// Debian's bundle of the system's certificate authorities (`ca-certificates`).
+    static let systemCertificates = "/etc/ssl/certs/ca-certificates.crt"
+
+    /// Whether every host the connection may use is on this machine: a Unix socket (none named,
+    /// or a directory), `localhost`, or a loopback address. A host name decides over its
+    /// `hostaddr` (the name is what the certificate is checked against).
+    static func isLocal(_ given: [String: String], environment: (String) -> String?) -> Bool {
+        func value(_ keyword: String, _ variable: String) -> String {
+            if let value = given[keyword], !value.isEmpty { return value }
+            return environment(variable) ?? ""
+        }
+        let hosts = value("host", "PGHOST")
+        let names = (hosts.isEmpty ? value("hostaddr", "PGHOSTADDR") : hosts).split(separator: ",", omittingEmptySubsequences: false)
+        return names.allSatisfy { name in
+            let host = name.trimmingCharacters(in: .whitespaces)
+            if host.isEmpty || host.hasPrefix("/") || host.hasPrefix("@") || host.lowercased() == "localhost" { return true }
+            var v4 = in_addr()
+            if inet_pton(AF_INET, host, &v4) == 1 { return UInt32(bigEndian: v4.s_addr) >> 24 == 127 }
+            var v6 = in6_addr()
+            if inet_pton(AF_INET6, host, &v6) == 1 {
+                return withUnsafeBytes(of: &v6) { bytes in bytes.prefix(15).allSatisfy { $0 == 0 } && bytes[15] == 1 }
+            }
+            return false
+        }
+    }
+
+    /// Whether libpq would find a root certificate of the user's own (`~/.postgresql/root.crt`).
+    private static func hasOwnRootCertificate() -> Bool {
+        var homes: [String] = []
+        if let home = getenv("HOME") { homes.append(String(cString: home)) }
+        if let entry = getpwuid(getuid()), let home = entry.pointee.pw_dir { homes.append(String(cString: home)) }
+        return homes.contains { access($0 + "/.postgresql/root.crt", F_OK) == 0 }
+    }
+
+    /// How this connection travels, for `lockbox sync status`: TLS and what of the server was
+    /// verified, or that it is not encrypted.
+    package var transport: String {
+        guard PQsslInUse(connection) == 1 else { return "not encrypted" }
+        let name = PQsslAttribute(connection, "protocol").map { String(cString: $0) } ?? "TLS"
+        var mode = "prefer"
+        if let options = PQconninfo(connection) {
+            defer { PQconninfoFree(options) }
+            var option = options
+            while let keyword = option.pointee.keyword {
+                if String(cString: keyword) == "sslmode", let value = option.pointee.val { mode = String(cString: value) }
+                option += 1
+            }
+        }
+        switch mode {
+        case "verify-full": return "\(name), the server's certificate and name verified"
+        case "verify-ca": return "\(name), the server's certificate verified, not its name (sslmode=verify-ca)"
+        default: return "\(name), the server not verified (sslmode=\(mode))"
+        }
     }
 
     /// How long a statement may wait for a lock when the connection's options do not say

@@ -30,6 +30,9 @@ extension SyncGroup {
         public var devices: [Device]?
         /// Why the database could not be asked (the keychain stays usable); nil when it answered.
         public var unreachable: String?
+        /// How the connection to the database travels (TLS, and what of the server was
+        /// verified, or not encrypted); nil when it could not be made.
+        public var transport: String?
         /// What the database answered that a sync would refuse (its data changed, this device
         /// without a key for the current epoch); nil when nothing. The local part is shown all
         /// the same.
@@ -54,6 +57,7 @@ extension SyncGroup {
             status.deletionRecords = try vault.deletionRecordHealth()
             do throws(LockboxError) {
                 let connection = try PostgresConnection(database)
+                status.transport = connection.transport
                 try SyncSchema.migrate(connection)
                 try catchUpKeys(connection)
                 status.keyEpoch = keys.epoch

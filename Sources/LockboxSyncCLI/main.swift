@@ -365,6 +365,7 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
                 "\"deletionRecords\": \(status.deletionRecords.records)", "\"deletionRecordsSound\": \(status.deletionRecords.isSound)",
             ]
             if let lastSync = status.lastSync { fields.append("\"lastSync\": \(jsonString(lastSync))") }
+            if let transport = status.transport { fields.append("\"transport\": \(jsonString(transport))") }
             if let head = status.headFingerprint { fields.append("\"head\": \(jsonString(head))") }
             if let remote = status.pendingRemoteVersions { fields.append("\"pendingRemoteVersions\": \(remote)") }
             // One key for what kept the database's part from being shown; `databaseReachable`
@@ -396,6 +397,7 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
             } else if let problem = status.databaseProblem {
                 streams.print("database:         a sync would fail: \(PostgresConnection.printable(problem)) The keychain is fully usable.")
             } else {
+                if let transport = status.transport { streams.print("database:         \(transport)") }
                 streams.print("pending remote:   \(status.pendingRemoteVersions ?? 0) version(s) not pulled yet")
                 streams.print("devices:")
                 for device in status.devices ?? [] {

@@ -262,6 +262,9 @@ extension SyncTests {
         let forgedLine = try #require(lines.first { $0.contains("evil") })
         #expect(forgedLine.contains("UNATTESTED") && forgedLine.contains("\\u{a}"), "\(forgedLine)")
         #expect(lines.filter { $0.contains(groups[1].deviceID) }.count == 2, "the forged row made a line of its own")
+        // The test server is on this machine (loopback, libpq's default sslmode=prefer): TLS,
+        // with nothing of the server verified, and status says so.
+        #expect(lines.contains { $0.hasPrefix("database:         TLS") && $0.hasSuffix("the server not verified (sslmode=prefer)") }, "\(status.standardOutput)")
 
         // Offline: the last sync is unknown, not "never".
         let closed = TemporaryDirectory("lockbox-sync-closed")
