@@ -358,7 +358,10 @@ package final class PostgresConnection {
         var types: [UInt32] = []
         values.reserveCapacity(parameters.count)
         defer { values.forEach { free($0) } }
-        func appendBinary(_ bytes: [UInt8], type: UInt32) {
+        func appendBinary(_ bytes: [UInt8], type: UInt32) throws(LockboxError) {
+            guard bytes.count <= Int32.max else {
+                throw LockboxError(.param, "A value for the sync database is larger than PostgreSQL takes (1 GB). Nothing was sent.")
+            }
             let copy = malloc(max(bytes.count, 1))!.assumingMemoryBound(to: CChar.self)
             bytes.withUnsafeBytes { source in
                 if let base = source.baseAddress { memcpy(copy, base, bytes.count) }
@@ -370,9 +373,9 @@ package final class PostgresConnection {
         }
         for parameter in parameters {
             if case .bytes(let bytes) = parameter {
-                appendBinary(bytes, type: Self.byteaType)
+                try appendBinary(bytes, type: Self.byteaType)
             } else if case .array(let array) = parameter {
-                appendBinary(array.encoded, type: array.arrayType)
+                try appendBinary(array.encoded, type: array.arrayType)
             } else {
                 values.append(parameter.sqlText.flatMap { strdup($0) })
                 lengths.append(0)

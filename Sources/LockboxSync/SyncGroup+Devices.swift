@@ -191,6 +191,9 @@ extension SyncGroup {
         try Self.requireUnlocked(vault, "Unlock it to remove a device.")
         if let newPassphrase { try Self.checkNewPassphrase(newPassphrase) }
         try syncing.withLock { _ throws(LockboxError) in
+            // As a sync: no sync of this vault in another process writes the state meanwhile.
+            let lock = try SyncLock(statePath: statePath)
+            defer { withExtendedLifetime(lock) {} }
             let connection = try PostgresConnection(database)
             try SyncSchema.migrate(connection)
             try catchUpKeys(connection)

@@ -356,8 +356,8 @@ public final class SyncGroup: Sendable {
             try catchUpKeys(connection)
             let state = try SyncState(path: statePath, device: device.id, key: device.stateKey)
             var report = Report()
-            try push(connection, state: state, report: &report)
-            try pull(connection, state: state, report: &report)
+            let written = try push(connection, state: state, report: &report)
+            try pull(connection, state: state, report: &report, floor: written)
             return report
         }
     }
@@ -443,7 +443,10 @@ public final class SyncGroup: Sendable {
     /// Rows read and pushed per database transaction: bounds the values held in guarded memory.
     static let pushBatch = 500
 
-    func push(_ connection: PostgresConnection, state: SyncState, report: inout Report) throws(LockboxError) {
+    /// - Returns: the highest counter this push found or left under the group row's lock: a
+    ///   head below it, seen later, was rolled back.
+    @discardableResult
+    func push(_ connection: PostgresConnection, state: SyncState, report: inout Report) throws(LockboxError) -> Int64 {
         try establishHead(connection, state: state)
         let found = try localChanges(state: state)
         report.examined = found.toRead.count
@@ -454,6 +457,7 @@ public final class SyncGroup: Sendable {
         // written again.
         var pending = SyncState.Changes()
         var inStep = VerifiedHead(of: state)
+        var floor = state.cursor
         for start in stride(from: 0, to: found.toRead.count, by: Self.pushBatch) {
             var changes: [(id: String, record: SyncRecord)] = []
             let batch = found.toRead[start..<min(start + Self.pushBatch, found.toRead.count)]
@@ -479,7 +483,7 @@ public final class SyncGroup: Sendable {
                 }
             }
             try state.inSnapshot { () throws(LockboxError) in
-                try write(changes, connection: connection, state: state, pending: &pending, inStep: &inStep, report: &report)
+                try write(changes, connection: connection, state: state, pending: &pending, inStep: &inStep, floor: &floor, report: &report)
             }
         }
         // Deletes: items whose row went away or now holds another item. A delete is stamped
@@ -498,7 +502,7 @@ public final class SyncGroup: Sendable {
             let modified = max(deletedAt[id] ?? 0, known.stamp.modified + 1)
             tombstones.append((id, SyncRecord(stamp: SyncStamp(modified: modified, device: device.id), item: nil, contentDigest: [])))
         }
-        try write(tombstones, connection: connection, state: state, pending: &pending, inStep: &inStep, report: &report)
+        try write(tombstones, connection: connection, state: state, pending: &pending, inStep: &inStep, floor: &floor, report: &report)
         pending.generation = found.generation
         // Nobody else wrote between this device's last verified head and its writes: the head
         // it wrote is verified too, and the pull that follows does not fetch its own records.
@@ -509,6 +513,7 @@ public final class SyncGroup: Sendable {
             for (id, listed) in inStep.listed { pending.verified[id] = listed }
         }
         try state.commit(pending)
+        return floor
     }
 
     /// The group's head as this device verified it, carried through its own writes while
@@ -558,10 +563,11 @@ public final class SyncGroup: Sendable {
     /// record has that record applied here instead.
     func write(
         _ changes: [(id: String, record: SyncRecord)], connection: PostgresConnection, state: SyncState,
-        pending: inout SyncState.Changes, inStep: inout VerifiedHead?, report: inout Report
+        pending: inout SyncState.Changes, inStep: inout VerifiedHead?, floor: inout Int64, report: inout Report
     ) throws(LockboxError) {
         guard !changes.isEmpty else { return }
         var stepped = inStep
+        var seen = floor
         var written: [(id: String, record: SyncRecord)] = []
         var superseding: [(id: String, record: SyncRecord)] = []
         var writes = 0
@@ -571,6 +577,9 @@ public final class SyncGroup: Sendable {
         try connection.transaction { () throws(LockboxError) in
             // The group row's lock orders every writer of the group: versions commit in order.
             var head = try lockedHead(connection, cursor: cursor, keys: keys)
+            // Below what an earlier batch of this push found or wrote: rolled back.
+            guard head.counter >= seen else { throw rolledBack() }
+            let lockedCounter = head.counter
             var counter = head.counter
             if let verified = stepped, verified.counter != counter || !SyncHead.equal(verified.accumulator, head.accumulator) {
                 stepped = nil
@@ -587,12 +596,24 @@ public final class SyncGroup: Sendable {
             for change in changes {
                 let known = try state.entry(change.id, after: pending)
                 var replaced: [UInt8]?
+                // In step, the database's head is the one this device verified: each record must
+                // be the one that head lists (none for an item it does not list).
+                var listed: SyncState.Listed?
+                if let verified = stepped {
+                    listed = verified.listed[change.id]
+                    if listed == nil { listed = try state.verified(change.id) }
+                }
                 if let row = existing[change.id] {
+                    // No record is newer than the head that counts it.
+                    guard row.version <= lockedCounter else { throw LockboxError.syncDatabase() }
                     let remote = try SyncRecord.open(
                         try PostgresConnection.bytes(row.payload), group: groupID, itemID: change.id, version: row.version, keys: keys)
                     // Older than what this device already saw of the item: a replay.
                     if let known, remote.stamp < known.stamp { throw rolledBack() }
                     replaced = SyncHead.element(itemID: change.id, version: row.version, record: remote, keys: keys)
+                    if stepped != nil, listed?.version != row.version || !SyncHead.equal(listed?.element ?? [], replaced ?? []) {
+                        throw SyncHead.withheld()
+                    }
                     if remote.stamp == change.record.stamp {
                         // Written by an earlier run that stopped before saving its state.
                         written.append(change)
@@ -608,7 +629,7 @@ public final class SyncGroup: Sendable {
                         superseding.append((change.id, remote))
                         continue
                     }
-                } else if known != nil {
+                } else if known != nil || listed != nil {
                     // This device saw a record of the item, and records are never deleted.
                     throw SyncHead.withheld()
                 }
@@ -631,9 +652,11 @@ public final class SyncGroup: Sendable {
                 [.text(groupID), .integer(counter), .bytes(head.sealed(group: groupID, keys: keys))])
             stepped?.counter = counter
             stepped?.accumulator = head.accumulator
+            seen = counter
         }
         // Committed: what this batch wrote is part of the head.
         inStep = stepped
+        floor = max(floor, seen)
         for change in written {
             pending.entries[change.id] = SyncState.Entry(
                 stamp: change.record.stamp, contentDigest: change.record.contentDigest, isTombstone: change.record.isTombstone)
@@ -662,9 +685,12 @@ public final class SyncGroup: Sendable {
 
     /// Rows per statement when records are written (as arrays, in the binary format): a push of
     /// thousands of items makes a few round trips, not one a record (on loopback a round trip
-    /// costs more than sealing the record), and no statement carries more than a few hundred
-    /// kilobytes.
+    /// costs more than sealing the record).
     static let recordsPerStatement = 500
+
+    /// Payload bytes per statement (records of large values: a statement stays far below
+    /// PostgreSQL's 1 GB for one value, the array).
+    static let bytesPerStatement = 16 << 20
 
     /// Writes records (new, or replacing the item's record) within the caller's transaction,
     /// many to a statement. An item appears once: one statement cannot write a row twice.
@@ -673,8 +699,18 @@ public final class SyncGroup: Sendable {
             // Two rows of one primary key: the vault's uniqueness allows it only in a damaged file.
             throw LockboxError.integrity("Two items the push read")
         }
-        for start in stride(from: 0, to: records.count, by: recordsPerStatement) {
-            let chunk = records[start..<min(start + recordsPerStatement, records.count)]
+        var start = 0
+        while start < records.count {
+            // Up to `recordsPerStatement` records, and no more bytes than `bytesPerStatement`
+            // unless one record alone is larger.
+            var end = start
+            var bytes = 0
+            while end < records.count && end - start < recordsPerStatement && (end == start || bytes + records[end].payload.count <= bytesPerStatement) {
+                bytes += records[end].payload.count
+                end += 1
+            }
+            let chunk = records[start..<end]
+            start = end
             try connection.execute(
                 """
                 INSERT INTO lockbox_sync_items (group_id, item_id, version, device_id, payload)
@@ -808,14 +844,16 @@ public final class SyncGroup: Sendable {
         }
     }
 
-    func pull(_ connection: PostgresConnection, state: SyncState, report: inout Report) throws(LockboxError) {
+    /// - Parameter floor: a counter the push just before found or left under the group row's
+    ///   lock: a head below it is a rollback, though above the cursor.
+    func pull(_ connection: PostgresConnection, state: SyncState, report: inout Report, floor: Int64 = 0) throws(LockboxError) {
         var timer = PhaseTimer(PullTimings())
         let cursor = state.cursor
         let keys = self.keys
         // Records above what the last verified head covered; all of them when this device has
         // verified none yet.
         let from = state.accumulator == nil ? 0 : cursor
-        let (head, rows) = try fetchRecords(connection, above: from, cursor: cursor, keys: keys)
+        let (head, rows) = try fetchRecords(connection, above: from, cursor: max(cursor, floor), keys: keys)
         let counter = head.counter
         timer.timings.records = rows.count
         timer.lap(\.fetch)

@@ -476,8 +476,10 @@ extension Vault {
     /// value included, as the key API reads it).
     ///
     /// A row of a class outside `classes`, a row that is gone or that another store of this file
-    /// may not see, and an access-controlled row (its value needs this machine's user, so it
-    /// never syncs) have no entry; such a row's value is not opened, and the user is never asked.
+    /// may not see, a row not marked synchronizable or of a `ThisDeviceOnly` accessibility, a
+    /// hardware key (its value is its TPM's wrapped blob) and an access-controlled row (its
+    /// value needs this machine's user) never sync and have no entry; such a row's value is not
+    /// opened, and the user is never asked.
     /// A row this vault cannot open because it is locked is an error, never a missing entry: a
     /// locked item must not be taken for one that no longer syncs.
     /// - Throws: `interactionNotAllowed` when a row's class key is locked; `decode` when a row
@@ -499,12 +501,14 @@ extension Vault {
                         guard let row = try verifyIntegrity(of: try candidates(plan, state: state), plan: plan, state: state).first else {
                             continue
                         }
-                        guard row.accessControl.isEmpty else { break }
+                        guard row.accessControl.isEmpty, row.synchronizable, !row.accessibility.isThisDeviceOnly else { break }
                         guard let classKey = try state.keys.classKey(for: row.accessibility, header: state.header) else {
                             throw lockedError()
                         }
                         let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
-                        guard let attributes = try openMatching(row, plan: plan, classKey: classKey, prefix: prefix) else { break }
+                        guard let attributes = try openMatching(row, plan: plan, classKey: classKey, prefix: prefix),
+                            !(itemClass == .key && ManagedKeyValue.isHardwareKey(descriptor: attributes.generic))
+                        else { break }
                         var item = Item(itemClass, attributes: attributes)
                         let valueKey = try valueKey(of: row, classKey: classKey, prefix: prefix, query: query, action: "read", state: state)
                         item.data = try row.openData(valueKey: valueKey, prefix: prefix)

@@ -125,8 +125,11 @@ extension LifecycleTests {
         } throws: { isAuthError($0, .responseTooLarge) }
 
         // Buffering the answer would have raised the peak by 200 MB or more (660 MB was seen).
+        // The peak is the whole test process's, with other suites running beside this one (70
+        // MiB of growth was seen on a fresh machine): the bound leaves them room and still
+        // catches a buffered answer.
         let growth = try PeakMemory.read() - before
-        #expect(growth < 64 << 20, "the peak resident size grew by \(growth >> 20) MiB")
+        #expect(growth < 128 << 20, "the peak resident size grew by \(growth >> 20) MiB")
         #expect(try await server.counters()["huge_bytes_sent"]! > 1 << 20)
         #expect(isSignedIn(await manager.state))
         #expect(try await vault.tokenStore(for: manager.configuration).hasCredentials())

@@ -137,6 +137,30 @@ extension SyncTests {
         #expect(try machines[1].verify())
     }
 
+    @Test("Records of large values are written in statements of a bounded size: 300 values of 60 KiB (about 18 MiB) pushed and pulled whole")
+    func largeValuesSpanStatements() throws {
+        let (groups, machines) = try threeMachines()
+        let count = 300
+        let items = (0..<count).map { index in
+            var item = Item.genericPassword(
+                service: "large\(index).example", account: "user",
+                data: SecretBytes(copying: Array(repeating: UInt8(truncatingIfNeeded: index), count: 60 * 1024)))
+            item.attributes.synchronizable = true
+            return item
+        }
+        #expect(count * 60 * 1024 > SyncGroup.bytesPerStatement)
+        try machines[0].vault.add(contentsOf: items)
+        #expect(try groups[0].sync().pushed == count)
+        #expect(try storedRecords(groups[0].groupID).map(\.version) == Array(1...Int64(count)))
+        #expect(try groups[1].sync().pulled == count)
+        var query = machines[1].query("large\(count - 1).example", "user")
+        query.returning = [.data]
+        let value = try machines[1].vault.data(matching: query)
+        #expect(value.count == 60 * 1024)
+        #expect(value.withUnsafeBytes { $0.allSatisfy { $0 == UInt8(truncatingIfNeeded: count - 1) } })
+        #expect(try machines[1].verify())
+    }
+
     @Test("A removed device opens nothing written after its removal, cannot sync, and cannot rejoin with the old passphrase")
     func removedDeviceReadsNothingNew() throws {
         let (groups, machines) = try threeMachines()

@@ -24,7 +24,7 @@ extension SyncTests {
         // How many storage operations a whole first pull takes on a new device.
         let counting = StorageFaults(kind: .ioError, failingOperation: Int.max, persistent: false)
         machines[2].vault.injectFaults(counting)
-        let before = try? Data(contentsOf: URL(fileURLWithPath: groups[2].statePath))
+        let before = try? copyState(groups[2].statePath)
         #expect(try groups[2].sync().pulled == count)
         machines[2].vault.injectFaults(nil)
         let operations = counting.operations

@@ -329,3 +329,112 @@ extension SyncTests {
         #expect(try machines[1].verify())
     }
 }
+
+/// The administrator against a push: the group row put back to an older head while a device
+/// writes, with or without records the device wrote or saw.
+extension SyncTests {
+    func groupHead(_ group: String) throws -> (counter: Int64, head: [UInt8]) {
+        let row = try #require(
+            try PostgresConnection(try testDatabase()).execute(
+                "SELECT counter, head FROM lockbox_sync_groups WHERE group_id = $1", [.text(group)]
+            ).first)
+        return (try PostgresConnection.integer(row[0]), try PostgresConnection.bytes(row[1]))
+    }
+
+    func putGroupHead(_ group: String, _ head: (counter: Int64, head: [UInt8])) throws {
+        try PostgresConnection(try testDatabase()).execute(
+            "UPDATE lockbox_sync_groups SET counter = $2, head = $3 WHERE group_id = $1", [.text(group), .integer(head.counter), .bytes(head.head)])
+    }
+
+    func putRecord(_ group: String, _ id: String, version: Int64, payload: [UInt8]) throws {
+        try PostgresConnection(try testDatabase()).execute(
+            "UPDATE lockbox_sync_items SET version = $3, payload = $4 WHERE group_id = $1 AND item_id = $2",
+            [.text(group), .text(id), .integer(version), .bytes(payload)])
+    }
+
+    func stateOf(_ group: SyncGroup) throws -> SyncState {
+        try SyncState(path: group.statePath, device: group.device.id, key: group.device.stateKey)
+    }
+
+    @Test("The group row put back to the head a device verified, another device's newer record kept: the device's push is refused, not taken for in step, and its state does not move")
+    func pushOverRolledBackHead() throws {
+        let (groups, machines) = try threeMachines()
+        let group = groups[0].groupID
+        try machines[0].add("x.example", "user", "x1")
+        for syncing in groups { try syncing.sync() }
+        let verified = try groupHead(group)
+        tick()
+        try machines[1].set("x.example", "user", "x2 from B")
+        try groups[1].sync()
+        let honest = try groupHead(group)
+        try putGroupHead(group, verified)
+        tick()
+        try machines[0].set("x.example", "user", "x3 from A")
+        let error = #expect(throws: LockboxError.self) { try groups[0].sync() }
+        #expect(error?.code == .decode)
+        #expect(try stateOf(groups[0]).cursor == verified.counter)
+        // Nothing A wrote: the others still sync, and once the row is honest again A's edit,
+        // the later one, reaches them.
+        try putGroupHead(group, honest)
+        #expect(try groups[0].sync().pushed == 1)
+        for syncing in groups { try syncing.sync() }
+        for machine in machines {
+            #expect(try machine.value("x.example", "user") == "x3 from A")
+            #expect(try machine.verify())
+        }
+    }
+
+    @Test("A push whose state was not saved (a crash) meets the group row put back under its own record: the record above the head is refused, the change is not taken for pushed, and reaches the others once the row is honest")
+    func recordAboveHead() throws {
+        let (groups, machines) = try threeMachines()
+        let group = groups[0].groupID
+        try machines[0].add("x.example", "user", "x1")
+        for syncing in groups { try syncing.sync() }
+        let verified = try groupHead(group)
+        let id = try itemID(groups[0], machines[0], "x.example")
+        let old = try #require(try storedRecords(group).first { $0.id == id })
+        let before = try copyState(groups[0].statePath)
+        tick()
+        try machines[0].set("x.example", "user", "x2")
+        try groups[0].sync()
+        // As if A died before its push's state commit; the administrator puts the group row
+        // back to the head A verified, keeping A's new record.
+        try restoreState(before, at: groups[0].statePath)
+        try putGroupHead(group, verified)
+        let error = #expect(throws: LockboxError.self) { try groups[0].sync() }
+        #expect(error?.code == .decode)
+        // The administrator hides the new record too (the old one back): A writes its change
+        // again, and it reaches the others.
+        try putRecord(group, id, version: old.version, payload: old.payload)
+        #expect(try groups[0].sync().pushed == 1)
+        for syncing in groups.dropFirst() { try syncing.sync() }
+        for machine in machines { #expect(try machine.value("x.example", "user") == "x2") }
+    }
+
+    @Test("A push undone by the administrator before the pull of the same sync (the group row put back below what the push wrote) is an error, not a silent loss")
+    func pushUndoneBeforePull() throws {
+        let (groups, machines) = try threeMachines()
+        let group = groups[0].groupID
+        try machines[0].add("x.example", "user", "x1")
+        for syncing in groups { try syncing.sync() }
+        try machines[2].add("y.example", "user", "y1")
+        try groups[2].sync()
+        let beforePush = try groupHead(group)
+        let id = try itemID(groups[0], machines[0], "x.example")
+        let old = try #require(try storedRecords(group).first { $0.id == id })
+        tick()
+        try machines[0].set("x.example", "user", "x2")
+        let connection = try PostgresConnection(try testDatabase())
+        let state = try stateOf(groups[0])
+        var report = SyncGroup.Report()
+        // Not in step (C wrote since A's last pull): the pull must fetch, and finds the push undone.
+        let floor = try groups[0].push(connection, state: state, report: &report)
+        #expect(report.pushed == 1)
+        #expect(floor > beforePush.counter)
+        try putGroupHead(group, beforePush)
+        try putRecord(group, id, version: old.version, payload: old.payload)
+        let error = #expect(throws: LockboxError.self) { try groups[0].pull(connection, state: state, report: &report, floor: floor) }
+        #expect(error?.code == .decode)
+        #expect(error?.message.contains("rolled back") == true)
+    }
+}

@@ -102,11 +102,24 @@ func threeMachines() throws -> (groups: [SyncGroup], machines: [Machine]) {
     return (groups, machines)
 }
 
-/// Puts back a copy of a sync state taken after a sync (SQLite folds its log into the file when
-/// the last connection closes, so the file alone is the whole state).
-func restoreState(_ data: Data?, at path: String) throws {
+/// A copy of a sync state: its file and its write-ahead log (the state keeps its log when its
+/// connection closes, so the file alone may be an older state, or an empty one).
+struct StateCopy {
+    let file: Data
+    let log: Data?
+}
+
+/// The sync state at `path` as it is now.
+func copyState(_ path: String) throws -> StateCopy {
+    StateCopy(file: try Data(contentsOf: URL(fileURLWithPath: path)), log: try? Data(contentsOf: URL(fileURLWithPath: path + "-wal")))
+}
+
+/// Puts back a copy of a sync state (``copyState(_:)``); nil removes the state.
+func restoreState(_ copy: StateCopy?, at path: String) throws {
     for suffix in ["-wal", "-shm"] { try? FileManager.default.removeItem(atPath: path + suffix) }
-    if let data { try data.write(to: URL(fileURLWithPath: path)) } else { try FileManager.default.removeItem(atPath: path) }
+    guard let copy else { return try FileManager.default.removeItem(atPath: path) }
+    try copy.file.write(to: URL(fileURLWithPath: path))
+    if let log = copy.log { try log.write(to: URL(fileURLWithPath: path + "-wal")) }
 }
 
 /// A later modification time than anything before it (the rule compares milliseconds).
@@ -341,7 +354,7 @@ struct SyncTests {
         let (groups, machines) = try threeMachines()
         try machines[0].add("a.example", "one", "1")
         try groups[0].sync()
-        let before = try Data(contentsOf: URL(fileURLWithPath: groups[0].statePath))
+        let before = try copyState(groups[0].statePath)
         try machines[0].add("b.example", "two", "2")
         try machines[0].set("a.example", "one", "1b")
         let counter = { () throws -> String? in
@@ -365,7 +378,7 @@ struct SyncTests {
     func crashDuringPull() throws {
         let (groups, machines) = try threeMachines()
         try groups[1].sync()
-        let empty = try Data(contentsOf: URL(fileURLWithPath: groups[1].statePath))
+        let empty = try copyState(groups[1].statePath)
         try machines[0].add("p.example", "one", "1")
         try machines[0].add("p.example", "two", "2")
         try groups[0].sync()
