@@ -121,6 +121,13 @@ package final class PostgresConnection {
         guard PQstatus(connection) == CONNECTION_OK else {
             let reason = Self.message(connection)
             PQfinish(connection)
+            if reason.contains("certificate") {
+                throw LockboxError(
+                    .notAvailable,
+                    "The sync database's TLS certificate was not accepted (\(reason)). The certificate must be signed by the CA "
+                        + "the connection string names (sslrootcert=FILE; else ~/.postgresql/root.crt or the system's CAs) and name "
+                        + "the host connected to. The local keychain is unaffected.")
+            }
             throw LockboxError(
                 .notAvailable,
                 "Cannot reach the sync database (\(reason)). The local keychain is unaffected; check the connection string and that the server runs, then sync again.")

@@ -56,6 +56,7 @@ struct SyncTransportTests {
         let error = #expect(throws: LockboxError.self) { try PostgresConnection(otherCA) }
         #expect(error?.code == .notAvailable)
         #expect(error?.message.contains("certificate verify failed") == true, "\(error?.message ?? "")")
+        #expect(error?.message.contains("sslrootcert=FILE") == true, "the error says how to name the CA")
         let wrongName = conninfo.replacingOccurrences(of: "host=localhost", with: "host=wrong.example")
         #expect(wrongName != conninfo)
         let nameError = #expect(throws: LockboxError.self) { try PostgresConnection(wrongName) }
