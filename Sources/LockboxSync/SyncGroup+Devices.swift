@@ -208,7 +208,6 @@ extension SyncGroup {
             // every record already: the state records the new versions, and the next pull
             // fetches nothing).
             var inStep: VerifiedHead?
-            var written: Int64 = 0
             try connection.transaction { () throws(LockboxError) in
                 let group = try connection.execute(
                     "SELECT counter, key_epoch, head FROM lockbox_sync_groups WHERE group_id = $1 FOR UPDATE", [.text(groupID)])
@@ -216,8 +215,6 @@ extension SyncGroup {
                     throw LockboxError(.io, "The sync group's key changed meanwhile (another device was removed). Try again.")
                 }
                 var counter = try PostgresConnection.integer(row[0])
-                // Below what this device found or wrote: rolled back.
-                guard counter >= max(state.cursor, state.floor) else { throw rolledBack() }
                 let oldHead = try SyncHead.open(
                     try row[2].map { text throws(LockboxError) in try PostgresConnection.bytes(text) }, counter: counter, group: groupID,
                     keys: old)
@@ -288,18 +285,16 @@ extension SyncGroup {
                 stepped?.counter = counter
                 stepped?.accumulator = head.accumulator
                 inStep = stepped
-                written = counter
             }
             try install(new)
-            var changes = SyncState.Changes()
-            changes.floor = written
             if let inStep {
+                var changes = SyncState.Changes()
                 changes.cursor = inStep.counter
                 changes.accumulator = inStep.accumulator
                 changes.replacesVerified = true
                 changes.verified = inStep.listed
+                try state.commit(changes)
             }
-            try state.commit(changes)
         }
     }
 

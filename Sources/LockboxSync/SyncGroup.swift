@@ -457,7 +457,7 @@ public final class SyncGroup: Sendable {
         // written again.
         var pending = SyncState.Changes()
         var inStep = VerifiedHead(of: state)
-        var floor = max(state.cursor, state.floor)
+        var floor = state.cursor
         for start in stride(from: 0, to: found.toRead.count, by: Self.pushBatch) {
             var changes: [(id: String, record: SyncRecord)] = []
             let batch = found.toRead[start..<min(start + Self.pushBatch, found.toRead.count)]
@@ -512,9 +512,6 @@ public final class SyncGroup: Sendable {
             pending.replacesVerified = inStep.replacesAll
             for (id, listed) in inStep.listed { pending.verified[id] = listed }
         }
-        // Kept: a head below what this push found or wrote, met by a later sync, was rolled back
-        // (the database undid this device's writes before anyone pulled them).
-        if floor > state.floor { pending.floor = floor }
         try state.commit(pending)
         return floor
     }
@@ -856,7 +853,7 @@ public final class SyncGroup: Sendable {
         // Records above what the last verified head covered; all of them when this device has
         // verified none yet.
         let from = state.accumulator == nil ? 0 : cursor
-        let (head, rows) = try fetchRecords(connection, above: from, cursor: max(cursor, floor, state.floor), keys: keys)
+        let (head, rows) = try fetchRecords(connection, above: from, cursor: max(cursor, floor), keys: keys)
         let counter = head.counter
         timer.timings.records = rows.count
         timer.lap(\.fetch)

@@ -13,8 +13,7 @@ import Glibc
 ///
 /// - `progress`: how far this device has pulled (`cursor`, a database version) and pushed
 ///   (`generation`, the vault's write generation its last push covered), the digest of the
-///   last head it verified, how many vault rows it knows, and its *floor* (the highest
-///   counter it found or left under the group row's lock: a head below it was rolled back).
+///   last head it verified, and how many vault rows it knows.
 /// - Per item (opaque identifier): its *entry*, the last version this device saw or wrote (its
 ///   stamp, content digest and whether it is a tombstone); the version and head element
 ///   (``SyncHead``) of its record as the last verified head lists it (a pull checks what it
@@ -68,10 +67,10 @@ final class SyncState {
         var isEmpty: Bool { entry == nil && listed == nil && reference == nil }
     }
 
-    /// The format this build writes (`PRAGMA user_version`): 4, buckets whose MACs are also listed
-    /// in `mac_groups`, each group's row digested in the progress, which also holds a floor.
-    /// (0: the first format; 2: buckets alone; 3: no floor.)
-    static let format = 4
+    /// The format this build writes (`PRAGMA user_version`): 3, buckets whose MACs are also listed
+    /// in `mac_groups`, each group's row digested in the progress. (0: the first format; 2:
+    /// buckets alone.)
+    static let format = 3
     /// Buckets of items: about 12 items (3 KiB) each at 100,000, so that a pull of ten changes
     /// rewrites about as many bytes as ten rows per record did.
     static let itemBucketCount = 8192
@@ -90,10 +89,6 @@ final class SyncState {
     /// The digest of the head at `cursor` this device verified; nil before its first verified
     /// pull (or in a state from before heads): the next pull then starts from version 0.
     private(set) var accumulator: [UInt8]?
-    /// The highest counter this device found or left under the group row's lock (a push, a
-    /// removal), which may be above `cursor`: a head below it was rolled back, even one above
-    /// the cursor (the database undid a write of this device that nobody pulled).
-    private(set) var floor: Int64 = 0
     /// Buckets read and verified so far (or written by this object), by index, while no other
     /// connection has written the file (`PRAGMA data_version` still `cachedVersion`).
     private var itemBuckets: [Int: [String: ItemRecord]] = [:]
@@ -135,7 +130,6 @@ final class SyncState {
             cursor = progress.cursor
             generation = progress.generation
             accumulator = progress.accumulator
-            floor = progress.floor
         } else {
             cursor = 0
             generation = 0
@@ -177,16 +171,13 @@ final class SyncState {
                 CREATE TABLE IF NOT EXISTS progress (
                     id INTEGER PRIMARY KEY CHECK (id = 1), device TEXT NOT NULL, cursor INTEGER NOT NULL,
                     generation INTEGER NOT NULL, mac BLOB NOT NULL, accumulator BLOB, row_count INTEGER NOT NULL DEFAULT 0,
-                    buckets BLOB, floor INTEGER NOT NULL DEFAULT 0);
+                    buckets BLOB);
                 CREATE TABLE IF NOT EXISTS item_buckets (bucket INTEGER PRIMARY KEY, body BLOB NOT NULL, mac BLOB NOT NULL);
                 CREATE TABLE IF NOT EXISTS row_buckets (bucket INTEGER PRIMARY KEY, body BLOB NOT NULL, mac BLOB NOT NULL);
                 CREATE TABLE IF NOT EXISTS mac_groups (grp INTEGER PRIMARY KEY, macs BLOB NOT NULL);
                 """)
             if try !hasColumn("buckets", of: "progress", database) {
                 try database.execute("ALTER TABLE progress ADD COLUMN buckets BLOB")
-            }
-            if try !hasColumn("floor", of: "progress", database) {
-                try database.execute("ALTER TABLE progress ADD COLUMN floor INTEGER NOT NULL DEFAULT 0")
             }
             if firstFormat {
                 try convertFirstFormat(database, key: key)
@@ -314,23 +305,17 @@ final class SyncState {
         /// Each group of buckets' digest (``BucketDirectory``): a bucket removed, or an older copy
         /// put back, no longer matches its group's.
         var buckets: [UInt8]
-        /// ``SyncState/floor`` (0 in a state of format 3 and before).
-        var floor: Int64 = 0
     }
 
-    /// A progress without a floor has format 3's MAC, so that a state of format 3 reads as it
-    /// is; one with a floor has a MAC of its own, which binds it: setting the floor back to 0
-    /// (or any other value) breaks the MAC.
     private static func progressMAC(_ progress: Progress, key: SecretBytes) -> [UInt8] {
         var encoder = FieldEncoder()
-        encoder.string(progress.floor == 0 ? "lockbox.sync.state.progress.v5" : "lockbox.sync.state.progress.v6")
+        encoder.string("lockbox.sync.state.progress.v5")
         encoder.string(progress.device)
         encoder.integer(Int(progress.cursor))
         encoder.integer(progress.generation)
         encoder.integer(progress.rows)
         encoder.bytes(progress.accumulator)
         encoder.bytes(progress.buckets)
-        if progress.floor != 0 { encoder.integer(Int(progress.floor)) }
         return Crypto.keyedDigest(encoder.bytes, key: key)
     }
 
@@ -752,16 +737,13 @@ final class SyncState {
     private static func readProgress(
         _ database: Database, key: SecretBytes, authenticated: (Progress, SecretBytes) -> [UInt8] = { progressMAC($0, key: $1) }
     ) throws(LockboxError) -> Progress? {
-        // Before the conversion to format 4 (which reads the progress of format 2), no floor.
-        let floor = try hasColumn("floor", of: "progress", database) ? "floor" : "0"
         let statement = try database.statement(
-            "SELECT device, cursor, generation, mac, accumulator, row_count, buckets, \(floor) FROM progress WHERE id = 1")
+            "SELECT device, cursor, generation, mac, accumulator, row_count, buckets FROM progress WHERE id = 1")
         defer { statement.reset() }
         guard try statement.step() else { return nil }
         let progress = Progress(
             device: statement.text(0) ?? "", cursor: Int64(statement.integer(1) ?? -1), generation: statement.integer(2) ?? -1,
-            accumulator: statement.blob(4), rows: statement.integer(5) ?? -1, buckets: statement.blob(6) ?? [],
-            floor: Int64(statement.integer(7) ?? -1))
+            accumulator: statement.blob(4), rows: statement.integer(5) ?? -1, buckets: statement.blob(6) ?? [])
         guard let mac = statement.blob(3), SyncHead.equal(mac, authenticated(progress, key)) else {
             throw LockboxError.integrity("The sync state \(database.path)")
         }
@@ -770,7 +752,7 @@ final class SyncState {
 
     private static func writeProgress(_ progress: Progress, _ database: Database, key: SecretBytes) throws(LockboxError) {
         let statement = try database.statement(
-            "INSERT OR REPLACE INTO progress (id, device, cursor, generation, mac, accumulator, row_count, buckets, floor) VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?)")
+            "INSERT OR REPLACE INTO progress (id, device, cursor, generation, mac, accumulator, row_count, buckets) VALUES (1, ?, ?, ?, ?, ?, ?, ?)")
         defer { statement.reset() }
         statement.bind(1, progress.device)
         statement.bind(2, Int(progress.cursor))
@@ -779,7 +761,6 @@ final class SyncState {
         statement.bind(5, progress.accumulator)
         statement.bind(6, progress.rows)
         statement.bind(7, progress.buckets)
-        statement.bind(8, Int(progress.floor))
         try statement.run()
     }
 
@@ -975,8 +956,6 @@ final class SyncState {
         /// for an item's row once per change.
         private var holders: [String: Set<Data>] = [:]
         var cursor: Int64?
-        /// A new ``SyncState/floor`` (kept when nil, and never lowered).
-        var floor: Int64?
 
         /// Records what the vault row `reference` holds now: an item, nil for a row that does
         /// not sync, `.none` for a row gone.
@@ -1000,7 +979,6 @@ final class SyncState {
         func changesNothing(of state: SyncState) -> Bool {
             entries.isEmpty && verified.isEmpty && !replacesVerified && rows.isEmpty && (cursor ?? state.cursor) == state.cursor
                 && (generation ?? state.generation) == state.generation && (accumulator ?? state.accumulator) == state.accumulator
-                && (floor ?? state.floor) <= state.floor
         }
     }
 
@@ -1083,8 +1061,7 @@ final class SyncState {
                 try Self.writeProgress(
                     Progress(
                         device: device, cursor: changes.cursor ?? cursor, generation: changes.generation ?? generation,
-                        accumulator: changes.accumulator ?? accumulator, rows: knownRows, buckets: try directory.sealed(),
-                        floor: max(changes.floor ?? floor, floor)), database, key: key)
+                        accumulator: changes.accumulator ?? accumulator, rows: knownRows, buckets: try directory.sealed()), database, key: key)
                 try beforeCommitting()
                 written = directory
             }
@@ -1104,7 +1081,6 @@ final class SyncState {
             database.truncateWriteAheadLog()
         }
         if let cursor = changes.cursor { self.cursor = cursor }
-        if let floor = changes.floor { self.floor = max(self.floor, floor) }
         if let generation = changes.generation { self.generation = generation }
         if let accumulator = changes.accumulator { self.accumulator = accumulator }
     }
@@ -1208,6 +1184,5 @@ final class SyncState {
         cursor = 0
         generation = 0
         accumulator = nil
-        floor = 0
     }
 }

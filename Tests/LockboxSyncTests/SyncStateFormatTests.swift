@@ -360,32 +360,6 @@ struct SyncStateFormatTests {
         #expect(try Self.userVersion(edited) == 2)
     }
 
-    @Test("A state of format 3 (no floor) opens as it is, is converted, and then keeps a floor bound by its MAC")
-    func thirdFormatGetsAFloor() throws {
-        let (directory, path) = try Self.copyOfFixture()
-        _ = directory
-        _ = try SyncState(path: path, device: Self.device, key: Self.key)
-        try Database(path: path, create: false).execute("ALTER TABLE progress DROP COLUMN floor; PRAGMA user_version = 3")
-        #expect(try Self.userVersion(path) == 3)
-        let state = try SyncState(path: path, device: Self.device, key: Self.key)
-        try Self.expectFixtureContent(state)
-        #expect(state.floor == 0)
-        #expect(try Self.userVersion(path) == SyncState.format)
-        var changes = SyncState.Changes()
-        changes.floor = 990
-        try state.commit(changes)
-        let reread = try SyncState(path: path, device: Self.device, key: Self.key)
-        #expect(reread.floor == 990)
-        try Self.expectFixtureContent(reread)
-        // Never lowered by a commit; set back in the file, refused.
-        changes.floor = 5
-        try reread.commit(changes)
-        #expect(try SyncState(path: path, device: Self.device, key: Self.key).floor == 990)
-        try Database(path: path, create: false).execute("UPDATE progress SET floor = 0")
-        let error = #expect(throws: LockboxError.self) { _ = try SyncState(path: path, device: Self.device, key: Self.key) }
-        #expect(error?.code == .decode)
-    }
-
     @Test("Two connections writing items of one bucket: each commit keeps what the other wrote")
     func concurrentWritersKeepEachOther() throws {
         let directory = TemporaryDirectory("lockbox-sync-state")

@@ -3,7 +3,6 @@ import Lockbox
 import LockboxTestSupport
 import LockboxVault
 import Testing
-import VaultStorage
 
 @testable import LockboxSync
 
@@ -410,38 +409,6 @@ extension SyncTests {
         #expect(try groups[0].sync().pushed == 1)
         for syncing in groups.dropFirst() { try syncing.sync() }
         for machine in machines { #expect(try machine.value("x.example", "user") == "x2") }
-    }
-
-    @Test("A push whose sync stopped before its pull, then undone by the administrator, is found by the device's next sync: the state keeps the counter the push left, bound by its MAC")
-    func pushUndoneAfterItsSync() throws {
-        let (groups, machines) = try threeMachines()
-        let group = groups[0].groupID
-        try machines[0].add("x.example", "user", "x1")
-        for syncing in groups { try syncing.sync() }
-        try machines[2].add("y.example", "user", "y1")
-        try groups[2].sync()
-        let beforePush = try groupHead(group)
-        let id = try itemID(groups[0], machines[0], "x.example")
-        let old = try #require(try storedRecords(group).first { $0.id == id })
-        tick()
-        try machines[0].set("x.example", "user", "x2")
-        // The push alone (as a sync cut off after it): its state is saved, with what it wrote.
-        var report = SyncGroup.Report()
-        let floor = try groups[0].push(try PostgresConnection(try testDatabase()), state: try stateOf(groups[0]), report: &report)
-        #expect(report.pushed == 1)
-        #expect(try stateOf(groups[0]).floor == floor)
-        #expect(try stateOf(groups[0]).cursor < floor)
-        try putGroupHead(group, beforePush)
-        try putRecord(group, id, version: old.version, payload: old.payload)
-        let error = #expect(throws: LockboxError.self) { try groups[0].sync() }
-        #expect(error?.code == .decode)
-        #expect(error?.message.contains("rolled back") == true)
-
-        // The floor set back to 0 in the state file: the state's MAC no longer holds.
-        let database = try Database(path: groups[0].statePath, create: false)
-        try database.execute("UPDATE progress SET floor = 0")
-        let edited = #expect(throws: LockboxError.self) { try stateOf(groups[0]) }
-        #expect(edited?.code == .decode)
     }
 
     @Test("A push undone by the administrator before the pull of the same sync (the group row put back below what the push wrote) is an error, not a silent loss")
