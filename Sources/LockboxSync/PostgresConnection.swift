@@ -121,12 +121,20 @@ package final class PostgresConnection {
         guard PQstatus(connection) == CONNECTION_OK else {
             let reason = Self.message(connection)
             PQfinish(connection)
-            if reason.contains("certificate") {
+            if reason.contains("certificate verify failed") || reason.contains("does not match host name") {
                 throw LockboxError(
                     .notAvailable,
                     "The sync database's TLS certificate was not accepted (\(reason)). The certificate must be signed by the CA "
                         + "the connection string names (sslrootcert=FILE; else ~/.postgresql/root.crt or the system's CAs) and name "
                         + "the host connected to. The local keychain is unaffected.")
+            }
+            if reason.contains("root certificate file") || reason.contains("host name must be specified") {
+                throw LockboxError(
+                    .notAvailable,
+                    "The sync database's server cannot be verified (\(reason)). A server elsewhere is reached with TLS verified "
+                        + "unless the connection string says otherwise: give its host name (host=NAME, as its certificate names it) "
+                        + "and its CA (sslrootcert=FILE, or install ca-certificates), or choose sslmode=... explicitly. "
+                        + "The local keychain is unaffected.")
             }
             throw LockboxError(
                 .notAvailable,
@@ -178,15 +186,15 @@ package final class PostgresConnection {
     static let systemCertificates = "/etc/ssl/certs/ca-certificates.crt"
 
     /// Whether every host the connection may use is on this machine: a Unix socket (none named,
-    /// or a directory), `localhost`, or a loopback address. A host name decides over its
-    /// `hostaddr` (the name is what the certificate is checked against).
+    /// or a directory), `localhost`, or a loopback address, both as named (`host`, what the
+    /// certificate is checked against) and as reached (`hostaddr`, when given).
     static func isLocal(_ given: [String: String], environment: (String) -> String?) -> Bool {
         func value(_ keyword: String, _ variable: String) -> String {
             if let value = given[keyword], !value.isEmpty { return value }
             return environment(variable) ?? ""
         }
-        let hosts = value("host", "PGHOST")
-        let names = (hosts.isEmpty ? value("hostaddr", "PGHOSTADDR") : hosts).split(separator: ",", omittingEmptySubsequences: false)
+        let names = value("host", "PGHOST").split(separator: ",", omittingEmptySubsequences: false)
+            + value("hostaddr", "PGHOSTADDR").split(separator: ",", omittingEmptySubsequences: true)
         return names.allSatisfy { name in
             let host = name.trimmingCharacters(in: .whitespaces)
             if host.isEmpty || host.hasPrefix("/") || host.hasPrefix("@") || host.lowercased() == "localhost" { return true }

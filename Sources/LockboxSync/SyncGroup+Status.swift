@@ -63,6 +63,9 @@ extension SyncGroup {
                 status.keyEpoch = keys.epoch
                 let devices = try devices(connection)
                 status.devices = devices
+                // A group row below what this device verified: the sync would be refused.
+                let counter = try connection.execute("SELECT counter FROM lockbox_sync_groups WHERE group_id = $1", [.text(groupID)])
+                if let row = counter.first, try PostgresConnection.integer(row[0]) < state.cursor { throw rolledBack() }
                 let pending = try connection.execute(
                     "SELECT count(*) FROM lockbox_sync_items WHERE group_id = $1 AND version > $2", [.text(groupID), .integer(state.cursor)])
                 status.pendingRemoteVersions = Int(try PostgresConnection.integer(pending.first?[0] ?? nil))

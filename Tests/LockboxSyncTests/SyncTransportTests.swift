@@ -94,12 +94,16 @@ struct SyncTransportTests {
         for local in [[:], ["host": "localhost"], ["host": "/run/postgresql"], ["host": "127.0.0.1"], ["host": "::1"], ["hostaddr": "127.0.0.2"]] {
             #expect(PostgresConnection.transportDefaults(local, environment: nothingSet).isEmpty, "\(local)")
         }
-        for remote in [["hostaddr": "10.0.0.5"], ["host": "localhost,db.example.com"], ["host": "192.0.2.1", "hostaddr": "127.0.0.1"]] {
+        for remote in [
+            ["hostaddr": "10.0.0.5"], ["host": "localhost,db.example.com"], ["host": "192.0.2.1", "hostaddr": "127.0.0.1"],
+            ["host": "localhost", "hostaddr": "203.0.113.5"],
+        ] {
             #expect(PostgresConnection.transportDefaults(remote, environment: nothingSet).first?.1 == "verify-full", "\(remote)")
         }
         #expect(PostgresConnection.transportDefaults(["host": "db.example.com", "sslmode": "disable"], environment: nothingSet).isEmpty)
         #expect(PostgresConnection.transportDefaults(["host": "db.example.com", "service": "sync"], environment: nothingSet).isEmpty)
         #expect(PostgresConnection.transportDefaults(["host": "db.example.com"], environment: { $0 == "PGSSLMODE" ? "disable" : nil }).isEmpty)
+        #expect(PostgresConnection.transportDefaults(["host": "localhost"], environment: { $0 == "PGHOSTADDR" ? "203.0.113.5" : nil }).first?.1 == "verify-full")
         #expect(PostgresConnection.transportDefaults(["host": "db.example.com", "sslrootcert": "/ca.pem"], environment: nothingSet).count == 1)
 
         // An explicit choice is kept, and shown for what it is.
