@@ -356,30 +356,10 @@ public final class SyncGroup: Sendable {
             try catchUpKeys(connection)
             let state = try SyncState(path: statePath, device: device.id, key: device.stateKey)
             var report = Report()
-            // A push writes only on top of the head this device verified: when another device
-            // wrote since, it stops before writing and the records are pulled (and checked)
-            // first, then it runs again.
-            for _ in 0..<Self.pushAttempts {
-                let pushed = try push(connection, state: state, report: &report)
-                try pull(connection, state: state, report: &report)
-                if pushed == .pushed { return report }
-            }
-            throw LockboxError(
-                .io,
-                "Other devices of the sync group wrote during each of this sync's \(Self.pushAttempts) attempts to push. Nothing was lost; sync again.")
+            let written = try push(connection, state: state, report: &report)
+            try pull(connection, state: state, report: &report, floor: written)
+            return report
         }
-    }
-
-    /// Pushes a sync tries, each after a pull, while other devices keep writing first.
-    static let pushAttempts = 5
-
-    /// How a push ended.
-    enum PushOutcome: Equatable {
-        /// Every change written (or found written), the state saved.
-        case pushed
-        /// Another device wrote since this device's verified head: the push stopped before
-        /// writing more, having saved what it wrote; pull, then push again.
-        case behind
     }
 
     static func isEligible(_ item: Item) -> Bool {
@@ -463,15 +443,11 @@ public final class SyncGroup: Sendable {
     /// Rows read and pushed per database transaction: bounds the values held in guarded memory.
     static let pushBatch = 500
 
-    /// Writes this vault's changes since the last push, each batch on top of the head this
-    /// device verified (*in step*): the head after the push is the verified one plus what it
-    /// wrote, and the state records it as verified. A batch that finds another head (another
-    /// device wrote) writes nothing, and the push ends `.behind`, with what it wrote saved.
+    /// - Returns: the highest counter this push found or left under the group row's lock: a
+    ///   head below it, seen later, was rolled back.
     @discardableResult
-    func push(_ connection: PostgresConnection, state: SyncState, report: inout Report) throws(LockboxError) -> PushOutcome {
+    func push(_ connection: PostgresConnection, state: SyncState, report: inout Report) throws(LockboxError) -> Int64 {
         try establishHead(connection, state: state)
-        // A state that pulled before heads has none to write on: it pulls first.
-        guard var inStep = VerifiedHead(of: state) else { return .behind }
         let found = try localChanges(state: state)
         report.examined = found.toRead.count
         var former = Set(found.gone.values.compactMap { $0 })
@@ -480,30 +456,23 @@ public final class SyncGroup: Sendable {
         // comparing only, as a record the database already holds with the same stamp is not
         // written again.
         var pending = SyncState.Changes()
-        /// Saves what the batches written so far did (not the generation: the next push reads
-        /// the rows again, and finds those already written).
-        func saveBehind() throws(LockboxError) -> PushOutcome {
-            record(inStep, in: &pending, state: state)
-            try state.commit(pending)
-            return .behind
-        }
+        var inStep = VerifiedHead(of: state)
+        var floor = state.cursor
         for start in stride(from: 0, to: found.toRead.count, by: Self.pushBatch) {
             var changes: [(id: String, record: SyncRecord)] = []
             let batch = found.toRead[start..<min(start + Self.pushBatch, found.toRead.count)]
             let read = try readLocal(batch)
-            // This batch's changes to the state, kept only once it is written.
-            var batchPending = pending
             try state.inSnapshot { () throws(LockboxError) in
                 for reference in batch {
                     if case .some(.some(let old)) = try state.row(reference) { former.insert(old) }
                     guard let local = read[reference] else {
-                        batchPending.setRow(reference, .some(nil))
+                        pending.setRow(reference, .some(nil))
                         continue
                     }
                     let id = itemID(local.item)
                     produced.insert(id)
-                    batchPending.setRow(reference, .some(id))
-                    let known = try state.entry(id, after: batchPending)
+                    pending.setRow(reference, .some(id))
+                    let known = try state.entry(id, after: pending)
                     if Self.isPushed(local, known: known) { continue }
                     // Causally after the version this device had seen, whatever its clock says.
                     let modified = max(Self.milliseconds(local.item.attributes.modificationDate), (known?.stamp.modified ?? 0) + 1)
@@ -513,19 +482,16 @@ public final class SyncGroup: Sendable {
                     changes.append((id, SyncRecord(stamp: SyncStamp(modified: modified, device: device.id), item: item, contentDigest: local.digest)))
                 }
             }
-            let written = try state.inSnapshot { () throws(LockboxError) -> Bool in
-                try write(changes, connection: connection, state: state, pending: &batchPending, inStep: &inStep, report: &report)
+            try state.inSnapshot { () throws(LockboxError) in
+                try write(changes, connection: connection, state: state, pending: &pending, inStep: &inStep, floor: &floor, report: &report)
             }
-            guard written else { return try saveBehind() }
-            pending = batchPending
         }
         // Deletes: items whose row went away or now holds another item. A delete is stamped
         // with when it was made, as the vault recorded it, so that an edit made elsewhere after
         // it wins. Without a record (a row that now holds another item, a row deleted by an
         // older Lockbox, a record removed from the file), just after the version this device
         // knew: it replaces that version, and loses to any later one.
-        var withTombstones = pending
-        for (reference, _) in found.gone { withTombstones.setRow(reference, .none) }
+        for (reference, _) in found.gone { pending.setRow(reference, .none) }
         var deletedAt: [String: Int64] = [:]
         for (reference, date) in try vault.deletionTimes(of: found.gone.keys) {
             guard case .some(.some(let id)) = found.gone[reference] else { continue }
@@ -536,24 +502,18 @@ public final class SyncGroup: Sendable {
             let modified = max(deletedAt[id] ?? 0, known.stamp.modified + 1)
             tombstones.append((id, SyncRecord(stamp: SyncStamp(modified: modified, device: device.id), item: nil, contentDigest: [])))
         }
-        guard try write(tombstones, connection: connection, state: state, pending: &withTombstones, inStep: &inStep, report: &report) else {
-            return try saveBehind()
-        }
-        pending = withTombstones
+        try write(tombstones, connection: connection, state: state, pending: &pending, inStep: &inStep, floor: &floor, report: &report)
         pending.generation = found.generation
-        record(inStep, in: &pending, state: state)
+        // Nobody else wrote between this device's last verified head and its writes: the head
+        // it wrote is verified too, and the pull that follows does not fetch its own records.
+        if let inStep, inStep.counter != state.cursor {
+            pending.cursor = inStep.counter
+            pending.accumulator = inStep.accumulator
+            pending.replacesVerified = inStep.replacesAll
+            for (id, listed) in inStep.listed { pending.verified[id] = listed }
+        }
         try state.commit(pending)
-        return .pushed
-    }
-
-    /// The head a push wrote in step, as verified, with the records it wrote: the pull that
-    /// follows does not fetch them.
-    private func record(_ head: VerifiedHead, in pending: inout SyncState.Changes, state: SyncState) {
-        guard head.counter != state.cursor else { return }
-        pending.cursor = head.counter
-        pending.accumulator = head.accumulator
-        pending.replacesVerified = head.replacesAll
-        for (id, listed) in head.listed { pending.verified[id] = listed }
+        return floor
     }
 
     /// The group's head as this device verified it, carried through its own writes while
@@ -599,17 +559,15 @@ public final class SyncGroup: Sendable {
         return deleted
     }
 
-    /// Writes one batch of changes in one transaction, on top of `inStep` (the head this device
-    /// verified, with what this push wrote); a change that loses to the database's record has
-    /// that record applied here instead. Returns false, having written nothing, when the
-    /// database's head is a later one (another device wrote).
+    /// Writes one batch of changes in one transaction; a change that loses to the database's
+    /// record has that record applied here instead.
     func write(
         _ changes: [(id: String, record: SyncRecord)], connection: PostgresConnection, state: SyncState,
-        pending: inout SyncState.Changes, inStep: inout VerifiedHead, report: inout Report
-    ) throws(LockboxError) -> Bool {
-        guard !changes.isEmpty else { return true }
+        pending: inout SyncState.Changes, inStep: inout VerifiedHead?, floor: inout Int64, report: inout Report
+    ) throws(LockboxError) {
+        guard !changes.isEmpty else { return }
         var stepped = inStep
-        var behind = false
+        var seen = floor
         var written: [(id: String, record: SyncRecord)] = []
         var superseding: [(id: String, record: SyncRecord)] = []
         var writes = 0
@@ -619,16 +577,13 @@ public final class SyncGroup: Sendable {
         try connection.transaction { () throws(LockboxError) in
             // The group row's lock orders every writer of the group: versions commit in order.
             var head = try lockedHead(connection, cursor: cursor, keys: keys)
-            // Below the head this device verified or wrote: rolled back. The same counter with
-            // other records: not a head any device wrote.
-            guard head.counter >= stepped.counter else { throw rolledBack() }
-            if head.counter > stepped.counter {
-                behind = true
-                return
-            }
-            guard SyncHead.equal(stepped.accumulator, head.accumulator) else { throw SyncHead.withheld() }
+            // Below what an earlier batch of this push found or wrote: rolled back.
+            guard head.counter >= seen else { throw rolledBack() }
             let lockedCounter = head.counter
             var counter = head.counter
+            if let verified = stepped, verified.counter != counter || !SyncHead.equal(verified.accumulator, head.accumulator) {
+                stepped = nil
+            }
             // The database's records of the changed items, in one round trip.
             var existing: [String: (version: Int64, payload: String?)] = [:]
             for row in try connection.execute(
@@ -641,10 +596,13 @@ public final class SyncGroup: Sendable {
             for change in changes {
                 let known = try state.entry(change.id, after: pending)
                 var replaced: [UInt8]?
-                // The database's head is the one this device verified: each record must be the
-                // one that head lists (none for an item it does not list).
-                var listed = stepped.listed[change.id]
-                if listed == nil { listed = try state.verified(change.id) }
+                // In step, the database's head is the one this device verified: each record must
+                // be the one that head lists (none for an item it does not list).
+                var listed: SyncState.Listed?
+                if let verified = stepped {
+                    listed = verified.listed[change.id]
+                    if listed == nil { listed = try state.verified(change.id) }
+                }
                 if let row = existing[change.id] {
                     // No record is newer than the head that counts it.
                     guard row.version <= lockedCounter else { throw LockboxError.syncDatabase() }
@@ -653,7 +611,7 @@ public final class SyncGroup: Sendable {
                     // Older than what this device already saw of the item: a replay.
                     if let known, remote.stamp < known.stamp { throw rolledBack() }
                     replaced = SyncHead.element(itemID: change.id, version: row.version, record: remote, keys: keys)
-                    if listed?.version != row.version || !SyncHead.equal(listed?.element ?? [], replaced ?? []) {
+                    if stepped != nil, listed?.version != row.version || !SyncHead.equal(listed?.element ?? [], replaced ?? []) {
                         throw SyncHead.withheld()
                     }
                     if remote.stamp == change.record.stamp {
@@ -679,7 +637,7 @@ public final class SyncGroup: Sendable {
                 if let replaced { SyncHead.subtract(replaced, from: &head.accumulator) }
                 let element = SyncHead.element(itemID: change.id, version: counter, record: change.record, keys: keys)
                 SyncHead.add(element, to: &head.accumulator)
-                stepped.listed[change.id] = SyncState.Listed(version: counter, element: element)
+                stepped?.listed[change.id] = SyncState.Listed(version: counter, element: element)
                 stored.append(
                     StoredRecord(
                         id: change.id, version: counter, device: change.record.stamp.device,
@@ -692,12 +650,13 @@ public final class SyncGroup: Sendable {
             try connection.execute(
                 "UPDATE lockbox_sync_groups SET counter = $2, head = $3 WHERE group_id = $1",
                 [.text(groupID), .integer(counter), .bytes(head.sealed(group: groupID, keys: keys))])
-            stepped.counter = counter
-            stepped.accumulator = head.accumulator
+            stepped?.counter = counter
+            stepped?.accumulator = head.accumulator
+            seen = counter
         }
-        if behind { return false }
         // Committed: what this batch wrote is part of the head.
         inStep = stepped
+        floor = max(floor, seen)
         for change in written {
             pending.entries[change.id] = SyncState.Entry(
                 stamp: change.record.stamp, contentDigest: change.record.contentDigest, isTombstone: change.record.isTombstone)
@@ -714,7 +673,6 @@ public final class SyncGroup: Sendable {
                 stamp: change.record.stamp, contentDigest: change.record.contentDigest, isTombstone: change.record.isTombstone)
             report.superseded += 1
         }
-        return true
     }
 
     /// A sealed record as a push writes it to the database.
@@ -886,14 +844,16 @@ public final class SyncGroup: Sendable {
         }
     }
 
-    func pull(_ connection: PostgresConnection, state: SyncState, report: inout Report) throws(LockboxError) {
+    /// - Parameter floor: a counter the push just before found or left under the group row's
+    ///   lock: a head below it is a rollback, though above the cursor.
+    func pull(_ connection: PostgresConnection, state: SyncState, report: inout Report, floor: Int64 = 0) throws(LockboxError) {
         var timer = PhaseTimer(PullTimings())
         let cursor = state.cursor
         let keys = self.keys
         // Records above what the last verified head covered; all of them when this device has
         // verified none yet.
         let from = state.accumulator == nil ? 0 : cursor
-        let (head, rows) = try fetchRecords(connection, above: from, cursor: cursor, keys: keys)
+        let (head, rows) = try fetchRecords(connection, above: from, cursor: max(cursor, floor), keys: keys)
         let counter = head.counter
         timer.timings.records = rows.count
         timer.lap(\.fetch)

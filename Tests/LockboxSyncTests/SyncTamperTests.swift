@@ -171,8 +171,7 @@ extension SyncTests {
         try groups[0].sync()
         let connection = try PostgresConnection(try testDatabase())
         let group = groups[0].groupID
-        // Machine C's first sync: its pull fails on a damaged record, before its push (a push
-        // writes only on a head this device verified).
+        // Machine C's first sync pushes its own item, then its pull fails on a damaged record.
         let target = try #require(try storedRecords(group).first)
         var damaged = target.payload
         damaged[damaged.count - 1] ^= 1
@@ -180,11 +179,11 @@ extension SyncTests {
             "UPDATE lockbox_sync_items SET payload = $3 WHERE group_id = $1 AND item_id = $2", [.text(group), .text(target.id), .bytes(damaged)])
         try machines[2].add("own.example", "user", "own")
         #expect(throws: LockboxError.self) { try groups[2].sync() }
-        #expect(try storedRecords(group).count == 2, "a push before the first pull's check")
-        // The record put back, the other one removed with the head: C has never pulled.
+        #expect(try storedRecords(group).count == 3, "the push before the failed pull was not committed")
+        // The record put back, the other one removed with the head: C has pushed, never pulled.
         try connection.execute(
             "UPDATE lockbox_sync_items SET payload = $3 WHERE group_id = $1 AND item_id = $2", [.text(group), .text(target.id), .bytes(target.payload)])
-        let other = try #require(try storedRecords(group).first { $0.id != target.id })
+        let other = try #require(try storedRecords(group).first { $0.id != target.id && $0.version < 3 })
         try connection.execute("DELETE FROM lockbox_sync_items WHERE group_id = $1 AND item_id = $2", [.text(group), .text(other.id)])
         try connection.execute("UPDATE lockbox_sync_groups SET head = NULL WHERE group_id = $1", [.text(group)])
         let refused = #expect(throws: LockboxError.self) { try groups[2].sync() }
@@ -383,6 +382,12 @@ extension SyncTests {
             #expect(try machine.value("x.example", "user") == "x3 from A")
             #expect(try machine.verify())
         }
+        // The group row put back below what every device verified: sync status reports it, and
+        // still shows the local part.
+        try putGroupHead(group, verified)
+        let status = try groups[0].status()
+        #expect(status.databaseProblem?.contains("rolled back") == true, "\(String(describing: status.databaseProblem))")
+        #expect(status.pendingLocalChanges == 0)
     }
 
     @Test("A push whose state was not saved (a crash) meets the group row put back under its own record: the record above the head is refused, the change is not taken for pushed, and reaches the others once the row is honest")
@@ -412,14 +417,15 @@ extension SyncTests {
         for machine in machines { #expect(try machine.value("x.example", "user") == "x2") }
     }
 
-    @Test("A push behind another device's write writes nothing, and the sync pulls first; a push undone by the administrator before the pull of the same sync is refused as a rollback")
-    func pushBehindThenUndone() throws {
+    @Test("A push undone by the administrator before the pull of the same sync (the group row put back below what the push wrote) is an error, not a silent loss")
+    func pushUndoneBeforePull() throws {
         let (groups, machines) = try threeMachines()
         let group = groups[0].groupID
         try machines[0].add("x.example", "user", "x1")
         for syncing in groups { try syncing.sync() }
         try machines[2].add("y.example", "user", "y1")
         try groups[2].sync()
+        let beforePush = try groupHead(group)
         let id = try itemID(groups[0], machines[0], "x.example")
         let old = try #require(try storedRecords(group).first { $0.id == id })
         tick()
@@ -427,28 +433,14 @@ extension SyncTests {
         let connection = try PostgresConnection(try testDatabase())
         let state = try stateOf(groups[0])
         var report = SyncGroup.Report()
-        // C wrote since A's last pull: A's push writes nothing.
-        let before = try groupHead(group)
-        #expect(try groups[0].push(connection, state: state, report: &report) == .behind)
-        #expect(report.pushed == 0)
-        #expect(try groupHead(group).counter == before.counter)
-        // Pulled (and checked) first, the push is in step.
-        try groups[0].pull(connection, state: state, report: &report)
-        #expect(report.pulled == 1)
-        #expect(try machines[0].value("y.example", "user") == "y1")
-        #expect(try groups[0].push(connection, state: state, report: &report) == .pushed)
+        // Not in step (C wrote since A's last pull): the pull must fetch, and finds the push undone.
+        let floor = try groups[0].push(connection, state: state, report: &report)
         #expect(report.pushed == 1)
-        #expect(state.cursor == (try groupHead(group)).counter)
-        // The administrator undoes the push before the pull: a head below the one A wrote.
-        try putGroupHead(group, before)
+        #expect(floor > beforePush.counter)
+        try putGroupHead(group, beforePush)
         try putRecord(group, id, version: old.version, payload: old.payload)
-        let error = #expect(throws: LockboxError.self) { try groups[0].pull(connection, state: state, report: &report) }
+        let error = #expect(throws: LockboxError.self) { try groups[0].pull(connection, state: state, report: &report, floor: floor) }
         #expect(error?.code == .decode)
         #expect(error?.message.contains("rolled back") == true)
-        #expect(throws: LockboxError.self) { try groups[0].sync() }
-        // sync status says so, and still shows the local part.
-        let status = try groups[0].status()
-        #expect(status.databaseProblem?.contains("rolled back") == true, "\(String(describing: status.databaseProblem))")
-        #expect(status.pendingLocalChanges == 0)
     }
 }
