@@ -32,16 +32,7 @@ package final class PostgresConnection {
             .array(Array(elementType: 20, arrayType: 1016, values.map { value in (0..<8).reversed().map { UInt8(truncatingIfNeeded: value >> ($0 * 8)) } }))
         }
         /// A `bytea[]` parameter.
-        static func byteStrings(_ values: [[UInt8]]) -> Value { .array(Array(elementType: 17, arrayType: 1001, values)) }
-
-        var sqlText: String? {
-            switch self {
-            case .null, .array: nil
-            case .text(let text): text
-            case .integer(let value): String(value)
-            case .bytes(let bytes): "\\x" + bytes.hexString
-            }
-        }
+        static func byteStrings(_ values: [[UInt8]]) -> Value { .array(Array(elementType: byteaType, arrayType: 1001, values)) }
 
         /// An array's elements in PostgreSQL's binary array format (no nulls).
         package struct Array {
@@ -76,7 +67,7 @@ package final class PostgresConnection {
     }
 
     /// The type of a `bytea` parameter (`pg_type.oid`, fixed in PostgreSQL's catalog).
-    private static let byteaType: UInt32 = 17
+    static let byteaType: UInt32 = 17
 
     /// Seconds a connection attempt may take when neither the connection string
     /// (`connect_timeout=`) nor `PGCONNECT_TIMEOUT` says: libpq's own default is to wait
@@ -221,15 +212,7 @@ package final class PostgresConnection {
     package var transport: String {
         guard PQsslInUse(connection) == 1 else { return "not encrypted" }
         let name = PQsslAttribute(connection, "protocol").map { String(cString: $0) } ?? "TLS"
-        var mode = "prefer"
-        if let options = PQconninfo(connection) {
-            defer { PQconninfoFree(options) }
-            var option = options
-            while let keyword = option.pointee.keyword {
-                if String(cString: keyword) == "sslmode", let value = option.pointee.val { mode = String(cString: value) }
-                option += 1
-            }
-        }
+        let mode = PQconninfo(connection).flatMap { Self.values(of: $0)["sslmode"] } ?? "prefer"
         switch mode {
         case "verify-full": return "\(name), the server's certificate and name verified"
         case "verify-ca": return "\(name), the server's certificate verified, not its name (sslmode=verify-ca)"
@@ -263,14 +246,19 @@ package final class PostgresConnection {
             if let error { PQfreemem(error) }
             return nil
         }
-        defer { PQconninfoFree(parsed) }
-        var options: [String: String] = [:]
-        var option = parsed
+        return values(of: parsed)
+    }
+
+    /// The options libpq set in one of its option arrays, which this frees.
+    private static func values(of options: UnsafeMutablePointer<PQconninfoOption>) -> [String: String] {
+        defer { PQconninfoFree(options) }
+        var values: [String: String] = [:]
+        var option = options
         while let keyword = option.pointee.keyword {
-            if let value = option.pointee.val { options[String(cString: keyword)] = String(cString: value) }
+            if let value = option.pointee.val { values[String(cString: keyword)] = String(cString: value) }
             option += 1
         }
-        return options
+        return values
     }
 
     private static func message(_ connection: OpaquePointer) -> String {
@@ -386,16 +374,19 @@ package final class PostgresConnection {
             formats.append(1)
             types.append(type)
         }
+        func appendText(_ text: String?) {
+            values.append(text.flatMap { strdup($0) })
+            lengths.append(0)
+            formats.append(0)
+            types.append(0)
+        }
         for parameter in parameters {
-            if case .bytes(let bytes) = parameter {
-                try appendBinary(bytes, type: Self.byteaType)
-            } else if case .array(let array) = parameter {
-                try appendBinary(array.encoded, type: array.arrayType)
-            } else {
-                values.append(parameter.sqlText.flatMap { strdup($0) })
-                lengths.append(0)
-                formats.append(0)
-                types.append(0)
+            switch parameter {
+            case .bytes(let bytes): try appendBinary(bytes, type: Self.byteaType)
+            case .array(let array): try appendBinary(array.encoded, type: array.arrayType)
+            case .text(let text): appendText(text)
+            case .integer(let value): appendText(String(value))
+            case .null: appendText(nil)
             }
         }
         let pointers = values.map { $0.map { UnsafePointer<CChar>($0) } }

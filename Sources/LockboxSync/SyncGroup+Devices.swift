@@ -220,9 +220,7 @@ extension SyncGroup {
                     keys: old)
                 var served = SyncHead.empty.accumulator
                 var stepped = VerifiedHead(of: state)
-                if let verified = stepped, verified.counter != counter || !SyncHead.equal(verified.accumulator, oldHead.accumulator) {
-                    stepped = nil
-                }
+                if stepped?.isAt(oldHead) == false { stepped = nil }
                 let listed = try devices(connection)
                 guard listed.contains(where: { $0.id == deviceID }) else {
                     throw LockboxError(.itemNotFound, "The sync group has no device of that identifier (not shown, in case it is a secret). `lockbox sync status` lists its devices.")
@@ -288,11 +286,9 @@ extension SyncGroup {
             }
             try install(new)
             if let inStep {
+                // Every record was re-sealed: the new head lists them all.
                 var changes = SyncState.Changes()
-                changes.cursor = inStep.counter
-                changes.accumulator = inStep.accumulator
-                changes.replacesVerified = true
-                changes.verified = inStep.listed
+                inStep.record(in: &changes, replacingAll: true)
                 try state.commit(changes)
             }
         }

@@ -506,12 +506,7 @@ public final class SyncGroup: Sendable {
         pending.generation = found.generation
         // Nobody else wrote between this device's last verified head and its writes: the head
         // it wrote is verified too, and the pull that follows does not fetch its own records.
-        if let inStep, inStep.counter != state.cursor {
-            pending.cursor = inStep.counter
-            pending.accumulator = inStep.accumulator
-            pending.replacesVerified = inStep.replacesAll
-            for (id, listed) in inStep.listed { pending.verified[id] = listed }
-        }
+        if let inStep, inStep.counter != state.cursor { inStep.record(in: &pending) }
         try state.commit(pending)
         return floor
     }
@@ -528,6 +523,20 @@ public final class SyncGroup: Sendable {
         /// The verified head was the empty group's (this device had verified none, and the
         /// group had no record): the records listed are all the head holds.
         let replacesAll: Bool
+
+        /// Whether the database's `head` is this one (nobody else wrote).
+        func isAt(_ head: SyncHead) -> Bool {
+            counter == head.counter && SyncHead.equal(accumulator, head.accumulator)
+        }
+
+        /// Records this head in `changes` as the one verified, with the records it lists;
+        /// `replacingAll` when they are all it holds (else they replace only their items').
+        func record(in changes: inout SyncState.Changes, replacingAll: Bool? = nil) {
+            changes.cursor = counter
+            changes.accumulator = accumulator
+            changes.replacesVerified = replacingAll ?? replacesAll
+            for (id, listed) in listed { changes.verified[id] = listed }
+        }
 
         /// The state's verified head; the empty group's for a state that has verified none
         /// and pulled nothing (found equal to the database's only if the group is empty);
@@ -581,17 +590,15 @@ public final class SyncGroup: Sendable {
             guard head.counter >= seen else { throw rolledBack() }
             let lockedCounter = head.counter
             var counter = head.counter
-            if let verified = stepped, verified.counter != counter || !SyncHead.equal(verified.accumulator, head.accumulator) {
-                stepped = nil
-            }
+            if stepped?.isAt(head) == false { stepped = nil }
             // The database's records of the changed items, in one round trip.
-            var existing: [String: (version: Int64, payload: String?)] = [:]
-            for row in try connection.execute(
+            var existing: [String: (version: Int64, payload: [UInt8])] = [:]
+            for row in try connection.executeBinary(
                 "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 AND item_id = ANY($2::text[])",
-                [.text(groupID), .text("{" + changes.map(\.id).joined(separator: ",") + "}")])
+                [.text(groupID), .texts(changes.map(\.id))])
             {
-                guard let id = row[0] else { throw LockboxError.syncDatabase() }
-                existing[id] = (try PostgresConnection.integer(row[1]), row[2])
+                guard let id = row[0], let payload = row[2] else { throw LockboxError.syncDatabase() }
+                existing[String(decoding: id, as: UTF8.self)] = (try PostgresConnection.integer(binary: row[1]), payload)
             }
             for change in changes {
                 let known = try state.entry(change.id, after: pending)
@@ -606,8 +613,7 @@ public final class SyncGroup: Sendable {
                 if let row = existing[change.id] {
                     // No record is newer than the head that counts it.
                     guard row.version <= lockedCounter else { throw LockboxError.syncDatabase() }
-                    let remote = try SyncRecord.open(
-                        try PostgresConnection.bytes(row.payload), group: groupID, itemID: change.id, version: row.version, keys: keys)
+                    let remote = try SyncRecord.open(row.payload, group: groupID, itemID: change.id, version: row.version, keys: keys)
                     // Older than what this device already saw of the item: a replay.
                     if let known, remote.stamp < known.stamp { throw rolledBack() }
                     replaced = SyncHead.element(itemID: change.id, version: row.version, record: remote, keys: keys)

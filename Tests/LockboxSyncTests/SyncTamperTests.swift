@@ -356,12 +356,17 @@ extension SyncTests {
         try SyncState(path: group.statePath, device: group.device.id, key: group.device.stateKey)
     }
 
-    @Test("The group row put back to the head a device verified, another device's newer record kept: the device's push is refused, not taken for in step, and its state does not move")
-    func pushOverRolledBackHead() throws {
+    /// Three machines that all hold `x.example` ("x1", written by the first) and have synced it.
+    func itemSyncedEverywhere() throws -> (groups: [SyncGroup], machines: [Machine], group: String) {
         let (groups, machines) = try threeMachines()
-        let group = groups[0].groupID
         try machines[0].add("x.example", "user", "x1")
         for syncing in groups { try syncing.sync() }
+        return (groups, machines, groups[0].groupID)
+    }
+
+    @Test("The group row put back to the head a device verified, another device's newer record kept: the device's push is refused, not taken for in step, and its state does not move")
+    func pushOverRolledBackHead() throws {
+        let (groups, machines, group) = try itemSyncedEverywhere()
         let verified = try groupHead(group)
         tick()
         try machines[1].set("x.example", "user", "x2 from B")
@@ -392,10 +397,7 @@ extension SyncTests {
 
     @Test("A push whose state was not saved (a crash) meets the group row put back under its own record: the record above the head is refused, the change is not taken for pushed, and reaches the others once the row is honest")
     func recordAboveHead() throws {
-        let (groups, machines) = try threeMachines()
-        let group = groups[0].groupID
-        try machines[0].add("x.example", "user", "x1")
-        for syncing in groups { try syncing.sync() }
+        let (groups, machines, group) = try itemSyncedEverywhere()
         let verified = try groupHead(group)
         let id = try itemID(groups[0], machines[0], "x.example")
         let old = try #require(try storedRecords(group).first { $0.id == id })
@@ -419,10 +421,7 @@ extension SyncTests {
 
     @Test("A push undone by the administrator before the pull of the same sync (the group row put back below what the push wrote) is an error, not a silent loss")
     func pushUndoneBeforePull() throws {
-        let (groups, machines) = try threeMachines()
-        let group = groups[0].groupID
-        try machines[0].add("x.example", "user", "x1")
-        for syncing in groups { try syncing.sync() }
+        let (groups, machines, group) = try itemSyncedEverywhere()
         try machines[2].add("y.example", "user", "y1")
         try groups[2].sync()
         let beforePush = try groupHead(group)
