@@ -305,6 +305,7 @@ package enum Help {
                        lockbox [--keychain PATH] sync now
                        lockbox [--keychain PATH] sync remove-device DEVICE [--passphrase-stdin]
                        lockbox [--keychain PATH] sync forget-damaged-deletions
+                       lockbox [--keychain PATH] sync recover
 
                 Keeps synchronizable items the same on several machines, end-to-end encrypted,
                 through a PostgreSQL database. Pairing codes and passphrases are read from standard

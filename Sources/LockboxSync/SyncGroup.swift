@@ -811,7 +811,7 @@ public final class SyncGroup: Sendable {
         LockboxError(
             .decode,
             "The sync database is older than what this device already saw: it was rolled back or is replaying old records. "
-                + "Nothing was applied; have the database restored to its latest state.")
+                + "Nothing was applied; have the database restored to its latest state." + Self.recoveryHint)
     }
 
     /// The counter, the head and every record with a version above `from`, in one snapshot, so

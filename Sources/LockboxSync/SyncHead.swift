@@ -106,7 +106,7 @@ struct SyncHead: Equatable {
         LockboxError(
             .decode,
             "The sync database did not serve the records its head lists: records were withheld, deleted or replaced with older ones. "
-                + "Nothing was applied; have the database restored to its latest state.")
+                + "Nothing was applied; have the database restored to its latest state." + SyncGroup.recoveryHint)
     }
 }
 

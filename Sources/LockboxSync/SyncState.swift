@@ -956,6 +956,10 @@ final class SyncState {
         /// for an item's row once per change.
         private var holders: [String: Set<Data>] = [:]
         var cursor: Int64?
+        /// Forgets the verified head (its digest and every record it listed), keeping `cursor`
+        /// as the rollback bound: the next pull reads every record and checks them against the
+        /// database's head from nothing (a recovery of the database, ``SyncGroup/recoverDatabase()``).
+        var forgetsVerifiedHead = false
 
         /// Records what the vault row `reference` holds now: an item, nil for a row that does
         /// not sync, `.none` for a row gone.
@@ -977,7 +981,7 @@ final class SyncState {
         /// True when committing would write nothing new to a state at `cursor`, `generation`
         /// and `accumulator`.
         func changesNothing(of state: SyncState) -> Bool {
-            entries.isEmpty && verified.isEmpty && !replacesVerified && rows.isEmpty && (cursor ?? state.cursor) == state.cursor
+            entries.isEmpty && verified.isEmpty && !replacesVerified && !forgetsVerifiedHead && rows.isEmpty && (cursor ?? state.cursor) == state.cursor
                 && (generation ?? state.generation) == state.generation && (accumulator ?? state.accumulator) == state.accumulator
         }
     }
@@ -1022,7 +1026,7 @@ final class SyncState {
                     changedItems.insert(index)
                     return index
                 }
-                if changes.replacesVerified {
+                if changes.replacesVerified || changes.forgetsVerifiedHead {
                     for index in try directory.buckets(.items) where items[index] == nil {
                         items[index] = try Self.readItems(index, database, key: key, directory: directory)
                     }
@@ -1061,7 +1065,7 @@ final class SyncState {
                 try Self.writeProgress(
                     Progress(
                         device: device, cursor: changes.cursor ?? cursor, generation: changes.generation ?? generation,
-                        accumulator: changes.accumulator ?? accumulator, rows: knownRows, buckets: try directory.sealed()), database, key: key)
+                        accumulator: changes.forgetsVerifiedHead ? nil : changes.accumulator ?? accumulator, rows: knownRows, buckets: try directory.sealed()), database, key: key)
                 try beforeCommitting()
                 written = directory
             }
@@ -1083,6 +1087,7 @@ final class SyncState {
         if let cursor = changes.cursor { self.cursor = cursor }
         if let generation = changes.generation { self.generation = generation }
         if let accumulator = changes.accumulator { self.accumulator = accumulator }
+        if changes.forgetsVerifiedHead { self.accumulator = nil }
     }
 
     /// Starts ``commit(_:)`` of `changes` on another thread, which writes them and then waits,

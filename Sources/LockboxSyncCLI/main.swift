@@ -23,6 +23,7 @@ let usage = """
            lockbox [--keychain PATH] sync now
            lockbox [--keychain PATH] sync remove-device DEVICE [--passphrase-stdin]
            lockbox [--keychain PATH] sync forget-damaged-deletions
+           lockbox [--keychain PATH] sync recover
 
     Keeps the items marked synchronizable (and not ThisDeviceOnly) the same on several machines,
     end-to-end encrypted, through a PostgreSQL database (docs/SYNC.md). CONNINFO is a libpq
@@ -43,6 +44,10 @@ let usage = """
       Lockbox (`lockbox verify` counts them; sync refuses them). The deletes they recorded are
       then pushed as made just after the version this device knew: a later edit made on
       another device wins over them.
+    recover puts back what the database lost, after it was restored from a backup (a sync
+      then reports it rolled back, or missing records): every change this device knew that the
+      database no longer holds is written again, deletes too; then it syncs. Only a database
+      whose records add up to its signed head is taken. Run it on each device of the group.
     """
 
 enum SyncCommand {
@@ -53,6 +58,7 @@ enum SyncCommand {
     case now
     case removeDevice(String, passphrase: Bool)
     case forgetDamagedDeletions
+    case recover
     case help
 }
 
@@ -69,6 +75,7 @@ let optionsOfVerb: [String: Set<String>] = [
     "now": [],
     "remove-device": ["--passphrase-stdin"],
     "forget-damaged-deletions": [],
+    "recover": [],
 ]
 
 /// Arguments are named by their position after `sync` (the verb is 1), never by their text: a
@@ -146,6 +153,7 @@ func parse(_ arguments: [String]) throws(UsageProblem) -> (keychain: String?, co
     case "invite": return (keychain, .invite(minutes: minutes))
     case "status": return (keychain, .status(json: json))
     case "now": return (keychain, .now)
+    case "recover": return (keychain, .recover)
     default: return (keychain, .forgetDamagedDeletions)
     }
 }
@@ -322,6 +330,21 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
         let configuration = try SyncConfiguration.load(vault: vault)
         let report = try SyncGroup(configuration.group, vault: vault, database: configuration.database).sync()
         streams.print("pushed \(report.pushed), pulled \(report.pulled), superseded \(report.superseded)")
+        return .success
+    case .recover:
+        let vault = try openVault(keychain)
+        let configuration = try SyncConfiguration.load(vault: vault)
+        let recovery = try SyncGroup(configuration.group, vault: vault, database: configuration.database).recoverDatabase()
+        streams.print("checked the database's \(recovery.checked) record\(recovery.checked == 1 ? "" : "s") against its head")
+        if recovery.restored == 0 {
+            streams.print("it had lost nothing this device knew; nothing was put back")
+        } else {
+            streams.print(
+                "put back \(recovery.restored) change\(recovery.restored == 1 ? "" : "s") this device knew and the database had lost "
+                    + "(\(recovery.restoredDeletions) of them delete\(recovery.restoredDeletions == 1 ? "" : "s"))")
+        }
+        let report = recovery.sync
+        streams.print("then synced: pushed \(report.pushed), pulled \(report.pulled), superseded \(report.superseded)")
         return .success
     case .forgetDamagedDeletions:
         // The keychain's own records: no group or database needed.

@@ -1,0 +1,147 @@
+import Foundation
+import Lockbox
+import LockboxTestSupport
+import LockboxVault
+import Testing
+
+@testable import LockboxSync
+
+/// A database restored from a backup: every device that synced after the backup refuses it,
+/// and `recoverDatabase()` puts back what each knew.
+extension SyncTests {
+    /// A backup of one group's rows, as an administrator's dump would hold them, kept in
+    /// temporary tables of one connection.
+    final class DatabaseBackup {
+        let connection: PostgresConnection
+        let group: String
+
+        init(_ group: String) throws {
+            self.group = group
+            connection = try PostgresConnection(try testDatabase())
+            for table in ["lockbox_sync_groups", "lockbox_sync_items", "lockbox_sync_devices", "lockbox_sync_key_grants"] {
+                try connection.execute("CREATE TEMPORARY TABLE backup_\(table) AS SELECT * FROM \(table) WHERE group_id = $1", [.text(group)])
+            }
+        }
+
+        /// Puts the group's rows back as they were at the backup.
+        func restore() throws {
+            try connection.transaction { () throws(LockboxError) in
+                for table in ["lockbox_sync_items", "lockbox_sync_devices", "lockbox_sync_key_grants"] {
+                    try connection.execute("DELETE FROM \(table) WHERE group_id = $1", [.text(group)])
+                    try connection.execute("INSERT INTO \(table) SELECT * FROM backup_\(table)")
+                }
+                try connection.execute(
+                    """
+                    UPDATE lockbox_sync_groups g SET counter = b.counter, head = b.head FROM backup_lockbox_sync_groups b
+                    WHERE g.group_id = b.group_id
+                    """)
+            }
+        }
+    }
+
+    @Test("A database restored from a backup: the devices that synced since refuse it and name the recovery; each recovers what it knew, local changes and deletes included, and all converge")
+    func restoredDatabaseIsRecovered() throws {
+        let (groups, machines) = try threeMachines()
+        for name in ["a", "b", "c", "d"] { try machines[0].add("\(name).example", "user", "\(name)1") }
+        for group in groups { try group.sync() }
+        let backup = try DatabaseBackup(groups[0].groupID)
+        // After the backup: A edits a, adds e, deletes b; B sees that and edits c.
+        tick()
+        try machines[0].set("a.example", "user", "a2")
+        try machines[0].add("e.example", "user", "e1")
+        try machines[0].delete("b.example", "user")
+        try groups[0].sync()
+        try groups[1].sync()
+        tick()
+        try machines[1].set("c.example", "user", "c2")
+        try groups[1].sync()
+        try backup.restore()
+
+        // A and B saw later versions: a rollback, an error that names the way out.
+        for index in 0...1 {
+            let error = #expect(throws: LockboxError.self) { try groups[index].sync() }
+            #expect(error?.code == .decode)
+            #expect(error?.message.contains("lockbox sync recover") == true)
+        }
+        // C saw nothing after the backup: it syncs, and writes an offline edit.
+        tick()
+        try machines[2].set("d.example", "user", "d2")
+        try groups[2].sync()
+        // A's change made since its last push, and an item it deleted since.
+        tick()
+        try machines[0].set("a.example", "user", "a3")
+        try machines[0].delete("e.example", "user")
+
+        let first = try groups[0].recoverDatabase()
+        #expect(first.checked == 4)
+        // a (its local edit), b (deleted before the backup's loss) and e (deleted since).
+        #expect(first.restored == 3)
+        #expect(first.restoredDeletions == 2)
+        #expect(first.sync.pulled == 1)
+        #expect(try machines[0].value("d.example", "user") == "d2")
+
+        // B is now behind a history it never saw: refused, until it recovers too.
+        let behind = #expect(throws: LockboxError.self) { try groups[1].sync() }
+        #expect(behind?.code == .decode)
+        let second = try groups[1].recoverDatabase()
+        #expect(second.restored == 1)  // c2: A's records of a, b and e are as new as B knew them or newer
+        #expect(second.restoredDeletions == 0)
+
+        for group in groups + groups { try group.sync() }
+        let (late, lateMachine) = try newcomer(groups[0])
+        try late.sync()
+        for machine in machines + [lateMachine] {
+            #expect(try machine.value("a.example", "user") == "a3")
+            #expect(try machine.value("b.example", "user") == nil)
+            #expect(try machine.value("c.example", "user") == "c2")
+            #expect(try machine.value("d.example", "user") == "d2")
+            #expect(try machine.value("e.example", "user") == nil)
+            #expect(try machine.count() == 3)
+            #expect(try machine.verify())
+        }
+        // Recovered, each device verifies heads again: nothing is pending, a further
+        // recovery puts back nothing.
+        for group in groups { #expect(try group.sync().changedNothing) }
+        #expect(try groups[0].recoverDatabase().restored == 0)
+        #expect(try groups[0].sync().changedNothing)
+    }
+
+    @Test("Recovery takes only a whole database: records that do not add up to its head are refused and nothing is written")
+    func recoveryRefusesAnIncompleteDatabase() throws {
+        let (groups, machines) = try threeMachines()
+        for name in ["a", "b"] { try machines[0].add("\(name).example", "user", "\(name)1") }
+        for group in groups { try group.sync() }
+        let connection = try PostgresConnection(try testDatabase())
+        let group = groups[0].groupID
+        let id = try itemID(groups[0], machines[0], "b.example")
+        try connection.execute("DELETE FROM lockbox_sync_items WHERE group_id = $1 AND item_id = $2", [.text(group), .text(id)])
+        let before = try groupHead(group)
+        let error = #expect(throws: LockboxError.self) { try groups[1].recoverDatabase() }
+        #expect(error?.code == .decode)
+        #expect(try groupHead(group) == before)
+        #expect(try storedRecords(group).count == 1)
+        #expect(try machines[1].value("b.example", "user") == "b1")
+        // The device's verified head is kept: put back, the record syncs as before.
+        let (late, lateMachine) = try newcomer(groups[0])
+        #expect(throws: LockboxError.self) { try late.sync() }
+        #expect(try lateMachine.count() == 0)
+    }
+
+    @Test("Recovery of a database restored from before a device removal is refused with what to do; nothing is written")
+    func recoveryRefusesAnEarlierEpoch() throws {
+        let (groups, machines) = try threeMachines()
+        try machines[0].add("a.example", "user", "a1")
+        for group in groups { try group.sync() }
+        let backup = try DatabaseBackup(groups[0].groupID)
+        try groups[0].removeDevice(groups[2].deviceID)
+        try groups[1].sync()
+        try backup.connection.execute(
+            "UPDATE lockbox_sync_groups SET key_epoch = 0 WHERE group_id = $1", [.text(groups[0].groupID)])
+        try backup.restore()
+        let before = try groupHead(groups[0].groupID)
+        let error = #expect(throws: LockboxError.self) { try groups[1].recoverDatabase() }
+        #expect(error?.code == .decode)
+        #expect(error?.message.contains("earlier key epoch") == true)
+        #expect(try groupHead(groups[0].groupID) == before)
+    }
+}
