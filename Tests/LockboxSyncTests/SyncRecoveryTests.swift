@@ -144,4 +144,77 @@ extension SyncTests {
         #expect(error?.message.contains("earlier key epoch") == true)
         #expect(try groupHead(groups[0].groupID) == before)
     }
+
+    @Test("lockbox sync recover: sync now names it after a restore, it puts back what was lost and syncs; it takes no argument")
+    func recoverCommand() throws {
+        let (groups, machines) = try threeMachines()
+        try SyncCLI.configure(machines[0], group: groups[0].groupID, database: try testDatabase())
+        let canary = makeCanary("recover-cli")
+        try machines[0].add("a.example", "user", "a1")
+        for group in groups { try group.sync() }
+        let backup = try DatabaseBackup(groups[0].groupID)
+        tick()
+        try machines[0].set("a.example", "user", canary)
+        #expect(try SyncCLI.run(machines[0], ["sync", "now"]).status == 0)
+        try backup.restore()
+
+        let refused = try SyncCLI.run(machines[0], ["sync", "now"])
+        #expect(refused.status == 1 && refused.standardError.contains("-26275"))
+        #expect(refused.standardError.contains("lockbox sync recover"))
+        let status = try SyncCLI.run(machines[0], ["sync", "status"])
+        #expect(status.standardOutput.contains("lockbox sync recover"))
+        for wrong in [["sync", "recover", "now"], ["sync", "recover", "--json"], ["sync", "recover", canary]] {
+            let usage = try SyncCLI.run(machines[0], wrong)
+            #expect(usage.status == 64)
+            #expect(!usage.standardError.contains(canary))
+        }
+        let recovered = try SyncCLI.run(machines[0], ["sync", "recover"])
+        #expect(recovered.status == 0, "sync recover: \(recovered.standardError)")
+        #expect(recovered.standardOutput.contains("checked the database's 1 record against its head"))
+        #expect(recovered.standardOutput.contains("put back 1 change this device knew and the database had lost (0 of them deletes)"))
+        #expect(recovered.standardOutput.contains("then synced: pushed 0, pulled 0"))
+        #expect(!(recovered.standardOutput + recovered.standardError).contains(canary))
+        try groups[1].sync()
+        #expect(try machines[1].value("a.example", "user") == canary)
+        let again = try SyncCLI.run(machines[0], ["sync", "recover"])
+        #expect(again.standardOutput.contains("it had lost nothing this device knew; nothing was put back"))
+        #expect(try SyncCLI.run(machines[0], ["sync", "now"]).standardOutput.contains("pushed 0, pulled 0"))
+    }
+
+    @Test("A recovery cut off after the database committed, before the device saved its state, runs again: nothing is put back twice, and all converge")
+    func recoveryCutOffIsRunAgain() throws {
+        let (groups, machines) = try threeMachines()
+        for name in ["a", "b"] { try machines[0].add("\(name).example", "user", "\(name)1") }
+        for group in groups { try group.sync() }
+        let backup = try DatabaseBackup(groups[0].groupID)
+        tick()
+        try machines[0].set("a.example", "user", "a2")
+        try machines[0].add("c.example", "user", "c1")
+        try groups[0].sync()
+        try backup.restore()
+        // Changed here since the last push: an edit and a delete.
+        tick()
+        try machines[0].set("a.example", "user", "a3")
+        try machines[0].delete("c.example", "user")
+        let saved = try copyState(groups[0].statePath)
+        let first = try groups[0].recoverDatabase()
+        #expect(first.restored == 2 && first.restoredDeletions == 1)
+        let written = try storedRecords(groups[0].groupID)
+        // Cut off: the database holds the records put back, the device's state is as before.
+        try restoreState(saved, at: groups[0].statePath)
+        #expect(throws: LockboxError.self) { try groups[0].sync() }
+        let again = try groups[0].recoverDatabase()
+        #expect(again.checked == 3)
+        #expect(again.restored == 0)
+        #expect(again.sync.pushed == 0)
+        #expect(try storedRecords(groups[0].groupID).map(\.version) == written.map(\.version))
+        for group in groups { try group.sync() }
+        for machine in machines {
+            #expect(try machine.value("a.example", "user") == "a3")
+            #expect(try machine.value("b.example", "user") == "b1")
+            #expect(try machine.value("c.example", "user") == nil)
+            #expect(try machine.verify())
+        }
+        for group in groups { #expect(try group.sync().changedNothing) }
+    }
 }
