@@ -221,6 +221,9 @@ extension SyncGroup {
                 var served = SyncHead.empty.accumulator
                 var stepped = VerifiedHead(of: state)
                 if stepped?.isAt(oldHead) == false { stepped = nil }
+                // The head this device verified, though it wrote above it since: those writes were
+                // undone in the database, and re-sealing its records would vouch for that.
+                if stepped != nil, !state.unverifiedWrites.isEmpty { throw SyncHead.lostWrites(state.unverifiedWrites.count) }
                 let listed = try devices(connection)
                 guard listed.contains(where: { $0.id == deviceID }) else {
                     throw LockboxError(.itemNotFound, "The sync group has no device of that identifier (not shown, in case it is a secret). `lockbox sync status` lists its devices.")

@@ -53,6 +53,8 @@ extension SyncGroup {
             // stays a bound below which a head is a rollback.
             pending.cursor = written
             pending.forgetsVerifiedHead = true
+            // Its writes the database lost are among those just put back.
+            pending.clearsUnverified = true
             try state.commit(pending)
             // This device's own row, as joining wrote it (a restored database may predate it).
             try connection.execute(

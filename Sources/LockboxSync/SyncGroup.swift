@@ -581,6 +581,8 @@ public final class SyncGroup: Sendable {
         var superseding: [(id: String, record: SyncRecord)] = []
         var writes = 0
         var stored: [StoredRecord] = []
+        // This batch's writes that no head this device verified lists.
+        var unverified: [String: SyncState.Listed] = [:]
         let cursor = state.cursor
         let keys = self.keys
         try connection.transaction { () throws(LockboxError) in
@@ -590,7 +592,18 @@ public final class SyncGroup: Sendable {
             guard head.counter >= seen else { throw rolledBack() }
             let lockedCounter = head.counter
             var counter = head.counter
-            if stepped?.isAt(head) == false { stepped = nil }
+            if let verified = stepped {
+                if verified.isAt(head) {
+                    // The head this device verified, though it wrote above it since: those
+                    // writes were undone in the database.
+                    guard state.unverifiedWrites.isEmpty else { throw SyncHead.lostWrites(state.unverifiedWrites.count) }
+                } else {
+                    // Another device wrote: what earlier batches of this push wrote in step is
+                    // no longer covered by a head this device verifies.
+                    unverified = verified.listed
+                    stepped = nil
+                }
+            }
             // The database's records of the changed items, in one round trip.
             var existing: [String: (version: Int64, payload: [UInt8])] = [:]
             for row in try connection.executeBinary(
@@ -622,6 +635,7 @@ public final class SyncGroup: Sendable {
                     }
                     if remote.stamp == change.record.stamp {
                         // Written by an earlier run that stopped before saving its state.
+                        if stepped == nil, let replaced { unverified[change.id] = SyncState.Listed(version: row.version, element: replaced) }
                         written.append(change)
                         continue
                     }
@@ -644,6 +658,7 @@ public final class SyncGroup: Sendable {
                 let element = SyncHead.element(itemID: change.id, version: counter, record: change.record, keys: keys)
                 SyncHead.add(element, to: &head.accumulator)
                 stepped?.listed[change.id] = SyncState.Listed(version: counter, element: element)
+                if stepped == nil { unverified[change.id] = SyncState.Listed(version: counter, element: element) }
                 stored.append(
                     StoredRecord(
                         id: change.id, version: counter, device: change.record.stamp.device,
@@ -663,6 +678,7 @@ public final class SyncGroup: Sendable {
         // Committed: what this batch wrote is part of the head.
         inStep = stepped
         floor = max(floor, seen)
+        for (id, listed) in unverified { pending.unverified[id] = listed }
         for change in written {
             pending.entries[change.id] = SyncState.Entry(
                 stamp: change.record.stamp, contentDigest: change.record.contentDigest, isTombstone: change.record.isTombstone)
@@ -887,6 +903,15 @@ public final class SyncGroup: Sendable {
             pending.verified[record.id] = SyncState.Listed(version: record.version, element: record.element)
         }
         guard SyncHead.equal(accumulator, head.accumulator) else { throw SyncHead.withheld() }
+        // This device's writes that no verified head listed yet are above the cursor: each must
+        // be received (a later record of the item, or an older one, is judged above). One not
+        // received was undone in the database, and the head hides it.
+        if !state.unverifiedWrites.isEmpty {
+            let receivedIDs = Set(received.map(\.id))
+            let lost = state.unverifiedWrites.keys.count { !receivedIDs.contains($0) }
+            guard lost == 0 else { throw SyncHead.lostWrites(lost) }
+        }
+        pending.clearsUnverified = true
         pending.replacesVerified = from == 0
         pending.accumulator = head.accumulator
         timer.lap(\.verify)

@@ -102,6 +102,15 @@ struct SyncHead: Equatable {
 
     /// The records served do not add up to the head: some were withheld, replaced with older
     /// ones or otherwise changed.
+    /// Records this device wrote that the database's head no longer lists.
+    static func lostWrites(_ count: Int) -> LockboxError {
+        LockboxError(
+            .decode,
+            "The sync database no longer holds \(count) record\(count == 1 ? "" : "s") this device wrote: the writes were undone "
+                + "in the database, and its head lists an older record or none. Nothing was applied; the items keep their values here."
+                + SyncGroup.recoveryHint)
+    }
+
     static func withheld() -> LockboxError {
         LockboxError(
             .decode,

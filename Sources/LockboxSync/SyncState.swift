@@ -67,10 +67,11 @@ final class SyncState {
         var isEmpty: Bool { entry == nil && listed == nil && reference == nil }
     }
 
-    /// The format this build writes (`PRAGMA user_version`): 3, buckets whose MACs are also listed
-    /// in `mac_groups`, each group's row digested in the progress. (0: the first format; 2:
-    /// buckets alone.)
-    static let format = 3
+    /// The format this build writes (`PRAGMA user_version`): 4, buckets whose MACs are also listed
+    /// in `mac_groups`, each group's row digested in the progress, and the progress listing this
+    /// device's writes no verified head has listed yet. (0: the first format; 2: buckets alone;
+    /// 3: no such list.)
+    static let format = 4
     /// Buckets of items: about 12 items (3 KiB) each at 100,000, so that a pull of ten changes
     /// rewrites about as many bytes as ten rows per record did.
     static let itemBucketCount = 8192
@@ -89,6 +90,11 @@ final class SyncState {
     /// The digest of the head at `cursor` this device verified; nil before its first verified
     /// pull (or in a state from before heads): the next pull then starts from version 0.
     private(set) var accumulator: [UInt8]?
+    /// Records this device wrote while the database's head was not the one it had verified
+    /// (another device wrote since its last pull): the version and head element of each, by
+    /// item, until a pull verifies a head that lists them, or a later record of the item.
+    /// A pull that does not receive one of them finds the write undone in the database.
+    private(set) var unverifiedWrites: [String: Listed] = [:]
     /// Buckets read and verified so far (or written by this object), by index, while no other
     /// connection has written the file (`PRAGMA data_version` still `cachedVersion`).
     private var itemBuckets: [Int: [String: ItemRecord]] = [:]
@@ -130,6 +136,7 @@ final class SyncState {
             cursor = progress.cursor
             generation = progress.generation
             accumulator = progress.accumulator
+            unverifiedWrites = try Self.decodeUnverified(progress.unverified, path: path)
         } else {
             cursor = 0
             generation = 0
@@ -171,7 +178,7 @@ final class SyncState {
                 CREATE TABLE IF NOT EXISTS progress (
                     id INTEGER PRIMARY KEY CHECK (id = 1), device TEXT NOT NULL, cursor INTEGER NOT NULL,
                     generation INTEGER NOT NULL, mac BLOB NOT NULL, accumulator BLOB, row_count INTEGER NOT NULL DEFAULT 0,
-                    buckets BLOB);
+                    buckets BLOB, unverified BLOB);
                 CREATE TABLE IF NOT EXISTS item_buckets (bucket INTEGER PRIMARY KEY, body BLOB NOT NULL, mac BLOB NOT NULL);
                 CREATE TABLE IF NOT EXISTS row_buckets (bucket INTEGER PRIMARY KEY, body BLOB NOT NULL, mac BLOB NOT NULL);
                 CREATE TABLE IF NOT EXISTS mac_groups (grp INTEGER PRIMARY KEY, macs BLOB NOT NULL);
@@ -179,10 +186,16 @@ final class SyncState {
             if try !hasColumn("buckets", of: "progress", database) {
                 try database.execute("ALTER TABLE progress ADD COLUMN buckets BLOB")
             }
+            if try !hasColumn("unverified", of: "progress", database) {
+                try database.execute("ALTER TABLE progress ADD COLUMN unverified BLOB")
+            }
             if firstFormat {
                 try convertFirstFormat(database, key: key)
             } else if found == 2 {
                 try convertSecondFormat(database, key: key)
+            } else if found == 3, let progress = try readProgress(database, key: key, authenticated: { thirdFormatProgressMAC($0, key: $1) }) {
+                // Its MAC did not cover the list, just added, empty.
+                try writeProgress(progress, database, key: key)
             }
             try database.execute("PRAGMA user_version = \(format)")
         }
@@ -216,7 +229,7 @@ final class SyncState {
             if try statement.step() {
                 let read = Progress(
                     device: statement.text(0) ?? "", cursor: Int64(statement.integer(1) ?? -1), generation: statement.integer(2) ?? -1,
-                    accumulator: statement.blob(4), rows: 0, buckets: [])
+                    accumulator: statement.blob(4), rows: 0, buckets: [], unverified: [])
                 guard statement.blob(3) == firstFormatProgressMAC(read, key: key) else { throw failure }
                 progress = read
             }
@@ -305,9 +318,25 @@ final class SyncState {
         /// Each group of buckets' digest (``BucketDirectory``): a bucket removed, or an older copy
         /// put back, no longer matches its group's.
         var buckets: [UInt8]
+        /// ``SyncState/unverifiedWrites``, encoded (empty for none).
+        var unverified: [UInt8]
     }
 
     private static func progressMAC(_ progress: Progress, key: SecretBytes) -> [UInt8] {
+        var encoder = FieldEncoder()
+        encoder.string("lockbox.sync.state.progress.v6")
+        encoder.string(progress.device)
+        encoder.integer(Int(progress.cursor))
+        encoder.integer(progress.generation)
+        encoder.integer(progress.rows)
+        encoder.bytes(progress.accumulator)
+        encoder.bytes(progress.buckets)
+        encoder.bytes(progress.unverified)
+        return Crypto.keyedDigest(encoder.bytes, key: key)
+    }
+
+    /// The progress's MAC in format 3 (no list of unverified writes).
+    private static func thirdFormatProgressMAC(_ progress: Progress, key: SecretBytes) -> [UInt8] {
         var encoder = FieldEncoder()
         encoder.string("lockbox.sync.state.progress.v5")
         encoder.string(progress.device)
@@ -738,12 +767,13 @@ final class SyncState {
         _ database: Database, key: SecretBytes, authenticated: (Progress, SecretBytes) -> [UInt8] = { progressMAC($0, key: $1) }
     ) throws(LockboxError) -> Progress? {
         let statement = try database.statement(
-            "SELECT device, cursor, generation, mac, accumulator, row_count, buckets FROM progress WHERE id = 1")
+            "SELECT device, cursor, generation, mac, accumulator, row_count, buckets, unverified FROM progress WHERE id = 1")
         defer { statement.reset() }
         guard try statement.step() else { return nil }
         let progress = Progress(
             device: statement.text(0) ?? "", cursor: Int64(statement.integer(1) ?? -1), generation: statement.integer(2) ?? -1,
-            accumulator: statement.blob(4), rows: statement.integer(5) ?? -1, buckets: statement.blob(6) ?? [])
+            accumulator: statement.blob(4), rows: statement.integer(5) ?? -1, buckets: statement.blob(6) ?? [],
+            unverified: statement.blob(7) ?? [])
         guard let mac = statement.blob(3), SyncHead.equal(mac, authenticated(progress, key)) else {
             throw LockboxError.integrity("The sync state \(database.path)")
         }
@@ -752,7 +782,7 @@ final class SyncState {
 
     private static func writeProgress(_ progress: Progress, _ database: Database, key: SecretBytes) throws(LockboxError) {
         let statement = try database.statement(
-            "INSERT OR REPLACE INTO progress (id, device, cursor, generation, mac, accumulator, row_count, buckets) VALUES (1, ?, ?, ?, ?, ?, ?, ?)")
+            "INSERT OR REPLACE INTO progress (id, device, cursor, generation, mac, accumulator, row_count, buckets, unverified) VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?)")
         defer { statement.reset() }
         statement.bind(1, progress.device)
         statement.bind(2, Int(progress.cursor))
@@ -761,7 +791,35 @@ final class SyncState {
         statement.bind(5, progress.accumulator)
         statement.bind(6, progress.rows)
         statement.bind(7, progress.buckets)
+        statement.bind(8, progress.unverified)
         try statement.run()
+    }
+
+    /// ``unverifiedWrites`` as the progress holds them: item, version, element, in item order.
+    private static func encodeUnverified(_ writes: [String: Listed]) -> [UInt8] {
+        guard !writes.isEmpty else { return [] }
+        var encoder = FieldEncoder()
+        encoder.integer(writes.count)
+        for id in writes.keys.sorted() {
+            encoder.string(id)
+            encoder.integer(Int(writes[id]!.version))
+            encoder.bytes(writes[id]!.element)
+        }
+        return encoder.bytes
+    }
+
+    private static func decodeUnverified(_ bytes: [UInt8], path: String) throws(LockboxError) -> [String: Listed] {
+        guard !bytes.isEmpty else { return [:] }
+        let failure = LockboxError.integrity("The sync state \(path)")
+        var decoder = FieldDecoder(bytes)
+        guard let count = try? decoder.integer(), count > 0 else { throw failure }
+        var writes: [String: Listed] = [:]
+        for _ in 0..<count {
+            guard let id = try? decoder.string(), let version = try? decoder.integer(), let element = try? decoder.bytes() else { throw failure }
+            writes[id] = Listed(version: Int64(version), element: element)
+        }
+        guard decoder.isAtEnd, writes.count == count else { throw failure }
+        return writes
     }
 
     /// Forgets the buckets read when another connection has written the file since.
@@ -918,7 +976,7 @@ final class SyncState {
             try Self.writeProgress(
                 Progress(
                     device: progress.device, cursor: progress.cursor, generation: progress.generation, accumulator: nil,
-                    rows: progress.rows, buckets: progress.buckets), database, key: key)
+                    rows: progress.rows, buckets: progress.buckets, unverified: progress.unverified), database, key: key)
         }
         accumulator = nil
     }
@@ -960,6 +1018,10 @@ final class SyncState {
         /// as the rollback bound: the next pull reads every record and checks them against the
         /// database's head from nothing (a recovery of the database, ``SyncGroup/recoverDatabase()``).
         var forgetsVerifiedHead = false
+        /// This device's writes that no verified head lists yet, added to the state's
+        /// (``SyncState/unverifiedWrites``), after dropping them all with `clearsUnverified`.
+        var unverified: [String: Listed] = [:]
+        var clearsUnverified = false
 
         /// Records what the vault row `reference` holds now: an item, nil for a row that does
         /// not sync, `.none` for a row gone.
@@ -972,6 +1034,11 @@ final class SyncState {
             if case .some(.some(let id)) = change { holders[id, default: []].insert(reference) }
         }
 
+        /// The state's unverified writes once these changes are committed.
+        func unverifiedWrites(after state: SyncState) -> [String: Listed] {
+            (clearsUnverified ? [:] : state.unverifiedWrites).merging(unverified) { _, new in new }
+        }
+
         /// A row these changes say holds `id`, if any.
         func holder(of id: String) -> Data? {
             holders[id]?.first
@@ -981,7 +1048,7 @@ final class SyncState {
         /// True when committing would write nothing new to a state at `cursor`, `generation`
         /// and `accumulator`.
         func changesNothing(of state: SyncState) -> Bool {
-            entries.isEmpty && verified.isEmpty && !replacesVerified && !forgetsVerifiedHead && rows.isEmpty && (cursor ?? state.cursor) == state.cursor
+            unverifiedWrites(after: state) == state.unverifiedWrites && entries.isEmpty && verified.isEmpty && !replacesVerified && !forgetsVerifiedHead && rows.isEmpty && (cursor ?? state.cursor) == state.cursor
                 && (generation ?? state.generation) == state.generation && (accumulator ?? state.accumulator) == state.accumulator
         }
     }
@@ -1007,6 +1074,7 @@ final class SyncState {
         var items: [Int: [String: ItemRecord]] = [:]
         var rows: [Int: [Data: String?]] = [:]
         var written: BucketDirectory?
+        let unverified = changes.unverifiedWrites(after: self)
         do {
             try database.writeTransaction { () throws(LockboxError) in
                 // Inside the write transaction: no other connection can write until it ends.
@@ -1065,7 +1133,8 @@ final class SyncState {
                 try Self.writeProgress(
                     Progress(
                         device: device, cursor: changes.cursor ?? cursor, generation: changes.generation ?? generation,
-                        accumulator: changes.forgetsVerifiedHead ? nil : changes.accumulator ?? accumulator, rows: knownRows, buckets: try directory.sealed()), database, key: key)
+                        accumulator: changes.forgetsVerifiedHead ? nil : changes.accumulator ?? accumulator, rows: knownRows,
+                        buckets: try directory.sealed(), unverified: Self.encodeUnverified(unverified)), database, key: key)
                 try beforeCommitting()
                 written = directory
             }
@@ -1088,6 +1157,7 @@ final class SyncState {
         if let generation = changes.generation { self.generation = generation }
         if let accumulator = changes.accumulator { self.accumulator = accumulator }
         if changes.forgetsVerifiedHead { self.accumulator = nil }
+        unverifiedWrites = unverified
     }
 
     /// Starts ``commit(_:)`` of `changes` on another thread, which writes them and then waits,

@@ -217,4 +217,85 @@ extension SyncTests {
         }
         for group in groups { #expect(try group.sync().changedNothing) }
     }
+
+    /// Pushes machine A's changes (a sync cut off before its pull).
+    func pushOnly(_ group: SyncGroup) throws -> SyncGroup.Report {
+        var report = SyncGroup.Report()
+        try group.push(try PostgresConnection(group.database), state: try stateOf(group), report: &report)
+        return report
+    }
+
+    @Test("A push not in step, undone by the administrator and hidden behind another device's later write before the device pulls, is an error at the pull (nothing applied), and recovered")
+    func undoneUnverifiedPushIsFound() throws {
+        let (groups, machines, group) = try itemSyncedEverywhere()
+        // B writes: A is no longer in step with the database.
+        tick()
+        try machines[1].add("y.example", "user", "y1")
+        try groups[1].sync()
+        let backup = try DatabaseBackup(group)
+        tick()
+        try machines[0].set("x.example", "user", "x2 from A")
+        #expect(try pushOnly(groups[0]).pushed == 1)
+        #expect(try stateOf(groups[0]).unverifiedWrites.count == 1)
+        // Undone, and C's write moves the head past where A's write was.
+        try backup.restore()
+        tick()
+        try machines[2].add("z.example", "user", "z1")
+        try groups[2].sync()
+        let error = #expect(throws: LockboxError.self) { try groups[0].sync() }
+        #expect(error?.code == .decode)
+        #expect(error?.message.contains("no longer holds 1 record this device wrote") == true)
+        #expect(error?.message.contains("lockbox sync recover") == true)
+        #expect(try machines[0].value("y.example", "user") == nil && machines[0].value("z.example", "user") == nil)
+        #expect(try machines[0].value("x.example", "user") == "x2 from A")
+
+        let recovery = try groups[0].recoverDatabase()
+        #expect(recovery.restored == 1)
+        #expect(try stateOf(groups[0]).unverifiedWrites.isEmpty)
+        for syncing in groups { try syncing.sync() }
+        for machine in machines {
+            #expect(try machine.value("x.example", "user") == "x2 from A")
+            #expect(try machine.value("y.example", "user") == "y1")
+            #expect(try machine.value("z.example", "user") == "z1")
+        }
+    }
+
+    @Test("A push not in step, undone back to the head the device verified, is found by its next push (which writes nothing) and by a removal; a pull that lists it clears it")
+    func undoneToVerifiedHeadIsFound() throws {
+        let (groups, machines, group) = try itemSyncedEverywhere()
+        let backup = try DatabaseBackup(group)
+        tick()
+        try machines[1].add("y.example", "user", "y1")
+        try groups[1].sync()
+        tick()
+        try machines[0].set("x.example", "user", "x2 from A")
+        #expect(try pushOnly(groups[0]).pushed == 1)
+        try backup.restore()
+        tick()
+        try machines[0].add("w.example", "user", "w1")
+        let before = try groupHead(group)
+        let error = #expect(throws: LockboxError.self) { try groups[0].sync() }
+        #expect(error?.code == .decode)
+        #expect(error?.message.contains("no longer holds 1 record this device wrote") == true)
+        #expect(try groupHead(group) == before)
+        let removal = #expect(throws: LockboxError.self) { try groups[0].removeDevice(groups[2].deviceID) }
+        #expect(removal?.code == .decode)
+        #expect(groups[0].keyEpoch == 0)
+        #expect(try groupHead(group) == before)
+
+        // Not undone: the pull that follows a push cut off before it receives the write and
+        // clears it.
+        let (others, otherMachines, _) = try itemSyncedEverywhere()
+        tick()
+        try otherMachines[1].add("y.example", "user", "y1")
+        try others[1].sync()
+        tick()
+        try otherMachines[0].set("x.example", "user", "x2")
+        #expect(try pushOnly(others[0]).pushed == 1)
+        #expect(try stateOf(others[0]).unverifiedWrites.count == 1)
+        #expect(try others[0].sync().pulled == 1)
+        #expect(try stateOf(others[0]).unverifiedWrites.isEmpty)
+        try others[1].sync()
+        #expect(try otherMachines[1].value("x.example", "user") == "x2")
+    }
 }

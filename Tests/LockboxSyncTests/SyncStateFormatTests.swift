@@ -414,4 +414,68 @@ struct SyncStateFormatTests {
         #expect(other.cursor == 0)
         #expect(try other.isEmpty)
     }
+
+    /// Turns a state of this format back into one of format 3 as that format's code wrote it: no
+    /// list of unverified writes, the progress's MAC format 3's. The state must list none.
+    static func thirdFormat(_ path: String) throws {
+        let database = try Database(path: path, create: false)
+        let progress = try #require(
+            database.firstRow("SELECT device, cursor, generation, row_count, accumulator, buckets, unverified FROM progress") {
+                ($0.text(0) ?? "", $0.integer(1) ?? 0, $0.integer(2) ?? 0, $0.integer(3) ?? 0, $0.blob(4), $0.blob(5) ?? [], $0.blob(6) ?? [])
+            })
+        #expect(progress.6.isEmpty)
+        var encoder = FieldEncoder()
+        encoder.string("lockbox.sync.state.progress.v5")
+        encoder.string(progress.0)
+        encoder.integer(progress.1)
+        encoder.integer(progress.2)
+        encoder.integer(progress.3)
+        encoder.bytes(progress.4)
+        encoder.bytes(progress.5)
+        let put = try database.statement("UPDATE progress SET mac = ?")
+        put.bind(1, Crypto.keyedDigest(encoder.bytes, key: key))
+        try put.run()
+        put.reset()
+        try database.execute("ALTER TABLE progress DROP COLUMN unverified; PRAGMA user_version = 3")
+    }
+
+    @Test("A state of format 3 is converted when opened (no unverified write); the unverified writes are kept under the progress's MAC, an edit of them refused")
+    func thirdFormatConvertedAndUnverifiedWritesKept() throws {
+        let (directory, path) = try Self.copyOfFixture()
+        _ = directory
+        _ = try SyncState(path: path, device: Self.device, key: Self.key)
+        try Self.thirdFormat(path)
+        #expect(try Self.userVersion(path) == 3)
+        let converted = try SyncState(path: path, device: Self.device, key: Self.key)
+        #expect(try Self.userVersion(path) == SyncState.format)
+        try Self.expectFixtureContent(converted)
+        #expect(converted.unverifiedWrites.isEmpty)
+
+        // Written, read back, added to, cleared.
+        var changes = SyncState.Changes()
+        changes.unverified = [Self.itemID(1): Self.listed(401), Self.itemID(2): Self.listed(402)]
+        try converted.commit(changes)
+        #expect(try SyncState(path: path, device: Self.device, key: Self.key).unverifiedWrites == changes.unverified)
+        var more = SyncState.Changes()
+        more.unverified = [Self.itemID(2): Self.listed(403), Self.itemID(3): Self.listed(404)]
+        try converted.commit(more)
+        let expected = [Self.itemID(1): Self.listed(401), Self.itemID(2): Self.listed(403), Self.itemID(3): Self.listed(404)]
+        #expect(converted.unverifiedWrites == expected)
+        #expect(try SyncState(path: path, device: Self.device, key: Self.key).unverifiedWrites == expected)
+
+        // The list edited in the file (an entry dropped, so a lost write would go unnoticed): refused.
+        let (other, edited) = try Self.copyOfFixture()
+        _ = other
+        try restoreState(try copyState(path), at: edited)
+        let database = try Database(path: edited, create: false)
+        try database.execute("UPDATE progress SET unverified = NULL")
+        let error = #expect(throws: LockboxError.self) { _ = try SyncState(path: edited, device: Self.device, key: Self.key) }
+        #expect(error?.code == .decode)
+
+        var cleared = SyncState.Changes()
+        cleared.clearsUnverified = true
+        try converted.commit(cleared)
+        #expect(try SyncState(path: path, device: Self.device, key: Self.key).unverifiedWrites.isEmpty)
+        try Self.expectFixtureContent(try SyncState(path: path, device: Self.device, key: Self.key))
+    }
 }
