@@ -332,7 +332,7 @@ extension SyncGroup {
             throw LockboxError(.itemNotFound, "The sync group \(groupID) is not in the database any more. Nothing was changed here.")
         }
         let epoch = try PostgresConnection.integer(row[0])
-        guard epoch >= keys.epoch else { throw rolledBack() }
+        guard epoch >= keys.epoch else { throw Self.restoredBeforeRemoval() }
         while keys.epoch < epoch {
             let previous = keys
             let next = previous.epoch + 1

@@ -866,16 +866,24 @@ public final class SyncGroup: Sendable {
         }
     }
 
-    /// - Parameter floor: a counter the push just before found or left under the group row's
-    ///   lock: a head below it is a rollback, though above the cursor.
-    func pull(_ connection: PostgresConnection, state: SyncState, report: inout Report, floor: Int64 = 0) throws(LockboxError) {
+    /// - Parameters:
+    ///   - floor: a counter the push just before found or left under the group row's lock: a
+    ///     head below it is a rollback, though above the cursor.
+    ///   - fromScratch: every record is read and checked against the head from nothing, and a
+    ///     head below the cursor (but not below `floor`) is taken (a recovery of the database).
+    ///   - seed: changes to the state made before the pull (a recovery's records), committed
+    ///     with it.
+    func pull(
+        _ connection: PostgresConnection, state: SyncState, report: inout Report, floor: Int64 = 0, fromScratch: Bool = false,
+        seed: SyncState.Changes = SyncState.Changes()
+    ) throws(LockboxError) {
         var timer = PhaseTimer(PullTimings())
         let cursor = state.cursor
         let keys = self.keys
         // Records above what the last verified head covered; all of them when this device has
         // verified none yet.
-        let from = state.accumulator == nil ? 0 : cursor
-        let (head, rows) = try fetchRecords(connection, above: from, cursor: max(cursor, floor), keys: keys)
+        let from = state.accumulator == nil || fromScratch ? 0 : cursor
+        let (head, rows) = try fetchRecords(connection, above: from, cursor: fromScratch ? floor : max(cursor, floor), keys: keys)
         let counter = head.counter
         timer.timings.records = rows.count
         timer.lap(\.fetch)
@@ -889,7 +897,7 @@ public final class SyncGroup: Sendable {
         // The records received, with those the last verified head listed, must give this head:
         // a record withheld, deleted or replaced with an older one does not add up. Checked
         // before anything is applied.
-        var pending = SyncState.Changes()
+        var pending = seed
         pending.entries.reserveCapacity(received.count)
         pending.verified.reserveCapacity(received.count)
         var accumulator = from == 0 ? SyncHead.empty.accumulator : state.accumulator ?? []
@@ -898,7 +906,9 @@ public final class SyncGroup: Sendable {
                 SyncHead.subtract(listed.element, from: &accumulator)
             }
             // Older than what this device already saw of the item: a replay.
-            if !knowsNothing, let known = try state.entry(record.id), record.sealed.record.stamp < known.stamp { throw rolledBack() }
+            if !knowsNothing, let known = try state.entry(record.id, after: seed), record.sealed.record.stamp < known.stamp {
+                throw rolledBack()
+            }
             SyncHead.add(record.element, to: &accumulator)
             pending.verified[record.id] = SyncState.Listed(version: record.version, element: record.element)
         }

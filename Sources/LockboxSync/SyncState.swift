@@ -1014,10 +1014,6 @@ final class SyncState {
         /// for an item's row once per change.
         private var holders: [String: Set<Data>] = [:]
         var cursor: Int64?
-        /// Forgets the verified head (its digest and every record it listed), keeping `cursor`
-        /// as the rollback bound: the next pull reads every record and checks them against the
-        /// database's head from nothing (a recovery of the database, ``SyncGroup/recoverDatabase()``).
-        var forgetsVerifiedHead = false
         /// This device's writes that no verified head lists yet, added to the state's
         /// (``SyncState/unverifiedWrites``), after dropping them all with `clearsUnverified`.
         var unverified: [String: Listed] = [:]
@@ -1048,7 +1044,7 @@ final class SyncState {
         /// True when committing would write nothing new to a state at `cursor`, `generation`
         /// and `accumulator`.
         func changesNothing(of state: SyncState) -> Bool {
-            unverifiedWrites(after: state) == state.unverifiedWrites && entries.isEmpty && verified.isEmpty && !replacesVerified && !forgetsVerifiedHead && rows.isEmpty && (cursor ?? state.cursor) == state.cursor
+            unverifiedWrites(after: state) == state.unverifiedWrites && entries.isEmpty && verified.isEmpty && !replacesVerified && rows.isEmpty && (cursor ?? state.cursor) == state.cursor
                 && (generation ?? state.generation) == state.generation && (accumulator ?? state.accumulator) == state.accumulator
         }
     }
@@ -1094,7 +1090,7 @@ final class SyncState {
                     changedItems.insert(index)
                     return index
                 }
-                if changes.replacesVerified || changes.forgetsVerifiedHead {
+                if changes.replacesVerified {
                     for index in try directory.buckets(.items) where items[index] == nil {
                         items[index] = try Self.readItems(index, database, key: key, directory: directory)
                     }
@@ -1133,7 +1129,7 @@ final class SyncState {
                 try Self.writeProgress(
                     Progress(
                         device: device, cursor: changes.cursor ?? cursor, generation: changes.generation ?? generation,
-                        accumulator: changes.forgetsVerifiedHead ? nil : changes.accumulator ?? accumulator, rows: knownRows,
+                        accumulator: changes.accumulator ?? accumulator, rows: knownRows,
                         buckets: try directory.sealed(), unverified: Self.encodeUnverified(unverified)), database, key: key)
                 try beforeCommitting()
                 written = directory
@@ -1156,7 +1152,6 @@ final class SyncState {
         if let cursor = changes.cursor { self.cursor = cursor }
         if let generation = changes.generation { self.generation = generation }
         if let accumulator = changes.accumulator { self.accumulator = accumulator }
-        if changes.forgetsVerifiedHead { self.accumulator = nil }
         unverifiedWrites = unverified
     }
 

@@ -298,4 +298,107 @@ extension SyncTests {
         try others[1].sync()
         #expect(try otherMachines[1].value("x.example", "user") == "x2")
     }
+
+    /// The administrator acting at a chosen moment: `body` (PL/pgSQL) runs after each update or
+    /// insert of a row of `table` for which `condition` (on NEW and OLD) holds. Returns what
+    /// removes the trigger.
+    func administratorTrigger(on table: String, when condition: String, body: String) throws -> () -> Void {
+        let name = "administrator_\(table)"
+        let connection = try PostgresConnection(try testDatabase())
+        try connection.execute("CREATE OR REPLACE FUNCTION \(name)() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \(body) RETURN NEW; END $$")
+        try connection.execute(
+            "CREATE TRIGGER \(name) AFTER \(condition.contains("OLD.") ? "UPDATE" : "INSERT OR UPDATE") ON \(table) FOR EACH ROW "
+                + "WHEN (\(condition)) EXECUTE FUNCTION \(name)()")
+        return {
+            _ = try? connection.execute("DROP TRIGGER IF EXISTS \(name) ON \(table)")
+            _ = try? connection.execute("DROP FUNCTION IF EXISTS \(name)()")
+        }
+    }
+
+    @Test("The administrator removes a record and the head in the middle of a recovery: the recovering device refuses, and vouches for nothing")
+    func headRemovedDuringRecovery() throws {
+        let (groups, machines) = try threeMachines()
+        for name in ["a", "b"] { try machines[0].add("\(name).example", "user", "\(name)1") }
+        for group in groups { try group.sync() }
+        try machines[1].add("x.example", "user", "x1")
+        try groups[1].sync()
+        let group = groups[0].groupID
+        let x = try itemID(groups[1], machines[1], "x.example")
+        let remove = try administratorTrigger(
+            on: "lockbox_sync_devices", when: "NEW.group_id = '\(group)' AND NEW.device_id = '\(groups[0].deviceID)'",
+            body: """
+                IF EXISTS (SELECT 1 FROM lockbox_sync_items WHERE group_id = '\(group)' AND item_id = '\(x)') THEN
+                  DELETE FROM lockbox_sync_items WHERE group_id = '\(group)' AND item_id = '\(x)';
+                  UPDATE lockbox_sync_groups SET head = NULL WHERE group_id = '\(group)';
+                END IF;
+                """)
+        defer { remove() }
+        let error = #expect(throws: LockboxError.self) { try groups[0].recoverDatabase() }
+        #expect(error?.code == .decode)
+        remove()
+        #expect(throws: LockboxError.self) { try groups[0].sync() }
+        #expect(throws: LockboxError.self) { try groups[2].sync() }
+        let (late, lateMachine) = try newcomer(groups[0])
+        #expect(throws: LockboxError.self) { try late.sync() }
+        #expect(try lateMachine.count() == 0)
+    }
+
+    @Test("A recovery whose pull fails after the database committed leaves the device's verified head as it was: it still refuses a database whose head was removed")
+    func failedRecoveryKeepsTheVerifiedHead() throws {
+        let (groups, machines) = try threeMachines()
+        for name in ["a", "b"] { try machines[0].add("\(name).example", "user", "\(name)1") }
+        for group in groups { try group.sync() }
+        let group = groups[0].groupID
+        let backup = try DatabaseBackup(group)
+        tick()
+        try machines[0].add("c.example", "user", "c1")
+        try groups[0].sync()
+        try backup.restore()
+        let before = try stateOf(groups[0])
+        // With the recovery's write, the administrator deletes a record: its pull refuses.
+        let a = try itemID(groups[0], machines[0], "a.example")
+        let remove = try administratorTrigger(
+            on: "lockbox_sync_groups", when: "NEW.group_id = '\(group)' AND NEW.counter > OLD.counter",
+            body: "DELETE FROM lockbox_sync_items WHERE group_id = '\(group)' AND item_id = '\(a)';")
+        defer { remove() }
+        let error = #expect(throws: LockboxError.self) { try groups[0].recoverDatabase() }
+        #expect(error?.code == .decode)
+        remove()
+        let after = try stateOf(groups[0])
+        #expect(after.cursor == before.cursor && after.accumulator == before.accumulator && after.accumulator != nil)
+        try PostgresConnection(try testDatabase()).execute("UPDATE lockbox_sync_groups SET head = NULL WHERE group_id = $1", [.text(group)])
+        let refused = #expect(throws: LockboxError.self) { try groups[0].sync() }
+        #expect(refused?.code == .decode)
+        #expect(try machines[0].value("a.example", "user") == "a1")
+    }
+
+    @Test("The recovery's own refusal of a database that does not add up names the ways out, not the recovery")
+    func refusalDoesNotNameItself() throws {
+        let (groups, machines) = try threeMachines()
+        for name in ["a", "b"] { try machines[0].add("\(name).example", "user", "\(name)1") }
+        for group in groups { try group.sync() }
+        let connection = try PostgresConnection(try testDatabase())
+        let id = try itemID(groups[0], machines[0], "b.example")
+        try connection.execute("DELETE FROM lockbox_sync_items WHERE group_id = $1 AND item_id = $2", [.text(groups[0].groupID), .text(id)])
+        let error = #expect(throws: LockboxError.self) { try groups[1].recoverDatabase() }
+        #expect(error?.code == .decode)
+        #expect(error?.message.contains("lockbox sync recover") == false)
+        #expect(error?.message.contains("restored in part") == true)
+    }
+
+    @Test("A recovery of 40,000 items the database lost reads and seals their values a batch at a time (all at once, the guarded memory of so many values exhausts the process's mappings)")
+    func largeRecovery() throws {
+        let (groups, machines) = try threeMachines()
+        let backup = try DatabaseBackup(groups[0].groupID)
+        let count = 40_000
+        for start in stride(from: 0, to: count, by: 1000) {
+            try machines[0].vault.add(contentsOf: synchronizableItems(1000, prefix: "large\(start)-"))
+        }
+        #expect(try groups[0].sync().pushed == count)
+        try backup.restore()
+        let recovery = try groups[0].recoverDatabase()
+        #expect(recovery.restored == count)
+        #expect(recovery.sync.pulled == 0 && recovery.sync.pushed == 0)
+        #expect(try storedRecords(groups[0].groupID).count == count)
+    }
 }
