@@ -401,4 +401,24 @@ extension SyncTests {
         #expect(recovery.sync.pulled == 0 && recovery.sync.pushed == 0)
         #expect(try storedRecords(groups[0].groupID).count == count)
     }
+
+    @Test("An item deleted and added again here since the last push is put back as it is now, not as a delete")
+    func reAddedItemIsPutBackLive() throws {
+        let (groups, machines) = try threeMachines()
+        try machines[0].add("a.example", "user", "a1")
+        for group in groups { try group.sync() }
+        let backup = try DatabaseBackup(groups[0].groupID)
+        tick()
+        try machines[0].set("a.example", "user", "a2")
+        try groups[0].sync()
+        try backup.restore()
+        tick()
+        try machines[0].delete("a.example", "user")
+        try machines[0].add("a.example", "user", "a3")
+        let recovery = try groups[0].recoverDatabase()
+        #expect(recovery.restored == 1 && recovery.restoredDeletions == 0)
+        for group in groups { try group.sync() }
+        for machine in machines { #expect(try machine.value("a.example", "user") == "a3") }
+        for group in groups { #expect(try group.sync().changedNothing) }
+    }
 }
