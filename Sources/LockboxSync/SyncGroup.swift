@@ -457,6 +457,7 @@ public final class SyncGroup: Sendable {
         // written again.
         var pending = SyncState.Changes()
         var inStep = VerifiedHead(of: state)
+        var checked: VerifiedHead?
         var floor = state.cursor
         for start in stride(from: 0, to: found.toRead.count, by: Self.pushBatch) {
             var changes: [(id: String, record: SyncRecord)] = []
@@ -483,7 +484,9 @@ public final class SyncGroup: Sendable {
                 }
             }
             try state.inSnapshot { () throws(LockboxError) in
-                try write(changes, connection: connection, state: state, pending: &pending, inStep: &inStep, floor: &floor, report: &report)
+                try write(
+                    changes, connection: connection, state: state, pending: &pending, inStep: &inStep, checked: &checked, floor: &floor,
+                    report: &report)
             }
         }
         // Deletes: items whose row went away or now holds another item. A delete is stamped
@@ -502,7 +505,9 @@ public final class SyncGroup: Sendable {
             let modified = max(deletedAt[id] ?? 0, known.stamp.modified + 1)
             tombstones.append((id, SyncRecord(stamp: SyncStamp(modified: modified, device: device.id), item: nil, contentDigest: [])))
         }
-        try write(tombstones, connection: connection, state: state, pending: &pending, inStep: &inStep, floor: &floor, report: &report)
+        try write(
+            tombstones, connection: connection, state: state, pending: &pending, inStep: &inStep, checked: &checked, floor: &floor,
+            report: &report)
         pending.generation = found.generation
         // Nobody else wrote between this device's last verified head and its writes: the head
         // it wrote is verified too, and the pull that follows does not fetch its own records.
@@ -523,6 +528,12 @@ public final class SyncGroup: Sendable {
         /// The verified head was the empty group's (this device had verified none, and the
         /// group had no record): the records listed are all the head holds.
         let replacesAll: Bool
+
+        /// A head checked during a push (``SyncGroup/verifiedAbove(_:cursor:head:state:pending:)``),
+        /// listing the records above the cursor; never recorded as the state's verified head.
+        init(counter: Int64, accumulator: [UInt8], listed: [String: SyncState.Listed]) {
+            (self.counter, self.accumulator, self.listed, replacesAll) = (counter, accumulator, listed, false)
+        }
 
         /// Whether the database's `head` is this one (nobody else wrote).
         func isAt(_ head: SyncHead) -> Bool {
@@ -569,13 +580,17 @@ public final class SyncGroup: Sendable {
     }
 
     /// Writes one batch of changes in one transaction; a change that loses to the database's
-    /// record has that record applied here instead.
+    /// record has that record applied here instead. Every record it replaces must be the one
+    /// the locked head lists: in step, as this device verified it; otherwise as checked here
+    /// (`checked`, carried from batch to batch while nobody else writes).
     func write(
         _ changes: [(id: String, record: SyncRecord)], connection: PostgresConnection, state: SyncState,
-        pending: inout SyncState.Changes, inStep: inout VerifiedHead?, floor: inout Int64, report: inout Report
+        pending: inout SyncState.Changes, inStep: inout VerifiedHead?, checked: inout VerifiedHead?, floor: inout Int64,
+        report: inout Report
     ) throws(LockboxError) {
         guard !changes.isEmpty else { return }
         var stepped = inStep
+        var expected: VerifiedHead?
         var seen = floor
         var written: [(id: String, record: SyncRecord)] = []
         var superseding: [(id: String, record: SyncRecord)] = []
@@ -604,6 +619,13 @@ public final class SyncGroup: Sendable {
                     stepped = nil
                 }
             }
+            if let stepped {
+                expected = stepped
+            } else if let checked, checked.isAt(head) {
+                expected = checked
+            } else {
+                expected = try verifiedAbove(connection, cursor: cursor, head: head, state: state, pending: pending)
+            }
             // The database's records of the changed items, in one round trip.
             var existing: [String: (version: Int64, payload: [UInt8])] = [:]
             for row in try connection.executeBinary(
@@ -619,8 +641,8 @@ public final class SyncGroup: Sendable {
                 // In step, the database's head is the one this device verified: each record must
                 // be the one that head lists (none for an item it does not list).
                 var listed: SyncState.Listed?
-                if let verified = stepped {
-                    listed = verified.listed[change.id]
+                if let expected {
+                    listed = expected.listed[change.id]
                     if listed == nil { listed = try state.verified(change.id) }
                 }
                 if let row = existing[change.id] {
@@ -630,7 +652,7 @@ public final class SyncGroup: Sendable {
                     // Older than what this device already saw of the item: a replay.
                     if let known, remote.stamp < known.stamp { throw rolledBack() }
                     replaced = SyncHead.element(itemID: change.id, version: row.version, record: remote, keys: keys)
-                    if stepped != nil, listed?.version != row.version || !SyncHead.equal(listed?.element ?? [], replaced ?? []) {
+                    if expected != nil, listed?.version != row.version || !SyncHead.equal(listed?.element ?? [], replaced ?? []) {
                         throw SyncHead.withheld()
                     }
                     if remote.stamp == change.record.stamp {
@@ -658,6 +680,7 @@ public final class SyncGroup: Sendable {
                 let element = SyncHead.element(itemID: change.id, version: counter, record: change.record, keys: keys)
                 SyncHead.add(element, to: &head.accumulator)
                 stepped?.listed[change.id] = SyncState.Listed(version: counter, element: element)
+                expected?.listed[change.id] = SyncState.Listed(version: counter, element: element)
                 if stepped == nil { unverified[change.id] = SyncState.Listed(version: counter, element: element) }
                 stored.append(
                     StoredRecord(
@@ -673,10 +696,13 @@ public final class SyncGroup: Sendable {
                 [.text(groupID), .integer(counter), .bytes(head.sealed(group: groupID, keys: keys))])
             stepped?.counter = counter
             stepped?.accumulator = head.accumulator
+            expected?.counter = counter
+            expected?.accumulator = head.accumulator
             seen = counter
         }
         // Committed: what this batch wrote is part of the head.
         inStep = stepped
+        checked = stepped == nil ? expected : nil
         floor = max(floor, seen)
         for (id, listed) in unverified { pending.unverified[id] = listed }
         for change in written {
@@ -695,6 +721,35 @@ public final class SyncGroup: Sendable {
                 stamp: change.record.stamp, contentDigest: change.record.contentDigest, isTombstone: change.record.isTombstone)
             report.superseded += 1
         }
+    }
+
+    /// The locked `head` checked as a pull would check it, for a push that is not in step: the
+    /// records above the cursor (what other devices, and this one's writes not yet verified,
+    /// wrote since the head this device verified) read, opened, and summed with that head's
+    /// other records, which must give `head`; a record older than this device knows is a
+    /// replay. Returns that head with the records above the cursor; nil for a state that
+    /// pulled before heads (it has no head to start from).
+    func verifiedAbove(
+        _ connection: PostgresConnection, cursor: Int64, head: SyncHead, state: SyncState, pending: SyncState.Changes
+    ) throws(LockboxError) -> VerifiedHead? {
+        guard var sum = state.accumulator ?? (cursor == 0 ? SyncHead.empty.accumulator : nil) else { return nil }
+        let counted = try connection.execute(
+            "SELECT count(*) FROM lockbox_sync_items WHERE group_id = $1 AND version > $2", [.text(groupID), .integer(cursor)])
+        guard try PostgresConnection.integer(counted.first?[0] ?? nil) <= max(head.counter - cursor, 0) else {
+            throw LockboxError.syncDatabase("The records of the sync database (more than its versions)")
+        }
+        let rows = try connection.executeBinary(
+            "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 AND version > $2",
+            [.text(groupID), .integer(cursor)])
+        var listed: [String: SyncState.Listed] = [:]
+        for record in try receive(rows, from: cursor, counter: head.counter, keys: keys) {
+            if let known = try state.entry(record.id, after: pending), record.sealed.record.stamp < known.stamp { throw rolledBack() }
+            if let old = try state.verified(record.id) { SyncHead.subtract(old.element, from: &sum) }
+            SyncHead.add(record.element, to: &sum)
+            listed[record.id] = SyncState.Listed(version: record.version, element: record.element)
+        }
+        guard SyncHead.equal(sum, head.accumulator) else { throw SyncHead.withheld() }
+        return VerifiedHead(counter: head.counter, accumulator: head.accumulator, listed: listed)
     }
 
     /// A sealed record as a push writes it to the database.

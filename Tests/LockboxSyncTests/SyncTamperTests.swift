@@ -395,6 +395,47 @@ extension SyncTests {
         #expect(status.pendingLocalChanges == 0)
     }
 
+    @Test("Not in step (another device wrote since), a push over a record the administrator put back to its older ciphertext is refused before it writes, instead of vouching for it in the head it writes; once the record is honest the push goes through")
+    func pushNotInStepOverReplayedRecord() throws {
+        let (groups, machines, group) = try itemSyncedEverywhere()
+        let id = try itemID(groups[0], machines[0], "x.example")
+        let older = try #require(try storedRecords(group).first { $0.id == id })
+        tick()
+        try machines[1].set("x.example", "user", "x2 from B")
+        try groups[1].sync()
+        let honest = try #require(try storedRecords(group).first { $0.id == id })
+        try putRecord(group, id, version: older.version, payload: older.payload)
+        let before = try groupHead(group)
+        tick()
+        try machines[0].set("x.example", "user", "x3 from A")
+        let error = #expect(throws: LockboxError.self) { try groups[0].sync() }
+        #expect(error?.code == .decode)
+        #expect(try groupHead(group) == before, "nothing written")
+        #expect(try machines[0].value("x.example", "user") == "x3 from A")
+        try putRecord(group, id, version: honest.version, payload: honest.payload)
+        #expect(try groups[0].sync().pushed == 1)
+        for syncing in groups { try syncing.sync() }
+        for machine in machines { #expect(try machine.value("x.example", "user") == "x3 from A") }
+    }
+
+    @Test("Not in step, a push over a record the administrator deleted, of an item this device never knew, is refused before it writes")
+    func pushNotInStepOverWithheldRecord() throws {
+        let (groups, machines, group) = try itemSyncedEverywhere()
+        tick()
+        try machines[1].add("y.example", "user", "y1 from B")
+        try groups[1].sync()
+        let id = try itemID(groups[1], machines[1], "y.example")
+        try PostgresConnection(try testDatabase()).execute(
+            "DELETE FROM lockbox_sync_items WHERE group_id = $1 AND item_id = $2", [.text(group), .text(id)])
+        let before = try groupHead(group)
+        tick()
+        // A adds the same item: it knows no record of it, and the head lists B's.
+        try machines[0].add("y.example", "user", "y from A")
+        let error = #expect(throws: LockboxError.self) { try groups[0].sync() }
+        #expect(error?.code == .decode)
+        #expect(try groupHead(group) == before, "nothing written")
+    }
+
     @Test("A push whose state was not saved (a crash) meets the group row put back under its own record: the record above the head is refused, the change is not taken for pushed, and reaches the others once the row is honest")
     func recordAboveHead() throws {
         let (groups, machines, group) = try itemSyncedEverywhere()
