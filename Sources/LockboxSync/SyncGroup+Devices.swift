@@ -208,6 +208,10 @@ extension SyncGroup {
             // every record already: the state records the new versions, and the next pull
             // fetches nothing).
             var inStep: VerifiedHead?
+            // What this device knows: the removal re-seals the database's records under the new
+            // key only if none is older than this device saw (a database restored from a backup,
+            // or rolled back, is refused here as a sync refuses it).
+            let known = try state.allEntries()
             try connection.transaction { () throws(LockboxError) in
                 let group = try connection.execute(
                     "SELECT counter, key_epoch, head FROM lockbox_sync_groups WHERE group_id = $1 FOR UPDATE", [.text(groupID)])
@@ -215,6 +219,7 @@ extension SyncGroup {
                     throw LockboxError(.io, "The sync group's key changed meanwhile (another device was removed). Try again.")
                 }
                 var counter = try PostgresConnection.integer(row[0])
+                guard counter >= state.cursor else { throw rolledBack() }
                 let oldHead = try SyncHead.open(
                     try row[2].map { text throws(LockboxError) in try PostgresConnection.bytes(text) }, counter: counter, group: groupID,
                     keys: old)
@@ -255,13 +260,17 @@ extension SyncGroup {
                 // Every record gets a new version: the head is computed anew, under the new key.
                 var head = SyncHead.empty
                 var resealed: [StoredRecord] = []
+                var seen = Set<String>()
                 for record in records {
                     guard let id = record[0] else { throw LockboxError.syncDatabase() }
-                    let opened = try SyncRecord.open(
-                        try PostgresConnection.bytes(record[2]), group: groupID, itemID: id, version: try PostgresConnection.integer(record[1]),
-                        keys: old)
+                    let version = try PostgresConnection.integer(record[1])
+                    let opened = try SyncRecord.open(try PostgresConnection.bytes(record[2]), group: groupID, itemID: id, version: version, keys: old)
+                    // This device's write not yet verified, no longer above its cursor: undone.
+                    if state.unverifiedWrites[id] != nil && version <= state.cursor { throw SyncHead.lostWrites(1) }
+                    if let entry = known[id], opened.stamp < entry.stamp { throw rolledBack() }
+                    seen.insert(id)
                     SyncHead.add(
-                        SyncHead.element(itemID: id, version: try PostgresConnection.integer(record[1]), record: opened, keys: old), to: &served)
+                        SyncHead.element(itemID: id, version: version, record: opened, keys: old), to: &served)
                     counter = try SyncHead.version(after: counter)
                     let element = SyncHead.element(itemID: id, version: counter, record: opened, keys: new)
                     SyncHead.add(element, to: &head.accumulator)
@@ -274,8 +283,9 @@ extension SyncGroup {
                 try Self.store(resealed, group: groupID, connection: connection)
                 try resealFleetSessions(connection, from: old, to: new)
                 // Every record was read: they must be exactly the ones the head lists, or the
-                // new head would vouch for what the database changed.
-                guard SyncHead.equal(served, oldHead.accumulator) else { throw SyncHead.withheld() }
+                // new head would vouch for what the database changed; and hold every item this
+                // device knows (records are never deleted).
+                guard SyncHead.equal(served, oldHead.accumulator), known.keys.allSatisfy(seen.contains) else { throw SyncHead.withheld() }
                 head.counter = counter
                 try connection.execute(
                     "UPDATE lockbox_sync_groups SET counter = $2, key_epoch = $3, key_wrap = $4, head = $5 WHERE group_id = $1",

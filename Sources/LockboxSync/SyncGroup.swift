@@ -624,7 +624,7 @@ public final class SyncGroup: Sendable {
             } else if let checked, checked.isAt(head) {
                 expected = checked
             } else {
-                expected = try verifiedAbove(connection, cursor: cursor, head: head, state: state, pending: pending)
+                expected = try verifiedAbove(connection, cursor: cursor, head: head, state: state, pending: pending, since: checked)
             }
             // The database's records of the changed items, in one round trip.
             var existing: [String: (version: Int64, payload: [UInt8])] = [:]
@@ -727,28 +727,44 @@ public final class SyncGroup: Sendable {
     /// records above the cursor (what other devices, and this one's writes not yet verified,
     /// wrote since the head this device verified) read, opened, and summed with that head's
     /// other records, which must give `head`; a record older than this device knows is a
-    /// replay. Returns that head with the records above the cursor; nil for a state that
-    /// pulled before heads (it has no head to start from).
+    /// replay, and each of this device's unverified writes must be among them (else the
+    /// database undid it). With `since`, a head an earlier batch checked, only the records
+    /// above it are read. Returns `head` with the records above the cursor; nil for a state
+    /// that pulled before heads (it has no head to start from).
     func verifiedAbove(
-        _ connection: PostgresConnection, cursor: Int64, head: SyncHead, state: SyncState, pending: SyncState.Changes
+        _ connection: PostgresConnection, cursor: Int64, head: SyncHead, state: SyncState, pending: SyncState.Changes,
+        since base: VerifiedHead?
     ) throws(LockboxError) -> VerifiedHead? {
-        guard var sum = state.accumulator ?? (cursor == 0 ? SyncHead.empty.accumulator : nil) else { return nil }
+        var sum: [UInt8]
+        var listed: [String: SyncState.Listed]
+        let from: Int64
+        if let base {
+            (sum, listed, from) = (base.accumulator, base.listed, base.counter)
+            guard head.counter >= from else { throw rolledBack() }
+        } else {
+            guard let verified = state.accumulator ?? (cursor == 0 ? SyncHead.empty.accumulator : nil) else { return nil }
+            (sum, listed, from) = (verified, [:], cursor)
+        }
         let counted = try connection.execute(
-            "SELECT count(*) FROM lockbox_sync_items WHERE group_id = $1 AND version > $2", [.text(groupID), .integer(cursor)])
-        guard try PostgresConnection.integer(counted.first?[0] ?? nil) <= max(head.counter - cursor, 0) else {
+            "SELECT count(*) FROM lockbox_sync_items WHERE group_id = $1 AND version > $2", [.text(groupID), .integer(from)])
+        guard try PostgresConnection.integer(counted.first?[0] ?? nil) <= max(head.counter - from, 0) else {
             throw LockboxError.syncDatabase("The records of the sync database (more than its versions)")
         }
         let rows = try connection.executeBinary(
             "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 AND version > $2",
-            [.text(groupID), .integer(cursor)])
-        var listed: [String: SyncState.Listed] = [:]
-        for record in try receive(rows, from: cursor, counter: head.counter, keys: keys) {
+            [.text(groupID), .integer(from)])
+        for record in try receive(rows, from: from, counter: head.counter, keys: keys) {
             if let known = try state.entry(record.id, after: pending), record.sealed.record.stamp < known.stamp { throw rolledBack() }
-            if let old = try state.verified(record.id) { SyncHead.subtract(old.element, from: &sum) }
+            var old = listed[record.id]
+            if old == nil { old = try state.verified(record.id) }
+            if let old { SyncHead.subtract(old.element, from: &sum) }
             SyncHead.add(record.element, to: &sum)
             listed[record.id] = SyncState.Listed(version: record.version, element: record.element)
         }
         guard SyncHead.equal(sum, head.accumulator) else { throw SyncHead.withheld() }
+        // This device's writes above the cursor that the head no longer lists there: undone.
+        let lost = Set(state.unverifiedWrites.keys).union(pending.unverified.keys).count { listed[$0] == nil }
+        guard lost == 0 else { throw SyncHead.lostWrites(lost) }
         return VerifiedHead(counter: head.counter, accumulator: head.accumulator, listed: listed)
     }
 
@@ -970,8 +986,9 @@ public final class SyncGroup: Sendable {
         guard SyncHead.equal(accumulator, head.accumulator) else { throw SyncHead.withheld() }
         // This device's writes that no verified head listed yet are above the cursor: each must
         // be received (a later record of the item, or an older one, is judged above). One not
-        // received was undone in the database, and the head hides it.
-        if !state.unverifiedWrites.isEmpty {
+        // received was undone in the database, and the head hides it. (A recovery's pull reads
+        // every record, after writing back every item this device knew newer.)
+        if !fromScratch && !state.unverifiedWrites.isEmpty {
             let receivedIDs = Set(received.map(\.id))
             let lost = state.unverifiedWrites.keys.count { !receivedIDs.contains($0) }
             guard lost == 0 else { throw SyncHead.lostWrites(lost) }

@@ -193,8 +193,9 @@ final class SyncState {
                 try convertFirstFormat(database, key: key)
             } else if found == 2 {
                 try convertSecondFormat(database, key: key)
-            } else if found == 3, let progress = try readProgress(database, key: key, authenticated: { thirdFormatProgressMAC($0, key: $1) }) {
-                // Its MAC did not cover the list, just added, empty.
+            } else if found == 3, var progress = try readProgress(database, key: key, authenticated: { thirdFormatProgressMAC($0, key: $1) }) {
+                // Its MAC does not cover a list: none is taken from the file.
+                progress.unverified = []
                 try writeProgress(progress, database, key: key)
             }
             try database.execute("PRAGMA user_version = \(format)")
@@ -288,7 +289,9 @@ final class SyncState {
     private static func convertSecondFormat(_ database: Database, key: SecretBytes) throws(LockboxError) {
         let failure = LockboxError.integrity("The sync state \(database.path)")
         // Its `buckets` column was just added, empty; format 2's MAC does not cover it.
-        let progress = try readProgress(database, key: key) { secondFormatProgressMAC($0, key: $1) }
+        var progress = try readProgress(database, key: key) { secondFormatProgressMAC($0, key: $1) }
+        // Its MAC does not cover a list of unverified writes: none is taken from the file.
+        progress?.unverified = []
         let directory = BucketDirectory.new(database, key: key)
         for kind in [BucketKind.items, .rows] {
             let statement = try database.statement("SELECT bucket, body, mac FROM \(kind.table)")
@@ -1254,5 +1257,6 @@ final class SyncState {
         cursor = 0
         generation = 0
         accumulator = nil
+        unverifiedWrites = [:]
     }
 }

@@ -421,4 +421,68 @@ extension SyncTests {
         for machine in machines { #expect(try machine.value("a.example", "user") == "a3") }
         for group in groups { #expect(try group.sync().changedNothing) }
     }
+
+    @Test("Not in step, a push over a database that undid this device's unverified write (put back from a copy signed by another device) is refused before it writes; so is a removal")
+    func pushOverUndoneUnverifiedWrite() throws {
+        let (groups, machines, group) = try itemSyncedEverywhere()
+        tick()
+        try machines[1].add("y.example", "user", "y1")
+        try groups[1].sync()
+        let backup = try DatabaseBackup(group)
+        tick()
+        try machines[0].set("x.example", "user", "x2 from A")
+        #expect(try pushOnly(groups[0]).pushed == 1)
+        try backup.restore()
+        let before = try groupHead(group)
+        tick()
+        try machines[0].add("w.example", "user", "w1")
+        let error = #expect(throws: LockboxError.self) { try groups[0].sync() }
+        #expect(error?.code == .decode)
+        #expect(error?.message.contains("no longer holds 1 record this device wrote") == true)
+        #expect(try groupHead(group) == before, "nothing written")
+        let removal = #expect(throws: LockboxError.self) { try groups[0].removeDevice(groups[2].deviceID) }
+        #expect(removal?.code == .decode)
+        #expect(try groupHead(group) == before)
+        #expect(groups[0].keyEpoch == 0)
+        try groups[2].sync()
+        #expect(try machines[2].value("w.example", "user") == nil)
+        // Recovered: both writes reach everyone.
+        try groups[0].recoverDatabase()
+        for syncing in groups { try syncing.sync() }
+        for machine in machines {
+            #expect(try machine.value("x.example", "user") == "x2 from A")
+            #expect(try machine.value("w.example", "user") == "w1")
+        }
+    }
+
+    @Test("A device removal on a database restored from a backup (older than what the remover saw) is refused as a sync is, and re-seals nothing")
+    func removalOnRestoredDatabase() throws {
+        let (groups, machines) = try threeMachines()
+        try machines[0].add("a.example", "user", "a1")
+        for group in groups { try group.sync() }
+        let group = groups[0].groupID
+        let backup = try DatabaseBackup(group)
+        tick()
+        try machines[0].set("a.example", "user", "a2")
+        try groups[0].sync()
+        try groups[1].sync()
+        try backup.restore()
+        let before = try groupHead(group)
+        // B too: its own record is older than it saw, though the counter is not (C's write).
+        tick()
+        try machines[2].add("c.example", "user", "c1")
+        try groups[2].sync()
+        for index in 0...1 {
+            let error = #expect(throws: LockboxError.self) { try groups[index].removeDevice(groups[2].deviceID) }
+            #expect(error?.code == .decode)
+            #expect(groups[index].keyEpoch == 0)
+        }
+        #expect(try groupHead(group).counter == before.counter + 1)
+        try groups[0].recoverDatabase()
+        try groups[1].recoverDatabase()
+        try groups[0].removeDevice(groups[2].deviceID)
+        try groups[1].sync()
+        #expect(try machines[1].value("a.example", "user") == "a2")
+        #expect(try machines[1].value("c.example", "user") == "c1")
+    }
 }

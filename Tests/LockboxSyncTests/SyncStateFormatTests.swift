@@ -478,4 +478,27 @@ struct SyncStateFormatTests {
         #expect(try SyncState(path: path, device: Self.device, key: Self.key).unverifiedWrites.isEmpty)
         try Self.expectFixtureContent(try SyncState(path: path, device: Self.device, key: Self.key))
     }
+
+    @Test("A state of format 3 whose progress gained a list of unverified writes outside Lockbox is converted without it (its MAC never covered one)")
+    func thirdFormatTakesNoListFromTheFile() throws {
+        let (directory, path) = try Self.copyOfFixture()
+        _ = directory
+        _ = try SyncState(path: path, device: Self.device, key: Self.key)
+        try Self.thirdFormat(path)
+        var list = FieldEncoder()
+        list.integer(1)
+        list.string(Self.itemID(5))
+        list.integer(999_999)
+        list.bytes([UInt8](repeating: 7, count: 32))
+        let database = try Database(path: path, create: false)
+        try database.execute("ALTER TABLE progress ADD COLUMN unverified BLOB")
+        let put = try database.statement("UPDATE progress SET unverified = ?")
+        put.bind(1, list.bytes)
+        try put.run()
+        put.reset()
+        let converted = try SyncState(path: path, device: Self.device, key: Self.key)
+        #expect(converted.unverifiedWrites.isEmpty)
+        #expect(try SyncState(path: path, device: Self.device, key: Self.key).unverifiedWrites.isEmpty)
+        try Self.expectFixtureContent(converted)
+    }
 }
