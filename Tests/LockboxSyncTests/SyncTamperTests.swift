@@ -1,7 +1,9 @@
+import Dispatch
 import Foundation
 import Lockbox
 import LockboxTestSupport
 import LockboxVault
+import Synchronization
 import Testing
 
 @testable import LockboxSync
@@ -416,6 +418,22 @@ extension SyncTests {
         #expect(try groups[0].sync().pushed == 1)
         for syncing in groups { try syncing.sync() }
         for machine in machines { #expect(try machine.value("x.example", "user") == "x3 from A") }
+    }
+
+    @Test("Two devices pushing 1,500 new items each at the same moment, in batches that interleave: every batch's check of the head passes, and all three devices converge")
+    func concurrentBatchedPushes() throws {
+        let (groups, machines) = try threeMachines()
+        try machines[0].vault.add(contentsOf: synchronizableItems(1500, prefix: "a-"))
+        try machines[1].vault.add(contentsOf: synchronizableItems(1500, prefix: "b-"))
+        let failures = Mutex<[String]>([])
+        DispatchQueue.concurrentPerform(iterations: 2) { index in
+            do { try groups[index].sync() } catch { failures.withLock { $0.append("\(error)") } }
+        }
+        #expect(failures.withLock { $0 }.isEmpty)
+        for group in groups + groups { try group.sync() }
+        for machine in machines { #expect(try machine.count() == 3000) }
+        #expect(try storedRecords(groups[0].groupID).count == 3000)
+        for group in groups { #expect(try stateOf(group).unverifiedWrites.isEmpty) }
     }
 
     @Test("Not in step, a push over a record the administrator deleted, of an item this device never knew, is refused before it writes")
