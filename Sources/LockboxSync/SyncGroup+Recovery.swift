@@ -16,18 +16,20 @@ extension SyncGroup {
         public init() {}
     }
 
-    /// Puts back into the database what it lost, after it was restored from a backup: every item whose latest change this device knows, and that the
-    /// database holds no record of or an older one, is written again, a delete as a delete;
-    /// then this device reads every record, checks them against the database's head from
-    /// nothing, applies what other devices wrote, and syncs. The user's explicit answer to a
-    /// sync that reports the database rolled back, or missing records this device wrote.
+    /// Puts back into the database what it lost, after it was restored from a backup: every
+    /// item whose latest change this device knows, and that the database holds no record of or
+    /// an older one, is written again, a delete as a delete; then this device reads every
+    /// record, checks them against the database's head from nothing, applies what other devices
+    /// wrote, and syncs. The user's explicit answer to a sync that reports the database rolled
+    /// back, or missing records this device wrote.
     ///
     /// Only a database that is whole is taken: its records must add up to its head (signed
-    /// with the group key), or nothing is written. The values put back are read and sealed 500
-    /// at a time, while the group row stays locked (other devices' syncs wait). What it holds that is newer than this device
-    /// knows is kept and pulled; nothing this device knows is given up for an older record, so a
-    /// database that was rolled back on purpose gets back every change this device saw. Run it
-    /// on each device that reports the rollback: each puts back what it knew.
+    /// with the group key), or nothing is written. What it holds that is newer than this device
+    /// knows is kept and pulled; nothing this device knows is given up for an older record, so
+    /// a database that was rolled back on purpose gets back every change this device saw. The
+    /// values put back are read and sealed 500 at a time, while the group row stays locked
+    /// (other devices' syncs wait). Run it on each device that reports the rollback: each puts
+    /// back what it knew.
     ///
     /// - Throws: `decode` when the database's records do not add up to its head (tampered with,
     ///   or restored in part: nothing is written), or when it holds an earlier key epoch than
@@ -52,16 +54,8 @@ extension SyncGroup {
             // so a recovery cut off here leaves a device that still refuses the database (and
             // a headless one), and runs again.
             try pull(connection, state: state, report: &recovery.sync, floor: written, fromScratch: true, seed: restored)
-            // This device's own row, as joining wrote it (a restored database may predate it).
-            try connection.execute(
-                """
-                INSERT INTO lockbox_sync_devices (group_id, device_id, pulled_version, public_key, attestation) VALUES ($1, $2, 0, $3, $4)
-                ON CONFLICT (group_id, device_id) DO UPDATE SET public_key = excluded.public_key, attestation = excluded.attestation
-                """,
-                [
-                    .text(groupID), .text(device.id), .bytes(device.publicKey),
-                    .bytes(attestation(device.id, device.publicKey, keys: keys)),
-                ])
+            // This device's own row (a restored database may predate it).
+            try register(connection)
             let pushed = try push(connection, state: state, report: &recovery.sync)
             try pull(connection, state: state, report: &recovery.sync, floor: max(pushed, written))
             return recovery

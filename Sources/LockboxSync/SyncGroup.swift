@@ -250,13 +250,18 @@ public final class SyncGroup: Sendable {
         }
         try storeGroupKeys(keys, groupID: groupID, in: vault)
         let group = SyncGroup(groupID: groupID, vault: vault, database: database, keys: keys, device: device)
+        try group.register(connection)
+        return group
+    }
+
+    /// Writes this device's row in the database: its public key, attested with the group key.
+    func register(_ connection: PostgresConnection) throws(LockboxError) {
         try connection.execute(
             """
             INSERT INTO lockbox_sync_devices (group_id, device_id, pulled_version, public_key, attestation) VALUES ($1, $2, 0, $3, $4)
             ON CONFLICT (group_id, device_id) DO UPDATE SET public_key = excluded.public_key, attestation = excluded.attestation
             """,
-            [.text(groupID), .text(device.id), .bytes(device.publicKey), .bytes(group.attestation(device.id, device.publicKey, keys: keys))])
-        return group
+            [.text(groupID), .text(device.id), .bytes(device.publicKey), .bytes(attestation(device.id, device.publicKey, keys: keys))])
     }
 
     /// Seals the group keys under a key derived from `secret` (a passphrase or a pairing code)
