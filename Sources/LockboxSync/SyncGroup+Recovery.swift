@@ -85,7 +85,7 @@ extension SyncGroup {
                 throw LockboxError(.io, "The sync group's key changed during the recovery (a device was removed). Run it again.")
             }
             // No head: an empty group's (counter 0), else one removed or from before heads.
-            guard row[2] != nil || counter == 0 else { throw Self.incompleteDatabase() }
+            guard row[2] != nil || counter == 0 else { throw Self.headRemoved() }
             var head = try SyncHead.open(
                 try row[2].map { text throws(LockboxError) in try PostgresConnection.bytes(text) }, counter: counter, group: groupID, keys: keys)
             let listed = try connection.execute("SELECT count(*) FROM lockbox_sync_items WHERE group_id = $1", [.text(groupID)])

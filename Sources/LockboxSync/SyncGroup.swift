@@ -629,7 +629,11 @@ public final class SyncGroup: Sendable {
             } else if let checked, checked.isAt(head) {
                 expected = checked
             } else {
-                expected = try verifiedAbove(connection, cursor: cursor, head: head, state: state, pending: pending, since: checked)
+                // What earlier batches of this push wrote in step is unverified now too: the check
+                // requires it above the cursor with the rest.
+                var carried = pending
+                for (id, listed) in unverified { carried.unverified[id] = listed }
+                expected = try verifiedAbove(connection, cursor: cursor, head: head, state: state, pending: carried, since: checked)
             }
             // The database's records of the changed items, in one round trip.
             var existing: [String: (version: Int64, payload: [UInt8])] = [:]
@@ -859,7 +863,7 @@ public final class SyncGroup: Sendable {
     func establishHead(_ connection: PostgresConnection, state: SyncState) throws(LockboxError) {
         let missing = "SELECT counter FROM lockbox_sync_groups WHERE group_id = $1 AND head IS NULL AND counter > 0"
         guard try !connection.execute(missing, [.text(groupID)]).isEmpty else { return }
-        guard state.accumulator == nil else { throw SyncHead.tampered() }
+        guard state.accumulator == nil else { throw Self.headRemoved() }
         // Only a device that pulled the group before heads may vouch for its records, and only
         // for a set that holds, at least as new, every record it saw. A pull since heads always
         // records the head it verified with its cursor: a cursor without a head is a pull from
@@ -889,6 +893,17 @@ public final class SyncGroup: Sendable {
             try connection.execute(
                 "UPDATE lockbox_sync_groups SET head = $2 WHERE group_id = $1", [.text(groupID), .bytes(head.sealed(group: groupID, keys: keys))])
         }
+    }
+
+    /// A group without a head, seen by a device that verified one.
+    static func headRemoved() -> LockboxError {
+        LockboxError(
+            .decode,
+            "The sync database holds no head (the signed list of its records), though this device verified one: the head was "
+                + "removed, or the database was restored from a backup made before heads. Nothing was applied. If it was restored, "
+                + "sync once on a device that synced the group before heads and not since (it restores the head), then run "
+                + "`lockbox sync recover` here; if there is none, create a new group (`lockbox sync create --replace-group`) and join "
+                + "the devices to it.")
     }
 
     static func headless() -> LockboxError {
@@ -989,6 +1004,15 @@ public final class SyncGroup: Sendable {
             pending.verified[record.id] = SyncState.Listed(version: record.version, element: record.element)
         }
         guard SyncHead.equal(accumulator, head.accumulator) else { throw SyncHead.withheld() }
+        if fromScratch {
+            // Records are never deleted: every item this device knows, and every record a
+            // recovery just wrote, must be among those the head lists (a signed view of the
+            // group that lacks them is an older or other one).
+            let receivedIDs = Set(received.map(\.id))
+            guard try state.allEntries().keys.allSatisfy(receivedIDs.contains), seed.entries.keys.allSatisfy(receivedIDs.contains) else {
+                throw SyncHead.withheld()
+            }
+        }
         // This device's writes that no verified head listed yet are above the cursor: each must
         // be received (a later record of the item, or an older one, is judged above). One not
         // received was undone in the database, and the head hides it. (A recovery's pull reads
@@ -1056,10 +1080,16 @@ public final class SyncGroup: Sendable {
         timer.lap(\.state)
         try connection.execute(
             """
-            INSERT INTO lockbox_sync_devices (group_id, device_id, pulled_version, last_sync) VALUES ($1, $2, $3, now())
+            INSERT INTO lockbox_sync_devices (group_id, device_id, pulled_version, last_sync, public_key, attestation)
+            VALUES ($1, $2, $3, now(), $4, $5)
             ON CONFLICT (group_id, device_id) DO UPDATE SET pulled_version = excluded.pulled_version, last_sync = now()
             """,
-            [.text(groupID), .text(device.id), .integer(counter)])
+            // A row missing (a database restored from before this device joined) is written
+            // again as joining wrote it, attested: an unattested row is dropped at the next removal.
+            [
+                .text(groupID), .text(device.id), .integer(counter), .bytes(device.publicKey),
+                .bytes(attestation(device.id, device.publicKey, keys: keys)),
+            ])
         timer.lap(\.cursor)
         lastPullTimings.withLock { $0 = timer.timings }
     }

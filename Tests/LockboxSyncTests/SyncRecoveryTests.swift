@@ -485,4 +485,128 @@ extension SyncTests {
         #expect(try machines[1].value("a.example", "user") == "a2")
         #expect(try machines[1].value("c.example", "user") == "c1")
     }
+
+    /// A copy of the group's records and row in tables of the database (`prefix`_items,
+    /// `prefix`_groups), which a trigger can put in place at a chosen moment. Returns what
+    /// drops them.
+    func copyInDatabase(_ group: String, prefix: String) throws -> () -> Void {
+        let admin = try PostgresConnection(try testDatabase())
+        for table in ["\(prefix)_items", "\(prefix)_groups"] { try admin.execute("DROP TABLE IF EXISTS \(table)") }
+        try admin.execute("CREATE TABLE \(prefix)_items AS SELECT * FROM lockbox_sync_items WHERE group_id = $1", [.text(group)])
+        try admin.execute("CREATE TABLE \(prefix)_groups AS SELECT * FROM lockbox_sync_groups WHERE group_id = $1", [.text(group)])
+        return { for table in ["\(prefix)_items", "\(prefix)_groups"] { _ = try? admin.execute("DROP TABLE IF EXISTS \(table)") } }
+    }
+
+    /// PL/pgSQL that puts the copy `prefix` in place of the group's records and row.
+    func swapIn(_ group: String, prefix: String) -> String {
+        """
+        DELETE FROM lockbox_sync_items WHERE group_id = '\(group)';
+        INSERT INTO lockbox_sync_items SELECT * FROM \(prefix)_items;
+        UPDATE lockbox_sync_groups SET counter = (SELECT counter FROM \(prefix)_groups), head = (SELECT head FROM \(prefix)_groups)
+        WHERE group_id = '\(group)';
+        """
+    }
+
+    @Test("The administrator swaps in, as the recovery writes, a later view of the restored group that lacks the record it put back: the recovery's pull refuses it, and nothing is lost")
+    func recoveryPullRefusesAViewWithoutItsRecords() throws {
+        let (groups, machines) = try threeMachines()
+        try machines[0].add("a.example", "user", "a1")
+        for group in groups { try group.sync() }
+        let group = groups[0].groupID
+        let backup = try DatabaseBackup(group)
+        let restoredCounter = try groupHead(group).counter
+        tick()
+        try machines[0].add("x.example", "user", "x1")
+        try groups[0].sync()
+        try backup.restore()
+        // C, behind the backup, writes into the restored database: a later view, signed, without x.
+        for name in ["c1", "c2", "c3"] { try machines[2].add("\(name).example", "user", name) }
+        try groups[2].sync()
+        let drop = try copyInDatabase(group, prefix: "lockbox_test_view")
+        defer { drop() }
+        try backup.restore()
+        let swap = try administratorTrigger(
+            on: "lockbox_sync_groups", when: "NEW.group_id = '\(group)' AND NEW.counter = \(restoredCounter + 1)",
+            body: swapIn(group, prefix: "lockbox_test_view"))
+        defer { swap() }
+        let error = #expect(throws: LockboxError.self) { try groups[0].recoverDatabase() }
+        #expect(error?.code == .decode)
+        swap()
+        // Run again on that view: x is put back, and everyone gets it.
+        let recovery = try groups[0].recoverDatabase()
+        #expect(recovery.restored == 1)
+        let x = try itemID(groups[0], machines[0], "x.example")
+        #expect(try storedRecords(group).map(\.id).contains(x))
+        let (late, lateMachine) = try newcomer(groups[0])
+        try late.sync()
+        #expect(try lateMachine.value("x.example", "user") == "x1")
+        #expect(try lateMachine.value("c3.example", "user") == "c3")
+    }
+
+    @Test("A device that joined after the backup keeps an attested row when the database is restored from before it: a later removal of another device leaves it in the group")
+    func deviceJoinedAfterBackupStaysAttested() throws {
+        let (groups, machines) = try threeMachines()
+        try machines[0].add("a.example", "user", "a1")
+        for group in groups { try group.sync() }
+        let backup = try DatabaseBackup(groups[0].groupID)
+        let (late, lateMachine) = try newcomer(groups[0])
+        try late.sync()
+        #expect(try lateMachine.value("a.example", "user") == "a1")
+        try backup.restore()
+        for group in groups + [late] { try group.sync() }
+        #expect(try groups[0].devices().first { $0.id == late.deviceID }?.isAttested == true)
+        try groups[0].removeDevice(groups[2].deviceID)
+        try late.sync()
+        try machines[0].set("a.example", "user", "a2")
+        try groups[0].sync()
+        try late.sync()
+        #expect(try lateMachine.value("a.example", "user") == "a2")
+    }
+
+    @Test("A push whose first batch was written in step, undone by the administrator before its second: the second batch refuses before it writes")
+    func undoneInStepBatchIsFoundByTheNext() throws {
+        let (groups, machines, group) = try itemSyncedEverywhere()
+        let verified = try DatabaseBackup(group)
+        try machines[1].vault.add(contentsOf: synchronizableItems(600, prefix: "b-"))
+        try groups[1].sync()
+        let drop = try copyInDatabase(group, prefix: "lockbox_test_other")
+        defer { drop() }
+        let other = try groupHead(group).counter
+        try verified.restore()
+        let start = try groupHead(group).counter
+        try machines[0].vault.add(contentsOf: synchronizableItems(600, prefix: "a-"))
+        let swap = try administratorTrigger(
+            on: "lockbox_sync_groups", when: "NEW.group_id = '\(group)' AND NEW.counter = \(start + Int64(SyncGroup.pushBatch))",
+            body: swapIn(group, prefix: "lockbox_test_other"))
+        defer { swap() }
+        let error = #expect(throws: LockboxError.self) { try groups[0].sync() }
+        swap()
+        #expect(error?.code == .decode)
+        #expect(error?.message.contains("no longer holds 500 records this device wrote") == true, "\(error?.message ?? "")")
+        #expect(try groupHead(group).counter == other, "the second batch wrote nothing")
+    }
+
+    @Test("A backup from before heads restored after the devices verified heads: sync and recovery say how to give it a head, and recovery then works")
+    func preHeadsBackupRestored() throws {
+        let (groups, machines) = try threeMachines()
+        try machines[0].add("a.example", "user", "a1")
+        for group in groups { try group.sync() }
+        let group = groups[0].groupID
+        // As a group from before heads: no head, and devices that pulled it without one.
+        try PostgresConnection(try testDatabase()).execute("UPDATE lockbox_sync_groups SET head = NULL WHERE group_id = $1", [.text(group)])
+        for syncing in groups { try stateOf(syncing).forgetVerifiedHead() }
+        let backup = try DatabaseBackup(group)
+        tick()
+        try machines[0].set("a.example", "user", "a2")
+        try groups[0].sync()
+        try backup.restore()
+        let refused = #expect(throws: LockboxError.self) { try groups[0].sync() }
+        #expect(refused?.message.contains("before heads") == true && refused?.message.contains("lockbox sync recover") == true)
+        let recoveryRefused = #expect(throws: LockboxError.self) { try groups[0].recoverDatabase() }
+        #expect(recoveryRefused?.message.contains("before heads") == true)
+        try groups[1].sync()
+        #expect(try groups[0].recoverDatabase().restored == 1)
+        try groups[1].sync()
+        #expect(try machines[1].value("a.example", "user") == "a2")
+    }
 }
