@@ -22,6 +22,9 @@ extension SyncGroup {
         /// The changes the next push would write: items added or changed here since the last
         /// push (not ThisDeviceOnly ones, which never leave), and items deleted here.
         public var pendingLocalChanges: Int
+        /// Records this device wrote while another device was writing, that no head it verified
+        /// lists yet: its next pull must find each of them (else the database undid it).
+        public var unverifiedWrites = 0
         /// Versions the database holds above this device's cursor; nil when unreachable.
         public var pendingRemoteVersions: Int?
         /// When this device last synced (the database's clock, UTC); nil when never or unreachable.
@@ -54,6 +57,7 @@ extension SyncGroup {
                 syncedItems: try state.liveEntryCount,
                 pendingLocalChanges: try pendingChanges(state: state))
             status.headFingerprint = state.accumulator.map { Array($0.prefix(8)).hexString }
+            status.unverifiedWrites = state.unverifiedWrites.count
             status.deletionRecords = try vault.deletionRecordHealth()
             do throws(LockboxError) {
                 let connection = try PostgresConnection(database)

@@ -384,6 +384,7 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
                 "\"group\": \(jsonString(status.groupID))", "\"device\": \(jsonString(status.deviceID))",
                 "\"keyEpoch\": \(status.keyEpoch)", "\"pulledVersion\": \(status.pulledVersion)",
                 "\"pendingLocalChanges\": \(status.pendingLocalChanges)", "\"syncedItems\": \(status.syncedItems)",
+                "\"unverifiedWrites\": \(status.unverifiedWrites)",
                 "\"databaseReachable\": \(status.unreachable == nil)",
                 "\"deletionRecords\": \(status.deletionRecords.records)", "\"deletionRecordsSound\": \(status.deletionRecords.isSound)",
             ]
@@ -408,6 +409,11 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
             streams.print("last sync:        \(status.lastSync.map(shown) ?? (status.unreachable == nil && status.databaseProblem == nil ? "never" : unknownLastSync))")
             streams.print("synced items:     \(status.syncedItems)")
             streams.print("pending here:     \(status.pendingLocalChanges) change(s) for the next push")
+            if status.unverifiedWrites > 0 {
+                streams.print(
+                    "written here:     \(status.unverifiedWrites) record(s) while another device wrote, "
+                        + "to be found in the group's head by the next sync")
+            }
             if status.deletionRecords.isSound {
                 streams.print("deletion records: \(status.deletionRecords.records) (deletes made or applied here, kept 180 days for sync), sound")
             } else {

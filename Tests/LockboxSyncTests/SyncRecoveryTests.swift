@@ -293,8 +293,16 @@ extension SyncTests {
         try otherMachines[0].set("x.example", "user", "x2")
         #expect(try pushOnly(others[0]).pushed == 1)
         #expect(try stateOf(others[0]).unverifiedWrites.count == 1)
+        // Status shows it, in the library and from the command line.
+        #expect(try others[0].status().unverifiedWrites == 1)
+        try SyncCLI.configure(otherMachines[0], group: others[0].groupID, database: try testDatabase())
+        let text = try SyncCLI.run(otherMachines[0], ["sync", "status"])
+        #expect(text.standardOutput.contains("written here:     1 record(s) while another device wrote"), "\(text.standardOutput)")
+        let json = try SyncCLI.run(otherMachines[0], ["sync", "status", "--json"])
+        #expect(json.standardOutput.contains("\"unverifiedWrites\": 1"))
         #expect(try others[0].sync().pulled == 1)
         #expect(try stateOf(others[0]).unverifiedWrites.isEmpty)
+        #expect(try others[0].status().unverifiedWrites == 0)
         try others[1].sync()
         #expect(try otherMachines[1].value("x.example", "user") == "x2")
     }
