@@ -70,6 +70,22 @@ extension SyncGroup {
                 // A group row below what this device verified: the sync would be refused.
                 let counter = try connection.execute("SELECT counter FROM lockbox_sync_groups WHERE group_id = $1", [.text(groupID)])
                 if let row = counter.first, try PostgresConnection.integer(row[0]) < state.cursor { throw rolledBack() }
+                // What else a sync would refuse: the records above the cursor checked against the
+                // head as a push not in step checks them (withheld, replayed, this device's
+                // writes undone), in one snapshot.
+                if state.accumulator != nil {
+                    let keys = self.keys
+                    try connection.transaction { () throws(LockboxError) in
+                        try connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                        let rows = try connection.execute(
+                            "SELECT counter, key_epoch, head FROM lockbox_sync_groups WHERE group_id = $1", [.text(groupID)])
+                        guard let row = rows.first, try PostgresConnection.integer(row[1]) == keys.epoch else { return }
+                        let head = try SyncHead.open(
+                            try row[2].map { text throws(LockboxError) in try PostgresConnection.bytes(text) },
+                            counter: try PostgresConnection.integer(row[0]), group: groupID, keys: keys)
+                        _ = try verifiedAbove(connection, cursor: state.cursor, head: head, state: state, pending: SyncState.Changes(), since: nil)
+                    }
+                }
                 let pending = try connection.execute(
                     "SELECT count(*) FROM lockbox_sync_items WHERE group_id = $1 AND version > $2", [.text(groupID), .integer(state.cursor)])
                 status.pendingRemoteVersions = Int(try PostgresConnection.integer(pending.first?[0] ?? nil))

@@ -1078,20 +1078,33 @@ public final class SyncGroup: Sendable {
         timer.lap(\.vault)
         if let started { try started.commit() } else { try state.commit(pending) }
         timer.lap(\.state)
-        try connection.execute(
-            """
-            INSERT INTO lockbox_sync_devices (group_id, device_id, pulled_version, last_sync, public_key, attestation)
-            VALUES ($1, $2, $3, now(), $4, $5)
-            ON CONFLICT (group_id, device_id) DO UPDATE SET pulled_version = excluded.pulled_version, last_sync = now()
-            """,
-            // A row missing (a database restored from before this device joined) is written
-            // again as joining wrote it, attested: an unattested row is dropped at the next removal.
-            [
-                .text(groupID), .text(device.id), .integer(counter), .bytes(device.publicKey),
-                .bytes(attestation(device.id, device.publicKey, keys: keys)),
-            ])
+        try recordPull(connection, counter: counter)
         timer.lap(\.cursor)
         lastPullTimings.withLock { $0 = timer.timings }
+    }
+
+    /// This device's cursor and last sync in its row. A row missing (a database restored from
+    /// before this device joined) is written again as joining wrote it, attested: an
+    /// unattested row is dropped at the next removal. Under a shared lock of the group row, and
+    /// only while the group's key epoch is still this device's: a removal of this device that
+    /// committed during the pull is not undone by writing its row back.
+    func recordPull(_ connection: PostgresConnection, counter: Int64) throws(LockboxError) {
+        let keys = self.keys
+        try connection.transaction { () throws(LockboxError) in
+            let epoch = try connection.execute(
+                "SELECT key_epoch FROM lockbox_sync_groups WHERE group_id = $1 FOR SHARE", [.text(groupID)])
+            guard let row = epoch.first, try PostgresConnection.integer(row[0]) == keys.epoch else { return }
+            try connection.execute(
+                """
+                INSERT INTO lockbox_sync_devices (group_id, device_id, pulled_version, last_sync, public_key, attestation)
+                VALUES ($1, $2, $3, now(), $4, $5)
+                ON CONFLICT (group_id, device_id) DO UPDATE SET pulled_version = excluded.pulled_version, last_sync = now()
+                """,
+                [
+                    .text(groupID), .text(device.id), .integer(counter), .bytes(device.publicKey),
+                    .bytes(attestation(device.id, device.publicKey, keys: keys)),
+                ])
+        }
     }
 
     /// Changes from which a pull applies them through ``Vault/applyChanges(count:concurrently:)``.

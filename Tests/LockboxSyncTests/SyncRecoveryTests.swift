@@ -1,3 +1,4 @@
+import Dispatch
 import Foundation
 import Lockbox
 import LockboxTestSupport
@@ -616,5 +617,73 @@ extension SyncTests {
         #expect(try groups[0].recoverDatabase().restored == 1)
         try groups[1].sync()
         #expect(try machines[1].value("a.example", "user") == "a2")
+    }
+
+    @Test("A device removed while its pull is in flight does not write its row back (it is not listed again)")
+    func removedDeviceInFlightStaysRemoved() throws {
+        let (groups, machines) = try threeMachines()
+        try machines[0].add("a.example", "user", "a1")
+        for group in groups { try group.sync() }
+        let removed = groups[1]
+        // The removed device's row write waits two seconds, while the removal runs.
+        let setup = try PostgresConnection(try testDatabase())
+        try setup.execute(
+            "CREATE OR REPLACE FUNCTION lockbox_test_slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(2); RETURN NEW; END $$")
+        try setup.execute(
+            "CREATE TRIGGER lockbox_test_slow BEFORE INSERT ON lockbox_sync_devices FOR EACH ROW "
+                + "WHEN (NEW.device_id = '\(removed.deviceID)') EXECUTE FUNCTION lockbox_test_slow()")
+        defer {
+            _ = try? setup.execute("DROP TRIGGER IF EXISTS lockbox_test_slow ON lockbox_sync_devices")
+            _ = try? setup.execute("DROP FUNCTION IF EXISTS lockbox_test_slow()")
+        }
+        let done = DispatchSemaphore(value: 0)
+        let thread = Thread {
+            _ = try? removed.sync()
+            done.signal()
+        }
+        thread.start()
+        Thread.sleep(forTimeInterval: 0.7)
+        try groups[0].removeDevice(removed.deviceID)
+        done.wait()
+        #expect(try !groups[0].devices().contains { $0.id == removed.deviceID })
+        #expect(throws: LockboxError.self) { try removed.sync() }
+    }
+
+    @Test("sync status reports what a sync would refuse past the rollback check: a restored database another device wrote past, and this device's write undone")
+    func statusReportsWhatASyncRefuses() throws {
+        let (groups, machines) = try threeMachines()
+        try machines[0].add("a.example", "user", "a1")
+        for group in groups { try group.sync() }
+        let backup = try DatabaseBackup(groups[0].groupID)
+        tick()
+        try machines[0].set("a.example", "user", "a2")
+        try groups[0].sync()
+        try backup.restore()
+        for index in 0..<3 {
+            tick()
+            try machines[2].add("c\(index).example", "user", "c")
+        }
+        try groups[2].sync()
+        let status = try groups[0].status()
+        #expect(status.databaseProblem?.contains("lockbox sync recover") == true, "\(status.databaseProblem ?? "no problem shown")")
+        #expect(status.pendingLocalChanges == 0)
+
+        let (others, otherMachines, group) = try itemSyncedEverywhere()
+        tick()
+        try otherMachines[1].add("y.example", "user", "y1")
+        try others[1].sync()
+        let copy = try DatabaseBackup(group)
+        tick()
+        try otherMachines[0].set("x.example", "user", "x2 from A")
+        #expect(try pushOnly(others[0]).pushed == 1)
+        try copy.restore()
+        tick()
+        try otherMachines[2].add("z.example", "user", "z1")
+        try others[2].sync()
+        let undone = try others[0].status()
+        #expect(undone.unverifiedWrites == 1)
+        #expect(undone.databaseProblem?.contains("no longer holds 1 record this device wrote") == true, "\(undone.databaseProblem ?? "none")")
+        // An honest group: no problem shown.
+        #expect(try others[1].status().databaseProblem == nil)
     }
 }
