@@ -39,13 +39,7 @@ extension SyncGroup {
     @discardableResult
     public func recoverDatabase() throws(LockboxError) -> Recovery {
         try Self.requireUnlocked(vault, "Unlock it to recover the sync database: what this device puts back is read from its items.")
-        return try syncing.withLock { _ throws(LockboxError) -> Recovery in
-            let lock = try SyncLock(statePath: statePath)
-            defer { withExtendedLifetime(lock) {} }
-            let connection = try PostgresConnection(database)
-            try SyncSchema.migrate(connection)
-            try catchUpKeys(connection)
-            let state = try SyncState(path: statePath, device: device.id, key: device.stateKey)
+        return try session { connection, state throws(LockboxError) -> Recovery in
             var recovery = Recovery()
             let (written, restored) = try restore(connection, state: state, recovery: &recovery)
             // The database's records, with those just written, read and checked against its head
@@ -146,27 +140,18 @@ extension SyncGroup {
                 let deletedAt = try vault.deletionTimes(of: rowOf.values.filter { local[$0] == nil })
                 for id in batch {
                     let entry = known[id]!
-                    let record: SyncRecord
+                    var record: SyncRecord
                     let reference = rowOf[id]
                     if entry.isTombstone {
                         record = SyncRecord(stamp: entry.stamp, item: nil, contentDigest: [])
                     } else if let reference, let mine = local[reference], itemID(mine.item) == id {
-                        var item = mine.item
-                        item.attributes = SyncRecord.travelling(item.attributes)
-                        item.persistentReference = nil
-                        let stamp =
-                            mine.digest == entry.contentDigest
-                            ? entry.stamp
-                            : SyncStamp(
-                                modified: max(Self.milliseconds(mine.item.attributes.modificationDate), entry.stamp.modified + 1),
-                                device: device.id)
-                        record = SyncRecord(stamp: stamp, item: item, contentDigest: mine.digest)
+                        record = self.record(of: mine, after: entry)
+                        // Unchanged here: the record as this device knew it, with its stamp.
+                        if mine.digest == entry.contentDigest { record.stamp = entry.stamp }
                     } else {
                         // Deleted here since this device's last push (or its row holds another
                         // item now): the delete its next push would write.
-                        let madeAt = reference.flatMap { deletedAt[$0] }.map(Self.milliseconds) ?? 0
-                        record = SyncRecord(
-                            stamp: SyncStamp(modified: max(madeAt, entry.stamp.modified + 1), device: device.id), item: nil, contentDigest: [])
+                        record = deletion(madeAt: reference.flatMap { deletedAt[$0] }.map(Self.milliseconds) ?? 0, after: entry)
                     }
                     counter = try SyncHead.version(after: counter)
                     if let replaced = held[id] { SyncHead.subtract(replaced.element, from: &head.accumulator) }

@@ -352,18 +352,24 @@ public final class SyncGroup: Sendable {
     @discardableResult
     public func sync() throws(LockboxError) -> Report {
         try Self.requireUnlocked(vault, "Unlock it to sync: locked items cannot be read, and are never taken for deleted ones.")
-        return try syncing.withLock { _ throws(LockboxError) -> Report in
-            // One sync of this vault and group at a time, across processes too.
+        return try session { connection, state throws(LockboxError) -> Report in
+            var report = Report()
+            let written = try push(connection, state: state, report: &report)
+            try pull(connection, state: state, report: &report, floor: written)
+            return report
+        }
+    }
+
+    /// Runs `body` as one sync of this vault and group (across processes too, under the sync
+    /// lock), with a connection whose schema and keys are current and the local state.
+    func session<T>(_ body: (PostgresConnection, SyncState) throws(LockboxError) -> T) throws(LockboxError) -> T {
+        try syncing.withLock { _ throws(LockboxError) -> T in
             let lock = try SyncLock(statePath: statePath)
             defer { withExtendedLifetime(lock) {} }
             let connection = try PostgresConnection(database)
             try SyncSchema.migrate(connection)
             try catchUpKeys(connection)
-            let state = try SyncState(path: statePath, device: device.id, key: device.stateKey)
-            var report = Report()
-            let written = try push(connection, state: state, report: &report)
-            try pull(connection, state: state, report: &report, floor: written)
-            return report
+            return try body(connection, try SyncState(path: statePath, device: device.id, key: device.stateKey))
         }
     }
 
@@ -480,12 +486,7 @@ public final class SyncGroup: Sendable {
                     pending.setRow(reference, .some(id))
                     let known = try state.entry(id, after: pending)
                     if Self.isPushed(local, known: known) { continue }
-                    // Causally after the version this device had seen, whatever its clock says.
-                    let modified = max(Self.milliseconds(local.item.attributes.modificationDate), (known?.stamp.modified ?? 0) + 1)
-                    var item = local.item
-                    item.attributes = SyncRecord.travelling(item.attributes)
-                    item.persistentReference = nil
-                    changes.append((id, SyncRecord(stamp: SyncStamp(modified: modified, device: device.id), item: item, contentDigest: local.digest)))
+                    changes.append((id, record(of: local, after: known)))
                 }
             }
             try state.inSnapshot { () throws(LockboxError) in
@@ -507,8 +508,7 @@ public final class SyncGroup: Sendable {
         }
         var tombstones: [(id: String, record: SyncRecord)] = []
         for (id, known) in try Self.deleted(former: former, produced: produced, state: state) {
-            let modified = max(deletedAt[id] ?? 0, known.stamp.modified + 1)
-            tombstones.append((id, SyncRecord(stamp: SyncStamp(modified: modified, device: device.id), item: nil, contentDigest: [])))
+            tombstones.append((id, deletion(madeAt: deletedAt[id] ?? 0, after: known)))
         }
         try write(
             tombstones, connection: connection, state: state, pending: &pending, inStep: &inStep, checked: &checked, floor: &floor,
@@ -566,6 +566,22 @@ public final class SyncGroup: Sendable {
                 return nil
             }
         }
+    }
+
+    /// The record a push writes of a local item: stamped when it was modified, and causally after
+    /// the version this device had seen, whatever its clock says.
+    func record(of local: LocalItem, after known: SyncState.Entry?) -> SyncRecord {
+        let modified = max(Self.milliseconds(local.item.attributes.modificationDate), (known?.stamp.modified ?? 0) + 1)
+        var item = local.item
+        item.attributes = SyncRecord.travelling(item.attributes)
+        item.persistentReference = nil
+        return SyncRecord(stamp: SyncStamp(modified: modified, device: device.id), item: item, contentDigest: local.digest)
+    }
+
+    /// The tombstone a push writes of an item deleted here at `madeAt` (milliseconds; 0 when the
+    /// vault recorded no time): just after the version this device knew, at the latest.
+    func deletion(madeAt: Int64, after known: SyncState.Entry) -> SyncRecord {
+        SyncRecord(stamp: SyncStamp(modified: max(madeAt, known.stamp.modified + 1), device: device.id), item: nil, contentDigest: [])
     }
 
     /// Whether the group already holds an item's local content, as this device last saw its

@@ -193,7 +193,7 @@ final class SyncState {
                 try convertFirstFormat(database, key: key)
             } else if found == 2 {
                 try convertSecondFormat(database, key: key)
-            } else if found == 3, var progress = try readProgress(database, key: key, authenticated: { thirdFormatProgressMAC($0, key: $1) }) {
+            } else if found == 3, var progress = try readProgress(database, key: key, authenticated: { progressMAC($0, key: $1, format: 3) }) {
                 // Its MAC does not cover a list: none is taken from the file.
                 progress.unverified = []
                 try writeProgress(progress, database, key: key)
@@ -289,7 +289,7 @@ final class SyncState {
     private static func convertSecondFormat(_ database: Database, key: SecretBytes) throws(LockboxError) {
         let failure = LockboxError.integrity("The sync state \(database.path)")
         // Its `buckets` column was just added, empty; format 2's MAC does not cover it.
-        var progress = try readProgress(database, key: key) { secondFormatProgressMAC($0, key: $1) }
+        var progress = try readProgress(database, key: key) { progressMAC($0, key: $1, format: 2) }
         // Its MAC does not cover a list of unverified writes: none is taken from the file.
         progress?.unverified = []
         let directory = BucketDirectory.new(database, key: key)
@@ -325,41 +325,18 @@ final class SyncState {
         var unverified: [UInt8]
     }
 
-    private static func progressMAC(_ progress: Progress, key: SecretBytes) -> [UInt8] {
+    /// The progress's MAC in `format` (2: no sum of the buckets; 3: no list of unverified
+    /// writes; 4: the current one).
+    private static func progressMAC(_ progress: Progress, key: SecretBytes, format: Int = SyncState.format) -> [UInt8] {
         var encoder = FieldEncoder()
-        encoder.string("lockbox.sync.state.progress.v6")
+        encoder.string(["lockbox.sync.state.progress.v3", "lockbox.sync.state.progress.v5", "lockbox.sync.state.progress.v6"][format - 2])
         encoder.string(progress.device)
         encoder.integer(Int(progress.cursor))
         encoder.integer(progress.generation)
         encoder.integer(progress.rows)
         encoder.bytes(progress.accumulator)
-        encoder.bytes(progress.buckets)
-        encoder.bytes(progress.unverified)
-        return Crypto.keyedDigest(encoder.bytes, key: key)
-    }
-
-    /// The progress's MAC in format 3 (no list of unverified writes).
-    private static func thirdFormatProgressMAC(_ progress: Progress, key: SecretBytes) -> [UInt8] {
-        var encoder = FieldEncoder()
-        encoder.string("lockbox.sync.state.progress.v5")
-        encoder.string(progress.device)
-        encoder.integer(Int(progress.cursor))
-        encoder.integer(progress.generation)
-        encoder.integer(progress.rows)
-        encoder.bytes(progress.accumulator)
-        encoder.bytes(progress.buckets)
-        return Crypto.keyedDigest(encoder.bytes, key: key)
-    }
-
-    /// The progress's MAC in format 2 (no sum of the buckets).
-    private static func secondFormatProgressMAC(_ progress: Progress, key: SecretBytes) -> [UInt8] {
-        var encoder = FieldEncoder()
-        encoder.string("lockbox.sync.state.progress.v3")
-        encoder.string(progress.device)
-        encoder.integer(Int(progress.cursor))
-        encoder.integer(progress.generation)
-        encoder.integer(progress.rows)
-        encoder.bytes(progress.accumulator)
+        if format >= 3 { encoder.bytes(progress.buckets) }
+        if format >= 4 { encoder.bytes(progress.unverified) }
         return Crypto.keyedDigest(encoder.bytes, key: key)
     }
 

@@ -226,17 +226,25 @@ extension SyncTests {
         return report
     }
 
-    @Test("A push not in step, undone by the administrator and hidden behind another device's later write before the device pulls, is an error at the pull (nothing applied), and recovered")
-    func undoneUnverifiedPushIsFound() throws {
+    /// Three machines that synced `x.example`; B then adds an item, the administrator copies the
+    /// group's rows, and A pushes an edit of `x` not in step (its sync cut off before the pull):
+    /// one unverified write.
+    func unverifiedWrite() throws -> (groups: [SyncGroup], machines: [Machine], group: String, copy: DatabaseBackup) {
         let (groups, machines, group) = try itemSyncedEverywhere()
         // B writes: A is no longer in step with the database.
         tick()
         try machines[1].add("y.example", "user", "y1")
         try groups[1].sync()
-        let backup = try DatabaseBackup(group)
+        let copy = try DatabaseBackup(group)
         tick()
         try machines[0].set("x.example", "user", "x2 from A")
         #expect(try pushOnly(groups[0]).pushed == 1)
+        return (groups, machines, group, copy)
+    }
+
+    @Test("A push not in step, undone by the administrator and hidden behind another device's later write before the device pulls, is an error at the pull (nothing applied), and recovered")
+    func undoneUnverifiedPushIsFound() throws {
+        let (groups, machines, _, backup) = try unverifiedWrite()
         #expect(try stateOf(groups[0]).unverifiedWrites.count == 1)
         // Undone, and C's write moves the head past where A's write was.
         try backup.restore()
@@ -433,14 +441,7 @@ extension SyncTests {
 
     @Test("Not in step, a push over a database that undid this device's unverified write (put back from a copy signed by another device) is refused before it writes; so is a removal")
     func pushOverUndoneUnverifiedWrite() throws {
-        let (groups, machines, group) = try itemSyncedEverywhere()
-        tick()
-        try machines[1].add("y.example", "user", "y1")
-        try groups[1].sync()
-        let backup = try DatabaseBackup(group)
-        tick()
-        try machines[0].set("x.example", "user", "x2 from A")
-        #expect(try pushOnly(groups[0]).pushed == 1)
+        let (groups, machines, group, backup) = try unverifiedWrite()
         try backup.restore()
         let before = try groupHead(group)
         tick()
@@ -668,14 +669,7 @@ extension SyncTests {
         #expect(status.databaseProblem?.contains("lockbox sync recover") == true, "\(status.databaseProblem ?? "no problem shown")")
         #expect(status.pendingLocalChanges == 0)
 
-        let (others, otherMachines, group) = try itemSyncedEverywhere()
-        tick()
-        try otherMachines[1].add("y.example", "user", "y1")
-        try others[1].sync()
-        let copy = try DatabaseBackup(group)
-        tick()
-        try otherMachines[0].set("x.example", "user", "x2 from A")
-        #expect(try pushOnly(others[0]).pushed == 1)
+        let (others, otherMachines, _, copy) = try unverifiedWrite()
         try copy.restore()
         tick()
         try otherMachines[2].add("z.example", "user", "z1")
