@@ -38,6 +38,10 @@ public final class SyncGroup: Sendable {
     let syncing = Mutex(())
     /// Where the last pull spent its time (lockbox-sync-bench prints it).
     package let lastPullTimings = Mutex(PullTimings())
+    /// Called once the rows a pull adds are listed in the state, before the vault commits them
+    /// (what it throws rolls the vault's transaction back): the tests copy the state there, as
+    /// a process stopped after the vault's commit leaves it, or stop the commit.
+    let afterListingAdded = Mutex<(@Sendable () throws(LockboxError) -> Void)?>(nil)
 
     var keys: SyncKeys { current.withLock { $0 } }
     /// This device's identifier in the group (random, public).
@@ -369,8 +373,39 @@ public final class SyncGroup: Sendable {
             let connection = try PostgresConnection(database)
             try SyncSchema.migrate(connection)
             try catchUpKeys(connection)
-            return try body(connection, try SyncState(path: statePath, device: device.id, key: device.stateKey))
+            let state = try SyncState(path: statePath, device: device.id, key: device.stateKey)
+            try adoptApplying(state)
+            return try body(connection, state)
         }
+    }
+
+    /// Lists `rows`, which the vault is about to add, in `state` (``SyncState/recordApplying(_:)``).
+    func listAdding(_ rows: [Data: SyncState.Applying], in state: SyncState) throws(LockboxError) {
+        guard !rows.isEmpty else { return }
+        try state.recordApplying(rows)
+        try afterListingAdded.withLock { $0 }?()
+    }
+
+    /// Settles the rows an earlier pull listed as being added (``SyncState/applying``) and whose
+    /// process stopped before the state recorded them. A row the vault holds is the item's, as
+    /// is one it deleted since (it has a deletion record): both are recorded with the entry of
+    /// the record applied, so that the push compares the row with that record, and writes the
+    /// delete of one deleted here. (Without this, the pull would not know the item was ever
+    /// here, and would bring it back.) A row the vault neither holds nor deleted was never
+    /// committed: the pull applies its record again. Identifiers are never reused (each holds
+    /// random bytes), so a row held now is the one the pull added.
+    func adoptApplying(_ state: SyncState) throws(LockboxError) {
+        guard !state.applying.isEmpty else { return }
+        let present = Set(try vault.synchronizableChanges(since: state.generation, listingAll: true).all ?? [])
+        let deleted = try vault.deletionTimes(of: state.applying.keys.filter { !present.contains($0) })
+        var changes = SyncState.Changes()
+        changes.settlesApplying = true
+        for (reference, row) in state.applying where present.contains(reference) || deleted[reference] != nil {
+            changes.setRow(reference, .some(row.id))
+            if let known = try state.entry(row.id), known.stamp >= row.entry.stamp { continue }
+            changes.entries[row.id] = row.entry
+        }
+        try state.commit(changes)
     }
 
     static func isEligible(_ item: Item) -> Bool {
@@ -489,11 +524,12 @@ public final class SyncGroup: Sendable {
                     changes.append((id, record(of: local, after: known)))
                 }
             }
-            try state.inSnapshot { () throws(LockboxError) in
+            let superseding = try state.inSnapshot { () throws(LockboxError) in
                 try write(
                     changes, connection: connection, state: state, pending: &pending, inStep: &inStep, checked: &checked, floor: &floor,
                     report: &report)
             }
+            try applySuperseding(superseding, state: state, pending: &pending, report: &report)
         }
         // Deletes: items whose row went away or now holds another item. A delete is stamped
         // with when it was made, as the vault recorded it, so that an edit made elsewhere after
@@ -510,9 +546,10 @@ public final class SyncGroup: Sendable {
         for (id, known) in try Self.deleted(former: former, produced: produced, state: state) {
             tombstones.append((id, deletion(madeAt: deletedAt[id] ?? 0, after: known)))
         }
-        try write(
+        let superseding = try write(
             tombstones, connection: connection, state: state, pending: &pending, inStep: &inStep, checked: &checked, floor: &floor,
             report: &report)
+        try applySuperseding(superseding, state: state, pending: &pending, report: &report)
         pending.generation = found.generation
         // Nobody else wrote between this device's last verified head and its writes: the head
         // it wrote is verified too, and the pull that follows does not fetch its own records.
@@ -600,16 +637,17 @@ public final class SyncGroup: Sendable {
         return deleted
     }
 
-    /// Writes one batch of changes in one transaction; a change that loses to the database's
-    /// record has that record applied here instead. Every record it replaces must be the one
+    /// Writes one batch of changes in one transaction. Every record it replaces must be the one
     /// the locked head lists: in step, as this device verified it; otherwise as checked here
-    /// (`checked`, carried from batch to batch while nobody else writes).
+    /// (`checked`, carried from batch to batch while nobody else writes). Returns the changes
+    /// that lost to the database's record, with that record, which the caller applies here
+    /// instead (``applySuperseding(_:state:pending:report:)``), outside any read of the state.
     func write(
         _ changes: [(id: String, record: SyncRecord)], connection: PostgresConnection, state: SyncState,
         pending: inout SyncState.Changes, inStep: inout VerifiedHead?, checked: inout VerifiedHead?, floor: inout Int64,
         report: inout Report
-    ) throws(LockboxError) {
-        guard !changes.isEmpty else { return }
+    ) throws(LockboxError) -> [(id: String, record: SyncRecord)] {
+        guard !changes.isEmpty else { return [] }
         var stepped = inStep
         var expected: VerifiedHead?
         var seen = floor
@@ -731,19 +769,24 @@ public final class SyncGroup: Sendable {
         floor = max(floor, seen)
         for (id, listed) in unverified { pending.unverified[id] = listed }
         for change in written {
-            pending.entries[change.id] = SyncState.Entry(
-                stamp: change.record.stamp, contentDigest: change.record.contentDigest, isTombstone: change.record.isTombstone)
+            pending.entries[change.id] = SyncState.Entry(change.record)
         }
         report.pushed += writes
+        return superseding
+    }
+
+    /// Applies here the database's records that won over this device's changes (``write(_:connection:state:pending:inStep:checked:floor:report:)``).
+    func applySuperseding(
+        _ superseding: [(id: String, record: SyncRecord)], state: SyncState, pending: inout SyncState.Changes, report: inout Report
+    ) throws(LockboxError) {
         for change in superseding {
             let existing = Self.reference(of: change.id, pending: pending, state: state)
-            if let reference = try apply(change.record, id: change.id, existing: try existing()) {
+            if let reference = try apply(change.record, id: change.id, existing: try existing(), state: state) {
                 pending.setRow(reference, .some(change.id))
             } else if let old = try existing() {
                 pending.setRow(old, .none)
             }
-            pending.entries[change.id] = SyncState.Entry(
-                stamp: change.record.stamp, contentDigest: change.record.contentDigest, isTombstone: change.record.isTombstone)
+            pending.entries[change.id] = SyncState.Entry(change.record)
             report.superseded += 1
         }
     }
@@ -1039,6 +1082,9 @@ public final class SyncGroup: Sendable {
             guard lost == 0 else { throw SyncHead.lostWrites(lost) }
         }
         pending.clearsUnverified = true
+        // The rows this pull adds are listed in the state before the vault commits them, and
+        // dropped from the list by the commit that records them.
+        pending.settlesApplying = true
         pending.replacesVerified = from == 0
         pending.accumulator = head.accumulator
         timer.lap(\.verify)
@@ -1056,7 +1102,7 @@ public final class SyncGroup: Sendable {
                 if known.stamp == record.stamp { continue }
                 if record.stamp < known.stamp { throw rolledBack() }
             }
-            let entry = SyncState.Entry(stamp: record.stamp, contentDigest: record.contentDigest, isTombstone: record.isTombstone)
+            let entry = SyncState.Entry(record)
             let existing = knowsNothing ? nil : try Self.reference(of: id, pending: pending, state: state)()
             if let existing {
                 if recent == nil { recent = Set(try vault.synchronizableChanges(since: state.generation).changed) }
@@ -1154,6 +1200,14 @@ public final class SyncGroup: Sendable {
             }
             if applied.previousGeneration == coveredGeneration { pending.generation = applied.generation }
         }
+        // Before the vault commits, the rows it adds are listed in the state (``SyncState/applying``).
+        func listAdded(_ applied: AppliedChanges) throws(LockboxError) {
+            var added: [Data: SyncState.Applying] = [:]
+            for (change, reference) in zip(changes, applied.references) where change.existing == nil {
+                if let reference { added[reference] = SyncState.Applying(id: change.id, entry: SyncState.Entry(change.sealed.record)) }
+            }
+            try listAdding(added, in: state)
+        }
         var started: SyncState.PendingCommit?
         let now = vault.now
         do throws(LockboxError) {
@@ -1178,17 +1232,18 @@ public final class SyncGroup: Sendable {
                     let written = pending
                     applied = try vault.applyChanges(
                         count: changes.count, concurrently: change,
-                        beforeCommit: { applied in
+                        beforeCommit: { applied throws(LockboxError) in
                             // Called again only if the vault ran its transaction again: the
                             // first attempt's state is rolled back first.
                             started?.abandon()
+                            try listAdded(applied)
                             var recorded = written
                             record(applied, in: &recorded)
                             started = state.startCommit(recorded)
                         },
                         afterCommit: { started?.proceed() })
                 } else {
-                    applied = try vault.applyChanges(count: changes.count, change)
+                    applied = try vault.applyChanges(count: changes.count, change, beforeCommit: listAdded)
                 }
             } catch {
                 // The state's commit is rolled back with the vault's; should that rollback have
@@ -1227,7 +1282,7 @@ public final class SyncGroup: Sendable {
                         continue
                     }
                 }
-                if let reference = try apply(record, id: change.id, existing: change.existing) {
+                if let reference = try apply(record, id: change.id, existing: change.existing, state: state) {
                     pending.setRow(reference, .some(change.id))
                 } else if let existing = change.existing {
                     pending.setRow(existing, .none)
@@ -1259,9 +1314,10 @@ public final class SyncGroup: Sendable {
     }
 
     /// Applies another device's record through the vault's own add, update and delete, so its
-    /// integrity record stays current. Returns the row that holds the item afterwards (nil after
-    /// a delete).
-    func apply(_ record: SyncRecord, id: String, existing: Data?) throws(LockboxError) -> Data? {
+    /// integrity record stays current; a row it adds is listed in `state` before the vault
+    /// commits it (``SyncState/applying``). Returns the row that holds the item afterwards (nil
+    /// after a delete).
+    func apply(_ record: SyncRecord, id: String, existing: Data?, state: SyncState) throws(LockboxError) -> Data? {
         guard let item = record.item else {
             if let existing {
                 for itemClass in Self.syncedClasses {
@@ -1288,7 +1344,12 @@ public final class SyncGroup: Sendable {
         }
         if !updated {
             do {
-                try vault.add(item, madeAt: madeAt)
+                var added = item
+                added.attributes.modificationDate = madeAt
+                _ = try vault.applyChanges(count: 1, { _ throws(LockboxError) in .add(added) }) { applied throws(LockboxError) in
+                    guard let reference = applied.references.first ?? nil else { return }
+                    try listAdding([reference: SyncState.Applying(id: id, entry: SyncState.Entry(record))], in: state)
+                }
             } catch where error.code == .duplicateItem {
                 // The row moved (another process re-added it): update it by its attributes.
                 try vault.update(

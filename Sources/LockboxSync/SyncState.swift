@@ -51,6 +51,13 @@ final class SyncState {
         var isTombstone: Bool
     }
 
+    /// A row a pull is adding to the vault: the item it holds, and the entry of the record it
+    /// holds (``SyncState/applying``).
+    struct Applying: Equatable {
+        var id: String
+        var entry: Entry
+    }
+
     /// One item's record as a verified head lists it.
     struct Listed: Equatable {
         var version: Int64
@@ -67,11 +74,11 @@ final class SyncState {
         var isEmpty: Bool { entry == nil && listed == nil && reference == nil }
     }
 
-    /// The format this build writes (`PRAGMA user_version`): 4, buckets whose MACs are also listed
+    /// The format this build writes (`PRAGMA user_version`): 5, buckets whose MACs are also listed
     /// in `mac_groups`, each group's row digested in the progress, and the progress listing this
-    /// device's writes no verified head has listed yet. (0: the first format; 2: buckets alone;
-    /// 3: no such list.)
-    static let format = 4
+    /// device's writes no verified head has listed yet and the rows a pull is adding to the
+    /// vault. (0: the first format; 2: buckets alone; 3: neither list; 4: no rows being added.)
+    static let format = 5
     /// Buckets of items: about 12 items (3 KiB) each at 100,000, so that a pull of ten changes
     /// rewrites about as many bytes as ten rows per record did.
     static let itemBucketCount = 8192
@@ -95,6 +102,13 @@ final class SyncState {
     /// item, until a pull verifies a head that lists them, or a later record of the item.
     /// A pull that does not receive one of them finds the write undone in the database.
     private(set) var unverifiedWrites: [String: Listed] = [:]
+    /// Rows a pull was adding to the vault (the item each holds and its record's entry), listed
+    /// before the vault committed them and dropped once this state recorded them: left here,
+    /// the process stopped in between. Each such row the vault holds, or deleted since (its
+    /// deletion record says when), is the item's; one it neither holds nor deleted was never
+    /// committed. Without the list a row added so and deleted before this state learned of it
+    /// would leave no trace here, and the next pull would bring the item back.
+    private(set) var applying: [Data: Applying] = [:]
     /// Buckets read and verified so far (or written by this object), by index, while no other
     /// connection has written the file (`PRAGMA data_version` still `cachedVersion`).
     private var itemBuckets: [Int: [String: ItemRecord]] = [:]
@@ -137,6 +151,7 @@ final class SyncState {
             generation = progress.generation
             accumulator = progress.accumulator
             unverifiedWrites = try Self.decodeUnverified(progress.unverified, path: path)
+            applying = try Self.decodeApplying(progress.applying, path: path)
         } else {
             cursor = 0
             generation = 0
@@ -178,7 +193,7 @@ final class SyncState {
                 CREATE TABLE IF NOT EXISTS progress (
                     id INTEGER PRIMARY KEY CHECK (id = 1), device TEXT NOT NULL, cursor INTEGER NOT NULL,
                     generation INTEGER NOT NULL, mac BLOB NOT NULL, accumulator BLOB, row_count INTEGER NOT NULL DEFAULT 0,
-                    buckets BLOB, unverified BLOB);
+                    buckets BLOB, unverified BLOB, applying BLOB);
                 CREATE TABLE IF NOT EXISTS item_buckets (bucket INTEGER PRIMARY KEY, body BLOB NOT NULL, mac BLOB NOT NULL);
                 CREATE TABLE IF NOT EXISTS row_buckets (bucket INTEGER PRIMARY KEY, body BLOB NOT NULL, mac BLOB NOT NULL);
                 CREATE TABLE IF NOT EXISTS mac_groups (grp INTEGER PRIMARY KEY, macs BLOB NOT NULL);
@@ -189,13 +204,19 @@ final class SyncState {
             if try !hasColumn("unverified", of: "progress", database) {
                 try database.execute("ALTER TABLE progress ADD COLUMN unverified BLOB")
             }
+            if try !hasColumn("applying", of: "progress", database) {
+                try database.execute("ALTER TABLE progress ADD COLUMN applying BLOB")
+            }
             if firstFormat {
                 try convertFirstFormat(database, key: key)
             } else if found == 2 {
                 try convertSecondFormat(database, key: key)
-            } else if found == 3, var progress = try readProgress(database, key: key, authenticated: { progressMAC($0, key: $1, format: 3) }) {
-                // Its MAC does not cover a list: none is taken from the file.
-                progress.unverified = []
+            } else if found == 3 || found == 4,
+                var progress = try readProgress(database, key: key, authenticated: { progressMAC($0, key: $1, format: found) })
+            {
+                // Its MAC does not cover the lists it lacks: none is taken from the file.
+                if found == 3 { progress.unverified = [] }
+                progress.applying = []
                 try writeProgress(progress, database, key: key)
             }
             try database.execute("PRAGMA user_version = \(format)")
@@ -230,7 +251,7 @@ final class SyncState {
             if try statement.step() {
                 let read = Progress(
                     device: statement.text(0) ?? "", cursor: Int64(statement.integer(1) ?? -1), generation: statement.integer(2) ?? -1,
-                    accumulator: statement.blob(4), rows: 0, buckets: [], unverified: [])
+                    accumulator: statement.blob(4), rows: 0, buckets: [], unverified: [], applying: [])
                 guard statement.blob(3) == firstFormatProgressMAC(read, key: key) else { throw failure }
                 progress = read
             }
@@ -290,8 +311,10 @@ final class SyncState {
         let failure = LockboxError.integrity("The sync state \(database.path)")
         // Its `buckets` column was just added, empty; format 2's MAC does not cover it.
         var progress = try readProgress(database, key: key) { progressMAC($0, key: $1, format: 2) }
-        // Its MAC does not cover a list of unverified writes: none is taken from the file.
+        // Its MAC does not cover a list of unverified writes or rows being added: none is taken
+        // from the file.
         progress?.unverified = []
+        progress?.applying = []
         let directory = BucketDirectory.new(database, key: key)
         for kind in [BucketKind.items, .rows] {
             let statement = try database.statement("SELECT bucket, body, mac FROM \(kind.table)")
@@ -323,13 +346,17 @@ final class SyncState {
         var buckets: [UInt8]
         /// ``SyncState/unverifiedWrites``, encoded (empty for none).
         var unverified: [UInt8]
+        /// ``SyncState/applying``, encoded (empty for none).
+        var applying: [UInt8]
     }
 
     /// The progress's MAC in `format` (2: no sum of the buckets; 3: no list of unverified
-    /// writes; 4: the current one).
+    /// writes; 4: no list of rows being added; 5: the current one).
     private static func progressMAC(_ progress: Progress, key: SecretBytes, format: Int = SyncState.format) -> [UInt8] {
         var encoder = FieldEncoder()
-        encoder.string(["lockbox.sync.state.progress.v3", "lockbox.sync.state.progress.v5", "lockbox.sync.state.progress.v6"][format - 2])
+        encoder.string(
+            ["lockbox.sync.state.progress.v3", "lockbox.sync.state.progress.v5", "lockbox.sync.state.progress.v6", "lockbox.sync.state.progress.v7"][
+                format - 2])
         encoder.string(progress.device)
         encoder.integer(Int(progress.cursor))
         encoder.integer(progress.generation)
@@ -337,6 +364,7 @@ final class SyncState {
         encoder.bytes(progress.accumulator)
         if format >= 3 { encoder.bytes(progress.buckets) }
         if format >= 4 { encoder.bytes(progress.unverified) }
+        if format >= 5 { encoder.bytes(progress.applying) }
         return Crypto.keyedDigest(encoder.bytes, key: key)
     }
 
@@ -747,13 +775,13 @@ final class SyncState {
         _ database: Database, key: SecretBytes, authenticated: (Progress, SecretBytes) -> [UInt8] = { progressMAC($0, key: $1) }
     ) throws(LockboxError) -> Progress? {
         let statement = try database.statement(
-            "SELECT device, cursor, generation, mac, accumulator, row_count, buckets, unverified FROM progress WHERE id = 1")
+            "SELECT device, cursor, generation, mac, accumulator, row_count, buckets, unverified, applying FROM progress WHERE id = 1")
         defer { statement.reset() }
         guard try statement.step() else { return nil }
         let progress = Progress(
             device: statement.text(0) ?? "", cursor: Int64(statement.integer(1) ?? -1), generation: statement.integer(2) ?? -1,
             accumulator: statement.blob(4), rows: statement.integer(5) ?? -1, buckets: statement.blob(6) ?? [],
-            unverified: statement.blob(7) ?? [])
+            unverified: statement.blob(7) ?? [], applying: statement.blob(8) ?? [])
         guard let mac = statement.blob(3), SyncHead.equal(mac, authenticated(progress, key)) else {
             throw LockboxError.integrity("The sync state \(database.path)")
         }
@@ -762,7 +790,10 @@ final class SyncState {
 
     private static func writeProgress(_ progress: Progress, _ database: Database, key: SecretBytes) throws(LockboxError) {
         let statement = try database.statement(
-            "INSERT OR REPLACE INTO progress (id, device, cursor, generation, mac, accumulator, row_count, buckets, unverified) VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?)")
+            """
+            INSERT OR REPLACE INTO progress (id, device, cursor, generation, mac, accumulator, row_count, buckets, unverified, applying)
+            VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+            """)
         defer { statement.reset() }
         statement.bind(1, progress.device)
         statement.bind(2, Int(progress.cursor))
@@ -772,7 +803,42 @@ final class SyncState {
         statement.bind(6, progress.rows)
         statement.bind(7, progress.buckets)
         statement.bind(8, progress.unverified)
+        statement.bind(9, progress.applying)
         try statement.run()
+    }
+
+    /// ``applying`` as the progress holds it: reference, item, entry, in reference order.
+    private static func encodeApplying(_ rows: [Data: Applying]) -> [UInt8] {
+        guard !rows.isEmpty else { return [] }
+        var encoder = FieldEncoder()
+        encoder.integer(rows.count)
+        for reference in rows.keys.sorted(by: { $0.lexicographicallyPrecedes($1) }) {
+            let row = rows[reference]!
+            encoder.bytes(Array(reference))
+            encoder.string(row.id)
+            encoder.integer(Int(row.entry.stamp.modified))
+            encoder.string(row.entry.stamp.device)
+            encoder.bytes(row.entry.contentDigest)
+            encoder.integer(row.entry.isTombstone ? 1 : 0)
+        }
+        return encoder.bytes
+    }
+
+    private static func decodeApplying(_ bytes: [UInt8], path: String) throws(LockboxError) -> [Data: Applying] {
+        guard !bytes.isEmpty else { return [:] }
+        let failure = LockboxError.integrity("The sync state \(path)")
+        var decoder = FieldDecoder(bytes)
+        guard let count = try? decoder.integer(), count > 0 else { throw failure }
+        var rows: [Data: Applying] = [:]
+        for _ in 0..<count {
+            guard let reference = try? decoder.bytes(), let id = try? decoder.string(), let modified = try? decoder.integer(),
+                let device = try? decoder.string(), let digest = try? decoder.bytes(), let tombstone = try? decoder.integer(), tombstone == 0 || tombstone == 1
+            else { throw failure }
+            rows[Data(reference)] = Applying(
+                id: id, entry: Entry(stamp: SyncStamp(modified: Int64(modified), device: device), contentDigest: digest, isTombstone: tombstone == 1))
+        }
+        guard decoder.isAtEnd, rows.count == count else { throw failure }
+        return rows
     }
 
     /// ``unverifiedWrites`` as the progress holds them: item, version, element, in item order.
@@ -956,7 +1022,8 @@ final class SyncState {
             try Self.writeProgress(
                 Progress(
                     device: progress.device, cursor: progress.cursor, generation: progress.generation, accumulator: nil,
-                    rows: progress.rows, buckets: progress.buckets, unverified: progress.unverified), database, key: key)
+                    rows: progress.rows, buckets: progress.buckets, unverified: progress.unverified, applying: progress.applying),
+                database, key: key)
         }
         accumulator = nil
     }
@@ -998,6 +1065,15 @@ final class SyncState {
         /// (``SyncState/unverifiedWrites``), after dropping them all with `clearsUnverified`.
         var unverified: [String: Listed] = [:]
         var clearsUnverified = false
+        /// Rows a pull is about to add to the vault, added to the state's
+        /// (``SyncState/applying``), after dropping them all with `settlesApplying`.
+        var applying: [Data: Applying] = [:]
+        var settlesApplying = false
+
+        /// The state's rows being added once these changes are committed.
+        func applyingRows(after state: SyncState) -> [Data: Applying] {
+            (settlesApplying ? [:] : state.applying).merging(applying) { _, new in new }
+        }
 
         /// Records what the vault row `reference` holds now: an item, nil for a row that does
         /// not sync, `.none` for a row gone.
@@ -1024,7 +1100,7 @@ final class SyncState {
         /// True when committing would write nothing new to a state at `cursor`, `generation`
         /// and `accumulator`.
         func changesNothing(of state: SyncState) -> Bool {
-            unverifiedWrites(after: state) == state.unverifiedWrites && entries.isEmpty && verified.isEmpty && !replacesVerified && rows.isEmpty && (cursor ?? state.cursor) == state.cursor
+            unverifiedWrites(after: state) == state.unverifiedWrites && applyingRows(after: state) == state.applying && entries.isEmpty && verified.isEmpty && !replacesVerified && rows.isEmpty && (cursor ?? state.cursor) == state.cursor
                 && (generation ?? state.generation) == state.generation && (accumulator ?? state.accumulator) == state.accumulator
         }
     }
@@ -1051,6 +1127,7 @@ final class SyncState {
         var rows: [Int: [Data: String?]] = [:]
         var written: BucketDirectory?
         let unverified = changes.unverifiedWrites(after: self)
+        let applying = changes.applyingRows(after: self)
         do {
             try database.writeTransaction { () throws(LockboxError) in
                 // Inside the write transaction: no other connection can write until it ends.
@@ -1110,7 +1187,8 @@ final class SyncState {
                     Progress(
                         device: device, cursor: changes.cursor ?? cursor, generation: changes.generation ?? generation,
                         accumulator: changes.accumulator ?? accumulator, rows: knownRows,
-                        buckets: try directory.sealed(), unverified: Self.encodeUnverified(unverified)), database, key: key)
+                        buckets: try directory.sealed(), unverified: Self.encodeUnverified(unverified),
+                        applying: Self.encodeApplying(applying)), database, key: key)
                 try beforeCommitting()
                 written = directory
             }
@@ -1133,6 +1211,20 @@ final class SyncState {
         if let generation = changes.generation { self.generation = generation }
         if let accumulator = changes.accumulator { self.accumulator = accumulator }
         unverifiedWrites = unverified
+        self.applying = applying
+    }
+
+    /// Lists `rows`, which a pull is about to add to the vault, in ``applying``, in a commit that
+    /// reaches the disk before the vault's does (this file's other commits wait for a
+    /// checkpoint): a row the vault then holds, or held and deleted, is never one this state
+    /// has no trace of, even after a power loss.
+    func recordApplying(_ rows: [Data: Applying]) throws(LockboxError) {
+        guard !rows.isEmpty else { return }
+        var changes = Changes()
+        changes.applying = rows
+        try database.execute("PRAGMA synchronous=FULL")
+        defer { try? database.execute("PRAGMA synchronous=NORMAL") }
+        try commit(changes)
     }
 
     /// Starts ``commit(_:)`` of `changes` on another thread, which writes them and then waits,
@@ -1235,5 +1327,13 @@ final class SyncState {
         generation = 0
         accumulator = nil
         unverifiedWrites = [:]
+        applying = [:]
+    }
+}
+
+extension SyncState.Entry {
+    /// The entry of `record`: what this device knows of the item once it saw or wrote it.
+    init(_ record: SyncRecord) {
+        self.init(stamp: record.stamp, contentDigest: record.contentDigest, isTombstone: record.isTombstone)
     }
 }

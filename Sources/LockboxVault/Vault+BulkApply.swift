@@ -30,7 +30,7 @@ extension Vault {
     public func applyChanges(
         count: Int, concurrently change: @escaping @Sendable (Int) throws(LockboxError) -> SyncedChange
     ) throws(LockboxError) -> AppliedChanges {
-        try applyChanges(count: count, concurrently: change, beforeCommit: { _ in }, afterCommit: {})
+        try applyChanges(count: count, concurrently: change, beforeCommit: { _ throws(LockboxError) in }, afterCommit: {})
     }
 
     /// ``applyChanges(count:concurrently:)``, calling `beforeCommit` on this thread once every
@@ -38,11 +38,13 @@ extension Vault {
     /// (which may still fail), and `afterCommit` once it committed, before the log is moved
     /// into the file. Neither may use this vault; they may start and release work elsewhere
     /// that must wait for the commit (a sync writes its own state beside the vault's commit,
-    /// and lets it commit while the vault moves its log). Should the vault run the transaction
-    /// again (after asking the user to verify), `beforeCommit` is called again.
+    /// and lets it commit while the vault moves its log), and `beforeCommit` may write what
+    /// must be durable before the vault's commit (what it throws rolls the transaction back).
+    /// Should the vault run the transaction again (after asking the user to verify),
+    /// `beforeCommit` is called again.
     public func applyChanges(
         count: Int, concurrently change: @escaping @Sendable (Int) throws(LockboxError) -> SyncedChange,
-        beforeCommit: (AppliedChanges) -> Void, afterCommit: () -> Void
+        beforeCommit: (AppliedChanges) throws(LockboxError) -> Void, afterCommit: () -> Void
     ) throws(LockboxError) -> AppliedChanges {
         let now = currentDate()
         return try withStateVerifyingUser { state throws(LockboxError) -> AppliedChanges in
@@ -95,7 +97,7 @@ extension Vault {
                         }
                     }
                 }
-                beforeCommit(applied)
+                try beforeCommit(applied)
                 return applied
             }
             afterCommit()

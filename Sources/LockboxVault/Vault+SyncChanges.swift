@@ -400,6 +400,17 @@ extension Vault {
     /// - Throws: `duplicateItem` when an added item is here already, `itemNotFound` when a row
     ///   to replace or delete is gone (nothing is written); what `change` throws.
     public func applyChanges(count: Int, _ change: (Int) throws(LockboxError) -> SyncedChange) throws(LockboxError) -> AppliedChanges {
+        try applyChanges(count: count, change, beforeCommit: { _ throws(LockboxError) in })
+    }
+
+    /// ``applyChanges(count:_:)``, calling `beforeCommit` with what the call will return once
+    /// every change is written, just before the transaction commits (which may still fail): it
+    /// writes what must be durable before the vault's commit (a sync lists the rows it adds).
+    /// What it throws rolls the transaction back; it may not use this vault. Should the vault
+    /// run the transaction again (after asking the user to verify), it is called again.
+    public func applyChanges(
+        count: Int, _ change: (Int) throws(LockboxError) -> SyncedChange, beforeCommit: (AppliedChanges) throws(LockboxError) -> Void
+    ) throws(LockboxError) -> AppliedChanges {
         let now = currentDate()
         return try withStateVerifyingUser { state throws(LockboxError) -> AppliedChanges in
             var replaced = false
@@ -411,6 +422,7 @@ extension Vault {
                     applied.references.append(reference)
                     if replacing { replaced = true }
                 }
+                try beforeCommit(applied)
                 return applied
             }
             // Replaced and deleted values must not linger in the write-ahead log.

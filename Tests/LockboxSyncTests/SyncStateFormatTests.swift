@@ -436,7 +436,95 @@ struct SyncStateFormatTests {
         put.bind(1, Crypto.keyedDigest(encoder.bytes, key: key))
         try put.run()
         put.reset()
-        try database.execute("ALTER TABLE progress DROP COLUMN unverified; PRAGMA user_version = 3")
+        try database.execute("ALTER TABLE progress DROP COLUMN unverified; ALTER TABLE progress DROP COLUMN applying; PRAGMA user_version = 3")
+    }
+
+    /// Turns a state of this format back into one of format 4 as that format's code wrote it: no
+    /// list of rows being added, the progress's MAC format 4's. The state must list none.
+    static func fourthFormat(_ path: String) throws {
+        let database = try Database(path: path, create: false)
+        let progress = try #require(
+            database.firstRow("SELECT device, cursor, generation, row_count, accumulator, buckets, unverified, applying FROM progress") {
+                ($0.text(0) ?? "", $0.integer(1) ?? 0, $0.integer(2) ?? 0, $0.integer(3) ?? 0, $0.blob(4), $0.blob(5) ?? [], $0.blob(6) ?? [], $0.blob(7) ?? [])
+            })
+        #expect(progress.7.isEmpty)
+        var encoder = FieldEncoder()
+        encoder.string("lockbox.sync.state.progress.v6")
+        encoder.string(progress.0)
+        encoder.integer(progress.1)
+        encoder.integer(progress.2)
+        encoder.integer(progress.3)
+        encoder.bytes(progress.4)
+        encoder.bytes(progress.5)
+        encoder.bytes(progress.6)
+        let put = try database.statement("UPDATE progress SET mac = ?")
+        put.bind(1, Crypto.keyedDigest(encoder.bytes, key: key))
+        try put.run()
+        put.reset()
+        try database.execute("ALTER TABLE progress DROP COLUMN applying; PRAGMA user_version = 4")
+    }
+
+    static func applying(_ index: Int) -> SyncState.Applying {
+        SyncState.Applying(id: itemID(index), entry: entry(index))
+    }
+
+    @Test("A state of format 4 is converted when opened (no row being added, its unverified writes kept); the rows being added are kept under the progress's MAC, an edit of them refused, a list put in a format-4 file outside Lockbox not taken")
+    func fourthFormatConvertedAndRowsBeingAddedKept() throws {
+        let (directory, path) = try Self.copyOfFixture()
+        _ = directory
+        let state = try SyncState(path: path, device: Self.device, key: Self.key)
+        var unverified = SyncState.Changes()
+        unverified.unverified = [Self.itemID(1): Self.listed(401)]
+        try state.commit(unverified)
+        try Self.fourthFormat(path)
+        #expect(try Self.userVersion(path) == 4)
+        let converted = try SyncState(path: path, device: Self.device, key: Self.key)
+        #expect(try Self.userVersion(path) == SyncState.format)
+        try Self.expectFixtureContent(converted)
+        #expect(converted.unverifiedWrites == unverified.unverified)
+        #expect(converted.applying.isEmpty)
+
+        // Listed, read back, added to, settled.
+        let first = [Self.reference(900): Self.applying(1), Self.reference(901): Self.applying(2)]
+        try converted.recordApplying(first)
+        #expect(try SyncState(path: path, device: Self.device, key: Self.key).applying == first)
+        try converted.recordApplying([Self.reference(902): Self.applying(3)])
+        var expected = first
+        expected[Self.reference(902)] = Self.applying(3)
+        #expect(try SyncState(path: path, device: Self.device, key: Self.key).applying == expected)
+        try Self.expectFixtureContent(try SyncState(path: path, device: Self.device, key: Self.key))
+
+        // The list edited in the file (a row dropped: its delete would be forgotten): refused.
+        let (other, edited) = try Self.copyOfFixture()
+        _ = other
+        try restoreState(try copyState(path), at: edited)
+        try Database(path: edited, create: false).execute("UPDATE progress SET applying = NULL")
+        let error = #expect(throws: LockboxError.self) { _ = try SyncState(path: edited, device: Self.device, key: Self.key) }
+        #expect(error?.code == .decode)
+
+        var settled = SyncState.Changes()
+        settled.settlesApplying = true
+        try converted.commit(settled)
+        #expect(try SyncState(path: path, device: Self.device, key: Self.key).applying.isEmpty)
+        #expect(try SyncState(path: path, device: Self.device, key: Self.key).unverifiedWrites == unverified.unverified)
+
+        // A format-4 file given a list outside Lockbox: its MAC never covered one, none is taken.
+        try Self.fourthFormat(path)
+        let database = try Database(path: path, create: false)
+        try database.execute("ALTER TABLE progress ADD COLUMN applying BLOB")
+        var list = FieldEncoder()
+        list.integer(1)
+        list.bytes(Array(Self.reference(903)))
+        list.string(Self.itemID(4))
+        list.integer(1)
+        list.string("device-x")
+        list.bytes([UInt8](repeating: 7, count: 32))
+        list.integer(0)
+        let put = try database.statement("UPDATE progress SET applying = ?")
+        put.bind(1, list.bytes)
+        try put.run()
+        put.reset()
+        #expect(try SyncState(path: path, device: Self.device, key: Self.key).applying.isEmpty)
     }
 
     @Test("A state of format 3 is converted when opened (no unverified write); the unverified writes are kept under the progress's MAC, an edit of them refused")

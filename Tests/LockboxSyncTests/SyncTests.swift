@@ -400,6 +400,89 @@ struct SyncTests {
         #expect(try machines[1].verify())
     }
 
+    @Test(
+        "An item a pull added, whose state the process did not save (killed after the vault's commit), then deleted here, stays deleted everywhere",
+        arguments: [1, SyncGroup.bulkApplyMinimum])
+    func deleteAfterPullWithoutItsState(count: Int) throws {
+        let (groups, machines) = try threeMachines()
+        try groups[1].sync()
+        for index in 0..<count { try machines[0].add("gone\(index).example", "user", "from A") }
+        try groups[0].sync()
+        // As if machine B died after its vault committed the pull, before its state did: the
+        // state as it was once the pull listed the rows it adds.
+        let listed = Mutex<StateCopy?>(nil)
+        let path = groups[1].statePath
+        groups[1].afterListingAdded.withLock { $0 = { listed.withLock { $0 = try? copyState(path) } } }
+        #expect(try groups[1].sync().pulled == count)
+        groups[1].afterListingAdded.withLock { $0 = nil }
+        let copy: StateCopy = try #require(listed.withLock { $0 }, "the pull listed no row it adds")
+        try restoreState(copy, at: path)
+        tick()
+        for index in 0..<count { try machines[1].delete("gone\(index).example", "user") }
+        try groups[1].sync()
+        #expect(try machines[1].value("gone0.example", "user") == nil, "the pull brought back an item deleted here")
+        try groups[0].sync()
+        try groups[2].sync()
+        for machine in machines {
+            #expect(try machine.count() == 0, "an item deleted after the pull that added it is back")
+            #expect(try machine.verify())
+        }
+        // Nothing changes any more.
+        for group in groups { #expect(try group.sync().changedNothing) }
+    }
+
+    @Test("Rows a pull listed as being added whose vault transaction never committed are applied by the next sync, nothing deleted")
+    func rowsListedButNeverCommitted() throws {
+        let (groups, machines) = try threeMachines()
+        try groups[1].sync()
+        let count = SyncGroup.bulkApplyMinimum + 2
+        for index in 0..<count { try machines[0].add("late\(index).example", "user", "from A") }
+        try machines[0].add("small.example", "user", "from A")
+        try groups[0].sync()
+        // The vault's transaction rolled back after the rows were listed (a disk full at its commit).
+        groups[1].afterListingAdded.withLock { $0 = { () throws(LockboxError) in throw LockboxError(.io, "stopped before the vault's commit") } }
+        #expect(throws: LockboxError.self) { try groups[1].sync() }
+        groups[1].afterListingAdded.withLock { $0 = nil }
+        #expect(try machines[1].count() == 0)
+        #expect(try groups[1].sync().pulled == count + 1)
+        #expect(try machines[1].count() == count + 1)
+        try groups[0].sync()
+        #expect(try machines[0].count() == count + 1, "a row listed and never committed was taken for a delete")
+        for group in groups { _ = try group.sync() }
+        for group in groups { #expect(try group.sync().changedNothing) }
+        for machine in machines { #expect(try machine.verify()) }
+    }
+
+    @Test("An item a push brought back (another device's later edit won over a delete here), whose state the process did not save, deleted again here, stays deleted")
+    func deleteAgainAfterSupersedingWithoutItsState() throws {
+        let (groups, machines) = try threeMachines()
+        try machines[0].add("twice.example", "user", "1")
+        try groups[0].sync()
+        try groups[1].sync()
+        try machines[1].delete("twice.example", "user")
+        tick()
+        try machines[0].set("twice.example", "user", "2")
+        try groups[0].sync()
+        // B's delete loses to A's later edit: its push adds the item back, listing the row first.
+        let listed = Mutex<StateCopy?>(nil)
+        let path = groups[1].statePath
+        groups[1].afterListingAdded.withLock { $0 = { listed.withLock { $0 = try? copyState(path) } } }
+        #expect(try groups[1].sync().superseded == 1)
+        groups[1].afterListingAdded.withLock { $0 = nil }
+        #expect(try machines[1].value("twice.example", "user") == "2")
+        let copy: StateCopy = try #require(listed.withLock { $0 }, "the push listed no row it adds")
+        try restoreState(copy, at: path)
+        tick()
+        try machines[1].delete("twice.example", "user")
+        try groups[1].sync()
+        try groups[0].sync()
+        try groups[2].sync()
+        for machine in machines {
+            #expect(try machine.count() == 0, "a delete made after the push brought the item back is lost")
+            #expect(try machine.verify())
+        }
+    }
+
     @Test("A new device imports what it pulls in one vault transaction: a record failing mid-import leaves its vault as it was; the next sync imports all, every item reads back, the vault verifies")
     func bulkImportIsAtomic() throws {
         let (groups, machines) = try threeMachines()
