@@ -390,13 +390,14 @@ public final class SyncGroup: Sendable {
     /// process stopped before the state recorded them. A row the vault holds is the item's, as
     /// is one it deleted since (it has a deletion record): both are recorded with the entry of
     /// the record applied, so that the push compares the row with that record, and writes the
-    /// delete of one deleted here. (Without this, the pull would not know the item was ever
+    /// delete of one deleted here (or made local: no longer synchronizable, or ThisDeviceOnly). (Without this, the pull would not know the item was ever
     /// here, and would bring it back.) A row the vault neither holds nor deleted was never
     /// committed: the pull applies its record again. Identifiers are never reused (each holds
     /// random bytes), so a row held now is the one the pull added.
     func adoptApplying(_ state: SyncState) throws(LockboxError) {
         guard !state.applying.isEmpty else { return }
-        let present = Set(try vault.synchronizableChanges(since: state.generation, listingAll: true).all ?? [])
+        // Held synchronizable or not: one made local since is the item's, whose delete the push writes.
+        let present = try vault.presentRows(among: state.applying.keys)
         let deleted = try vault.deletionTimes(of: state.applying.keys.filter { !present.contains($0) })
         var changes = SyncState.Changes()
         changes.settlesApplying = true
@@ -724,9 +725,15 @@ public final class SyncGroup: Sendable {
                         written.append(change)
                         continue
                     }
-                    if remote.contentDigest == change.record.contentDigest && remote.isTombstone == change.record.isTombstone {
-                        // The same content already (a state lost, an item applied before its
-                        // state was saved): adopt the database's record, write nothing.
+                    if remote.contentDigest == change.record.contentDigest && remote.isTombstone == change.record.isTombstone
+                        && change.record.stamp.modified <= remote.stamp.modified
+                    {
+                        // The same content already, written no earlier than this change (a
+                        // state lost, an item applied before its state was saved: it carries
+                        // the record's time): adopt the database's record, write nothing. A
+                        // later write of the same content (a delete after another device's
+                        // delete) is written: its time is what an edit made between the two
+                        // must lose to.
                         written.append((change.id, remote))
                         continue
                     }
@@ -1112,7 +1119,9 @@ public final class SyncGroup: Sendable {
                         continue
                     }
                     if mine.digest == record.contentDigest && !record.isTombstone {
-                        pending.entries[id] = entry
+                        // The same content: the record's entry is adopted, unless the edit here
+                        // is the later write, which the next push writes with its own time.
+                        if Self.milliseconds(mine.item.attributes.modificationDate) <= record.stamp.modified { pending.entries[id] = entry }
                         continue
                     }
                 } else if let known, !known.isTombstone, !record.isTombstone, known.contentDigest == record.contentDigest {
@@ -1255,6 +1264,8 @@ public final class SyncGroup: Sendable {
             record(applied, in: &pending)
             return started
         } catch where error.code == .duplicateItem || error.code == .itemNotFound {
+            // New items, added together below: one transaction, their rows listed once.
+            var adds: [(id: String, record: SyncRecord, item: Item)] = []
             for change in changes {
                 let record = try change.sealed.opened(keys: keys)
                 // No row the state knows holds the item: none known, or the known one deleted
@@ -1281,12 +1292,34 @@ public final class SyncGroup: Sendable {
                         notApplied += 1
                         continue
                     }
+                    guard Self.isEligible(item), itemID(item) == change.id else { throw LockboxError.syncDatabase() }
+                    adds.append((change.id, record, item))
+                    continue
                 }
                 if let reference = try apply(record, id: change.id, existing: change.existing, state: state) {
                     pending.setRow(reference, .some(change.id))
                 } else if let existing = change.existing {
                     pending.setRow(existing, .none)
                 }
+            }
+            guard !adds.isEmpty else { return nil }
+            let applied = try vault.applyChanges(
+                count: adds.count,
+                { index throws(LockboxError) -> SyncedChange in
+                    // Dated as the other device made it (see above).
+                    var item = adds[index].item
+                    item.attributes.modificationDate = Self.appliedDate(adds[index].record.stamp, now: now)
+                    return .add(item)
+                },
+                beforeCommit: { applied throws(LockboxError) in
+                    var added: [Data: SyncState.Applying] = [:]
+                    for (add, reference) in zip(adds, applied.references) {
+                        if let reference { added[reference] = SyncState.Applying(id: add.id, entry: SyncState.Entry(add.record)) }
+                    }
+                    try listAdding(added, in: state)
+                })
+            for (add, reference) in zip(adds, applied.references) {
+                if let reference { pending.setRow(reference, .some(add.id)) }
             }
             return nil
         }

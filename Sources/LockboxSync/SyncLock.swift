@@ -12,19 +12,34 @@ final class SyncLock {
 
     /// Waits until no other process holds the lock of the state at `statePath`.
     convenience init(statePath: String) throws(LockboxError) {
-        try self.init(lockPath: statePath.hasSuffix(".db") ? String(statePath.dropLast(3)) + ".lock" : statePath + ".lock")
+        try self.init(lockPath: Self.lockPath(statePath))!
+    }
+
+    /// The lock of the state at `statePath` when no other process holds it; nil at once when
+    /// one does (``SyncGroup/status()`` does not wait for a sync).
+    static func ifFree(statePath: String) throws(LockboxError) -> SyncLock? {
+        try SyncLock(lockPath: lockPath(statePath), waiting: false)
+    }
+
+    private static func lockPath(_ statePath: String) -> String {
+        statePath.hasSuffix(".db") ? String(statePath.dropLast(3)) + ".lock" : statePath + ".lock"
     }
 
     /// Waits until no other process (or thread: each lock is a descriptor of its own) holds
-    /// the lock file at `path`, made with its directory when missing.
-    init(lockPath path: String) throws(LockboxError) {
+    /// the lock file at `path`, made with its directory when missing; without `waiting`, nil
+    /// when one does.
+    init?(lockPath path: String, waiting: Bool = true) throws(LockboxError) {
         let directory = String(path[..<(path.lastIndex(of: "/") ?? path.startIndex)])
         if !directory.isEmpty && mkdir(directory, 0o700) != 0 && errno != EEXIST {
             throw LockboxError(.io, "Cannot create \(directory) (errno \(errno)). Check its parent's permissions.")
         }
         let descriptor = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
         guard descriptor >= 0 else { throw LockboxError(.io, "Cannot open the sync lock \(path) (errno \(errno)).") }
-        while flock(descriptor, LOCK_EX) != 0 {
+        while flock(descriptor, waiting ? LOCK_EX : LOCK_EX | LOCK_NB) != 0 {
+            if !waiting && errno == EWOULDBLOCK {
+                close(descriptor)
+                return nil
+            }
             guard errno == EINTR else {
                 let code = errno
                 close(descriptor)

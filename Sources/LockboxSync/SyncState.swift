@@ -151,14 +151,15 @@ final class SyncState {
             generation = progress.generation
             accumulator = progress.accumulator
             unverifiedWrites = try Self.decodeUnverified(progress.unverified, path: path)
-            applying = try Self.decodeApplying(progress.applying, path: path)
+            applying = try Self.readApplying(progress.applying, database, key: key)
         } else {
             cursor = 0
             generation = 0
             if progress != nil {
                 // The state of another device identity (joined again): start over; the first
                 // sync adopts what the database already holds.
-                try database.execute("DELETE FROM item_buckets; DELETE FROM row_buckets; DELETE FROM mac_groups; DELETE FROM progress")
+                try database.execute(
+                    "DELETE FROM item_buckets; DELETE FROM row_buckets; DELETE FROM mac_groups; DELETE FROM applying_rows; DELETE FROM progress")
             }
         }
     }
@@ -197,6 +198,7 @@ final class SyncState {
                 CREATE TABLE IF NOT EXISTS item_buckets (bucket INTEGER PRIMARY KEY, body BLOB NOT NULL, mac BLOB NOT NULL);
                 CREATE TABLE IF NOT EXISTS row_buckets (bucket INTEGER PRIMARY KEY, body BLOB NOT NULL, mac BLOB NOT NULL);
                 CREATE TABLE IF NOT EXISTS mac_groups (grp INTEGER PRIMARY KEY, macs BLOB NOT NULL);
+                CREATE TABLE IF NOT EXISTS applying_rows (reference BLOB PRIMARY KEY, body BLOB NOT NULL, mac BLOB NOT NULL);
                 """)
             if try !hasColumn("buckets", of: "progress", database) {
                 try database.execute("ALTER TABLE progress ADD COLUMN buckets BLOB")
@@ -219,6 +221,8 @@ final class SyncState {
                 progress.applying = []
                 try writeProgress(progress, database, key: key)
             }
+            // Rows of a list no progress of an earlier format vouched for.
+            try database.execute("DELETE FROM applying_rows")
             try database.execute("PRAGMA user_version = \(format)")
         }
     }
@@ -346,7 +350,8 @@ final class SyncState {
         var buckets: [UInt8]
         /// ``SyncState/unverifiedWrites``, encoded (empty for none).
         var unverified: [UInt8]
-        /// ``SyncState/applying``, encoded (empty for none).
+        /// The list of ``SyncState/applying``, whose rows are in `applying_rows`
+        /// (``ApplyingList``), encoded (empty: serial 0, no row).
         var applying: [UInt8]
     }
 
@@ -807,38 +812,109 @@ final class SyncState {
         try statement.run()
     }
 
-    /// ``applying`` as the progress holds it: reference, item, entry, in reference order.
-    private static func encodeApplying(_ rows: [Data: Applying]) -> [UInt8] {
-        guard !rows.isEmpty else { return [] }
-        var encoder = FieldEncoder()
-        encoder.integer(rows.count)
-        for reference in rows.keys.sorted(by: { $0.lexicographicallyPrecedes($1) }) {
-            let row = rows[reference]!
-            encoder.bytes(Array(reference))
-            encoder.string(row.id)
-            encoder.integer(Int(row.entry.stamp.modified))
-            encoder.string(row.entry.stamp.device)
-            encoder.bytes(row.entry.contentDigest)
-            encoder.integer(row.entry.isTombstone ? 1 : 0)
+    /// The list of rows being added (``applying``) as the progress vouches for it: its serial,
+    /// which every row's MAC binds and which moves on each time a list is settled (so a row of
+    /// an earlier list put back fails its check), and how many rows it has (so a row removed,
+    /// or one added, does not add up). Each row is one SQLite row of `applying_rows`: listing a
+    /// row writes that row and the progress, whatever the list holds already.
+    struct ApplyingList: Equatable {
+        var serial = 0
+        var count = 0
+
+        var encoded: [UInt8] {
+            guard self != ApplyingList() else { return [] }
+            var encoder = FieldEncoder()
+            encoder.integer(serial)
+            encoder.integer(count)
+            return encoder.bytes
         }
+
+        init() {}
+
+        init(_ bytes: [UInt8], path: String) throws(LockboxError) {
+            guard !bytes.isEmpty else { return }
+            var decoder = FieldDecoder(bytes)
+            guard let serial = try? decoder.integer(), let count = try? decoder.integer(), serial >= 0, count >= 0, decoder.isAtEnd else {
+                throw LockboxError.integrity("The sync state \(path)")
+            }
+            (self.serial, self.count) = (serial, count)
+        }
+    }
+
+    private static func applyingBody(_ row: Applying) -> [UInt8] {
+        var encoder = FieldEncoder()
+        encoder.string(row.id)
+        encoder.integer(Int(row.entry.stamp.modified))
+        encoder.string(row.entry.stamp.device)
+        encoder.bytes(row.entry.contentDigest)
+        encoder.integer(row.entry.isTombstone ? 1 : 0)
         return encoder.bytes
     }
 
-    private static func decodeApplying(_ bytes: [UInt8], path: String) throws(LockboxError) -> [Data: Applying] {
-        guard !bytes.isEmpty else { return [:] }
-        let failure = LockboxError.integrity("The sync state \(path)")
-        var decoder = FieldDecoder(bytes)
-        guard let count = try? decoder.integer(), count > 0 else { throw failure }
+    private static func applyingMAC(serial: Int, reference: [UInt8], body: [UInt8], key: SecretBytes) -> [UInt8] {
+        var encoder = FieldEncoder()
+        encoder.string("lockbox.sync.state.applying.v1")
+        encoder.integer(serial)
+        encoder.bytes(reference)
+        encoder.bytes(body)
+        return Crypto.keyedDigest(encoder.bytes, key: key)
+    }
+
+    /// The rows of the list the progress's `list` vouches for, each MAC checked, their number
+    /// its count (a row where the progress vouches for none is as much an error).
+    private static func readApplying(_ list: [UInt8], _ database: Database, key: SecretBytes) throws(LockboxError) -> [Data: Applying] {
+        let failure = LockboxError.integrity("The sync state \(database.path)")
+        let list = try ApplyingList(list, path: database.path)
+        let statement = try database.statement("SELECT reference, body, mac FROM applying_rows")
+        defer { statement.reset() }
         var rows: [Data: Applying] = [:]
-        for _ in 0..<count {
-            guard let reference = try? decoder.bytes(), let id = try? decoder.string(), let modified = try? decoder.integer(),
-                let device = try? decoder.string(), let digest = try? decoder.bytes(), let tombstone = try? decoder.integer(), tombstone == 0 || tombstone == 1
+        while try statement.step() {
+            let reference = statement.blob(0) ?? []
+            let body = statement.blob(1) ?? []
+            guard let mac = statement.blob(2), SyncHead.equal(mac, applyingMAC(serial: list.serial, reference: reference, body: body, key: key))
+            else { throw failure }
+            var decoder = FieldDecoder(body)
+            guard let id = try? decoder.string(), let modified = try? decoder.integer(), let device = try? decoder.string(),
+                let digest = try? decoder.bytes(), let tombstone = try? decoder.integer(), tombstone == 0 || tombstone == 1, decoder.isAtEnd
             else { throw failure }
             rows[Data(reference)] = Applying(
                 id: id, entry: Entry(stamp: SyncStamp(modified: Int64(modified), device: device), contentDigest: digest, isTombstone: tombstone == 1))
         }
-        guard decoder.isAtEnd, rows.count == count else { throw failure }
+        guard rows.count == list.count else { throw failure }
         return rows
+    }
+
+    /// Writes the list's changes inside a commit's transaction: all its rows dropped and the
+    /// serial moved on when `settles`, then the rows of `added` not listed yet. Returns the list
+    /// the progress then vouches for.
+    private static func writeApplying(
+        _ stored: ApplyingList, settles: Bool, added: [Data: Applying], _ database: Database, key: SecretBytes
+    ) throws(LockboxError) -> ApplyingList {
+        var list = stored
+        if settles && list.count > 0 {
+            try database.execute("DELETE FROM applying_rows")
+            list.serial += 1
+            list.count = 0
+        }
+        guard !added.isEmpty else { return list }
+        let exists = try database.statement("SELECT 1 FROM applying_rows WHERE reference = ?")
+        defer { exists.reset() }
+        let put = try database.statement("INSERT OR REPLACE INTO applying_rows (reference, body, mac) VALUES (?, ?, ?)")
+        defer { put.reset() }
+        for (reference, row) in added {
+            let bytes = Array(reference)
+            exists.reset()
+            exists.bind(1, bytes)
+            if try !exists.step() { list.count += 1 }
+            exists.reset()
+            let body = applyingBody(row)
+            put.reset()
+            put.bind(1, bytes)
+            put.bind(2, body)
+            put.bind(3, applyingMAC(serial: list.serial, reference: bytes, body: body, key: key))
+            try put.run()
+        }
+        return list
     }
 
     /// ``unverifiedWrites`` as the progress holds them: item, version, element, in item order.
@@ -1138,7 +1214,8 @@ final class SyncState {
                 if holdsNone { holdsNone = try Self.holdsNoBuckets(database) }
                 items = itemBuckets
                 rows = rowBuckets
-                var knownRows = try Self.readProgress(database, key: key)?.rows ?? 0
+                let stored = try Self.readProgress(database, key: key)
+                var knownRows = stored?.rows ?? 0
                 var changedItems: Set<Int> = []
                 var changedRows: Set<Int> = []
                 func load(_ id: String) throws(LockboxError) -> Int {
@@ -1188,7 +1265,10 @@ final class SyncState {
                         device: device, cursor: changes.cursor ?? cursor, generation: changes.generation ?? generation,
                         accumulator: changes.accumulator ?? accumulator, rows: knownRows,
                         buckets: try directory.sealed(), unverified: Self.encodeUnverified(unverified),
-                        applying: Self.encodeApplying(applying)), database, key: key)
+                        applying: try Self.writeApplying(
+                            try ApplyingList(stored?.applying ?? [], path: database.path), settles: changes.settlesApplying,
+                            added: changes.applying, database, key: key
+                        ).encoded), database, key: key)
                 try beforeCommitting()
                 written = directory
             }
@@ -1318,7 +1398,8 @@ final class SyncState {
     /// Forgets what this device pushed and pulled (after a key rotation re-sealed every record).
     func reset() throws(LockboxError) {
         try database.writeTransaction { () throws(LockboxError) in
-            try database.execute("DELETE FROM item_buckets; DELETE FROM row_buckets; DELETE FROM mac_groups; DELETE FROM progress")
+            try database.execute(
+                "DELETE FROM item_buckets; DELETE FROM row_buckets; DELETE FROM mac_groups; DELETE FROM applying_rows; DELETE FROM progress")
         }
         itemBuckets = [:]
         rowBuckets = [:]

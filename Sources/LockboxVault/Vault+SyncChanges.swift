@@ -65,6 +65,28 @@ extension Vault {
 }
 
 extension Vault {
+    /// Which of `references` are rows of this vault, of any class and synchronizable or not, as
+    /// ``synchronizableChanges(since:listingAll:)`` lists rows (identifiers, nothing opened): a
+    /// sync settling the rows it listed before a commit asks which the vault holds.
+    public func presentRows(among references: some Collection<Data>) throws(LockboxError) -> Set<Data> {
+        guard !references.isEmpty else { return [] }
+        return try withState { state throws(LockboxError) -> Set<Data> in
+            try state.database.readTransaction { () throws(LockboxError) -> Set<Data> in
+                let statement = try state.database.statement("SELECT 1 FROM items WHERE id = ?")
+                defer { statement.reset() }
+                var present = Set<Data>()
+                for reference in references {
+                    statement.reset()
+                    statement.bind(1, Array(reference))
+                    if try statement.step() { present.insert(reference) }
+                }
+                return present
+            }
+        }
+    }
+}
+
+extension Vault {
     /// How long a deletion stays recorded when no sync forgets it: 180 days, in milliseconds.
     static let deletionsKept: Int64 = 180 * 24 * 3600 * 1000
 

@@ -85,7 +85,7 @@ struct SyncStateFormatTests {
         #expect(try Self.tables(path).isSuperset(of: ["entries", "rows", "verified", "progress"]))
         try Self.expectFixtureContent(try SyncState(path: path, device: Self.device, key: Self.key))
         #expect(try Self.userVersion(path) == SyncState.format)
-        #expect(try Self.tables(path) == ["progress", "item_buckets", "row_buckets", "mac_groups"])
+        #expect(try Self.tables(path) == ["progress", "item_buckets", "row_buckets", "mac_groups", "applying_rows"])
         // Opened again, in its new format.
         let state = try SyncState(path: path, device: Self.device, key: Self.key)
         try Self.expectFixtureContent(state)
@@ -447,7 +447,7 @@ struct SyncStateFormatTests {
             database.firstRow("SELECT device, cursor, generation, row_count, accumulator, buckets, unverified, applying FROM progress") {
                 ($0.text(0) ?? "", $0.integer(1) ?? 0, $0.integer(2) ?? 0, $0.integer(3) ?? 0, $0.blob(4), $0.blob(5) ?? [], $0.blob(6) ?? [], $0.blob(7) ?? [])
             })
-        #expect(progress.7.isEmpty)
+        #expect(try SyncState.ApplyingList(progress.7, path: path).count == 0)
         var encoder = FieldEncoder()
         encoder.string("lockbox.sync.state.progress.v6")
         encoder.string(progress.0)
@@ -461,7 +461,7 @@ struct SyncStateFormatTests {
         put.bind(1, Crypto.keyedDigest(encoder.bytes, key: key))
         try put.run()
         put.reset()
-        try database.execute("ALTER TABLE progress DROP COLUMN applying; PRAGMA user_version = 4")
+        try database.execute("ALTER TABLE progress DROP COLUMN applying; DROP TABLE applying_rows; PRAGMA user_version = 4")
     }
 
     static func applying(_ index: Int) -> SyncState.Applying {
@@ -494,36 +494,53 @@ struct SyncStateFormatTests {
         #expect(try SyncState(path: path, device: Self.device, key: Self.key).applying == expected)
         try Self.expectFixtureContent(try SyncState(path: path, device: Self.device, key: Self.key))
 
-        // The list edited in the file (a row dropped: its delete would be forgotten): refused.
-        let (other, edited) = try Self.copyOfFixture()
-        _ = other
-        try restoreState(try copyState(path), at: edited)
-        try Database(path: edited, create: false).execute("UPDATE progress SET applying = NULL")
-        let error = #expect(throws: LockboxError.self) { _ = try SyncState(path: edited, device: Self.device, key: Self.key) }
-        #expect(error?.code == .decode)
+        // The list edited in the file (a row dropped, its count or serial changed, a row edited,
+        // the progress's list removed): refused. A row dropped would forget a delete made here.
+        for edit in [
+            "DELETE FROM applying_rows WHERE rowid = (SELECT min(rowid) FROM applying_rows)", "UPDATE progress SET applying = NULL",
+            "UPDATE applying_rows SET body = body || x'00' WHERE rowid = (SELECT min(rowid) FROM applying_rows)",
+            "INSERT INTO applying_rows SELECT reference || x'01', body, mac FROM applying_rows WHERE rowid = (SELECT min(rowid) FROM applying_rows)",
+        ] {
+            let (other, edited) = try Self.copyOfFixture()
+            _ = other
+            try restoreState(try copyState(path), at: edited)
+            try Database(path: edited, create: false).execute(edit)
+            let error = #expect(throws: LockboxError.self, "\(edit)") { _ = try SyncState(path: edited, device: Self.device, key: Self.key) }
+            #expect(error?.code == .decode)
+        }
+        // A row of an earlier list put back after the list was settled: refused too.
+        let earlier = try copyState(path)
 
         var settled = SyncState.Changes()
         settled.settlesApplying = true
         try converted.commit(settled)
         #expect(try SyncState(path: path, device: Self.device, key: Self.key).applying.isEmpty)
         #expect(try SyncState(path: path, device: Self.device, key: Self.key).unverifiedWrites == unverified.unverified)
+        try converted.recordApplying([Self.reference(904): Self.applying(4)])
+        do {
+            let (other, replayed) = try Self.copyOfFixture()
+            _ = other
+            try restoreState(try copyState(path), at: replayed)
+            let database = try Database(path: replayed, create: false)
+            try restoreState(earlier, at: replayed + ".earlier")
+            try database.execute("ATTACH DATABASE '\(replayed).earlier' AS earlier; INSERT INTO applying_rows SELECT * FROM earlier.applying_rows LIMIT 1")
+            let error = #expect(throws: LockboxError.self) { _ = try SyncState(path: replayed, device: Self.device, key: Self.key) }
+            #expect(error?.code == .decode)
+        }
+        try converted.commit(settled)
 
         // A format-4 file given a list outside Lockbox: its MAC never covered one, none is taken.
+        try converted.recordApplying([Self.reference(905): Self.applying(5)])
+        let rows = try copyState(path)
+        try converted.commit(settled)
         try Self.fourthFormat(path)
         let database = try Database(path: path, create: false)
-        try database.execute("ALTER TABLE progress ADD COLUMN applying BLOB")
-        var list = FieldEncoder()
-        list.integer(1)
-        list.bytes(Array(Self.reference(903)))
-        list.string(Self.itemID(4))
-        list.integer(1)
-        list.string("device-x")
-        list.bytes([UInt8](repeating: 7, count: 32))
-        list.integer(0)
-        let put = try database.statement("UPDATE progress SET applying = ?")
-        put.bind(1, list.bytes)
-        try put.run()
-        put.reset()
+        try restoreState(rows, at: path + ".rows")
+        try database.execute(
+            """
+            ALTER TABLE progress ADD COLUMN applying BLOB; ATTACH DATABASE '\(path).rows' AS rows;
+            CREATE TABLE applying_rows AS SELECT * FROM rows.applying_rows; DETACH DATABASE rows
+            """)
         #expect(try SyncState(path: path, device: Self.device, key: Self.key).applying.isEmpty)
     }
 

@@ -216,6 +216,43 @@ struct SyncTests {
         for machine in machines { #expect(try machine.value("wiki.example", "editor") == nil) }
     }
 
+    @Test("A delete pushed after another device's delete of the item keeps its own, later time: an edit made between the two, pushed last, loses to it")
+    func laterDeleteKeepsItsTimeOverAnEarlierDelete() throws {
+        let (groups, machines) = try threeMachines()
+        try machines[0].add("twice.example", "user", "one")
+        for group in groups { try group.sync() }
+        // C deletes and syncs; A, offline, edits; then B deletes, the last write of all.
+        try machines[2].delete("twice.example", "user")
+        try groups[2].sync()
+        tick()
+        try machines[0].set("twice.example", "user", "edited between the deletes")
+        tick()
+        try machines[1].delete("twice.example", "user")
+        // B's tombstone meets C's in the database: the same content, but a later write.
+        try groups[1].sync()
+        // A's edit, older than B's delete, loses to it.
+        try groups[0].sync()
+        for group in groups { try group.sync() }
+        for machine in machines {
+            #expect(try machine.value("twice.example", "user") == nil, "an edit made before the last delete came back")
+            #expect(try machine.verify())
+        }
+
+        // The same with edits of the same content: the later write's time is kept.
+        try machines[0].add("same.example", "user", "one")
+        for group in groups { try group.sync() }
+        try machines[2].set("same.example", "user", "same")
+        try groups[2].sync()
+        tick()
+        try machines[0].set("same.example", "user", "other")
+        tick()
+        try machines[1].set("same.example", "user", "same")
+        try groups[1].sync()
+        try groups[0].sync()
+        for group in groups { try group.sync() }
+        for machine in machines { #expect(try machine.value("same.example", "user") == "same", "an edit older than the last write won") }
+    }
+
     @Test("A pulled change whose local state was lost (a crash between the two commits) is pushed again with its own time: a later edit made elsewhere still wins")
     func reappliedChangeKeepsItsTime() throws {
         let (groups, machines) = try threeMachines()

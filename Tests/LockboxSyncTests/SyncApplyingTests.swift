@@ -1,0 +1,107 @@
+import Foundation
+import Lockbox
+import LockboxTestSupport
+import LockboxVault
+import Synchronization
+import Testing
+import VaultStorage
+
+@testable import LockboxSync
+
+/// B pulls one item from A; its state is then put back as it was once the pull listed the row it
+/// adds: as a process killed after the vault's commit, before the state's, leaves it.
+private func pullStoppedAfterTheVaultsCommit(_ groups: [SyncGroup], _ machines: [Machine], service: String) throws {
+    try groups[1].sync()
+    try machines[0].add(service, "user", "from A")
+    try groups[0].sync()
+    let listed = Mutex<StateCopy?>(nil)
+    let path = groups[1].statePath
+    groups[1].afterListingAdded.withLock { $0 = { listed.withLock { $0 = try? copyState(path) } } }
+    #expect(try groups[1].sync().pulled == 1)
+    groups[1].afterListingAdded.withLock { $0 = nil }
+    let copy: StateCopy = try #require(listed.withLock { $0 }, "the pull listed no row it adds")
+    try restoreState(copy, at: path)
+    tick()
+}
+
+private func update(_ machine: Machine, _ service: String, _ change: (inout ItemAttributes) -> Void) throws {
+    var attributes = ItemAttributes()
+    change(&attributes)
+    try machine.vault.update(matching: machine.query(service, "user"), to: ItemUpdate(attributes: attributes))
+}
+
+/// The rows a sync lists in its state before the vault commits them (``SyncState/applying``),
+/// settled by the next sync after a process stopped between the two commits.
+@Suite("Sync: rows listed before the vault's commit", .serialized)
+struct SyncApplyingTests {
+    @Test(
+        "An item pulled, the process stopped before its state's commit, then made local here (not synchronizable, or ThisDeviceOnly): its delete is pushed, one local copy stays, no synchronizable copy comes back",
+        arguments: [false, true])
+    func madeLocalAfterPullWithoutItsState(thisDeviceOnly: Bool) throws {
+        let (groups, machines) = try threeMachines()
+        try pullStoppedAfterTheVaultsCommit(groups, machines, service: "local.example")
+        try update(machines[1], "local.example") { attributes in
+            if thisDeviceOnly { attributes.accessibility = .whenUnlockedThisDeviceOnly } else { attributes.synchronizable = false }
+        }
+        try groups[1].sync()
+        try groups[0].sync()
+        try groups[2].sync()
+        #expect(try machines[1].count() == 1, "the pull added the item back beside the copy made local")
+        if !thisDeviceOnly { #expect(try machines[1].value("local.example", "user") == nil, "a synchronizable copy is back") }
+        #expect(try machines[0].count() == 0, "the item left sync on B but lives on on A: no delete pushed")
+        #expect(try machines[2].count() == 0)
+        for machine in machines { #expect(try machine.verify()) }
+    }
+
+    @Test("An item pulled, the process stopped before its state's commit, then renamed here: the rename reaches the others, no copy of the old name left")
+    func renamedAfterPullWithoutItsState() throws {
+        let (groups, machines) = try threeMachines()
+        try pullStoppedAfterTheVaultsCommit(groups, machines, service: "old.example")
+        try update(machines[1], "old.example") { $0.service = "new.example" }
+        try groups[1].sync()
+        try groups[0].sync()
+        for machine in machines.prefix(2) {
+            #expect(try machine.count() == 1)
+            #expect(try machine.value("new.example", "user") == "from A")
+        }
+    }
+
+    @Test("After a pull stopped before its state's commit, `sync status` counts what the next sync pushes: nothing for the row kept, the delete of one deleted here", arguments: [false, true])
+    func statusCountsWhatTheSyncPushes(deleted: Bool) throws {
+        let (groups, machines) = try threeMachines()
+        try pullStoppedAfterTheVaultsCommit(groups, machines, service: "status.example")
+        if deleted { try machines[1].delete("status.example", "user") }
+        let status = try groups[1].status()
+        #expect(status.syncedItems == 1)
+        let report = try groups[1].sync()
+        #expect(status.pendingLocalChanges == report.pushed, "status said \(status.pendingLocalChanges) pending; the sync pushed \(report.pushed)")
+        #expect(report.pushed == (deleted ? 1 : 0))
+    }
+
+    @Test("A pull that falls back to one record at a time (an item of the same key written here after its push) adds the new items in one transaction, their rows listed once")
+    func fallbackListsOnce() throws {
+        let (groups, machines) = try threeMachines()
+        try groups[1].sync()
+        let count = 300
+        try machines[0].vault.add(contentsOf: synchronizableItems(count, prefix: "fb"))
+        try groups[0].sync()
+        let listings = Mutex<[Int]>([])
+        let group = groups[1]
+        try group.session { connection, state throws(LockboxError) in
+            nonisolated(unsafe) let listed = state
+            group.afterListingAdded.withLock { $0 = { listings.withLock { $0.append(listed.applying.count) } } }
+            var report = SyncGroup.Report()
+            let floor = try group.push(connection, state: state, report: &report)
+            // Written here after the push: the pull's one vault transaction fails (duplicateItem).
+            var item = Item.genericPassword(service: "fb0.example", account: "user", data: SecretBytes(utf8: "mine"))
+            item.attributes.synchronizable = true
+            try machines[1].vault.add(item)
+            try group.pull(connection, state: state, report: &report, floor: floor)
+        }
+        group.afterListingAdded.withLock { $0 = nil }
+        #expect(listings.withLock { $0 } == [count - 1], "the rows were listed in \(listings.withLock { $0.count }) commits")
+        #expect(try machines[1].count() == count)
+        #expect(try machines[1].value("fb0.example", "user") == "mine")
+        #expect(try machines[1].verify())
+    }
+}
