@@ -22,6 +22,9 @@ import Glibc
 /// - Per vault row (persistent reference): the item it holds; nil for a synchronizable row that
 ///   does not sync (ThisDeviceOnly, access control). A row known here and gone from the vault is
 ///   a delete.
+/// - `applying_rows` (format 5): the rows a sync is adding to the vault, listed before the vault
+///   commits them and dropped once this state records them (``applying``), one SQLite row each
+///   under a MAC binding the list's serial, their count and the serial in the progress.
 ///
 /// Items and rows are kept in buckets (format 2): items by a digest of their identifier in
 /// `item_buckets` (``itemBucketCount``), rows by their reference in `row_buckets`
@@ -43,7 +46,8 @@ import Glibc
 ///
 /// Each phase of a sync updates it in one SQLite transaction after the database committed; a
 /// crash before that only repeats work: pushing an item whose record is already the
-/// database's writes nothing, and pulling a record already applied changes nothing.
+/// database's writes nothing, and pulling a record already applied changes nothing (the rows
+/// it added are known from the list of rows being added).
 final class SyncState {
     struct Entry: Equatable {
         var stamp: SyncStamp
