@@ -55,7 +55,7 @@ extension SyncGroup {
             // Rows a stopped sync listed as being added are settled first, as a sync would,
             // unless a sync runs now (it settles them itself).
             if !state.applying.isEmpty, let lock = try SyncLock.ifFree(statePath: statePath) {
-                try withExtendedLifetime(lock) { () throws(LockboxError) in try adoptApplying(state) }
+                try withExtendedLifetime(lock) { () throws(LockboxError) in try adoptApplying(state, connection: nil) }
             }
             var status = Status(
                 groupID: groupID, deviceID: device.id, keyEpoch: keys.epoch, pulledVersion: state.cursor,

@@ -374,7 +374,7 @@ public final class SyncGroup: Sendable {
             try SyncSchema.migrate(connection)
             try catchUpKeys(connection)
             let state = try SyncState(path: statePath, device: device.id, key: device.stateKey)
-            try adoptApplying(state)
+            try adoptApplying(state, connection: connection)
             return try body(connection, state)
         }
     }
@@ -394,8 +394,28 @@ public final class SyncGroup: Sendable {
     /// here, and would bring it back.) A row the vault neither holds nor deleted was never
     /// committed: the pull applies its record again. Identifiers are never reused (each holds
     /// random bytes), so a row held now is the one the pull added.
-    func adoptApplying(_ state: SyncState) throws(LockboxError) {
+    ///
+    /// A row a push listed (``SyncState/Applying/pushed``) is the item's record only if the
+    /// database holds that record (its stamp): then it is recorded as a pulled one is; otherwise
+    /// (the transaction never committed, or a later record replaced it) only as the row that
+    /// holds the item, which the push compares with what the group has. Without `connection`
+    /// (``status()``), a list holding such a row is left for the next sync.
+    func adoptApplying(_ state: SyncState, connection: PostgresConnection?) throws(LockboxError) {
         guard !state.applying.isEmpty else { return }
+        let pushed = state.applying.values.filter(\.pushed)
+        var inGroup: Set<String> = []
+        if !pushed.isEmpty {
+            guard let connection else { return }
+            let keys = self.keys
+            for row in try connection.executeBinary(
+                "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 AND item_id = ANY($2::text[])",
+                [.text(groupID), .texts(pushed.map(\.id))])
+            {
+                guard let id = row[0].map({ String(decoding: $0, as: UTF8.self) }), let payload = row[2] else { throw LockboxError.syncDatabase() }
+                let record = try SyncRecord.open(payload, group: groupID, itemID: id, version: try PostgresConnection.integer(binary: row[1]), keys: keys)
+                if pushed.contains(where: { $0.id == id && $0.entry.stamp == record.stamp }) { inGroup.insert(id) }
+            }
+        }
         // Held synchronizable or not: one made local since is the item's, whose delete the push writes.
         let present = try vault.presentRows(among: state.applying.keys)
         let deleted = try vault.deletionTimes(of: state.applying.keys.filter { !present.contains($0) })
@@ -403,6 +423,7 @@ public final class SyncGroup: Sendable {
         changes.settlesApplying = true
         for (reference, row) in state.applying where present.contains(reference) || deleted[reference] != nil {
             changes.setRow(reference, .some(row.id))
+            if row.pushed && !inGroup.contains(row.id) { continue }
             if let known = try state.entry(row.id), known.stamp >= row.entry.stamp { continue }
             changes.entries[row.id] = row.entry
         }
@@ -506,13 +527,20 @@ public final class SyncGroup: Sendable {
         var inStep = VerifiedHead(of: state)
         var checked: VerifiedHead?
         var floor = state.cursor
+        // The rows this push writes and the state does not know yet are listed in it before
+        // each database transaction (``SyncState/applying``): should the process stop after the
+        // database's commit and before the state's, a row deleted here meanwhile is still known
+        // to have held an item the group has.
+        pending.settlesApplying = true
         for start in stride(from: 0, to: found.toRead.count, by: Self.pushBatch) {
             var changes: [(id: String, record: SyncRecord)] = []
+            var unknown: [Data: SyncState.Applying] = [:]
             let batch = found.toRead[start..<min(start + Self.pushBatch, found.toRead.count)]
             let read = try readLocal(batch)
             try state.inSnapshot { () throws(LockboxError) in
                 for reference in batch {
-                    if case .some(.some(let old)) = try state.row(reference) { former.insert(old) }
+                    let stateRow = try state.row(reference)
+                    if case .some(.some(let old)) = stateRow { former.insert(old) }
                     guard let local = read[reference] else {
                         pending.setRow(reference, .some(nil))
                         continue
@@ -522,9 +550,12 @@ public final class SyncGroup: Sendable {
                     pending.setRow(reference, .some(id))
                     let known = try state.entry(id, after: pending)
                     if Self.isPushed(local, known: known) { continue }
-                    changes.append((id, record(of: local, after: known)))
+                    let record = record(of: local, after: known)
+                    changes.append((id, record))
+                    if stateRow == nil { unknown[reference] = SyncState.Applying(id: id, entry: SyncState.Entry(record), pushed: true) }
                 }
             }
+            try listAdding(unknown, in: state)
             let superseding = try state.inSnapshot { () throws(LockboxError) in
                 try write(
                     changes, connection: connection, state: state, pending: &pending, inStep: &inStep, checked: &checked, floor: &floor,

@@ -55,11 +55,15 @@ final class SyncState {
         var isTombstone: Bool
     }
 
-    /// A row a pull is adding to the vault: the item it holds, and the entry of the record it
-    /// holds (``SyncState/applying``).
+    /// A row a sync is adding to the vault, or one of this vault a push is writing that this
+    /// state does not know yet (``SyncState/applying``): the item it holds, and the entry of the
+    /// record it holds (applied from the database, or written to it when `pushed`).
     struct Applying: Equatable {
         var id: String
         var entry: Entry
+        /// Listed by a push before its database transaction: the record is the item's in the
+        /// group only if the database holds it with this stamp.
+        var pushed = false
     }
 
     /// One item's record as a verified head lists it.
@@ -852,6 +856,7 @@ final class SyncState {
         encoder.string(row.entry.stamp.device)
         encoder.bytes(row.entry.contentDigest)
         encoder.integer(row.entry.isTombstone ? 1 : 0)
+        encoder.integer(row.pushed ? 1 : 0)
         return encoder.bytes
     }
 
@@ -879,10 +884,12 @@ final class SyncState {
             else { throw failure }
             var decoder = FieldDecoder(body)
             guard let id = try? decoder.string(), let modified = try? decoder.integer(), let device = try? decoder.string(),
-                let digest = try? decoder.bytes(), let tombstone = try? decoder.integer(), tombstone == 0 || tombstone == 1, decoder.isAtEnd
+                let digest = try? decoder.bytes(), let tombstone = try? decoder.integer(), tombstone == 0 || tombstone == 1,
+                let pushed = try? decoder.integer(), pushed == 0 || pushed == 1, decoder.isAtEnd
             else { throw failure }
             rows[Data(reference)] = Applying(
-                id: id, entry: Entry(stamp: SyncStamp(modified: Int64(modified), device: device), contentDigest: digest, isTombstone: tombstone == 1))
+                id: id, entry: Entry(stamp: SyncStamp(modified: Int64(modified), device: device), contentDigest: digest, isTombstone: tombstone == 1),
+                pushed: pushed == 1)
         }
         guard rows.count == list.count else { throw failure }
         return rows

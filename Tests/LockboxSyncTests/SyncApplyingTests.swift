@@ -78,6 +78,52 @@ struct SyncApplyingTests {
         #expect(report.pushed == (deleted ? 1 : 0))
     }
 
+    @Test("An item added here and pushed, the process stopped before its state's commit, then deleted here: the delete reaches the others, the item does not come back", arguments: [1, 600])
+    func deleteAfterPushWithoutItsState(count: Int) throws {
+        let (groups, machines) = try threeMachines()
+        for group in groups { try group.sync() }
+        try machines[1].vault.add(contentsOf: synchronizableItems(count, prefix: "pushed"))
+        // As if the process died after the database's last commit, before the state's: the
+        // state as the push's last listing of rows left it.
+        let listed = Mutex<StateCopy?>(nil)
+        let path = groups[1].statePath
+        groups[1].afterListingAdded.withLock { $0 = { listed.withLock { $0 = try? copyState(path) } } }
+        #expect(try groups[1].sync().pushed == count)
+        groups[1].afterListingAdded.withLock { $0 = nil }
+        let copy: StateCopy = try #require(listed.withLock { $0 }, "the push listed no row")
+        try restoreState(copy, at: path)
+        tick()
+        for index in 0..<count { try machines[1].delete("pushed\(index).example", "user") }
+        try groups[1].sync()
+        #expect(try machines[1].count() == 0, "the pull brought back an item deleted here")
+        try groups[0].sync()
+        try groups[2].sync()
+        for machine in machines {
+            #expect(try machine.count() == 0, "an item pushed, then deleted here, is back")
+            #expect(try machine.verify())
+        }
+        for group in groups { #expect(try group.sync().changedNothing) }
+    }
+
+    @Test("A push whose database transaction never committed after it listed its rows: the next sync pushes the items, nothing is taken for pushed or deleted")
+    func pushListedButNeverCommitted() throws {
+        let (groups, machines) = try threeMachines()
+        for group in groups { try group.sync() }
+        try machines[1].add("unsent.example", "user", "from B")
+        try machines[1].add("unsent-then-gone.example", "user", "from B")
+        groups[1].afterListingAdded.withLock { $0 = { () throws(LockboxError) in throw LockboxError(.io, "stopped before the database's commit") } }
+        #expect(throws: LockboxError.self) { try groups[1].sync() }
+        groups[1].afterListingAdded.withLock { $0 = nil }
+        // Deleted here before it ever reached the group: nothing to push for it.
+        try machines[1].delete("unsent-then-gone.example", "user")
+        #expect(try groups[1].sync().pushed == 1)
+        try groups[0].sync()
+        #expect(try machines[0].value("unsent.example", "user") == "from B")
+        #expect(try machines[0].count() == 1)
+        for group in groups { _ = try group.sync() }
+        for group in groups { #expect(try group.sync().changedNothing) }
+    }
+
     @Test("A pull that falls back to one record at a time (an item of the same key written here after its push) adds the new items in one transaction, their rows listed once")
     func fallbackListsOnce() throws {
         let (groups, machines) = try threeMachines()
