@@ -23,8 +23,9 @@ import Glibc
 ///   does not sync (ThisDeviceOnly, access control). A row known here and gone from the vault is
 ///   a delete.
 /// - `applying_rows` (format 5): the rows a sync is adding to the vault, listed before the vault
-///   commits them and dropped once this state records them (``applying``), one SQLite row each
-///   under a MAC binding the list's serial, their count and the serial in the progress.
+///   commits them and dropped once this state records them (``applying``), one SQLite row per
+///   listing under a MAC binding the list's serial and the listing's number, their count and
+///   the serial in the progress.
 ///
 /// Items and rows are kept in buckets (format 2): items by a digest of their identifier in
 /// `item_buckets` (``itemBucketCount``), rows by their reference in `row_buckets`
@@ -206,7 +207,7 @@ final class SyncState {
                 CREATE TABLE IF NOT EXISTS item_buckets (bucket INTEGER PRIMARY KEY, body BLOB NOT NULL, mac BLOB NOT NULL);
                 CREATE TABLE IF NOT EXISTS row_buckets (bucket INTEGER PRIMARY KEY, body BLOB NOT NULL, mac BLOB NOT NULL);
                 CREATE TABLE IF NOT EXISTS mac_groups (grp INTEGER PRIMARY KEY, macs BLOB NOT NULL);
-                CREATE TABLE IF NOT EXISTS applying_rows (reference BLOB PRIMARY KEY, body BLOB NOT NULL, mac BLOB NOT NULL);
+                CREATE TABLE IF NOT EXISTS applying_rows (listing INTEGER PRIMARY KEY, body BLOB NOT NULL, mac BLOB NOT NULL);
                 """)
             if try !hasColumn("buckets", of: "progress", database) {
                 try database.execute("ALTER TABLE progress ADD COLUMN buckets BLOB")
@@ -821,10 +822,11 @@ final class SyncState {
     }
 
     /// The list of rows being added (``applying``) as the progress vouches for it: its serial,
-    /// which every row's MAC binds and which moves on each time a list is settled (so a row of
-    /// an earlier list put back fails its check), and how many rows it has (so a row removed,
-    /// or one added, does not add up). Each row is one SQLite row of `applying_rows`: listing a
-    /// row writes that row and the progress, whatever the list holds already.
+    /// which every listing's MAC binds and which moves on each time a list is settled (so a
+    /// listing of an earlier list put back fails its check), and how many listings it has
+    /// (numbered from 0, so one removed, added or swapped does not add up). Each listing is one
+    /// SQLite row of `applying_rows` holding the rows listed at once: listing rows writes them
+    /// and the progress, whatever the list holds already.
     struct ApplyingList: Equatable {
         var serial = 0
         var count = 0
@@ -849,55 +851,69 @@ final class SyncState {
         }
     }
 
-    private static func applyingBody(_ row: Applying) -> [UInt8] {
+    /// One listing's body: its rows (in the dictionary's order: the MAC covers the bytes as
+    /// they are).
+    private static func applyingBody(_ rows: [Data: Applying]) -> [UInt8] {
         var encoder = FieldEncoder()
-        encoder.string(row.id)
-        encoder.integer(Int(row.entry.stamp.modified))
-        encoder.string(row.entry.stamp.device)
-        encoder.bytes(row.entry.contentDigest)
-        encoder.integer(row.entry.isTombstone ? 1 : 0)
-        encoder.integer(row.pushed ? 1 : 0)
+        encoder.integer(rows.count)
+        for (reference, row) in rows {
+            encoder.bytes(Array(reference))
+            encoder.string(row.id)
+            encoder.integer(Int(row.entry.stamp.modified))
+            encoder.string(row.entry.stamp.device)
+            encoder.bytes(row.entry.contentDigest)
+            encoder.integer(row.entry.isTombstone ? 1 : 0)
+            encoder.integer(row.pushed ? 1 : 0)
+        }
         return encoder.bytes
     }
 
-    private static func applyingMAC(serial: Int, reference: [UInt8], body: [UInt8], key: SecretBytes) -> [UInt8] {
+    private static func applyingMAC(serial: Int, listing: Int, body: [UInt8], key: SecretBytes) -> [UInt8] {
         var encoder = FieldEncoder()
         encoder.string("lockbox.sync.state.applying.v1")
         encoder.integer(serial)
-        encoder.bytes(reference)
+        encoder.integer(listing)
         encoder.bytes(body)
         return Crypto.keyedDigest(encoder.bytes, key: key)
     }
 
-    /// The rows of the list the progress's `list` vouches for, each MAC checked, their number
-    /// its count (a row where the progress vouches for none is as much an error).
+    /// The rows of the list the progress's `list` vouches for: listings 0 to its count less
+    /// one, each MAC checked, and no other (a listing where the progress vouches for none is
+    /// as much an error).
     private static func readApplying(_ list: [UInt8], _ database: Database, key: SecretBytes) throws(LockboxError) -> [Data: Applying] {
         let failure = LockboxError.integrity("The sync state \(database.path)")
         let list = try ApplyingList(list, path: database.path)
-        let statement = try database.statement("SELECT reference, body, mac FROM applying_rows")
+        let statement = try database.statement("SELECT listing, body, mac FROM applying_rows ORDER BY listing")
         defer { statement.reset() }
         var rows: [Data: Applying] = [:]
+        var listings = 0
         while try statement.step() {
-            let reference = statement.blob(0) ?? []
             let body = statement.blob(1) ?? []
-            guard let mac = statement.blob(2), SyncHead.equal(mac, applyingMAC(serial: list.serial, reference: reference, body: body, key: key))
+            guard statement.integer(0) == listings, let mac = statement.blob(2),
+                SyncHead.equal(mac, applyingMAC(serial: list.serial, listing: listings, body: body, key: key))
             else { throw failure }
+            listings += 1
             var decoder = FieldDecoder(body)
-            guard let id = try? decoder.string(), let modified = try? decoder.integer(), let device = try? decoder.string(),
-                let digest = try? decoder.bytes(), let tombstone = try? decoder.integer(), tombstone == 0 || tombstone == 1,
-                let pushed = try? decoder.integer(), pushed == 0 || pushed == 1, decoder.isAtEnd
-            else { throw failure }
-            rows[Data(reference)] = Applying(
-                id: id, entry: Entry(stamp: SyncStamp(modified: Int64(modified), device: device), contentDigest: digest, isTombstone: tombstone == 1),
-                pushed: pushed == 1)
+            guard let count = try? decoder.integer(), count > 0 else { throw failure }
+            for _ in 0..<count {
+                guard let reference = try? decoder.bytes(), let id = try? decoder.string(), let modified = try? decoder.integer(),
+                    let device = try? decoder.string(), let digest = try? decoder.bytes(), let tombstone = try? decoder.integer(),
+                    tombstone == 0 || tombstone == 1, let pushed = try? decoder.integer(), pushed == 0 || pushed == 1
+                else { throw failure }
+                rows[Data(reference)] = Applying(
+                    id: id,
+                    entry: Entry(stamp: SyncStamp(modified: Int64(modified), device: device), contentDigest: digest, isTombstone: tombstone == 1),
+                    pushed: pushed == 1)
+            }
+            guard decoder.isAtEnd else { throw failure }
         }
-        guard rows.count == list.count else { throw failure }
+        guard listings == list.count else { throw failure }
         return rows
     }
 
-    /// Writes the list's changes inside a commit's transaction: all its rows dropped and the
-    /// serial moved on when `settles`, then the rows of `added` not listed yet. Returns the list
-    /// the progress then vouches for.
+    /// Writes the list's changes inside a commit's transaction: every listing dropped and the
+    /// serial moved on when `settles`, then `added` as the next listing. Returns the list the
+    /// progress then vouches for.
     private static func writeApplying(
         _ stored: ApplyingList, settles: Bool, added: [Data: Applying], _ database: Database, key: SecretBytes
     ) throws(LockboxError) -> ApplyingList {
@@ -908,23 +924,14 @@ final class SyncState {
             list.count = 0
         }
         guard !added.isEmpty else { return list }
-        let exists = try database.statement("SELECT 1 FROM applying_rows WHERE reference = ?")
-        defer { exists.reset() }
-        let put = try database.statement("INSERT OR REPLACE INTO applying_rows (reference, body, mac) VALUES (?, ?, ?)")
+        let body = applyingBody(added)
+        let put = try database.statement("INSERT INTO applying_rows (listing, body, mac) VALUES (?, ?, ?)")
         defer { put.reset() }
-        for (reference, row) in added {
-            let bytes = Array(reference)
-            exists.reset()
-            exists.bind(1, bytes)
-            if try !exists.step() { list.count += 1 }
-            exists.reset()
-            let body = applyingBody(row)
-            put.reset()
-            put.bind(1, bytes)
-            put.bind(2, body)
-            put.bind(3, applyingMAC(serial: list.serial, reference: bytes, body: body, key: key))
-            try put.run()
-        }
+        put.bind(1, list.count)
+        put.bind(2, body)
+        put.bind(3, applyingMAC(serial: list.serial, listing: list.count, body: body, key: key))
+        try put.run()
+        list.count += 1
         return list
     }
 
@@ -1187,7 +1194,8 @@ final class SyncState {
         /// True when committing would write nothing new to a state at `cursor`, `generation`
         /// and `accumulator`.
         func changesNothing(of state: SyncState) -> Bool {
-            unverifiedWrites(after: state) == state.unverifiedWrites && applyingRows(after: state) == state.applying && entries.isEmpty && verified.isEmpty && !replacesVerified && rows.isEmpty && (cursor ?? state.cursor) == state.cursor
+            unverifiedWrites(after: state) == state.unverifiedWrites && applying.isEmpty && !(settlesApplying && !state.applying.isEmpty)
+                && entries.isEmpty && verified.isEmpty && !replacesVerified && rows.isEmpty && (cursor ?? state.cursor) == state.cursor
                 && (generation ?? state.generation) == state.generation && (accumulator ?? state.accumulator) == state.accumulator
         }
     }

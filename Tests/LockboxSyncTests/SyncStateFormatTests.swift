@@ -494,12 +494,13 @@ struct SyncStateFormatTests {
         #expect(try SyncState(path: path, device: Self.device, key: Self.key).applying == expected)
         try Self.expectFixtureContent(try SyncState(path: path, device: Self.device, key: Self.key))
 
-        // The list edited in the file (a row dropped, its count or serial changed, a row edited,
-        // the progress's list removed): refused. A row dropped would forget a delete made here.
+        // The list edited in the file (a listing dropped, copied, renumbered or edited, the
+        // progress's list removed): refused. A listing dropped would forget a delete made here.
         for edit in [
             "DELETE FROM applying_rows WHERE rowid = (SELECT min(rowid) FROM applying_rows)", "UPDATE progress SET applying = NULL",
             "UPDATE applying_rows SET body = body || x'00' WHERE rowid = (SELECT min(rowid) FROM applying_rows)",
-            "INSERT INTO applying_rows SELECT reference || x'01', body, mac FROM applying_rows WHERE rowid = (SELECT min(rowid) FROM applying_rows)",
+            "INSERT INTO applying_rows SELECT listing + 2, body, mac FROM applying_rows WHERE rowid = (SELECT min(rowid) FROM applying_rows)",
+            "UPDATE applying_rows SET listing = listing + 5 WHERE rowid = (SELECT max(rowid) FROM applying_rows)",
         ] {
             let (other, edited) = try Self.copyOfFixture()
             _ = other
@@ -523,7 +524,7 @@ struct SyncStateFormatTests {
             try restoreState(try copyState(path), at: replayed)
             let database = try Database(path: replayed, create: false)
             try restoreState(earlier, at: replayed + ".earlier")
-            try database.execute("ATTACH DATABASE '\(replayed).earlier' AS earlier; INSERT INTO applying_rows SELECT * FROM earlier.applying_rows LIMIT 1")
+            try database.execute("ATTACH DATABASE '\(replayed).earlier' AS earlier; INSERT OR REPLACE INTO applying_rows SELECT * FROM earlier.applying_rows LIMIT 1")
             let error = #expect(throws: LockboxError.self) { _ = try SyncState(path: replayed, device: Self.device, key: Self.key) }
             #expect(error?.code == .decode)
         }
