@@ -51,12 +51,13 @@ extension SyncGroup {
     public func status() throws(LockboxError) -> Status {
         try Self.requireUnlocked(vault, "Unlock it to see the sync status.")
         return try syncing.withLock { _ throws(LockboxError) -> Status in
-            let state = try SyncState(path: statePath, device: device.id, key: device.stateKey)
             // Rows a stopped sync listed as being added are settled first, as a sync would,
-            // unless a sync runs now (it settles them itself).
-            if !state.applying.isEmpty, let lock = try SyncLock.ifFree(statePath: statePath) {
-                try withExtendedLifetime(lock) { () throws(LockboxError) in try adoptApplying(state, connection: nil) }
-            }
+            // unless a sync runs now (it settles them itself): the state is opened once the
+            // lock is held, so that it is not one a sync committed past meanwhile.
+            let lock = try SyncLock.ifFree(statePath: statePath)
+            let state = try SyncState(path: statePath, device: device.id, key: device.stateKey)
+            if lock != nil, !state.applying.isEmpty { try adoptApplying(state, connection: nil) }
+            withExtendedLifetime(lock) {}
             var status = Status(
                 groupID: groupID, deviceID: device.id, keyEpoch: keys.epoch, pulledVersion: state.cursor,
                 syncedItems: try state.liveEntryCount,

@@ -1302,19 +1302,32 @@ public final class SyncGroup: Sendable {
                 // No row the state knows holds the item: none known, or the known one deleted
                 // or replaced here after the push listed the rows (another process).
                 if let item = record.item, try !holds(change.existing, change.id) {
-                    if let local = try unknownLocal(sameKeyAs: item) {
+                    switch try unknownLocal(sameKeyAs: item) {
+                    case .syncing(let reference, let local):
                         // A row of this item the state does not know: written here after the
                         // push, so this sync has not compared it with the record. Not
-                        // overwritten: the same content is adopted; other content is left for
-                        // the next push, which settles it against this record by the rule
-                        // (the later write wins), as an edit made since the push is.
-                        if local.digest == record.contentDigest {
-                            pending.setRow(local.reference, .some(change.id))
+                        // overwritten: the same content written no later than the record is
+                        // adopted; other content, or a later write of the same, is left for the
+                        // next push, which settles it against this record by the rule (the
+                        // later write wins), as an edit made since the push is.
+                        if local.digest == record.contentDigest
+                            && Self.milliseconds(local.item.attributes.modificationDate) <= record.stamp.modified
+                        {
+                            pending.setRow(reference, .some(change.id))
                         } else {
                             pending.entries.removeValue(forKey: change.id)
                         }
                         notApplied += 1
                         continue
+                    case .notSyncing:
+                        // An item of the same primary key here that does not sync (ThisDeviceOnly,
+                        // say): what the user keeps on this device is neither overwritten nor
+                        // duplicated; the record is not applied here.
+                        pending.entries.removeValue(forKey: change.id)
+                        notApplied += 1
+                        continue
+                    case .none:
+                        break
                     }
                     if change.existing != nil {
                         // Deleted here since the push: not brought back. The next push sees the
@@ -1362,19 +1375,36 @@ public final class SyncGroup: Sendable {
         return itemID(local.item) == id
     }
 
-    /// The synchronizable row holding an item of `item`'s primary key, and its content digest;
-    /// nil when there is none.
-    private func unknownLocal(sameKeyAs item: Item) throws(LockboxError) -> (reference: Data, digest: [UInt8])? {
-        let reference: Data
+    /// The row of this vault with an item of some item's primary key (``unknownLocal(sameKeyAs:)``).
+    enum LocalRow {
+        /// None.
+        case none
+        /// One that syncs: its reference and item.
+        case syncing(Data, LocalItem)
+        /// One that does not sync (ThisDeviceOnly, access control).
+        case notSyncing
+    }
+
+    /// The row holding an item of `item`'s primary key (its class's key attributes, access
+    /// group and sync flag, whatever its other attributes), if any, and whether it syncs.
+    private func unknownLocal(sameKeyAs item: Item) throws(LockboxError) -> LocalRow {
+        var query = Query(item.itemClass, limit: .all, returning: [.attributes, .persistentReference], synchronizable: .synchronizable)
+        var key = ItemAttributes()
+        for field in ItemAttributes.primaryKeyFields(of: item.itemClass) { field.copy(from: item.attributes, to: &key) }
+        key.accessGroup = item.attributes.accessGroup
+        query.attributes = key
+        let wanted = PrimaryKey.encode(item.itemClass, item.attributes)
+        let found: [Item]
         do {
-            guard let found = try vault.item(matching: Query.primaryKey(of: item, returning: [.persistentReference])).persistentReference
-            else { return nil }
-            reference = found
+            found = try vault.items(matching: query)
         } catch where error.code == .itemNotFound {
-            return nil
+            return .none
         }
-        guard let local = try readLocal(reference) else { return nil }
-        return (reference, local.digest)
+        guard let reference = found.first(where: { PrimaryKey.encode(item.itemClass, $0.attributes) == wanted })?.persistentReference else {
+            return .none
+        }
+        guard let local = try readLocal(reference) else { return .notSyncing }
+        return .syncing(reference, local)
     }
 
     /// Applies another device's record through the vault's own add, update and delete, so its
@@ -1415,6 +1445,9 @@ public final class SyncGroup: Sendable {
                     try listAdding([reference: SyncState.Applying(id: id, entry: SyncState.Entry(record))], in: state)
                 }
             } catch where error.code == .duplicateItem {
+                // An item of the same primary key that does not sync (ThisDeviceOnly, say): what
+                // the user keeps on this device is not overwritten; the record is not applied.
+                if case .notSyncing = try unknownLocal(sameKeyAs: item) { return nil }
                 // The row moved (another process re-added it): update it by its attributes.
                 try vault.update(
                     matching: Query.primaryKey(of: item), to: ItemUpdate(attributes: item.attributes, data: item.data), madeAt: madeAt)

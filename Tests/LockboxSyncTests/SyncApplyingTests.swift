@@ -124,6 +124,69 @@ struct SyncApplyingTests {
         for group in groups { #expect(try group.sync().changedNothing) }
     }
 
+    @Test("`sync status` settles a list left behind only when no sync holds the lock, and opens the state after taking it")
+    func statusSettlesOnlyUnderTheLock() throws {
+        let (groups, machines) = try threeMachines()
+        try pullStoppedAfterTheVaultsCommit(groups, machines, service: "locked.example")
+        let group = groups[1]
+        let reopened = { () throws -> SyncState in try SyncState(path: group.statePath, device: group.device.id, key: group.device.stateKey) }
+        do {
+            // Another process's sync holds the lock: status neither waits nor settles.
+            let held = try SyncLock(statePath: group.statePath)
+            _ = try group.status()
+            #expect(try !reopened().applying.isEmpty, "status settled the list while a sync held the lock")
+            withExtendedLifetime(held) {}
+        }
+        let status = try group.status()
+        #expect(try reopened().applying.isEmpty)
+        #expect(status.pendingLocalChanges == 0)
+        #expect(try group.sync().pulled == 0)
+    }
+
+    @Test("An item of the same primary key kept here as ThisDeviceOnly is neither overwritten nor duplicated by the group's, and the sync goes on with the other items")
+    func thisDeviceOnlyItemOfTheSameKey() throws {
+        let (groups, machines) = try threeMachines()
+        try groups[1].sync()
+        try machines[1].add("dup.example", "user", "local only", accessibility: .whenUnlockedThisDeviceOnly, synchronizable: true)
+        try groups[1].sync()
+        try machines[0].add("dup.example", "user", "from A")
+        try machines[0].add("other.example", "user", "from A")
+        try groups[0].sync()
+        try groups[1].sync()
+        try groups[1].sync()
+        #expect(try machines[1].value("other.example", "user") == "from A", "the other item never arrived")
+        #expect(try machines[1].value("dup.example", "user") == "local only", "the item kept on this device was overwritten")
+        #expect(try machines[1].count() == 2)
+        #expect(try machines[0].value("dup.example", "user") == "from A")
+        #expect(try machines[1].verify())
+    }
+
+    @Test("An item written here during a sync, after its push, with the content of an earlier record but later than an edit elsewhere, keeps its time")
+    func sameContentWrittenDuringTheSync() throws {
+        let (groups, machines) = try threeMachines()
+        for group in groups { try group.sync() }
+        // C writes "same" first; A writes "other" later (offline); B writes "same" last.
+        try machines[2].add("late.example", "user", "same")
+        try groups[2].sync()
+        tick()
+        try machines[0].add("late.example", "user", "other")
+        tick()
+        let group = groups[1]
+        try group.session { connection, state throws(LockboxError) in
+            var report = SyncGroup.Report()
+            let floor = try group.push(connection, state: state, report: &report)
+            // Written here (another process) after the push, before the pull: the last write of all.
+            var item = Item.genericPassword(service: "late.example", account: "user", data: SecretBytes(utf8: "same"))
+            item.attributes.synchronizable = true
+            try machines[1].vault.add(item)
+            try group.pull(connection, state: state, report: &report, floor: floor)
+        }
+        try groups[1].sync()
+        try groups[0].sync()
+        for group in groups { try group.sync() }
+        for machine in machines { #expect(try machine.value("late.example", "user") == "same", "an edit older than the last write won") }
+    }
+
     @Test("A pull that falls back to one record at a time (an item of the same key written here after its push) adds the new items in one transaction, their rows listed once")
     func fallbackListsOnce() throws {
         let (groups, machines) = try threeMachines()
