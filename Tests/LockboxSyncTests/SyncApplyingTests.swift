@@ -30,6 +30,23 @@ private func update(_ machine: Machine, _ service: String, _ change: (inout Item
     try machine.vault.update(matching: machine.query(service, "user"), to: ItemUpdate(attributes: attributes))
 }
 
+/// One sync of `group` in which an item (a synchronizable generic password, account "user") is
+/// written to `machine`'s vault after the push and before the pull, as another process writes
+/// it; `prepare` sees the sync's state first.
+private func syncWritingBetweenPushAndPull(
+    _ group: SyncGroup, _ machine: Machine, service: String, value: String, prepare: (SyncState) -> Void = { _ in }
+) throws {
+    try group.session { connection, state throws(LockboxError) in
+        prepare(state)
+        var report = SyncGroup.Report()
+        let floor = try group.push(connection, state: state, report: &report)
+        var item = Item.genericPassword(service: service, account: "user", data: SecretBytes(utf8: value))
+        item.attributes.synchronizable = true
+        try machine.vault.add(item)
+        try group.pull(connection, state: state, report: &report, floor: floor)
+    }
+}
+
 /// The rows a sync lists in its state before the vault commits them (``SyncState/applying``),
 /// settled by the next sync after a process stopped between the two commits.
 @Suite("Sync: rows listed before the vault's commit", .serialized)
@@ -171,16 +188,8 @@ struct SyncApplyingTests {
         tick()
         try machines[0].add("late.example", "user", "other")
         tick()
-        let group = groups[1]
-        try group.session { connection, state throws(LockboxError) in
-            var report = SyncGroup.Report()
-            let floor = try group.push(connection, state: state, report: &report)
-            // Written here (another process) after the push, before the pull: the last write of all.
-            var item = Item.genericPassword(service: "late.example", account: "user", data: SecretBytes(utf8: "same"))
-            item.attributes.synchronizable = true
-            try machines[1].vault.add(item)
-            try group.pull(connection, state: state, report: &report, floor: floor)
-        }
+        // Written here (another process) after the push, before the pull: the last write of all.
+        try syncWritingBetweenPushAndPull(groups[1], machines[1], service: "late.example", value: "same")
         try groups[1].sync()
         try groups[0].sync()
         for group in groups { try group.sync() }
@@ -196,16 +205,10 @@ struct SyncApplyingTests {
         try groups[0].sync()
         let listings = Mutex<[Int]>([])
         let group = groups[1]
-        try group.session { connection, state throws(LockboxError) in
+        // Written here after the push: the pull's one vault transaction fails (duplicateItem).
+        try syncWritingBetweenPushAndPull(group, machines[1], service: "fb0.example", value: "mine") { state in
             nonisolated(unsafe) let listed = state
             group.afterListingAdded.withLock { $0 = { listings.withLock { $0.append(listed.applying.count) } } }
-            var report = SyncGroup.Report()
-            let floor = try group.push(connection, state: state, report: &report)
-            // Written here after the push: the pull's one vault transaction fails (duplicateItem).
-            var item = Item.genericPassword(service: "fb0.example", account: "user", data: SecretBytes(utf8: "mine"))
-            item.attributes.synchronizable = true
-            try machines[1].vault.add(item)
-            try group.pull(connection, state: state, report: &report, floor: floor)
         }
         group.afterListingAdded.withLock { $0 = nil }
         #expect(listings.withLock { $0 } == [count - 1], "the rows were listed in \(listings.withLock { $0.count }) commits")

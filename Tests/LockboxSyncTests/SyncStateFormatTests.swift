@@ -318,23 +318,36 @@ struct SyncStateFormatTests {
     /// Turns a state of this format back into one of format 2 as that format's code wrote it:
     /// no `mac_groups`, no group digests in the progress, whose MAC is format 2's.
     static func secondFormat(_ path: String) throws {
+        _ = try earlierFormat(
+            path, label: "lockbox.sync.state.progress.v3", covered: [],
+            then: "DROP TABLE mac_groups; ALTER TABLE progress DROP COLUMN buckets; PRAGMA user_version = 2")
+    }
+
+    /// Gives the progress the MAC of an earlier format, as that format's code made it: its
+    /// label, then the device, cursor, generation, row count and accumulator, then the columns
+    /// `covered` (each empty when NULL); then runs `then`, which drops what the format lacked.
+    /// Returns the columns after `covered` up to the current format's last, as they were.
+    static func earlierFormat(_ path: String, label: String, covered: [String], then sql: String) throws -> [[UInt8]] {
+        let later = ["buckets", "unverified", "applying"].filter { !covered.contains($0) }
         let database = try Database(path: path, create: false)
-        let progress = try #require(
-            database.firstRow("SELECT device, cursor, generation, row_count, accumulator FROM progress") {
-                ($0.text(0) ?? "", $0.integer(1) ?? 0, $0.integer(2) ?? 0, $0.integer(3) ?? 0, $0.blob(4))
-            })
+        let columns = (["device", "cursor", "generation", "row_count", "accumulator"] + covered + later).joined(separator: ", ")
+        let count = covered.count + later.count
         var encoder = FieldEncoder()
-        encoder.string("lockbox.sync.state.progress.v3")
-        encoder.string(progress.0)
-        encoder.integer(progress.1)
-        encoder.integer(progress.2)
-        encoder.integer(progress.3)
-        encoder.bytes(progress.4)
+        encoder.string(label)
+        let found: [[UInt8]]? = try database.firstRow("SELECT \(columns) FROM progress") { (row: Statement) -> [[UInt8]] in
+            encoder.string(row.text(0) ?? "")
+            for index: Int32 in 1...3 { encoder.integer(row.integer(index) ?? 0) }
+            encoder.bytes(row.blob(4))
+            return (0..<count).map { (index: Int) -> [UInt8] in row.blob(Int32(5 + index)) ?? [] }
+        }
+        let progress = try #require(found)
+        for column in progress.prefix(covered.count) { encoder.bytes(column) }
         let put = try database.statement("UPDATE progress SET mac = ?")
         put.bind(1, Crypto.keyedDigest(encoder.bytes, key: key))
         try put.run()
         put.reset()
-        try database.execute("DROP TABLE mac_groups; ALTER TABLE progress DROP COLUMN buckets; PRAGMA user_version = 2")
+        try database.execute(sql)
+        return Array(progress.dropFirst(covered.count))
     }
 
     @Test("A state of format 2 (buckets without their list) is converted when opened, every bucket's MAC checked first")
@@ -418,50 +431,19 @@ struct SyncStateFormatTests {
     /// Turns a state of this format back into one of format 3 as that format's code wrote it: no
     /// list of unverified writes, the progress's MAC format 3's. The state must list none.
     static func thirdFormat(_ path: String) throws {
-        let database = try Database(path: path, create: false)
-        let progress = try #require(
-            database.firstRow("SELECT device, cursor, generation, row_count, accumulator, buckets, unverified FROM progress") {
-                ($0.text(0) ?? "", $0.integer(1) ?? 0, $0.integer(2) ?? 0, $0.integer(3) ?? 0, $0.blob(4), $0.blob(5) ?? [], $0.blob(6) ?? [])
-            })
-        #expect(progress.6.isEmpty)
-        var encoder = FieldEncoder()
-        encoder.string("lockbox.sync.state.progress.v5")
-        encoder.string(progress.0)
-        encoder.integer(progress.1)
-        encoder.integer(progress.2)
-        encoder.integer(progress.3)
-        encoder.bytes(progress.4)
-        encoder.bytes(progress.5)
-        let put = try database.statement("UPDATE progress SET mac = ?")
-        put.bind(1, Crypto.keyedDigest(encoder.bytes, key: key))
-        try put.run()
-        put.reset()
-        try database.execute("ALTER TABLE progress DROP COLUMN unverified; ALTER TABLE progress DROP COLUMN applying; PRAGMA user_version = 3")
+        let dropped = try earlierFormat(
+            path, label: "lockbox.sync.state.progress.v5", covered: ["buckets"],
+            then: "ALTER TABLE progress DROP COLUMN unverified; ALTER TABLE progress DROP COLUMN applying; PRAGMA user_version = 3")
+        #expect(dropped[0].isEmpty)
     }
 
     /// Turns a state of this format back into one of format 4 as that format's code wrote it: no
     /// list of rows being added, the progress's MAC format 4's. The state must list none.
     static func fourthFormat(_ path: String) throws {
-        let database = try Database(path: path, create: false)
-        let progress = try #require(
-            database.firstRow("SELECT device, cursor, generation, row_count, accumulator, buckets, unverified, applying FROM progress") {
-                ($0.text(0) ?? "", $0.integer(1) ?? 0, $0.integer(2) ?? 0, $0.integer(3) ?? 0, $0.blob(4), $0.blob(5) ?? [], $0.blob(6) ?? [], $0.blob(7) ?? [])
-            })
-        #expect(try SyncState.ApplyingList(progress.7, path: path).count == 0)
-        var encoder = FieldEncoder()
-        encoder.string("lockbox.sync.state.progress.v6")
-        encoder.string(progress.0)
-        encoder.integer(progress.1)
-        encoder.integer(progress.2)
-        encoder.integer(progress.3)
-        encoder.bytes(progress.4)
-        encoder.bytes(progress.5)
-        encoder.bytes(progress.6)
-        let put = try database.statement("UPDATE progress SET mac = ?")
-        put.bind(1, Crypto.keyedDigest(encoder.bytes, key: key))
-        try put.run()
-        put.reset()
-        try database.execute("ALTER TABLE progress DROP COLUMN applying; DROP TABLE applying_rows; PRAGMA user_version = 4")
+        let dropped = try earlierFormat(
+            path, label: "lockbox.sync.state.progress.v6", covered: ["buckets", "unverified"],
+            then: "ALTER TABLE progress DROP COLUMN applying; DROP TABLE applying_rows; PRAGMA user_version = 4")
+        #expect(try SyncState.ApplyingList(dropped[0], path: path).count == 0)
     }
 
     static func applying(_ index: Int) -> SyncState.Applying {
