@@ -413,7 +413,8 @@ public final class SyncGroup: Sendable {
             {
                 guard let id = row[0].map({ String(decoding: $0, as: UTF8.self) }), let payload = row[2] else { throw LockboxError.syncDatabase() }
                 let record = try SyncRecord.open(payload, group: groupID, itemID: id, version: try PostgresConnection.integer(binary: row[1]), keys: keys)
-                if pushed.contains(where: { $0.id == id && $0.entry.stamp == record.stamp }) { inGroup.insert(id) }
+                // The listed record, or a later one (which replaced it, or which it would have lost to).
+                if pushed.contains(where: { $0.id == id && $0.entry.stamp <= record.stamp }) { inGroup.insert(id) }
             }
         }
         // Held synchronizable or not: one made local since is the item's, whose delete the push writes.
@@ -422,7 +423,15 @@ public final class SyncGroup: Sendable {
         var changes = SyncState.Changes()
         changes.settlesApplying = true
         for (reference, row) in state.applying where present.contains(reference) || deleted[reference] != nil {
-            changes.setRow(reference, .some(row.id))
+            if row.pushed, try state.row(reference) != nil {
+                // A row the state knows as holding another item, or none that syncs (renamed,
+                // made to sync): its mapping stays, so that the push still writes the delete of
+                // what it held; the listing stays too, for the push to write this item's delete
+                // if the row is gone (``push(_:state:report:)``).
+                changes.applying[reference] = row
+            } else {
+                changes.setRow(reference, .some(row.id))
+            }
             if row.pushed && !inGroup.contains(row.id) { continue }
             if let known = try state.entry(row.id), known.stamp >= row.entry.stamp { continue }
             changes.entries[row.id] = row.entry
@@ -519,6 +528,13 @@ public final class SyncGroup: Sendable {
         let found = try localChanges(state: state)
         report.examined = found.toRead.count
         var former = Set(found.gone.values.compactMap { $0 })
+        // A gone row an earlier push listed as holding an item the state had it hold no longer
+        // (``adoptApplying(_:connection:)``) held that item too: its delete is written as well.
+        var listedGone: [Data: String] = [:]
+        for (reference, row) in state.applying where row.pushed && found.gone.keys.contains(reference) {
+            listedGone[reference] = row.id
+            former.insert(row.id)
+        }
         var produced = Set<String>()
         // The state is committed once, at the end: a crash before then repeats reading and
         // comparing only, as a record the database already holds with the same stamp is not
@@ -552,7 +568,7 @@ public final class SyncGroup: Sendable {
                     if Self.isPushed(local, known: known) { continue }
                     let record = record(of: local, after: known)
                     changes.append((id, record))
-                    if stateRow == nil { unknown[reference] = SyncState.Applying(id: id, entry: SyncState.Entry(record), pushed: true) }
+                    if stateRow != .some(.some(id)) { unknown[reference] = SyncState.Applying(id: id, entry: SyncState.Entry(record), pushed: true) }
                 }
             }
             try listAdding(unknown, in: state)
@@ -571,8 +587,9 @@ public final class SyncGroup: Sendable {
         for (reference, _) in found.gone { pending.setRow(reference, .none) }
         var deletedAt: [String: Int64] = [:]
         for (reference, date) in try vault.deletionTimes(of: found.gone.keys) {
-            guard case .some(.some(let id)) = found.gone[reference] else { continue }
-            deletedAt[id] = max(deletedAt[id] ?? 0, Self.milliseconds(date))
+            for id in [found.gone[reference] ?? nil, listedGone[reference]].compactMap({ $0 }) {
+                deletedAt[id] = max(deletedAt[id] ?? 0, Self.milliseconds(date))
+            }
         }
         var tombstones: [(id: String, record: SyncRecord)] = []
         for (id, known) in try Self.deleted(former: former, produced: produced, state: state) {

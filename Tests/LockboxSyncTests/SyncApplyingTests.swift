@@ -30,6 +30,21 @@ private func update(_ machine: Machine, _ service: String, _ change: (inout Item
     try machine.vault.update(matching: machine.query(service, "user"), to: ItemUpdate(attributes: attributes))
 }
 
+/// Syncs `group`, then puts its state back as the sync's last listing of rows left it: as a
+/// process killed after the last commit of the vault or the database, before the state's,
+/// leaves it.
+@discardableResult
+private func syncStoppedBeforeItsStateCommit(_ group: SyncGroup) throws -> SyncGroup.Report {
+    let listed = Mutex<StateCopy?>(nil)
+    let path = group.statePath
+    group.afterListingAdded.withLock { $0 = { listed.withLock { $0 = try? copyState(path) } } }
+    defer { group.afterListingAdded.withLock { $0 = nil } }
+    let report = try group.sync()
+    let copy: StateCopy = try #require(listed.withLock { $0 }, "the sync listed no row")
+    try restoreState(copy, at: path)
+    return report
+}
+
 /// One sync of `group` in which an item (a synchronizable generic password, account "user") is
 /// written to `machine`'s vault after the push and before the pull, as another process writes
 /// it; `prepare` sees the sync's state first.
@@ -194,6 +209,51 @@ struct SyncApplyingTests {
         try groups[0].sync()
         for group in groups { try group.sync() }
         for machine in machines { #expect(try machine.value("late.example", "user") == "same", "an edit older than the last write won") }
+    }
+
+    @Test(
+        "An item pushed, the process stopped before its state's commit, then edited on another device, then deleted here (the last write): the delete wins everywhere",
+        arguments: [false, true])
+    func pushedThenReplacedThenDeleted(stopped: Bool) throws {
+        let (groups, machines) = try threeMachines()
+        for group in groups { try group.sync() }
+        try machines[1].add("x.example", "user", "from B")
+        if stopped { #expect(try syncStoppedBeforeItsStateCommit(groups[1]).pushed == 1) } else { try groups[1].sync() }
+        tick()
+        try groups[0].sync()
+        try machines[0].set("x.example", "user", "edited on A")
+        try groups[0].sync()
+        tick()
+        try machines[1].delete("x.example", "user")
+        for group in [groups[1], groups[0], groups[1]] { try group.sync() }
+        #expect(try machines[1].count() == 0, "B's delete, the last write, was undone on B")
+        #expect(try machines[0].count() == 0, "B's delete, the last write, never reached A")
+    }
+
+    @Test(
+        "An item renamed here, or made to sync (ThisDeviceOnly before), pushed, the process stopped before its state's commit, then deleted here: it does not come back",
+        arguments: [false, true], [false, true])
+    func changedRowPushedThenDeleted(madeToSync: Bool, stopped: Bool) throws {
+        let (groups, machines) = try threeMachines()
+        for group in groups { try group.sync() }
+        if madeToSync {
+            try machines[1].add("item.example", "user", "from B", accessibility: .whenUnlockedThisDeviceOnly, synchronizable: true)
+        } else {
+            try machines[1].add("old.example", "user", "from B")
+        }
+        try groups[1].sync()
+        try groups[0].sync()
+        tick()
+        try update(machines[1], madeToSync ? "item.example" : "old.example") { attributes in
+            if madeToSync { attributes.accessibility = .whenUnlocked } else { attributes.service = "item.example" }
+        }
+        if stopped { try syncStoppedBeforeItsStateCommit(groups[1]) } else { try groups[1].sync() }
+        tick()
+        try machines[1].delete("item.example", "user")
+        for group in [groups[1], groups[0], groups[1]] { try group.sync() }
+        #expect(try machines[1].count() == 0, "the item, deleted here, came back")
+        #expect(try machines[0].count() == 0, "the delete never reached A (or the old name stayed)")
+        for group in groups { #expect(try group.sync().changedNothing) }
     }
 
     @Test("A pull that falls back to one record at a time (an item of the same key written here after its push) adds the new items in one transaction, their rows listed once")
