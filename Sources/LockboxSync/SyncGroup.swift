@@ -1161,7 +1161,13 @@ public final class SyncGroup: Sendable {
             let existing = knowsNothing ? nil : try Self.reference(of: id, pending: pending, state: state)()
             if let existing {
                 if recent == nil { recent = Set(try vault.synchronizableChanges(since: state.generation).changed) }
-                if recent?.contains(existing) == true, let mine = try readLocal(existing), itemID(mine.item) == id {
+                if recent?.contains(existing) == true {
+                    guard let mine = try readLocal(existing), itemID(mine.item) == id else {
+                        // Changed here since the push so that it no longer holds this item as
+                        // one that syncs (made ThisDeviceOnly, renamed): neither overwritten nor
+                        // deleted; the next push settles it by the same rule.
+                        continue
+                    }
                     if mine.digest != known?.contentDigest && mine.digest != record.contentDigest {
                         // Edited here since the last push: the next push settles it by the same rule.
                         continue

@@ -24,7 +24,7 @@ private func pullStoppedAfterTheVaultsCommit(_ groups: [SyncGroup], _ machines: 
     tick()
 }
 
-private func update(_ machine: Machine, _ service: String, _ change: (inout ItemAttributes) -> Void) throws {
+private func update(_ machine: Machine, _ service: String, _ change: (inout ItemAttributes) -> Void) throws(LockboxError) {
     var attributes = ItemAttributes()
     change(&attributes)
     try machine.vault.update(matching: machine.query(service, "user"), to: ItemUpdate(attributes: attributes))
@@ -51,13 +51,22 @@ private func syncStoppedBeforeItsStateCommit(_ group: SyncGroup) throws -> SyncG
 private func syncWritingBetweenPushAndPull(
     _ group: SyncGroup, _ machine: Machine, service: String, value: String, prepare: (SyncState) -> Void = { _ in }
 ) throws {
+    try syncWritingBetweenPushAndPull(group, prepare: prepare) { () throws(LockboxError) in
+        var item = Item.genericPassword(service: service, account: "user", data: SecretBytes(utf8: value))
+        item.attributes.synchronizable = true
+        try machine.vault.add(item)
+    }
+}
+
+/// One sync of `group` that runs `write` after its push and before its pull.
+private func syncWritingBetweenPushAndPull(
+    _ group: SyncGroup, prepare: (SyncState) -> Void = { _ in }, write: () throws(LockboxError) -> Void
+) throws {
     try group.session { connection, state throws(LockboxError) in
         prepare(state)
         var report = SyncGroup.Report()
         let floor = try group.push(connection, state: state, report: &report)
-        var item = Item.genericPassword(service: service, account: "user", data: SecretBytes(utf8: value))
-        item.attributes.synchronizable = true
-        try machine.vault.add(item)
+        try write()
         try group.pull(connection, state: state, report: &report, floor: floor)
     }
 }
@@ -254,6 +263,31 @@ struct SyncApplyingTests {
         #expect(try machines[1].count() == 0, "the item, deleted here, came back")
         #expect(try machines[0].count() == 0, "the delete never reached A (or the old name stayed)")
         for group in groups { #expect(try group.sync().changedNothing) }
+    }
+
+    @Test(
+        "An item made ThisDeviceOnly, or renamed, here (another process) after the push, while another device edited or deleted it, is neither overwritten nor deleted by the pull",
+        arguments: [false, true], [false, true])
+    func changedHereBetweenPushAndPull(deletedElsewhere: Bool, renamed: Bool) throws {
+        let (groups, machines) = try threeMachines()
+        try machines[1].add("x.example", "user", "shared")
+        for group in [groups[1], groups[0]] { try group.sync() }
+        if deletedElsewhere { try machines[0].delete("x.example", "user") } else { try machines[0].set("x.example", "user", "edited on A") }
+        try groups[0].sync()
+        tick()
+        try syncWritingBetweenPushAndPull(groups[1]) { () throws(LockboxError) in
+            try update(machines[1], "x.example") { attributes in
+                if renamed { attributes.service = "y.example" } else { attributes.accessibility = .whenUnlockedThisDeviceOnly }
+            }
+        }
+        var query = Query.genericPassword(service: renamed ? "y.example" : "x.example", account: "user")
+        query.synchronizable = .any
+        query.returning = [.attributes, .data]
+        let held = try machines[1].vault.item(matching: query)
+        #expect(held.data == SecretBytes(utf8: "shared"), "the pull overwrote the item changed here")
+        if !renamed { #expect(held.attributes.accessibility == .whenUnlockedThisDeviceOnly, "the pull made the item sync again") }
+        for group in groups { try group.sync() }
+        #expect(try machines[1].verify())
     }
 
     @Test("A pull that falls back to one record at a time (an item of the same key written here after its push) adds the new items in one transaction, their rows listed once")
