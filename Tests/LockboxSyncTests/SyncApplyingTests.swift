@@ -45,6 +45,22 @@ private func syncStoppedBeforeItsStateCommit(_ group: SyncGroup) throws -> SyncG
     return report
 }
 
+/// Deletes `services` (account "user") on machine B, then syncs B, A and C: no machine holds
+/// anything any more, every vault is sound, and nothing changes at the next syncs.
+private func expectDeletedEverywhere(_ services: [String], _ groups: [SyncGroup], _ machines: [Machine]) throws {
+    tick()
+    for service in services { try machines[1].delete(service, "user") }
+    try groups[1].sync()
+    #expect(try machines[1].count() == 0, "the pull brought back an item deleted here")
+    try groups[0].sync()
+    try groups[2].sync()
+    for machine in machines {
+        #expect(try machine.count() == 0, "an item deleted here is back")
+        #expect(try machine.verify())
+    }
+    for group in groups { #expect(try group.sync().changedNothing) }
+}
+
 /// One sync of `group` in which an item (a synchronizable generic password, account "user") is
 /// written to `machine`'s vault after the push and before the pull, as another process writes
 /// it; `prepare` sees the sync's state first.
@@ -119,31 +135,28 @@ struct SyncApplyingTests {
         #expect(report.pushed == (deleted ? 1 : 0))
     }
 
-    @Test("An item added here and pushed, the process stopped before its state's commit, then deleted here: the delete reaches the others, the item does not come back", arguments: [1, 600])
+    @Test(
+        "An item a pull added, whose state the process did not save (killed after the vault's commit), then deleted here, stays deleted everywhere",
+        arguments: [1, SyncGroup.bulkApplyMinimum])
+    func deleteAfterPullWithoutItsState(count: Int) throws {
+        let (groups, machines) = try threeMachines()
+        try groups[1].sync()
+        for index in 0..<count { try machines[0].add("gone\(index).example", "user", "from A") }
+        try groups[0].sync()
+        #expect(try syncStoppedBeforeItsStateCommit(groups[1]).pulled == count)
+        try expectDeletedEverywhere((0..<count).map { "gone\($0).example" }, groups, machines)
+    }
+
+    @Test(
+        "An item added here and pushed, the process stopped before its state's commit, then deleted here: the delete reaches the others, the item does not come back",
+        arguments: [1, 600])
     func deleteAfterPushWithoutItsState(count: Int) throws {
         let (groups, machines) = try threeMachines()
         for group in groups { try group.sync() }
         try machines[1].vault.add(contentsOf: synchronizableItems(count, prefix: "pushed"))
-        // As if the process died after the database's last commit, before the state's: the
-        // state as the push's last listing of rows left it.
-        let listed = Mutex<StateCopy?>(nil)
-        let path = groups[1].statePath
-        groups[1].afterListingAdded.withLock { $0 = { listed.withLock { $0 = try? copyState(path) } } }
-        #expect(try groups[1].sync().pushed == count)
-        groups[1].afterListingAdded.withLock { $0 = nil }
-        let copy: StateCopy = try #require(listed.withLock { $0 }, "the push listed no row")
-        try restoreState(copy, at: path)
-        tick()
-        for index in 0..<count { try machines[1].delete("pushed\(index).example", "user") }
-        try groups[1].sync()
-        #expect(try machines[1].count() == 0, "the pull brought back an item deleted here")
-        try groups[0].sync()
-        try groups[2].sync()
-        for machine in machines {
-            #expect(try machine.count() == 0, "an item pushed, then deleted here, is back")
-            #expect(try machine.verify())
-        }
-        for group in groups { #expect(try group.sync().changedNothing) }
+        // 600: two transactions; the state as the second listing left it.
+        #expect(try syncStoppedBeforeItsStateCommit(groups[1]).pushed == count)
+        try expectDeletedEverywhere((0..<count).map { "pushed\($0).example" }, groups, machines)
     }
 
     @Test("A push whose database transaction never committed after it listed its rows: the next sync pushes the items, nothing is taken for pushed or deleted")

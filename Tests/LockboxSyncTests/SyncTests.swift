@@ -437,37 +437,6 @@ struct SyncTests {
         #expect(try machines[1].verify())
     }
 
-    @Test(
-        "An item a pull added, whose state the process did not save (killed after the vault's commit), then deleted here, stays deleted everywhere",
-        arguments: [1, SyncGroup.bulkApplyMinimum])
-    func deleteAfterPullWithoutItsState(count: Int) throws {
-        let (groups, machines) = try threeMachines()
-        try groups[1].sync()
-        for index in 0..<count { try machines[0].add("gone\(index).example", "user", "from A") }
-        try groups[0].sync()
-        // As if machine B died after its vault committed the pull, before its state did: the
-        // state as it was once the pull listed the rows it adds.
-        let listed = Mutex<StateCopy?>(nil)
-        let path = groups[1].statePath
-        groups[1].afterListingAdded.withLock { $0 = { listed.withLock { $0 = try? copyState(path) } } }
-        #expect(try groups[1].sync().pulled == count)
-        groups[1].afterListingAdded.withLock { $0 = nil }
-        let copy: StateCopy = try #require(listed.withLock { $0 }, "the pull listed no row it adds")
-        try restoreState(copy, at: path)
-        tick()
-        for index in 0..<count { try machines[1].delete("gone\(index).example", "user") }
-        try groups[1].sync()
-        #expect(try machines[1].value("gone0.example", "user") == nil, "the pull brought back an item deleted here")
-        try groups[0].sync()
-        try groups[2].sync()
-        for machine in machines {
-            #expect(try machine.count() == 0, "an item deleted after the pull that added it is back")
-            #expect(try machine.verify())
-        }
-        // Nothing changes any more.
-        for group in groups { #expect(try group.sync().changedNothing) }
-    }
-
     @Test("Rows a pull listed as being added whose vault transaction never committed are applied by the next sync, nothing deleted")
     func rowsListedButNeverCommitted() throws {
         let (groups, machines) = try threeMachines()
