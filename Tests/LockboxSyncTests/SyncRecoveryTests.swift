@@ -219,6 +219,21 @@ extension SyncTests {
         for group in groups { #expect(try group.sync().changedNothing) }
     }
 
+    /// Three machines; a.example ("a1") added on the first, synced everywhere and backed up;
+    /// then edited there ("a2") and pushed; then the database restored from the backup, which
+    /// lacks the edit.
+    static func threeMachinesRestoredPastAnEdit() throws -> (groups: [SyncGroup], machines: [Machine]) {
+        let (groups, machines) = try threeMachines()
+        try machines[0].add("a.example", "user", "a1")
+        for group in groups { try group.sync() }
+        let backup = try DatabaseBackup(groups[0].groupID)
+        tick()
+        try machines[0].set("a.example", "user", "a2")
+        try groups[0].sync()
+        try backup.restore()
+        return (groups, machines)
+    }
+
     /// Pushes machine A's changes (a sync cut off before its pull).
     func pushOnly(_ group: SyncGroup) throws -> SyncGroup.Report {
         var report = SyncGroup.Report()
@@ -421,14 +436,7 @@ extension SyncTests {
 
     @Test("An item deleted and added again here since the last push is put back as it is now, not as a delete")
     func reAddedItemIsPutBackLive() throws {
-        let (groups, machines) = try threeMachines()
-        try machines[0].add("a.example", "user", "a1")
-        for group in groups { try group.sync() }
-        let backup = try DatabaseBackup(groups[0].groupID)
-        tick()
-        try machines[0].set("a.example", "user", "a2")
-        try groups[0].sync()
-        try backup.restore()
+        let (groups, machines) = try Self.threeMachinesRestoredPastAnEdit()
         tick()
         try machines[0].delete("a.example", "user")
         try machines[0].add("a.example", "user", "a3")
@@ -652,14 +660,7 @@ extension SyncTests {
 
     @Test("sync status reports what a sync would refuse past the rollback check: a restored database another device wrote past, and this device's write undone")
     func statusReportsWhatASyncRefuses() throws {
-        let (groups, machines) = try threeMachines()
-        try machines[0].add("a.example", "user", "a1")
-        for group in groups { try group.sync() }
-        let backup = try DatabaseBackup(groups[0].groupID)
-        tick()
-        try machines[0].set("a.example", "user", "a2")
-        try groups[0].sync()
-        try backup.restore()
+        let (groups, machines) = try Self.threeMachinesRestoredPastAnEdit()
         for index in 0..<3 {
             tick()
             try machines[2].add("c\(index).example", "user", "c")
