@@ -390,31 +390,32 @@ public final class SyncGroup: Sendable {
     /// process stopped before the state recorded them. A row the vault holds is the item's, as
     /// is one it deleted since (it has a deletion record): both are recorded with the entry of
     /// the record applied, so that the push compares the row with that record, and writes the
-    /// delete of one deleted here (or made local: no longer synchronizable, or ThisDeviceOnly). (Without this, the pull would not know the item was ever
-    /// here, and would bring it back.) A row the vault neither holds nor deleted was never
+    /// delete of one deleted here (or made local: no longer synchronizable, or ThisDeviceOnly).
+    /// (Without this, the pull would not know the item was ever here, and would bring it back.) A row the vault neither holds nor deleted was never
     /// committed: the pull applies its record again. Identifiers are never reused (each holds
     /// random bytes), so a row held now is the one the pull added.
     ///
-    /// A row a push listed (``SyncState/Applying/pushed``) is the item's record only if the
-    /// database holds that record (its stamp): then it is recorded as a pulled one is; otherwise
-    /// (the transaction never committed, or a later record replaced it) only as the row that
-    /// holds the item, which the push compares with what the group has. Without `connection`
+    /// A row a push listed (``SyncState/Applying/pushed``) holds the item's record only if the
+    /// database holds that record's stamp or a later one (which replaced it, or which it lost
+    /// to): then it is recorded as a pulled one is; otherwise (the transaction never committed)
+    /// only as the row that holds the item, which the push compares with what the group has. Without `connection`
     /// (``status()``), a list holding such a row is left for the next sync.
     func adoptApplying(_ state: SyncState, connection: PostgresConnection?) throws(LockboxError) {
         guard !state.applying.isEmpty else { return }
-        let pushed = state.applying.values.filter(\.pushed)
+        // The earliest stamp a push listed of each item (a listing per row; one item, one row).
+        let pushed = Dictionary(state.applying.values.filter(\.pushed).map { ($0.id, $0.entry.stamp) }, uniquingKeysWith: min)
         var inGroup: Set<String> = []
         if !pushed.isEmpty {
             guard let connection else { return }
             let keys = self.keys
             for row in try connection.executeBinary(
                 "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 AND item_id = ANY($2::text[])",
-                [.text(groupID), .texts(pushed.map(\.id))])
+                [.text(groupID), .texts(Array(pushed.keys))])
             {
                 guard let id = row[0].map({ String(decoding: $0, as: UTF8.self) }), let payload = row[2] else { throw LockboxError.syncDatabase() }
                 let record = try SyncRecord.open(payload, group: groupID, itemID: id, version: try PostgresConnection.integer(binary: row[1]), keys: keys)
                 // The listed record, or a later one (which replaced it, or which it would have lost to).
-                if pushed.contains(where: { $0.id == id && $0.entry.stamp <= record.stamp }) { inGroup.insert(id) }
+                if let listed = pushed[id], listed <= record.stamp { inGroup.insert(id) }
             }
         }
         // Held synchronizable or not: one made local since is the item's, whose delete the push writes.
