@@ -25,6 +25,10 @@ extension SyncGroup {
         /// Records this device wrote while another device was writing, that no head it verified
         /// lists yet: its next pull must find each of them (else the database undid it).
         public var unverifiedWrites = 0
+        /// The group's items not applied here because an item of this vault that does not sync
+        /// (ThisDeviceOnly, or under access control) holds their primary key: the local item
+        /// is kept, and each sync tries them again.
+        public var heldBack = 0
         /// Versions the database holds above this device's cursor; nil when unreachable.
         public var pendingRemoteVersions: Int?
         /// When this device last synced (the database's clock, UTC); nil when never or unreachable.
@@ -64,6 +68,7 @@ extension SyncGroup {
                 pendingLocalChanges: try pendingChanges(state: state))
             status.headFingerprint = state.accumulator.map { Array($0.prefix(8)).hexString }
             status.unverifiedWrites = state.unverifiedWrites.count
+            status.heldBack = state.heldBack.count
             status.deletionRecords = try vault.deletionRecordHealth()
             do throws(LockboxError) {
                 let connection = try PostgresConnection(database)

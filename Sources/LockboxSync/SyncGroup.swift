@@ -837,13 +837,19 @@ public final class SyncGroup: Sendable {
     ) throws(LockboxError) {
         for change in superseding {
             let existing = Self.reference(of: change.id, pending: pending, state: state)
-            if let reference = try apply(change.record, id: change.id, existing: try existing(), state: state) {
+            report.superseded += 1
+            switch try apply(change.record, id: change.id, existing: try existing(), state: state) {
+            case .row(let reference):
                 pending.setRow(reference, .some(change.id))
-            } else if let old = try existing() {
-                pending.setRow(old, .none)
+            case .deleted:
+                if let old = try existing() { pending.setRow(old, .none) }
+            case .heldBack:
+                if let old = try existing() { pending.setRow(old, .none) }
+                pending.entries.removeValue(forKey: change.id)
+                pending.heldBack[change.id] = true
+                continue
             }
             pending.entries[change.id] = SyncState.Entry(change.record)
-            report.superseded += 1
         }
     }
 
@@ -1137,6 +1143,19 @@ public final class SyncGroup: Sendable {
             let lost = state.unverifiedWrites.keys.count { !receivedIDs.contains($0) }
             guard lost == 0 else { throw SyncHead.lostWrites(lost) }
         }
+        // The records of items held back here, which this pull did not receive: checked against
+        // the same head, before anything is applied. A head checked from nothing that lists no
+        // record of one (a database recovered from a backup that predates it) no longer holds
+        // it back.
+        var held: [(id: String, sealed: SealedValueRecord)] = []
+        if !state.heldBack.isEmpty {
+            let receivedIDs = Set(received.map(\.id))
+            if from == 0 {
+                for id in state.heldBack where !receivedIDs.contains(id) { pending.heldBack[id] = false }
+            } else {
+                held = try heldBackRecords(connection, state: state, received: receivedIDs, counter: counter)
+            }
+        }
         pending.clearsUnverified = true
         // The rows this pull adds are listed in the state before the vault commits them, and
         // dropped from the list by the commit that records them.
@@ -1148,10 +1167,14 @@ public final class SyncGroup: Sendable {
         changes.reserveCapacity(received.count)
         // Rows written here since the push (by another process): checked before overwriting.
         var recent: Set<Data>?
+        let heldBack = state.heldBack
         for received in received {
             let id = received.id
             let sealed = received.sealed
             let record = sealed.record
+            // A later record of an item held back: judged as any other (and held back again
+            // if it still may not be applied).
+            if heldBack.contains(id) { pending.heldBack[id] = false }
             var known = pending.entries[id]
             if known == nil && !knowsNothing { known = try state.entry(id) }
             if let known {
@@ -1203,6 +1226,7 @@ public final class SyncGroup: Sendable {
         report.pulled -= notApplied
         timer.lap(\.vault)
         if let started { try started.commit() } else { try state.commit(pending) }
+        try retryHeldBack(held, state: state, report: &report)
         timer.lap(\.state)
         try recordPull(connection, counter: counter)
         timer.lap(\.cursor)
@@ -1346,8 +1370,9 @@ public final class SyncGroup: Sendable {
                     case .notSyncing:
                         // An item of the same primary key here that does not sync (ThisDeviceOnly,
                         // say): what the user keeps on this device is neither overwritten nor
-                        // duplicated; the record is not applied here.
+                        // duplicated; the record is held back until its key is free here.
                         pending.entries.removeValue(forKey: change.id)
+                        pending.heldBack[change.id] = true
                         notApplied += 1
                         continue
                     case .none:
@@ -1364,10 +1389,16 @@ public final class SyncGroup: Sendable {
                     adds.append((change.id, record, item))
                     continue
                 }
-                if let reference = try apply(record, id: change.id, existing: change.existing, state: state) {
+                switch try apply(record, id: change.id, existing: change.existing, state: state) {
+                case .row(let reference):
                     pending.setRow(reference, .some(change.id))
-                } else if let existing = change.existing {
-                    pending.setRow(existing, .none)
+                case .deleted:
+                    if let existing = change.existing { pending.setRow(existing, .none) }
+                case .heldBack:
+                    if let existing = change.existing { pending.setRow(existing, .none) }
+                    pending.entries.removeValue(forKey: change.id)
+                    pending.heldBack[change.id] = true
+                    notApplied += 1
                 }
             }
             guard !adds.isEmpty else { return nil }
@@ -1431,11 +1462,21 @@ public final class SyncGroup: Sendable {
         return .syncing(reference, local)
     }
 
+    /// What ``apply(_:id:existing:state:)`` left in the vault.
+    enum AppliedRecord: Equatable {
+        /// The row that holds the item.
+        case row(Data)
+        /// None: the record was a delete.
+        case deleted
+        /// None: an item of this vault that does not sync holds the item's primary key, and is
+        /// kept (``SyncState/heldBack``).
+        case heldBack
+    }
+
     /// Applies another device's record through the vault's own add, update and delete, so its
     /// integrity record stays current; a row it adds is listed in `state` before the vault
-    /// commits it (``SyncState/applying``). Returns the row that holds the item afterwards (nil
-    /// after a delete).
-    func apply(_ record: SyncRecord, id: String, existing: Data?, state: SyncState) throws(LockboxError) -> Data? {
+    /// commits it (``SyncState/applying``).
+    func apply(_ record: SyncRecord, id: String, existing: Data?, state: SyncState) throws(LockboxError) -> AppliedRecord {
         guard let item = record.item else {
             if let existing {
                 for itemClass in Self.syncedClasses {
@@ -1446,7 +1487,7 @@ public final class SyncGroup: Sendable {
                     } catch where error.code == .itemNotFound {}
                 }
             }
-            return nil
+            return .deleted
         }
         guard Self.isEligible(item), itemID(item) == id else { throw LockboxError.syncDatabase() }
         // Dated as the other device made it (see ``applyPulled``).
@@ -1471,13 +1512,88 @@ public final class SyncGroup: Sendable {
             } catch where error.code == .duplicateItem {
                 // An item of the same primary key that does not sync (ThisDeviceOnly, say): what
                 // the user keeps on this device is not overwritten; the record is not applied.
-                if case .notSyncing = try unknownLocal(sameKeyAs: item) { return nil }
+                if case .notSyncing = try unknownLocal(sameKeyAs: item) { return .heldBack }
                 // The row moved (another process re-added it): update it by its attributes.
                 try vault.update(
                     matching: Query.primaryKey(of: item), to: ItemUpdate(attributes: item.attributes, data: item.data), madeAt: madeAt)
             }
         }
-        return try vault.item(matching: Query.primaryKey(of: item, returning: [.persistentReference])).persistentReference
+        return try vault.item(matching: Query.primaryKey(of: item, returning: [.persistentReference])).persistentReference.map { .row($0) } ?? .deleted
+    }
+
+    /// The records of the group's items held back here (``SyncState/heldBack``) that a pull did
+    /// not receive, each checked against the head the pull verified: the one it lists, or a
+    /// later one written since (above `counter`, left to the next pull, which receives it). A
+    /// record missing, or another one, is refused as withheld before anything is applied. Items
+    /// the state knows a record of are not fetched.
+    func heldBackRecords(
+        _ connection: PostgresConnection, state: SyncState, received: Set<String>, counter: Int64
+    ) throws(LockboxError) -> [(id: String, sealed: SealedValueRecord)] {
+        var waiting: Set<String> = []
+        for id in state.heldBack where !received.contains(id) {
+            if try state.entry(id) == nil { waiting.insert(id) }
+        }
+        guard !waiting.isEmpty else { return [] }
+        let keys = self.keys
+        var fetched: Set<String> = []
+        var records: [(id: String, sealed: SealedValueRecord)] = []
+        for row in try connection.executeBinary(
+            "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 AND item_id = ANY($2::text[])",
+            [.text(groupID), .texts(waiting.sorted())])
+        {
+            guard row.count == 3, let idBytes = row[0], let payload = row[2] else { throw LockboxError.syncDatabase() }
+            let id = String(decoding: idBytes, as: UTF8.self)
+            guard waiting.contains(id), fetched.insert(id).inserted else { throw LockboxError.syncDatabase() }
+            let version = try PostgresConnection.integer(binary: row[1])
+            if version > counter { continue }
+            guard let listed = try state.verified(id), listed.version == version else { throw SyncHead.withheld() }
+            let sealed = try SealedValueRecord(payload, group: groupID, itemID: id, version: version, keys: keys)
+            guard SyncHead.equal(SyncHead.element(itemID: id, version: version, record: sealed.record, keys: keys), listed.element) else {
+                throw SyncHead.withheld()
+            }
+            records.append((id, sealed))
+        }
+        // Records are never deleted: the head lists a record of every item held back.
+        guard fetched == waiting else { throw SyncHead.withheld() }
+        return records
+    }
+
+    /// Tries again the group's items held back by a local item of their primary key
+    /// (``SyncState/heldBack``), with their records (``heldBackRecords(_:state:received:counter:)``):
+    /// one is applied once no item here holds its key; a delete is taken as known. One the
+    /// state knows a record of since (this device pushed the item: the local item was made to
+    /// sync) is no longer held back, nor is one a syncing row here holds that the state does
+    /// not know yet (another process wrote it during this sync): the next push settles it by
+    /// the conflict rule.
+    func retryHeldBack(
+        _ records: [(id: String, sealed: SealedValueRecord)], state: SyncState, report: inout Report
+    ) throws(LockboxError) {
+        guard !state.heldBack.isEmpty else { return }
+        var changes = SyncState.Changes()
+        for id in state.heldBack where try state.entry(id) != nil { changes.heldBack[id] = false }
+        let keys = self.keys
+        for (id, sealed) in records where state.heldBack.contains(id) && changes.heldBack[id] == nil {
+            let record = try sealed.opened(keys: keys)
+            guard let item = record.item else {
+                changes.heldBack[id] = false
+                changes.entries[id] = SyncState.Entry(record)
+                continue
+            }
+            guard Self.isEligible(item), itemID(item) == id else { throw LockboxError.syncDatabase() }
+            switch try unknownLocal(sameKeyAs: item) {
+            case .notSyncing:
+                continue
+            case .syncing:
+                changes.heldBack[id] = false
+            case .none:
+                guard case .row(let reference) = try apply(record, id: id, existing: nil, state: state) else { continue }
+                changes.setRow(reference, .some(id))
+                changes.entries[id] = SyncState.Entry(record)
+                changes.heldBack[id] = false
+                report.pulled += 1
+            }
+        }
+        try state.commit(changes)
     }
 }
 

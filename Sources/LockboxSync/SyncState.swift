@@ -83,11 +83,12 @@ final class SyncState {
         var isEmpty: Bool { entry == nil && listed == nil && reference == nil }
     }
 
-    /// The format this build writes (`PRAGMA user_version`): 5, buckets whose MACs are also listed
+    /// The format this build writes (`PRAGMA user_version`): 6, buckets whose MACs are also listed
     /// in `mac_groups`, each group's row digested in the progress, and the progress listing this
-    /// device's writes no verified head has listed yet and the rows a pull is adding to the
-    /// vault. (0: the first format; 2: buckets alone; 3: neither list; 4: no rows being added.)
-    static let format = 5
+    /// device's writes no verified head has listed yet, the rows a pull is adding to the vault
+    /// and the group's items held back by a local item of their key. (0: the first format; 2:
+    /// buckets alone; 3: none of the lists; 4: no rows being added; 5: no items held back.)
+    static let format = 6
     /// Buckets of items: about 12 items (3 KiB) each at 100,000, so that a pull of ten changes
     /// rewrites about as many bytes as ten rows per record did.
     static let itemBucketCount = 8192
@@ -118,6 +119,11 @@ final class SyncState {
     /// committed. Without the list a row added so and deleted before this state learned of it
     /// would leave no trace here, and the next pull would bring the item back.
     private(set) var applying: [Data: Applying] = [:]
+    /// The group's items a pull did not apply because an item of this vault that does not sync
+    /// (ThisDeviceOnly, or under access control) holds their primary key: the user's local item
+    /// is neither overwritten nor duplicated. Each pull tries them again (their records as the
+    /// verified head lists them), and applies one once its key is free here.
+    private(set) var heldBack: Set<String> = []
     /// Buckets read and verified so far (or written by this object), by index, while no other
     /// connection has written the file (`PRAGMA data_version` still `cachedVersion`).
     private var itemBuckets: [Int: [String: ItemRecord]] = [:]
@@ -161,6 +167,7 @@ final class SyncState {
             accumulator = progress.accumulator
             unverifiedWrites = try Self.decodeUnverified(progress.unverified, path: path)
             applying = try Self.readApplying(progress.applying, database, key: key)
+            heldBack = try Self.decodeHeldBack(progress.heldBack, path: path)
         } else {
             cursor = 0
             generation = 0
@@ -203,7 +210,7 @@ final class SyncState {
                 CREATE TABLE IF NOT EXISTS progress (
                     id INTEGER PRIMARY KEY CHECK (id = 1), device TEXT NOT NULL, cursor INTEGER NOT NULL,
                     generation INTEGER NOT NULL, mac BLOB NOT NULL, accumulator BLOB, row_count INTEGER NOT NULL DEFAULT 0,
-                    buckets BLOB, unverified BLOB, applying BLOB);
+                    buckets BLOB, unverified BLOB, applying BLOB, held_back BLOB);
                 CREATE TABLE IF NOT EXISTS item_buckets (bucket INTEGER PRIMARY KEY, body BLOB NOT NULL, mac BLOB NOT NULL);
                 CREATE TABLE IF NOT EXISTS row_buckets (bucket INTEGER PRIMARY KEY, body BLOB NOT NULL, mac BLOB NOT NULL);
                 CREATE TABLE IF NOT EXISTS mac_groups (grp INTEGER PRIMARY KEY, macs BLOB NOT NULL);
@@ -218,20 +225,24 @@ final class SyncState {
             if try !hasColumn("applying", of: "progress", database) {
                 try database.execute("ALTER TABLE progress ADD COLUMN applying BLOB")
             }
+            if try !hasColumn("held_back", of: "progress", database) {
+                try database.execute("ALTER TABLE progress ADD COLUMN held_back BLOB")
+            }
             if firstFormat {
                 try convertFirstFormat(database, key: key)
             } else if found == 2 {
                 try convertSecondFormat(database, key: key)
-            } else if found == 3 || found == 4,
+            } else if (3...5).contains(found),
                 var progress = try readProgress(database, key: key, authenticated: { progressMAC($0, key: $1, format: found) })
             {
                 // Its MAC does not cover the lists it lacks: none is taken from the file.
                 if found == 3 { progress.unverified = [] }
-                progress.applying = []
+                if found <= 4 { progress.applying = [] }
+                progress.heldBack = []
                 try writeProgress(progress, database, key: key)
             }
             // Rows of a list no progress of an earlier format vouched for.
-            try database.execute("DELETE FROM applying_rows")
+            if found != 5 { try database.execute("DELETE FROM applying_rows") }
             try database.execute("PRAGMA user_version = \(format)")
         }
     }
@@ -264,7 +275,7 @@ final class SyncState {
             if try statement.step() {
                 let read = Progress(
                     device: statement.text(0) ?? "", cursor: Int64(statement.integer(1) ?? -1), generation: statement.integer(2) ?? -1,
-                    accumulator: statement.blob(4), rows: 0, buckets: [], unverified: [], applying: [])
+                    accumulator: statement.blob(4), rows: 0, buckets: [], unverified: [], applying: [], heldBack: [])
                 guard statement.blob(3) == firstFormatProgressMAC(read, key: key) else { throw failure }
                 progress = read
             }
@@ -328,6 +339,7 @@ final class SyncState {
         // from the file.
         progress?.unverified = []
         progress?.applying = []
+        progress?.heldBack = []
         let directory = BucketDirectory.new(database, key: key)
         for kind in [BucketKind.items, .rows] {
             let statement = try database.statement("SELECT bucket, body, mac FROM \(kind.table)")
@@ -362,15 +374,19 @@ final class SyncState {
         /// The list of ``SyncState/applying``, whose rows are in `applying_rows`
         /// (``ApplyingList``), encoded (empty: serial 0, no row).
         var applying: [UInt8]
+        /// ``SyncState/heldBack``, encoded (empty for none).
+        var heldBack: [UInt8]
     }
 
     /// The progress's MAC in `format` (2: no sum of the buckets; 3: no list of unverified
-    /// writes; 4: no list of rows being added; 5: the current one).
+    /// writes; 4: no list of rows being added; 5: no list of items held back; 6: the current one).
     private static func progressMAC(_ progress: Progress, key: SecretBytes, format: Int = SyncState.format) -> [UInt8] {
         var encoder = FieldEncoder()
         encoder.string(
-            ["lockbox.sync.state.progress.v3", "lockbox.sync.state.progress.v5", "lockbox.sync.state.progress.v6", "lockbox.sync.state.progress.v7"][
-                format - 2])
+            [
+                "lockbox.sync.state.progress.v3", "lockbox.sync.state.progress.v5", "lockbox.sync.state.progress.v6",
+                "lockbox.sync.state.progress.v7", "lockbox.sync.state.progress.v8",
+            ][format - 2])
         encoder.string(progress.device)
         encoder.integer(Int(progress.cursor))
         encoder.integer(progress.generation)
@@ -379,6 +395,7 @@ final class SyncState {
         if format >= 3 { encoder.bytes(progress.buckets) }
         if format >= 4 { encoder.bytes(progress.unverified) }
         if format >= 5 { encoder.bytes(progress.applying) }
+        if format >= 6 { encoder.bytes(progress.heldBack) }
         return Crypto.keyedDigest(encoder.bytes, key: key)
     }
 
@@ -789,13 +806,13 @@ final class SyncState {
         _ database: Database, key: SecretBytes, authenticated: (Progress, SecretBytes) -> [UInt8] = { progressMAC($0, key: $1) }
     ) throws(LockboxError) -> Progress? {
         let statement = try database.statement(
-            "SELECT device, cursor, generation, mac, accumulator, row_count, buckets, unverified, applying FROM progress WHERE id = 1")
+            "SELECT device, cursor, generation, mac, accumulator, row_count, buckets, unverified, applying, held_back FROM progress WHERE id = 1")
         defer { statement.reset() }
         guard try statement.step() else { return nil }
         let progress = Progress(
             device: statement.text(0) ?? "", cursor: Int64(statement.integer(1) ?? -1), generation: statement.integer(2) ?? -1,
             accumulator: statement.blob(4), rows: statement.integer(5) ?? -1, buckets: statement.blob(6) ?? [],
-            unverified: statement.blob(7) ?? [], applying: statement.blob(8) ?? [])
+            unverified: statement.blob(7) ?? [], applying: statement.blob(8) ?? [], heldBack: statement.blob(9) ?? [])
         guard let mac = statement.blob(3), SyncHead.equal(mac, authenticated(progress, key)) else {
             throw LockboxError.integrity("The sync state \(database.path)")
         }
@@ -805,8 +822,9 @@ final class SyncState {
     private static func writeProgress(_ progress: Progress, _ database: Database, key: SecretBytes) throws(LockboxError) {
         let statement = try database.statement(
             """
-            INSERT OR REPLACE INTO progress (id, device, cursor, generation, mac, accumulator, row_count, buckets, unverified, applying)
-            VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+            INSERT OR REPLACE INTO progress (id, device, cursor, generation, mac, accumulator, row_count, buckets, unverified, applying,
+                held_back)
+            VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
             """)
         defer { statement.reset() }
         statement.bind(1, progress.device)
@@ -818,6 +836,7 @@ final class SyncState {
         statement.bind(7, progress.buckets)
         statement.bind(8, progress.unverified)
         statement.bind(9, progress.applying)
+        statement.bind(10, progress.heldBack)
         try statement.run()
     }
 
@@ -960,6 +979,29 @@ final class SyncState {
         }
         guard decoder.isAtEnd, writes.count == count else { throw failure }
         return writes
+    }
+
+    /// ``heldBack`` as the progress holds it: the items' identifiers, in order.
+    private static func encodeHeldBack(_ items: Set<String>) -> [UInt8] {
+        guard !items.isEmpty else { return [] }
+        var encoder = FieldEncoder()
+        encoder.integer(items.count)
+        for id in items.sorted() { encoder.string(id) }
+        return encoder.bytes
+    }
+
+    private static func decodeHeldBack(_ bytes: [UInt8], path: String) throws(LockboxError) -> Set<String> {
+        guard !bytes.isEmpty else { return [] }
+        let failure = LockboxError.integrity("The sync state \(path)")
+        var decoder = FieldDecoder(bytes)
+        guard let count = try? decoder.integer(), count > 0, count <= bytes.count else { throw failure }
+        var items: Set<String> = []
+        for _ in 0..<count {
+            guard let id = try? decoder.string() else { throw failure }
+            items.insert(id)
+        }
+        guard decoder.isAtEnd, items.count == count else { throw failure }
+        return items
     }
 
     /// Forgets the buckets read when another connection has written the file since.
@@ -1116,7 +1158,8 @@ final class SyncState {
             try Self.writeProgress(
                 Progress(
                     device: progress.device, cursor: progress.cursor, generation: progress.generation, accumulator: nil,
-                    rows: progress.rows, buckets: progress.buckets, unverified: progress.unverified, applying: progress.applying),
+                    rows: progress.rows, buckets: progress.buckets, unverified: progress.unverified, applying: progress.applying,
+                    heldBack: progress.heldBack),
                 database, key: key)
         }
         accumulator = nil
@@ -1163,6 +1206,17 @@ final class SyncState {
         /// (``SyncState/applying``), after dropping them all with `settlesApplying`.
         var applying: [Data: Applying] = [:]
         var settlesApplying = false
+        /// Items held back (true) or no longer (false) (``SyncState/heldBack``).
+        var heldBack: [String: Bool] = [:]
+
+        /// The state's items held back once these changes are committed.
+        func heldBackItems(after state: SyncState) -> Set<String> {
+            var items = state.heldBack
+            for (id, held) in heldBack {
+                if held { items.insert(id) } else { items.remove(id) }
+            }
+            return items
+        }
 
         /// The state's rows being added once these changes are committed.
         func applyingRows(after state: SyncState) -> [Data: Applying] {
@@ -1194,7 +1248,7 @@ final class SyncState {
         /// True when committing would write nothing new to a state at `cursor`, `generation`
         /// and `accumulator`.
         func changesNothing(of state: SyncState) -> Bool {
-            unverifiedWrites(after: state) == state.unverifiedWrites && applying.isEmpty && !(settlesApplying && !state.applying.isEmpty)
+            unverifiedWrites(after: state) == state.unverifiedWrites && heldBackItems(after: state) == state.heldBack && applying.isEmpty && !(settlesApplying && !state.applying.isEmpty)
                 && entries.isEmpty && verified.isEmpty && !replacesVerified && rows.isEmpty && (cursor ?? state.cursor) == state.cursor
                 && (generation ?? state.generation) == state.generation && (accumulator ?? state.accumulator) == state.accumulator
         }
@@ -1223,6 +1277,7 @@ final class SyncState {
         var written: BucketDirectory?
         let unverified = changes.unverifiedWrites(after: self)
         let applying = changes.applyingRows(after: self)
+        let heldBack = changes.heldBackItems(after: self)
         do {
             try database.writeTransaction { () throws(LockboxError) in
                 // Inside the write transaction: no other connection can write until it ends.
@@ -1287,7 +1342,7 @@ final class SyncState {
                         applying: try Self.writeApplying(
                             try ApplyingList(stored?.applying ?? [], path: database.path), settles: changes.settlesApplying,
                             added: changes.applying, database, key: key
-                        ).encoded), database, key: key)
+                        ).encoded, heldBack: Self.encodeHeldBack(heldBack)), database, key: key)
                 try beforeCommitting()
                 written = directory
             }
@@ -1311,6 +1366,7 @@ final class SyncState {
         if let accumulator = changes.accumulator { self.accumulator = accumulator }
         unverifiedWrites = unverified
         self.applying = applying
+        self.heldBack = heldBack
     }
 
     /// Lists `rows`, which a pull is about to add to the vault, in ``applying``, in a commit that
@@ -1428,6 +1484,7 @@ final class SyncState {
         accumulator = nil
         unverifiedWrites = [:]
         applying = [:]
+        heldBack = []
     }
 }
 

@@ -384,7 +384,7 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
                 "\"group\": \(jsonString(status.groupID))", "\"device\": \(jsonString(status.deviceID))",
                 "\"keyEpoch\": \(status.keyEpoch)", "\"pulledVersion\": \(status.pulledVersion)",
                 "\"pendingLocalChanges\": \(status.pendingLocalChanges)", "\"syncedItems\": \(status.syncedItems)",
-                "\"unverifiedWrites\": \(status.unverifiedWrites)",
+                "\"unverifiedWrites\": \(status.unverifiedWrites)", "\"heldBack\": \(status.heldBack)",
                 "\"databaseReachable\": \(status.unreachable == nil)",
                 "\"deletionRecords\": \(status.deletionRecords.records)", "\"deletionRecordsSound\": \(status.deletionRecords.isSound)",
             ]
@@ -413,6 +413,12 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
                 streams.print(
                     "written here:     \(status.unverifiedWrites) record(s) while another device wrote, "
                         + "to be found in the group's head by the next sync")
+            }
+            if status.heldBack > 0 {
+                streams.print(
+                    "held back:        \(status.heldBack) of the group's item(s) not applied here: an item of this keychain that does "
+                        + "not sync (ThisDeviceOnly or under access control) has the same key; it is kept, and the group's "
+                        + "arrives at the first sync after it is deleted or made to sync")
             }
             if status.deletionRecords.isSound {
                 streams.print("deletion records: \(status.deletionRecords.records) (deletes made or applied here, kept 180 days for sync), sound")

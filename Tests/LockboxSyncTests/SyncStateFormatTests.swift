@@ -328,7 +328,7 @@ struct SyncStateFormatTests {
     /// `covered` (each empty when NULL); then runs `then`, which drops what the format lacked.
     /// Returns the columns after `covered` up to the current format's last, as they were.
     static func earlierFormat(_ path: String, label: String, covered: [String], then sql: String) throws -> [[UInt8]] {
-        let later = ["buckets", "unverified", "applying"].filter { !covered.contains($0) }
+        let later = ["buckets", "unverified", "applying", "held_back"].filter { !covered.contains($0) }
         let database = try Database(path: path, create: false)
         let columns = (["device", "cursor", "generation", "row_count", "accumulator"] + covered + later).joined(separator: ", ")
         let count = covered.count + later.count
@@ -433,7 +433,8 @@ struct SyncStateFormatTests {
     static func thirdFormat(_ path: String) throws {
         let dropped = try earlierFormat(
             path, label: "lockbox.sync.state.progress.v5", covered: ["buckets"],
-            then: "ALTER TABLE progress DROP COLUMN unverified; ALTER TABLE progress DROP COLUMN applying; PRAGMA user_version = 3")
+            then:
+                "ALTER TABLE progress DROP COLUMN unverified; ALTER TABLE progress DROP COLUMN applying; ALTER TABLE progress DROP COLUMN held_back; PRAGMA user_version = 3")
         #expect(dropped[0].isEmpty)
     }
 
@@ -442,8 +443,76 @@ struct SyncStateFormatTests {
     static func fourthFormat(_ path: String) throws {
         let dropped = try earlierFormat(
             path, label: "lockbox.sync.state.progress.v6", covered: ["buckets", "unverified"],
-            then: "ALTER TABLE progress DROP COLUMN applying; DROP TABLE applying_rows; PRAGMA user_version = 4")
+            then: "ALTER TABLE progress DROP COLUMN applying; ALTER TABLE progress DROP COLUMN held_back; DROP TABLE applying_rows; PRAGMA user_version = 4")
         #expect(try SyncState.ApplyingList(dropped[0], path: path).count == 0)
+    }
+
+    /// Turns a state of this format back into one of format 5 as that format's code wrote it: no
+    /// list of items held back, the progress's MAC format 5's. The state must list none.
+    static func fifthFormat(_ path: String) throws {
+        let dropped = try earlierFormat(
+            path, label: "lockbox.sync.state.progress.v7", covered: ["buckets", "unverified", "applying"],
+            then: "ALTER TABLE progress DROP COLUMN held_back; PRAGMA user_version = 5")
+        #expect(dropped[0].isEmpty)
+    }
+
+    @Test("A state of format 5 is converted when opened, its unverified writes and rows being added kept; the items held back are kept under the progress's MAC, an edit of them refused")
+    func fifthFormatConvertedAndHeldBackKept() throws {
+        let (directory, path) = try Self.copyOfFixture()
+        _ = directory
+        let state = try SyncState(path: path, device: Self.device, key: Self.key)
+        var unverified = SyncState.Changes()
+        unverified.unverified = [Self.itemID(1): Self.listed(401)]
+        try state.commit(unverified)
+        let adding = [Self.reference(900): Self.applying(1)]
+        try state.recordApplying(adding)
+        try Self.fifthFormat(path)
+        #expect(try Self.userVersion(path) == 5)
+        let converted = try SyncState(path: path, device: Self.device, key: Self.key)
+        #expect(try Self.userVersion(path) == SyncState.format)
+        try Self.expectFixtureContent(converted)
+        #expect(converted.unverifiedWrites == unverified.unverified)
+        #expect(converted.applying == adding)
+        #expect(converted.heldBack.isEmpty)
+
+        // Held back, read back, added to, released.
+        var held = SyncState.Changes()
+        held.heldBack = [Self.itemID(2): true, Self.itemID(3): true]
+        try converted.commit(held)
+        #expect(try SyncState(path: path, device: Self.device, key: Self.key).heldBack == [Self.itemID(2), Self.itemID(3)])
+        var released = SyncState.Changes()
+        released.heldBack = [Self.itemID(2): false, Self.itemID(4): true]
+        try converted.commit(released)
+        #expect(converted.heldBack == [Self.itemID(3), Self.itemID(4)])
+        let reopened = try SyncState(path: path, device: Self.device, key: Self.key)
+        #expect(reopened.heldBack == [Self.itemID(3), Self.itemID(4)])
+        #expect(reopened.unverifiedWrites == unverified.unverified)
+        #expect(reopened.applying == adding)
+        try Self.expectFixtureContent(reopened)
+
+        // The list edited in the file (emptied, an item dropped or added): refused, not taken
+        // for items that may be applied here.
+        let earlier = try copyState(path)
+        try converted.commit(held)
+        for edit in ["UPDATE progress SET held_back = NULL", "UPDATE progress SET held_back = substr(held_back, 1, length(held_back) - 1)"] {
+            let (other, edited) = try Self.copyOfFixture()
+            _ = other
+            try restoreState(try copyState(path), at: edited)
+            try Database(path: edited, create: false).execute(edit)
+            let error = #expect(throws: LockboxError.self, "\(edit)") { _ = try SyncState(path: edited, device: Self.device, key: Self.key) }
+            #expect(error?.code == .decode)
+        }
+        // An earlier list put in the progress: refused.
+        do {
+            let (other, replayed) = try Self.copyOfFixture()
+            _ = other
+            try restoreState(try copyState(path), at: replayed)
+            try restoreState(earlier, at: replayed + ".earlier")
+            try Database(path: replayed, create: false).execute(
+                "ATTACH DATABASE '\(replayed).earlier' AS earlier; UPDATE progress SET held_back = (SELECT held_back FROM earlier.progress)")
+            let error = #expect(throws: LockboxError.self) { _ = try SyncState(path: replayed, device: Self.device, key: Self.key) }
+            #expect(error?.code == .decode)
+        }
     }
 
     static func applying(_ index: Int) -> SyncState.Applying {
