@@ -22,7 +22,8 @@ import Glibc
 //
 // To profile the first sync alone: `perf record -D -1 --control fifo:CTL,ACK ...` with
 // LOCKBOX_PERF_CONTROL=CTL,ACK in the environment; the bench enables perf around that sync only,
-// or around the writer's first push with LOCKBOX_PERF_PHASE=push.
+// or around the writer's first push with LOCKBOX_PERF_PHASE=push, or around the sync that pushes
+// (pulls) the ten changes among M with LOCKBOX_PERF_PHASE=incremental-push (incremental-pull).
 
 var items = 10_000
 var among = 100_000
@@ -127,9 +128,10 @@ do {
     let joined = try SyncGroup.join(group.groupID, vault: reader, database: database, passphrase: SecretBytes(utf8: "benchmark group"))
     var pulled = 0
     let firstProcessorBefore = processorSeconds()
-    if !profilesPush { perf("enable\n") }
+    let profilesFirstSync = ProcessInfo.processInfo.environment["LOCKBOX_PERF_PHASE"] == nil
+    if profilesFirstSync { perf("enable\n") }
     let firstSync = try seconds { pulled = try joined.sync().pulled }
-    if !profilesPush { perf("disable\n") }
+    if profilesFirstSync { perf("disable\n") }
     let firstProcessor = processorSeconds() - firstProcessorBefore
     let phases = joined.lastPullTimings.withLock { $0 }
     let connection = try PostgresConnection(database)
@@ -224,9 +226,18 @@ do {
     let listing = try seconds { listed = try big.synchronizableChanges(since: 1).changed.count }
     let connect = try seconds { _ = try PostgresConnection(database) }
     var incremental = SyncGroup.Report()
+    let phase = ProcessInfo.processInfo.environment["LOCKBOX_PERF_PHASE"]
+    let pushProcessorBefore = processorSeconds()
+    if phase == "incremental-push" { perf("enable\n") }
     let incrementalPush = try seconds { incremental = try bigGroup.sync() }
+    if phase == "incremental-push" { perf("disable\n") }
+    let pushProcessor = processorSeconds() - pushProcessorBefore
     var received = SyncGroup.Report()
+    let pullProcessorBefore = processorSeconds()
+    if phase == "incremental-pull" { perf("enable\n") }
     let incrementalPull = try seconds { received = try otherGroup.sync() }
+    if phase == "incremental-pull" { perf("disable\n") }
+    let pullProcessor = processorSeconds() - pullProcessorBefore
     let incrementalPhases = otherGroup.lastPullTimings.withLock { $0 }
     print("")
     print("Ten changed among \(among) items (pushed \(incremental.pushed), pulled \(received.pulled)):")
@@ -234,8 +245,8 @@ do {
     row("  second device's first pull of \(among) items", otherPull)
     row("  second device's next sync (maps the rows it added)", otherMap)
     row("  a sync with nothing changed", idle)
-    row("  sync that pushes the 10 changes", incrementalPush, "(target < 50 ms)")
-    row("  sync that pulls the 10 changes", incrementalPull, "(target < 50 ms)")
+    row("  sync that pushes the 10 changes", incrementalPush, String(format: "(target < 50 ms); CPU %.1f ms", pushProcessor * 1000))
+    row("  sync that pulls the 10 changes", incrementalPull, String(format: "(target < 50 ms); CPU %.1f ms", pullProcessor * 1000))
     row(
         "    of its pull: fetch, open, head, compare, vault, state",
         inSeconds(incrementalPhases.fetch + incrementalPhases.open + incrementalPhases.verify + incrementalPhases.decide + incrementalPhases.vault + incrementalPhases.state + incrementalPhases.cursor),
