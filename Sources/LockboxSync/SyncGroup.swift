@@ -1524,15 +1524,11 @@ public final class SyncGroup: Sendable {
     /// The records of the group's items held back here (``SyncState/heldBack``) that a pull did
     /// not receive, each checked against the head the pull verified: the one it lists, or a
     /// later one written since (above `counter`, left to the next pull, which receives it). A
-    /// record missing, or another one, is refused as withheld before anything is applied. Items
-    /// the state knows a record of are not fetched.
+    /// record missing, or another one, is refused as withheld before anything is applied.
     func heldBackRecords(
         _ connection: PostgresConnection, state: SyncState, received: Set<String>, counter: Int64
     ) throws(LockboxError) -> [(id: String, sealed: SealedValueRecord)] {
-        var waiting: Set<String> = []
-        for id in state.heldBack where !received.contains(id) {
-            if try state.entry(id) == nil { waiting.insert(id) }
-        }
+        let waiting = state.heldBack.subtracting(received)
         guard !waiting.isEmpty else { return [] }
         let keys = self.keys
         var fetched: Set<String> = []
@@ -1560,19 +1556,25 @@ public final class SyncGroup: Sendable {
 
     /// Tries again the group's items held back by a local item of their primary key
     /// (``SyncState/heldBack``), with their records (``heldBackRecords(_:state:received:counter:)``):
-    /// one is applied once no item here holds its key; a delete is taken as known. One the
-    /// state knows a record of since (this device pushed the item: the local item was made to
-    /// sync) is no longer held back, nor is one a syncing row here holds that the state does
-    /// not know yet (another process wrote it during this sync): the next push settles it by
-    /// the conflict rule.
+    /// one is applied once no item here holds its key; a delete is taken as known. One whose
+    /// record, or a later one, the state knows since (this device pushed the item: the local
+    /// item was made to sync, and its write won or lost by the rule) is no longer held back, nor
+    /// is one a syncing row here holds that the state does not know yet (another process wrote
+    /// it during this sync): the next push settles it by the rule. (An older record the state
+    /// knows, from before the item was held back, ends nothing.)
     func retryHeldBack(
         _ records: [(id: String, sealed: SealedValueRecord)], state: SyncState, report: inout Report
     ) throws(LockboxError) {
-        guard !state.heldBack.isEmpty else { return }
+        guard !records.isEmpty else { return }
         var changes = SyncState.Changes()
-        for id in state.heldBack where try state.entry(id) != nil { changes.heldBack[id] = false }
+        // The rows applied here are recorded by this commit: their listing is settled with it.
+        changes.settlesApplying = true
         let keys = self.keys
-        for (id, sealed) in records where state.heldBack.contains(id) && changes.heldBack[id] == nil {
+        for (id, sealed) in records where state.heldBack.contains(id) {
+            if let known = try state.entry(id), known.stamp >= sealed.record.stamp {
+                changes.heldBack[id] = false
+                continue
+            }
             let record = try sealed.opened(keys: keys)
             guard let item = record.item else {
                 changes.heldBack[id] = false

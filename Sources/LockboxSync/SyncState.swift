@@ -238,13 +238,30 @@ final class SyncState {
                 // Its MAC does not cover the lists it lacks: none is taken from the file.
                 if found == 3 { progress.unverified = [] }
                 if found <= 4 { progress.applying = [] }
-                progress.heldBack = []
+                progress.heldBack = found == 5 ? encodeHeldBack(try skippedItems(progress, database, key: key)) : []
                 try writeProgress(progress, database, key: key)
             }
             // Rows of a list no progress of an earlier format vouched for.
             if found != 5 { try database.execute("DELETE FROM applying_rows") }
             try database.execute("PRAGMA user_version = \(format)")
         }
+    }
+
+    /// The items a state of format 5 skipped: a pull of that format did not apply a record whose
+    /// key a local item that does not sync held, and moved its cursor past it, leaving the item
+    /// a head element but neither a record of it nor a row (as nothing else does for long: an
+    /// item whose row the pull left to the next push keeps its row). Held back from format 6,
+    /// so that they arrive once their key is free (and are released at once otherwise).
+    private static func skippedItems(_ progress: Progress, _ database: Database, key: SecretBytes) throws(LockboxError) -> Set<String> {
+        let directory = try BucketDirectory.stored(progress: progress, database, key: key)
+        var skipped: Set<String> = []
+        for index in try directory.buckets(.items) {
+            for (id, record) in try readItems(index, database, key: key, directory: directory)
+            where record.listed != nil && record.entry == nil && record.reference == nil {
+                skipped.insert(id)
+            }
+        }
+        return skipped
     }
 
     private static func hasTable(_ name: String, _ database: Database) throws(LockboxError) -> Bool {

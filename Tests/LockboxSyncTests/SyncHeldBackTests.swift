@@ -1,8 +1,10 @@
 import Foundation
 import Lockbox
+import LockboxCore
 import LockboxTestSupport
 import LockboxVault
 import Testing
+import VaultCrypto
 import VaultStorage
 
 @testable import LockboxSync
@@ -27,6 +29,30 @@ private func itemID(_ group: SyncGroup, _ machine: Machine, _ service: String) t
     var query = machine.query(service, "user")
     query.returning = [.attributes]
     return group.itemID(try machine.vault.item(matching: query))
+}
+
+/// The state at `path` as format 5's code wrote it: its progress's MAC that format's, no list of
+/// items held back (which must be empty).
+private func toFifthFormat(_ path: String, key: SecretBytes) throws {
+    let database = try Database(path: path, create: false)
+    var encoder = FieldEncoder()
+    encoder.string("lockbox.sync.state.progress.v7")
+    let found: [[UInt8]]? = try database.firstRow(
+        "SELECT device, cursor, generation, row_count, accumulator, buckets, unverified, applying, held_back FROM progress"
+    ) { (row: Statement) -> [[UInt8]] in
+        encoder.string(row.text(0) ?? "")
+        for index: Int32 in 1...3 { encoder.integer(row.integer(index) ?? 0) }
+        encoder.bytes(row.blob(4))
+        return (0..<4).map { (index: Int) -> [UInt8] in row.blob(Int32(5 + index)) ?? [] }
+    }
+    let progress = try #require(found)
+    #expect(progress[3].isEmpty)
+    for column in progress.prefix(3) { encoder.bytes(column) }
+    let put = try database.statement("UPDATE progress SET mac = ?")
+    put.bind(1, Crypto.keyedDigest(encoder.bytes, key: key))
+    try put.run()
+    put.reset()
+    try database.execute("ALTER TABLE progress DROP COLUMN held_back; PRAGMA user_version = 5")
 }
 
 @Suite("Sync: the group's items held back by a local item of their key", .serialized)
@@ -161,5 +187,89 @@ struct SyncHeldBackTests {
         try groups[1].sync()
         #expect(try machines[1].value("dup.example", "user") == "from A")
         #expect(try machines[1].verify())
+    }
+
+    /// Deletes the local item of "dup.example" on B, syncs B twice: the group's item arrives as
+    /// `value`, and nothing stays held back.
+    private func expectArrivalOnceFree(_ groups: [SyncGroup], _ machines: [Machine], _ value: String) throws {
+        try machines[1].delete("dup.example", "user")
+        try groups[1].sync()
+        try groups[1].sync()
+        #expect(try machines[1].value("dup.example", "user") == value, "the group's item never arrived once its key was free")
+        #expect(try groups[1].status().heldBack == 0)
+        #expect(try machines[1].verify())
+    }
+
+    @Test("An item this device knew (synced here, then deleted here) and written again elsewhere, while a local item holds its key: held back, arrives once the key is free")
+    func knownItemHeldBack() throws {
+        let (groups, machines) = try threeMachines()
+        try machines[0].add("dup.example", "user", "first")
+        for group in groups { try group.sync() }
+        try machines[1].delete("dup.example", "user")
+        try groups[1].sync()
+        try groups[0].sync()
+        #expect(try machines[0].value("dup.example", "user") == nil)
+        try machines[1].add("dup.example", "user", "local only", accessibility: .whenUnlockedThisDeviceOnly, synchronizable: true)
+        tick()
+        try machines[0].add("dup.example", "user", "from A again")
+        try groups[0].sync()
+        try groups[1].sync()
+        #expect(try machines[1].value("dup.example", "user") == "local only")
+        #expect(try groups[1].status().heldBack == 1, "the group's item is not held back")
+        try expectArrivalOnceFree(groups, machines, "from A again")
+    }
+
+    @Test("An item made ThisDeviceOnly here (its delete pushed) and written again elsewhere: held back, arrives once the local item is deleted")
+    func madeLocalThenWrittenAgain() throws {
+        let (groups, machines) = try threeMachines()
+        try machines[0].add("dup.example", "user", "first")
+        for group in groups { try group.sync() }
+        var attributes = ItemAttributes()
+        attributes.accessibility = .whenUnlockedThisDeviceOnly
+        try machines[1].vault.update(matching: machines[1].query("dup.example", "user"), to: ItemUpdate(attributes: attributes))
+        try groups[1].sync()
+        try groups[0].sync()
+        #expect(try machines[0].value("dup.example", "user") == nil)
+        tick()
+        try machines[0].add("dup.example", "user", "from A again")
+        try groups[0].sync()
+        try groups[1].sync()
+        #expect(try machines[1].value("dup.example", "user") == "first")
+        #expect(try groups[1].status().heldBack == 1, "the group's item is not held back")
+        try expectArrivalOnceFree(groups, machines, "from A again")
+    }
+
+    @Test("A delete here that loses to a later edit elsewhere, while a local item holds the key: the edit is held back and arrives once the key is free")
+    func supersededDeleteHeldBack() throws {
+        let (groups, machines) = try threeMachines()
+        try machines[0].add("dup.example", "user", "first")
+        for group in groups { try group.sync() }
+        try machines[1].delete("dup.example", "user")
+        try machines[1].add("dup.example", "user", "local only", accessibility: .whenUnlockedThisDeviceOnly, synchronizable: true)
+        tick()
+        try machines[0].set("dup.example", "user", "edited on A")
+        try groups[0].sync()
+        #expect(try groups[1].sync().superseded == 1)
+        #expect(try machines[1].value("dup.example", "user") == "local only")
+        #expect(try machines[0].value("dup.example", "user") == "edited on A")
+        #expect(try groups[1].status().heldBack == 1, "the group's item is not held back")
+        try expectArrivalOnceFree(groups, machines, "edited on A")
+    }
+
+    @Test("A record an earlier build skipped (state format 5: the cursor moved past it, nothing listed) is held back when the state is converted, and arrives once the key is free")
+    func skippedBeforeFormatSix() throws {
+        let (groups, machines) = try heldBackOnB()
+        // What format 5's code left: the item neither known nor held back.
+        do {
+            let state = try SyncState(path: groups[1].statePath, device: groups[1].deviceID, key: groups[1].device.stateKey)
+            var changes = SyncState.Changes()
+            for id in state.heldBack { changes.heldBack[id] = false }
+            try state.commit(changes)
+        }
+        try toFifthFormat(groups[1].statePath, key: groups[1].device.stateKey)
+        #expect(try groups[1].status().heldBack == 1, "the skipped item is not held back after the conversion")
+        try expectArrivalOnceFree(groups, machines, "from A")
+        for group in groups { try group.sync() }
+        for machine in machines { #expect(try machine.count() == 2) }
     }
 }
