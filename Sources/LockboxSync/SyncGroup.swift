@@ -42,6 +42,9 @@ public final class SyncGroup: Sendable {
     /// (what it throws rolls the vault's transaction back): the tests copy the state there, as
     /// a process stopped after the vault's commit leaves it, or stop the commit.
     let afterListingAdded = Mutex<(@Sendable () throws(LockboxError) -> Void)?>(nil)
+    /// Called before a push applies here the records that won over its changes: the tests
+    /// change the vault there, as another process may between the push's read and that apply.
+    let beforeApplyingSuperseding = Mutex<(@Sendable () throws(LockboxError) -> Void)?>(nil)
 
     var keys: SyncKeys { current.withLock { $0 } }
     /// This device's identifier in the group (random, public).
@@ -537,6 +540,9 @@ public final class SyncGroup: Sendable {
             former.insert(row.id)
         }
         var produced = Set<String>()
+        // When each item whose row no longer holds it as one that syncs (made ThisDeviceOnly or
+        // not synchronizable, or renamed) was changed so: its delete's time.
+        var madeLocalAt: [String: Int64] = [:]
         // The state is committed once, at the end: a crash before then repeats reading and
         // comparing only, as a record the database already holds with the same stamp is not
         // written again.
@@ -560,11 +566,17 @@ public final class SyncGroup: Sendable {
                     if case .some(.some(let old)) = stateRow { former.insert(old) }
                     guard let local = read[reference] else {
                         pending.setRow(reference, .some(nil))
+                        if case .some(.some(let old)) = stateRow, let date = try modificationDate(of: reference) {
+                            madeLocalAt[old] = max(madeLocalAt[old] ?? 0, Self.milliseconds(date))
+                        }
                         continue
                     }
                     let id = itemID(local.item)
                     produced.insert(id)
                     pending.setRow(reference, .some(id))
+                    if case .some(.some(let old)) = stateRow, old != id {
+                        madeLocalAt[old] = max(madeLocalAt[old] ?? 0, Self.milliseconds(local.item.attributes.modificationDate))
+                    }
                     let known = try state.entry(id, after: pending)
                     if Self.isPushed(local, known: known) { continue }
                     let record = record(of: local, after: known)
@@ -578,16 +590,23 @@ public final class SyncGroup: Sendable {
                     changes, connection: connection, state: state, pending: &pending, inStep: &inStep, checked: &checked, floor: &floor,
                     report: &report)
             }
-            try applySuperseding(superseding, state: state, pending: &pending, report: &report)
+            try applySuperseding(
+                superseding, pushed: Dictionary(changes.map { ($0.id, $0.record.contentDigest) }, uniquingKeysWith: { first, _ in first }),
+                state: state, pending: &pending, report: &report)
         }
-        // Deletes: items whose row went away or now holds another item. A delete is stamped
-        // with when it was made, as the vault recorded it, so that an edit made elsewhere after
-        // it wins. Without a record (a row that now holds another item, a row deleted by an
-        // older Lockbox, a record removed from the file), just after the version this device
-        // knew: it replaces that version, and loses to any later one.
+        // Deletes: items whose row went away, no longer syncs, or now holds another item. A
+        // delete is stamped with when it was made, as the vault recorded it (for a row that
+        // remains, its modification), so that an edit made elsewhere after it wins. Without a
+        // time (a row deleted by an older Lockbox, a record removed from the file), just after
+        // the version this device knew: it replaces that version, and loses to any later one.
         for (reference, _) in found.gone { pending.setRow(reference, .none) }
-        var deletedAt: [String: Int64] = [:]
-        for (reference, date) in try vault.deletionTimes(of: found.gone.keys) {
+        var deletedAt = madeLocalAt
+        var goneAt = try vault.deletionTimes(of: found.gone.keys)
+        // A row gone from those that sync but still here (made not synchronizable): when it was changed.
+        for reference in found.gone.keys where goneAt[reference] == nil {
+            if let date = try modificationDate(of: reference) { goneAt[reference] = date }
+        }
+        for (reference, date) in goneAt {
             for id in [found.gone[reference] ?? nil, listedGone[reference]].compactMap({ $0 }) {
                 deletedAt[id] = max(deletedAt[id] ?? 0, Self.milliseconds(date))
             }
@@ -667,6 +686,24 @@ public final class SyncGroup: Sendable {
 
     /// The tombstone a push writes of an item deleted here at `madeAt` (milliseconds; 0 when the
     /// vault recorded no time): just after the version this device knew, at the latest.
+    /// When the vault row `reference` was last modified, whatever it holds now (an item that no
+    /// longer syncs, say); nil for no row, or one whose attributes cannot be read now (the
+    /// delete is then stamped just after the version this device knew, as one without a time).
+    func modificationDate(of reference: Data) throws(LockboxError) -> Date? {
+        for itemClass in Self.syncedClasses {
+            var query = Query(itemClass, returning: [.attributes], synchronizable: .any)
+            query.persistentReference = reference
+            do {
+                return try vault.item(matching: query).attributes.modificationDate
+            } catch where error.code == .itemNotFound {
+                continue
+            } catch where error.code == .interactionNotAllowed || error.code == .authFailed {
+                return nil
+            }
+        }
+        return nil
+    }
+
     func deletion(madeAt: Int64, after known: SyncState.Entry) -> SyncRecord {
         SyncRecord(stamp: SyncStamp(modified: max(madeAt, known.stamp.modified + 1), device: device.id), item: nil, contentDigest: [])
     }
@@ -831,13 +868,25 @@ public final class SyncGroup: Sendable {
         return superseding
     }
 
-    /// Applies here the database's records that won over this device's changes (``write(_:connection:state:pending:inStep:checked:floor:report:)``).
+    /// Applies here the database's records that won over this device's changes
+    /// (``write(_:connection:state:pending:inStep:checked:floor:report:)``); `pushed` holds the
+    /// content digest of each change the push read. A row changed here since the push read it
+    /// (edited, deleted, made ThisDeviceOnly or renamed, by another process) is neither
+    /// overwritten, nor deleted, nor brought back: that change is later than the push's, and
+    /// the next push settles it against the record by the rule.
     func applySuperseding(
-        _ superseding: [(id: String, record: SyncRecord)], state: SyncState, pending: inout SyncState.Changes, report: inout Report
+        _ superseding: [(id: String, record: SyncRecord)], pushed: [String: [UInt8]] = [:], state: SyncState,
+        pending: inout SyncState.Changes, report: inout Report
     ) throws(LockboxError) {
+        guard !superseding.isEmpty else { return }
+        try beforeApplyingSuperseding.withLock { $0 }?()
         for change in superseding {
             let existing = Self.reference(of: change.id, pending: pending, state: state)
             report.superseded += 1
+            if let old = try existing() {
+                guard let mine = try readLocal(old), itemID(mine.item) == change.id, pushed[change.id].map({ $0 == mine.digest }) ?? true
+                else { continue }
+            }
             switch try apply(change.record, id: change.id, existing: try existing(), state: state) {
             case .row(let reference):
                 pending.setRow(reference, .some(change.id))

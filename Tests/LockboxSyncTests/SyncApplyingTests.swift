@@ -323,4 +323,88 @@ struct SyncApplyingTests {
         #expect(try machines[1].value("fb0.example", "user") == "mine")
         #expect(try machines[1].verify())
     }
+
+    @Test(
+        "An item changed here by another process (deleted, made ThisDeviceOnly, edited) between the push's read and its applying of a later record from elsewhere: that later change wins everywhere",
+        arguments: ["deleted", "madeLocal", "edited"])
+    func changedHereWhileTheRecordThatWonIsApplied(change: String) throws {
+        let (groups, machines) = try threeMachines()
+        try machines[0].add("x.example", "user", "v1")
+        for group in groups { try group.sync() }
+        try machines[1].set("x.example", "user", "edited on B")
+        tick()
+        try machines[0].set("x.example", "user", "edited on A")
+        try groups[0].sync()
+        let machine = machines[1]
+        groups[1].beforeApplyingSuperseding.withLock {
+            $0 = { () throws(LockboxError) in
+                tick()
+                switch change {
+                case "deleted": try machine.vault.delete(matching: machine.query("x.example", "user"))
+                case "madeLocal": try update(machine, "x.example") { $0.accessibility = .whenUnlockedThisDeviceOnly }
+                default: try machine.vault.update(matching: machine.query("x.example", "user"), to: ItemUpdate(data: SecretBytes(utf8: "later on B")))
+                }
+            }
+        }
+        #expect(try groups[1].sync().superseded == 1)
+        groups[1].beforeApplyingSuperseding.withLock { $0 = nil }
+        for group in [groups[1], groups[0], groups[2], groups[1]] { try group.sync() }
+        let expected: String? = change == "edited" ? "later on B" : nil
+        for (index, machine) in machines.enumerated() {
+            if index == 1 && change == "madeLocal" {
+                var query = machine.query("x.example", "user")
+                query.returning = [.attributes, .data]
+                let kept = try machine.vault.item(matching: query)
+                #expect(kept.attributes.accessibility == .whenUnlockedThisDeviceOnly, "the item made ThisDeviceOnly here was made to sync again")
+                #expect(kept.data.map { String(decoding: $0.withUnsafeBytes { Array($0) }, as: UTF8.self) } == "edited on B", "the item kept here was overwritten")
+                #expect(try machine.count() == 1)
+            } else {
+                #expect(try machine.value("x.example", "user") == expected, "the change made here last lost (machine \(index))")
+            }
+            #expect(try machine.verify())
+        }
+    }
+
+    @Test(
+        "An item made ThisDeviceOnly, not synchronizable, or renamed here is a delete for the group, dated when it was changed: it wins over an earlier edit elsewhere and loses to a later one",
+        arguments: [("thisDeviceOnly", true), ("notSynchronizable", true), ("renamed", true), ("thisDeviceOnly", false), ("renamed", false)])
+    func madeLocalOrRenamedIsDatedWhenChanged(change: String, isLater: Bool) throws {
+        let (groups, machines) = try threeMachines()
+        try machines[0].add("x.example", "user", "v1")
+        for group in groups { try group.sync() }
+        func changeHere() throws {
+            try update(machines[1], "x.example") { attributes in
+                switch change {
+                case "thisDeviceOnly": attributes.accessibility = .whenUnlockedThisDeviceOnly
+                case "notSynchronizable": attributes.synchronizable = false
+                default: attributes.service = "y.example"
+                }
+            }
+        }
+        // Both offline: B's change and A's edit, in the order the case says.
+        tick()
+        if isLater { try machines[0].set("x.example", "user", "edited on A") } else { try changeHere() }
+        tick()
+        if isLater { try changeHere() } else { try machines[0].set("x.example", "user", "edited on A") }
+        for group in [groups[0], groups[1], groups[0], groups[2], groups[1]] { try group.sync() }
+        for index in [0, 2] {
+            let value = try machines[index].value("x.example", "user")
+            if isLater {
+                #expect(value == nil, "an edit made before the change here won over it (machine \(index))")
+            } else {
+                #expect(value == "edited on A", "the change here won over a later edit (machine \(index))")
+            }
+            if change == "renamed" { #expect(try machines[index].value("y.example", "user") == "v1") }
+        }
+        // B keeps what it changed (the group's later edit held back behind a local item of its key).
+        if change == "renamed" {
+            #expect(try machines[1].value("y.example", "user") == "v1")
+            #expect(try machines[1].value("x.example", "user") == (isLater ? nil : "edited on A"))
+        } else {
+            #expect(try machines[1].count() == 1)
+            if change == "thisDeviceOnly" { #expect(try machines[1].value("x.example", "user") == "v1") }
+            #expect(try groups[1].status().heldBack == (isLater || change == "notSynchronizable" ? 0 : 1))
+        }
+        for machine in machines { #expect(try machine.verify()) }
+    }
 }
