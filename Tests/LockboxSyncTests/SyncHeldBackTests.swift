@@ -200,41 +200,31 @@ struct SyncHeldBackTests {
         #expect(try machines[1].verify())
     }
 
-    @Test("An item this device knew (synced here, then deleted here) and written again elsewhere, while a local item holds its key: held back, arrives once the key is free")
-    func knownItemHeldBack() throws {
+    @Test(
+        "An item this device knew, then deleted here (a local item of its key added) or made ThisDeviceOnly here, and written again elsewhere: held back, arrives once the key is free",
+        arguments: ["deletedThenAddedLocally", "madeThisDeviceOnly"])
+    func knownItemHeldBack(change: String) throws {
         let (groups, machines) = try threeMachines()
         try machines[0].add("dup.example", "user", "first")
         for group in groups { try group.sync() }
-        try machines[1].delete("dup.example", "user")
+        if change == "madeThisDeviceOnly" {
+            var attributes = ItemAttributes()
+            attributes.accessibility = .whenUnlockedThisDeviceOnly
+            try machines[1].vault.update(matching: machines[1].query("dup.example", "user"), to: ItemUpdate(attributes: attributes))
+        } else {
+            try machines[1].delete("dup.example", "user")
+        }
         try groups[1].sync()
         try groups[0].sync()
         #expect(try machines[0].value("dup.example", "user") == nil)
-        try machines[1].add("dup.example", "user", "local only", accessibility: .whenUnlockedThisDeviceOnly, synchronizable: true)
+        if change == "deletedThenAddedLocally" {
+            try machines[1].add("dup.example", "user", "first", accessibility: .whenUnlockedThisDeviceOnly, synchronizable: true)
+        }
         tick()
         try machines[0].add("dup.example", "user", "from A again")
         try groups[0].sync()
         try groups[1].sync()
-        #expect(try machines[1].value("dup.example", "user") == "local only")
-        #expect(try groups[1].status().heldBack == 1, "the group's item is not held back")
-        try expectArrivalOnceFree(groups, machines, "from A again")
-    }
-
-    @Test("An item made ThisDeviceOnly here (its delete pushed) and written again elsewhere: held back, arrives once the local item is deleted")
-    func madeLocalThenWrittenAgain() throws {
-        let (groups, machines) = try threeMachines()
-        try machines[0].add("dup.example", "user", "first")
-        for group in groups { try group.sync() }
-        var attributes = ItemAttributes()
-        attributes.accessibility = .whenUnlockedThisDeviceOnly
-        try machines[1].vault.update(matching: machines[1].query("dup.example", "user"), to: ItemUpdate(attributes: attributes))
-        try groups[1].sync()
-        try groups[0].sync()
-        #expect(try machines[0].value("dup.example", "user") == nil)
-        tick()
-        try machines[0].add("dup.example", "user", "from A again")
-        try groups[0].sync()
-        try groups[1].sync()
-        #expect(try machines[1].value("dup.example", "user") == "first")
+        #expect(try machines[1].value("dup.example", "user") == "first", "the item kept on this device was overwritten")
         #expect(try groups[1].status().heldBack == 1, "the group's item is not held back")
         try expectArrivalOnceFree(groups, machines, "from A again")
     }

@@ -460,18 +460,12 @@ struct SyncStateFormatTests {
     func fifthFormatConvertedAndHeldBackKept() throws {
         let (directory, path) = try Self.copyOfFixture()
         _ = directory
-        let state = try SyncState(path: path, device: Self.device, key: Self.key)
-        var unverified = SyncState.Changes()
-        unverified.unverified = [Self.itemID(1): Self.listed(401)]
-        try state.commit(unverified)
+        let (state, unverified) = try Self.withUnverifiedWrite(path)
         let adding = [Self.reference(900): Self.applying(1)]
         try state.recordApplying(adding)
         try Self.fifthFormat(path)
         #expect(try Self.userVersion(path) == 5)
-        let converted = try SyncState(path: path, device: Self.device, key: Self.key)
-        #expect(try Self.userVersion(path) == SyncState.format)
-        try Self.expectFixtureContent(converted)
-        #expect(converted.unverifiedWrites == unverified.unverified)
+        let converted = try Self.converted(path, keeping: unverified)
         #expect(converted.applying == adding)
         #expect(converted.heldBack.isEmpty)
 
@@ -494,14 +488,9 @@ struct SyncStateFormatTests {
         // for items that may be applied here.
         let earlier = try copyState(path)
         try converted.commit(held)
-        for edit in ["UPDATE progress SET held_back = NULL", "UPDATE progress SET held_back = substr(held_back, 1, length(held_back) - 1)"] {
-            let (other, edited) = try Self.copyOfFixture()
-            _ = other
-            try restoreState(try copyState(path), at: edited)
-            try Database(path: edited, create: false).execute(edit)
-            let error = #expect(throws: LockboxError.self, "\(edit)") { _ = try SyncState(path: edited, device: Self.device, key: Self.key) }
-            #expect(error?.code == .decode)
-        }
+        try Self.expectRefused(path, after: [
+            "UPDATE progress SET held_back = NULL", "UPDATE progress SET held_back = substr(held_back, 1, length(held_back) - 1)",
+        ])
         // An earlier list put in the progress: refused.
         do {
             let (other, replayed) = try Self.copyOfFixture()
@@ -515,6 +504,38 @@ struct SyncStateFormatTests {
         }
     }
 
+    /// The state at `path`, given one unverified write (what its conversions must keep).
+    static func withUnverifiedWrite(_ path: String) throws -> (SyncState, SyncState.Changes) {
+        let state = try SyncState(path: path, device: device, key: key)
+        var unverified = SyncState.Changes()
+        unverified.unverified = [itemID(1): listed(401)]
+        try state.commit(unverified)
+        return (state, unverified)
+    }
+
+    /// The state at `path` opened (converted to this format), with the fixture's content and
+    /// the unverified write of `unverified` (``withUnverifiedWrite(_:)``).
+    static func converted(_ path: String, keeping unverified: SyncState.Changes) throws -> SyncState {
+        let converted = try SyncState(path: path, device: device, key: key)
+        #expect(try userVersion(path) == SyncState.format)
+        try expectFixtureContent(converted)
+        #expect(converted.unverifiedWrites == unverified.unverified)
+        return converted
+    }
+
+    /// A copy of the state at `path` with each of `edits` made to it is refused when opened
+    /// (errSecDecode), not read as the state.
+    static func expectRefused(_ path: String, after edits: [String]) throws {
+        for edit in edits {
+            let (other, edited) = try copyOfFixture()
+            _ = other
+            try restoreState(try copyState(path), at: edited)
+            try Database(path: edited, create: false).execute(edit)
+            let error = #expect(throws: LockboxError.self, "\(edit)") { _ = try SyncState(path: edited, device: device, key: key) }
+            #expect(error?.code == .decode)
+        }
+    }
+
     static func applying(_ index: Int) -> SyncState.Applying {
         SyncState.Applying(id: itemID(index), entry: entry(index))
     }
@@ -523,16 +544,10 @@ struct SyncStateFormatTests {
     func fourthFormatConvertedAndRowsBeingAddedKept() throws {
         let (directory, path) = try Self.copyOfFixture()
         _ = directory
-        let state = try SyncState(path: path, device: Self.device, key: Self.key)
-        var unverified = SyncState.Changes()
-        unverified.unverified = [Self.itemID(1): Self.listed(401)]
-        try state.commit(unverified)
+        let (_, unverified) = try Self.withUnverifiedWrite(path)
         try Self.fourthFormat(path)
         #expect(try Self.userVersion(path) == 4)
-        let converted = try SyncState(path: path, device: Self.device, key: Self.key)
-        #expect(try Self.userVersion(path) == SyncState.format)
-        try Self.expectFixtureContent(converted)
-        #expect(converted.unverifiedWrites == unverified.unverified)
+        let converted = try Self.converted(path, keeping: unverified)
         #expect(converted.applying.isEmpty)
 
         // Listed, read back, added to, settled.
@@ -547,19 +562,12 @@ struct SyncStateFormatTests {
 
         // The list edited in the file (a listing dropped, copied, renumbered or edited, the
         // progress's list removed): refused. A listing dropped would forget a delete made here.
-        for edit in [
+        try Self.expectRefused(path, after: [
             "DELETE FROM applying_rows WHERE rowid = (SELECT min(rowid) FROM applying_rows)", "UPDATE progress SET applying = NULL",
             "UPDATE applying_rows SET body = body || x'00' WHERE rowid = (SELECT min(rowid) FROM applying_rows)",
             "INSERT INTO applying_rows SELECT listing + 2, body, mac FROM applying_rows WHERE rowid = (SELECT min(rowid) FROM applying_rows)",
             "UPDATE applying_rows SET listing = listing + 5 WHERE rowid = (SELECT max(rowid) FROM applying_rows)",
-        ] {
-            let (other, edited) = try Self.copyOfFixture()
-            _ = other
-            try restoreState(try copyState(path), at: edited)
-            try Database(path: edited, create: false).execute(edit)
-            let error = #expect(throws: LockboxError.self, "\(edit)") { _ = try SyncState(path: edited, device: Self.device, key: Self.key) }
-            #expect(error?.code == .decode)
-        }
+        ])
         // A row of an earlier list put back after the list was settled: refused too.
         let earlier = try copyState(path)
 
