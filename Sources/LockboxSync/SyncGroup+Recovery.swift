@@ -137,12 +137,7 @@ extension SyncGroup {
                         local[reference] = mine
                     }
                 }
-                var deletedAt = try vault.deletionTimes(of: rowOf.values.filter { local[$0] == nil })
-                // A row still here that no longer holds the item as one that syncs (made
-                // ThisDeviceOnly, renamed): when it was changed, as the push dates such a delete.
-                for (id, reference) in rowOf where deletedAt[reference] == nil && local[reference].map({ itemID($0.item) != id }) ?? true {
-                    if let date = try modificationDate(of: reference) { deletedAt[reference] = date }
-                }
+                let deletedAt = try vault.deletionTimes(of: rowOf.values.filter { local[$0] == nil })
                 for id in batch {
                     let entry = known[id]!
                     var record: SyncRecord

@@ -540,9 +540,6 @@ public final class SyncGroup: Sendable {
             former.insert(row.id)
         }
         var produced = Set<String>()
-        // When each item whose row no longer holds it as one that syncs (made ThisDeviceOnly or
-        // not synchronizable, or renamed) was changed so: its delete's time.
-        var madeLocalAt: [String: Int64] = [:]
         // The state is committed once, at the end: a crash before then repeats reading and
         // comparing only, as a record the database already holds with the same stamp is not
         // written again.
@@ -557,6 +554,8 @@ public final class SyncGroup: Sendable {
         pending.settlesApplying = true
         for start in stride(from: 0, to: found.toRead.count, by: Self.pushBatch) {
             var changes: [(id: String, record: SyncRecord)] = []
+            // Each change's row as read: its content and modification (``applySuperseding``).
+            var readAs: [String: (digest: [UInt8], modified: Int64)] = [:]
             var unknown: [Data: SyncState.Applying] = [:]
             let batch = found.toRead[start..<min(start + Self.pushBatch, found.toRead.count)]
             let read = try readLocal(batch)
@@ -566,21 +565,16 @@ public final class SyncGroup: Sendable {
                     if case .some(.some(let old)) = stateRow { former.insert(old) }
                     guard let local = read[reference] else {
                         pending.setRow(reference, .some(nil))
-                        if case .some(.some(let old)) = stateRow, let date = try modificationDate(of: reference) {
-                            madeLocalAt[old] = max(madeLocalAt[old] ?? 0, Self.milliseconds(date))
-                        }
                         continue
                     }
                     let id = itemID(local.item)
                     produced.insert(id)
                     pending.setRow(reference, .some(id))
-                    if case .some(.some(let old)) = stateRow, old != id {
-                        madeLocalAt[old] = max(madeLocalAt[old] ?? 0, Self.milliseconds(local.item.attributes.modificationDate))
-                    }
                     let known = try state.entry(id, after: pending)
                     if Self.isPushed(local, known: known) { continue }
                     let record = record(of: local, after: known)
                     changes.append((id, record))
+                    readAs[id] = (local.digest, Self.milliseconds(local.item.attributes.modificationDate))
                     if stateRow != .some(.some(id)) { unknown[reference] = SyncState.Applying(id: id, entry: SyncState.Entry(record), pushed: true) }
                 }
             }
@@ -590,23 +584,18 @@ public final class SyncGroup: Sendable {
                     changes, connection: connection, state: state, pending: &pending, inStep: &inStep, checked: &checked, floor: &floor,
                     report: &report)
             }
-            try applySuperseding(
-                superseding, pushed: Dictionary(changes.map { ($0.id, $0.record.contentDigest) }, uniquingKeysWith: { first, _ in first }),
-                state: state, pending: &pending, report: &report)
+            try applySuperseding(superseding, pushed: readAs, state: state, pending: &pending, report: &report)
         }
-        // Deletes: items whose row went away, no longer syncs, or now holds another item. A
-        // delete is stamped with when it was made, as the vault recorded it (for a row that
-        // remains, its modification), so that an edit made elsewhere after it wins. Without a
-        // time (a row deleted by an older Lockbox, a record removed from the file), just after
-        // the version this device knew: it replaces that version, and loses to any later one.
+        // Deletes: items whose row went away or now holds another item. A delete is stamped
+        // with when it was made, as the vault recorded it, so that an edit made elsewhere after
+        // it wins. Without a record (a row that now holds another item or no longer syncs,
+        // whose change the vault does not date: its modification date may be a later edit of
+        // what it holds now; a row deleted by an older Lockbox; a record removed from the
+        // file), just after the version this device knew: it replaces that version, and loses
+        // to any later one, so that no edit made elsewhere is lost to it.
         for (reference, _) in found.gone { pending.setRow(reference, .none) }
-        var deletedAt = madeLocalAt
-        var goneAt = try vault.deletionTimes(of: found.gone.keys)
-        // A row gone from those that sync but still here (made not synchronizable): when it was changed.
-        for reference in found.gone.keys where goneAt[reference] == nil {
-            if let date = try modificationDate(of: reference) { goneAt[reference] = date }
-        }
-        for (reference, date) in goneAt {
+        var deletedAt: [String: Int64] = [:]
+        for (reference, date) in try vault.deletionTimes(of: found.gone.keys) {
             for id in [found.gone[reference] ?? nil, listedGone[reference]].compactMap({ $0 }) {
                 deletedAt[id] = max(deletedAt[id] ?? 0, Self.milliseconds(date))
             }
@@ -686,24 +675,6 @@ public final class SyncGroup: Sendable {
 
     /// The tombstone a push writes of an item deleted here at `madeAt` (milliseconds; 0 when the
     /// vault recorded no time): just after the version this device knew, at the latest.
-    /// When the vault row `reference` was last modified, whatever it holds now (an item that no
-    /// longer syncs, say); nil for no row, or one whose attributes cannot be read now (the
-    /// delete is then stamped just after the version this device knew, as one without a time).
-    func modificationDate(of reference: Data) throws(LockboxError) -> Date? {
-        for itemClass in Self.syncedClasses {
-            var query = Query(itemClass, returning: [.attributes], synchronizable: .any)
-            query.persistentReference = reference
-            do {
-                return try vault.item(matching: query).attributes.modificationDate
-            } catch where error.code == .itemNotFound {
-                continue
-            } catch where error.code == .interactionNotAllowed || error.code == .authFailed {
-                return nil
-            }
-        }
-        return nil
-    }
-
     func deletion(madeAt: Int64, after known: SyncState.Entry) -> SyncRecord {
         SyncRecord(stamp: SyncStamp(modified: max(madeAt, known.stamp.modified + 1), device: device.id), item: nil, contentDigest: [])
     }
@@ -870,13 +841,15 @@ public final class SyncGroup: Sendable {
 
     /// Applies here the database's records that won over this device's changes
     /// (``write(_:connection:state:pending:inStep:checked:floor:report:)``); `pushed` holds the
-    /// content digest of each change the push read. A row changed here since the push read it
-    /// (edited, deleted, made ThisDeviceOnly or renamed, by another process) is neither
-    /// overwritten, nor deleted, nor brought back: that change is later than the push's, and
-    /// the next push settles it against the record by the rule.
+    /// content and modification time of each changed row as the push read it. A row changed
+    /// here since the push read it (edited, written again, deleted, made ThisDeviceOnly or
+    /// renamed, by another process) is neither overwritten, nor deleted, nor brought back: that
+    /// change is later than the push's, and the next push settles it against the record by
+    /// the rule. So is one written again here with the item's key after the push read it gone
+    /// (``apply(_:id:existing:state:)``).
     func applySuperseding(
-        _ superseding: [(id: String, record: SyncRecord)], pushed: [String: [UInt8]] = [:], state: SyncState,
-        pending: inout SyncState.Changes, report: inout Report
+        _ superseding: [(id: String, record: SyncRecord)], pushed: [String: (digest: [UInt8], modified: Int64)] = [:],
+        state: SyncState, pending: inout SyncState.Changes, report: inout Report
     ) throws(LockboxError) {
         guard !superseding.isEmpty else { return }
         try beforeApplyingSuperseding.withLock { $0 }?()
@@ -884,7 +857,9 @@ public final class SyncGroup: Sendable {
             let existing = Self.reference(of: change.id, pending: pending, state: state)
             report.superseded += 1
             if let old = try existing() {
-                guard let mine = try readLocal(old), itemID(mine.item) == change.id, pushed[change.id].map({ $0 == mine.digest }) ?? true
+                guard let mine = try readLocal(old), itemID(mine.item) == change.id,
+                    pushed[change.id].map({ $0.digest == mine.digest && $0.modified == Self.milliseconds(mine.item.attributes.modificationDate) })
+                        ?? true
                 else { continue }
             }
             switch try apply(change.record, id: change.id, existing: try existing(), state: state) {
@@ -1559,12 +1534,24 @@ public final class SyncGroup: Sendable {
                     try listAdding([reference: SyncState.Applying(id: id, entry: SyncState.Entry(record))], in: state)
                 }
             } catch where error.code == .duplicateItem {
-                // An item of the same primary key that does not sync (ThisDeviceOnly, say): what
-                // the user keeps on this device is not overwritten; the record is not applied.
-                if case .notSyncing = try unknownLocal(sameKeyAs: item) { return .heldBack }
-                // The row moved (another process re-added it): update it by its attributes.
-                try vault.update(
-                    matching: Query.primaryKey(of: item), to: ItemUpdate(attributes: item.attributes, data: item.data), madeAt: madeAt)
+                switch try unknownLocal(sameKeyAs: item) {
+                case .notSyncing:
+                    // An item of the same primary key that does not sync (ThisDeviceOnly, say):
+                    // what the user keeps on this device is not overwritten; not applied.
+                    return .heldBack
+                case .syncing(let reference, let local) where Self.milliseconds(local.item.attributes.modificationDate) > record.stamp.modified:
+                    // Written here (another process) after the record: the later write, kept;
+                    // the next push finds it changed from the record and writes it.
+                    return .row(reference)
+                case .syncing(let reference, _):
+                    // The row moved (another process re-added it, earlier): the record replaces it.
+                    var query = Query(item.itemClass, synchronizable: .synchronizable)
+                    query.persistentReference = reference
+                    try vault.update(matching: query, to: ItemUpdate(attributes: item.attributes, data: item.data), madeAt: madeAt)
+                    return .row(reference)
+                case .none:
+                    throw error
+                }
             }
         }
         return try vault.item(matching: Query.primaryKey(of: item, returning: [.persistentReference])).persistentReference.map { .row($0) } ?? .deleted

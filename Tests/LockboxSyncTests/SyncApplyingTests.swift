@@ -325,8 +325,8 @@ struct SyncApplyingTests {
     }
 
     @Test(
-        "An item changed here by another process (deleted, made ThisDeviceOnly, edited) between the push's read and its applying of a later record from elsewhere: that later change wins everywhere",
-        arguments: ["deleted", "madeLocal", "edited"])
+        "An item changed here by another process (deleted, made ThisDeviceOnly, edited, written again) between the push's read and its applying of a later record from elsewhere: neither overwritten, deleted nor brought back; the rule settles it",
+        arguments: ["deleted", "madeLocal", "edited", "writtenAgain"])
     func changedHereWhileTheRecordThatWonIsApplied(change: String) throws {
         let (groups, machines) = try threeMachines()
         try machines[0].add("x.example", "user", "v1")
@@ -342,14 +342,17 @@ struct SyncApplyingTests {
                 switch change {
                 case "deleted": try machine.vault.delete(matching: machine.query("x.example", "user"))
                 case "madeLocal": try update(machine, "x.example") { $0.accessibility = .whenUnlockedThisDeviceOnly }
-                default: try machine.vault.update(matching: machine.query("x.example", "user"), to: ItemUpdate(data: SecretBytes(utf8: "later on B")))
+                case "edited": try machine.vault.update(matching: machine.query("x.example", "user"), to: ItemUpdate(data: SecretBytes(utf8: "later on B")))
+                default: try machine.vault.update(matching: machine.query("x.example", "user"), to: ItemUpdate(data: SecretBytes(utf8: "edited on B")))
                 }
             }
         }
         #expect(try groups[1].sync().superseded == 1)
         groups[1].beforeApplyingSuperseding.withLock { $0 = nil }
         for group in [groups[1], groups[0], groups[2], groups[1]] { try group.sync() }
-        let expected: String? = change == "edited" ? "later on B" : nil
+        // A delete has its time (the vault records it) and wins; an item made local has none
+        // and loses to the edit made elsewhere, which the local item holds back here.
+        let expected: String? = ["deleted": nil, "madeLocal": "edited on A", "edited": "later on B", "writtenAgain": "edited on B"][change]!
         for (index, machine) in machines.enumerated() {
             if index == 1 && change == "madeLocal" {
                 var query = machine.query("x.example", "user")
@@ -358,17 +361,63 @@ struct SyncApplyingTests {
                 #expect(kept.attributes.accessibility == .whenUnlockedThisDeviceOnly, "the item made ThisDeviceOnly here was made to sync again")
                 #expect(kept.data.map { String(decoding: $0.withUnsafeBytes { Array($0) }, as: UTF8.self) } == "edited on B", "the item kept here was overwritten")
                 #expect(try machine.count() == 1)
+                #expect(try groups[1].status().heldBack == 1)
             } else {
-                #expect(try machine.value("x.example", "user") == expected, "the change made here last lost (machine \(index))")
+                #expect(try machine.value("x.example", "user") == expected, "the change made here last was lost (machine \(index))")
             }
             #expect(try machine.verify())
         }
     }
 
     @Test(
-        "An item made ThisDeviceOnly, not synchronizable, or renamed here is a delete for the group, dated when it was changed: it wins over an earlier edit elsewhere and loses to a later one",
-        arguments: [("thisDeviceOnly", true), ("notSynchronizable", true), ("renamed", true), ("thisDeviceOnly", false), ("renamed", false)])
-    func madeLocalOrRenamedIsDatedWhenChanged(change: String, isLater: Bool) throws {
+        "An item deleted, or made ThisDeviceOnly, here, whose delete lost to a later edit elsewhere, and written again here (another process) before the push applies that edit: the write made here last wins everywhere",
+        arguments: ["reAdded", "madeToSyncAgain"])
+    func writtenAgainWhileTheDeleteThatLostIsSettled(change: String) throws {
+        let (groups, machines) = try threeMachines()
+        try machines[0].add("x.example", "user", "v1")
+        for group in groups { try group.sync() }
+        tick()
+        if change == "reAdded" {
+            try machines[1].delete("x.example", "user")
+        } else {
+            try update(machines[1], "x.example") { $0.accessibility = .whenUnlockedThisDeviceOnly }
+        }
+        tick()
+        try machines[0].set("x.example", "user", "edited on A")
+        try groups[0].sync()
+        let machine = machines[1]
+        groups[1].beforeApplyingSuperseding.withLock {
+            $0 = { () throws(LockboxError) in
+                tick()
+                if change == "reAdded" {
+                    var item = Item.genericPassword(service: "x.example", account: "user", data: SecretBytes(utf8: "written on B last"))
+                    item.attributes.synchronizable = true
+                    try machine.vault.add(item)
+                } else {
+                    var attributes = ItemAttributes()
+                    attributes.accessibility = .afterFirstUnlock
+                    try machine.vault.update(
+                        matching: machine.query("x.example", "user"), to: ItemUpdate(attributes: attributes, data: SecretBytes(utf8: "written on B last")))
+                }
+            }
+        }
+        try groups[1].sync()
+        groups[1].beforeApplyingSuperseding.withLock { $0 = nil }
+        for group in [groups[1], groups[0], groups[2], groups[1]] { try group.sync() }
+        for (index, machine) in machines.enumerated() {
+            #expect(try machine.value("x.example", "user") == "written on B last", "B's write, the last of all, was overwritten (machine \(index))")
+            #expect(try machine.count() == 1)
+            #expect(try machine.verify())
+        }
+    }
+
+    @Test(
+        "An item made ThisDeviceOnly, not synchronizable, or renamed here is a delete for the group without a time of its own: it never wins over an edit made elsewhere since the last sync, before or after it, even once the item it holds now is edited here",
+        arguments: [
+            ("thisDeviceOnly", "editedElsewhereFirst"), ("thisDeviceOnly", "changedHereFirst"), ("thisDeviceOnly", "changedHereFirstThenEdited"),
+            ("notSynchronizable", "changedHereFirstThenEdited"), ("renamed", "editedElsewhereFirst"), ("renamed", "changedHereFirstThenEdited"),
+        ])
+    func madeLocalOrRenamedNeverWinsOverAnEditElsewhere(change: String, order: String) throws {
         let (groups, machines) = try threeMachines()
         try machines[0].add("x.example", "user", "v1")
         for group in groups { try group.sync() }
@@ -381,29 +430,35 @@ struct SyncApplyingTests {
                 }
             }
         }
-        // Both offline: B's change and A's edit, in the order the case says.
         tick()
-        if isLater { try machines[0].set("x.example", "user", "edited on A") } else { try changeHere() }
+        if order == "editedElsewhereFirst" { try machines[0].set("x.example", "user", "edited on A") } else { try changeHere() }
         tick()
-        if isLater { try changeHere() } else { try machines[0].set("x.example", "user", "edited on A") }
+        if order == "editedElsewhereFirst" { try changeHere() } else { try machines[0].set("x.example", "user", "edited on A") }
+        var own = "v1"
+        if order == "changedHereFirstThenEdited" {
+            // B then edits the item it holds now: not the moment x stopped syncing here.
+            tick()
+            own = "B's own later value"
+            var query = machines[1].query(change == "renamed" ? "y.example" : "x.example", "user")
+            query.synchronizable = change == "notSynchronizable" ? .notSynchronizable : .synchronizable
+            try machines[1].vault.update(matching: query, to: ItemUpdate(data: SecretBytes(utf8: own)))
+        }
         for group in [groups[0], groups[1], groups[0], groups[2], groups[1]] { try group.sync() }
         for index in [0, 2] {
-            let value = try machines[index].value("x.example", "user")
-            if isLater {
-                #expect(value == nil, "an edit made before the change here won over it (machine \(index))")
-            } else {
-                #expect(value == "edited on A", "the change here won over a later edit (machine \(index))")
-            }
-            if change == "renamed" { #expect(try machines[index].value("y.example", "user") == "v1") }
+            #expect(try machines[index].value("x.example", "user") == "edited on A", "an edit made elsewhere was lost to the change here (machine \(index))")
+            if change == "renamed" { #expect(try machines[index].value("y.example", "user") == own) }
         }
-        // B keeps what it changed (the group's later edit held back behind a local item of its key).
-        if change == "renamed" {
-            #expect(try machines[1].value("y.example", "user") == "v1")
-            #expect(try machines[1].value("x.example", "user") == (isLater ? nil : "edited on A"))
-        } else {
-            #expect(try machines[1].count() == 1)
-            if change == "thisDeviceOnly" { #expect(try machines[1].value("x.example", "user") == "v1") }
-            #expect(try groups[1].status().heldBack == (isLater || change == "notSynchronizable" ? 0 : 1))
+        switch change {
+        case "renamed":
+            #expect(try machines[1].value("y.example", "user") == own)
+            #expect(try machines[1].value("x.example", "user") == "edited on A")
+        case "notSynchronizable":
+            // Its own item (the sync flag is part of the key) beside the group's.
+            #expect(try machines[1].value("x.example", "user") == "edited on A")
+            #expect(try machines[1].count() == 2)
+        default:
+            #expect(try machines[1].value("x.example", "user") == own, "the item kept here was overwritten")
+            #expect(try groups[1].status().heldBack == 1)
         }
         for machine in machines { #expect(try machine.verify()) }
     }

@@ -107,35 +107,6 @@ extension SyncTests {
         #expect(try groups[0].sync().changedNothing)
     }
 
-    @Test("Recovery writes back an item made ThisDeviceOnly here after its lost edit as a delete dated when it was changed: it wins over an earlier edit made elsewhere")
-    func recoveryDatesAnItemMadeLocal() throws {
-        let (groups, machines) = try threeMachines()
-        try machines[0].add("a.example", "user", "a1")
-        for group in groups { try group.sync() }
-        let backup = try DatabaseBackup(groups[0].groupID)
-        // B's edit, synced to A, then lost by the restore; A's offline edit; B's item then made
-        // ThisDeviceOnly, the last change of all.
-        tick()
-        try machines[1].set("a.example", "user", "b2")
-        try groups[1].sync()
-        try groups[0].sync()
-        tick()
-        try machines[0].set("a.example", "user", "a3 offline")
-        tick()
-        var attributes = ItemAttributes()
-        attributes.accessibility = .whenUnlockedThisDeviceOnly
-        try machines[1].vault.update(matching: machines[1].query("a.example", "user"), to: ItemUpdate(attributes: attributes))
-        try backup.restore()
-        #expect(try groups[1].recoverDatabase().restoredDeletions == 1)
-        try groups[0].recoverDatabase()
-        for group in [groups[0], groups[1], groups[2], groups[0]] { try group.sync() }
-        for index in [0, 2] {
-            #expect(try machines[index].value("a.example", "user") == nil, "an edit made before the change here won over it (machine \(index))")
-        }
-        #expect(try machines[1].value("a.example", "user") == "b2")
-        for machine in machines { #expect(try machine.verify()) }
-    }
-
     @Test("Recovery takes only a whole database: records that do not add up to its head are refused and nothing is written")
     func recoveryRefusesAnIncompleteDatabase() throws {
         let (groups, machines) = try threeMachines()
