@@ -563,6 +563,10 @@ public final class SyncGroup: Sendable {
                 for reference in batch {
                     let stateRow = try state.row(reference)
                     if case .some(.some(let old)) = stateRow { former.insert(old) }
+                    // A row an earlier push listed as holding an item (its state not saved since)
+                    // held that item too: if the row holds another one now, or none that syncs,
+                    // the item's delete is written as well.
+                    if let listed = state.applying[reference], listed.pushed { former.insert(listed.id) }
                     guard let local = read[reference] else {
                         pending.setRow(reference, .some(nil))
                         continue
@@ -680,9 +684,13 @@ public final class SyncGroup: Sendable {
     }
 
     /// Whether the group already holds an item's local content, as this device last saw its
-    /// record: then a push writes nothing for it.
+    /// record: then a push writes nothing for it. A row of that content written here after the
+    /// record (renamed back, written again: its modification date is later than the record's
+    /// stamp) is a later write, pushed with its own time; a row applied from the record, or
+    /// pushed as it, is dated no later than the record.
     static func isPushed(_ local: LocalItem, known: SyncState.Entry?) -> Bool {
-        known.map { !$0.isTombstone && $0.contentDigest == local.digest } ?? false
+        known.map { !$0.isTombstone && $0.contentDigest == local.digest && milliseconds(local.item.attributes.modificationDate) <= $0.stamp.modified }
+            ?? false
     }
 
     /// The items a push writes a tombstone for, in order: those a gone or replaced row held
@@ -1224,6 +1232,13 @@ public final class SyncGroup: Sendable {
                         // The same content: the record's entry is adopted, unless the edit here
                         // is the later write, which the next push writes with its own time.
                         if Self.milliseconds(mine.item.attributes.modificationDate) <= record.stamp.modified { pending.entries[id] = entry }
+                        continue
+                    }
+                    if Self.milliseconds(mine.item.attributes.modificationDate) > record.stamp.modified {
+                        // The content this device last pushed, written here again after the
+                        // record (renamed back, say): the record is learnt and the row kept, so
+                        // that the next push writes the row over it, the later write.
+                        pending.entries[id] = entry
                         continue
                     }
                 } else if let known, !known.isTombstone, !record.isTombstone, known.contentDigest == record.contentDigest {

@@ -265,6 +265,12 @@ extension SyncTests {
 
     @Test("The database stopped in the middle of a sync, then started again: nothing lost or doubled, the vault usable meanwhile")
     func databaseRestartedMidSync() throws {
+        // Alone: the sync crash campaign of the reliability tests, in another suite, must not
+        // see the server stop.
+        try TestDatabaseUse.holding(exclusive: true) { try restartedMidSync() }
+    }
+
+    private func restartedMidSync() throws {
         let (groups, machines) = try threeMachines()
         for index in 0..<6 { try machines[0].add("restart\(index).example", "user", "value \(index)") }
         // Another session holds the group row, so the push waits inside its transaction while

@@ -287,3 +287,21 @@ public final class PrivateTPM: @unchecked Sendable {
         kill()
     }
 }
+
+/// The test PostgreSQL's use by tests of several suites, which run in parallel: a test that
+/// stops the server holds it exclusively, one whose processes must not see it stop holds it
+/// shared. A `flock` of one file beside the server's state (a lock per open file, so two holders
+/// in one process exclude each other as two processes would).
+public enum TestDatabaseUse {
+    /// Runs `body` with the server's use held shared (`exclusive`: alone).
+    public static func holding<T>(exclusive: Bool = false, _ body: () throws -> T) throws -> T {
+        let directory = ProcessInfo.processInfo.environment["LOCKBOX_POSTGRES_STATE"] ?? NSTemporaryDirectory()
+        let descriptor = open(directory + "/lockbox-tests.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+        guard descriptor >= 0 else { throw TestPeerMissing(message: "a lock file in \(directory) (errno \(errno))") }
+        defer { close(descriptor) }
+        while flock(descriptor, exclusive ? LOCK_EX : LOCK_SH) != 0 {
+            guard errno == EINTR else { throw TestPeerMissing(message: "the lock of \(directory)/lockbox-tests.lock (errno \(errno))") }
+        }
+        return try body()
+    }
+}
