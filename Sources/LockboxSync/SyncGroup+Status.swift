@@ -117,16 +117,24 @@ extension SyncGroup {
         let found = try localChanges(state: state)
         var pending = 0
         var former = Set(found.gone.values.compactMap { $0 })
+        // Rows a stopped push listed as holding an item held it too (as the push counts them).
+        for (reference, row) in state.applying where row.pushed && found.gone.keys.contains(reference) { former.insert(row.id) }
         var produced = Set<String>()
         for start in stride(from: 0, to: found.toRead.count, by: Self.pushBatch) {
             let batch = found.toRead[start..<min(start + Self.pushBatch, found.toRead.count)]
             let read = try readLocal(batch)
             for reference in batch {
-                if case .some(.some(let old)) = try state.row(reference) { former.insert(old) }
+                let stateRow = try state.row(reference)
+                if case .some(.some(let old)) = stateRow { former.insert(old) }
+                if let listed = state.applying[reference], listed.pushed { former.insert(listed.id) }
                 guard let local = read[reference] else { continue }
                 let id = itemID(local.item)
                 produced.insert(id)
-                if Self.isPushed(local, known: try state.entry(id)) { continue }
+                if !Self.holdsAgainAfterStoppedPush(reference, id, stateRow: stateRow, state: state),
+                    Self.isPushed(local, known: try state.entry(id))
+                {
+                    continue
+                }
                 pending += 1
             }
         }

@@ -575,8 +575,17 @@ public final class SyncGroup: Sendable {
                     produced.insert(id)
                     pending.setRow(reference, .some(id))
                     let known = try state.entry(id, after: pending)
-                    if Self.isPushed(local, known: known) { continue }
-                    let record = record(of: local, after: known)
+                    let record: SyncRecord
+                    if Self.holdsAgainAfterStoppedPush(reference, id, stateRow: stateRow, state: state), let known {
+                        // A push that stopped before its state's commit listed this row as
+                        // holding another item, and so wrote this one's delete (the state still
+                        // has the row hold it): the row holds it again since (renamed back), a
+                        // later write than that delete, whatever the clocks say.
+                        record = self.record(of: local, after: SyncState.Entry(deletion(madeAt: 0, after: known)))
+                    } else {
+                        if Self.isPushed(local, known: known) { continue }
+                        record = self.record(of: local, after: known)
+                    }
                     changes.append((id, record))
                     readAs[id] = (local.digest, Self.milliseconds(local.item.attributes.modificationDate))
                     if stateRow != .some(.some(id)) { unknown[reference] = SyncState.Applying(id: id, entry: SyncState.Entry(record), pushed: true) }
@@ -683,14 +692,20 @@ public final class SyncGroup: Sendable {
         SyncRecord(stamp: SyncStamp(modified: max(madeAt, known.stamp.modified + 1), device: device.id), item: nil, contentDigest: [])
     }
 
+    /// Whether the vault row `reference`, which holds the item `id` now, was listed by a push
+    /// that stopped before its state's commit as holding another item, while the state still
+    /// has it hold `id`: that push wrote the delete of `id`, and the row holds it again since.
+    static func holdsAgainAfterStoppedPush(_ reference: Data, _ id: String, stateRow: String??, state: SyncState) -> Bool {
+        guard let listed = state.applying[reference], listed.pushed else { return false }
+        return listed.id != id && stateRow == .some(.some(id))
+    }
+
     /// Whether the group already holds an item's local content, as this device last saw its
-    /// record: then a push writes nothing for it. A row of that content written here after the
-    /// record (renamed back, written again: its modification date is later than the record's
-    /// stamp) is a later write, pushed with its own time; a row applied from the record, or
-    /// pushed as it, is dated no later than the record.
+    /// record: then a push writes nothing for it. (A value saved again unchanged is not a
+    /// change: a credential helper stores the same value after each use, and pushing it as a
+    /// later write would undo an edit or a delete made elsewhere since.)
     static func isPushed(_ local: LocalItem, known: SyncState.Entry?) -> Bool {
-        known.map { !$0.isTombstone && $0.contentDigest == local.digest && milliseconds(local.item.attributes.modificationDate) <= $0.stamp.modified }
-            ?? false
+        known.map { !$0.isTombstone && $0.contentDigest == local.digest } ?? false
     }
 
     /// The items a push writes a tombstone for, in order: those a gone or replaced row held
@@ -1232,13 +1247,6 @@ public final class SyncGroup: Sendable {
                         // The same content: the record's entry is adopted, unless the edit here
                         // is the later write, which the next push writes with its own time.
                         if Self.milliseconds(mine.item.attributes.modificationDate) <= record.stamp.modified { pending.entries[id] = entry }
-                        continue
-                    }
-                    if Self.milliseconds(mine.item.attributes.modificationDate) > record.stamp.modified {
-                        // The content this device last pushed, written here again after the
-                        // record (renamed back, say): the record is learnt and the row kept, so
-                        // that the next push writes the row over it, the later write.
-                        pending.entries[id] = entry
                         continue
                     }
                 } else if let known, !known.isTombstone, !record.isTombstone, known.contentDigest == record.contentDigest {
