@@ -95,16 +95,18 @@ private struct SkewedClock: LockboxClock {
     func sleep(for duration: Duration) { SystemClock().sleep(for: duration) }
 }
 
-/// Three machines in one new group, each clock offset as `offsets` says.
-private func skewedMachines(_ offsets: [Duration]) throws -> (groups: [SyncGroup], machines: [Machine]) {
-    let database = try testDatabase()
-    let machines = try offsets.map { offset in try Machine(clock: offset == .zero ? nil : SkewedClock(offset: offset)) }
-    let first = try SyncGroup.create(vault: machines[0].vault, database: database, passphrase: groupPassphrase)
-    var groups = [first]
-    for machine in machines.dropFirst() {
-        groups.append(try SyncGroup.join(first.groupID, vault: machine.vault, database: database, passphrase: groupPassphrase))
+/// One sync of `group`, whose push runs `write` (as another process of the machine) just before
+/// it applies the records that won over its changes.
+@discardableResult
+private func syncWritingBeforeSuperseding(_ group: SyncGroup, _ write: @escaping @Sendable () throws(LockboxError) -> Void) throws -> SyncGroup.Report {
+    group.beforeApplyingSuperseding.withLock {
+        $0 = { () throws(LockboxError) in
+            tick()
+            try write()
+        }
     }
-    return (groups, machines)
+    defer { group.beforeApplyingSuperseding.withLock { $0 = nil } }
+    return try group.sync()
 }
 
 /// The rows a sync lists in its state before the vault commits them (``SyncState/applying``),
@@ -360,19 +362,15 @@ extension SyncTests {
             try machines[0].set("x.example", "user", "edited on A")
             try groups[0].sync()
             let machine = machines[1]
-            groups[1].beforeApplyingSuperseding.withLock {
-                $0 = { () throws(LockboxError) in
-                    tick()
-                    switch change {
-                    case "deleted": try machine.vault.delete(matching: machine.query("x.example", "user"))
-                    case "madeLocal": try update(machine, "x.example") { $0.accessibility = .whenUnlockedThisDeviceOnly }
-                    case "edited": try machine.vault.update(matching: machine.query("x.example", "user"), to: ItemUpdate(data: SecretBytes(utf8: "later on B")))
-                    default: try machine.vault.update(matching: machine.query("x.example", "user"), to: ItemUpdate(data: SecretBytes(utf8: "edited on B")))
-                    }
+            let report = try syncWritingBeforeSuperseding(groups[1]) { () throws(LockboxError) in
+                switch change {
+                case "deleted": try machine.vault.delete(matching: machine.query("x.example", "user"))
+                case "madeLocal": try update(machine, "x.example") { $0.accessibility = .whenUnlockedThisDeviceOnly }
+                case "edited": try machine.vault.update(matching: machine.query("x.example", "user"), to: ItemUpdate(data: SecretBytes(utf8: "later on B")))
+                default: try machine.vault.update(matching: machine.query("x.example", "user"), to: ItemUpdate(data: SecretBytes(utf8: "edited on B")))
                 }
             }
-            #expect(try groups[1].sync().superseded == 1)
-            groups[1].beforeApplyingSuperseding.withLock { $0 = nil }
+            #expect(report.superseded == 1)
             for group in [groups[1], groups[0], groups[2], groups[1]] { try group.sync() }
             // A delete has its time (the vault records it) and wins; an item made local has none
             // and loses to the edit made elsewhere, which the local item holds back here.
@@ -410,23 +408,18 @@ extension SyncTests {
             try machines[0].set("x.example", "user", "edited on A")
             try groups[0].sync()
             let machine = machines[1]
-            groups[1].beforeApplyingSuperseding.withLock {
-                $0 = { () throws(LockboxError) in
-                    tick()
-                    if change == "reAdded" {
-                        var item = Item.genericPassword(service: "x.example", account: "user", data: SecretBytes(utf8: "written on B last"))
-                        item.attributes.synchronizable = true
-                        try machine.vault.add(item)
-                    } else {
-                        var attributes = ItemAttributes()
-                        attributes.accessibility = .afterFirstUnlock
-                        try machine.vault.update(
-                            matching: machine.query("x.example", "user"), to: ItemUpdate(attributes: attributes, data: SecretBytes(utf8: "written on B last")))
-                    }
+            try syncWritingBeforeSuperseding(groups[1]) { () throws(LockboxError) in
+                if change == "reAdded" {
+                    var item = Item.genericPassword(service: "x.example", account: "user", data: SecretBytes(utf8: "written on B last"))
+                    item.attributes.synchronizable = true
+                    try machine.vault.add(item)
+                } else {
+                    var attributes = ItemAttributes()
+                    attributes.accessibility = .afterFirstUnlock
+                    try machine.vault.update(
+                        matching: machine.query("x.example", "user"), to: ItemUpdate(attributes: attributes, data: SecretBytes(utf8: "written on B last")))
                 }
             }
-            try groups[1].sync()
-            groups[1].beforeApplyingSuperseding.withLock { $0 = nil }
             for group in [groups[1], groups[0], groups[2], groups[1]] { try group.sync() }
             for (index, machine) in machines.enumerated() {
                 #expect(try machine.value("x.example", "user") == "written on B last", "B's write, the last of all, was overwritten (machine \(index))")
@@ -493,7 +486,7 @@ extension SyncTests {
         func renamedThenChangedAgainAfterAStoppedSync(then: String, skew: String) throws {
             let hour = Duration.seconds(3600)
             let offsets: [Duration] = ["writerAhead": [hour, .zero, .zero], "thisBehind": [.zero, .zero - hour, .zero]][skew] ?? [.zero, .zero, .zero]
-            let (groups, machines) = try skewedMachines(offsets)
+            let (groups, machines) = try threeMachines(clocks: offsets.map { $0 == .zero ? nil : SkewedClock(offset: $0) })
             try machines[0].add("x.example", "user", "v1")
             for group in groups { try group.sync() }
             tick()

@@ -91,9 +91,10 @@ func synchronizableItems(_ count: Int, prefix: String) -> [Item] {
     }
 }
 
-func threeMachines() throws -> (groups: [SyncGroup], machines: [Machine]) {
+/// `clocks`: each machine's clock (nil: the system's).
+func threeMachines(clocks: [(any LockboxClock)?] = [nil, nil, nil]) throws -> (groups: [SyncGroup], machines: [Machine]) {
     let database = try testDatabase()
-    let machines = [try Machine(), try Machine(), try Machine()]
+    let machines = try clocks.map { clock in try Machine(clock: clock) }
     let first = try SyncGroup.create(vault: machines[0].vault, database: database, passphrase: groupPassphrase)
     var groups = [first]
     for machine in machines.dropFirst() {
