@@ -430,9 +430,12 @@ public final class SyncGroup: Sendable {
             if row.pushed, try state.row(reference) != nil {
                 // A row the state knows as holding another item, or none that syncs (renamed,
                 // made to sync): its mapping stays, so that the push still writes the delete of
-                // what it held; the listing stays too, for the push to write this item's delete
-                // if the row is gone (``push(_:state:report:)``).
-                changes.applying[reference] = row
+                // what it held; the listing stays too, if the record reached the group, for the
+                // push to write this item's delete if the row is gone or holds another item,
+                // and to push the item the state has it hold after the delete of it that the
+                // stopped push wrote, should it hold that item again (``push(_:state:report:)``).
+                // A push that never committed wrote nothing: its listing is dropped.
+                if inGroup.contains(row.id) { changes.applying[reference] = row }
             } else {
                 changes.setRow(reference, .some(row.id))
             }

@@ -550,5 +550,36 @@ extension SyncTests {
             }
             for group in groups { #expect(try group.sync().changedNothing) }
         }
+        @Test(
+            "A rename whose push never reached the database, then undone: nothing was written, so an edit or a delete made elsewhere meanwhile is kept, as without the stopped push",
+            arguments: ["edited", "deleted"], [false, true])
+        func renameNeverCommittedThenUndone(elsewhere: String, stopped: Bool) throws {
+            let (groups, machines) = try threeMachines()
+            try machines[0].add("x.example", "user", "v1")
+            for group in groups { try group.sync() }
+            tick()
+            try update(machines[1], "x.example") { $0.service = "y.example" }
+            if stopped {
+                // The push lists its rows, then stops before the database's commit.
+                groups[1].afterListingAdded.withLock { $0 = { () throws(LockboxError) in throw LockboxError(.io, "stopped before the database's commit") } }
+                #expect(throws: LockboxError.self) { try groups[1].sync() }
+                groups[1].afterListingAdded.withLock { $0 = nil }
+            }
+            tick()
+            if elsewhere == "deleted" { try machines[0].delete("x.example", "user") } else { try machines[0].set("x.example", "user", "v2") }
+            try groups[0].sync()
+            tick()
+            // Renamed back: the row holds x again, with the content this device knew.
+            try update(machines[1], "y.example") { $0.service = "x.example" }
+            for group in [groups[1], groups[0], groups[2], groups[1], groups[0], groups[2]] { try group.sync() }
+            for (index, machine) in machines.enumerated() {
+                #expect(
+                    try machine.value("x.example", "user") == (elsewhere == "deleted" ? nil : "v2"),
+                    "the change made elsewhere was undone by a rename that never reached the group (machine \(index))")
+                #expect(try machine.value("y.example", "user") == nil)
+                #expect(try machine.verify())
+            }
+            for group in groups { #expect(try group.sync().changedNothing) }
+        }
     }
 }
