@@ -118,7 +118,7 @@ extension SyncGroup {
         var pending = 0
         var former = Set(found.gone.values.compactMap { $0 })
         // Rows a stopped push listed as holding an item held it too (as the push counts them).
-        for (reference, row) in state.applying where row.pushed && found.gone.keys.contains(reference) { former.insert(row.id) }
+        for reference in found.gone.keys { if let listed = state.pushedListing(of: reference) { former.insert(listed) } }
         var produced = Set<String>()
         for start in stride(from: 0, to: found.toRead.count, by: Self.pushBatch) {
             let batch = found.toRead[start..<min(start + Self.pushBatch, found.toRead.count)]
@@ -126,7 +126,7 @@ extension SyncGroup {
             for reference in batch {
                 let stateRow = try state.row(reference)
                 if case .some(.some(let old)) = stateRow { former.insert(old) }
-                if let listed = state.applying[reference], listed.pushed { former.insert(listed.id) }
+                if let listed = state.pushedListing(of: reference) { former.insert(listed) }
                 guard let local = read[reference] else { continue }
                 let id = itemID(local.item)
                 produced.insert(id)

@@ -538,9 +538,10 @@ public final class SyncGroup: Sendable {
         // A gone row an earlier push listed as holding an item the state had it hold no longer
         // (``adoptApplying(_:connection:)``) held that item too: its delete is written as well.
         var listedGone: [Data: String] = [:]
-        for (reference, row) in state.applying where row.pushed && found.gone.keys.contains(reference) {
-            listedGone[reference] = row.id
-            former.insert(row.id)
+        for reference in found.gone.keys {
+            guard let listed = state.pushedListing(of: reference) else { continue }
+            listedGone[reference] = listed
+            former.insert(listed)
         }
         var produced = Set<String>()
         // The state is committed once, at the end: a crash before then repeats reading and
@@ -569,7 +570,7 @@ public final class SyncGroup: Sendable {
                     // A row an earlier push listed as holding an item (its state not saved since)
                     // held that item too: if the row holds another one now, or none that syncs,
                     // the item's delete is written as well.
-                    if let listed = state.applying[reference], listed.pushed { former.insert(listed.id) }
+                    if let listed = state.pushedListing(of: reference) { former.insert(listed) }
                     guard let local = read[reference] else {
                         pending.setRow(reference, .some(nil))
                         continue
@@ -699,8 +700,8 @@ public final class SyncGroup: Sendable {
     /// that stopped before its state's commit as holding another item, while the state still
     /// has it hold `id`: that push wrote the delete of `id`, and the row holds it again since.
     static func holdsAgainAfterStoppedPush(_ reference: Data, _ id: String, stateRow: String??, state: SyncState) -> Bool {
-        guard let listed = state.applying[reference], listed.pushed else { return false }
-        return listed.id != id && stateRow == .some(.some(id))
+        guard let listed = state.pushedListing(of: reference) else { return false }
+        return listed != id && stateRow == .some(.some(id))
     }
 
     /// Whether the group already holds an item's local content, as this device last saw its
@@ -895,8 +896,7 @@ public final class SyncGroup: Sendable {
                 if let old = try existing() { pending.setRow(old, .none) }
             case .heldBack:
                 if let old = try existing() { pending.setRow(old, .none) }
-                pending.entries.removeValue(forKey: change.id)
-                pending.heldBack[change.id] = true
+                pending.holdBack(change.id)
                 continue
             }
             pending.entries[change.id] = SyncState.Entry(change.record)
@@ -1175,11 +1175,12 @@ public final class SyncGroup: Sendable {
             pending.verified[record.id] = SyncState.Listed(version: record.version, element: record.element)
         }
         guard SyncHead.equal(accumulator, head.accumulator) else { throw SyncHead.withheld() }
+        // The items received, made once for the checks below that need it.
+        lazy var receivedIDs = Set(received.map(\.id))
         if fromScratch {
             // Records are never deleted: every item this device knows, and every record a
             // recovery just wrote, must be among those the head lists (a signed view of the
             // group that lacks them is an older or other one).
-            let receivedIDs = Set(received.map(\.id))
             guard try state.allEntries().keys.allSatisfy(receivedIDs.contains), seed.entries.keys.allSatisfy(receivedIDs.contains) else {
                 throw SyncHead.withheld()
             }
@@ -1189,7 +1190,6 @@ public final class SyncGroup: Sendable {
         // received was undone in the database, and the head hides it. (A recovery's pull reads
         // every record, after writing back every item this device knew newer.)
         if !fromScratch && !state.unverifiedWrites.isEmpty {
-            let receivedIDs = Set(received.map(\.id))
             let lost = state.unverifiedWrites.keys.count { !receivedIDs.contains($0) }
             guard lost == 0 else { throw SyncHead.lostWrites(lost) }
         }
@@ -1199,7 +1199,6 @@ public final class SyncGroup: Sendable {
         // it back.
         var held: [(id: String, sealed: SealedValueRecord)] = []
         if !state.heldBack.isEmpty {
-            let receivedIDs = Set(received.map(\.id))
             if from == 0 {
                 for id in state.heldBack where !receivedIDs.contains(id) { pending.heldBack[id] = false }
             } else {
@@ -1421,8 +1420,7 @@ public final class SyncGroup: Sendable {
                         // An item of the same primary key here that does not sync (ThisDeviceOnly,
                         // say): what the user keeps on this device is neither overwritten nor
                         // duplicated; the record is held back until its key is free here.
-                        pending.entries.removeValue(forKey: change.id)
-                        pending.heldBack[change.id] = true
+                        pending.holdBack(change.id)
                         notApplied += 1
                         continue
                     case .none:
@@ -1446,8 +1444,7 @@ public final class SyncGroup: Sendable {
                     if let existing = change.existing { pending.setRow(existing, .none) }
                 case .heldBack:
                     if let existing = change.existing { pending.setRow(existing, .none) }
-                    pending.entries.removeValue(forKey: change.id)
-                    pending.heldBack[change.id] = true
+                    pending.holdBack(change.id)
                     notApplied += 1
                 }
             }

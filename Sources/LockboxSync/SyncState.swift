@@ -124,6 +124,10 @@ final class SyncState {
     /// is neither overwritten nor duplicated. Each pull tries them again (their records as the
     /// verified head lists them), and applies one once its key is free here.
     private(set) var heldBack: Set<String> = []
+    /// The item a push listed the vault row `reference` as holding (``Applying/pushed``), if any.
+    func pushedListing(of reference: Data) -> String? {
+        applying[reference].flatMap { $0.pushed ? $0.id : nil }
+    }
     /// Buckets read and verified so far (or written by this object), by index, while no other
     /// connection has written the file (`PRAGMA data_version` still `cachedVersion`).
     private var itemBuckets: [Int: [String: ItemRecord]] = [:]
@@ -1225,6 +1229,13 @@ final class SyncState {
         var settlesApplying = false
         /// Items held back (true) or no longer (false) (``SyncState/heldBack``).
         var heldBack: [String: Bool] = [:]
+
+        /// Holds back the item `id` (``SyncState/heldBack``): no record of this pull's is taken
+        /// as known for it.
+        mutating func holdBack(_ id: String) {
+            entries.removeValue(forKey: id)
+            heldBack[id] = true
+        }
 
         /// The state's items held back once these changes are committed.
         func heldBackItems(after state: SyncState) -> Set<String> {
