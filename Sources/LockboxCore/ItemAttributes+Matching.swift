@@ -18,6 +18,15 @@ extension ItemAttributes {
             field.copy(from: changes, to: &self)
         }
     }
+
+    /// Takes every attribute of `item` in place of this one's, the ones `item` lacks removed
+    /// (not the dates, which the store sets): another device's whole item, where ``apply(_:)``
+    /// would keep an attribute that device's item no longer has.
+    package mutating func replace(with item: ItemAttributes) {
+        for field in Self.fields where !field.isSetByStore {
+            field.copy(from: item, to: &self)
+        }
+    }
 }
 
 extension ItemAttributes {

@@ -1544,7 +1544,7 @@ public final class SyncGroup: Sendable {
             var query = Query(item.itemClass, synchronizable: .any)
             query.persistentReference = existing
             do {
-                try vault.update(matching: query, to: ItemUpdate(attributes: item.attributes, data: item.data), madeAt: madeAt)
+                try vault.replace(matching: query, with: item, madeAt: madeAt)
                 updated = true
             } catch where error.code == .itemNotFound {}
         }
@@ -1570,7 +1570,7 @@ public final class SyncGroup: Sendable {
                     // The row moved (another process re-added it, earlier): the record replaces it.
                     var query = Query(item.itemClass, synchronizable: .synchronizable)
                     query.persistentReference = reference
-                    try vault.update(matching: query, to: ItemUpdate(attributes: item.attributes, data: item.data), madeAt: madeAt)
+                    try vault.replace(matching: query, with: item, madeAt: madeAt)
                     return .row(reference)
                 case .none:
                     throw error

@@ -169,28 +169,44 @@ extension Vault {
     }
 
     public func update(matching query: Query, to update: ItemUpdate) throws(LockboxError) {
-        try self.update(matching: query, to: update, madeAt: nil)
-    }
-
-    /// ``update(matching:to:)``, dated `madeAt` (a change another device made, applied here by
-    /// sync) instead of now.
-    package func update(matching query: Query, to update: ItemUpdate, madeAt: Date?) throws(LockboxError) {
         if let data = update.data { try checkSizes(data: data, encodedAttributes: nil) }
         if update.attributes.accessGroup != nil {
             _ = try resolvedGroupForWriting(update.attributes.accessGroup)
         }
         try withStateVerifyingUser { state throws(LockboxError) in
             try writeRows(state) { writer throws(LockboxError) in
-                try updateRows(matching: query, to: update, writer: writer, state: state, modifiedAt: madeAt)
+                try updateRows(matching: query, to: update, writer: writer, state: state)
             }
             // The replaced values must not linger in the write-ahead log.
             state.database.truncateWriteAheadLog()
         }
     }
 
-    /// `update(matching:to:)` inside a write transaction already open.
+    /// The matching item replaced by `item`, another device's change applied here by sync: every
+    /// attribute and the value become `item`'s (an attribute `item` lacks is removed, where
+    /// ``update(matching:to:)`` would keep it), dated `madeAt` instead of now.
+    package func replace(matching query: Query, with item: Item, madeAt: Date?) throws(LockboxError) {
+        if let data = item.data { try checkSizes(data: data, encodedAttributes: nil) }
+        if item.attributes.accessGroup != nil {
+            _ = try resolvedGroupForWriting(item.attributes.accessGroup)
+        }
+        try withStateVerifyingUser { state throws(LockboxError) in
+            try writeRows(state) { writer throws(LockboxError) in
+                try updateRows(
+                    matching: query, to: ItemUpdate(attributes: item.attributes, data: item.data), replacingAttributes: true,
+                    writer: writer, state: state, modifiedAt: madeAt)
+            }
+            // The replaced values must not linger in the write-ahead log.
+            state.database.truncateWriteAheadLog()
+        }
+    }
+
+    /// `update(matching:to:)` inside a write transaction already open; with `replacingAttributes`,
+    /// the rows' attributes become exactly `update`'s (the dates aside), as
+    /// ``replace(matching:with:madeAt:)`` writes them.
     func updateRows(
-        matching query: Query, to update: ItemUpdate, writer: RowWriter, state: State, modifiedAt: Date? = nil
+        matching query: Query, to update: ItemUpdate, replacingAttributes: Bool = false, writer: RowWriter, state: State,
+        modifiedAt: Date? = nil
     ) throws(LockboxError) {
         var query = query
         query.limit = .all
@@ -213,7 +229,11 @@ extension Vault {
             } else {
                 data = try row.openData(valueKey: valueKey, prefix: prefix)
             }
-            attributes.apply(update.attributes)
+            if replacingAttributes {
+                attributes.replace(with: update.attributes)
+            } else {
+                attributes.apply(update.attributes)
+            }
             attributes.creationDate = attributes.creationDate ?? currentDate()
             attributes.modificationDate = modifiedAt ?? currentDate()
             let encoded = attributes.encoded()

@@ -386,8 +386,8 @@ public enum SyncedChange: Sendable {
     /// A new item. Its modification date, when it has one (the time another device made the
     /// change), is the item's creation and modification date here; otherwise now.
     case add(Item)
-    /// The item in the row `reference` replaced: its attributes and value become `item`'s, its
-    /// modification date `item`'s when it has one (the time another device made the change).
+    /// The item in the row `reference` replaced: its attributes and value become `item`'s (an
+    /// attribute `item` lacks is removed), its modification date `item`'s when it has one (the time another device made the change).
     case replace(reference: Data, with: Item)
     /// The row `reference` (of one of `classes`) deleted. `madeAt`, when the delete was made
     /// (another device's), is the deletion time recorded for the row (``Vault/deletionTimes(of:)``);
@@ -469,8 +469,8 @@ extension Vault {
             var query = Query(item.itemClass, synchronizable: .any)
             query.persistentReference = reference
             try updateRows(
-                matching: query, to: ItemUpdate(attributes: item.attributes, data: item.data), writer: writer, state: state,
-                modifiedAt: item.attributes.modificationDate)
+                matching: query, to: ItemUpdate(attributes: item.attributes, data: item.data), replacingAttributes: true,
+                writer: writer, state: state, modifiedAt: item.attributes.modificationDate)
             return (reference, true)
         case .delete(let reference, let classes, let madeAt):
             writer.deletionTime = madeAt

@@ -177,6 +177,9 @@ struct BulkApplyTests {
         for index in 0..<10 {
             var replacement = items[index]
             replacement.data = SecretBytes(utf8: "replaced \(index)")
+            // The whole item is replaced: an attribute the replacement lacks is removed, not kept.
+            replacement.attributes.label = index.isMultiple(of: 2) ? nil : "relabelled \(index)"
+            replacement.attributes.comment = "comment \(index)"
             changes.append(.replace(reference: first.references[index]!, with: replacement))
         }
         for index in 10..<20 { changes.append(.delete(reference: first.references[index]!, classes: [.genericPassword, .internetPassword])) }
@@ -190,6 +193,14 @@ struct BulkApplyTests {
         var query = Query(items[3].itemClass, returning: [.data], synchronizable: .any)
         query.persistentReference = first.references[3]
         #expect(try fixture.vault.data(matching: query) == SecretBytes(utf8: "replaced 3"))
+        for index in [2, 3] {
+            query.persistentReference = first.references[index]
+            query.returning = [.attributes]
+            let attributes = try fixture.vault.item(matching: query).attributes
+            #expect(attributes.label == (index == 2 ? nil : "relabelled 3"))
+            #expect(attributes.comment == "comment \(index)")
+        }
+        query.returning = [.data]
         query.persistentReference = first.references[13]
         #expect(throws: LockboxError.self) { _ = try fixture.vault.data(matching: query) }
         #expect(try Self.count(fixture.vault) == 40 - 10 + 300)
