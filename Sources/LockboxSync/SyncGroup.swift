@@ -890,7 +890,7 @@ public final class SyncGroup: Sendable {
                 else { continue }
             }
             switch try apply(change.record, id: change.id, existing: try existing(), state: state) {
-            case .row(let reference):
+            case .row(let reference), .kept(let reference):
                 pending.setRow(reference, .some(change.id))
             case .deleted:
                 if let old = try existing() { pending.setRow(old, .none) }
@@ -1440,6 +1440,9 @@ public final class SyncGroup: Sendable {
                 switch try apply(record, id: change.id, existing: change.existing, state: state) {
                 case .row(let reference):
                     pending.setRow(reference, .some(change.id))
+                case .kept(let reference):
+                    pending.setRow(reference, .some(change.id))
+                    notApplied += 1
                 case .deleted:
                     if let existing = change.existing { pending.setRow(existing, .none) }
                 case .heldBack:
@@ -1513,6 +1516,9 @@ public final class SyncGroup: Sendable {
     enum AppliedRecord: Equatable {
         /// The row that holds the item.
         case row(Data)
+        /// The row that holds the item, written here (another process) after the record and
+        /// kept: the record is not applied, and the next push writes the row.
+        case kept(Data)
         /// None: the record was a delete.
         case deleted
         /// None: an item of this vault that does not sync holds the item's primary key, and is
@@ -1565,7 +1571,7 @@ public final class SyncGroup: Sendable {
                 case .syncing(let reference, let local) where Self.milliseconds(local.item.attributes.modificationDate) > record.stamp.modified:
                     // Written here (another process) after the record: the later write, kept;
                     // the next push finds it changed from the record and writes it.
-                    return .row(reference)
+                    return .kept(reference)
                 case .syncing(let reference, _):
                     // The row moved (another process re-added it, earlier): the record replaces it.
                     var query = Query(item.itemClass, synchronizable: .synchronizable)
@@ -1647,11 +1653,18 @@ public final class SyncGroup: Sendable {
             case .syncing:
                 changes.heldBack[id] = false
             case .none:
-                guard case .row(let reference) = try apply(record, id: id, existing: nil, state: state) else { continue }
-                changes.setRow(reference, .some(id))
-                changes.entries[id] = SyncState.Entry(record)
-                changes.heldBack[id] = false
-                report.pulled += 1
+                switch try apply(record, id: id, existing: nil, state: state) {
+                case .row(let reference):
+                    changes.setRow(reference, .some(id))
+                    changes.entries[id] = SyncState.Entry(record)
+                    changes.heldBack[id] = false
+                    report.pulled += 1
+                case .kept:
+                    // Written here meanwhile: as a syncing row found above.
+                    changes.heldBack[id] = false
+                case .deleted, .heldBack:
+                    continue
+                }
             }
         }
         try state.commit(changes)
