@@ -3,6 +3,10 @@ import LockboxCore
 import LockboxVault
 import VaultCrypto
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// The newest version of each fleet session's fields this machine has read or written
 /// (`VAULT.sync/GROUP.fleet`, mode 0600, authenticated with the device's state key). A field
 /// the database serves at an older version (an older refresh token put back, which the
@@ -20,6 +24,14 @@ struct FleetMarks {
     let key: SecretBytes
 
     static func path(vault: String, groupID: String) -> String { vault + ".sync/" + groupID + ".fleet" }
+
+    /// Removes the marks at `path` of a device identity this keychain no longer has (under its
+    /// state key, gone with it).
+    static func removeStale(path: String) throws(LockboxError) {
+        guard unlink(path) == 0 || errno == ENOENT else {
+            throw LockboxError(.io, "Cannot remove \(path), the fleet marks of this keychain's earlier device. Check the directory's permissions.")
+        }
+    }
 
     private static func markName(session: String, field: SyncGroup.FleetField) -> String { session + "/" + field.rawValue }
 

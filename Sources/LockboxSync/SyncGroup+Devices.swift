@@ -161,6 +161,7 @@ extension SyncGroup {
         try SyncSchema.migrate(connection)
         try catchUpKeys(connection)
         let keys = self.keys
+        try Self.dropExpiredInvitations(connection, groupID: groupID)
         for _ in 0..<8 {
             let code = PairingCode.generate()
             let invitation = String(code.prefix(PairingCode.invitationLength))
@@ -177,6 +178,12 @@ extension SyncGroup {
         throw LockboxError(.duplicateItem, "Too many pairing codes are pending for this group. Use or let one expire, then try again.")
     }
 
+    /// Deletes the group's expired pairing codes: their rows hold the group's secrets sealed
+    /// under the codes, which should not stay in the database (and its backups) once unusable.
+    static func dropExpiredInvitations(_ connection: PostgresConnection, groupID: String) throws(LockboxError) {
+        try connection.execute("DELETE FROM lockbox_sync_invitations WHERE group_id = $1 AND expires_at <= now()", [.text(groupID)])
+    }
+
     /// Removes a device: the group's epoch key is replaced, the new one sealed to each remaining
     /// device's public key, every record re-sealed with it, and pending pairing codes dropped.
     /// The removed device keeps what it already had, but opens nothing written afterwards.
@@ -184,6 +191,22 @@ extension SyncGroup {
     /// The group passphrase is dropped too (the removed device may know it): pass
     /// `newPassphrase` to let devices join with a passphrase again.
     /// - Throws: `itemNotFound` when there is no such device; `param` for this device itself.
+    /// Refuses, as the new passphrase of a removal, the group's current one: the removed device
+    /// may know it, and would join again with it.
+    private func refuseCurrentPassphrase(_ passphrase: SecretBytes, _ connection: PostgresConnection) throws(LockboxError) {
+        let rows = try connection.execute("SELECT key_wrap FROM lockbox_sync_groups WHERE group_id = $1", [.text(groupID)])
+        guard let row = rows.first, let wrap = row[0] else { return }
+        do {
+            _ = try Self.unwrapKeys(try PostgresConnection.bytes(wrap), groupID: groupID, purpose: "passphrase", secret: passphrase)
+        } catch where error.code == .authFailed {
+            return
+        }
+        throw LockboxError(
+            .param,
+            "That is the group's current passphrase, which the removed device may know: it could join again with it. "
+                + "Choose a new one, or none (devices then join with pairing codes). Nothing was changed.")
+    }
+
     public func removeDevice(_ deviceID: String, newPassphrase: SecretBytes? = nil) throws(LockboxError) {
         guard deviceID != device.id else {
             throw LockboxError(.param, "A device cannot remove itself. Remove it from another device of the group.")
@@ -197,6 +220,7 @@ extension SyncGroup {
             let connection = try PostgresConnection(database)
             try SyncSchema.migrate(connection)
             try catchUpKeys(connection)
+            if let newPassphrase { try refuseCurrentPassphrase(newPassphrase, connection) }
             let old = keys
             let new = old.rotated()
             let wrap = try newPassphrase.map { passphrase throws(LockboxError) in

@@ -38,6 +38,11 @@ public final class SyncGroup: Sendable {
     let syncing = Mutex(())
     /// Where the last pull spent its time (lockbox-sync-bench prints it).
     package let lastPullTimings = Mutex(PullTimings())
+    /// The device this keychain was in the group before it joined again as a new device (its
+    /// device key gone: the keychain made anew at the same path, or the key deleted), as the
+    /// local state it left said; nil when it was none, or the state did not say. Its row stays
+    /// listed in the group until a device of the group removes it.
+    public let replacedDevice: String?
     /// Called once the rows a pull adds are listed in the state, before the vault commits them
     /// (what it throws rolls the vault's transaction back): the tests copy the state there, as
     /// a process stopped after the vault's commit leaves it, or stop the commit.
@@ -77,11 +82,12 @@ public final class SyncGroup: Sendable {
     static let deviceService = "lockbox.sync.device"
     static let keyAccessGroup = "lockbox.sync"
 
-    init(groupID: String, vault: Vault, database: String, keys: SyncKeys, device: DeviceSecret) {
+    init(groupID: String, vault: Vault, database: String, keys: SyncKeys, device: DeviceSecret, replacedDevice: String? = nil) {
         self.groupID = groupID
         self.vault = vault
         self.database = database
         self.device = device
+        self.replacedDevice = replacedDevice
         current = Mutex(keys)
         statePath = SyncState.path(vault: vault.path, groupID: groupID)
     }
@@ -99,9 +105,10 @@ public final class SyncGroup: Sendable {
     /// only with a pairing code (``pairingCode(validFor:)``).
     public static func create(vault: Vault, database: String, passphrase: SecretBytes? = nil) throws(LockboxError) -> SyncGroup {
         try requireUnlocked(vault, "Unlock it to create a sync group.")
+        try requireWholeKeychain(vault)
         if let passphrase { try checkNewPassphrase(passphrase) }
         let connection = try PostgresConnection(database)
-        try SyncSchema.migrate(connection)
+        try SyncSchema.migrate(connection, creating: true)
         let groupID = Crypto.randomBytes(16).hexString
         let keys = SyncKeys.generate()
         let wrap = try passphrase.map { passphrase throws(LockboxError) in try wrapKeys(keys, groupID: groupID, purpose: "passphrase", secret: passphrase) }
@@ -119,6 +126,7 @@ public final class SyncGroup: Sendable {
     ) throws(LockboxError) -> SyncGroup {
         try checkGroupIdentifier(groupID)
         try requireUnlocked(vault, "Unlock it to join a sync group.")
+        try requireWholeKeychain(vault)
         let connection = try PostgresConnection(database)
         try SyncSchema.migrate(connection)
         let rows = try connection.execute("SELECT key_wrap FROM lockbox_sync_groups WHERE group_id = $1", [.text(groupID)])
@@ -144,6 +152,7 @@ public final class SyncGroup: Sendable {
         }
         // Before the code is used up: a join that could not keep the keys would waste it.
         try requireUnlocked(vault, "Unlock it to join a sync group; the pairing code was not used.")
+        try requireWholeKeychain(vault)
         let connection = try PostgresConnection(database)
         try SyncSchema.migrate(connection)
         guard try !connection.execute("SELECT 1 FROM lockbox_sync_groups WHERE group_id = $1", [.text(groupID)]).isEmpty else {
@@ -179,6 +188,11 @@ public final class SyncGroup: Sendable {
         text.utf8.count == 32 && text.utf8.allSatisfy { (UInt8(ascii: "0")...UInt8(ascii: "9")).contains($0) || (UInt8(ascii: "a")...UInt8(ascii: "f")).contains($0) }
     }
 
+    /// Whether `text` has the form of a device identifier: 16 lowercase hexadecimal digits.
+    static func isDeviceIdentifier(_ text: String) -> Bool {
+        text.utf8.count == 16 && text.utf8.allSatisfy { (UInt8(ascii: "0")...UInt8(ascii: "9")).contains($0) || (UInt8(ascii: "a")...UInt8(ascii: "f")).contains($0) }
+    }
+
     /// Refuses what is not a group identifier, without repeating it (it may be a secret typed
     /// in the wrong place).
     package static func checkGroupIdentifier(_ text: String) throws(LockboxError) {
@@ -212,9 +226,22 @@ public final class SyncGroup: Sendable {
         guard try vault.isUnlocked else { throw LockboxError.locked(hint) }
     }
 
+    /// Sync reads and writes every synchronizable item of the keychain, of every access group:
+    /// a handle that sees only some groups would take the others' changes for deletes, and could
+    /// not apply their records. Refused, before anything is read or written.
+    package static func requireWholeKeychain(_ vault: Vault) throws(LockboxError) {
+        guard vault.configuration.accessGroups != nil else { return }
+        throw LockboxError(
+            .param,
+            "Sync works on the whole keychain, every access group: open it without an access-group restriction "
+                + "(Vault.Configuration.accessGroups nil) to sync it.")
+    }
+
     /// A group this vault already belongs to, with its keys from the vault.
-    /// - Throws: `itemNotFound` when this vault has not joined the group.
+    /// - Throws: `itemNotFound` when this vault has not joined the group; `errSecParam` for a
+    ///   handle restricted to some access groups (``requireWholeKeychain(_:)``).
     public convenience init(_ groupID: String, vault: Vault, database: String) throws(LockboxError) {
+        try Self.requireWholeKeychain(vault)
         var query = Query.genericPassword(service: Self.keyService, account: groupID, accessGroup: Self.keyAccessGroup)
         query.returning = [.data, .attributes]
         let item: Item
@@ -227,7 +254,10 @@ public final class SyncGroup: Sendable {
             let epoch = Int64(String(decoding: generic, as: UTF8.self))
         else { throw LockboxError.integrity("The sync group's key") }
         guard let device = try DeviceSecret.load(groupID: groupID, from: vault) else {
-            throw LockboxError.integrity("The sync device key")
+            throw LockboxError(
+                .itemNotFound,
+                "This keychain holds the sync group \(groupID)'s key but no device key for it (deleted). Join the group again "
+                    + "(`lockbox sync join \(groupID)`) as a new device, then remove the old one from a device of the group.")
         }
         self.init(groupID: groupID, vault: vault, database: database, keys: SyncKeys(secrets: secrets, epoch: epoch), device: device)
     }
@@ -250,13 +280,20 @@ public final class SyncGroup: Sendable {
         groupID: String, vault: Vault, database: String, keys: SyncKeys, connection: PostgresConnection
     ) throws(LockboxError) -> SyncGroup {
         let device: DeviceSecret
+        var replaced: String?
         if let existing = try DeviceSecret.load(groupID: groupID, from: vault) {
             device = existing
         } else {
+            // A local state (or fleet marks) left at this keychain's path by an earlier device
+            // of it in the group (the keychain made anew, or its device key deleted) is under a
+            // key that is gone: it can be neither checked nor used, and would fail every sync as
+            // damaged. Removed before the new device is made.
+            replaced = try SyncState.removeStale(path: SyncState.path(vault: vault.path, groupID: groupID))
+            try FleetMarks.removeStale(path: FleetMarks.path(vault: vault.path, groupID: groupID))
             device = try DeviceSecret.create(groupID: groupID, in: vault)
         }
         try storeGroupKeys(keys, groupID: groupID, in: vault)
-        let group = SyncGroup(groupID: groupID, vault: vault, database: database, keys: keys, device: device)
+        let group = SyncGroup(groupID: groupID, vault: vault, database: database, keys: keys, device: device, replacedDevice: replaced)
         try group.register(connection)
         return group
     }
@@ -681,9 +718,11 @@ public final class SyncGroup: Sendable {
     }
 
     /// The record a push writes of a local item: stamped when it was modified, and causally after
-    /// the version this device had seen, whatever its clock says.
+    /// the version this device had seen, whatever its clock says: at least two past it, so that
+    /// it also beats a delete without a time of its own written after that version (one past
+    /// it, ``deletion(madeAt:after:)``), whatever the device identifiers.
     func record(of local: LocalItem, after known: SyncState.Entry?) -> SyncRecord {
-        let modified = max(Self.milliseconds(local.item.attributes.modificationDate), (known?.stamp.modified ?? 0) + 1)
+        let modified = max(Self.milliseconds(local.item.attributes.modificationDate), (known?.stamp.modified ?? 0) + 2)
         var item = local.item
         item.attributes = SyncRecord.travelling(item.attributes)
         item.persistentReference = nil
@@ -691,9 +730,12 @@ public final class SyncGroup: Sendable {
     }
 
     /// The tombstone a push writes of an item deleted here at `madeAt` (milliseconds; 0 when the
-    /// vault recorded no time): just after the version this device knew, at the latest.
+    /// vault recorded no time). Dated, it is a write like an edit (at least two past the version
+    /// this device knew); undated, just one past that version: it replaces that version and
+    /// loses to every write made after it elsewhere, even one whose clock runs behind.
     func deletion(madeAt: Int64, after known: SyncState.Entry) -> SyncRecord {
-        SyncRecord(stamp: SyncStamp(modified: max(madeAt, known.stamp.modified + 1), device: device.id), item: nil, contentDigest: [])
+        let modified = madeAt > 0 ? max(madeAt, known.stamp.modified + 2) : known.stamp.modified + 1
+        return SyncRecord(stamp: SyncStamp(modified: modified, device: device.id), item: nil, contentDigest: [])
     }
 
     /// Whether the vault row `reference`, which holds the item `id` now, was listed by a push
@@ -784,6 +826,7 @@ public final class SyncGroup: Sendable {
                 existing[String(decoding: id, as: UTF8.self)] = (try PostgresConnection.integer(binary: row[1]), payload)
             }
             for change in changes {
+                var change = change
                 let known = try state.entry(change.id, after: pending)
                 var replaced: [UInt8]?
                 // In step, the database's head is the one this device verified: each record must
@@ -804,10 +847,19 @@ public final class SyncGroup: Sendable {
                         throw SyncHead.withheld()
                     }
                     if remote.stamp == change.record.stamp {
-                        // Written by an earlier run that stopped before saving its state.
-                        if stepped == nil, let replaced { unverified[change.id] = SyncState.Listed(version: row.version, element: replaced) }
-                        written.append(change)
-                        continue
+                        if remote.contentDigest == change.record.contentDigest && remote.isTombstone == change.record.isTombstone {
+                            // Written by an earlier run that stopped before saving its state.
+                            if stepped == nil, let replaced { unverified[change.id] = SyncState.Listed(version: row.version, element: replaced) }
+                            written.append(change)
+                            continue
+                        }
+                        // This device's stamp on other content: not this change. An earlier run's
+                        // write of what the item held before (its state not saved, and a clock
+                        // behind the version it saw gave both the same stamp), or the write of
+                        // another keychain with this device's identity (a copied home directory).
+                        // This change is written after it, so that every device takes it: at one
+                        // stamp, devices that hold either record would keep theirs.
+                        change.record.stamp.modified = remote.stamp.modified + 2
                     }
                     if remote.contentDigest == change.record.contentDigest && remote.isTombstone == change.record.isTombstone
                         && change.record.stamp.modified <= remote.stamp.modified
@@ -882,7 +934,6 @@ public final class SyncGroup: Sendable {
         try beforeApplyingSuperseding.withLock { $0 }?()
         for change in superseding {
             let existing = Self.reference(of: change.id, pending: pending, state: state)
-            report.superseded += 1
             if let old = try existing() {
                 guard let mine = try readLocal(old), itemID(mine.item) == change.id,
                     pushed[change.id].map({ $0.digest == mine.digest && $0.modified == Self.milliseconds(mine.item.attributes.modificationDate) })
@@ -890,12 +941,20 @@ public final class SyncGroup: Sendable {
                 else { continue }
             }
             switch try apply(change.record, id: change.id, existing: try existing(), state: state) {
-            case .row(let reference), .kept(let reference):
+            case .row(let reference):
+                pending.setRow(reference, .some(change.id))
+                report.superseded += 1
+            case .kept(let reference):
                 pending.setRow(reference, .some(change.id))
             case .deleted:
+                report.superseded += 1
                 if let old = try existing() { pending.setRow(old, .none) }
             case .heldBack:
                 if let old = try existing() { pending.setRow(old, .none) }
+                pending.holdBack(change.id)
+                continue
+            case .tooLarge:
+                // The local change stays, as it is, until this keychain takes the group's item.
                 pending.holdBack(change.id)
                 continue
             }
@@ -1259,10 +1318,16 @@ public final class SyncGroup: Sendable {
                 pending.entries[id] = entry
                 continue
             }
-            report.pulled += 1
-            pending.entries[id] = entry
             // An item that may not sync, or not the one its identifier names (checked as it was opened).
             guard received.isFitting else { throw failure }
+            guard fitsHere(sealed) else {
+                // Over this keychain's size limit (written by a store that allows more): held
+                // back, the row that holds the item kept as it is, and the other records applied.
+                pending.holdBack(id)
+                continue
+            }
+            report.pulled += 1
+            pending.entries[id] = entry
             // Applied with the others in one vault transaction.
             changes.append((id, existing, sealed))
         }
@@ -1293,8 +1358,11 @@ public final class SyncGroup: Sendable {
             let epoch = try connection.execute(
                 "SELECT key_epoch FROM lockbox_sync_groups WHERE group_id = $1 FOR SHARE", [.text(groupID)])
             guard let row = epoch.first, try PostgresConnection.integer(row[0]) == keys.epoch else { return }
+            // With the group's expired pairing codes deleted, in the same statement (no round
+            // trip more): their rows hold the group's secrets sealed under the codes.
             try connection.execute(
                 """
+                WITH expired AS (DELETE FROM lockbox_sync_invitations WHERE group_id = $1 AND expires_at <= now())
                 INSERT INTO lockbox_sync_devices (group_id, device_id, pulled_version, last_sync, public_key, attestation)
                 VALUES ($1, $2, $3, now(), $4, $5)
                 ON CONFLICT (group_id, device_id) DO UPDATE SET pulled_version = excluded.pulled_version, last_sync = now()
@@ -1449,6 +1517,9 @@ public final class SyncGroup: Sendable {
                     if let existing = change.existing { pending.setRow(existing, .none) }
                     pending.holdBack(change.id)
                     notApplied += 1
+                case .tooLarge:
+                    pending.holdBack(change.id)
+                    notApplied += 1
                 }
             }
             guard !adds.isEmpty else { return nil }
@@ -1524,6 +1595,16 @@ public final class SyncGroup: Sendable {
         /// None: an item of this vault that does not sync holds the item's primary key, and is
         /// kept (``SyncState/heldBack``).
         case heldBack
+        /// None: the item is over this keychain's size limit (a store with a larger one wrote
+        /// it); held back too, and the row that held the item, if any, kept as it is.
+        case tooLarge
+    }
+
+    /// Whether this keychain takes the record's item: within its size limit, as an add or
+    /// update checks it (another device's store may allow more). A delete always fits.
+    func fitsHere(_ sealed: SealedValueRecord) -> Bool {
+        guard let item = sealed.record.item else { return true }
+        return vault.fitsSizeLimit(valueSize: sealed.valueSize, attributes: item.attributes, encodedSize: sealed.attributesSize)
     }
 
     /// Applies another device's record through the vault's own add, update and delete, so its
@@ -1543,47 +1624,48 @@ public final class SyncGroup: Sendable {
             return .deleted
         }
         guard Self.isEligible(item), itemID(item) == id else { throw LockboxError.syncDatabase() }
+        guard vault.fitsSizeLimit(valueSize: item.data?.count ?? 0, attributes: item.attributes) else { return .tooLarge }
         // Dated as the other device made it (see ``applyPulled``).
         let madeAt = Self.appliedDate(record.stamp, now: vault.now)
-        var updated = false
         if let existing {
             var query = Query(item.itemClass, synchronizable: .any)
             query.persistentReference = existing
             do {
                 try vault.replace(matching: query, with: item, madeAt: madeAt)
-                updated = true
+                // Replaced in place: the row is the one that held the item. (Not looked up by
+                // the item's attributes: a query leaves an absent key attribute, a port say,
+                // unmatched, and would find a sibling item's row.)
+                return .row(existing)
             } catch where error.code == .itemNotFound {}
         }
-        if !updated {
-            do {
-                var added = item
-                added.attributes.modificationDate = madeAt
-                _ = try vault.applyChanges(count: 1, { _ throws(LockboxError) in .add(added) }) { applied throws(LockboxError) in
-                    guard let reference = applied.references.first ?? nil else { return }
-                    try listAdding([reference: SyncState.Applying(id: id, entry: SyncState.Entry(record))], in: state)
-                }
-            } catch where error.code == .duplicateItem {
-                switch try unknownLocal(sameKeyAs: item) {
-                case .notSyncing:
-                    // An item of the same primary key that does not sync (ThisDeviceOnly, say):
-                    // what the user keeps on this device is not overwritten; not applied.
-                    return .heldBack
-                case .syncing(let reference, let local) where Self.milliseconds(local.item.attributes.modificationDate) > record.stamp.modified:
-                    // Written here (another process) after the record: the later write, kept;
-                    // the next push finds it changed from the record and writes it.
-                    return .kept(reference)
-                case .syncing(let reference, _):
-                    // The row moved (another process re-added it, earlier): the record replaces it.
-                    var query = Query(item.itemClass, synchronizable: .synchronizable)
-                    query.persistentReference = reference
-                    try vault.replace(matching: query, with: item, madeAt: madeAt)
-                    return .row(reference)
-                case .none:
-                    throw error
-                }
+        do {
+            var added = item
+            added.attributes.modificationDate = madeAt
+            let applied = try vault.applyChanges(count: 1, { _ throws(LockboxError) in .add(added) }) { applied throws(LockboxError) in
+                guard let reference = applied.references.first ?? nil else { return }
+                try listAdding([reference: SyncState.Applying(id: id, entry: SyncState.Entry(record))], in: state)
+            }
+            return (applied.references.first ?? nil).map { .row($0) } ?? .deleted
+        } catch where error.code == .duplicateItem {
+            switch try unknownLocal(sameKeyAs: item) {
+            case .notSyncing:
+                // An item of the same primary key that does not sync (ThisDeviceOnly, say):
+                // what the user keeps on this device is not overwritten; not applied.
+                return .heldBack
+            case .syncing(let reference, let local) where Self.milliseconds(local.item.attributes.modificationDate) > record.stamp.modified:
+                // Written here (another process) after the record: the later write, kept;
+                // the next push finds it changed from the record and writes it.
+                return .kept(reference)
+            case .syncing(let reference, _):
+                // The row moved (another process re-added it, earlier): the record replaces it.
+                var query = Query(item.itemClass, synchronizable: .synchronizable)
+                query.persistentReference = reference
+                try vault.replace(matching: query, with: item, madeAt: madeAt)
+                return .row(reference)
+            case .none:
+                throw error
             }
         }
-        return try vault.item(matching: Query.primaryKey(of: item, returning: [.persistentReference])).persistentReference.map { .row($0) } ?? .deleted
     }
 
     /// The records of the group's items held back here (``SyncState/heldBack``) that a pull did
@@ -1619,9 +1701,11 @@ public final class SyncGroup: Sendable {
         return records
     }
 
-    /// Tries again the group's items held back by a local item of their primary key
-    /// (``SyncState/heldBack``), with their records (``heldBackRecords(_:state:received:counter:)``):
-    /// one is applied once no item here holds its key; a delete is taken as known. One whose
+    /// Tries again the group's items held back by a local item of their primary key, or for
+    /// their size (``SyncState/heldBack``), with their records
+    /// (``heldBackRecords(_:state:received:counter:)``): one is applied once no item here holds
+    /// its key, or over the row of it the state knows, unchanged since, once this keychain's
+    /// size limit takes it; a delete is taken as known. One whose
     /// record, or a later one, the state knows since (this device pushed the item: the local
     /// item was made to sync, and its write won or lost by the rule) is no longer held back, nor
     /// is one a syncing row here holds that the state does not know yet (another process wrote
@@ -1636,10 +1720,13 @@ public final class SyncGroup: Sendable {
         changes.settlesApplying = true
         let keys = self.keys
         for (id, sealed) in records where state.heldBack.contains(id) {
-            if let known = try state.entry(id), known.stamp >= sealed.record.stamp {
+            let known = try state.entry(id)
+            if let known, known.stamp >= sealed.record.stamp {
                 changes.heldBack[id] = false
                 continue
             }
+            // Still over this keychain's size limit: held back until the limit allows it.
+            guard fitsHere(sealed) else { continue }
             let record = try sealed.opened(keys: keys)
             guard let item = record.item else {
                 changes.heldBack[id] = false
@@ -1647,24 +1734,33 @@ public final class SyncGroup: Sendable {
                 continue
             }
             guard Self.isEligible(item), itemID(item) == id else { throw LockboxError.syncDatabase() }
+            var existing: Data?
             switch try unknownLocal(sameKeyAs: item) {
             case .notSyncing:
                 continue
-            case .syncing:
-                changes.heldBack[id] = false
-            case .none:
-                switch try apply(record, id: id, existing: nil, state: state) {
-                case .row(let reference):
-                    changes.setRow(reference, .some(id))
-                    changes.entries[id] = SyncState.Entry(record)
+            case .syncing(let reference, let local):
+                // The row of the item the state knows, unchanged since (an item held back for its
+                // size): the record replaces it. Any other syncing row (the local item made to
+                // sync, or edited here since): the next push settles it by the rule.
+                guard case .some(.some(id)) = try state.row(reference), let known, local.digest == known.contentDigest else {
                     changes.heldBack[id] = false
-                    report.pulled += 1
-                case .kept:
-                    // Written here meanwhile: as a syncing row found above.
-                    changes.heldBack[id] = false
-                case .deleted, .heldBack:
                     continue
                 }
+                existing = reference
+            case .none:
+                break
+            }
+            switch try apply(record, id: id, existing: existing, state: state) {
+            case .row(let reference):
+                changes.setRow(reference, .some(id))
+                changes.entries[id] = SyncState.Entry(record)
+                changes.heldBack[id] = false
+                report.pulled += 1
+            case .kept:
+                // Written here meanwhile: as a syncing row found above.
+                changes.heldBack[id] = false
+            case .deleted, .heldBack, .tooLarge:
+                continue
             }
         }
         try state.commit(changes)
@@ -1691,14 +1787,5 @@ package struct PullTimings: Sendable {
     package var cursor = Duration.zero
 
     package init() {}
-}
-
-extension Query {
-    /// The query that finds exactly `item` by its class's primary-key attributes.
-    static func primaryKey(of item: Item, returning: ReturnOptions = .attributes) -> Query {
-        var query = Query(item.itemClass, returning: returning, synchronizable: .synchronizable)
-        query.attributes = item.attributes
-        return query
-    }
 }
 

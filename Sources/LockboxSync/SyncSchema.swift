@@ -89,7 +89,10 @@ enum SyncSchema {
 
     /// Brings the database to ``currentVersion``. Concurrent callers wait on a transaction-scoped
     /// advisory lock, so each migration runs once. A database newer than this code is refused.
-    static func migrate(_ connection: PostgresConnection) throws(LockboxError) {
+    /// Only `creating` (a group being created) makes the tables in a database that has none:
+    /// anything else (a status, a sync, a join) pointed at a database without them is an error
+    /// that changes nothing there (a mistyped `dbname=` is not filled with tables).
+    static func migrate(_ connection: PostgresConnection, creating: Bool = false) throws(LockboxError) {
         // Current already (every sync but the first after an upgrade): one query, no lock, no
         // DDL. Anything else (no table yet, an older or newer version, an error) takes the
         // locked path, which says what is wrong.
@@ -100,6 +103,15 @@ enum SyncSchema {
         }
         try connection.transaction { () throws(LockboxError) in
             try connection.execute("SELECT pg_advisory_xact_lock(7170656173)")
+            if !creating {
+                let found = try connection.execute("SELECT to_regclass('lockbox_sync_schema') IS NOT NULL")
+                guard found.first?.first == "t" else {
+                    throw LockboxError(
+                        .itemNotFound,
+                        "That database holds no sync group (it has no Lockbox sync tables); nothing was changed there. "
+                            + "Check the connection string (its dbname=), or create a group with `lockbox sync create`.")
+                }
+            }
             try connection.execute("CREATE TABLE IF NOT EXISTS lockbox_sync_schema (version integer NOT NULL)")
             let rows = try connection.execute("SELECT coalesce(max(version), 0) FROM lockbox_sync_schema")
             let version = Int(try PostgresConnection.integer(rows.first?.first ?? nil))

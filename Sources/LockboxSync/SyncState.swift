@@ -122,7 +122,9 @@ final class SyncState {
     /// The group's items a pull did not apply because an item of this vault that does not sync
     /// (ThisDeviceOnly, or under access control) holds their primary key: the user's local item
     /// is neither overwritten nor duplicated. Each pull tries them again (their records as the
-    /// verified head lists them), and applies one once its key is free here.
+    /// verified head lists them), and applies one once its key is free here. Also the items
+    /// whose record is over this vault's size limit (written by a store that allows more):
+    /// applied once the limit allows it, the row of an older version kept meanwhile.
     private(set) var heldBack: Set<String> = []
     /// The item a push listed the vault row `reference` as holding (``Applying/pushed``), if any.
     func pushedListing(of reference: Data) -> String? {
@@ -138,6 +140,23 @@ final class SyncState {
     private var cachedVersion: Int?
 
     static func path(vault: String, groupID: String) -> String { vault + ".sync/" + groupID + ".db" }
+
+    /// Removes the state at `path` (with its log) of a device identity this keychain no longer
+    /// has: its MACs are under that device's state key, which went with it, so it can be neither
+    /// checked nor used. Returns the device it names, if it can be read (a hint, not checked),
+    /// nil when there was none.
+    static func removeStale(path: String) throws(LockboxError) -> String? {
+        guard FileManager.default.fileExists(atPath: path) else { return nil }
+        var device: String?
+        if let database = try? Database(path: path, create: false) {
+            let named = try? database.firstRow("SELECT device FROM progress") { (row: Statement) -> String in row.text(0) ?? "" }
+            if let text = named ?? nil, SyncGroup.isDeviceIdentifier(text) { device = text }
+        }
+        for file in [path, path + "-wal", path + "-shm"] where unlink(file) != 0 && errno != ENOENT {
+            throw LockboxError(.io, "Cannot remove \(file), the sync state of this keychain's earlier device. Check the directory's permissions.")
+        }
+        return device
+    }
 
     /// Opens (creating when missing, converting one of the first format) the state of `device`
     /// in the group.

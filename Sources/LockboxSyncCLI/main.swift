@@ -105,12 +105,15 @@ func parse(_ arguments: [String]) throws(UsageProblem) -> (keychain: String?, co
     var json = false
     var minutes = 10
     var positional: [(text: String, position: Int)] = []
+    var given: Set<String> = []
     while let option = remaining.popFirst() {
         let at = lastPosition()
         if option.hasPrefix("-") {
             guard allowed.contains(option) else {
                 throw UsageProblem(message: "argument \(at) after sync is not an option of sync \(verb) (not shown, in case it is a secret)")
             }
+            // Given twice, an option is a mistake (two connection strings: which one?).
+            guard given.insert(option).inserted else { throw UsageProblem(message: "\(option) is given more than once") }
         }
         switch option {
         case "--database": database = try value(option)
@@ -139,7 +142,10 @@ func parse(_ arguments: [String]) throws(UsageProblem) -> (keychain: String?, co
     }
     switch verb {
     case "join":
-        return (keychain, .join(group: try onePositional("the group identifier"), database: try needDatabase(), passphrase: passphrase, replacing: replacing))
+        // Hexadecimal digits read the same in either case.
+        let group = try onePositional("the group identifier")
+        let identifier = SyncGroup.isGroupIdentifier(group.lowercased()) ? group.lowercased() : group
+        return (keychain, .join(group: identifier, database: try needDatabase(), passphrase: passphrase, replacing: replacing))
     case "remove-device":
         return (keychain, .removeDevice(try onePositional("the device identifier"), passphrase: passphrase))
     default:
@@ -162,6 +168,9 @@ func parse(_ arguments: [String]) throws(UsageProblem) -> (keychain: String?, co
 /// character (a line break would cut it where it is saved, dropping what follows, such as
 /// `sslmode=verify-full`) or naming a password is refused, without repeating it.
 func checkConnectionString(_ database: String) throws(UsageProblem) {
+    guard !database.allSatisfy(\.isWhitespace) else {
+        throw UsageProblem(message: "the connection string is empty: give the database to sync through (host=... dbname=..., or a postgresql:// URI)")
+    }
     guard !database.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) else {
         throw UsageProblem(message: "the connection string holds a line break or another control character: give it on one line")
     }
@@ -196,6 +205,21 @@ struct SyncConfiguration {
             throw LockboxError(.decode, "The sync configuration \(path(vault: vault)) is damaged. Join the group again.")
         }
         return SyncConfiguration(group: group, database: database)
+    }
+
+    /// Whether the configuration can be written: its directory made (mode 0700) or there, a
+    /// directory this user may write in.
+    static func checkWritable(vault: Vault) throws(LockboxError) {
+        let path = Self.path(vault: vault)
+        let directory = String(path[..<(path.lastIndex(of: "/") ?? path.startIndex)])
+        let oldMask = umask(0o077)
+        defer { umask(oldMask) }
+        _ = mkdir(directory, 0o700)
+        var info = stat()
+        guard stat(directory, &info) == 0, info.st_mode & S_IFMT == S_IFDIR, access(directory, W_OK | X_OK) == 0 else {
+            throw LockboxError(
+                .io, "Cannot write \(path): \(directory) is not a directory this user may write in. Fix it, then try again; nothing was created.")
+        }
     }
 
     func save(vault: Vault) throws(LockboxError) {
@@ -289,6 +313,9 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
         try checkNotInGroup(vault, replacing: replacing)
         try SyncGroup.requireUnlocked(vault, "Unlock it to create a sync group.")
         let passphrase = withPassphrase ? try readNewPassphrase("Group passphrase: ") : nil
+        // Before the group is made: one whose configuration then could not be saved would be
+        // left in the database and the keychain, its identifier never shown.
+        try SyncConfiguration.checkWritable(vault: vault)
         let group = try SyncGroup.create(vault: vault, database: database, passphrase: passphrase)
         try SyncConfiguration(group: group.groupID, database: database).save(vault: vault)
         streams.print(group.groupID)
@@ -316,6 +343,11 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
         }
         try SyncConfiguration(group: group.groupID, database: database).save(vault: vault)
         streams.print("joined \(group.groupID) as device \(group.deviceID)")
+        if let replaced = group.replacedDevice {
+            streams.print(
+                "this keychain was device \(replaced) of the group before (its device key is gone): remove it from a device of "
+                    + "the group with `lockbox sync remove-device \(replaced)`")
+        }
         do {
             let report = try group.sync()
             streams.print("first sync: pulled \(report.pulled), pushed \(report.pushed)")
@@ -395,10 +427,13 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
             // One key for what kept the database's part from being shown; `databaseReachable`
             // tells an unreachable database from one whose answer a sync would refuse.
             if let error = status.unreachable ?? status.databaseProblem { fields.append("\"databaseError\": \(jsonString(error))") }
-            let devices = (status.devices ?? []).map { device in
-                "{\"id\": \(jsonString(device.id)), \"pulledVersion\": \(device.pulledVersion), \"lastSync\": \(device.lastSync.map(jsonString) ?? "null"), \"attested\": \(device.isAttested)}"
+            // Absent when the database did not answer: an empty list would say the group has none.
+            if let listed = status.devices {
+                let devices = listed.map { device in
+                    "{\"id\": \(jsonString(device.id)), \"pulledVersion\": \(device.pulledVersion), \"lastSync\": \(device.lastSync.map(jsonString) ?? "null"), \"attested\": \(device.isAttested)}"
+                }
+                fields.append("\"devices\": [\(devices.joined(separator: ", "))]")
             }
-            fields.append("\"devices\": [\(devices.joined(separator: ", "))]")
             streams.print("{" + fields.joined(separator: ", ") + "}")
         } else {
             streams.print("group:            \(status.groupID)")
@@ -417,8 +452,9 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
             if status.heldBack > 0 {
                 streams.print(
                     "held back:        \(status.heldBack) of the group's item(s) not applied here: an item of this keychain that does "
-                        + "not sync (ThisDeviceOnly or under access control) has the same key; it is kept, and the group's "
-                        + "arrives at the first sync after it is deleted or made to sync")
+                        + "not sync (ThisDeviceOnly or under access control) has the same key, and is kept (the group's arrives at "
+                        + "the first sync after it is deleted or made to sync); or the group's item is over this keychain's size "
+                        + "limit (it arrives once the limit allows it, or an edit here replaces it)")
             }
             if status.deletionRecords.isSound {
                 streams.print("deletion records: \(status.deletionRecords.records) (deletes made or applied here, kept 180 days for sync), sound")

@@ -734,6 +734,22 @@ extension Vault {
 
     /// `encodedAttributes`: the attributes as sealed (`encoded()`), or nil when they are not
     /// being written.
+    /// Whether an item of a `valueSize`-byte value and `attributes` is within this store's
+    /// limit (``Configuration/maximumValueSize``) as an add or update checks it. A sync asks
+    /// before it applies another device's record, which a store with a larger limit may have
+    /// written. `encodedSize`, the attributes' encoded size without their dates when known,
+    /// spares encoding them unless they come near the limit.
+    package func fitsSizeLimit(valueSize: Int, attributes: ItemAttributes, encodedSize: Int? = nil) -> Bool {
+        let limit = configuration.maximumValueSize
+        guard valueSize <= limit else { return false }
+        // The dates the store sets take a few bytes.
+        if let encodedSize, encodedSize + 64 <= limit { return true }
+        var dated = attributes
+        dated.creationDate = dated.creationDate ?? currentDate()
+        dated.modificationDate = currentDate()
+        return dated.encoded().count <= limit
+    }
+
     private func checkSizes(data: SecretBytes, encodedAttributes: [UInt8]?) throws(LockboxError) {
         guard data.count <= configuration.maximumValueSize else {
             throw LockboxError(

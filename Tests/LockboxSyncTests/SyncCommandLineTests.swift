@@ -167,6 +167,41 @@ extension SyncTests {
         #expect(PostgresConnection.namesPassword("host='unterminated") == nil)
     }
 
+    @Test("lockbox sync: an option given twice, an empty connection string refused; a group identifier in upper case joins; a create that could not save its configuration makes no group; offline, --json lists no devices")
+    func carelessArguments() throws {
+        let database = try testDatabase()
+        let machine = try Machine()
+        for (arguments, what) in [
+            (["sync", "create", "--database", database, "--database", database], "--database twice"),
+            (["sync", "status", "--json", "--json"], "--json twice"),
+            (["sync", "create", "--database", ""], "an empty connection string"),
+            (["sync", "create", "--database", "  "], "a blank connection string"),
+        ] {
+            let result = try SyncCLI.run(machine, arguments)
+            #expect(result.status == 64, "\(what): status \(result.status), \(result.standardError)")
+        }
+        // A create whose configuration cannot be written makes no group, in the database or the keychain.
+        let groupsBefore = try PostgresConnection(database).execute("SELECT count(*) FROM lockbox_sync_groups")
+        #expect(FileManager.default.createFile(atPath: machine.vault.path + ".sync", contents: Data()))
+        let blocked = try SyncCLI.run(machine, ["sync", "create", "--database", database])
+        #expect(blocked.status == 1 && blocked.standardError.contains("nothing was created"), "\(blocked.standardError)")
+        let groupsAfter = try PostgresConnection(database).execute("SELECT count(*) FROM lockbox_sync_groups")
+        #expect(try PostgresConnection.integer(groupsAfter.first?.first ?? nil) == PostgresConnection.integer(groupsBefore.first?.first ?? nil))
+        #expect(try SyncGroup.groups(in: machine.vault).isEmpty)
+        try FileManager.default.removeItem(atPath: machine.vault.path + ".sync")
+        // A group identifier is hexadecimal: upper case is the same identifier.
+        let first = try Machine()
+        let group = try SyncGroup.create(vault: first.vault, database: database)
+        let joined = try SyncCLI.run(machine, ["sync", "join", group.groupID.uppercased(), "--database", database], input: try group.pairingCode() + "\n")
+        #expect(joined.status == 0, "\(joined.standardError)")
+        #expect(try SyncGroup.groups(in: machine.vault) == [group.groupID])
+        // Offline: the devices are unknown, not an empty list.
+        try SyncCLI.configure(machine, group: group.groupID, database: "host=127.0.0.1 port=1 dbname=postgres user=lockbox connect_timeout=2")
+        let offline = try SyncCLI.run(machine, ["sync", "status", "--json"])
+        #expect(offline.status == 0 && offline.standardOutput.contains("\"databaseReachable\": false"), "\(offline.standardOutput)")
+        #expect(!offline.standardOutput.contains("\"devices\""), "\(offline.standardOutput)")
+    }
+
     @Test("Joining needs the keychain unlocked before the pairing code is used; a keychain in a group is moved to another only with --replace-group")
     func joiningChecksFirst() throws {
         let database = try testDatabase()

@@ -1,0 +1,386 @@
+import Foundation
+import Lockbox
+import LockboxCore
+import LockboxTestSupport
+import LockboxVault
+import Testing
+
+@testable import LockboxSync
+
+private func syncAll(_ groups: [SyncGroup], rounds: Int = 2) throws {
+    for _ in 0..<rounds { for group in groups { try group.sync() } }
+}
+
+/// An https internet password of account "alice" at `server`, with an optional port.
+private func web(_ server: String, port: Int?, _ value: String) -> Item {
+    var attributes = ItemAttributes.internet(server: server, account: "alice", protocol: .https, port: port)
+    attributes.synchronizable = true
+    return Item(.internetPassword, attributes: attributes, data: SecretBytes(utf8: value))
+}
+
+/// `machine`'s synchronizable internet passwords by port: row and value.
+private func webs(_ machine: Machine) throws -> [Int?: (reference: Data, value: String)] {
+    let query = Query(.internetPassword, limit: .all, returning: [.attributes, .data, .persistentReference], synchronizable: .synchronizable)
+    guard try machine.vault.contains(query) else { return [:] }
+    var found: [Int?: (reference: Data, value: String)] = [:]
+    for item in try machine.vault.items(matching: query) {
+        found[item.attributes.port] = (item.persistentReference!, item.data!.withUnsafeBytes { String(decoding: $0, as: UTF8.self) })
+    }
+    return found
+}
+
+private func setWeb(_ machine: Machine, port: Int?, _ value: String) throws {
+    var query = Query(.internetPassword, synchronizable: .synchronizable)
+    query.persistentReference = try #require(try webs(machine)[port]).reference
+    try machine.vault.update(matching: query, to: ItemUpdate(data: SecretBytes(utf8: value)))
+}
+
+/// A second handle on `machine`'s vault, its configuration changed by `change`.
+private func reopened(_ machine: Machine, _ change: (inout Vault.Configuration) -> Void) throws -> Vault {
+    var configuration = machine.vault.configuration
+    change(&configuration)
+    let vault = try Vault.open(at: machine.vault.path, configuration: configuration)
+    if !(try vault.isUnlocked) { try vault.unlock(passphrase: SecretBytes(utf8: "machine passphrase")) }
+    return vault
+}
+
+private struct AheadClock: LockboxClock {
+    let offset: Duration
+    func sinceEpoch() -> Duration { SystemClock().sinceEpoch() + offset }
+    func uptime() -> Duration { SystemClock().uptime() }
+    func sleep(for duration: Duration) { SystemClock().sleep(for: duration) }
+}
+
+/// The bytes of `machine`'s synchronizable generic password `service` (account "user").
+private func bytes(_ machine: Machine, _ service: String) throws -> [UInt8]? {
+    var query = machine.query(service, "user")
+    query.returning = [.data]
+    guard try machine.vault.contains(query) else { return nil }
+    return try machine.vault.data(matching: query).withUnsafeBytes { Array($0) }
+}
+
+extension ItemAttributes {
+    fileprivate func with(_ change: (inout ItemAttributes) -> Void) -> ItemAttributes {
+        var copy = self
+        change(&copy)
+        return copy
+    }
+}
+
+extension SyncTests {
+    @Suite("Sync: convergence across classes, sizes, clocks and handles", .serialized)
+    struct Convergence {
+        @Test("A portless internet password and its sibling with a port: each edit reaches every machine, neither row taken for the other, nothing deleted")
+        func partialPrimaryKeyMapsTheWrongRow() throws {
+            let (groups, machines) = try threeMachines()
+            try machines[0].vault.add(web("git.example", port: 8443, "8443 v1"))  // the lower rowid on A
+            try machines[0].vault.add(web("git.example", port: nil, "default v1"))
+            try syncAll(groups)
+            try setWeb(machines[0], port: nil, "default from A")
+            tick()
+            try setWeb(machines[1], port: nil, "default from B")
+            try setWeb(machines[1], port: 8443, "8443 from B")
+            try groups[1].sync()
+            #expect(try groups[0].sync().superseded == 1)  // A's edit loses: B's record applied on A
+            try syncAll(groups)
+            for (index, machine) in machines.enumerated() {
+                #expect(try webs(machine)[nil]?.value == "default from B", "machine \(index)")
+                #expect(try webs(machine)[8443]?.value == "8443 from B", "machine \(index): B's edit of the sibling")
+            }
+            tick()
+            try setWeb(machines[0], port: 8443, "8443 from A")  // A edits only the sibling
+            try syncAll(groups)
+            for (index, machine) in machines.enumerated() {
+                #expect(try webs(machine)[8443]?.value == "8443 from A", "machine \(index)")
+                #expect(try webs(machine)[nil]?.value == "default from B", "machine \(index): portless item after A edited the sibling")
+            }
+        }
+
+        @Test("A value over this keychain's size limit, from a store that allows more, is held back, the other records applied; it arrives once the limit allows it")
+        func valueOverTheSizeLimitHeldBack() throws {
+            let (groups, machines) = try threeMachines()
+            // A's store allows 256 KiB (as lockboxd --max-value-size does); B keeps the default 64 KiB.
+            let large = try reopened(machines[0]) { $0.maximumValueSize = 256 * 1024 }
+            let big = [UInt8](repeating: 7, count: 100 * 1024)
+            var item = Item.genericPassword(service: "large.example", account: "user", data: SecretBytes(copying: big))
+            item.attributes.synchronizable = true
+            try large.add(item)
+            try machines[0].add("small.example", "user", "small")
+            // An item B already has, made too large for B by an edit on A.
+            try machines[0].add("grown.example", "user", "small at first")
+            try groups[0].sync()
+            try groups[1].sync()
+            #expect(try machines[1].value("grown.example", "user") == "small at first")
+            var grow = machines[0].query("grown.example", "user")
+            grow.limit = .one
+            try large.update(matching: grow, to: ItemUpdate(data: SecretBytes(copying: big)))
+            try groups[0].sync()
+            for _ in 0..<2 {
+                let report = try groups[1].sync()
+                #expect(report.pulled == 0, "a record held back counted as pulled")
+            }
+            #expect(try machines[1].value("small.example", "user") == "small")
+            #expect(try bytes(machines[1], "large.example") == nil)
+            #expect(try machines[1].value("grown.example", "user") == "small at first", "the row of an item held back for its size changed")
+            #expect(try groups[1].status().heldBack == 2)
+            #expect(try groups[1].status().pendingLocalChanges == 0)
+            #expect(try machines[1].verify())
+
+            // B's limit raised: both arrive at the next sync.
+            let roomier = try reopened(machines[1]) { $0.maximumValueSize = 256 * 1024 }
+            let group = try SyncGroup(groups[1].groupID, vault: roomier, database: try testDatabase())
+            #expect(try group.sync().pulled == 2)
+            #expect(try bytes(machines[1], "large.example") == big)
+            #expect(try bytes(machines[1], "grown.example") == big)
+            #expect(try group.status().heldBack == 0)
+            #expect(try group.sync().changedNothing)
+            #expect(try machines[1].verify())
+        }
+
+        @Test("An item held back for its size, edited here later, is pushed: the later write wins everywhere and ends the hold")
+        func heldBackForItsSizeThenEditedHere() throws {
+            let (groups, machines) = try threeMachines()
+            try machines[0].add("grown.example", "user", "v1")
+            for group in groups { try group.sync() }
+            let large = try reopened(machines[0]) { $0.maximumValueSize = 256 * 1024 }
+            try large.update(matching: machines[0].query("grown.example", "user"), to: ItemUpdate(data: SecretBytes(copying: [UInt8](repeating: 1, count: 80 * 1024))))
+            try groups[0].sync()
+            try groups[1].sync()
+            #expect(try groups[1].status().heldBack == 1)
+            tick()
+            try machines[1].set("grown.example", "user", "edited on B, later")
+            for group in [groups[1], groups[0], groups[2], groups[1]] { try group.sync() }
+            for (index, machine) in machines.enumerated() {
+                #expect(try machine.value("grown.example", "user") == "edited on B, later", "machine \(index)")
+                #expect(try machine.verify())
+            }
+            #expect(try groups[1].status().heldBack == 0)
+        }
+
+        @Test("A sync through a handle restricted to some access groups is refused before anything is read or written: the other groups' items are not taken for deletes")
+        func restrictedHandleRefused() throws {
+            let (groups, machines) = try threeMachines()
+            for group in ["app.one", "app.two"] {
+                var item = Item.genericPassword(service: "\(group).example", account: "user", data: SecretBytes(utf8: "v1"), accessGroup: group)
+                item.attributes.synchronizable = true
+                try machines[1].vault.add(item)
+            }
+            try syncAll(groups)
+            try machines[1].set("app.two.example", "user", "two edited")
+            let restricted = try reopened(machines[1]) { $0.accessGroups = ["app.one", SyncGroup.keyAccessGroup] }
+            let refused = #expect(throws: LockboxError.self) {
+                _ = try SyncGroup(groups[1].groupID, vault: restricted, database: try testDatabase())
+            }
+            #expect(refused?.code == .param)
+            #expect(refused?.message.contains("whole keychain") == true)
+            for attempt in [
+                { () throws -> Void in _ = try SyncGroup.create(vault: restricted, database: try testDatabase()) },
+                { () throws -> Void in _ = try SyncGroup.join(groups[0].groupID, vault: restricted, database: try testDatabase(), passphrase: groupPassphrase) },
+            ] {
+                #expect(throws: LockboxError.self) { try attempt() }
+            }
+            try syncAll(groups)
+            for (index, machine) in machines.enumerated() {
+                #expect(try machine.value("app.two.example", "user") == "two edited", "machine \(index)")
+                #expect(try machine.value("app.one.example", "user") == "v1", "machine \(index)")
+            }
+        }
+
+        @Test("An item made ThisDeviceOnly, or renamed, never wins over an edit made elsewhere since, even when the editor's clock runs behind (the same stamp)")
+        func undatedDeleteTiesWithAnEdit() throws {
+            // C's clock is an hour ahead: the records it writes are in A's and B's future.
+            let (groups, machines) = try threeMachines(clocks: [nil, nil, AheadClock(offset: .seconds(3600))])
+            try machines[2].add("tdo.example", "user", "v1")
+            try machines[2].add("renamed.example", "user", "v1")
+            try syncAll(groups)
+            let (hi, lo) = groups[0].deviceID > groups[1].deviceID ? (0, 1) : (1, 0)
+            var change = ItemAttributes()
+            change.accessibility = .afterFirstUnlockThisDeviceOnly
+            try machines[hi].vault.update(matching: machines[hi].query("tdo.example", "user"), to: ItemUpdate(attributes: change))
+            change = ItemAttributes()
+            change.service = "new-name.example"
+            try machines[hi].vault.update(matching: machines[hi].query("renamed.example", "user"), to: ItemUpdate(attributes: change))
+            tick()
+            try machines[lo].set("tdo.example", "user", "edited")
+            try machines[lo].set("renamed.example", "user", "edited")
+            try groups[hi].sync()
+            try syncAll(groups)
+            for index in [lo, 2] {
+                #expect(try machines[index].value("tdo.example", "user") == "edited", "machine \(index): made ThisDeviceOnly elsewhere")
+                #expect(try machines[index].value("renamed.example", "user") == "edited", "machine \(index): renamed elsewhere")
+            }
+        }
+
+        @Test("A sync reports as superseded only local edits whose winning record it applied")
+        func supersededCountedThoughNotApplied() throws {
+            let (groups, machines) = try threeMachines()
+            try machines[0].add("count.example", "user", "v1")
+            try syncAll(groups)
+            try machines[0].set("count.example", "user", "from A")
+            tick()
+            try machines[1].set("count.example", "user", "from B")
+            try groups[1].sync()
+            let machine = machines[0]
+            // Another process edits the row between A's push and its applying B's record.
+            groups[0].beforeApplyingSuperseding.withLock {
+                $0 = { () throws(LockboxError) in
+                    tick()
+                    do { try machine.set("count.example", "user", "from A again") } catch { throw error as! LockboxError }
+                }
+            }
+            let report = try groups[0].sync()
+            groups[0].beforeApplyingSuperseding.withLock { $0 = nil }
+            #expect(try machines[0].value("count.example", "user") == "from A again")  // B's record was not applied
+            #expect(report.superseded == 0, "\(report)")
+        }
+
+        // MARK: Probes that held (regression checks)
+
+        @Test("The same change and edit with the devices' roles swapped keep the edit too")
+        func undatedDeleteControl() throws {
+            let (groups, machines) = try threeMachines(clocks: [nil, nil, AheadClock(offset: .seconds(3600))])
+            try machines[2].add("tdo.example", "user", "v1")
+            try machines[2].add("renamed.example", "user", "v1")
+            for _ in 0..<2 { for group in groups { try group.sync() } }
+            let (lo, hi) = groups[0].deviceID > groups[1].deviceID ? (0, 1) : (1, 0)
+            var local = ItemAttributes()
+            local.accessibility = .afterFirstUnlockThisDeviceOnly
+            try machines[hi].vault.update(matching: machines[hi].query("tdo.example", "user"), to: ItemUpdate(attributes: local))
+            var renamed = ItemAttributes()
+            renamed.service = "new-name.example"
+            try machines[hi].vault.update(matching: machines[hi].query("renamed.example", "user"), to: ItemUpdate(attributes: renamed))
+            tick()
+            try machines[lo].set("tdo.example", "user", "edited on \(lo)")
+            try machines[lo].set("renamed.example", "user", "edited on \(lo)")
+            try groups[hi].sync()
+            try groups[lo].sync()
+            for _ in 0..<2 { for group in groups { try group.sync() } }
+            for index in [lo, 2] {
+                #expect(try machines[index].value("tdo.example", "user") == "edited on \(lo)")
+                #expect(try machines[index].value("renamed.example", "user") == "edited on \(lo)")
+            }
+        }
+
+        // MARK: Probes that held (kept as regression checks)
+
+        @Test("A certificate and a fully keyed internet password arrive with every attribute; a label edit elsewhere converges")
+        func certificateAndInternetPassword() throws {
+            let (groups, machines) = try threeMachines()
+            var certificate = ItemAttributes()
+            certificate.certificateType = 3
+            certificate.issuer = Data([0x30, 0x03, 0x01, 0x00, 0x02])
+            certificate.serialNumber = Data([0x02, 0x01, 0x07])
+            certificate.subject = Data([0x30, 0x00])
+            certificate.label = "cert"
+            certificate.synchronizable = true
+            try machines[0].vault.add(Item(.certificate, attributes: certificate, data: SecretBytes(copying: [0x30, 0x82, 0, 0])))
+            var web = ItemAttributes.internet(
+                server: "full.example", account: "bob", protocol: .https, port: 443, path: "/login", securityDomain: "realm",
+                authenticationType: .htmlForm)
+            web.synchronizable = true
+            try machines[0].vault.add(Item(.internetPassword, attributes: web, data: SecretBytes(utf8: "pw")))
+            for _ in 0..<2 { for group in groups { try group.sync() } }
+            var change = ItemAttributes()
+            change.label = "cert relabelled"
+            try machines[2].vault.update(
+                matching: Query(.certificate, attributes: certificate, synchronizable: .synchronizable), to: ItemUpdate(attributes: change))
+            for _ in 0..<2 { for group in groups { try group.sync() } }
+            for machine in machines {
+                var query = Query(.certificate, limit: .all, returning: [.attributes, .data], synchronizable: .synchronizable)
+                let certs = try machine.vault.items(matching: query)
+                #expect(certs.count == 1)
+                #expect(certs.first?.attributes.label == "cert relabelled")
+                #expect(certs.first?.attributes.subject == Data([0x30, 0x00]))
+                query = Query(.internetPassword, limit: .all, returning: [.attributes], synchronizable: .synchronizable)
+                let found = try machine.vault.items(matching: query)
+                #expect(found.count == 1)
+                #expect(found.first.map { SyncRecord.travelling($0.attributes) } == SyncRecord.travelling(web).with { $0.accessibility = .default; $0.accessGroup = Vault.defaultAccessGroup })
+            }
+        }
+
+        @Test("Binary, empty and limit-sized values arrive byte for byte")
+        func binaryValues() throws {
+            let (groups, machines) = try threeMachines()
+            let values: [String: [UInt8]] = [
+                "binary.example": [0, 0xFF, 0xFE, 0, 0x80, 0xC0, 0],
+                "empty.example": [],
+                "limit.example": (0..<(64 * 1024)).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ 7) },
+            ]
+            for (service, value) in values {
+                var item = Item.genericPassword(service: service, account: "user", data: SecretBytes(copying: value))
+                item.attributes.synchronizable = true
+                try machines[0].vault.add(item)
+            }
+            for group in groups { try group.sync() }
+            for machine in machines.dropFirst() {
+                for (service, value) in values { #expect(try bytes(machine, service) == value, "\(service)") }
+            }
+            for group in groups { #expect(try group.sync().changedNothing) }
+        }
+
+        @Test("Edits in the same millisecond (one frozen clock) converge to the greater device's")
+        func sameMillisecond() throws {
+            let clock = ManualClock()
+            let (groups, machines) = try threeMachines(clocks: [clock, clock, clock])
+            try machines[0].add("tie.example", "user", "v1")
+            try machines[0].add("tie2.example", "user", "v1")
+            for group in groups { try group.sync() }
+            try machines[0].set("tie.example", "user", "from A")
+            try machines[1].set("tie.example", "user", "from B")
+            try machines[0].delete("tie2.example", "user")
+            try machines[1].set("tie2.example", "user", "from B")
+            try groups[0].sync()
+            try groups[1].sync()
+            for group in groups { try group.sync() }
+            let bWins = groups[1].deviceID > groups[0].deviceID
+            for machine in machines {
+                #expect(try machine.value("tie.example", "user") == (bWins ? "from B" : "from A"))
+                #expect(try machine.value("tie2.example", "user") == (bWins ? "from B" : nil))
+            }
+        }
+
+        @Test("An accessibility change on one machine and a later value edit on another converge, attribute for attribute")
+        func accessibilityAndEdit() throws {
+            let (groups, machines) = try threeMachines()
+            try machines[0].add("acc.example", "user", "v1", accessibility: .afterFirstUnlock)
+            for group in groups { try group.sync() }
+            var change = ItemAttributes()
+            change.accessibility = .whenUnlocked
+            try machines[0].vault.update(matching: machines[0].query("acc.example", "user"), to: ItemUpdate(attributes: change))
+            tick()
+            try machines[1].set("acc.example", "user", "v2")
+            try groups[0].sync()
+            try groups[1].sync()
+            for group in groups { try group.sync() }
+            for machine in machines {
+                var query = machine.query("acc.example", "user")
+                query.returning = [.attributes]
+                #expect(try machine.vault.item(matching: query).attributes.accessibility == .afterFirstUnlock)
+                #expect(try machine.value("acc.example", "user") == "v2")
+            }
+        }
+
+        @Test("A removed device's offline edit reaches the group once it joins again")
+        func removedDeviceOfflineEdit() throws {
+            let (groups, machines) = try threeMachines()
+            try machines[0].add("rot.example", "user", "v1")
+            try machines[0].add("rot2.example", "user", "v1")
+            for group in groups { try group.sync() }
+            try machines[2].set("rot.example", "user", "offline on C")
+            try groups[0].removeDevice(groups[2].deviceID)
+            tick()
+            try machines[0].set("rot2.example", "user", "after removal")
+            try groups[0].sync()
+            #expect(throws: LockboxError.self) { try groups[2].sync() }
+            let code = try groups[0].pairingCode()
+            let rejoined = try SyncGroup.join(groups[0].groupID, vault: machines[2].vault, database: try testDatabase(), pairingCode: code)
+            try rejoined.sync()
+            try groups[0].sync()
+            try groups[1].sync()
+            for machine in machines {
+                #expect(try machine.value("rot.example", "user") == "offline on C")
+                #expect(try machine.value("rot2.example", "user") == "after removal")
+            }
+        }
+    }
+}
