@@ -26,10 +26,8 @@ extension SyncGroup {
         /// lists yet: its next pull must find each of them (else the database undid it).
         public var unverifiedWrites = 0
         /// The group's items not applied here because an item of this vault that does not sync
-        /// (ThisDeviceOnly, or under access control) holds their primary key (the local item
-        /// is kept), or because they are over this vault's size limit
-        /// (``Vault/Configuration/maximumValueSize``; another device's store allows more). Each
-        /// sync tries them again.
+        /// (ThisDeviceOnly, or under access control) holds their primary key: the local item
+        /// is kept, and each sync tries them again.
         public var heldBack = 0
         /// Versions the database holds above this device's cursor; nil when unreachable.
         public var pendingRemoteVersions: Int?

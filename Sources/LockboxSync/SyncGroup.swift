@@ -284,13 +284,15 @@ public final class SyncGroup: Sendable {
         if let existing = try DeviceSecret.load(groupID: groupID, from: vault) {
             device = existing
         } else {
+            device = try DeviceSecret.create(groupID: groupID, in: vault)
             // A local state (or fleet marks) left at this keychain's path by an earlier device
             // of it in the group (the keychain made anew, or its device key deleted) is under a
             // key that is gone: it can be neither checked nor used, and would fail every sync as
-            // damaged. Removed before the new device is made.
+            // damaged. Removed once the new device is made, so never while the earlier key is
+            // only out of sight (a handle of another device identity, whose new key the vault
+            // refuses as a duplicate of the earlier one's): a join that fails removes nothing.
             replaced = try SyncState.removeStale(path: SyncState.path(vault: vault.path, groupID: groupID))
             try FleetMarks.removeStale(path: FleetMarks.path(vault: vault.path, groupID: groupID))
-            device = try DeviceSecret.create(groupID: groupID, in: vault)
         }
         try storeGroupKeys(keys, groupID: groupID, in: vault)
         let group = SyncGroup(groupID: groupID, vault: vault, database: database, keys: keys, device: device, replacedDevice: replaced)
@@ -627,6 +629,7 @@ public final class SyncGroup: Sendable {
                         if Self.isPushed(local, known: known) { continue }
                         record = self.record(of: local, after: known)
                     }
+                    try Self.checkSyncable(local.item)
                     changes.append((id, record))
                     readAs[id] = (local.digest, Self.milliseconds(local.item.attributes.modificationDate))
                     if stateRow != .some(.some(id)) { unknown[reference] = SyncState.Applying(id: id, entry: SyncState.Entry(record), pushed: true) }
@@ -714,6 +717,18 @@ public final class SyncGroup: Sendable {
             } else {
                 return nil
             }
+        }
+    }
+
+    /// Refuses to send an item larger than the other devices take (``Vault/syncedItemSizeLimit``:
+    /// this store may allow more).
+    static func checkSyncable(_ item: Item) throws(LockboxError) {
+        let limit = Vault.syncedItemSizeLimit
+        guard (item.data?.count ?? 0) <= limit, item.attributes.encoded().count <= limit else {
+            throw LockboxError(
+                .param,
+                "An item to sync holds \(item.data?.count ?? 0) bytes, over sync's limit of \(limit) bytes: the other devices would "
+                    + "not take it. Make it smaller, or not synchronizable; the sync stopped before writing it.")
         }
     }
 
@@ -951,10 +966,6 @@ public final class SyncGroup: Sendable {
                 if let old = try existing() { pending.setRow(old, .none) }
             case .heldBack:
                 if let old = try existing() { pending.setRow(old, .none) }
-                pending.holdBack(change.id)
-                continue
-            case .tooLarge:
-                // The local change stays, as it is, until this keychain takes the group's item.
                 pending.holdBack(change.id)
                 continue
             }
@@ -1320,12 +1331,6 @@ public final class SyncGroup: Sendable {
             }
             // An item that may not sync, or not the one its identifier names (checked as it was opened).
             guard received.isFitting else { throw failure }
-            guard fitsHere(sealed) else {
-                // Over this keychain's size limit (written by a store that allows more): held
-                // back, the row that holds the item kept as it is, and the other records applied.
-                pending.holdBack(id)
-                continue
-            }
             report.pulled += 1
             pending.entries[id] = entry
             // Applied with the others in one vault transaction.
@@ -1517,9 +1522,6 @@ public final class SyncGroup: Sendable {
                     if let existing = change.existing { pending.setRow(existing, .none) }
                     pending.holdBack(change.id)
                     notApplied += 1
-                case .tooLarge:
-                    pending.holdBack(change.id)
-                    notApplied += 1
                 }
             }
             guard !adds.isEmpty else { return nil }
@@ -1595,16 +1597,6 @@ public final class SyncGroup: Sendable {
         /// None: an item of this vault that does not sync holds the item's primary key, and is
         /// kept (``SyncState/heldBack``).
         case heldBack
-        /// None: the item is over this keychain's size limit (a store with a larger one wrote
-        /// it); held back too, and the row that held the item, if any, kept as it is.
-        case tooLarge
-    }
-
-    /// Whether this keychain takes the record's item: within its size limit, as an add or
-    /// update checks it (another device's store may allow more). A delete always fits.
-    func fitsHere(_ sealed: SealedValueRecord) -> Bool {
-        guard let item = sealed.record.item else { return true }
-        return vault.fitsSizeLimit(valueSize: sealed.valueSize, attributes: item.attributes, encodedSize: sealed.attributesSize)
     }
 
     /// Applies another device's record through the vault's own add, update and delete, so its
@@ -1624,7 +1616,6 @@ public final class SyncGroup: Sendable {
             return .deleted
         }
         guard Self.isEligible(item), itemID(item) == id else { throw LockboxError.syncDatabase() }
-        guard vault.fitsSizeLimit(valueSize: item.data?.count ?? 0, attributes: item.attributes) else { return .tooLarge }
         // Dated as the other device made it (see ``applyPulled``).
         let madeAt = Self.appliedDate(record.stamp, now: vault.now)
         if let existing {
@@ -1701,11 +1692,9 @@ public final class SyncGroup: Sendable {
         return records
     }
 
-    /// Tries again the group's items held back by a local item of their primary key, or for
-    /// their size (``SyncState/heldBack``), with their records
-    /// (``heldBackRecords(_:state:received:counter:)``): one is applied once no item here holds
-    /// its key, or over the row of it the state knows, unchanged since, once this keychain's
-    /// size limit takes it; a delete is taken as known. One whose
+    /// Tries again the group's items held back by a local item of their primary key
+    /// (``SyncState/heldBack``), with their records (``heldBackRecords(_:state:received:counter:)``):
+    /// one is applied once no item here holds its key; a delete is taken as known. One whose
     /// record, or a later one, the state knows since (this device pushed the item: the local
     /// item was made to sync, and its write won or lost by the rule) is no longer held back, nor
     /// is one a syncing row here holds that the state does not know yet (another process wrote
@@ -1720,13 +1709,10 @@ public final class SyncGroup: Sendable {
         changes.settlesApplying = true
         let keys = self.keys
         for (id, sealed) in records where state.heldBack.contains(id) {
-            let known = try state.entry(id)
-            if let known, known.stamp >= sealed.record.stamp {
+            if let known = try state.entry(id), known.stamp >= sealed.record.stamp {
                 changes.heldBack[id] = false
                 continue
             }
-            // Still over this keychain's size limit: held back until the limit allows it.
-            guard fitsHere(sealed) else { continue }
             let record = try sealed.opened(keys: keys)
             guard let item = record.item else {
                 changes.heldBack[id] = false
@@ -1734,23 +1720,16 @@ public final class SyncGroup: Sendable {
                 continue
             }
             guard Self.isEligible(item), itemID(item) == id else { throw LockboxError.syncDatabase() }
-            var existing: Data?
             switch try unknownLocal(sameKeyAs: item) {
             case .notSyncing:
                 continue
-            case .syncing(let reference, let local):
-                // The row of the item the state knows, unchanged since (an item held back for its
-                // size): the record replaces it. Any other syncing row (the local item made to
-                // sync, or edited here since): the next push settles it by the rule.
-                guard case .some(.some(id)) = try state.row(reference), let known, local.digest == known.contentDigest else {
-                    changes.heldBack[id] = false
-                    continue
-                }
-                existing = reference
+            case .syncing:
+                changes.heldBack[id] = false
+                continue
             case .none:
                 break
             }
-            switch try apply(record, id: id, existing: existing, state: state) {
+            switch try apply(record, id: id, existing: nil, state: state) {
             case .row(let reference):
                 changes.setRow(reference, .some(id))
                 changes.entries[id] = SyncState.Entry(record)
@@ -1759,7 +1738,7 @@ public final class SyncGroup: Sendable {
             case .kept:
                 // Written here meanwhile: as a syncing row found above.
                 changes.heldBack[id] = false
-            case .deleted, .heldBack, .tooLarge:
+            case .deleted, .heldBack:
                 continue
             }
         }

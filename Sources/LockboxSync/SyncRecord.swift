@@ -162,12 +162,7 @@ struct SealedValueRecord: Sendable {
     /// The record, with an item without its value.
     var record: SyncRecord
     let valueBox: [UInt8]?
-    /// The size of the item's encoded attributes, as the writer encoded them (without dates).
-    private(set) var attributesSize = 0
     private let associated: [UInt8]
-
-    /// The size of the sealed value, once opened.
-    var valueSize: Int { max(0, (valueBox?.count ?? 0) - Crypto.sealOverhead) }
 
     init(_ payload: [UInt8], group: String, itemID: String, version: Int64, keys: SyncKeys) throws(LockboxError) {
         associated = SyncRecord.associatedData(group: group, itemID: itemID, version: version)
@@ -207,7 +202,6 @@ struct SealedValueRecord: Sendable {
             let attributes = try? ItemAttributes(decoding: attributeBytes), let digest
         else { throw failure }
         record = SyncRecord(stamp: stamp, item: Item(itemClass, attributes: attributes), contentDigest: digest)
-        attributesSize = attributeBytes.count
     }
 
     /// The record with its value opened.

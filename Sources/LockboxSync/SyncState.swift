@@ -122,9 +122,7 @@ final class SyncState {
     /// The group's items a pull did not apply because an item of this vault that does not sync
     /// (ThisDeviceOnly, or under access control) holds their primary key: the user's local item
     /// is neither overwritten nor duplicated. Each pull tries them again (their records as the
-    /// verified head lists them), and applies one once its key is free here. Also the items
-    /// whose record is over this vault's size limit (written by a store that allows more):
-    /// applied once the limit allows it, the row of an older version kept meanwhile.
+    /// verified head lists them), and applies one once its key is free here.
     private(set) var heldBack: Set<String> = []
     /// The item a push listed the vault row `reference` as holding (``Applying/pushed``), if any.
     func pushedListing(of reference: Data) -> String? {

@@ -452,9 +452,8 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
             if status.heldBack > 0 {
                 streams.print(
                     "held back:        \(status.heldBack) of the group's item(s) not applied here: an item of this keychain that does "
-                        + "not sync (ThisDeviceOnly or under access control) has the same key, and is kept (the group's arrives at "
-                        + "the first sync after it is deleted or made to sync); or the group's item is over this keychain's size "
-                        + "limit (it arrives once the limit allows it, or an edit here replaces it)")
+                        + "not sync (ThisDeviceOnly or under access control) has the same key; it is kept, and the group's "
+                        + "arrives at the first sync after it is deleted or made to sync")
             }
             if status.deletionRecords.isSound {
                 streams.print("deletion records: \(status.deletionRecords.records) (deletes made or applied here, kept 180 days for sync), sound")

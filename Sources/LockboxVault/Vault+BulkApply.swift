@@ -211,7 +211,7 @@ private struct ChangeStager: Sendable {
     private func stage(_ index: Int) throws(LockboxError) -> StagedChange {
         let made = try change(index)
         guard case .add(let item) = made else { return .change(made) }
-        let prepared = try vault.prepareForAdding(item, now: item.attributes.modificationDate ?? now)
+        let prepared = try vault.prepareForAdding(item, now: item.attributes.modificationDate ?? now, sizeLimit: Vault.syncedItemSizeLimit)
         guard prepared.accessControl == nil,
             let pair = keys.pairs[.init(itemClass: prepared.itemClass, accessibility: prepared.attributes.accessibility ?? .default)]
         else { return .prepared(prepared) }

@@ -48,7 +48,9 @@ extension Vault {
         var accessControl: AccessControl?
     }
 
-    func prepareForAdding(_ item: Item, now: Date) throws(LockboxError) -> PreparedItem {
+    /// `sizeLimit`: what the item is checked against instead of this store's limit (an item
+    /// sync applies: ``syncedItemSizeLimit``).
+    func prepareForAdding(_ item: Item, now: Date, sizeLimit: Int? = nil) throws(LockboxError) -> PreparedItem {
         var attributes = item.attributes
         attributes.accessGroup = try resolvedGroupForWriting(attributes.accessGroup)
         attributes.accessibility = attributes.accessibility ?? .default
@@ -57,7 +59,7 @@ extension Vault {
         attributes.modificationDate = now
         let data = item.data ?? .empty
         let encoded = attributes.encoded()
-        try checkSizes(data: data, encodedAttributes: encoded)
+        try checkSizes(data: data, encodedAttributes: encoded, limit: sizeLimit)
         try Self.checkSynchronizable(attributes, hasAccessControl: item.accessControl != nil)
         return PreparedItem(
             itemClass: item.itemClass, attributes: attributes, encodedAttributes: encoded, data: data, accessControl: item.accessControl)
@@ -186,7 +188,7 @@ extension Vault {
     /// attribute and the value become `item`'s (an attribute `item` lacks is removed, where
     /// ``update(matching:to:)`` would keep it), dated `madeAt` instead of now.
     package func replace(matching query: Query, with item: Item, madeAt: Date?) throws(LockboxError) {
-        if let data = item.data { try checkSizes(data: data, encodedAttributes: nil) }
+        if let data = item.data { try checkSizes(data: data, encodedAttributes: nil, limit: Self.syncedItemSizeLimit) }
         if item.attributes.accessGroup != nil {
             _ = try resolvedGroupForWriting(item.attributes.accessGroup)
         }
@@ -194,7 +196,7 @@ extension Vault {
             try writeRows(state) { writer throws(LockboxError) in
                 try updateRows(
                     matching: query, to: ItemUpdate(attributes: item.attributes, data: item.data), replacingAttributes: true,
-                    writer: writer, state: state, modifiedAt: madeAt)
+                    sizeLimit: Self.syncedItemSizeLimit, writer: writer, state: state, modifiedAt: madeAt)
             }
             // The replaced values must not linger in the write-ahead log.
             state.database.truncateWriteAheadLog()
@@ -203,10 +205,11 @@ extension Vault {
 
     /// `update(matching:to:)` inside a write transaction already open; with `replacingAttributes`,
     /// the rows' attributes become exactly `update`'s (the dates aside), as
-    /// ``replace(matching:with:madeAt:)`` writes them.
+    /// ``replace(matching:with:madeAt:)`` writes them; `sizeLimit` instead of this store's
+    /// limit (a change sync applies).
     func updateRows(
-        matching query: Query, to update: ItemUpdate, replacingAttributes: Bool = false, writer: RowWriter, state: State,
-        modifiedAt: Date? = nil
+        matching query: Query, to update: ItemUpdate, replacingAttributes: Bool = false, sizeLimit: Int? = nil, writer: RowWriter,
+        state: State, modifiedAt: Date? = nil
     ) throws(LockboxError) {
         var query = query
         query.limit = .all
@@ -237,7 +240,7 @@ extension Vault {
             attributes.creationDate = attributes.creationDate ?? currentDate()
             attributes.modificationDate = modifiedAt ?? currentDate()
             let encoded = attributes.encoded()
-            try checkSizes(data: data, encodedAttributes: encoded)
+            try checkSizes(data: data, encodedAttributes: encoded, limit: sizeLimit)
             // A new accessibility means a new class key: the item key is rewrapped.
             let keys = try keysForWriting(query.itemClass, attributes.accessibility ?? .default, state: state)
             let sealed = SealedRow.seal(
@@ -734,32 +737,24 @@ extension Vault {
 
     /// `encodedAttributes`: the attributes as sealed (`encoded()`), or nil when they are not
     /// being written.
-    /// Whether an item of a `valueSize`-byte value and `attributes` is within this store's
-    /// limit (``Configuration/maximumValueSize``) as an add or update checks it. A sync asks
-    /// before it applies another device's record, which a store with a larger limit may have
-    /// written. `encodedSize`, the attributes' encoded size without their dates when known,
-    /// spares encoding them unless they come near the limit.
-    package func fitsSizeLimit(valueSize: Int, attributes: ItemAttributes, encodedSize: Int? = nil) -> Bool {
-        let limit = configuration.maximumValueSize
-        guard valueSize <= limit else { return false }
-        // The dates the store sets take a few bytes.
-        if let encodedSize, encodedSize + 64 <= limit { return true }
-        var dated = attributes
-        dated.creationDate = dated.creationDate ?? currentDate()
-        dated.modificationDate = currentDate()
-        return dated.encoded().count <= limit
-    }
+    /// The largest value, and encoded attributes, an item that sync carries may have. An item
+    /// another device's store allowed is applied here up to this size, whatever this store's
+    /// own limit (``Configuration/maximumValueSize``, which is for what is written here): a
+    /// group's devices hold the same items. Sync refuses to send a larger one.
+    package static let syncedItemSizeLimit = 16 << 20
 
-    private func checkSizes(data: SecretBytes, encodedAttributes: [UInt8]?) throws(LockboxError) {
-        guard data.count <= configuration.maximumValueSize else {
+    /// Checks a value and encoded attributes against `limit`, or this store's limit.
+    private func checkSizes(data: SecretBytes, encodedAttributes: [UInt8]?, limit: Int? = nil) throws(LockboxError) {
+        let limit = limit ?? configuration.maximumValueSize
+        let whose = limit == configuration.maximumValueSize ? "this store's limit" : "sync's limit"
+        guard data.count <= limit else {
             throw LockboxError(
                 .param,
-                "The value is \(data.count) bytes, over this store's limit of \(configuration.maximumValueSize) bytes. "
+                "The value is \(data.count) bytes, over \(whose) of \(limit) bytes. "
                     + "Keep large data in a file encrypted with a key stored here.")
         }
-        if let encodedAttributes, encodedAttributes.count > configuration.maximumValueSize {
-            throw LockboxError(
-                .param, "The item's attributes are over this store's limit of \(configuration.maximumValueSize) bytes.")
+        if let encodedAttributes, encodedAttributes.count > limit {
+            throw LockboxError(.param, "The item's attributes are over \(whose) of \(limit) bytes.")
         }
     }
 

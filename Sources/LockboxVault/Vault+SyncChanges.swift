@@ -382,6 +382,10 @@ extension Vault {
 }
 
 /// One change that a sync brings to the vault.
+///
+/// An item added or replaced is checked against ``Vault/syncedItemSizeLimit``, not this store's
+/// own limit: another device's store may allow larger values, and the group's devices hold the
+/// same items.
 public enum SyncedChange: Sendable {
     /// A new item. Its modification date, when it has one (the time another device made the
     /// change), is the item's creation and modification date here; otherwise now.
@@ -463,14 +467,14 @@ extension Vault {
         state.database.resetStatements()
         switch change {
         case .add(let item):
-            let prepared = try prepareForAdding(item, now: item.attributes.modificationDate ?? now)
+            let prepared = try prepareForAdding(item, now: item.attributes.modificationDate ?? now, sizeLimit: Self.syncedItemSizeLimit)
             return (Data(try insert(prepared, writer: writer, state: state)), false)
         case .replace(let reference, let item):
             var query = Query(item.itemClass, synchronizable: .any)
             query.persistentReference = reference
             try updateRows(
                 matching: query, to: ItemUpdate(attributes: item.attributes, data: item.data), replacingAttributes: true,
-                writer: writer, state: state, modifiedAt: item.attributes.modificationDate)
+                sizeLimit: Self.syncedItemSizeLimit, writer: writer, state: state, modifiedAt: item.attributes.modificationDate)
             return (reference, true)
         case .delete(let reference, let classes, let madeAt):
             writer.deletionTime = madeAt

@@ -96,65 +96,60 @@ extension SyncTests {
             }
         }
 
-        @Test("A value over this keychain's size limit, from a store that allows more, is held back, the other records applied; it arrives once the limit allows it")
-        func valueOverTheSizeLimitHeldBack() throws {
+        @Test("A value over this keychain's own size limit, from a store that allows more, arrives: sync's limit applies, not the store's; a local edit that lost to it is replaced by it")
+        func valueOverTheStoreLimitArrives() throws {
             let (groups, machines) = try threeMachines()
-            // A's store allows 256 KiB (as lockboxd --max-value-size does); B keeps the default 64 KiB.
+            // A's store allows 256 KiB (as lockboxd --max-value-size does); B and C keep the default 64 KiB.
             let large = try reopened(machines[0]) { $0.maximumValueSize = 256 * 1024 }
             let big = [UInt8](repeating: 7, count: 100 * 1024)
             var item = Item.genericPassword(service: "large.example", account: "user", data: SecretBytes(copying: big))
             item.attributes.synchronizable = true
             try large.add(item)
             try machines[0].add("small.example", "user", "small")
-            // An item B already has, made too large for B by an edit on A.
-            try machines[0].add("grown.example", "user", "small at first")
-            try groups[0].sync()
-            try groups[1].sync()
-            #expect(try machines[1].value("grown.example", "user") == "small at first")
-            var grow = machines[0].query("grown.example", "user")
-            grow.limit = .one
-            try large.update(matching: grow, to: ItemUpdate(data: SecretBytes(copying: big)))
-            try groups[0].sync()
-            for _ in 0..<2 {
-                let report = try groups[1].sync()
-                #expect(report.pulled == 0, "a record held back counted as pulled")
-            }
-            #expect(try machines[1].value("small.example", "user") == "small")
-            #expect(try bytes(machines[1], "large.example") == nil)
-            #expect(try machines[1].value("grown.example", "user") == "small at first", "the row of an item held back for its size changed")
-            #expect(try groups[1].status().heldBack == 2)
-            #expect(try groups[1].status().pendingLocalChanges == 0)
-            #expect(try machines[1].verify())
-
-            // B's limit raised: both arrive at the next sync.
-            let roomier = try reopened(machines[1]) { $0.maximumValueSize = 256 * 1024 }
-            let group = try SyncGroup(groups[1].groupID, vault: roomier, database: try testDatabase())
-            #expect(try group.sync().pulled == 2)
-            #expect(try bytes(machines[1], "large.example") == big)
-            #expect(try bytes(machines[1], "grown.example") == big)
-            #expect(try group.status().heldBack == 0)
-            #expect(try group.sync().changedNothing)
-            #expect(try machines[1].verify())
-        }
-
-        @Test("An item held back for its size, edited here later, is pushed: the later write wins everywhere and ends the hold")
-        func heldBackForItsSizeThenEditedHere() throws {
-            let (groups, machines) = try threeMachines()
             try machines[0].add("grown.example", "user", "v1")
             for group in groups { try group.sync() }
-            let large = try reopened(machines[0]) { $0.maximumValueSize = 256 * 1024 }
-            try large.update(matching: machines[0].query("grown.example", "user"), to: ItemUpdate(data: SecretBytes(copying: [UInt8](repeating: 1, count: 80 * 1024))))
+            #expect(try bytes(machines[1], "large.example") == big)
+            #expect(try machines[1].value("small.example", "user") == "small")
+            // B edits an item; A, later, makes it larger than B's store allows: A's write wins on B too.
+            try machines[1].set("grown.example", "user", "edited on B, earlier")
+            tick()
+            try large.update(matching: machines[0].query("grown.example", "user"), to: ItemUpdate(data: SecretBytes(copying: big)))
             try groups[0].sync()
             try groups[1].sync()
-            #expect(try groups[1].status().heldBack == 1)
-            tick()
-            try machines[1].set("grown.example", "user", "edited on B, later")
-            for group in [groups[1], groups[0], groups[2], groups[1]] { try group.sync() }
+            #expect(try bytes(machines[1], "grown.example") == big, "B kept its edit, which lost")
+            for group in groups + groups { try group.sync() }
             for (index, machine) in machines.enumerated() {
-                #expect(try machine.value("grown.example", "user") == "edited on B, later", "machine \(index)")
+                #expect(try bytes(machine, "grown.example") == big, "machine \(index)")
+                #expect(try bytes(machine, "large.example") == big, "machine \(index)")
                 #expect(try machine.verify())
             }
-            #expect(try groups[1].status().heldBack == 0)
+            // B's own writes stay under B's limit.
+            let refused = #expect(throws: LockboxError.self) {
+                try machines[1].vault.update(matching: machines[1].query("grown.example", "user"), to: ItemUpdate(data: SecretBytes(copying: big + [1])))
+            }
+            #expect(refused?.code == .param)
+        }
+
+        @Test("An item over sync's own limit (a store configured for more) is refused by the push, with what to do, before anything of it is written")
+        func itemOverTheSyncLimitRefused() throws {
+            let (groups, machines) = try threeMachines()
+            let huge = try reopened(machines[0]) { $0.maximumValueSize = 32 << 20 }
+            var item = Item.genericPassword(service: "huge.example", account: "user", data: SecretBytes(copying: [UInt8](repeating: 3, count: (16 << 20) + 1)))
+            item.attributes.synchronizable = true
+            try huge.add(item)
+            let refused = #expect(throws: LockboxError.self) { try groups[0].sync() }
+            #expect(refused?.code == .param)
+            #expect(refused?.message.contains("sync's limit") == true)
+            try groups[1].sync()
+            #expect(try bytes(machines[1], "huge.example") == nil)
+            // Made not synchronizable: the rest syncs again.
+            var local = ItemAttributes()
+            local.synchronizable = false
+            try huge.update(matching: machines[0].query("huge.example", "user"), to: ItemUpdate(attributes: local))
+            try machines[0].add("after.example", "user", "after")
+            try groups[0].sync()
+            try groups[1].sync()
+            #expect(try machines[1].value("after.example", "user") == "after")
         }
 
         @Test("A sync through a handle restricted to some access groups is refused before anything is read or written: the other groups' items are not taken for deletes")

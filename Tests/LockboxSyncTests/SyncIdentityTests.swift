@@ -67,6 +67,43 @@ extension SyncTests {
             #expect(try fresh.data(matching: query) == SecretBytes(utf8: "v2"))
         }
 
+        @Test("A join through a handle that cannot see this keychain's device key (another device identity: XDG_STATE_HOME or machine-id differs) removes nothing the real device still uses")
+        func joinUnderAnotherIdentityKeepsTheValidState() throws {
+            let (groups, machines) = try threeMachines()
+            try machines[0].add("kept.example", "user", "v1")
+            try machines[0].add("deleted.example", "user", "v1")
+            for group in groups { try group.sync() }
+            // B deletes an item; not synced yet.
+            try machines[1].delete("deleted.example", "user")
+            let statePath = SyncState.path(vault: machines[1].vault.path, groupID: groups[1].groupID)
+            #expect(FileManager.default.fileExists(atPath: statePath))
+            // The same keychain opened where the device key file is another (a shell or service
+            // with another XDG_STATE_HOME): its ThisDeviceOnly items, the group and device keys
+            // among them, are not visible; the user joins "again", as the error suggests.
+            let elsewhere = TemporaryDirectory("lockbox-sync-other-identity")
+            var configuration = machines[1].vault.configuration
+            configuration.device = DeviceIdentity(keyPath: elsewhere.file("state/lockbox/device-key"))
+            machines[1].vault.lockAll()
+            let other = try Vault.open(at: machines[1].vault.path, configuration: configuration)
+            try other.unlock(passphrase: SecretBytes(utf8: "machine passphrase"))
+            #expect(throws: LockboxError.self) { _ = try SyncGroup(groups[1].groupID, vault: other, database: try testDatabase()) }
+            // Whatever the join does (here: refused, the invisible device key holding its primary key),
+            // the state of the device whose key this keychain still holds must stay.
+            var outcome = "joined"
+            do {
+                _ = try SyncGroup.join(groups[0].groupID, vault: other, database: try testDatabase(), passphrase: groupPassphrase)
+            } catch { outcome = "join refused: \(error)" }
+            #expect(FileManager.default.fileExists(atPath: statePath), "the state of device \(groups[1].deviceID), whose key this keychain still holds, was removed (\(outcome))")
+            // Back in the usual environment (unlocked there again): B's delete must still reach the group.
+            other.lockAll()
+            machines[1].vault.lockAll()
+            try machines[1].vault.unlock(passphrase: SecretBytes(utf8: "machine passphrase"))
+            try groups[1].sync()
+            try groups[0].sync()
+            #expect(try machines[1].value("deleted.example", "user") == nil, "B's delete undone on B")
+            #expect(try machines[0].value("deleted.example", "user") == nil, "B's delete never reached A")
+        }
+
         @Test("A keychain whose device key was deleted says to join again, and joins again as a new device")
         func deviceKeyDeleted() throws {
             let (groups, machines) = try threeMachines()
