@@ -38,7 +38,15 @@ struct FleetMarks {
     /// The marks in the file; none when there is no file yet.
     /// - Throws: `errSecDecode` when the file was modified outside Lockbox.
     func load() throws(LockboxError) -> [String: Int64] {
-        guard let data = FileManager.default.contents(atPath: path) else { return [:] }
+        guard let data = FileManager.default.contents(atPath: path) else {
+            // No file: no marks yet. A file this user cannot read (one a run as root left
+            // behind, say) is not taken for none, which would turn the check off.
+            if access(path, F_OK) != 0 && errno == ENOENT { return [:] }
+            throw LockboxError(
+                .io,
+                "Cannot read \(path), this machine's record of the fleet's token versions. Give it back to this user "
+                    + "(chown, mode 0600), then try again.")
+        }
         let bytes = [UInt8](data)
         guard bytes.count >= Crypto.keyByteCount else { throw damaged() }
         let body = Array(bytes.dropLast(Crypto.keyByteCount))
@@ -60,8 +68,13 @@ struct FleetMarks {
     }
 
     /// The error for a field older than `mark`.
-    static func replayed() -> LockboxError {
-        LockboxError.syncDatabase("A fleet session's token in the sync database (older than one this machine already saw)")
+    func replayed() -> LockboxError {
+        LockboxError(
+            .decode,
+            "A fleet session's token in the sync database is older than one this machine already saw: an older token was put "
+                + "back (the database restored from a backup, or changed by its administrator). It was not used. Have the "
+                + "database restored to its latest state; if that is not possible, sign the session in again after removing "
+                + "\(path) on each machine of the fleet (which trusts the database's tokens as they are now).")
     }
 
     /// Raises a field's mark to `version` (never lowers it). Best effort: it runs after the

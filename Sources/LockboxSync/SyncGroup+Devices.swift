@@ -237,6 +237,7 @@ extension SyncGroup {
             // or rolled back, is refused here as a sync refuses it).
             let known = try state.allEntries()
             try connection.transaction { () throws(LockboxError) in
+                try lockFleetSessionsForRemoval(connection)
                 let group = try connection.execute(
                     "SELECT counter, key_epoch, head FROM lockbox_sync_groups WHERE group_id = $1 FOR UPDATE", [.text(groupID)])
                 guard let row = group.first, try PostgresConnection.integer(row[1]) == old.epoch else {

@@ -82,7 +82,7 @@ extension SyncGroup {
     /// One field of a session, opened; nil when there is none.
     /// - Throws: `errSecDecode` for a field that fails to open, or one older than a version this
     ///   machine already read or wrote (an older token put back in the database).
-    package func readFleet(_ connection: PostgresConnection, session: String, field: FleetField) throws(LockboxError) -> (
+    package func readFleet(_ connection: PostgresConnection, session: String, field: FleetField, caughtUp: Bool = false) throws(LockboxError) -> (
         secret: SecretBytes, details: [UInt8]
     )? {
         // The mark as it was before the database was asked: a newer version that another
@@ -92,8 +92,16 @@ extension SyncGroup {
             "SELECT \(field.rawValue) FROM lockbox_fleet_sessions WHERE group_id = $1 AND session_id = $2",
             [.text(groupID), .text(session)])
         guard let row = rows.first, let value = row[0] else { return nil }
-        let opened = try openFleet(try PostgresConnection.bytes(value), session: session, field: field, keys: keys)
-        if let mark, opened.version < mark { throw FleetMarks.replayed() }
+        let opened: (secret: SecretBytes, details: [UInt8], version: Int64)
+        do {
+            opened = try openFleet(try PostgresConnection.bytes(value), session: session, field: field, keys: keys)
+        } catch where error.code == .decode && !caughtUp {
+            // A device removal may have re-sealed the row under a new epoch since this
+            // connection caught up: caught up again, and read once more.
+            try catchUpKeys(connection)
+            return try readFleet(connection, session: session, field: field, caughtUp: true)
+        }
+        if let mark, opened.version < mark { throw fleetMarks.replayed() }
         fleetMarks.raise(session: session, field: field, to: opened.version)
         return (opened.secret, opened.details)
     }
@@ -112,14 +120,18 @@ extension SyncGroup {
             let keys = self.keys
             let written = try connection.transaction { () throws(LockboxError) -> Int64? in
                 let group = try connection.execute(
-                    "SELECT key_epoch FROM lockbox_sync_groups WHERE group_id = $1 FOR SHARE", [.text(groupID)])
+                    "SELECT key_epoch, \(Self.fleetClock) FROM lockbox_sync_groups WHERE group_id = $1 FOR SHARE", [.text(groupID)])
                 guard let epoch = group.first else {
                     throw LockboxError(.itemNotFound, "The sync group \(groupID) is not in the database any more. Nothing was changed here.")
                 }
                 guard try PostgresConnection.integer(epoch[0]) == keys.epoch else { return nil }
                 let rows = try connection.execute(
                     "SELECT version FROM lockbox_fleet_sessions WHERE group_id = $1 AND session_id = $2 FOR UPDATE", [.text(groupID), .text(session)])
-                let version = try SyncHead.version(after: try rows.first.map { row throws(LockboxError) in try PostgresConnection.integer(row[0]) } ?? 0)
+                // Past the row's version, and at least the database's time in milliseconds: a
+                // row deleted (by the administrator, or a Lockbox of the first format signing
+                // out) and written again does not start over below what the machines saw of it.
+                let previous = try rows.first.map { row throws(LockboxError) in try PostgresConnection.integer(row[0]) } ?? 0
+                let version = max(try SyncHead.version(after: previous), try PostgresConnection.integer(epoch[1]))
                 let value: PostgresConnection.Value =
                     secret.map { .bytes(sealFleet($0, details: details, session: session, field: field, version: version, keys: keys)) } ?? .null
                 try connection.execute(
@@ -139,22 +151,50 @@ extension SyncGroup {
         throw LockboxError(.io, "The sync group's key kept changing while a fleet token was stored (devices being removed). Try again.")
     }
 
+    /// The database's time in milliseconds, which fleet versions are at least (``writeFleet``).
+    static let fleetClock = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+
     /// Signs a session out (both tokens gone). The row stays, with its version, so that the
     /// tokens of a later sign-in are newer than any this session had.
     package func clearFleet(_ connection: PostgresConnection, session: String) throws(LockboxError) {
         try connection.execute(
-            "UPDATE lockbox_fleet_sessions SET refresh_token = NULL, access_token = NULL, version = version + 1 WHERE group_id = $1 AND session_id = $2",
+            "UPDATE lockbox_fleet_sessions SET refresh_token = NULL, access_token = NULL, version = GREATEST(version + 1, \(Self.fleetClock)) WHERE group_id = $1 AND session_id = $2",
             [.text(groupID), .text(session)])
     }
 
     /// Waits for the session's advisory lock on a connection of its own, which holds it until
-    /// it is closed: a machine that dies holding it loses it with its connection.
+    /// it is closed: a machine that dies holding it loses it with its connection. The server
+    /// probes that connection every 10 seconds after 20 idle ones, and gives up on it after 3
+    /// unanswered probes or 60 seconds of unacknowledged data, so a machine that loses power or
+    /// its network holding the lock loses it within about a minute (the server's defaults would
+    /// keep it for over two hours), well within the others' wait.
     package func lockFleetSession(_ session: String) throws(LockboxError) -> PostgresConnection {
         let connection = try PostgresConnection(database)
-        let digits = Array(session.utf8.prefix(16))
-        let number = UInt64(String(decoding: digits, as: UTF8.self), radix: 16) ?? 0
-        try connection.execute("SELECT pg_advisory_lock($1)", [.integer(Int64(bitPattern: number))])
+        try connection.execute(
+            """
+            SELECT set_config('tcp_keepalives_idle', '20', false), set_config('tcp_keepalives_interval', '10', false),
+                set_config('tcp_keepalives_count', '3', false), set_config('tcp_user_timeout', '60000', false)
+            """)
+        try connection.execute("SELECT pg_advisory_lock($1)", [.integer(Self.fleetLockKey(session))])
         return connection
+    }
+
+    /// The advisory lock's key of a session: its identifier's first 64 bits.
+    static func fleetLockKey(_ session: String) -> Int64 {
+        let digits = Array(session.utf8.prefix(16))
+        return Int64(bitPattern: UInt64(String(decoding: digits, as: UTF8.self), radix: 16) ?? 0)
+    }
+
+    /// Takes, for the transaction, the advisory lock of every session of the group (a device
+    /// removal, before it locks the group's row): a refresh in flight on any machine stores its
+    /// rotated token first, under the key it holds, and is re-sealed with the rest. (Taken after
+    /// the group's row, it would wait on a refresh whose store waits on that row.)
+    func lockFleetSessionsForRemoval(_ connection: PostgresConnection) throws(LockboxError) {
+        let sessions = try connection.execute("SELECT session_id FROM lockbox_fleet_sessions WHERE group_id = $1 ORDER BY session_id", [.text(groupID)])
+        for row in sessions {
+            guard let session = row[0] else { continue }
+            try connection.execute("SELECT pg_advisory_xact_lock($1)", [.integer(Self.fleetLockKey(session))])
+        }
     }
 
     /// Re-seals every fleet session under the new epoch's key (inside a device removal).
