@@ -296,7 +296,7 @@ let package = Package(
             swiftSettings: strict),
         .testTarget(
             name: "LockboxSyncTests",
-            dependencies: ["LockboxSync", "LockboxVault", "LockboxKeys", "Lockbox", "LockboxTestSupport"],
+            dependencies: ["LockboxSync", "LockboxFleet", "LockboxAuth", "LockboxVault", "LockboxKeys", "Lockbox", "LockboxTestSupport"],
             swiftSettings: strict),
         .testTarget(
             name: "LockboxBrokerTests",

@@ -79,23 +79,47 @@ public struct FleetTokenStore: TokenStore {
 
 /// The current access token in the group's database, sealed, so the fleet refreshes once per
 /// lifetime rather than once per machine (see ``FleetSession``).
+///
+/// Its expiry and freshness are kept in the database's clock, and each machine translates them
+/// to its own through the database's time when it stores or reads them: a machine whose clock
+/// runs ahead or behind neither hands the others an expired token as fresh nor refreshes early.
+/// (A token stored before this, in its writer's clock, is read as it was.)
 public struct FleetAccessTokenCache: AccessTokenCache {
     let group: SyncGroup
+    /// This machine's clock (a test gives one that runs ahead).
+    let now: @Sendable () -> Date
+
+    init(group: SyncGroup, now: @escaping @Sendable () -> Date = { Date() }) {
+        self.group = group
+        self.now = now
+    }
+
+    /// The details' mark of times in the database's clock.
+    private static let databaseClock = 1
 
     public func cachedAccessToken(for key: CredentialKey) async throws(LockboxError) -> CachedAccessToken? {
         let group = group
         let session = group.fleetSessionID(key.storageAccount)
+        let now = now
         return try await BlockingCall.run { () throws(LockboxError) -> CachedAccessToken? in
-            guard let stored = try group.readFleet(try group.fleetConnection(), session: session, field: .accessToken) else { return nil }
+            guard let stored = try group.readFleetTimed(try group.fleetConnection(), session: session, field: .accessToken) else { return nil }
+            let here = now()
             var decoder = FieldDecoder(stored.details)
             guard let type = try? decoder.string(), let expires = try? decoder.integer(), let fresh = try? decoder.integer(),
-                let scope = try? decoder.string(), decoder.isAtEnd
+                let scope = try? decoder.string()
             else { throw LockboxError.syncDatabase("A fleet session in the sync database") }
+            // A time of the details, in this machine's clock.
+            var local: (Int) -> Date = { Date(timeIntervalSince1970: Double($0) / 1000) }
+            if !decoder.isAtEnd {
+                guard (try? decoder.integer()) == Self.databaseClock, decoder.isAtEnd else {
+                    throw LockboxError.syncDatabase("A fleet session in the sync database")
+                }
+                local = { here.addingTimeInterval(Double(Int64($0) - stored.databaseTime) / 1000) }
+            }
             let credentials = Credentials(
-                accessToken: stored.secret, tokenType: type, expiresAt: Date(timeIntervalSince1970: Double(expires) / 1000),
-                scope: scope.split(separator: " ").map(String.init))
-            let freshUntil = Date(timeIntervalSince1970: Double(fresh) / 1000)
-            return freshUntil > Date() ? CachedAccessToken(credentials: credentials, freshUntil: freshUntil) : nil
+                accessToken: stored.secret, tokenType: type, expiresAt: local(expires), scope: scope.split(separator: " ").map(String.init))
+            let freshUntil = local(fresh)
+            return freshUntil > here ? CachedAccessToken(credentials: credentials, freshUntil: freshUntil) : nil
         }
     }
 
@@ -106,15 +130,24 @@ public struct FleetAccessTokenCache: AccessTokenCache {
             try await removeAccessToken(for: key)
             return
         }
-        var details = FieldEncoder()
-        details.string(token.credentials.tokenType)
-        details.integer(Int(expiresAt.timeIntervalSince1970 * 1000))
-        details.integer(Int(token.freshUntil.timeIntervalSince1970 * 1000))
-        details.string(token.credentials.scope.joined(separator: " "))
-        let encoded = details.bytes
+        let type = token.credentials.tokenType
+        let scope = token.credentials.scope.joined(separator: " ")
+        let freshUntil = token.freshUntil
         let secret = token.credentials.accessToken
+        let now = now
         try await BlockingCall.run { () throws(LockboxError) in
-            try group.writeFleet(try group.fleetConnection(), session: session, field: .accessToken, secret: secret, details: encoded)
+            let connection = try group.fleetConnection()
+            // This machine's times, moved to the database's clock.
+            let databaseTime = try group.databaseTime(connection)
+            let here = now()
+            func shared(_ date: Date) -> Int { Int(databaseTime) + Int((date.timeIntervalSince(here) * 1000).rounded()) }
+            var details = FieldEncoder()
+            details.string(type)
+            details.integer(shared(expiresAt))
+            details.integer(shared(freshUntil))
+            details.string(scope)
+            details.integer(Self.databaseClock)
+            try group.writeFleet(connection, session: session, field: .accessToken, secret: secret, details: details.bytes)
         }
     }
 

@@ -82,16 +82,25 @@ extension SyncGroup {
     /// One field of a session, opened; nil when there is none.
     /// - Throws: `errSecDecode` for a field that fails to open, or one older than a version this
     ///   machine already read or wrote (an older token put back in the database).
-    package func readFleet(_ connection: PostgresConnection, session: String, field: FleetField, caughtUp: Bool = false) throws(LockboxError) -> (
+    package func readFleet(_ connection: PostgresConnection, session: String, field: FleetField) throws(LockboxError) -> (
         secret: SecretBytes, details: [UInt8]
+    )? {
+        try readFleetTimed(connection, session: session, field: field).map { ($0.secret, $0.details) }
+    }
+
+    /// ``readFleet(_:session:field:)``, with the database's time in milliseconds when it read
+    /// the field (times in a field's details are in that clock: one clock for the fleet).
+    package func readFleetTimed(_ connection: PostgresConnection, session: String, field: FleetField, caughtUp: Bool = false) throws(LockboxError) -> (
+        secret: SecretBytes, details: [UInt8], databaseTime: Int64
     )? {
         // The mark as it was before the database was asked: a newer version that another
         // process of this machine writes and marks meanwhile is not a replay.
         let mark = try fleetMarks.mark(session: session, field: field)
         let rows = try connection.execute(
-            "SELECT \(field.rawValue) FROM lockbox_fleet_sessions WHERE group_id = $1 AND session_id = $2",
+            "SELECT \(field.rawValue), \(Self.fleetClock) FROM lockbox_fleet_sessions WHERE group_id = $1 AND session_id = $2",
             [.text(groupID), .text(session)])
         guard let row = rows.first, let value = row[0] else { return nil }
+        let databaseTime = try PostgresConnection.integer(row[1])
         let opened: (secret: SecretBytes, details: [UInt8], version: Int64)
         do {
             opened = try openFleet(try PostgresConnection.bytes(value), session: session, field: field, keys: keys)
@@ -99,11 +108,11 @@ extension SyncGroup {
             // A device removal may have re-sealed the row under a new epoch since this
             // connection caught up: caught up again, and read once more.
             try catchUpKeys(connection)
-            return try readFleet(connection, session: session, field: field, caughtUp: true)
+            return try readFleetTimed(connection, session: session, field: field, caughtUp: true)
         }
         if let mark, opened.version < mark { throw fleetMarks.replayed() }
         fleetMarks.raise(session: session, field: field, to: opened.version)
-        return (opened.secret, opened.details)
+        return (opened.secret, opened.details, databaseTime)
     }
 
     /// Writes (or, with nil, clears) one field of a session; committed when it returns. The
@@ -153,6 +162,11 @@ extension SyncGroup {
 
     /// The database's time in milliseconds, which fleet versions are at least (``writeFleet``).
     static let fleetClock = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+
+    /// The database's time in milliseconds.
+    package func databaseTime(_ connection: PostgresConnection) throws(LockboxError) -> Int64 {
+        try PostgresConnection.integer(try connection.execute("SELECT \(Self.fleetClock)").first?.first ?? nil)
+    }
 
     /// Signs a session out (both tokens gone). The row stays, with its version, so that the
     /// tokens of a later sign-in are newer than any this session had.

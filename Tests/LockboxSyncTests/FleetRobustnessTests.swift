@@ -5,7 +5,9 @@ import LockboxVault
 import Synchronization
 import Testing
 
+@testable import LockboxFleet
 @testable import LockboxSync
+import LockboxAuth
 
 #if canImport(Glibc)
 import Glibc
@@ -136,6 +138,29 @@ extension SyncTests {
             try groups[0].removeDevice(groups[2].deviceID)
             let read = attempt { try plain(groups[1].readFleet(connection, session: session, field: .refreshToken)) }
             #expect((try? read.get()) == "refresh-1", "\(read)")
+        }
+
+        @Test("An access token stored by a machine whose clock runs a minute ahead is fresh, on a machine with the right clock, only for its own lifetime: the times travel in the database's clock")
+        func skewedWriterClock() async throws {
+            let (groups, machines) = try threeMachines()
+            defer { withExtendedLifetime(machines) {} }
+            let key = CredentialKey(issuer: "https://issuer.example", clientID: "fleet-clock")
+            let ahead = FleetAccessTokenCache(group: groups[1], now: { Date().addingTimeInterval(60) })
+            let aheadNow = Date().addingTimeInterval(60)
+            let credentials = Credentials(
+                accessToken: SecretBytes(utf8: "access token"), tokenType: "Bearer", expiresAt: aheadNow.addingTimeInterval(4), scope: ["api"])
+            try await ahead.storeAccessToken(CachedAccessToken(credentials: credentials, freshUntil: aheadNow.addingTimeInterval(3.6)), for: key)
+            let read = try #require(try await FleetAccessTokenCache(group: groups[2]).cachedAccessToken(for: key))
+            let fresh = read.freshUntil.timeIntervalSinceNow
+            #expect(fresh > 2 && fresh < 4.5, "fresh for \(fresh) s on the machine with the right clock")
+            let expires = try #require(read.credentials.expiresAt).timeIntervalSinceNow
+            #expect(expires > 2.5 && expires < 5, "expires in \(expires) s")
+            // And read back by the machine that runs ahead, in its own clock.
+            let own = try #require(try await ahead.cachedAccessToken(for: key))
+            #expect(abs(own.freshUntil.timeIntervalSince(aheadNow.addingTimeInterval(3.6))) < 1.5)
+            // Once its lifetime is over by the database's clock, no machine takes it for fresh.
+            try await Task.sleep(for: .seconds(4))
+            #expect(try await FleetAccessTokenCache(group: groups[2]).cachedAccessToken(for: key) == nil)
         }
 
         @Test("A device removal waits for a refresh in flight (the session's lock held) and re-seals the token it stored, instead of overwriting it with the older one")
