@@ -21,6 +21,24 @@ private func attempt<T>(_ body: () throws -> T) -> Result<T, any Error> {
     do { return .success(try body()) } catch { return .failure(error) }
 }
 
+/// Machine 0 writes "refresh-1", then "refresh-2", which machine 1 reads; then the
+/// administrator puts the sealed "refresh-1" back in the database.
+private func putBackAnOlderToken(_ groups: [SyncGroup], session: String) throws {
+    let database = try PostgresConnection(try testDatabase())
+    func sealed() throws -> String? {
+        try database.execute(
+            "SELECT refresh_token FROM lockbox_fleet_sessions WHERE group_id = $1 AND session_id = $2", [.text(groups[0].groupID), .text(session)]
+        ).first?[0] ?? nil
+    }
+    try groups[0].writeFleet(try groups[0].fleetConnection(), session: session, field: .refreshToken, secret: SecretBytes(utf8: "refresh-1"))
+    let first = try sealed()
+    try groups[0].writeFleet(try groups[0].fleetConnection(), session: session, field: .refreshToken, secret: SecretBytes(utf8: "refresh-2"))
+    #expect(try plain(groups[1].readFleet(try groups[1].fleetConnection(), session: session, field: .refreshToken)) == "refresh-2")
+    try database.execute(
+        "UPDATE lockbox_fleet_sessions SET refresh_token = $3::bytea WHERE group_id = $1 AND session_id = $2",
+        [.text(groups[0].groupID), .text(session), first.map { .text($0) } ?? .null])
+}
+
 extension SyncTests {
     /// The fleet's session rows and lock against what the administrator, a device removal and an
     /// operator's mistakes do to them.
@@ -49,20 +67,8 @@ extension SyncTests {
         func replayErrorNamesTheWayOut() throws {
             let (groups, machines) = try threeMachines()
             defer { withExtendedLifetime(machines) {} }
-            let database = try PostgresConnection(try testDatabase())
             let session = groups[0].fleetSessionID("account-replay")
-            func sealed() throws -> String? {
-                try database.execute(
-                    "SELECT refresh_token FROM lockbox_fleet_sessions WHERE group_id = $1 AND session_id = $2", [.text(groups[0].groupID), .text(session)]
-                ).first?[0] ?? nil
-            }
-            try groups[0].writeFleet(try groups[0].fleetConnection(), session: session, field: .refreshToken, secret: SecretBytes(utf8: "refresh-1"))
-            let first = try sealed()
-            try groups[0].writeFleet(try groups[0].fleetConnection(), session: session, field: .refreshToken, secret: SecretBytes(utf8: "refresh-2"))
-            #expect(try plain(groups[1].readFleet(try groups[1].fleetConnection(), session: session, field: .refreshToken)) == "refresh-2")
-            try database.execute(
-                "UPDATE lockbox_fleet_sessions SET refresh_token = $3::bytea WHERE group_id = $1 AND session_id = $2",
-                [.text(groups[0].groupID), .text(session), first.map { .text($0) } ?? .null])
+            try putBackAnOlderToken(groups, session: session)
             let refused = #expect(throws: LockboxError.self) { _ = try groups[1].readFleet(try groups[1].fleetConnection(), session: session, field: .refreshToken) }
             #expect(refused?.code == .decode)
             #expect(refused?.message.contains(groups[1].fleetMarks.path) == true, "\(String(describing: refused?.message))")
@@ -72,21 +78,8 @@ extension SyncTests {
         func unreadableMarksAreAnError() throws {
             let (groups, machines) = try threeMachines()
             defer { withExtendedLifetime(machines) {} }
-            let database = try PostgresConnection(try testDatabase())
             let session = groups[0].fleetSessionID("account-marks")
-            func sealed() throws -> String? {
-                try database.execute(
-                    "SELECT refresh_token FROM lockbox_fleet_sessions WHERE group_id = $1 AND session_id = $2", [.text(groups[0].groupID), .text(session)]
-                ).first?[0] ?? nil
-            }
-            try groups[0].writeFleet(try groups[0].fleetConnection(), session: session, field: .refreshToken, secret: SecretBytes(utf8: "refresh-1"))
-            #expect(try plain(groups[1].readFleet(try groups[1].fleetConnection(), session: session, field: .refreshToken)) == "refresh-1")
-            let first = try sealed()
-            try groups[0].writeFleet(try groups[0].fleetConnection(), session: session, field: .refreshToken, secret: SecretBytes(utf8: "refresh-2"))
-            #expect(try plain(groups[1].readFleet(try groups[1].fleetConnection(), session: session, field: .refreshToken)) == "refresh-2")
-            try database.execute(
-                "UPDATE lockbox_fleet_sessions SET refresh_token = $3::bytea WHERE group_id = $1 AND session_id = $2",
-                [.text(groups[0].groupID), .text(session), first.map { .text($0) } ?? .null])
+            try putBackAnOlderToken(groups, session: session)
             // The marks file made unreadable to the reader: as another user (the tests run as
             // root, which reads any file) on one thread, through setfsuid.
             let path = groups[1].fleetMarks.path

@@ -181,26 +181,29 @@ extension SyncTests {
             }
         }
 
-        @Test("An item made ThisDeviceOnly, or renamed, never wins over an edit made elsewhere since, even when the editor's clock runs behind (the same stamp)")
-        func undatedDeleteTiesWithAnEdit() throws {
+        @Test(
+            "An item made ThisDeviceOnly, or renamed, never wins over an edit made elsewhere since, even when the editor's clock runs behind (the same stamp), whichever device identifier is the greater",
+            arguments: [true, false])
+        func undatedDeleteTiesWithAnEdit(changerIsGreater: Bool) throws {
             // C's clock is an hour ahead: the records it writes are in A's and B's future.
             let (groups, machines) = try threeMachines(clocks: [nil, nil, AheadClock(offset: .seconds(3600))])
             try machines[2].add("tdo.example", "user", "v1")
             try machines[2].add("renamed.example", "user", "v1")
             try syncAll(groups)
-            let (hi, lo) = groups[0].deviceID > groups[1].deviceID ? (0, 1) : (1, 0)
-            var change = ItemAttributes()
-            change.accessibility = .afterFirstUnlockThisDeviceOnly
-            try machines[hi].vault.update(matching: machines[hi].query("tdo.example", "user"), to: ItemUpdate(attributes: change))
-            change = ItemAttributes()
-            change.service = "new-name.example"
-            try machines[hi].vault.update(matching: machines[hi].query("renamed.example", "user"), to: ItemUpdate(attributes: change))
+            let greater = groups[0].deviceID > groups[1].deviceID ? 0 : 1
+            let (changer, editor) = changerIsGreater ? (greater, 1 - greater) : (1 - greater, greater)
+            var local = ItemAttributes()
+            local.accessibility = .afterFirstUnlockThisDeviceOnly
+            try machines[changer].vault.update(matching: machines[changer].query("tdo.example", "user"), to: ItemUpdate(attributes: local))
+            var renamed = ItemAttributes()
+            renamed.service = "new-name.example"
+            try machines[changer].vault.update(matching: machines[changer].query("renamed.example", "user"), to: ItemUpdate(attributes: renamed))
             tick()
-            try machines[lo].set("tdo.example", "user", "edited")
-            try machines[lo].set("renamed.example", "user", "edited")
-            try groups[hi].sync()
+            try machines[editor].set("tdo.example", "user", "edited")
+            try machines[editor].set("renamed.example", "user", "edited")
+            try groups[changer].sync()
             try syncAll(groups)
-            for index in [lo, 2] {
+            for index in [editor, 2] {
                 #expect(try machines[index].value("tdo.example", "user") == "edited", "machine \(index): made ThisDeviceOnly elsewhere")
                 #expect(try machines[index].value("renamed.example", "user") == "edited", "machine \(index): renamed elsewhere")
             }
@@ -227,33 +230,6 @@ extension SyncTests {
             groups[0].beforeApplyingSuperseding.withLock { $0 = nil }
             #expect(try machines[0].value("count.example", "user") == "from A again")  // B's record was not applied
             #expect(report.superseded == 0, "\(report)")
-        }
-
-        // MARK: Probes that held (regression checks)
-
-        @Test("The same change and edit with the devices' roles swapped keep the edit too")
-        func undatedDeleteControl() throws {
-            let (groups, machines) = try threeMachines(clocks: [nil, nil, AheadClock(offset: .seconds(3600))])
-            try machines[2].add("tdo.example", "user", "v1")
-            try machines[2].add("renamed.example", "user", "v1")
-            for _ in 0..<2 { for group in groups { try group.sync() } }
-            let (lo, hi) = groups[0].deviceID > groups[1].deviceID ? (0, 1) : (1, 0)
-            var local = ItemAttributes()
-            local.accessibility = .afterFirstUnlockThisDeviceOnly
-            try machines[hi].vault.update(matching: machines[hi].query("tdo.example", "user"), to: ItemUpdate(attributes: local))
-            var renamed = ItemAttributes()
-            renamed.service = "new-name.example"
-            try machines[hi].vault.update(matching: machines[hi].query("renamed.example", "user"), to: ItemUpdate(attributes: renamed))
-            tick()
-            try machines[lo].set("tdo.example", "user", "edited on \(lo)")
-            try machines[lo].set("renamed.example", "user", "edited on \(lo)")
-            try groups[hi].sync()
-            try groups[lo].sync()
-            for _ in 0..<2 { for group in groups { try group.sync() } }
-            for index in [lo, 2] {
-                #expect(try machines[index].value("tdo.example", "user") == "edited on \(lo)")
-                #expect(try machines[index].value("renamed.example", "user") == "edited on \(lo)")
-            }
         }
 
         // MARK: Probes that held (kept as regression checks)
