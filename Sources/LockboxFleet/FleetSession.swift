@@ -83,7 +83,10 @@ public struct FleetTokenStore: TokenStore {
 /// Its expiry and freshness are kept in the database's clock, and each machine translates them
 /// to its own through the database's time when it stores or reads them: a machine whose clock
 /// runs ahead or behind neither hands the others an expired token as fresh nor refreshes early.
-/// (A token stored before this, in its writer's clock, is read as it was.)
+/// The layout is the one earlier Lockboxes wrote in their writer's clock, so that a fleet being
+/// upgraded machine by machine still shares the token (an earlier machine compares the times
+/// with its own clock, as it did; a token it stores is read as in the database's clock, which
+/// is as near as its writer's was).
 public struct FleetAccessTokenCache: AccessTokenCache {
     let group: SyncGroup
     /// This machine's clock (a test gives one that runs ahead).
@@ -93,9 +96,6 @@ public struct FleetAccessTokenCache: AccessTokenCache {
         self.group = group
         self.now = now
     }
-
-    /// The details' mark of times in the database's clock.
-    private static let databaseClock = 1
 
     public func cachedAccessToken(for key: CredentialKey) async throws(LockboxError) -> CachedAccessToken? {
         let group = group
@@ -108,14 +108,12 @@ public struct FleetAccessTokenCache: AccessTokenCache {
             guard let type = try? decoder.string(), let expires = try? decoder.integer(), let fresh = try? decoder.integer(),
                 let scope = try? decoder.string()
             else { throw LockboxError.syncDatabase("A fleet session in the sync database") }
-            // A time of the details, in this machine's clock.
-            var local: (Int) -> Date = { Date(timeIntervalSince1970: Double($0) / 1000) }
+            // (A fifth field, 1, marked the database's clock in one earlier build.)
             if !decoder.isAtEnd {
-                guard (try? decoder.integer()) == Self.databaseClock, decoder.isAtEnd else {
-                    throw LockboxError.syncDatabase("A fleet session in the sync database")
-                }
-                local = { here.addingTimeInterval(Double(Int64($0) - stored.databaseTime) / 1000) }
+                guard (try? decoder.integer()) == 1, decoder.isAtEnd else { throw LockboxError.syncDatabase("A fleet session in the sync database") }
             }
+            // A time of the details (the database's clock), in this machine's.
+            func local(_ time: Int) -> Date { here.addingTimeInterval(Double(Int64(time) - stored.databaseTime) / 1000) }
             let credentials = Credentials(
                 accessToken: stored.secret, tokenType: type, expiresAt: local(expires), scope: scope.split(separator: " ").map(String.init))
             let freshUntil = local(fresh)
@@ -146,7 +144,6 @@ public struct FleetAccessTokenCache: AccessTokenCache {
             details.integer(shared(expiresAt))
             details.integer(shared(freshUntil))
             details.string(scope)
-            details.integer(Self.databaseClock)
             try group.writeFleet(connection, session: session, field: .accessToken, secret: secret, details: details.bytes)
         }
     }

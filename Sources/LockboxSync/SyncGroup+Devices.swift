@@ -33,6 +33,13 @@ struct DeviceSecret: Sendable {
         return DeviceSecret(id: id, publicKey: publicKey, secretKey: secretKey, stateKey: stateKey)
     }
 
+    /// Deletes this vault's device key of the group (a join that could not finish takes back the
+    /// key it made).
+    static func remove(groupID: String, from vault: Vault) throws(LockboxError) {
+        try vault.delete(
+            matching: Query.genericPassword(service: SyncGroup.deviceService, account: groupID, accessGroup: SyncGroup.keyAccessGroup))
+    }
+
     static func create(groupID: String, in vault: Vault) throws(LockboxError) -> DeviceSecret {
         let (publicKey, secretKey) = Crypto.generateKeyPair()
         let stateKey = Crypto.generateKey()

@@ -291,8 +291,15 @@ public final class SyncGroup: Sendable {
             // damaged. Removed once the new device is made, so never while the earlier key is
             // only out of sight (a handle of another device identity, whose new key the vault
             // refuses as a duplicate of the earlier one's): a join that fails removes nothing.
-            replaced = try SyncState.removeStale(path: SyncState.path(vault: vault.path, groupID: groupID))
-            try FleetMarks.removeStale(path: FleetMarks.path(vault: vault.path, groupID: groupID))
+            // Should the removal fail, the new key is taken back, so that the next join (the
+            // cause fixed) removes them then.
+            do throws(LockboxError) {
+                replaced = try SyncState.removeStale(path: SyncState.path(vault: vault.path, groupID: groupID))
+                try FleetMarks.removeStale(path: FleetMarks.path(vault: vault.path, groupID: groupID))
+            } catch {
+                try DeviceSecret.remove(groupID: groupID, from: vault)
+                throw error
+            }
         }
         try storeGroupKeys(keys, groupID: groupID, in: vault)
         let group = SyncGroup(groupID: groupID, vault: vault, database: database, keys: keys, device: device, replacedDevice: replaced)

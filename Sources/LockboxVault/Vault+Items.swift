@@ -240,7 +240,9 @@ extension Vault {
             attributes.creationDate = attributes.creationDate ?? currentDate()
             attributes.modificationDate = modifiedAt ?? currentDate()
             let encoded = attributes.encoded()
-            try checkSizes(data: data, encodedAttributes: encoded, limit: sizeLimit)
+            // The value is checked only when it is replaced: an item that sync brought, larger
+            // than this store takes of its own, can still be renamed or made not to sync.
+            try checkSizes(data: update.data == nil ? .empty : data, encodedAttributes: encoded, limit: sizeLimit)
             // A new accessibility means a new class key: the item key is rewrapped.
             let keys = try keysForWriting(query.itemClass, attributes.accessibility ?? .default, state: state)
             let sealed = SealedRow.seal(
