@@ -163,6 +163,16 @@ extension SyncGroup {
     /// The database's time in milliseconds, which fleet versions are at least (``writeFleet``).
     static let fleetClock = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
+    /// The group's fleet sessions that hold a refresh token (signed in). A device removed from
+    /// the group may have read their tokens in clear: re-sealing protects only what is written
+    /// afterwards (`lockbox sync remove-device` says so when there are any).
+    public func signedInFleetSessions() throws(LockboxError) -> Int {
+        let connection = try PostgresConnection(database)
+        let rows = try connection.execute(
+            "SELECT count(*) FROM lockbox_fleet_sessions WHERE group_id = $1 AND refresh_token IS NOT NULL", [.text(groupID)])
+        return Int(try PostgresConnection.integer(rows.first?.first ?? nil))
+    }
+
     /// The database's time in milliseconds.
     package func databaseTime(_ connection: PostgresConnection) throws(LockboxError) -> Int64 {
         try PostgresConnection.integer(try connection.execute("SELECT \(Self.fleetClock)").first?.first ?? nil)

@@ -405,6 +405,12 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
         let passphrase = withPassphrase ? try readNewPassphrase("New group passphrase: ") : nil
         try group.removeDevice(device, newPassphrase: passphrase)
         streams.print("removed \(device); the group key is now at epoch \(group.keyEpoch)")
+        // Best effort: the removal is done whatever this finds.
+        if let sessions = try? group.signedInFleetSessions(), sessions > 0 {
+            streams.print(
+                "the group holds \(sessions) signed-in fleet session(s): the removed device may still hold their tokens; "
+                    + "sign each out (which revokes it at the server) and in again")
+        }
         return .success
     case .status(let json):
         let vault = try openVault(keychain)

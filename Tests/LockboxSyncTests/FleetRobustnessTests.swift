@@ -156,6 +156,24 @@ extension SyncTests {
             #expect(try await FleetAccessTokenCache(group: groups[2]).cachedAccessToken(for: key) == nil)
         }
 
+        @Test("Removing a device from the command line says when the group holds signed-in fleet sessions, whose tokens the removed device may still hold")
+        func removalWarnsOfSignedInSessions() throws {
+            let (groups, machines) = try threeMachines()
+            defer { withExtendedLifetime(machines) {} }
+            #expect(try groups[0].signedInFleetSessions() == 0)
+            let session = groups[0].fleetSessionID("account-removed")
+            let canary = makeCanary("fleet-removed")
+            try groups[0].writeFleet(try groups[0].fleetConnection(), session: session, field: .refreshToken, secret: SecretBytes(utf8: canary))
+            #expect(try groups[0].signedInFleetSessions() == 1)
+            try SyncCLI.configure(machines[0], group: groups[0].groupID, database: try testDatabase())
+            let removed = try SyncCLI.run(machines[0], ["sync", "remove-device", groups[2].deviceID])
+            #expect(removed.status == 0, "\(removed.standardError)")
+            #expect(removed.standardOutput.contains("1 signed-in fleet session"), "\(removed.standardOutput)")
+            #expect(!removed.standardOutput.contains(canary) && !removed.standardError.contains(canary))
+            try groups[0].clearFleet(try groups[0].fleetConnection(), session: session)
+            #expect(try groups[0].signedInFleetSessions() == 0)
+        }
+
         @Test("A device removal waits for a refresh in flight (the session's lock held) and re-seals the token it stored, instead of overwriting it with the older one")
         func removalWaitsForARefreshInFlight() throws {
             let (groups, machines) = try threeMachines()
