@@ -1448,7 +1448,7 @@ public final class SyncGroup: Sendable {
                 if changes.count >= Self.bulkApplyMinimum {
                     let written = pending
                     applied = try vault.applyChanges(
-                        count: changes.count, concurrently: change,
+                        count: changes.count, concurrently: change, sizeLimit: Vault.syncedItemSizeLimit,
                         beforeCommit: { applied throws(LockboxError) in
                             // Called again only if the vault ran its transaction again: the
                             // first attempt's state is rolled back first.
@@ -1460,7 +1460,7 @@ public final class SyncGroup: Sendable {
                         },
                         afterCommit: { started?.proceed() })
                 } else {
-                    applied = try vault.applyChanges(count: changes.count, change, beforeCommit: listAdded)
+                    applied = try vault.applyChanges(count: changes.count, change, sizeLimit: Vault.syncedItemSizeLimit, beforeCommit: listAdded)
                 }
             } catch {
                 // The state's commit is rolled back with the vault's; should that rollback have
@@ -1540,6 +1540,7 @@ public final class SyncGroup: Sendable {
                     item.attributes.modificationDate = Self.appliedDate(adds[index].record.stamp, now: now)
                     return .add(item)
                 },
+                sizeLimit: Vault.syncedItemSizeLimit,
                 beforeCommit: { applied throws(LockboxError) in
                     var added: [Data: SyncState.Applying] = [:]
                     for (add, reference) in zip(adds, applied.references) {
@@ -1639,7 +1640,7 @@ public final class SyncGroup: Sendable {
         do {
             var added = item
             added.attributes.modificationDate = madeAt
-            let applied = try vault.applyChanges(count: 1, { _ throws(LockboxError) in .add(added) }) { applied throws(LockboxError) in
+            let applied = try vault.applyChanges(count: 1, { _ throws(LockboxError) in .add(added) }, sizeLimit: Vault.syncedItemSizeLimit) { applied throws(LockboxError) in
                 guard let reference = applied.references.first ?? nil else { return }
                 try listAdding([reference: SyncState.Applying(id: id, entry: SyncState.Entry(record))], in: state)
             }

@@ -46,6 +46,15 @@ extension Vault {
         count: Int, concurrently change: @escaping @Sendable (Int) throws(LockboxError) -> SyncedChange,
         beforeCommit: (AppliedChanges) throws(LockboxError) -> Void, afterCommit: () -> Void
     ) throws(LockboxError) -> AppliedChanges {
+        try applyChanges(count: count, concurrently: change, sizeLimit: nil, beforeCommit: beforeCommit, afterCommit: afterCommit)
+    }
+
+    /// ``applyChanges(count:concurrently:beforeCommit:afterCommit:)``, added and replaced items
+    /// checked against `sizeLimit` instead of this store's limit (sync: ``syncedItemSizeLimit``).
+    package func applyChanges(
+        count: Int, concurrently change: @escaping @Sendable (Int) throws(LockboxError) -> SyncedChange, sizeLimit: Int?,
+        beforeCommit: (AppliedChanges) throws(LockboxError) -> Void, afterCommit: () -> Void
+    ) throws(LockboxError) -> AppliedChanges {
         let now = currentDate()
         return try withStateVerifyingUser { state throws(LockboxError) -> AppliedChanges in
             let restoreCache = try enlargePageCache(for: count, state: state)
@@ -57,7 +66,7 @@ extension Vault {
             var replaced = false
             let applied = try writeRows(state) { writer throws(LockboxError) -> AppliedChanges in
                 let stager = ChangeStager(
-                    vault: self, change: change, now: now, keys: sealingKeys(state), vaultID: state.header.vaultID,
+                    vault: self, change: change, now: now, sizeLimit: sizeLimit, keys: sealingKeys(state), vaultID: state.header.vaultID,
                     deviceID: state.device.identifier, version: writer.generation)
                 var applied = AppliedChanges(references: [], previousGeneration: writer.generation - 1, generation: writer.generation)
                 applied.references.reserveCapacity(count)
@@ -91,7 +100,7 @@ extension Vault {
                             state.database.resetStatements()
                             applied.references.append(Data(try insert(item, writer: writer, state: state)))
                         case .success(.change(let change)):
-                            let (reference, replacing) = try apply(change, now: now, writer: writer, state: state)
+                            let (reference, replacing) = try apply(change, now: now, sizeLimit: sizeLimit, writer: writer, state: state)
                             applied.references.append(reference)
                             if replacing { replaced = true }
                         }
@@ -187,6 +196,7 @@ private struct ChangeStager: Sendable {
     let vault: Vault
     let change: @Sendable (Int) throws(LockboxError) -> SyncedChange
     let now: Date
+    let sizeLimit: Int?
     let keys: SealingKeys
     let vaultID: [UInt8]
     let deviceID: String
@@ -211,7 +221,7 @@ private struct ChangeStager: Sendable {
     private func stage(_ index: Int) throws(LockboxError) -> StagedChange {
         let made = try change(index)
         guard case .add(let item) = made else { return .change(made) }
-        let prepared = try vault.prepareForAdding(item, now: item.attributes.modificationDate ?? now, sizeLimit: Vault.syncedItemSizeLimit)
+        let prepared = try vault.prepareForAdding(item, now: item.attributes.modificationDate ?? now, sizeLimit: sizeLimit)
         guard prepared.accessControl == nil,
             let pair = keys.pairs[.init(itemClass: prepared.itemClass, accessibility: prepared.attributes.accessibility ?? .default)]
         else { return .prepared(prepared) }

@@ -234,6 +234,12 @@ extension Vault {
             }
             if replacingAttributes {
                 attributes.replace(with: update.attributes)
+                // What the store sets on an add, set again: the group resolved (and checked
+                // against this store's groups) as an add resolves it, the default class and
+                // sync flag when the replacement names none.
+                attributes.accessGroup = try resolvedGroupForWriting(attributes.accessGroup)
+                attributes.accessibility = attributes.accessibility ?? .default
+                attributes.synchronizable = attributes.synchronizable ?? false
             } else {
                 attributes.apply(update.attributes)
             }

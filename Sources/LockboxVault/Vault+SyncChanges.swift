@@ -383,9 +383,9 @@ extension Vault {
 
 /// One change that a sync brings to the vault.
 ///
-/// An item added or replaced is checked against ``Vault/syncedItemSizeLimit``, not this store's
-/// own limit: another device's store may allow larger values, and the group's devices hold the
-/// same items.
+/// An item added or replaced is checked against this store's limit, or the one the caller gives
+/// (sync gives ``Vault/syncedItemSizeLimit``: another device's store may allow larger values,
+/// and the group's devices hold the same items).
 public enum SyncedChange: Sendable {
     /// A new item. Its modification date, when it has one (the time another device made the
     /// change), is the item's creation and modification date here; otherwise now.
@@ -437,6 +437,15 @@ extension Vault {
     public func applyChanges(
         count: Int, _ change: (Int) throws(LockboxError) -> SyncedChange, beforeCommit: (AppliedChanges) throws(LockboxError) -> Void
     ) throws(LockboxError) -> AppliedChanges {
+        try applyChanges(count: count, change, sizeLimit: nil, beforeCommit: beforeCommit)
+    }
+
+    /// ``applyChanges(count:_:beforeCommit:)``, added and replaced items checked against
+    /// `sizeLimit` instead of this store's limit (sync: ``syncedItemSizeLimit``).
+    package func applyChanges(
+        count: Int, _ change: (Int) throws(LockboxError) -> SyncedChange, sizeLimit: Int?,
+        beforeCommit: (AppliedChanges) throws(LockboxError) -> Void
+    ) throws(LockboxError) -> AppliedChanges {
         let now = currentDate()
         return try withStateVerifyingUser { state throws(LockboxError) -> AppliedChanges in
             var replaced = false
@@ -444,7 +453,7 @@ extension Vault {
                 var applied = AppliedChanges(references: [], previousGeneration: writer.generation - 1, generation: writer.generation)
                 applied.references.reserveCapacity(count)
                 for index in 0..<count {
-                    let (reference, replacing) = try apply(try change(index), now: now, writer: writer, state: state)
+                    let (reference, replacing) = try apply(try change(index), now: now, sizeLimit: sizeLimit, writer: writer, state: state)
                     applied.references.append(reference)
                     if replacing { replaced = true }
                 }
@@ -461,20 +470,20 @@ extension Vault {
 extension Vault {
     /// Makes one change inside a write transaction already open; returns the row that holds
     /// the item afterwards (nil after a delete) and whether a value was replaced or deleted.
-    func apply(_ change: SyncedChange, now: Date, writer: RowWriter, state: State) throws(LockboxError) -> (Data?, replacing: Bool) {
+    func apply(_ change: SyncedChange, now: Date, sizeLimit: Int?, writer: RowWriter, state: State) throws(LockboxError) -> (Data?, replacing: Bool) {
         // Several operations in one transaction: each starts with its statements reset, as a
         // single operation does.
         state.database.resetStatements()
         switch change {
         case .add(let item):
-            let prepared = try prepareForAdding(item, now: item.attributes.modificationDate ?? now, sizeLimit: Self.syncedItemSizeLimit)
+            let prepared = try prepareForAdding(item, now: item.attributes.modificationDate ?? now, sizeLimit: sizeLimit)
             return (Data(try insert(prepared, writer: writer, state: state)), false)
         case .replace(let reference, let item):
             var query = Query(item.itemClass, synchronizable: .any)
             query.persistentReference = reference
             try updateRows(
                 matching: query, to: ItemUpdate(attributes: item.attributes, data: item.data), replacingAttributes: true,
-                sizeLimit: Self.syncedItemSizeLimit, writer: writer, state: state, modifiedAt: item.attributes.modificationDate)
+                sizeLimit: sizeLimit, writer: writer, state: state, modifiedAt: item.attributes.modificationDate)
             return (reference, true)
         case .delete(let reference, let classes, let madeAt):
             writer.deletionTime = madeAt
