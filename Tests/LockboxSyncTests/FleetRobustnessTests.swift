@@ -17,10 +17,6 @@ private func plain(_ opened: (secret: SecretBytes, details: [UInt8])?) -> String
     opened.map { $0.secret.withUnsafeBytes { String(decoding: $0, as: UTF8.self) } }
 }
 
-private func attempt<T>(_ body: () throws -> T) -> Result<T, any Error> {
-    do { return .success(try body()) } catch { return .failure(error) }
-}
-
 /// Machine 0 writes "refresh-1", then "refresh-2", which machine 1 reads; then the
 /// administrator puts the sealed "refresh-1" back in the database.
 private func putBackAnOlderToken(_ groups: [SyncGroup], session: String) throws {
@@ -58,7 +54,7 @@ extension SyncTests {
             #expect(try groups[1].readFleet(try groups[1].fleetConnection(), session: session, field: .refreshToken) == nil)
             try groups[0].writeFleet(try groups[0].fleetConnection(), session: session, field: .refreshToken, secret: SecretBytes(utf8: "refresh-after-sign-in"))
             for index in 0..<2 {
-                let read = attempt { try plain(groups[index].readFleet(try groups[index].fleetConnection(), session: session, field: .refreshToken)) }
+                let read = outcome { try plain(groups[index].readFleet(try groups[index].fleetConnection(), session: session, field: .refreshToken)) }
                 #expect((try? read.get()) == "refresh-after-sign-in", "machine \(index) after a new sign-in: \(read)")
             }
         }
@@ -84,22 +80,22 @@ extension SyncTests {
             // root, which reads any file) on one thread, through setfsuid.
             let path = groups[1].fleetMarks.path
             #expect(FileManager.default.fileExists(atPath: path))
-            let outcome = Mutex("not run")
+            let reported = Mutex("not run")
             let reader = groups[1]
             let done = DispatchSemaphore(value: 0)
             Thread.detachNewThread {
                 defer { done.signal() }
-                guard let connection = try? reader.fleetConnection() else { return outcome.withLock { $0 = "no connection" } }
+                guard let connection = try? reader.fleetConnection() else { return reported.withLock { $0 = "no connection" } }
                 typealias SetFSUID = @convention(c) (UInt32) -> Int32
                 let setfsuid = unsafeBitCast(dlsym(dlopen(nil, RTLD_NOW), "setfsuid"), to: SetFSUID.self)
                 let unprivileged = getuid() == 0
                 if unprivileged { _ = setfsuid(65534) } else { chmod(path, 0) }
-                let read = attempt { try plain(reader.readFleet(connection, session: session, field: .refreshToken)) }
+                let read = outcome { try plain(reader.readFleet(connection, session: session, field: .refreshToken)) }
                 if unprivileged { _ = setfsuid(0) } else { chmod(path, 0o600) }
-                outcome.withLock { $0 = "\(read)" }
+                reported.withLock { $0 = "\(read)" }
             }
             done.wait()
-            let seen = outcome.withLock { $0 }
+            let seen = reported.withLock { $0 }
             #expect(!seen.contains("refresh-1"), "an unreadable marks file was taken for no marks, and the rotated-out token was served: \(seen)")
             #expect(seen.contains("Cannot read") && seen.contains(path), "\(seen)")
         }
@@ -129,7 +125,7 @@ extension SyncTests {
             try groups[0].writeFleet(try groups[0].fleetConnection(), session: session, field: .refreshToken, secret: SecretBytes(utf8: "refresh-1"))
             let connection = try groups[1].fleetConnection()
             try groups[0].removeDevice(groups[2].deviceID)
-            let read = attempt { try plain(groups[1].readFleet(connection, session: session, field: .refreshToken)) }
+            let read = outcome { try plain(groups[1].readFleet(connection, session: session, field: .refreshToken)) }
             #expect((try? read.get()) == "refresh-1", "\(read)")
         }
 
@@ -188,8 +184,8 @@ extension SyncTests {
             let leaving = groups[2].deviceID
             let finished = DispatchSemaphore(value: 0)
             Thread.detachNewThread {
-                let outcome = attempt { try remover.removeDevice(leaving) }
-                removed.withLock { $0 = "\(outcome)" }
+                let result = outcome { try remover.removeDevice(leaving) }
+                removed.withLock { $0 = "\(result)" }
                 finished.signal()
             }
             // The removal waits while the refresh is in flight.

@@ -35,28 +35,11 @@ private func setWeb(_ machine: Machine, port: Int?, _ value: String) throws {
     try machine.vault.update(matching: query, to: ItemUpdate(data: SecretBytes(utf8: value)))
 }
 
-/// A second handle on `machine`'s vault, its configuration changed by `change`.
-private func reopened(_ machine: Machine, _ change: (inout Vault.Configuration) -> Void) throws -> Vault {
-    var configuration = machine.vault.configuration
-    change(&configuration)
-    let vault = try Vault.open(at: machine.vault.path, configuration: configuration)
-    if !(try vault.isUnlocked) { try vault.unlock(passphrase: SecretBytes(utf8: "machine passphrase")) }
-    return vault
-}
-
 private struct AheadClock: LockboxClock {
     let offset: Duration
     func sinceEpoch() -> Duration { SystemClock().sinceEpoch() + offset }
     func uptime() -> Duration { SystemClock().uptime() }
     func sleep(for duration: Duration) { SystemClock().sleep(for: duration) }
-}
-
-/// The bytes of `machine`'s synchronizable generic password `service` (account "user").
-private func bytes(_ machine: Machine, _ service: String) throws -> [UInt8]? {
-    var query = machine.query(service, "user")
-    query.returning = [.data]
-    guard try machine.vault.contains(query) else { return nil }
-    return try machine.vault.data(matching: query).withUnsafeBytes { Array($0) }
 }
 
 extension ItemAttributes {
@@ -100,7 +83,7 @@ extension SyncTests {
         func valueOverTheStoreLimitArrives() throws {
             let (groups, machines) = try threeMachines()
             // A's store allows 256 KiB (as lockboxd --max-value-size does); B and C keep the default 64 KiB.
-            let large = try reopened(machines[0]) { $0.maximumValueSize = 256 * 1024 }
+            let large = try machines[0].reopened { $0.maximumValueSize = 256 * 1024 }
             let big = [UInt8](repeating: 7, count: 100 * 1024)
             var item = Item.genericPassword(service: "large.example", account: "user", data: SecretBytes(copying: big))
             item.attributes.synchronizable = true
@@ -108,7 +91,7 @@ extension SyncTests {
             try machines[0].add("small.example", "user", "small")
             try machines[0].add("grown.example", "user", "v1")
             for group in groups { try group.sync() }
-            #expect(try bytes(machines[1], "large.example") == big)
+            #expect(try machines[1].bytes("large.example") == big)
             #expect(try machines[1].value("small.example", "user") == "small")
             // B edits an item; A, later, makes it larger than B's store allows: A's write wins on B too.
             try machines[1].set("grown.example", "user", "edited on B, earlier")
@@ -116,11 +99,11 @@ extension SyncTests {
             try large.update(matching: machines[0].query("grown.example", "user"), to: ItemUpdate(data: SecretBytes(copying: big)))
             try groups[0].sync()
             try groups[1].sync()
-            #expect(try bytes(machines[1], "grown.example") == big, "B kept its edit, which lost")
+            #expect(try machines[1].bytes("grown.example") == big, "B kept its edit, which lost")
             for group in groups + groups { try group.sync() }
             for (index, machine) in machines.enumerated() {
-                #expect(try bytes(machine, "grown.example") == big, "machine \(index)")
-                #expect(try bytes(machine, "large.example") == big, "machine \(index)")
+                #expect(try machine.bytes("grown.example") == big, "machine \(index)")
+                #expect(try machine.bytes("large.example") == big, "machine \(index)")
                 #expect(try machine.verify())
             }
             // B's own writes stay under B's limit.
@@ -133,7 +116,7 @@ extension SyncTests {
         @Test("An item over sync's own limit (a store configured for more) is refused by the push, with what to do, before anything of it is written")
         func itemOverTheSyncLimitRefused() throws {
             let (groups, machines) = try threeMachines()
-            let huge = try reopened(machines[0]) { $0.maximumValueSize = 32 << 20 }
+            let huge = try machines[0].reopened { $0.maximumValueSize = 32 << 20 }
             var item = Item.genericPassword(service: "huge.example", account: "user", data: SecretBytes(copying: [UInt8](repeating: 3, count: (16 << 20) + 1)))
             item.attributes.synchronizable = true
             try huge.add(item)
@@ -141,7 +124,7 @@ extension SyncTests {
             #expect(refused?.code == .param)
             #expect(refused?.message.contains("sync's limit") == true)
             try groups[1].sync()
-            #expect(try bytes(machines[1], "huge.example") == nil)
+            #expect(try machines[1].bytes("huge.example") == nil)
             // Made not synchronizable: the rest syncs again.
             var local = ItemAttributes()
             local.synchronizable = false
@@ -162,7 +145,7 @@ extension SyncTests {
             }
             try syncAll(groups)
             try machines[1].set("app.two.example", "user", "two edited")
-            let restricted = try reopened(machines[1]) { $0.accessGroups = ["app.one", SyncGroup.keyAccessGroup] }
+            let restricted = try machines[1].reopened { $0.accessGroups = ["app.one", SyncGroup.keyAccessGroup] }
             let refused = #expect(throws: LockboxError.self) {
                 _ = try SyncGroup(groups[1].groupID, vault: restricted, database: try testDatabase())
             }
@@ -284,7 +267,7 @@ extension SyncTests {
             }
             for group in groups { try group.sync() }
             for machine in machines.dropFirst() {
-                for (service, value) in values { #expect(try bytes(machine, service) == value, "\(service)") }
+                for (service, value) in values { #expect(try machine.bytes(service) == value, "\(service)") }
             }
             for group in groups { #expect(try group.sync().changedNothing) }
         }

@@ -13,26 +13,6 @@ import Testing
 import Glibc
 #endif
 
-/// A second handle on `machine`'s vault, its configuration changed by `change`.
-private func reopenedHandle(_ machine: Machine, _ change: (inout Vault.Configuration) -> Void) throws -> Vault {
-    var configuration = machine.vault.configuration
-    change(&configuration)
-    let vault = try Vault.open(at: machine.vault.path, configuration: configuration)
-    if !(try vault.isUnlocked) { try vault.unlock(passphrase: SecretBytes(utf8: "machine passphrase")) }
-    return vault
-}
-
-private func valueBytes(_ machine: Machine, _ service: String) throws -> [UInt8]? {
-    var query = machine.query(service, "user")
-    query.returning = [.data]
-    guard try machine.vault.contains(query) else { return nil }
-    return try machine.vault.data(matching: query).withUnsafeBytes { Array($0) }
-}
-
-private func attemptCall<T>(_ body: () throws -> T) -> Result<T, any Error> {
-    do { return .success(try body()) } catch { return .failure(error) }
-}
-
 /// Makes `path` impossible to unlink (immutable as root, whose permissions are not checked;
 /// its directory read-only otherwise), or possible again.
 private func pin(_ path: String, _ pinned: Bool) throws {
@@ -72,25 +52,25 @@ extension SyncTests {
         func attributesOfALargeSyncedItemCanBeChanged() throws {
             let (groups, machines) = try threeMachines()
             defer { withExtendedLifetime(machines) {} }
-            let large = try reopenedHandle(machines[0]) { $0.maximumValueSize = 256 * 1024 }
+            let large = try machines[0].reopened { $0.maximumValueSize = 256 * 1024 }
             let big = [UInt8](repeating: 7, count: 100 * 1024)
             var item = Item.genericPassword(service: "large.example", account: "user", data: SecretBytes(copying: big))
             item.attributes.synchronizable = true
             try large.add(item)
             try groups[0].sync()
             try groups[1].sync()
-            #expect(try valueBytes(machines[1], "large.example") == big)
+            #expect(try machines[1].bytes("large.example") == big)
             // B (the default 64 KiB store) renames the item it holds: its value is not written.
             var renamed = ItemAttributes()
             renamed.label = "renamed on B"
-            let rename = attemptCall {
+            let rename = outcome {
                 try machines[1].vault.update(matching: machines[1].query("large.example", "user"), to: ItemUpdate(attributes: renamed))
             }
             #expect((try? rename.get()) != nil, "renaming the synced item on B: \(rename)")
             // Nor can B stop syncing it (the way out the push's refusal names).
             var local = ItemAttributes()
             local.synchronizable = false
-            let unsync = attemptCall {
+            let unsync = outcome {
                 try machines[1].vault.update(matching: machines[1].query("large.example", "user"), to: ItemUpdate(attributes: local))
             }
             #expect((try? unsync.get()) != nil, "making the synced item not synchronizable on B: \(unsync)")
@@ -100,7 +80,7 @@ extension SyncTests {
         func recoveryWritesNoRecordOverTheSyncLimit() throws {
             let (groups, machines) = try threeMachines()
             defer { withExtendedLifetime(machines) {} }
-            let huge = try reopenedHandle(machines[0]) { $0.maximumValueSize = 32 << 20 }
+            let huge = try machines[0].reopened { $0.maximumValueSize = 32 << 20 }
             try machines[0].add("grown.example", "user", "v1")
             for group in groups { try group.sync() }
             let backup = try DatabaseBackup(groups[0].groupID)
@@ -113,7 +93,7 @@ extension SyncTests {
             tick()
             let tooLarge = [UInt8](repeating: 5, count: (16 << 20) + 1)
             try huge.update(matching: machines[0].query("grown.example", "user"), to: ItemUpdate(data: SecretBytes(copying: tooLarge)))
-            let recovered = attemptCall { try groups[0].recoverDatabase() }
+            let recovered = outcome { try groups[0].recoverDatabase() }
             let largest = try PostgresConnection(try testDatabase()).execute(
                 "SELECT max(length(payload)) FROM lockbox_sync_items WHERE group_id = $1", [.text(groups[0].groupID)]
             ).first?.first ?? nil
@@ -127,7 +107,7 @@ extension SyncTests {
             try groups[0].recoverDatabase()
             try machines[0].add("after.example", "user", "after")
             try groups[0].sync()
-            let pulled = attemptCall { try groups[2].sync() }
+            let pulled = outcome { try groups[2].sync() }
             #expect((try? pulled.get()) != nil, "C's sync after A's recovery: \(pulled)")
             #expect(try machines[2].value("after.example", "user") == "after")
         }
@@ -146,14 +126,14 @@ extension SyncTests {
             // The stale state cannot be removed at first (a directory left read-only, a file a
             // run as another user left): the join fails, naming it.
             try pin(statePath, true)
-            let failed = attemptCall {
+            let failed = outcome {
                 try SyncGroup.join(groups[0].groupID, vault: machines[1].vault, database: try testDatabase(), passphrase: groupPassphrase)
             }
             try pin(statePath, false)
             #expect((try? failed.get()) == nil && "\(failed)".contains("Cannot remove"), "the first join: \(failed)")
             // The user fixes it and joins again.
             let joined = try SyncGroup.join(groups[0].groupID, vault: machines[1].vault, database: try testDatabase(), passphrase: groupPassphrase)
-            let synced = attemptCall { try joined.sync() }
+            let synced = outcome { try joined.sync() }
             #expect((try? synced.get()) != nil, "the new device's first sync: \(synced)")
             #expect(try machines[1].value("mail.example", "alice") == "v1")
         }
@@ -170,7 +150,7 @@ extension SyncTests {
                 CachedAccessToken(credentials: credentials, freshUntil: Date().addingTimeInterval(270)), for: key)
             #expect(try await FleetAccessTokenCache(group: groups[1]).cachedAccessToken(for: key) != nil)
             // A machine not upgraded yet (the previous commit's reader).
-            let previous = attemptCall { try previousLockboxCachedAccessToken(groups[2], for: key) }
+            let previous = outcome { try previousLockboxCachedAccessToken(groups[2], for: key) }
             let served = (try? previous.get()) ?? nil
             #expect(served != nil, "the previous Lockbox's read of the shared access token: \(previous)")
         }

@@ -63,6 +63,25 @@ final class Machine: @unchecked Sendable {
         try vault.delete(matching: query(service, account))
     }
 
+    /// The bytes of the synchronizable generic password `service` (account "user"), nil when
+    /// there is none.
+    func bytes(_ service: String) throws -> [UInt8]? {
+        var query = query(service, "user")
+        query.returning = [.data]
+        guard try vault.contains(query) else { return nil }
+        return try vault.data(matching: query).withUnsafeBytes { Array($0) }
+    }
+
+    /// A second handle on this machine's vault, its configuration changed by `change` (a larger
+    /// size limit, some access groups only), unlocked.
+    func reopened(_ change: (inout Vault.Configuration) -> Void) throws -> Vault {
+        var configuration = vault.configuration
+        change(&configuration)
+        let handle = try Vault.open(at: vault.path, configuration: configuration)
+        if !(try handle.isUnlocked) { try handle.unlock(passphrase: SecretBytes(utf8: "machine passphrase")) }
+        return handle
+    }
+
     /// The vault's own full check (integrity record, every row) after sync changed it.
     func verify() throws -> Bool {
         let report = try Vault.verify(at: vault.path, configuration: vault.configuration)
@@ -121,6 +140,11 @@ func restoreState(_ copy: StateCopy?, at path: String) throws {
     guard let copy else { return try FileManager.default.removeItem(atPath: path) }
     try copy.file.write(to: URL(fileURLWithPath: path))
     if let log = copy.log { try log.write(to: URL(fileURLWithPath: path + "-wal")) }
+}
+
+/// What `body` returned or threw (a test that reports either in its message).
+func outcome<T>(of body: () throws -> T) -> Result<T, any Error> {
+    do { return .success(try body()) } catch { return .failure(error) }
 }
 
 /// A later modification time than anything before it (the rule compares milliseconds).
