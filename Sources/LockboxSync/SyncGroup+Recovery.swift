@@ -146,7 +146,7 @@ extension SyncGroup {
                         record = SyncRecord(stamp: entry.stamp, item: nil, contentDigest: [])
                     } else if let reference, let mine = local[reference], itemID(mine.item) == id {
                         // As a push: nothing the other devices would not take.
-                        try Self.checkSyncable(mine.item)
+                        try checkSyncable(mine.item)
                         record = self.record(of: mine, after: entry)
                         // Unchanged here: the record as this device knew it, with its stamp.
                         if mine.digest == entry.contentDigest { record.stamp = entry.stamp }

@@ -184,14 +184,15 @@ public final class SyncGroup: Sendable {
 
     /// Whether `text` has the form of a group identifier: 32 lowercase hexadecimal digits, as
     /// ``create(vault:database:passphrase:)`` makes them.
-    public static func isGroupIdentifier(_ text: String) -> Bool {
-        text.utf8.count == 32 && text.utf8.allSatisfy { (UInt8(ascii: "0")...UInt8(ascii: "9")).contains($0) || (UInt8(ascii: "a")...UInt8(ascii: "f")).contains($0) }
+    public static func isGroupIdentifier(_ text: String) -> Bool { isLowercaseHex(text, digits: 32) }
+
+    /// Whether `text` is `digits` lowercase hexadecimal digits (identifiers made by `hexString`).
+    private static func isLowercaseHex(_ text: String, digits: Int) -> Bool {
+        text.utf8.count == digits && text.utf8.allSatisfy { (UInt8(ascii: "0")...UInt8(ascii: "9")).contains($0) || (UInt8(ascii: "a")...UInt8(ascii: "f")).contains($0) }
     }
 
     /// Whether `text` has the form of a device identifier: 16 lowercase hexadecimal digits.
-    static func isDeviceIdentifier(_ text: String) -> Bool {
-        text.utf8.count == 16 && text.utf8.allSatisfy { (UInt8(ascii: "0")...UInt8(ascii: "9")).contains($0) || (UInt8(ascii: "a")...UInt8(ascii: "f")).contains($0) }
-    }
+    static func isDeviceIdentifier(_ text: String) -> Bool { isLowercaseHex(text, digits: 16) }
 
     /// Refuses what is not a group identifier, without repeating it (it may be a secret typed
     /// in the wrong place).
@@ -636,7 +637,7 @@ public final class SyncGroup: Sendable {
                         if Self.isPushed(local, known: known) { continue }
                         record = self.record(of: local, after: known)
                     }
-                    try Self.checkSyncable(local.item)
+                    try checkSyncable(local.item)
                     changes.append((id, record))
                     readAs[id] = (local.digest, Self.milliseconds(local.item.attributes.modificationDate))
                     if stateRow != .some(.some(id)) { unknown[reference] = SyncState.Applying(id: id, entry: SyncState.Entry(record), pushed: true) }
@@ -729,7 +730,7 @@ public final class SyncGroup: Sendable {
 
     /// Refuses to send an item larger than the other devices take (``Vault/syncedItemSizeLimit``:
     /// this store may allow more).
-    static func checkSyncable(_ item: Item) throws(LockboxError) {
+    func checkSyncable(_ item: Item) throws(LockboxError) {
         let limit = Vault.syncedItemSizeLimit
         guard (item.data?.count ?? 0) <= limit, item.attributes.encoded().count <= limit else {
             throw LockboxError(
@@ -1625,12 +1626,17 @@ public final class SyncGroup: Sendable {
         }
         guard Self.isEligible(item), itemID(item) == id else { throw LockboxError.syncDatabase() }
         // Dated as the other device made it (see ``applyPulled``).
-        let madeAt = Self.appliedDate(record.stamp, now: vault.now)
+        var dated = item
+        dated.attributes.modificationDate = Self.appliedDate(record.stamp, now: vault.now)
+        // The item in the row `reference` replaced by the record's, as a pull's bulk apply does.
+        func replace(_ reference: Data) throws(LockboxError) {
+            _ = try vault.applyChanges(
+                count: 1, { _ throws(LockboxError) in .replace(reference: reference, with: dated) }, sizeLimit: Vault.syncedItemSizeLimit,
+                beforeCommit: { _ throws(LockboxError) in })
+        }
         if let existing {
-            var query = Query(item.itemClass, synchronizable: .any)
-            query.persistentReference = existing
             do {
-                try vault.replace(matching: query, with: item, madeAt: madeAt)
+                try replace(existing)
                 // Replaced in place: the row is the one that held the item. (Not looked up by
                 // the item's attributes: a query leaves an absent key attribute, a port say,
                 // unmatched, and would find a sibling item's row.)
@@ -1638,9 +1644,7 @@ public final class SyncGroup: Sendable {
             } catch where error.code == .itemNotFound {}
         }
         do {
-            var added = item
-            added.attributes.modificationDate = madeAt
-            let applied = try vault.applyChanges(count: 1, { _ throws(LockboxError) in .add(added) }, sizeLimit: Vault.syncedItemSizeLimit) { applied throws(LockboxError) in
+            let applied = try vault.applyChanges(count: 1, { _ throws(LockboxError) in .add(dated) }, sizeLimit: Vault.syncedItemSizeLimit) { applied throws(LockboxError) in
                 guard let reference = applied.references.first ?? nil else { return }
                 try listAdding([reference: SyncState.Applying(id: id, entry: SyncState.Entry(record))], in: state)
             }
@@ -1657,9 +1661,7 @@ public final class SyncGroup: Sendable {
                 return .kept(reference)
             case .syncing(let reference, _):
                 // The row moved (another process re-added it, earlier): the record replaces it.
-                var query = Query(item.itemClass, synchronizable: .synchronizable)
-                query.persistentReference = reference
-                try vault.replace(matching: query, with: item, madeAt: madeAt)
+                try replace(reference)
                 return .row(reference)
             case .none:
                 throw error

@@ -184,28 +184,9 @@ extension Vault {
         }
     }
 
-    /// The matching item replaced by `item`, another device's change applied here by sync: every
-    /// attribute and the value become `item`'s (an attribute `item` lacks is removed, where
-    /// ``update(matching:to:)`` would keep it), dated `madeAt` instead of now.
-    package func replace(matching query: Query, with item: Item, madeAt: Date?) throws(LockboxError) {
-        if let data = item.data { try checkSizes(data: data, encodedAttributes: nil, limit: Self.syncedItemSizeLimit) }
-        if item.attributes.accessGroup != nil {
-            _ = try resolvedGroupForWriting(item.attributes.accessGroup)
-        }
-        try withStateVerifyingUser { state throws(LockboxError) in
-            try writeRows(state) { writer throws(LockboxError) in
-                try updateRows(
-                    matching: query, to: ItemUpdate(attributes: item.attributes, data: item.data), replacingAttributes: true,
-                    sizeLimit: Self.syncedItemSizeLimit, writer: writer, state: state, modifiedAt: madeAt)
-            }
-            // The replaced values must not linger in the write-ahead log.
-            state.database.truncateWriteAheadLog()
-        }
-    }
-
     /// `update(matching:to:)` inside a write transaction already open; with `replacingAttributes`,
-    /// the rows' attributes become exactly `update`'s (the dates aside), as
-    /// ``replace(matching:with:madeAt:)`` writes them; `sizeLimit` instead of this store's
+    /// the rows' attributes become exactly `update`'s (the dates aside), as a
+    /// ``SyncedChange/replace(reference:with:)`` writes them; `sizeLimit` instead of this store's
     /// limit (a change sync applies).
     func updateRows(
         matching query: Query, to update: ItemUpdate, replacingAttributes: Bool = false, sizeLimit: Int? = nil, writer: RowWriter,
@@ -753,8 +734,8 @@ extension Vault {
 
     /// Checks a value and encoded attributes against `limit`, or this store's limit.
     private func checkSizes(data: SecretBytes, encodedAttributes: [UInt8]?, limit: Int? = nil) throws(LockboxError) {
+        let whose = limit == nil ? "this store's limit" : "sync's limit"
         let limit = limit ?? configuration.maximumValueSize
-        let whose = limit == configuration.maximumValueSize ? "this store's limit" : "sync's limit"
         guard data.count <= limit else {
             throw LockboxError(
                 .param,
