@@ -119,7 +119,7 @@ let package = Package(
             name: "LockboxFleet", dependencies: ["LockboxAuth", "LockboxSync", "LockboxCore", "VaultCrypto"], swiftSettings: strict),
         // The fleet test's worker: one process of one machine asking for tokens.
         .executableTarget(
-            name: "lockbox-fleet-worker", dependencies: ["LockboxFleet", "LockboxAuth", "LockboxSync", "Lockbox"],
+            name: "lockbox-fleet-worker", dependencies: ["LockboxFleet", "LockboxAuth", "LockboxCurlTransport", "LockboxSync", "Lockbox"],
             path: "Sources/LockboxFleetWorker", swiftSettings: strict),
 
         // libsecret's functions, declared from its documented ABI and opened with dlopen on first

@@ -14,6 +14,7 @@ import FoundationNetworking
 import Glibc
 import Lockbox
 import LockboxAuth
+import LockboxCurlTransport
 import LockboxFleet
 import LockboxSync
 
@@ -45,14 +46,18 @@ else {
     fail("usage: lockbox-fleet-worker --keychain PATH --database CONNINFO --group ID --issuer URL --client-id ID sign-in|calls SECONDS")
 }
 
+// libcurl, as the CLI talks HTTP: URLSession's socket sources on Linux have crashed a worker
+// once in libdispatch while a transfer was torn down, which would fail the fleet test for
+// nothing the fleet did.
+let transport = CurlTransport()
 let manager: CredentialsManager
 do {
     let vault = try Vault.open(at: keychain)
     let group = try SyncGroup(groupID, vault: vault, database: database)
-    let configuration = try await ClientConfiguration.discover(issuer: issuer, clientID: clientID, scope: ["api"])
+    let configuration = try await ClientConfiguration.discover(issuer: issuer, clientID: clientID, scope: ["api"], transport: transport)
     let fleet = FleetSession(group: group, key: CredentialKey(configuration: configuration))
     manager = CredentialsManager(
-        configuration: configuration, tokenStore: fleet.tokenStore, accessTokenCache: fleet.accessTokenCache,
+        configuration: configuration, tokenStore: fleet.tokenStore, transport: transport, accessTokenCache: fleet.accessTokenCache,
         refreshLock: fleet.refreshLock)
 } catch {
     report(["outcome": "error", "error": "\(error)"])
@@ -63,7 +68,15 @@ switch mode {
 case "sign-in":
     do {
         let session = try AuthorizationCodeFlow(configuration: manager.configuration).start()
-        async let browser: Void = { _ = try? await URLSession.shared.data(from: session.authorizationURL) }()
+        // The browser: the test server approves at once and redirects to the flow's loopback
+        // listener, another origin, which the transport does not follow by itself.
+        async let browser: Void = {
+            let options = HTTPRequestOptions(redirects: .refuse, maximumResponseSize: 1 << 20)
+            guard let (_, answer) = try? await transport.send(URLRequest(url: session.authorizationURL), options: options),
+                let location = answer.value(forHTTPHeaderField: "Location"), let callback = URL(string: location)
+            else { return }
+            _ = try? await transport.send(URLRequest(url: callback), options: options)
+        }()
         let tokens = try await session.waitForTokens(timeout: .seconds(20))
         await browser
         try await manager.signIn(with: tokens)
