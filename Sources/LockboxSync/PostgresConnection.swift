@@ -230,12 +230,13 @@ package final class PostgresConnection {
     deinit { PQfinish(connection) }
 
     /// Whether a connection string or URI names a password, as libpq reads it (`password=`,
-    /// or one in a URI's user information); nil when libpq cannot read it at all. A password
-    /// belongs in a password file (`passfile=`, `PGPASSFILE`), never on a command line or in
-    /// a configuration file.
+    /// or one in a URI's user information, or `sslpassword=`, the passphrase of the client's
+    /// TLS key); nil when libpq cannot read it at all. A password belongs in a password file
+    /// (`passfile=`, `PGPASSFILE`), and a key's passphrase with the key (an unencrypted key file
+    /// of mode 0600), never on a command line or in a configuration file.
     package static func namesPassword(_ conninfo: String) -> Bool? {
         guard let options = options(of: conninfo) else { return nil }
-        return !(options["password"] ?? "").isEmpty
+        return !(options["password"] ?? "").isEmpty || !(options["sslpassword"] ?? "").isEmpty
     }
 
     /// The options a connection string or URI sets, as libpq reads it (no defaults, no

@@ -174,13 +174,25 @@ extension SyncGroup {
             let invitation = String(code.prefix(PairingCode.invitationLength))
             let wrap = try Self.wrapKeys(
                 keys, groupID: groupID, purpose: "invitation:" + invitation, secret: SecretBytes(copying: Array(code.utf8)))
-            let rows = try connection.execute(
-                """
-                INSERT INTO lockbox_sync_invitations (group_id, invitation_id, key_wrap, expires_at)
-                VALUES ($1, $2, $3, now() + make_interval(secs => $4)) ON CONFLICT DO NOTHING RETURNING 1
-                """,
-                [.text(groupID), .text(invitation), .bytes(wrap), .integer(validFor.components.seconds)])
-            if !rows.isEmpty { return PairingCode.displayed(code) }
+            // Inserted under a shared lock of the group row, at the key epoch it wraps: a device
+            // removal (which deletes every pending code under that row's lock) either deletes
+            // this one, or has committed first, and the code is not handed out with the former
+            // key, with which its device could never sync.
+            let inserted = try connection.transaction { () throws(LockboxError) -> Bool in
+                let group = try connection.execute("SELECT key_epoch FROM lockbox_sync_groups WHERE group_id = $1 FOR SHARE", [.text(groupID)])
+                guard let row = group.first else { throw Self.noSuchGroup(groupID) }
+                guard try PostgresConnection.integer(row[0]) == keys.epoch else {
+                    throw LockboxError(.io, "A device was removed from the group while this code was made, which replaced the group's key. No code was made: invite again.")
+                }
+                let rows = try connection.execute(
+                    """
+                    INSERT INTO lockbox_sync_invitations (group_id, invitation_id, key_wrap, expires_at)
+                    VALUES ($1, $2, $3, now() + make_interval(secs => $4)) ON CONFLICT DO NOTHING RETURNING 1
+                    """,
+                    [.text(groupID), .text(invitation), .bytes(wrap), .integer(validFor.components.seconds)])
+                return !rows.isEmpty
+            }
+            if inserted { return PairingCode.displayed(code) }
         }
         throw LockboxError(.duplicateItem, "Too many pairing codes are pending for this group. Use or let one expire, then try again.")
     }
@@ -234,6 +246,7 @@ extension SyncGroup {
                 try Self.wrapKeys(new, groupID: groupID, purpose: "passphrase", secret: passphrase)
             }
             let state = try SyncState(path: statePath, device: device.id, key: device.stateKey)
+            try checkNotBehind(connection, state: state)
             try establishHead(connection, state: state)
             // The new head, when this device had verified the one it replaces (it then holds
             // every record already: the state records the new versions, and the next pull

@@ -97,9 +97,16 @@ extension SyncGroup {
         // process of this machine writes and marks meanwhile is not a replay.
         let mark = try fleetMarks.mark(session: session, field: field)
         let rows = try connection.execute(
-            "SELECT \(field.rawValue), \(Self.fleetClock) FROM lockbox_fleet_sessions WHERE group_id = $1 AND session_id = $2",
+            "SELECT \(field.rawValue), \(Self.fleetClock), version FROM lockbox_fleet_sessions WHERE group_id = $1 AND session_id = $2",
             [.text(groupID), .text(session)])
-        guard let row = rows.first, let value = row[0] else { return nil }
+        guard let row = rows.first else { return nil }
+        guard let value = row[0] else {
+            // Signed out (or the access token removed) at the row's version: a field sealed
+            // before then, put back by the database, is refused like any older one. A later
+            // write is sealed past that version.
+            fleetMarks.raise(session: session, field: field, to: try PostgresConnection.integer(row[2]))
+            return nil
+        }
         let databaseTime = try PostgresConnection.integer(row[1])
         let opened: (secret: SecretBytes, details: [UInt8], version: Int64)
         do {
@@ -180,10 +187,15 @@ extension SyncGroup {
 
     /// Signs a session out (both tokens gone). The row stays, with its version, so that the
     /// tokens of a later sign-in are newer than any this session had.
+    /// Both fields' marks are raised to the cleared row's version, so that the database cannot
+    /// undo the sign-out by putting the last sealed tokens back.
     package func clearFleet(_ connection: PostgresConnection, session: String) throws(LockboxError) {
-        try connection.execute(
-            "UPDATE lockbox_fleet_sessions SET refresh_token = NULL, access_token = NULL, version = GREATEST(version + 1, \(Self.fleetClock)) WHERE group_id = $1 AND session_id = $2",
+        let rows = try connection.execute(
+            "UPDATE lockbox_fleet_sessions SET refresh_token = NULL, access_token = NULL, version = GREATEST(version + 1, \(Self.fleetClock)) WHERE group_id = $1 AND session_id = $2 RETURNING version",
             [.text(groupID), .text(session)])
+        guard let row = rows.first else { return }
+        let version = try PostgresConnection.integer(row[0])
+        for field in [FleetField.refreshToken, .accessToken] { fleetMarks.raise(session: session, field: field, to: version) }
     }
 
     /// Waits for the session's advisory lock on a connection of its own, which holds it until

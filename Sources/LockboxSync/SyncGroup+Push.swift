@@ -11,7 +11,10 @@ extension SyncGroup {
     /// is opened here; a delete is noticed by the count of synchronizable rows, and only then
     /// are all row identifiers compared.
     func localChanges(state: SyncState) throws(LockboxError) -> (generation: Int, toRead: [Data], gone: [Data: String?]) {
-        var scan = try vault.synchronizableChanges(since: state.generation)
+        // Before a state's first pull, its rows are counted even when nothing was written
+        // since its generation: a rebuilt state (``resetState()``) leaves the rows of items the
+        // group does not hold unknown, for this push to read and write as new.
+        var scan = try vault.synchronizableChanges(since: state.generation, listingAll: state.cursor == 0 && state.generation > 0)
         if scan.isUnchanged { return (scan.generation, [], [:]) }
         var unknown = 0
         for reference in scan.changed where try state.row(reference) == nil { unknown += 1 }

@@ -47,9 +47,10 @@ extension SyncGroup {
             // this device verified. Until this pull commits, the state keeps the head it had,
             // so a recovery cut off here leaves a device that still refuses the database (and
             // a headless one), and runs again.
+            // (The pull's record of it also writes this device's row, which a restored database
+            // may predate; not when a removal changed the key meanwhile, so a device removed
+            // during its recovery stays removed.)
             try pull(connection, state: state, report: &recovery.sync, floor: written, fromScratch: true, seed: restored)
-            // This device's own row (a restored database may predate it).
-            try register(connection)
             let pushed = try push(connection, state: state, report: &recovery.sync)
             try pull(connection, state: state, report: &recovery.sync, floor: max(pushed, written))
             return recovery

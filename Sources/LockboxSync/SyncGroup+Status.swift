@@ -78,6 +78,7 @@ extension SyncGroup {
                 status.keyEpoch = keys.epoch
                 let devices = try devices(connection)
                 status.devices = devices
+                try checkNotBehind(connection, state: state)
                 // A group row below what this device verified: the sync would be refused.
                 let counter = try connection.execute("SELECT counter FROM lockbox_sync_groups WHERE group_id = $1", [.text(groupID)])
                 if let row = counter.first, try PostgresConnection.integer(row[0]) < state.cursor { throw rolledBack() }

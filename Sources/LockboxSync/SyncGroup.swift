@@ -282,10 +282,12 @@ public final class SyncGroup: Sendable {
     ) throws(LockboxError) -> SyncGroup {
         let device: DeviceSecret
         var replaced: String?
+        var created = false
         if let existing = try DeviceSecret.load(groupID: groupID, from: vault) {
             device = existing
         } else {
             device = try DeviceSecret.create(groupID: groupID, in: vault)
+            created = true
             // A local state (or fleet marks) left at this keychain's path by an earlier device
             // of it in the group (the keychain made anew, or its device key deleted) is under a
             // key that is gone: it can be neither checked nor used, and would fail every sync as
@@ -302,20 +304,41 @@ public final class SyncGroup: Sendable {
                 throw error
             }
         }
-        try storeGroupKeys(keys, groupID: groupID, in: vault)
         let group = SyncGroup(groupID: groupID, vault: vault, database: database, keys: keys, device: device, replacedDevice: replaced)
-        try group.register(connection)
+        do {
+            try group.register(connection)
+        } catch {
+            // Not a member (a removal replaced the key meanwhile, say): a device key made for
+            // this join is taken back, and no group key is kept.
+            if created { try? DeviceSecret.remove(groupID: groupID, from: vault) }
+            throw error
+        }
+        try storeGroupKeys(keys, groupID: groupID, in: vault)
         return group
     }
 
     /// Writes this device's row in the database: its public key, attested with the group key.
+    /// Under a shared lock of the group row, at the group's current key epoch only: a device
+    /// removal (which holds that row's lock while it seals the new key to the devices it lists)
+    /// either sees this row and grants it the new key, or has committed first, and this device,
+    /// holding the former key, is refused.
     func register(_ connection: PostgresConnection) throws(LockboxError) {
-        try connection.execute(
-            """
-            INSERT INTO lockbox_sync_devices (group_id, device_id, pulled_version, public_key, attestation) VALUES ($1, $2, 0, $3, $4)
-            ON CONFLICT (group_id, device_id) DO UPDATE SET public_key = excluded.public_key, attestation = excluded.attestation
-            """,
-            [.text(groupID), .text(device.id), .bytes(device.publicKey), .bytes(attestation(device.id, device.publicKey, keys: keys))])
+        try connection.transaction { () throws(LockboxError) in
+            let rows = try connection.execute("SELECT key_epoch FROM lockbox_sync_groups WHERE group_id = $1 FOR SHARE", [.text(groupID)])
+            guard let row = rows.first else { throw Self.noSuchGroup(groupID) }
+            guard try PostgresConnection.integer(row[0]) == keys.epoch else {
+                throw LockboxError(
+                    .authFailed,
+                    "A device was removed from the group while this one joined, which replaced the key this one was given. "
+                        + "Nothing was joined: ask a device of the group for a new pairing code (or use the new group passphrase) and join again.")
+            }
+            try connection.execute(
+                """
+                INSERT INTO lockbox_sync_devices (group_id, device_id, pulled_version, public_key, attestation) VALUES ($1, $2, 0, $3, $4)
+                ON CONFLICT (group_id, device_id) DO UPDATE SET public_key = excluded.public_key, attestation = excluded.attestation
+                """,
+                [.text(groupID), .text(device.id), .bytes(device.publicKey), .bytes(attestation(device.id, device.publicKey, keys: keys))])
+        }
     }
 
     /// Seals the group keys under a key derived from `secret` (a passphrase or a pairing code)
@@ -424,6 +447,7 @@ public final class SyncGroup: Sendable {
             try SyncSchema.migrate(connection)
             try catchUpKeys(connection)
             let state = try SyncState(path: statePath, device: device.id, key: device.stateKey)
+            try checkNotBehind(connection, state: state)
             try adoptApplying(state, connection: connection)
             return try body(connection, state)
         }

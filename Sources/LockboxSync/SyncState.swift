@@ -156,6 +156,16 @@ final class SyncState {
         return device
     }
 
+    /// The error for a state that fails its checks (edited, or damaged). The keychain is not
+    /// affected, and restoring it from a backup would lose what it gained since: the state is
+    /// rebuilt from the group instead (``SyncGroup/resetState()``).
+    static func damaged(_ path: String) -> LockboxError {
+        LockboxError(
+            .decode,
+            "This device's sync state (\(path)) failed its integrity check: it was modified, or is damaged. The keychain's "
+                + "items are not affected: do not restore the keychain. Run `lockbox sync reset` to rebuild the state from the group.")
+    }
+
     /// Opens (creating when missing, converting one of the first format) the state of `device`
     /// in the group.
     init(path: String, device: String, key: SecretBytes) throws(LockboxError) {
@@ -305,7 +315,7 @@ final class SyncState {
     /// Moves every entry, row and head element of the first format into buckets, each row's
     /// and entry's MAC and the progress's checked first, and drops the old tables.
     private static func convertFirstFormat(_ database: Database, key: SecretBytes) throws(LockboxError) {
-        let failure = LockboxError.integrity("The sync state \(database.path)")
+        let failure = SyncState.damaged(database.path)
         var progress: Progress?
         do {
             let statement = try database.statement("SELECT device, cursor, generation, mac, accumulator FROM progress WHERE id = 1")
@@ -370,7 +380,7 @@ final class SyncState {
     /// checked first) and puts their groups' digests in the progress (its MAC of format 2
     /// checked first).
     private static func convertSecondFormat(_ database: Database, key: SecretBytes) throws(LockboxError) {
-        let failure = LockboxError.integrity("The sync state \(database.path)")
+        let failure = SyncState.damaged(database.path)
         // Its `buckets` column was just added, empty; format 2's MAC does not cover it.
         var progress = try readProgress(database, key: key) { progressMAC($0, key: $1, format: 2) }
         // Its MAC does not cover a list of unverified writes or rows being added: none is taken
@@ -484,7 +494,7 @@ final class SyncState {
         /// may be listed) group by group as they are met.
         static func stored(progress: Progress?, _ database: Database, key: SecretBytes) throws(LockboxError) -> BucketDirectory {
             let digests = progress?.buckets ?? emptyDigests
-            guard digests.count == emptyDigests.count else { throw LockboxError.integrity("The sync state \(database.path)") }
+            guard digests.count == emptyDigests.count else { throw SyncState.damaged(database.path) }
             return BucketDirectory(digests: digests, startsEmpty: false, database, key: key)
         }
 
@@ -567,7 +577,7 @@ final class SyncState {
             if let known = groups[group] { return known }
             var macs: [Int: [UInt8]] = [:]
             if !startsEmpty {
-                let failure = LockboxError.integrity("The sync state \(database.path)")
+                let failure = SyncState.damaged(database.path)
                 let statement = try database.statement("SELECT macs FROM mac_groups WHERE grp = ?")
                 defer { statement.reset() }
                 statement.bind(1, group)
@@ -747,13 +757,13 @@ final class SyncState {
         let listed = try directory.mac(kind, index)
         guard try statement.step() else {
             // Removed, while the directory lists it.
-            guard listed == nil else { throw LockboxError.integrity("The sync state \(database.path)") }
+            guard listed == nil else { throw SyncState.damaged(database.path) }
             return nil
         }
         let body = statement.blob(0) ?? []
         guard let mac = statement.blob(1), let listed, SyncHead.equal(mac, listed), SyncHead.equal(mac, bucketMAC(kind, index, body, key: key))
         else {
-            throw LockboxError.integrity("The sync state \(database.path)")
+            throw SyncState.damaged(database.path)
         }
         return body
     }
@@ -765,7 +775,7 @@ final class SyncState {
         do {
             return try decodeItems(body, bucket: index)
         } catch {
-            throw LockboxError.integrity("The sync state \(database.path)")
+            throw SyncState.damaged(database.path)
         }
     }
 
@@ -776,7 +786,7 @@ final class SyncState {
         do {
             return try decodeRows(body, bucket: index)
         } catch {
-            throw LockboxError.integrity("The sync state \(database.path)")
+            throw SyncState.damaged(database.path)
         }
     }
 
@@ -852,7 +862,7 @@ final class SyncState {
             accumulator: statement.blob(4), rows: statement.integer(5) ?? -1, buckets: statement.blob(6) ?? [],
             unverified: statement.blob(7) ?? [], applying: statement.blob(8) ?? [], heldBack: statement.blob(9) ?? [])
         guard let mac = statement.blob(3), SyncHead.equal(mac, authenticated(progress, key)) else {
-            throw LockboxError.integrity("The sync state \(database.path)")
+            throw SyncState.damaged(database.path)
         }
         return progress
     }
@@ -902,7 +912,7 @@ final class SyncState {
             guard !bytes.isEmpty else { return }
             var decoder = FieldDecoder(bytes)
             guard let serial = try? decoder.integer(), let count = try? decoder.integer(), serial >= 0, count >= 0, decoder.isAtEnd else {
-                throw LockboxError.integrity("The sync state \(path)")
+                throw SyncState.damaged(path)
             }
             (self.serial, self.count) = (serial, count)
         }
@@ -938,7 +948,7 @@ final class SyncState {
     /// one, each MAC checked, and no other (a listing where the progress vouches for none is
     /// as much an error).
     private static func readApplying(_ list: [UInt8], _ database: Database, key: SecretBytes) throws(LockboxError) -> [Data: Applying] {
-        let failure = LockboxError.integrity("The sync state \(database.path)")
+        let failure = SyncState.damaged(database.path)
         let list = try ApplyingList(list, path: database.path)
         let statement = try database.statement("SELECT listing, body, mac FROM applying_rows ORDER BY listing")
         defer { statement.reset() }
@@ -1007,7 +1017,7 @@ final class SyncState {
 
     private static func decodeUnverified(_ bytes: [UInt8], path: String) throws(LockboxError) -> [String: Listed] {
         guard !bytes.isEmpty else { return [:] }
-        let failure = LockboxError.integrity("The sync state \(path)")
+        let failure = SyncState.damaged(path)
         var decoder = FieldDecoder(bytes)
         guard let count = try? decoder.integer(), count > 0 else { throw failure }
         var writes: [String: Listed] = [:]
@@ -1030,7 +1040,7 @@ final class SyncState {
 
     private static func decodeHeldBack(_ bytes: [UInt8], path: String) throws(LockboxError) -> Set<String> {
         guard !bytes.isEmpty else { return [] }
-        let failure = LockboxError.integrity("The sync state \(path)")
+        let failure = SyncState.damaged(path)
         var decoder = FieldDecoder(bytes)
         guard let count = try? decoder.integer(), count > 0, count <= bytes.count else { throw failure }
         var items: Set<String> = []
@@ -1159,7 +1169,7 @@ final class SyncState {
             _ = try statement.step()
             guard statement.integer(0) == 0 else { return false }
             if let progress = try Self.readProgress(database, key: key), !SyncHead.equal(progress.buckets, BucketDirectory.emptyDigests) {
-                throw LockboxError.integrity("The sync state \(database.path)")
+                throw SyncState.damaged(database.path)
             }
             return true
         }

@@ -24,6 +24,7 @@ let usage = """
            lockbox [--keychain PATH] sync remove-device DEVICE [--passphrase-stdin]
            lockbox [--keychain PATH] sync forget-damaged-deletions
            lockbox [--keychain PATH] sync recover
+           lockbox [--keychain PATH] sync reset
 
     Keeps the items marked synchronizable (and not ThisDeviceOnly) the same on several machines,
     end-to-end encrypted, through a PostgreSQL database (docs/SYNC.md). CONNINFO is a libpq
@@ -48,6 +49,11 @@ let usage = """
       then reports it rolled back, or missing records): every change this device knew that the
       database no longer holds is written again, deletes too; then it syncs. Only a database
       whose records add up to its signed head is taken. Run it on each device of the group.
+    reset rebuilds this device's sync state from the group, when a sync reports it damaged or
+      older than this device's last pull (removed, emptied, put back from a copy); then it
+      syncs. For the items the group holds, the group's versions replace this keychain's: edits
+      and deletes made here since the last sync are not sent. Items the group does not hold
+      are sent as new. Nothing is deleted on the other devices.
     """
 
 enum SyncCommand {
@@ -59,6 +65,7 @@ enum SyncCommand {
     case removeDevice(String, passphrase: Bool)
     case forgetDamagedDeletions
     case recover
+    case reset
     case help
 }
 
@@ -76,6 +83,7 @@ let optionsOfVerb: [String: Set<String>] = [
     "remove-device": ["--passphrase-stdin"],
     "forget-damaged-deletions": [],
     "recover": [],
+    "reset": [],
 ]
 
 /// Arguments are named by their position after `sync` (the verb is 1), never by their text: a
@@ -160,6 +168,7 @@ func parse(_ arguments: [String]) throws(UsageProblem) -> (keychain: String?, co
     case "status": return (keychain, .status(json: json))
     case "now": return (keychain, .now)
     case "recover": return (keychain, .recover)
+    case "reset": return (keychain, .reset)
     default: return (keychain, .forgetDamagedDeletions)
     }
 }
@@ -178,7 +187,9 @@ func checkConnectionString(_ database: String) throws(UsageProblem) {
     case nil:
         throw UsageProblem(message: "the connection string is not one libpq can read (not shown, in case it holds a secret)")
     case true?:
-        throw UsageProblem(message: "the connection string names a password: put it in a password file (passfile=, PGPASSFILE) instead")
+        throw UsageProblem(
+            message: "the connection string names a password (password= or sslpassword=, not shown): put a password in a password file "
+                + "(passfile=, PGPASSFILE) instead, and give the client key without a passphrase (a file of mode 0600)")
     case false?:
         break
     }
@@ -362,6 +373,12 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
         let configuration = try SyncConfiguration.load(vault: vault)
         let report = try SyncGroup(configuration.group, vault: vault, database: configuration.database).sync()
         streams.print("pushed \(report.pushed), pulled \(report.pulled), superseded \(report.superseded)")
+        return .success
+    case .reset:
+        let vault = try openVault(keychain)
+        let configuration = try SyncConfiguration.load(vault: vault)
+        let report = try SyncGroup(configuration.group, vault: vault, database: configuration.database).resetState()
+        streams.print("rebuilt this device's sync state from the group; pushed \(report.pushed), pulled \(report.pulled)")
         return .success
     case .recover:
         let vault = try openVault(keychain)

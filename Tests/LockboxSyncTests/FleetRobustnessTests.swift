@@ -59,6 +59,41 @@ extension SyncTests {
             }
         }
 
+        @Test("A sign-out is not undone by the database putting the last sealed tokens back, on the machine that signed out nor on one that saw it; a later sign-in is read")
+        func signOutNotUndoneByPutBack() throws {
+            let (groups, machines) = try threeMachines()
+            defer { withExtendedLifetime(machines) {} }
+            let database = try PostgresConnection(try testDatabase())
+            let session = groups[0].fleetSessionID("account-signed-out")
+            try groups[0].writeFleet(try groups[0].fleetConnection(), session: session, field: .refreshToken, secret: SecretBytes(utf8: "refresh-last"))
+            try groups[0].writeFleet(try groups[0].fleetConnection(), session: session, field: .accessToken, secret: SecretBytes(utf8: "access-last"))
+            #expect(try plain(groups[1].readFleet(try groups[1].fleetConnection(), session: session, field: .refreshToken)) == "refresh-last")
+            let sealed = try database.execute(
+                "SELECT refresh_token, access_token FROM lockbox_fleet_sessions WHERE group_id = $1 AND session_id = $2",
+                [.text(groups[0].groupID), .text(session)]
+            ).first
+            try groups[0].clearFleet(try groups[0].fleetConnection(), session: session)
+            #expect(try groups[1].readFleet(try groups[1].fleetConnection(), session: session, field: .refreshToken) == nil)
+            #expect(try groups[1].readFleet(try groups[1].fleetConnection(), session: session, field: .accessToken) == nil)
+            try database.execute(
+                "UPDATE lockbox_fleet_sessions SET refresh_token = $3::bytea, access_token = $4::bytea WHERE group_id = $1 AND session_id = $2",
+                [.text(groups[0].groupID), .text(session), (sealed?[0] ?? nil).map { .text($0) } ?? .null, (sealed?[1] ?? nil).map { .text($0) } ?? .null])
+            for index in 0..<2 {
+                for field in [SyncGroup.FleetField.refreshToken, .accessToken] {
+                    let read = outcome { try plain(groups[index].readFleet(try groups[index].fleetConnection(), session: session, field: field)) }
+                    guard case .failure(let error) = read else {
+                        Issue.record("machine \(index) serves the signed-out session's \(field.rawValue): \(read)")
+                        continue
+                    }
+                    #expect((error as? LockboxError)?.code == .decode)
+                }
+            }
+            try groups[0].writeFleet(try groups[0].fleetConnection(), session: session, field: .refreshToken, secret: SecretBytes(utf8: "refresh-new"))
+            for index in 0..<2 {
+                #expect(try plain(groups[index].readFleet(try groups[index].fleetConnection(), session: session, field: .refreshToken)) == "refresh-new")
+            }
+        }
+
         @Test("A replayed token's error names the way out (the marks file of each machine), and the token is not served")
         func replayErrorNamesTheWayOut() throws {
             let (groups, machines) = try threeMachines()

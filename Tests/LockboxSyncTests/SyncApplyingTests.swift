@@ -16,11 +16,12 @@ private func pullStoppedAfterTheVaultsCommit(_ groups: [SyncGroup], _ machines: 
     try groups[0].sync()
     let listed = Mutex<StateCopy?>(nil)
     let path = groups[1].statePath
+    let pulled = try pulledVersion(groups[1])
     groups[1].afterListingAdded.withLock { $0 = { listed.withLock { $0 = try? copyState(path) } } }
     #expect(try groups[1].sync().pulled == 1)
     groups[1].afterListingAdded.withLock { $0 = nil }
     let copy: StateCopy = try #require(listed.withLock { $0 }, "the pull listed no row it adds")
-    try restoreState(copy, at: path)
+    try restoreStoppedSync(copy, of: groups[1], pulled: pulled)
     tick()
 }
 
@@ -37,11 +38,12 @@ private func update(_ machine: Machine, _ service: String, _ change: (inout Item
 private func syncStoppedBeforeItsStateCommit(_ group: SyncGroup) throws -> SyncGroup.Report {
     let listed = Mutex<StateCopy?>(nil)
     let path = group.statePath
+    let pulled = try pulledVersion(group)
     group.afterListingAdded.withLock { $0 = { listed.withLock { $0 = try? copyState(path) } } }
     defer { group.afterListingAdded.withLock { $0 = nil } }
     let report = try group.sync()
     let copy: StateCopy = try #require(listed.withLock { $0 }, "the sync listed no row")
-    try restoreState(copy, at: path)
+    try restoreStoppedSync(copy, of: group, pulled: pulled)
     return report
 }
 

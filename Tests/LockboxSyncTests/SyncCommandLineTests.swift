@@ -165,6 +165,9 @@ extension SyncTests {
         #expect(PostgresConnection.namesPassword("postgresql://lockbox@127.0.0.1/postgres") == false)
         #expect(PostgresConnection.namesPassword("postgresql://lockbox:secret@127.0.0.1/postgres") == true)
         #expect(PostgresConnection.namesPassword("host='unterminated") == nil)
+        // The passphrase of the client's TLS key is a secret too.
+        #expect(PostgresConnection.namesPassword("host=127.0.0.1 sslcert=/k/c.pem sslkey=/k/k.pem sslpassword=keypass") == true)
+        #expect(PostgresConnection.namesPassword("postgresql://lockbox@127.0.0.1/postgres?sslpassword=keypass") == true)
     }
 
     @Test("lockbox sync: an option given twice, an empty connection string refused; a group identifier in upper case joins; a create that could not save its configuration makes no group; offline, --json lists no devices")

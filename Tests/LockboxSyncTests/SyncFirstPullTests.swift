@@ -25,6 +25,7 @@ extension SyncTests {
         let counting = StorageFaults(kind: .ioError, failingOperation: Int.max, persistent: false)
         machines[2].vault.injectFaults(counting)
         let before = try? copyState(groups[2].statePath)
+        let pulledBefore = try pulledVersion(groups[2])
         #expect(try groups[2].sync().pulled == count)
         machines[2].vault.injectFaults(nil)
         let operations = counting.operations
@@ -63,7 +64,7 @@ extension SyncTests {
         #expect(try groups[1].sync().changedNothing)
 
         // Machine C as if it died after its vault committed, before its state did.
-        try restoreState(before, at: groups[2].statePath)
+        try restoreStoppedSync(before, of: groups[2], pulled: pulledBefore)
         let repeated = try groups[2].sync()
         #expect(repeated.pulled == 0)
         #expect(repeated.pushed == 0)

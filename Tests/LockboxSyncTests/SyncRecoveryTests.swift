@@ -198,11 +198,12 @@ extension SyncTests {
         try machines[0].set("a.example", "user", "a3")
         try machines[0].delete("c.example", "user")
         let saved = try copyState(groups[0].statePath)
+        let pulled = try pulledVersion(groups[0])
         let first = try groups[0].recoverDatabase()
         #expect(first.restored == 2 && first.restoredDeletions == 1)
         let written = try storedRecords(groups[0].groupID)
         // Cut off: the database holds the records put back, the device's state is as before.
-        try restoreState(saved, at: groups[0].statePath)
+        try restoreStoppedSync(saved, of: groups[0], pulled: pulled)
         #expect(throws: LockboxError.self) { try groups[0].sync() }
         let again = try groups[0].recoverDatabase()
         #expect(again.checked == 3)

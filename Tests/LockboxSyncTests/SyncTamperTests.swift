@@ -461,12 +461,13 @@ extension SyncTests {
         let id = try itemID(groups[0], machines[0], "x.example")
         let old = try #require(try storedRecords(group).first { $0.id == id })
         let before = try copyState(groups[0].statePath)
+        let pulled = try pulledVersion(groups[0])
         tick()
         try machines[0].set("x.example", "user", "x2")
         try groups[0].sync()
         // As if A died before its push's state commit; the administrator puts the group row
         // back to the head A verified, keeping A's new record.
-        try restoreState(before, at: groups[0].statePath)
+        try restoreStoppedSync(before, of: groups[0], pulled: pulled)
         try putGroupHead(group, verified)
         let error = #expect(throws: LockboxError.self) { try groups[0].sync() }
         #expect(error?.code == .decode)

@@ -142,6 +142,23 @@ func restoreState(_ copy: StateCopy?, at path: String) throws {
     if let log = copy.log { try log.write(to: URL(fileURLWithPath: path + "-wal")) }
 }
 
+/// The database's record of how far `group`'s device has pulled (`pulled_version`).
+func pulledVersion(_ group: SyncGroup) throws -> Int64 {
+    let rows = try PostgresConnection(try testDatabase()).execute(
+        "SELECT pulled_version FROM lockbox_sync_devices WHERE group_id = $1 AND device_id = $2", [.text(group.groupID), .text(group.deviceID)])
+    return try PostgresConnection.integer(rows.first?[0] ?? nil)
+}
+
+/// Puts back a copy of `group`'s sync state taken during a sync, and the database's record of
+/// the device's pulls as it was before that sync (`pulled`): what a process stopped before its
+/// state's commit leaves (the database records a pull after the state's commit).
+func restoreStoppedSync(_ copy: StateCopy?, of group: SyncGroup, pulled: Int64) throws {
+    try restoreState(copy, at: group.statePath)
+    try PostgresConnection(try testDatabase()).execute(
+        "UPDATE lockbox_sync_devices SET pulled_version = $3 WHERE group_id = $1 AND device_id = $2",
+        [.text(group.groupID), .text(group.deviceID), .integer(pulled)])
+}
+
 /// What `body` returned or threw (a test that reports either in its message).
 func outcome<T>(of body: () throws -> T) -> Result<T, any Error> {
     do { return .success(try body()) } catch { return .failure(error) }
@@ -294,13 +311,12 @@ struct SyncTests {
         tick()
         // B pulls A's edit and delete; its vault commits, its state is lost.
         let path = groups[1].statePath
-        let saved = (try Data(contentsOf: URL(fileURLWithPath: path)), try? Data(contentsOf: URL(fileURLWithPath: path + "-wal")))
+        let saved = try copyState(path)
+        let pulled = try pulledVersion(groups[1])
         try groups[1].sync()
         #expect(try machines[1].value("wiki.example", "editor") == "from A")
         #expect(try machines[1].value("mail.example", "editor") == nil)
-        try? FileManager.default.removeItem(atPath: path + "-shm")
-        try saved.0.write(to: URL(fileURLWithPath: path))
-        if let wal = saved.1 { try wal.write(to: URL(fileURLWithPath: path + "-wal")) } else { try? FileManager.default.removeItem(atPath: path + "-wal") }
+        try restoreStoppedSync(saved, of: groups[1], pulled: pulled)
         // C's later edits reach the database; then B takes what it applied for changes of its
         // own and pushes them: with the times A made them, they lose to C's.
         try groups[2].sync()
@@ -417,6 +433,7 @@ struct SyncTests {
         try machines[0].add("a.example", "one", "1")
         try groups[0].sync()
         let before = try copyState(groups[0].statePath)
+        let pulled = try pulledVersion(groups[0])
         try machines[0].add("b.example", "two", "2")
         try machines[0].set("a.example", "one", "1b")
         let counter = { () throws -> String? in
@@ -426,7 +443,7 @@ struct SyncTests {
         try groups[0].sync()
         let afterFirst = try counter()
         // As if the process died right after the push's commit: the state file is the old one.
-        try restoreState(before, at: groups[0].statePath)
+        try restoreStoppedSync(before, of: groups[0], pulled: pulled)
         let report = try groups[0].sync()
         #expect(report.pulled == 0)
         #expect(try counter() == afterFirst, "the repeated push wrote new versions")
@@ -444,16 +461,19 @@ struct SyncTests {
         try machines[0].add("p.example", "one", "1")
         try machines[0].add("p.example", "two", "2")
         try groups[0].sync()
+        let pulled = try pulledVersion(groups[1])
         #expect(try groups[1].sync().pulled == 2)
         let counter = try PostgresConnection(try testDatabase()).execute(
             "SELECT counter FROM lockbox_sync_groups WHERE group_id = $1", [.text(groups[0].groupID)]).first?[0]
         // As if machine B died after applying, before saving its cursor.
-        try restoreState(empty, at: groups[1].statePath)
+        try restoreStoppedSync(empty, of: groups[1], pulled: pulled)
         #expect(try groups[1].sync().changedNothing)
-        // And with no state at all (a new device identifier, cursor 0).
+        // And with no state at all: refused (it could take the items for edits made here), and
+        // rebuilt from the group on request, which writes nothing.
         try restoreState(nil, at: groups[1].statePath)
-        let report = try groups[1].sync()
-        #expect(report.pulled == 0)
+        #expect(throws: LockboxError.self) { try groups[1].sync() }
+        let report = try groups[1].resetState()
+        #expect(report.pushed == 0)
         #expect(report.superseded == 0)
         #expect(try machines[1].count() == 2)
         let after = try PostgresConnection(try testDatabase()).execute(
@@ -498,11 +518,12 @@ struct SyncTests {
         let listed = Mutex<StateCopy?>(nil)
         let path = groups[1].statePath
         groups[1].afterListingAdded.withLock { $0 = { listed.withLock { $0 = try? copyState(path) } } }
+        let pulled = try pulledVersion(groups[1])
         #expect(try groups[1].sync().superseded == 1)
         groups[1].afterListingAdded.withLock { $0 = nil }
         #expect(try machines[1].value("twice.example", "user") == "2")
         let copy: StateCopy = try #require(listed.withLock { $0 }, "the push listed no row it adds")
-        try restoreState(copy, at: path)
+        try restoreStoppedSync(copy, of: groups[1], pulled: pulled)
         tick()
         try machines[1].delete("twice.example", "user")
         try groups[1].sync()

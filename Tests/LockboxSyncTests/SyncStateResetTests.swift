@@ -1,0 +1,150 @@
+import Foundation
+import Lockbox
+import LockboxCore
+import LockboxTestSupport
+import LockboxVault
+import Testing
+import VaultStorage
+
+@testable import LockboxSync
+
+/// A device's sync state lost, emptied, put back from an older copy or damaged: a sync refuses
+/// it (it could undo edits made elsewhere), and `lockbox sync reset` rebuilds it from the group
+/// with the group's versions taking precedence (docs/SYNC.md, "Rebuilding the state").
+extension SyncTests {
+    @Suite("Sync state: refused when behind or damaged, rebuilt from the group", .serialized)
+    struct StateReset {
+        enum Loss: String, CaseIterable, Sendable {
+            case emptied, removed, olderCopy
+        }
+
+        /// A's state lost after B changed the item and A saved its old value again unchanged (a
+        /// credential helper stores after each use).
+        func lostAfterEditElsewhere(_ loss: Loss, deleteElsewhere: Bool) throws -> (groups: [SyncGroup], machines: [Machine]) {
+            let (groups, machines) = try threeMachines()
+            try groups[0].sync()
+            let older = try copyState(groups[0].statePath)
+            try machines[0].add("helper.example", "user", "v1")
+            try groups[0].sync()
+            try groups[1].sync()
+            try groups[2].sync()
+            tick()
+            if deleteElsewhere { try machines[1].delete("helper.example", "user") } else { try machines[1].set("helper.example", "user", "v2 from B") }
+            try groups[1].sync()
+            tick()
+            try machines[0].set("helper.example", "user", "v1")
+            switch loss {
+            case .emptied: try restoreState(StateCopy(file: Data(), log: nil), at: groups[0].statePath)
+            case .removed: try restoreState(nil, at: groups[0].statePath)
+            case .olderCopy: try restoreState(older, at: groups[0].statePath)
+            }
+            return (groups, machines)
+        }
+
+        @Test(
+            "A state emptied, removed or put back from an older copy is refused, naming the reset, and nothing is synced; the reset keeps the edit or delete made elsewhere on every device",
+            arguments: Loss.allCases, [false, true])
+        func lostStateIsRefusedThenRebuilt(loss: Loss, deleteElsewhere: Bool) throws {
+            let (groups, machines) = try lostAfterEditElsewhere(loss, deleteElsewhere: deleteElsewhere)
+            defer { withExtendedLifetime(machines) {} }
+            let wanted: String? = deleteElsewhere ? nil : "v2 from B"
+            let refused = #expect(throws: LockboxError.self) { try groups[0].sync() }
+            #expect(refused?.code == .decode)
+            #expect(refused?.message.contains("lockbox sync reset") == true, "\(refused?.message ?? "")")
+            #expect(refused?.message.contains("Restore it from a backup") == false)
+            // Refused before anything was written: the other devices keep B's change.
+            try groups[1].sync()
+            try groups[2].sync()
+            #expect(try machines[2].value("helper.example", "user") == wanted)
+            // Refused again until reset, and status says so; the keychain stays readable.
+            #expect(throws: LockboxError.self) { try groups[0].sync() }
+            #expect(try groups[0].status().databaseProblem?.contains("lockbox sync reset") == true)
+            #expect(try machines[0].value("helper.example", "user") == "v1")
+
+            try groups[0].resetState()
+            for group in groups { try group.sync() }
+            for (index, machine) in machines.enumerated() {
+                #expect(try machine.value("helper.example", "user") == wanted, "machine \(index)")
+            }
+            // The rebuilt state syncs as any other.
+            tick()
+            if deleteElsewhere { try machines[0].add("helper.example", "user", "v3 from A") } else { try machines[0].set("helper.example", "user", "v3 from A") }
+            for group in groups { try group.sync() }
+            for machine in machines { #expect(try machine.value("helper.example", "user") == "v3 from A") }
+        }
+
+        @Test("A reset sends the items the group does not hold, takes the group's versions for the others (a delete made here since comes back), and deletes nothing elsewhere")
+        func resetSendsNewItemsAndDeletesNothingElsewhere() throws {
+            let (groups, machines) = try threeMachines()
+            defer { withExtendedLifetime(machines) {} }
+            try machines[0].add("kept.example", "user", "k1")
+            try machines[0].add("edited.example", "user", "e1")
+            for group in groups { try group.sync() }
+            tick()
+            // On B, since its last sync: a delete, an edit and a new item; then its state is lost.
+            try machines[1].delete("kept.example", "user")
+            try machines[1].set("edited.example", "user", "e2 on B")
+            try machines[1].add("new.example", "user", "n1")
+            try restoreState(nil, at: groups[1].statePath)
+            #expect(throws: LockboxError.self) { try groups[1].sync() }
+            let report = try groups[1].resetState()
+            #expect(report.pushed == 1)
+            for group in groups { try group.sync() }
+            for (index, machine) in machines.enumerated() {
+                #expect(try machine.value("kept.example", "user") == "k1", "machine \(index): an item was deleted elsewhere")
+                #expect(try machine.value("edited.example", "user") == "e1", "machine \(index)")
+                #expect(try machine.value("new.example", "user") == "n1", "machine \(index): the new item was not sent")
+            }
+        }
+
+        @Test("A damaged state's error says the keychain is not affected and names the reset, not a restore of the keychain; the reset rebuilds it")
+        func damagedStateNamesTheReset() throws {
+            let (groups, machines) = try threeMachines()
+            defer { withExtendedLifetime(machines) {} }
+            try machines[0].add("x.example", "user", "1")
+            try groups[0].sync()
+            try groups[1].sync()
+            let database = try Database(path: groups[1].statePath, create: false)
+            try database.execute("UPDATE progress SET cursor = cursor + 1")
+            let error = #expect(throws: LockboxError.self) { try groups[1].sync() }
+            #expect(error?.code == .decode)
+            #expect(error?.message.contains("lockbox sync reset") == true, "\(error?.message ?? "")")
+            #expect(error?.message.contains("do not restore the keychain") == true)
+            #expect(error?.message.contains("Restore it from a backup") == false)
+            try groups[1].resetState()
+            tick()
+            try machines[0].set("x.example", "user", "2")
+            try groups[0].sync()
+            try groups[1].sync()
+            #expect(try machines[1].value("x.example", "user") == "2")
+        }
+
+        @Test("An intact state is never refused as behind: syncs, a restart of the process, and a device that has not pulled yet")
+        func intactStateIsNotRefused() throws {
+            let (groups, machines) = try threeMachines()
+            defer { withExtendedLifetime(machines) {} }
+            for group in groups { try group.sync() }
+            try machines[0].add("x.example", "user", "1")
+            try groups[0].sync()
+            let again = try SyncGroup(groups[1].groupID, vault: try machines[1].reopened { _ in }, database: try testDatabase())
+            try again.sync()
+            #expect(try machines[1].value("x.example", "user") == "1")
+            #expect(try again.status().databaseProblem == nil)
+        }
+
+        @Test("lockbox sync reset from the command line: a refused state rebuilt, the way out named by sync now")
+        func resetFromTheCommandLine() throws {
+            let (groups, machines) = try lostAfterEditElsewhere(.removed, deleteElsewhere: false)
+            defer { withExtendedLifetime(machines) {} }
+            try SyncCLI.configure(machines[0], group: groups[0].groupID, database: try testDatabase())
+            let refused = try SyncCLI.run(machines[0], ["sync", "now"])
+            #expect(refused.status == 1)
+            #expect(refused.standardError.contains("lockbox sync reset"), "\(refused.standardError)")
+            let reset = try SyncCLI.run(machines[0], ["sync", "reset"])
+            #expect(reset.status == 0, "\(reset.standardError)")
+            #expect(reset.standardOutput.contains("rebuilt this device's sync state"))
+            #expect(try SyncCLI.run(machines[0], ["sync", "reset", "extra"]).status == 64)
+            #expect(try machines[0].value("helper.example", "user") == "v2 from B")
+        }
+    }
+}
