@@ -99,6 +99,12 @@ enum PairingCode {
             })
     }
 
+    /// Whether a normalized code has the length and alphabet of a code this generates: one
+    /// that cannot be is refused before it uses up the code it was meant to be.
+    static func isWellFormed(_ code: String) -> Bool {
+        code.count == length && code.allSatisfy { alphabet.contains($0) }
+    }
+
     static func displayed(_ code: String) -> String {
         stride(from: 0, to: code.count, by: 4).map { start in
             String(code.dropFirst(start).prefix(4))
@@ -180,7 +186,7 @@ extension SyncGroup {
             // key, with which its device could never sync.
             let inserted = try connection.transaction { () throws(LockboxError) -> Bool in
                 let group = try connection.execute("SELECT key_epoch FROM lockbox_sync_groups WHERE group_id = $1 FOR SHARE", [.text(groupID)])
-                guard let row = group.first else { throw Self.noSuchGroup(groupID) }
+                guard let row = group.first else { throw groupGone() }
                 guard try PostgresConnection.integer(row[0]) == keys.epoch else {
                     throw LockboxError(.io, "A device was removed from the group while this code was made, which replaced the group's key. No code was made: invite again.")
                 }
@@ -384,7 +390,7 @@ extension SyncGroup {
     func catchUpKeys(_ connection: PostgresConnection) throws(LockboxError) {
         let rows = try connection.execute("SELECT key_epoch FROM lockbox_sync_groups WHERE group_id = $1", [.text(groupID)])
         guard let row = rows.first else {
-            throw LockboxError(.itemNotFound, "The sync group \(groupID) is not in the database any more. Nothing was changed here.")
+            throw groupGone()
         }
         let epoch = try PostgresConnection.integer(row[0])
         guard epoch >= keys.epoch else { throw Self.restoredBeforeRemoval() }

@@ -138,7 +138,7 @@ extension SyncGroup {
                 let group = try connection.execute(
                     "SELECT key_epoch, \(Self.fleetClock) FROM lockbox_sync_groups WHERE group_id = $1 FOR SHARE", [.text(groupID)])
                 guard let epoch = group.first else {
-                    throw LockboxError(.itemNotFound, "The sync group \(groupID) is not in the database any more. Nothing was changed here.")
+                    throw groupGone()
                 }
                 guard try PostgresConnection.integer(epoch[0]) == keys.epoch else { return nil }
                 let rows = try connection.execute(

@@ -81,7 +81,7 @@ extension SyncGroup {
             let counterRows = try connection.execute(
                 "SELECT counter, key_epoch, head FROM lockbox_sync_groups WHERE group_id = $1", [.text(groupID)])
             guard let counterRow = counterRows.first else {
-                throw LockboxError(.itemNotFound, "The sync group \(groupID) is not in the database any more. Nothing was changed here.")
+                throw groupGone()
             }
             let counter = try PostgresConnection.integer(counterRow[0])
             guard counter >= cursor else { throw rolledBack() }

@@ -556,7 +556,7 @@ extension SyncGroup {
         let rows = try connection.execute(
             "SELECT counter, key_epoch, head FROM lockbox_sync_groups WHERE group_id = $1 FOR UPDATE", [.text(groupID)])
         guard let row = rows.first else {
-            throw LockboxError(.itemNotFound, "The sync group \(groupID) is not in the database any more. Nothing was changed here.")
+            throw groupGone()
         }
         let counter = try PostgresConnection.integer(row[0])
         guard counter >= cursor else { throw rolledBack() }

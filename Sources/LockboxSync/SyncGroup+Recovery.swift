@@ -73,7 +73,7 @@ extension SyncGroup {
             let groups = try connection.execute(
                 "SELECT counter, key_epoch, head FROM lockbox_sync_groups WHERE group_id = $1 FOR UPDATE", [.text(groupID)])
             guard let row = groups.first else {
-                throw LockboxError(.itemNotFound, "The sync group \(groupID) is not in the database any more. Nothing was changed here.")
+                throw groupGone()
             }
             var counter = try PostgresConnection.integer(row[0])
             guard try PostgresConnection.integer(row[1]) == keys.epoch else {

@@ -147,12 +147,17 @@ public final class SyncGroup: Sendable {
     ) throws(LockboxError) -> SyncGroup {
         try checkGroupIdentifier(groupID)
         let code = PairingCode.normalized(pairingCode)
-        guard code.count == PairingCode.length else {
-            throw LockboxError(.param, "A pairing code has \(PairingCode.length) letters and digits (dashes optional). Check the code shown on the other device.")
+        guard PairingCode.isWellFormed(code) else {
+            throw LockboxError(
+                .param,
+                "A pairing code has \(PairingCode.length) letters and digits (dashes optional; no U). Check the code shown on the other device; "
+                    + "it was not used.")
         }
-        // Before the code is used up: a join that could not keep the keys would waste it.
+        // Before the code is used up: a join that could not keep the keys, or its state,
+        // would waste it.
         try requireUnlocked(vault, "Unlock it to join a sync group; the pairing code was not used.")
         try requireWholeKeychain(vault)
+        try SyncFiles.prepareDirectory(SyncFiles.directory(vault: vault.path))
         let connection = try PostgresConnection(database)
         try SyncSchema.migrate(connection)
         guard try !connection.execute("SELECT 1 FROM lockbox_sync_groups WHERE group_id = $1", [.text(groupID)]).isEmpty else {
@@ -176,6 +181,18 @@ public final class SyncGroup: Sendable {
         return try enroll(groupID: groupID, vault: vault, database: database, keys: keys, connection: connection)
     }
 
+    /// The error for a group this device belongs to that the database no longer holds: a
+    /// connection string that names another database, or a database restored from before the
+    /// group was made (or the group deleted there).
+    func groupGone() -> LockboxError {
+        LockboxError(
+            .itemNotFound,
+            "The sync group \(groupID) is not in the database any more. Nothing was changed here, and this keychain keeps its "
+                + "items. Check the connection string (`lockbox sync status` uses the same; it is kept in \(vault.path).sync/config). "
+                + "If the database was restored from before the group was made, or the group was deleted there, make a new group "
+                + "(`lockbox sync create --replace-group`) and join the other devices to it.")
+    }
+
     static func noSuchGroup(_ groupID: String) -> LockboxError {
         LockboxError(
             .itemNotFound,
@@ -192,7 +209,7 @@ public final class SyncGroup: Sendable {
     }
 
     /// Whether `text` has the form of a device identifier: 16 lowercase hexadecimal digits.
-    static func isDeviceIdentifier(_ text: String) -> Bool { isLowercaseHex(text, digits: 16) }
+    package static func isDeviceIdentifier(_ text: String) -> Bool { isLowercaseHex(text, digits: 16) }
 
     /// Refuses what is not a group identifier, without repeating it (it may be a secret typed
     /// in the wrong place).

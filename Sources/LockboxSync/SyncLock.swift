@@ -30,9 +30,7 @@ final class SyncLock {
     /// when one does.
     init?(lockPath path: String, waiting: Bool = true) throws(LockboxError) {
         let directory = String(path[..<(path.lastIndex(of: "/") ?? path.startIndex)])
-        if !directory.isEmpty && mkdir(directory, 0o700) != 0 && errno != EEXIST {
-            throw LockboxError(.io, "Cannot create \(directory) (errno \(errno)). Check its parent's permissions.")
-        }
+        if !directory.isEmpty { try SyncFiles.prepareDirectory(directory) }
         let descriptor = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
         guard descriptor >= 0 else { throw LockboxError(.io, "Cannot open the sync lock \(path) (errno \(errno)).") }
         while flock(descriptor, waiting ? LOCK_EX : LOCK_EX | LOCK_NB) != 0 {

@@ -170,11 +170,9 @@ final class SyncState {
     /// in the group.
     init(path: String, device: String, key: SecretBytes) throws(LockboxError) {
         let directory = String(path[..<(path.lastIndex(of: "/") ?? path.startIndex)])
-        let oldMask = umask(0o077)
-        defer { umask(oldMask) }
-        if !directory.isEmpty && mkdir(directory, 0o700) != 0 && errno != EEXIST {
-            throw LockboxError(.io, "Cannot create \(directory). Check the directory's permissions, then sync again.")
-        }
+        if !directory.isEmpty { try SyncFiles.prepareDirectory(directory) }
+        try SyncFiles.prepareFile(path)
+        for companion in [path + "-wal", path + "-shm"] { try SyncFiles.narrowIfPresent(companion) }
         database = try Database(path: path, create: true)
         // The write-ahead log is synced at checkpoints, not at every commit: a power loss may
         // then take back the last commits of this file, which leaves it as a crash just before

@@ -155,7 +155,9 @@ func parse(_ arguments: [String]) throws(UsageProblem) -> (keychain: String?, co
         let identifier = SyncGroup.isGroupIdentifier(group.lowercased()) ? group.lowercased() : group
         return (keychain, .join(group: identifier, database: try needDatabase(), passphrase: passphrase, replacing: replacing))
     case "remove-device":
-        return (keychain, .removeDevice(try onePositional("the device identifier"), passphrase: passphrase))
+        // Hexadecimal digits read the same in either case, as for a group identifier.
+        let device = try onePositional("the device identifier")
+        return (keychain, .removeDevice(SyncGroup.isDeviceIdentifier(device.lowercased()) ? device.lowercased() : device, passphrase: passphrase))
     default:
         break
     }
@@ -221,29 +223,12 @@ struct SyncConfiguration {
     /// Whether the configuration can be written: its directory made (mode 0700) or there, a
     /// directory this user may write in.
     static func checkWritable(vault: Vault) throws(LockboxError) {
-        let path = Self.path(vault: vault)
-        let directory = String(path[..<(path.lastIndex(of: "/") ?? path.startIndex)])
-        let oldMask = umask(0o077)
-        defer { umask(oldMask) }
-        _ = mkdir(directory, 0o700)
-        var info = stat()
-        guard stat(directory, &info) == 0, info.st_mode & S_IFMT == S_IFDIR, access(directory, W_OK | X_OK) == 0 else {
-            throw LockboxError(
-                .io, "Cannot write \(path): \(directory) is not a directory this user may write in. Fix it, then try again; nothing was created.")
-        }
+        try SyncFiles.prepareDirectory(SyncFiles.directory(vault: vault.path))
     }
 
     func save(vault: Vault) throws(LockboxError) {
-        let path = Self.path(vault: vault)
-        let directory = String(path[..<(path.lastIndex(of: "/") ?? path.startIndex)])
-        let oldMask = umask(0o077)
-        defer { umask(oldMask) }
-        do {
-            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-            try Data("group=\(group)\ndatabase=\(database)\n".utf8).write(to: URL(fileURLWithPath: path), options: .atomic)
-        } catch {
-            throw LockboxError(.io, "Cannot write \(path). Check the directory's permissions.")
-        }
+        try SyncFiles.prepareDirectory(SyncFiles.directory(vault: vault.path))
+        try Vault.writeAtomically(Array("group=\(group)\ndatabase=\(database)\n".utf8), to: Self.path(vault: vault), what: "the sync configuration")
     }
 }
 
@@ -344,6 +329,8 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
         let vault = try openVault(keychain)
         try checkNotInGroup(vault, replacing: replacing, joining: groupID)
         try SyncGroup.requireUnlocked(vault, "Unlock it to join a sync group.")
+        // Before the pairing code is read and used up: a join that could not save would waste it.
+        try SyncConfiguration.checkWritable(vault: vault)
         let group: SyncGroup
         if withPassphrase {
             group = try SyncGroup.join(groupID, vault: vault, database: database, passphrase: try readSecret("Group passphrase: "))

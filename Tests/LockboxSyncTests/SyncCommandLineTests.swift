@@ -319,4 +319,23 @@ extension SyncTests {
         #expect(hung.status == 0 && hung.standardOutput.contains("unreachable"), "status: \(hung.status) \(hung.standardOutput)")
         #expect(waited < Double(PostgresConnection.defaultConnectTimeout) * 3, "status waited \(waited) s for a silent server")
     }
+
+    @Test("A pairing code with a letter no code holds is refused before it is used, and the right one then joins; remove-device takes a device identifier in upper case")
+    func mistypedCodeAndUpperCaseDevice() throws {
+        let database = try testDatabase()
+        let first = try Machine()
+        let group = try SyncGroup.create(vault: first.vault, database: database)
+        let code = try group.pairingCode()
+        let second = try Machine()
+        // The same code with its first character replaced by U, which no code holds.
+        let mistyped = "U" + code.dropFirst()
+        let refused = #expect(throws: LockboxError.self) { try SyncGroup.join(group.groupID, vault: second.vault, database: database, pairingCode: mistyped) }
+        #expect(refused?.code == .param)
+        #expect(refused?.message.contains("it was not used") == true)
+        let joined = try SyncGroup.join(group.groupID, vault: second.vault, database: database, pairingCode: code)
+        try SyncCLI.configure(first, group: group.groupID, database: database)
+        let removed = try SyncCLI.run(first, ["sync", "remove-device", joined.deviceID.uppercased()])
+        #expect(removed.status == 0, "\(removed.standardError)")
+        #expect(try !group.devices().contains { $0.id == joined.deviceID })
+    }
 }

@@ -1,0 +1,59 @@
+import LockboxCore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The files a keychain keeps beside it for sync (`VAULT.sync/`: the configuration, each group's
+/// state, lock and fleet marks): a directory of mode 0700 and files of mode 0600, whatever the
+/// process's umask, set without changing it (a umask is the whole process's, and another
+/// thread's files would be made under it meanwhile).
+package enum SyncFiles {
+    /// Makes `directory` (mode 0700) or checks the one there: a directory (not a link to one)
+    /// this user may write in, its mode narrowed to 0700 if it allows others more.
+    /// - Throws: `errSecIO` naming the directory and what to do; nothing is created elsewhere.
+    package static func prepareDirectory(_ directory: String) throws(LockboxError) {
+        if mkdir(directory, 0o700) != 0 && errno != EEXIST {
+            throw LockboxError(.io, "Cannot create \(directory). Check the permissions of the directory it is in, then try again; nothing was created or changed.")
+        }
+        var info = stat()
+        guard lstat(directory, &info) == 0, info.st_mode & S_IFMT == S_IFDIR, access(directory, W_OK | X_OK) == 0 else {
+            throw LockboxError(
+                .io, "\(directory) is not a directory this user may write in. Fix it (or remove it), then try again; nothing was created or changed.")
+        }
+        if info.st_mode & 0o077 != 0 && chmod(directory, 0o700) != 0 {
+            throw LockboxError(.io, "Cannot make \(directory) private to this user (mode 0700). Fix its permissions, then try again.")
+        }
+    }
+
+    /// Makes the file at `path` (mode 0600), or narrows an existing one to 0600, before a
+    /// database opens it (SQLite gives its log and shared-memory files the file's mode). A link
+    /// there is refused.
+    package static func prepareFile(_ path: String) throws(LockboxError) {
+        let descriptor = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        guard descriptor >= 0 else {
+            throw LockboxError(.io, "Cannot open \(path) (a link, or permissions). Fix it, then try again.")
+        }
+        defer { close(descriptor) }
+        var info = stat()
+        guard fstat(descriptor, &info) == 0, info.st_mode & S_IFMT == S_IFREG else {
+            throw LockboxError(.io, "\(path) is not a regular file. Fix it, then try again.")
+        }
+        if info.st_mode & 0o077 != 0 && fchmod(descriptor, 0o600) != 0 {
+            throw LockboxError(.io, "Cannot make \(path) private to this user (mode 0600). Fix its permissions, then try again.")
+        }
+    }
+
+    /// Narrows an existing file at `path` (a database's log or shared memory, kept between
+    /// connections) to mode 0600; nothing when there is none.
+    package static func narrowIfPresent(_ path: String) throws(LockboxError) {
+        var info = stat()
+        guard lstat(path, &info) == 0, info.st_mode & S_IFMT == S_IFREG, info.st_mode & 0o077 != 0 else { return }
+        if chmod(path, 0o600) != 0 {
+            throw LockboxError(.io, "Cannot make \(path) private to this user (mode 0600). Fix its permissions, then try again.")
+        }
+    }
+
+    /// `VAULT.sync`, the directory of a keychain's sync files.
+    package static func directory(vault path: String) -> String { path + ".sync" }
+}
