@@ -251,8 +251,9 @@ extension SyncGroup {
             let wrap = try newPassphrase.map { passphrase throws(LockboxError) in
                 try Self.wrapKeys(new, groupID: groupID, purpose: "passphrase", secret: passphrase)
             }
+            let mark = pulledMark.read()
             let state = try SyncState(path: statePath, device: device.id, key: device.stateKey)
-            try checkNotBehind(connection, state: state)
+            try checkNotBehind(mark, state: state)
             try establishHead(connection, state: state)
             // The new head, when this device had verified the one it replaces (it then holds
             // every record already: the state records the new versions, and the next pull

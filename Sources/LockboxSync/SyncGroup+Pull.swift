@@ -255,6 +255,8 @@ extension SyncGroup {
         if let started { try started.commit() } else { try state.commit(pending) }
         try retryHeldBack(held, state: state, report: &report)
         timer.lap(\.state)
+        // After the state's commit: a mark never runs ahead of the state (``SyncPulledMark``).
+        pulledMark.record(counter, exactly: fromScratch)
         try recordPull(connection, counter: counter)
         timer.lap(\.cursor)
         lastPullTimings.withLock { $0 = timer.timings }

@@ -19,18 +19,20 @@ extension SyncGroup {
     func stateBehind(_ path: String) -> LockboxError {
         LockboxError(
             .decode,
-            "This device's sync state (\(path)) is older than what this device last pulled from the group: it was removed, "
+            "This device's sync state (\(path)) is older than what this device last pulled from the group (as this machine "
+                + "recorded it): it was removed, "
                 + "emptied, or put back from a copy. Syncing with it could take items left unchanged here for edits, and undo "
                 + "changes made on the other devices, so nothing was synced. The keychain's items are not affected. Run "
                 + "`lockbox sync reset` to rebuild the state from the group.")
     }
 
-    /// Refuses a state older than the database's record of this device's last pull.
-    func checkNotBehind(_ connection: PostgresConnection, state: SyncState) throws(LockboxError) {
-        let rows = try connection.execute(
-            "SELECT pulled_version FROM lockbox_sync_devices WHERE group_id = $1 AND device_id = $2", [.text(groupID), .text(device.id)])
-        guard let row = rows.first else { return }
-        if try PostgresConnection.integer(row[0]) > state.cursor { throw stateBehind(statePath) }
+    /// This device's mark of how far its state had pulled (``SyncPulledMark``).
+    var pulledMark: SyncPulledMark { SyncPulledMark(vault: vault, group: groupID, device: device) }
+
+    /// Refuses a state whose cursor is below `mark` (read before the state was opened: a sync
+    /// that commits meanwhile raises the mark only after its state's commit).
+    func checkNotBehind(_ mark: Int64?, state: SyncState) throws(LockboxError) {
+        if let mark, mark > state.cursor { throw stateBehind(statePath) }
     }
 
     /// Rebuilds this device's sync state from the group, then syncs.
@@ -45,7 +47,7 @@ extension SyncGroup {
     @discardableResult
     public func resetState() throws(LockboxError) -> Report {
         try Self.requireUnlocked(vault, "Unlock it to rebuild the sync state: locked items cannot be read.")
-        try syncing.withLock { _ throws(LockboxError) in
+        return try syncing.withLock { _ throws(LockboxError) -> Report in
             let lock = try SyncLock(statePath: statePath)
             defer { withExtendedLifetime(lock) {} }
             let connection = try PostgresConnection(database)
@@ -71,16 +73,21 @@ extension SyncGroup {
                 }
             }
             changes.generation = scan.generation
+            // What this machine recorded of the last pull: the rebuilt state's first pull must
+            // reach it, or the database was rolled back.
+            let floor = pulledMark.read() ?? 0
             for file in [statePath, statePath + "-wal", statePath + "-shm"] where unlink(file) != 0 && errno != ENOENT {
                 throw LockboxError(.io, "Cannot remove \(file), the sync state being rebuilt. Check the directory's permissions, then reset again.")
             }
             let state = try SyncState(path: statePath, device: device.id, key: device.stateKey)
             try state.commit(changes)
-            // The database's record of this device's pulls starts over with the state: the sync
-            // below (or the next, should this process stop first) is not refused as behind.
-            try connection.execute(
-                "UPDATE lockbox_sync_devices SET pulled_version = 0 WHERE group_id = $1 AND device_id = $2", [.text(groupID), .text(device.id)])
+            // The mark starts over with the state: should this process stop before the sync
+            // below, the next sync goes on from the rebuilt state (and a recovery may run).
+            pulledMark.record(0, exactly: true)
+            var report = Report()
+            let written = try push(connection, state: state, report: &report)
+            try pull(connection, state: state, report: &report, floor: max(written, floor))
+            return report
         }
-        return try sync()
     }
 }

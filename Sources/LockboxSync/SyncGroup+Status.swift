@@ -59,9 +59,13 @@ extension SyncGroup {
             // unless a sync runs now (it settles them itself): the state is opened once the
             // lock is held, so that it is not one a sync committed past meanwhile.
             let lock = try SyncLock.ifFree(statePath: statePath)
+            let mark = pulledMark.read()
             let state = try SyncState(path: statePath, device: device.id, key: device.stateKey)
             if lock != nil, !state.applying.isEmpty { try adoptApplying(state, connection: nil) }
-            withExtendedLifetime(lock) {}
+            // Held to the end when it was free, so that no sync changes the state while it is
+            // read; when a sync holds it, the state may change under the reads, and the
+            // records are not checked against it (that sync checks them).
+            defer { withExtendedLifetime(lock) {} }
             var status = Status(
                 groupID: groupID, deviceID: device.id, keyEpoch: keys.epoch, pulledVersion: state.cursor,
                 syncedItems: try state.liveEntryCount,
@@ -71,6 +75,11 @@ extension SyncGroup {
             status.heldBack = state.heldBack.count
             status.deletionRecords = try vault.deletionRecordHealth()
             do throws(LockboxError) {
+                try checkNotBehind(mark, state: state)
+            } catch {
+                status.databaseProblem = error.message
+            }
+            do throws(LockboxError) {
                 let connection = try PostgresConnection(database)
                 status.transport = connection.transport
                 try SyncSchema.migrate(connection)
@@ -78,14 +87,13 @@ extension SyncGroup {
                 status.keyEpoch = keys.epoch
                 let devices = try devices(connection)
                 status.devices = devices
-                try checkNotBehind(connection, state: state)
                 // A group row below what this device verified: the sync would be refused.
                 let counter = try connection.execute("SELECT counter FROM lockbox_sync_groups WHERE group_id = $1", [.text(groupID)])
                 if let row = counter.first, try PostgresConnection.integer(row[0]) < state.cursor { throw rolledBack() }
                 // What else a sync would refuse: the records above the cursor checked against the
                 // head as a push not in step checks them (withheld, replayed, this device's
                 // writes undone), in one snapshot.
-                if state.accumulator != nil {
+                if lock != nil, state.accumulator != nil {
                     let keys = self.keys
                     try connection.transaction { () throws(LockboxError) in
                         try connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")

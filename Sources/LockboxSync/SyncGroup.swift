@@ -463,8 +463,9 @@ public final class SyncGroup: Sendable {
             let connection = try PostgresConnection(database)
             try SyncSchema.migrate(connection)
             try catchUpKeys(connection)
+            let mark = pulledMark.read()
             let state = try SyncState(path: statePath, device: device.id, key: device.stateKey)
-            try checkNotBehind(connection, state: state)
+            try checkNotBehind(mark, state: state)
             try adoptApplying(state, connection: connection)
             return try body(connection, state)
         }

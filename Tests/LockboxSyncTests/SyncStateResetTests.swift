@@ -3,10 +3,23 @@ import Lockbox
 import LockboxCore
 import LockboxTestSupport
 import LockboxVault
+import Synchronization
 import Testing
 import VaultStorage
 
 @testable import LockboxSync
+
+private final class Unchecked<T>: @unchecked Sendable {
+    let value: T
+    init(_ value: T) { self.value = value }
+}
+
+/// Sets the database's record of how far `group`'s device pulled (the administrator's doing).
+private func setDatabasePulledVersion(_ group: SyncGroup, _ value: Int64) throws {
+    try PostgresConnection(try testDatabase()).execute(
+        "UPDATE lockbox_sync_devices SET pulled_version = $3 WHERE group_id = $1 AND device_id = $2",
+        [.text(group.groupID), .text(group.deviceID), .integer(value)])
+}
 
 /// A device's sync state lost, emptied, put back from an older copy or damaged: a sync refuses
 /// it (it could undo edits made elsewhere), and `lockbox sync reset` rebuilds it from the group
@@ -145,6 +158,104 @@ extension SyncTests {
             #expect(reset.standardOutput.contains("rebuilt this device's sync state"))
             #expect(try SyncCLI.run(machines[0], ["sync", "reset", "extra"]).status == 64)
             #expect(try machines[0].value("helper.example", "user") == "v2 from B")
+        }
+
+        @Test("The database raising this device's pulled version neither refuses an intact state nor leads to a reset: an edit not yet synced reaches every device")
+        func raisedDatabaseNumberChangesNothing() throws {
+            let (groups, machines) = try threeMachines()
+            defer { withExtendedLifetime(machines) {} }
+            try machines[0].add("bank.example", "user", "old password")
+            for group in groups { try group.sync() }
+            tick()
+            try machines[0].set("bank.example", "user", "new password")
+            try setDatabasePulledVersion(groups[0], 1_000_000)
+            #expect(try groups[0].status().databaseProblem == nil)
+            try groups[0].sync()
+            for group in groups { try group.sync() }
+            for (index, machine) in machines.enumerated() {
+                #expect(try machine.value("bank.example", "user") == "new password", "machine \(index)")
+            }
+        }
+
+        @Test("The database lowering this device's pulled version, or deleting its row, does not hide a state put back from an older copy")
+        func loweredDatabaseNumberHidesNothing() throws {
+            let (groups, machines) = try lostAfterEditElsewhere(.olderCopy, deleteElsewhere: false)
+            defer { withExtendedLifetime(machines) {} }
+            try setDatabasePulledVersion(groups[0], 0)
+            #expect(throws: LockboxError.self) { try groups[0].sync() }
+            try PostgresConnection(try testDatabase()).execute(
+                "DELETE FROM lockbox_sync_devices WHERE group_id = $1 AND device_id = $2", [.text(groups[0].groupID), .text(groups[0].deviceID)])
+            #expect(throws: LockboxError.self) { try groups[0].sync() }
+            for group in groups.dropFirst() { try group.sync() }
+            for machine in machines.dropFirst() { #expect(try machine.value("helper.example", "user") == "v2 from B") }
+        }
+
+        @Test("A reset refuses a database rolled back below what this machine recorded of its last pull, and takes none of its older values")
+        func resetRefusesRolledBackDatabase() throws {
+            let (groups, machines) = try threeMachines()
+            defer { withExtendedLifetime(machines) {} }
+            let admin = try PostgresConnection(try testDatabase())
+            let group = groups[0].groupID
+            try machines[0].add("mail.example", "user", "v1")
+            for group in groups { try group.sync() }
+            try admin.execute("CREATE TEMPORARY TABLE snapshot_items AS SELECT * FROM lockbox_sync_items WHERE group_id = $1", [.text(group)])
+            try admin.execute("CREATE TEMPORARY TABLE snapshot_group AS SELECT * FROM lockbox_sync_groups WHERE group_id = $1", [.text(group)])
+            tick()
+            try machines[1].set("mail.example", "user", "v2 from B")
+            try groups[1].sync()
+            for group in groups { try group.sync() }
+            try admin.execute("DELETE FROM lockbox_sync_items WHERE group_id = $1", [.text(group)])
+            try admin.execute("INSERT INTO lockbox_sync_items SELECT * FROM snapshot_items")
+            try admin.execute("UPDATE lockbox_sync_groups g SET counter = s.counter, head = s.head FROM snapshot_group s WHERE g.group_id = s.group_id")
+            try setDatabasePulledVersion(groups[0], 1_000_000)
+            let refused = #expect(throws: LockboxError.self) { try groups[0].sync() }
+            #expect(refused?.message.contains("lockbox sync reset") == false, "\(refused?.message ?? "")")
+            try restoreState(nil, at: groups[0].statePath)
+            #expect(throws: LockboxError.self) { try groups[0].resetState() }
+            #expect(try machines[0].value("mail.example", "user") == "v2 from B")
+        }
+
+        @Test("sync status while another process's sync commits is not told its state is behind")
+        func statusDuringSyncIsNotBehind() throws {
+            let (groups, machines) = try threeMachines()
+            defer { withExtendedLifetime(machines) {} }
+            for group in groups { try group.sync() }
+            try machines[0].add("new.example", "user", "1")
+            try groups[0].sync()
+            let other = try SyncGroup(groups[1].groupID, vault: try machines[1].reopened { _ in }, database: try testDatabase())
+            let result = Mutex<SyncGroup.Status?>(nil)
+            let failure = Mutex<String?>(nil)
+            let done = Mutex(false)
+            let conninfo = try testDatabase()
+            let blocker = Unchecked(try PostgresConnection(conninfo))
+            // The status runs while the sync is between its listing and its commits; the schema
+            // table locked holds the status's database part until the sync has committed.
+            groups[1].afterListingAdded.withLock {
+                $0 = { () throws(LockboxError) in
+                    try blocker.value.execute("BEGIN")
+                    try blocker.value.execute("LOCK TABLE lockbox_sync_schema IN ACCESS EXCLUSIVE MODE")
+                    Thread.detachNewThread {
+                        do {
+                            let status = try other.status()
+                            result.withLock { $0 = status }
+                        } catch {
+                            failure.withLock { $0 = "\(error)" }
+                        }
+                        done.withLock { $0 = true }
+                    }
+                    let watcher = try PostgresConnection(conninfo)
+                    for _ in 0..<200 {
+                        if try watcher.execute("SELECT count(*) FROM pg_locks WHERE NOT granted").first?[0] != "0" { break }
+                        usleep(20_000)
+                    }
+                }
+            }
+            try groups[1].sync()
+            groups[1].afterListingAdded.withLock { $0 = nil }
+            try blocker.value.execute("COMMIT")
+            while !done.withLock({ $0 }) { usleep(10_000) }
+            #expect(failure.withLock { $0 } == nil)
+            #expect(result.withLock { $0 }?.databaseProblem == nil, "\(result.withLock { $0 }?.databaseProblem ?? "")")
         }
     }
 }

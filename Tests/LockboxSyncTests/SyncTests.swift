@@ -142,21 +142,18 @@ func restoreState(_ copy: StateCopy?, at path: String) throws {
     if let log = copy.log { try log.write(to: URL(fileURLWithPath: path + "-wal")) }
 }
 
-/// The database's record of how far `group`'s device has pulled (`pulled_version`).
+/// How far `group`'s state had pulled, as this machine recorded it (``SyncPulledMark``); 0 when
+/// nothing is recorded.
 func pulledVersion(_ group: SyncGroup) throws -> Int64 {
-    let rows = try PostgresConnection(try testDatabase()).execute(
-        "SELECT pulled_version FROM lockbox_sync_devices WHERE group_id = $1 AND device_id = $2", [.text(group.groupID), .text(group.deviceID)])
-    return try PostgresConnection.integer(rows.first?[0] ?? nil)
+    group.pulledMark.read() ?? 0
 }
 
-/// Puts back a copy of `group`'s sync state taken during a sync, and the database's record of
-/// the device's pulls as it was before that sync (`pulled`): what a process stopped before its
-/// state's commit leaves (the database records a pull after the state's commit).
+/// Puts back a copy of `group`'s sync state taken during a sync, and the machine's record of the
+/// device's pulls as it was before that sync (`pulled`): what a process stopped before its
+/// state's commit leaves (the record is raised after the state's commit).
 func restoreStoppedSync(_ copy: StateCopy?, of group: SyncGroup, pulled: Int64) throws {
     try restoreState(copy, at: group.statePath)
-    try PostgresConnection(try testDatabase()).execute(
-        "UPDATE lockbox_sync_devices SET pulled_version = $3 WHERE group_id = $1 AND device_id = $2",
-        [.text(group.groupID), .text(group.deviceID), .integer(pulled)])
+    group.pulledMark.record(pulled, exactly: true)
 }
 
 /// What `body` returned or threw (a test that reports either in its message).

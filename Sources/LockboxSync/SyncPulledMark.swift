@@ -1,0 +1,76 @@
+import FoundationEssentials
+import LockboxCore
+import LockboxVault
+import VaultCrypto
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// How far this device's sync state had pulled, kept apart from the state: in the device
+/// identity's directory (`$XDG_STATE_HOME/lockbox/sync/GROUP-DEVICE.pulled`, beside the vault's
+/// remembered generations), not beside the keychain, and not in the database, whose
+/// administrator could raise it (and so talk the device into a rebuild that gives up its
+/// unsynced changes) or lower it (and so hide a state put back).
+///
+/// A state whose cursor is below the mark was removed, emptied or put back from a copy (the
+/// keychain's directory restored from a backup, say) and is refused (``SyncGroup/stateBehind``).
+/// The mark is raised after the state's commit, without a sync of the disk of its own: after a
+/// crash it can only lag behind the state (a missed detection), never run ahead of it (a false
+/// refusal). A mark that fails its MAC, or none, checks nothing.
+struct SyncPulledMark {
+    let path: String
+    let key: SecretBytes
+    let group: String
+    let device: String
+
+    init(vault: Vault, group: String, device: DeviceSecret) {
+        let keyPath = vault.configuration.device.resolvedKeyPath
+        let directory = String(keyPath[..<(keyPath.lastIndex(of: "/") ?? keyPath.startIndex)])
+        path = directory + "/sync/" + group + "-" + device.id + ".pulled"
+        key = device.stateKey
+        self.group = group
+        self.device = device.id
+    }
+
+    private func mac(_ cursor: Int64) -> [UInt8] {
+        var encoder = FieldEncoder()
+        encoder.string("lockbox.sync.pulled.v1")
+        encoder.string(group)
+        encoder.string(device)
+        encoder.integer(Int(cursor))
+        return Crypto.keyedDigest(encoder.bytes, key: key)
+    }
+
+    /// The cursor this device's state had reached; nil when none is known here.
+    func read() -> Int64? {
+        let descriptor = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
+        guard descriptor >= 0 else { return nil }
+        defer { close(descriptor) }
+        var bytes = [UInt8](repeating: 0, count: 41)
+        let count = bytes.withUnsafeMutableBytes { Glibc.read(descriptor, $0.baseAddress, 41) }
+        guard count == 40 else { return nil }
+        let cursor = bytes[0..<8].reversed().reduce(Int64(0)) { $0 << 8 | Int64($1) }
+        guard cursor >= 0, SyncHead.equal(Array(bytes[8..<40]), mac(cursor)) else { return nil }
+        return cursor
+    }
+
+    /// Records `cursor`: with `exactly`, as it is (a recovery, or a rebuild, whose state starts
+    /// lower); else only when it is higher than the mark.
+    func record(_ cursor: Int64, exactly: Bool = false) {
+        if !exactly, let known = read(), known >= cursor { return }
+        let directory = String(path[..<(path.lastIndex(of: "/") ?? path.startIndex)])
+        guard (try? SyncFiles.prepareDirectory(directory)) != nil else { return }
+        var bytes: [UInt8] = (0..<8).map { UInt8(truncatingIfNeeded: cursor >> (8 * $0)) }
+        bytes += mac(cursor)
+        let temporary = path + ".partial-" + Crypto.randomBytes(8).hexString
+        let descriptor = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
+        guard descriptor >= 0 else { return }
+        let written = bytes.withUnsafeBytes { write(descriptor, $0.baseAddress, 40) }
+        close(descriptor)
+        guard written == 40, rename(temporary, path) == 0 else {
+            unlink(temporary)
+            return
+        }
+    }
+}
