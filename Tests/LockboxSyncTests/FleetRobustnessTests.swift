@@ -170,20 +170,27 @@ extension SyncTests {
             defer { withExtendedLifetime(machines) {} }
             let key = CredentialKey(issuer: "https://issuer.example", clientID: "fleet-clock")
             let ahead = FleetAccessTokenCache(group: groups[1], now: { Date().addingTimeInterval(60) })
+            // Lifetimes long enough that a slow machine's reads do not eat them: a token in the
+            // writer's clock would read as fresh for 80 s here, or as expired.
             let aheadNow = Date().addingTimeInterval(60)
             let credentials = Credentials(
-                accessToken: SecretBytes(utf8: "access token"), tokenType: "Bearer", expiresAt: aheadNow.addingTimeInterval(4), scope: ["api"])
-            try await ahead.storeAccessToken(CachedAccessToken(credentials: credentials, freshUntil: aheadNow.addingTimeInterval(3.6)), for: key)
+                accessToken: SecretBytes(utf8: "access token"), tokenType: "Bearer", expiresAt: aheadNow.addingTimeInterval(24), scope: ["api"])
+            try await ahead.storeAccessToken(CachedAccessToken(credentials: credentials, freshUntil: aheadNow.addingTimeInterval(20)), for: key)
             let read = try #require(try await FleetAccessTokenCache(group: groups[2]).cachedAccessToken(for: key))
             let fresh = read.freshUntil.timeIntervalSinceNow
-            #expect(fresh > 2 && fresh < 4.5, "fresh for \(fresh) s on the machine with the right clock")
+            #expect(fresh > 10 && fresh < 22, "fresh for \(fresh) s on the machine with the right clock")
             let expires = try #require(read.credentials.expiresAt).timeIntervalSinceNow
-            #expect(expires > 2.5 && expires < 5, "expires in \(expires) s")
+            #expect(expires > 14 && expires < 26, "expires in \(expires) s")
             // And read back by the machine that runs ahead, in its own clock.
             let own = try #require(try await ahead.cachedAccessToken(for: key))
-            #expect(abs(own.freshUntil.timeIntervalSince(aheadNow.addingTimeInterval(3.6))) < 1.5)
-            // Once its lifetime is over by the database's clock, no machine takes it for fresh.
-            try await Task.sleep(for: .seconds(4))
+            #expect(abs(own.freshUntil.timeIntervalSince(aheadNow.addingTimeInterval(20))) < 5)
+            // Once its lifetime is over by the database's clock, no machine takes it for fresh: a
+            // token fresh for one second, read two seconds later (a slow read only adds to that).
+            let shortNow = Date().addingTimeInterval(60)
+            let short = Credentials(
+                accessToken: SecretBytes(utf8: "short token"), tokenType: "Bearer", expiresAt: shortNow.addingTimeInterval(1.5), scope: ["api"])
+            try await ahead.storeAccessToken(CachedAccessToken(credentials: short, freshUntil: shortNow.addingTimeInterval(1)), for: key)
+            try await Task.sleep(for: .seconds(2))
             #expect(try await FleetAccessTokenCache(group: groups[2]).cachedAccessToken(for: key) == nil)
         }
 
