@@ -252,11 +252,18 @@ extension SyncGroup {
             changes, keys: keys, pending: &pending, coveredGeneration: state.generation, state: state, notApplied: &notApplied)
         report.pulled -= notApplied
         timer.lap(\.vault)
+        // A pull from scratch (a recovery) may move the state's cursor down: the mark is set
+        // before the state's commit, so that a stop between the two leaves it at or below the
+        // state, never above (a false refusal). Any other pull raises it after the commit.
+        if fromScratch && !pulledMark.record(counter, exactly: true) {
+            throw LockboxError(
+                .io, "Cannot record this device's last pull in \(pulledMark.path). Check that directory's permissions, then recover again; nothing was changed here.")
+        }
         if let started { try started.commit() } else { try state.commit(pending) }
         try retryHeldBack(held, state: state, report: &report)
         timer.lap(\.state)
         // After the state's commit: a mark never runs ahead of the state (``SyncPulledMark``).
-        pulledMark.record(counter, exactly: fromScratch)
+        if !fromScratch { pulledMark.record(counter) }
         try recordPull(connection, counter: counter)
         timer.lap(\.cursor)
         lastPullTimings.withLock { $0 = timer.timings }

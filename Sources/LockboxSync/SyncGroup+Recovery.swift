@@ -39,7 +39,11 @@ extension SyncGroup {
     @discardableResult
     public func recoverDatabase() throws(LockboxError) -> Recovery {
         try Self.requireUnlocked(vault, "Unlock it to recover the sync database: what this device puts back is read from its items.")
-        return try session { connection, state throws(LockboxError) -> Recovery in
+        // A state behind this machine's record of its last pull is taken: after a reset that
+        // refused the restored database (or stopped), nothing else can go on. The state's
+        // entries are what it puts back; its pull from scratch then refreshes every entry
+        // before its push compares the rows with them, and sets the record anew.
+        return try session(checkingBehind: false) { connection, state throws(LockboxError) -> Recovery in
             var recovery = Recovery()
             let (written, restored) = try restore(connection, state: state, recovery: &recovery)
             // The database's records, with those just written, read and checked against its head

@@ -81,9 +81,10 @@ extension SyncGroup {
             }
             let state = try SyncState(path: statePath, device: device.id, key: device.stateKey)
             try state.commit(changes)
-            // The mark starts over with the state: should this process stop before the sync
-            // below, the next sync goes on from the rebuilt state (and a recovery may run).
-            pulledMark.record(0, exactly: true)
+            // The mark is kept: the pull below raises the state to it, or refuses a database
+            // below it (rolled back) as a sync does. Should this process stop first, or the
+            // database be refused, the rebuilt state is behind the mark and refused until a
+            // reset reaches it, or a recovery (the database restored on purpose) sets it anew.
             var report = Report()
             let written = try push(connection, state: state, report: &report)
             try pull(connection, state: state, report: &report, floor: max(written, floor))

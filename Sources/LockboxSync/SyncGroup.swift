@@ -456,7 +456,9 @@ public final class SyncGroup: Sendable {
 
     /// Runs `body` as one sync of this vault and group (across processes too, under the sync
     /// lock), with a connection whose schema and keys are current and the local state.
-    func session<T>(_ body: (PostgresConnection, SyncState) throws(LockboxError) -> T) throws(LockboxError) -> T {
+    /// - Parameter checkingBehind: false for a recovery only, which takes a database restored
+    ///   below what this machine recorded of its last pull, and sets that record anew.
+    func session<T>(checkingBehind: Bool = true, _ body: (PostgresConnection, SyncState) throws(LockboxError) -> T) throws(LockboxError) -> T {
         try syncing.withLock { _ throws(LockboxError) -> T in
             let lock = try SyncLock(statePath: statePath)
             defer { withExtendedLifetime(lock) {} }
@@ -465,7 +467,7 @@ public final class SyncGroup: Sendable {
             try catchUpKeys(connection)
             let mark = pulledMark.read()
             let state = try SyncState(path: statePath, device: device.id, key: device.stateKey)
-            try checkNotBehind(mark, state: state)
+            if checkingBehind { try checkNotBehind(mark, state: state) }
             try adoptApplying(state, connection: connection)
             return try body(connection, state)
         }

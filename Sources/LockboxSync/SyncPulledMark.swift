@@ -26,8 +26,14 @@ struct SyncPulledMark {
 
     init(vault: Vault, group: String, device: DeviceSecret) {
         let keyPath = vault.configuration.device.resolvedKeyPath
-        let directory = String(keyPath[..<(keyPath.lastIndex(of: "/") ?? keyPath.startIndex)])
-        path = directory + "/sync/" + group + "-" + device.id + ".pulled"
+        // The key file's directory, as the vault finds it for its remembered generations.
+        let directory: String
+        if let slash = keyPath.lastIndex(of: "/") {
+            directory = slash == keyPath.startIndex ? "/" : String(keyPath[..<slash])
+        } else {
+            directory = "."
+        }
+        path = (directory == "/" ? "" : directory) + "/sync/" + group + "-" + device.id + ".pulled"
         key = device.stateKey
         self.group = group
         self.device = device.id
@@ -55,22 +61,28 @@ struct SyncPulledMark {
         return cursor
     }
 
-    /// Records `cursor`: with `exactly`, as it is (a recovery, or a rebuild, whose state starts
-    /// lower); else only when it is higher than the mark.
-    func record(_ cursor: Int64, exactly: Bool = false) {
-        if !exactly, let known = read(), known >= cursor { return }
+    /// Records `cursor`: with `exactly`, as it is (a recovery's pull from scratch, whose state
+    /// may start lower); else only when it is higher than the mark. Returns whether the mark
+    /// holds `cursor` now (a raise not kept only weakens the check; a lowering not kept must stop
+    /// the state's commit, which would otherwise fall behind the mark).
+    @discardableResult
+    func record(_ cursor: Int64, exactly: Bool = false) -> Bool {
+        if !exactly, let known = read(), known >= cursor { return true }
         let directory = String(path[..<(path.lastIndex(of: "/") ?? path.startIndex)])
-        guard (try? SyncFiles.prepareDirectory(directory)) != nil else { return }
+        guard (try? SyncFiles.prepareDirectory(directory.isEmpty ? "/" : directory)) != nil else { return false }
         var bytes: [UInt8] = (0..<8).map { UInt8(truncatingIfNeeded: cursor >> (8 * $0)) }
         bytes += mac(cursor)
         let temporary = path + ".partial-" + Crypto.randomBytes(8).hexString
         let descriptor = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
-        guard descriptor >= 0 else { return }
+        guard descriptor >= 0 else { return false }
         let written = bytes.withUnsafeBytes { write(descriptor, $0.baseAddress, 40) }
+        // A lowering is synced before it is moved into place: the state's commit follows it.
+        let synced = !exactly || fsync(descriptor) == 0
         close(descriptor)
-        guard written == 40, rename(temporary, path) == 0 else {
+        guard written == 40, synced, rename(temporary, path) == 0 else {
             unlink(temporary)
-            return
+            return false
         }
+        return true
     }
 }

@@ -257,5 +257,65 @@ extension SyncTests {
             #expect(failure.withLock { $0 } == nil)
             #expect(result.withLock { $0 }?.databaseProblem == nil, "\(result.withLock { $0 }?.databaseProblem ?? "")")
         }
+
+        /// A database restored from a backup taken before B's edit, and A's state lost.
+        func rolledBackThenStateLost() throws -> (groups: [SyncGroup], machines: [Machine]) {
+            let (groups, machines) = try threeMachines()
+            try machines[0].add("mail.example", "user", "v1")
+            for group in groups { try group.sync() }
+            let backup = try SyncTests.DatabaseBackup(groups[0].groupID)
+            tick()
+            try machines[1].set("mail.example", "user", "v2 from B")
+            try groups[1].sync()
+            for group in groups { try group.sync() }
+            try backup.restore()
+            try restoreState(nil, at: groups[0].statePath)
+            return (groups, machines)
+        }
+
+        @Test("A reset refused by a rolled-back database stays refused when tried again, and so does a sync: neither takes the older values")
+        func resetRefusalHolds() throws {
+            let (groups, machines) = try rolledBackThenStateLost()
+            defer { withExtendedLifetime(machines) {} }
+            #expect(throws: LockboxError.self) { try groups[0].resetState() }
+            #expect(throws: LockboxError.self) { try groups[0].resetState() }
+            #expect(throws: LockboxError.self) { try groups[0].sync() }
+            #expect(try machines[0].value("mail.example", "user") == "v2 from B")
+        }
+
+        @Test("After a refused reset, a recovery (the database restored on purpose) goes on, and sets this machine's record anew: the next sync is not refused")
+        func recoveryAfterRefusedReset() throws {
+            let (groups, machines) = try rolledBackThenStateLost()
+            defer { withExtendedLifetime(machines) {} }
+            #expect(throws: LockboxError.self) { try groups[0].resetState() }
+            _ = try groups[0].recoverDatabase()
+            let cursor = try SyncState(path: groups[0].statePath, device: groups[0].device.id, key: groups[0].device.stateKey).cursor
+            #expect(try pulledVersion(groups[0]) == cursor)
+            try groups[0].sync()
+        }
+
+        @Test("A recovery that moves the state's cursor down sets this machine's record to it, so the next sync is not refused as behind")
+        func recoveryLowersTheRecord() throws {
+            let (groups, machines) = try threeMachines()
+            defer { withExtendedLifetime(machines) {} }
+            try machines[0].add("x.example", "user", "x0")
+            for group in groups { try group.sync() }
+            let backup = try SyncTests.DatabaseBackup(groups[0].groupID)
+            for edit in 1...5 {
+                tick()
+                try machines[0].set("x.example", "user", "x\(edit)")
+                try groups[0].sync()
+            }
+            try backup.restore()
+            #expect(throws: LockboxError.self) { try groups[0].sync() }
+            let before = try pulledVersion(groups[0])
+            _ = try groups[0].recoverDatabase()
+            let cursor = try SyncState(path: groups[0].statePath, device: groups[0].device.id, key: groups[0].device.stateKey).cursor
+            #expect(cursor < before)
+            #expect(try pulledVersion(groups[0]) == cursor)
+            try groups[0].sync()
+            for group in groups { try group.sync() }
+            for machine in machines { #expect(try machine.value("x.example", "user") == "x5") }
+        }
     }
 }
