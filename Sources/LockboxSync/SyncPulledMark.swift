@@ -25,14 +25,8 @@ struct SyncPulledMark {
     let device: String
 
     init(vault: Vault, group: String, device: DeviceSecret) {
-        let keyPath = vault.configuration.device.resolvedKeyPath
         // The key file's directory, as the vault finds it for its remembered generations.
-        let directory: String
-        if let slash = keyPath.lastIndex(of: "/") {
-            directory = slash == keyPath.startIndex ? "/" : String(keyPath[..<slash])
-        } else {
-            directory = "."
-        }
+        let directory = FilePermissions.directory(of: vault.configuration.device.resolvedKeyPath)
         path = (directory == "/" ? "" : directory) + "/sync/" + group + "-" + device.id + ".pulled"
         key = device.stateKey
         self.group = group
@@ -68,21 +62,9 @@ struct SyncPulledMark {
     @discardableResult
     func record(_ cursor: Int64, exactly: Bool = false) -> Bool {
         if !exactly, let known = read(), known >= cursor { return true }
-        let directory = String(path[..<(path.lastIndex(of: "/") ?? path.startIndex)])
-        guard (try? SyncFiles.prepareDirectory(directory.isEmpty ? "/" : directory)) != nil else { return false }
-        var bytes: [UInt8] = (0..<8).map { UInt8(truncatingIfNeeded: cursor >> (8 * $0)) }
-        bytes += mac(cursor)
-        let temporary = path + ".partial-" + Crypto.randomBytes(8).hexString
-        let descriptor = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
-        guard descriptor >= 0 else { return false }
-        let written = bytes.withUnsafeBytes { write(descriptor, $0.baseAddress, 40) }
+        guard (try? SyncFiles.prepareDirectory(FilePermissions.directory(of: path))) != nil else { return false }
+        let bytes: [UInt8] = (0..<8).map { UInt8(truncatingIfNeeded: cursor >> (8 * $0)) } + mac(cursor)
         // A lowering is synced before it is moved into place: the state's commit follows it.
-        let synced = !exactly || fsync(descriptor) == 0
-        close(descriptor)
-        guard written == 40, synced, rename(temporary, path) == 0 else {
-            unlink(temporary)
-            return false
-        }
-        return true
+        return (try? Vault.writeAtomically(bytes, to: path, what: "this device's record of its last pull", synced: exactly)) != nil
     }
 }

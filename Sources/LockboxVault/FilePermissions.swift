@@ -11,7 +11,7 @@ import Glibc
 /// links (never opened and closed, which would drop SQLite's POSIX locks on it), and after
 /// SQLite opens the vault, its own descriptor must be the very file that was checked (same
 /// device and inode), so a rename or a symlink planted between the check and the open is caught.
-enum FilePermissions {
+package enum FilePermissions {
     /// A file's identity: what an opened descriptor refers to.
     struct Identity: Hashable {
         var device: UInt64
@@ -126,7 +126,8 @@ enum FilePermissions {
         access(path, F_OK) == 0
     }
 
-    static func directory(of path: String) -> String {
+    /// The directory `path` is in: `.` without a slash, `/` at the root.
+    package static func directory(of path: String) -> String {
         guard let slash = path.lastIndex(of: "/") else { return "." }
         let directory = String(path[..<slash])
         return directory.isEmpty ? "/" : directory

@@ -262,7 +262,9 @@ extension Vault {
     /// file has an unpredictable name and is created exclusively without following links
     /// (`O_EXCL | O_NOFOLLOW`), so nobody can plant it or a symlink in its place beforehand.
     /// `what` names the file in errors ("the backup").
-    package static func writeAtomically(_ bytes: [UInt8], to path: String, what: String = "the backup") throws(LockboxError) {
+    /// With `synced` false, the file is not synced before it is moved into place (a record that
+    /// may lag after a power loss, never run ahead).
+    package static func writeAtomically(_ bytes: [UInt8], to path: String, what: String = "the backup", synced: Bool = true) throws(LockboxError) {
         let temporary = path + ".partial-" + Crypto.randomBytes(8).hexString
         let descriptor = Glibc.open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
         guard descriptor >= 0 else {
@@ -279,7 +281,7 @@ extension Vault {
             }
             offset += written
         }
-        guard fsync(descriptor) == 0 else {
+        guard !synced || fsync(descriptor) == 0 else {
             close(descriptor)
             unlink(temporary)
             throw LockboxError(.io, "Writing \(what) \(path) failed (fsync: \(String(cString: strerror(errno)))); nothing was written.")

@@ -636,16 +636,8 @@ extension SyncTests {
         for group in groups { try group.sync() }
         let removed = groups[1]
         // The removed device's row write waits two seconds, while the removal runs.
-        let setup = try PostgresConnection(try testDatabase())
-        try setup.execute(
-            "CREATE OR REPLACE FUNCTION lockbox_test_slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(2); RETURN NEW; END $$")
-        try setup.execute(
-            "CREATE TRIGGER lockbox_test_slow BEFORE INSERT ON lockbox_sync_devices FOR EACH ROW "
-                + "WHEN (NEW.device_id = '\(removed.deviceID)') EXECUTE FUNCTION lockbox_test_slow()")
-        defer {
-            _ = try? setup.execute("DROP TRIGGER IF EXISTS lockbox_test_slow ON lockbox_sync_devices")
-            _ = try? setup.execute("DROP FUNCTION IF EXISTS lockbox_test_slow()")
-        }
+        let drop = try slowInserts(into: "lockbox_sync_devices", when: "NEW.device_id = '\(removed.deviceID)'", seconds: 2)
+        defer { drop() }
         let done = DispatchSemaphore(value: 0)
         let thread = Thread {
             _ = try? removed.sync()

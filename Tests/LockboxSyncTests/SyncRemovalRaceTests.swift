@@ -7,32 +7,6 @@ import Testing
 
 @testable import LockboxSync
 
-/// Waits until a statement containing `text` sleeps in the database (slowed by a trigger).
-private func waitForSleeping(_ text: String) throws -> Bool {
-    let watcher = try PostgresConnection(try testDatabase())
-    for _ in 0..<200 {
-        let rows = try watcher.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND query LIKE $1", [.text("%" + text + "%")])
-        if try PostgresConnection.integer(rows.first?[0] ?? nil) > 0 { return true }
-        Thread.sleep(forTimeInterval: 0.1)
-    }
-    return false
-}
-
-/// A trigger that holds each matching insert into `table` for `seconds`: the window a removal
-/// is run in. Returns what drops it.
-private func slowInserts(into table: String, when condition: String, seconds: Int = 3) throws -> () -> Void {
-    let setup = try PostgresConnection(try testDatabase())
-    try setup.execute(
-        "CREATE OR REPLACE FUNCTION lockbox_test_slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(\(seconds)); RETURN NEW; END $$")
-    try setup.execute(
-        "CREATE TRIGGER lockbox_test_slow BEFORE INSERT ON \(table) FOR EACH ROW WHEN (\(condition)) EXECUTE FUNCTION lockbox_test_slow()")
-    return {
-        _ = try? setup.execute("DROP TRIGGER IF EXISTS lockbox_test_slow ON \(table)")
-        _ = try? setup.execute("DROP FUNCTION IF EXISTS lockbox_test_slow()")
-    }
-}
-
 private final class Box<T>: @unchecked Sendable { var value: T? }
 
 extension SyncTests {
