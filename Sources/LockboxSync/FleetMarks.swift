@@ -95,6 +95,7 @@ struct FleetMarks {
             encoder.integer(Int(version))
         }
         let body = encoder.bytes
+        SyncFiles.removeLeftovers(of: path)
         try? Vault.writeAtomically(body + mac(body), to: path, what: "the fleet's token marks")
     }
 

@@ -355,6 +355,8 @@ extension SyncGroup {
                 var changes = SyncState.Changes()
                 inStep.record(in: &changes, replacingAll: true)
                 try state.commit(changes)
+                // After the state's commit, as a pull raises it.
+                pulledMark.record(inStep.counter)
             }
         }
     }

@@ -30,9 +30,24 @@ extension SyncGroup {
     var pulledMark: SyncPulledMark { SyncPulledMark(vault: vault, group: groupID, device: device) }
 
     /// Refuses a state whose cursor is below `mark` (read before the state was opened: a sync
-    /// that commits meanwhile raises the mark only after its state's commit).
-    func checkNotBehind(_ mark: Int64?, state: SyncState) throws(LockboxError) {
-        if let mark, mark > state.cursor { throw stateBehind(statePath) }
+    /// that commits meanwhile raises the mark only after its state's commit), and any state
+    /// while the mark is damaged: it cannot tell.
+    func checkNotBehind(_ mark: SyncPulledMark.Reading, state: SyncState) throws(LockboxError) {
+        switch mark {
+        case .none: return
+        case .cursor(let cursor): if cursor > state.cursor { throw stateBehind(statePath) }
+        case .damaged: throw markDamaged(pulledMark.path)
+        }
+    }
+
+    /// The error of a sync whose record of the last pull was changed outside Lockbox.
+    func markDamaged(_ path: String) -> LockboxError {
+        LockboxError(
+            .decode,
+            "This machine's record of its last pull from the sync group (\(path)) was changed outside Lockbox, or cannot be "
+                + "read: the sync state cannot be checked against it, so nothing was synced. The keychain's items are not "
+                + "affected. If this user cannot read the file, give it back to them (chown, mode 0600); otherwise run "
+                + "`lockbox sync reset`, which rebuilds the state from the group and writes the record anew.")
     }
 
     /// Rebuilds this device's sync state from the group, then syncs.
@@ -75,7 +90,8 @@ extension SyncGroup {
             changes.generation = scan.generation
             // What this machine recorded of the last pull: the rebuilt state's first pull must
             // reach it, or the database was rolled back.
-            let floor = pulledMark.read() ?? 0
+            // A damaged record gives none: the reset writes it anew.
+            let floor = pulledMark.read().cursor ?? 0
             for file in [statePath, statePath + "-wal", statePath + "-shm"] where unlink(file) != 0 && errno != ENOENT {
                 throw LockboxError(.io, "Cannot remove \(file), the sync state being rebuilt. Check the directory's permissions, then reset again.")
             }

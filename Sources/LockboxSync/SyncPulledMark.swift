@@ -17,8 +17,26 @@ import Glibc
 /// keychain's directory restored from a backup, say) and is refused (``SyncGroup/stateBehind``).
 /// The mark is raised after the state's commit, without a sync of the disk of its own: after a
 /// crash it can only lag behind the state (a missed detection), never run ahead of it (a false
-/// refusal). A mark that fails its MAC, or none, checks nothing.
+/// refusal). None (or an empty file, which a power loss can leave of a first write) checks
+/// nothing; a file that fails its MAC was changed outside Lockbox, and refuses every sync
+/// until a reset writes it anew.
 struct SyncPulledMark {
+    /// What the file holds.
+    enum Reading: Equatable {
+        /// No mark: none was written here yet (or a power loss emptied the first one).
+        case none
+        /// The cursor this device's state had reached.
+        case cursor(Int64)
+        /// A file that is not a mark Lockbox wrote under this device's key.
+        case damaged
+
+        /// The cursor, when the mark holds one.
+        var cursor: Int64? {
+            if case .cursor(let cursor) = self { return cursor }
+            return nil
+        }
+    }
+
     let path: String
     let key: SecretBytes
     let group: String
@@ -42,17 +60,19 @@ struct SyncPulledMark {
         return Crypto.keyedDigest(encoder.bytes, key: key)
     }
 
-    /// The cursor this device's state had reached; nil when none is known here.
-    func read() -> Int64? {
+    /// The mark at ``path``. A file this process cannot open but for its absence (a link
+    /// there, or one this user cannot read) is damaged, not none, which would turn the check off.
+    func read() -> Reading {
         let descriptor = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
-        guard descriptor >= 0 else { return nil }
+        guard descriptor >= 0 else { return errno == ENOENT ? .none : .damaged }
         defer { close(descriptor) }
         var bytes = [UInt8](repeating: 0, count: 41)
         let count = bytes.withUnsafeMutableBytes { Glibc.read(descriptor, $0.baseAddress, 41) }
-        guard count == 40 else { return nil }
+        if count == 0 { return .none }
+        guard count == 40 else { return .damaged }
         let cursor = bytes[0..<8].reversed().reduce(Int64(0)) { $0 << 8 | Int64($1) }
-        guard cursor >= 0, SyncHead.equal(Array(bytes[8..<40]), mac(cursor)) else { return nil }
-        return cursor
+        guard cursor >= 0, SyncHead.equal(Array(bytes[8..<40]), mac(cursor)) else { return .damaged }
+        return .cursor(cursor)
     }
 
     /// Records `cursor`: with `exactly`, as it is (a recovery's pull from scratch, whose state
@@ -61,8 +81,9 @@ struct SyncPulledMark {
     /// the state's commit, which would otherwise fall behind the mark).
     @discardableResult
     func record(_ cursor: Int64, exactly: Bool = false) -> Bool {
-        if !exactly, let known = read(), known >= cursor { return true }
+        if !exactly, let known = read().cursor, known >= cursor { return true }
         guard (try? SyncFiles.prepareDirectory(FilePermissions.directory(of: path))) != nil else { return false }
+        SyncFiles.removeLeftovers(of: path)
         let bytes: [UInt8] = (0..<8).map { UInt8(truncatingIfNeeded: cursor >> (8 * $0)) } + mac(cursor)
         // A lowering is synced before it is moved into place: the state's commit follows it.
         return (try? Vault.writeAtomically(bytes, to: path, what: "this device's record of its last pull", synced: exactly)) != nil

@@ -291,5 +291,14 @@ extension Vault {
             unlink(temporary)
             throw LockboxError(.io, "Cannot move \(what) into place at \(path).")
         }
+        // The rename itself is kept by a sync of the directory; without it a power loss may
+        // bring back the file it replaced. Best effort: the file is in place either way.
+        if synced {
+            let directory = Glibc.open(FilePermissions.directory(of: path), O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+            if directory >= 0 {
+                fsync(directory)
+                close(directory)
+            }
+        }
     }
 }

@@ -317,5 +317,104 @@ extension SyncTests {
             for group in groups { try group.sync() }
             for machine in machines { #expect(try machine.value("x.example", "user") == "x5") }
         }
+    
+
+        enum MarkDamage: String, CaseIterable, Sendable {
+            case flippedByte, truncated, otherDevices, link
+        }
+
+        @Test(
+            "This machine's record of the last pull changed outside Lockbox refuses every sync, naming the reset, and status says so; the reset writes it anew",
+            arguments: MarkDamage.allCases)
+        func damagedRecordIsRefusedThenRebuilt(damage: MarkDamage) throws {
+            let (groups, machines) = try threeMachines()
+            defer { withExtendedLifetime(machines) {} }
+            try machines[0].add("x.example", "user", "x1")
+            for group in groups { try group.sync() }
+            let path = groups[0].pulledMark.path
+            var bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)))
+            #expect(bytes.count == 40)
+            switch damage {
+            case .flippedByte:
+                bytes[0] ^= 0x01
+                try Data(bytes).write(to: URL(fileURLWithPath: path))
+            case .truncated:
+                try Data(bytes.prefix(12)).write(to: URL(fileURLWithPath: path))
+            case .otherDevices:
+                // B's record, valid under B's key: not this device's.
+                try Data(contentsOf: URL(fileURLWithPath: groups[1].pulledMark.path)).write(to: URL(fileURLWithPath: path))
+            case .link:
+                try FileManager.default.removeItem(atPath: path)
+                try FileManager.default.createSymbolicLink(atPath: path, withDestinationPath: groups[1].pulledMark.path)
+            }
+            #expect(groups[0].pulledMark.read() == .damaged)
+            tick()
+            try machines[1].set("x.example", "user", "x2 from B")
+            try groups[1].sync()
+            let refused = #expect(throws: LockboxError.self) { try groups[0].sync() }
+            #expect(refused?.code == .decode)
+            #expect(refused?.message.contains("lockbox sync reset") == true, "\(refused?.message ?? "")")
+            #expect(refused?.message.contains(path) == true)
+            #expect(try groups[0].status().databaseProblem?.contains("changed outside Lockbox") == true)
+            #expect(try machines[0].value("x.example", "user") == "x1")
+
+            try groups[0].resetState()
+            let cursor = try SyncState(path: groups[0].statePath, device: groups[0].device.id, key: groups[0].device.stateKey).cursor
+            #expect(groups[0].pulledMark.read() == .cursor(cursor))
+            for group in groups { try group.sync() }
+            for machine in machines { #expect(try machine.value("x.example", "user") == "x2 from B") }
+        }
+
+        @Test("An empty record (what a power loss can leave of its first write) checks nothing and is written anew by the next sync")
+        func emptyRecordIsNone() throws {
+            let (groups, machines) = try threeMachines()
+            defer { withExtendedLifetime(machines) {} }
+            try machines[0].add("x.example", "user", "x1")
+            for group in groups { try group.sync() }
+            try Data().write(to: URL(fileURLWithPath: groups[0].pulledMark.path))
+            #expect(groups[0].pulledMark.read() == .none)
+            tick()
+            try machines[1].set("x.example", "user", "x2 from B")
+            try groups[1].sync()
+            try groups[0].sync()
+            #expect(try machines[0].value("x.example", "user") == "x2 from B")
+            let cursor = try SyncState(path: groups[0].statePath, device: groups[0].device.id, key: groups[0].device.stateKey).cursor
+            #expect(groups[0].pulledMark.read() == .cursor(cursor))
+        }
+
+        @Test("A write of the record stopped before its rename leaves a file that a later write removes once it is a minute old; a newer one is left to the write in flight")
+        func stoppedWritesLeftoversAreRemoved() throws {
+            let (groups, machines) = try threeMachines()
+            defer { withExtendedLifetime(machines) {} }
+            try machines[0].add("x.example", "user", "x1")
+            try groups[0].sync()
+            let path = groups[0].pulledMark.path
+            let old = path + ".partial-00112233445566aa"
+            let recent = path + ".partial-00112233445566bb"
+            let unrelated = path + ".partial-notours"
+            for leftover in [old, recent, unrelated] { try Data([1, 2, 3]).write(to: URL(fileURLWithPath: leftover)) }
+            try FileManager.default.setAttributes([.modificationDate: Date(timeIntervalSinceNow: -3600)], ofItemAtPath: old)
+            try FileManager.default.setAttributes([.modificationDate: Date(timeIntervalSinceNow: -3600)], ofItemAtPath: unrelated)
+            tick()
+            try machines[0].set("x.example", "user", "x2")
+            try groups[0].sync()
+            #expect(!FileManager.default.fileExists(atPath: old))
+            #expect(FileManager.default.fileExists(atPath: recent))
+            #expect(FileManager.default.fileExists(atPath: unrelated))
+        }
+
+        @Test("A device removal made in step raises this machine's record with the state it moves")
+        func removalRaisesTheRecord() throws {
+            let (groups, machines) = try threeMachines()
+            defer { withExtendedLifetime(machines) {} }
+            try machines[0].add("x.example", "user", "x1")
+            for group in groups { try group.sync() }
+            let before = try pulledVersion(groups[0])
+            try groups[0].removeDevice(groups[2].deviceID)
+            let cursor = try SyncState(path: groups[0].statePath, device: groups[0].device.id, key: groups[0].device.stateKey).cursor
+            #expect(cursor > before)
+            #expect(try pulledVersion(groups[0]) == cursor)
+            try groups[0].sync()
+        }
     }
 }

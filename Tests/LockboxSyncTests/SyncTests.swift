@@ -145,7 +145,7 @@ func restoreState(_ copy: StateCopy?, at path: String) throws {
 /// How far `group`'s state had pulled, as this machine recorded it (``SyncPulledMark``); 0 when
 /// nothing is recorded.
 func pulledVersion(_ group: SyncGroup) throws -> Int64 {
-    group.pulledMark.read() ?? 0
+    group.pulledMark.read().cursor ?? 0
 }
 
 /// Puts back a copy of `group`'s sync state taken during a sync, and the machine's record of the
