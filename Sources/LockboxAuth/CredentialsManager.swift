@@ -459,7 +459,7 @@ public actor CredentialsManager {
             if memoryOnlyRefreshToken == nil, let cached = try await freshFromCache(minTTL: minTTL, rejecting: rejected) {
                 return cached
             }
-            return try await refresh(advance)
+            return try await refresh(advance, lock: lock)
         } catch {
             // A sign-out or a locked store set their own state; any other failure keeps the
             // session as it was (the stored refresh token is untouched).
@@ -470,9 +470,13 @@ public actor CredentialsManager {
         }
     }
 
-    /// One refresh. Runs with the cross-process lock held. `advance` is the token request's
-    /// proof when it was started before the stored refresh token was read.
-    private func refresh(_ advance: ProofInAdvance? = nil) async throws(AuthError) -> Credentials {
+    /// One refresh. Runs with the cross-process lock (`lock`) held. `advance` is the token
+    /// request's proof when it was started before the stored refresh token was read.
+    /// `retried`: this refresh follows one whose token was rejected after another holder had
+    /// stored a newer one.
+    private func refresh(_ advance: ProofInAdvance? = nil, lock: (any RefreshLockHold)?, retried: Bool = false) async throws(AuthError)
+        -> Credentials
+    {
         // Read the latest token: another process may have rotated it since we last looked.
         let refreshToken: SecretBytes
         if let memoryOnly = memoryOnlyRefreshToken {
@@ -508,6 +512,9 @@ public actor CredentialsManager {
         ])
         let result: TokenEndpointResult
         do {
+            // The lock still held (one a database connection holds can be lost unseen), and the
+            // refresh recorded as in flight.
+            try await lock?.presenting(within: configuration.requestLimits.deadline)
             let proofs = configuration.usesDPoP ? try await requireSessionProofs() : nil
             // The proof made in advance is sent when it is by the session's key (the proofs it
             // was made with are still the session's: a sign-in elsewhere, noticed above, clears
@@ -526,7 +533,15 @@ public actor CredentialsManager {
         case .oauthError(_, let error, _) where error == "invalid_grant" || error == "invalid_client":
             let reason: SignOutReason = error == "invalid_grant" ? .refreshTokenRejected : .clientRejected
             emit(.refreshFailed, error, fingerprint)
-            await signOutLocally(reason, clearStore: true)
+            // The store cleared only while it still holds the token the server rejected: one
+            // stored meanwhile (rotated by a holder of a lock this one took after it was lost,
+            // or a sign-in) is tried once instead, and never erased unasked.
+            if error == "invalid_grant", memoryOnlyRefreshToken == nil, !retried,
+                let stored = try? await tokenStore.refreshToken(), stored != refreshToken
+            {
+                return try await refresh(lock: lock, retried: true)
+            }
+            await signOutLocally(reason, clearStore: stored(isStill: refreshToken))
             throw .signedOut(reason)
         case .oauthError(let status, let error, let retryAfter):
             emit(.refreshFailed, error, fingerprint)
@@ -582,6 +597,14 @@ public actor CredentialsManager {
         emit(.refreshSucceeded, response.refreshToken == nil ? "not_rotated" : "rotated", credentials.fingerprint)
         if memoryOnlyRefreshToken == nil { await shareInCache(credentials) }
         return credentials
+    }
+
+    /// Whether the store still holds `token` (or cannot tell): a rejected token is cleared from
+    /// the store only then.
+    private func stored(isStill token: SecretBytes) async -> Bool {
+        guard memoryOnlyRefreshToken == nil else { return true }
+        guard let stored = try? await tokenStore.refreshToken() else { return true }
+        return stored == token
     }
 
     private func endSessionWithUnstorableToken(_ rotated: SecretBytes, error: LockboxError) async -> AuthError {

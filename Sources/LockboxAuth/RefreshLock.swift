@@ -14,6 +14,19 @@ public protocol RefreshLock: Sendable {
 }
 
 /// A held ``RefreshLock``: released when the last reference to it goes away.
-public protocol RefreshLockHold: AnyObject, Sendable {}
+public protocol RefreshLockHold: AnyObject, Sendable {
+    /// Called by ``CredentialsManager`` with the lock held, just before it presents the stored
+    /// refresh token, with the longest its request may take. A lock that can be lost without
+    /// its holder knowing (one held by a database connection) checks here that it still holds
+    /// it, and records the refresh in flight, so that a holder after it (should it be lost)
+    /// waits for the rotated token rather than presenting the same one. The default does
+    /// nothing (an `flock` is lost only with its process).
+    /// - Throws: when the lock is no longer held: nothing is presented.
+    func presenting(within limit: Duration) async throws(AuthError)
+}
+
+extension RefreshLockHold {
+    public func presenting(within limit: Duration) async throws(AuthError) {}
+}
 
 extension FileLock: RefreshLockHold {}

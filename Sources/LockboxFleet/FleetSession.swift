@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import LockboxAuth
 import LockboxCore
 import LockboxSync
@@ -166,7 +167,7 @@ public struct FleetRefreshLock: RefreshLock {
         let session = group.fleetSessionID(key.storageAccount)
         do {
             return try await BlockingCall.run { () throws(LockboxError) -> FleetLockHold in
-                FleetLockHold(try group.lockFleetSession(session))
+                FleetLockHold(try group.lockFleetSession(session), group: group, session: session)
             }
         } catch {
             throw AuthError.from(error)
@@ -175,12 +176,35 @@ public struct FleetRefreshLock: RefreshLock {
 }
 
 /// The connection that holds an advisory lock: closing it (when the hold is released, or the
-/// process dies) releases the lock.
+/// process dies) releases the lock. It also records the refresh in flight
+/// (``SyncGroup/markRefreshInFlight(_:session:for:)``), and ends that record as it is released.
 final class FleetLockHold: RefreshLockHold, @unchecked Sendable {
-    // Only kept alive, never used after init: closed in its deinit.
     private let connection: PostgresConnection
+    private let group: SyncGroup
+    private let session: String
+    private let marked = Mutex(false)
 
-    init(_ connection: PostgresConnection) {
+    init(_ connection: PostgresConnection, group: SyncGroup, session: String) {
         self.connection = connection
+        self.group = group
+        self.session = session
+    }
+
+    func presenting(within limit: Duration) async throws(AuthError) {
+        // Twice the request's limit (a DPoP nonce asks for a second request), and some margin
+        // for storing the rotated token.
+        let until = limit * 2 + .seconds(5)
+        do {
+            try await BlockingCall.run { [self] () throws(LockboxError) in
+                try group.markRefreshInFlight(connection, session: session, for: until)
+            }
+        } catch {
+            throw AuthError(.store, error.message, storeError: error)
+        }
+        marked.withLock { $0 = true }
+    }
+
+    deinit {
+        if marked.withLock({ $0 }) { group.endRefreshInFlight(connection, session: session) }
     }
 }

@@ -2,6 +2,10 @@ import FoundationEssentials
 import LockboxCore
 import VaultCrypto
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// A fleet's OAuth sessions in the group's database (`lockbox_fleet_sessions`), sealed with the
 /// group's fleet key, which only the group's machines hold: the administrator sees a session
 /// identifier (a keyed digest of issuer, client and account), a version and ciphertext.
@@ -24,6 +28,7 @@ extension SyncGroup {
     /// A connection with this device at the group's current key epoch.
     package func fleetConnection() throws(LockboxError) -> PostgresConnection {
         let connection = try PostgresConnection(database)
+        try SyncSchema.migrate(connection)
         try catchUpKeys(connection)
         return connection
     }
@@ -132,6 +137,15 @@ extension SyncGroup {
         // holds exclusively while it re-seals the sessions: a field is never sealed with a key
         // the removal has just replaced. A removal that committed first is caught up with, and
         // the write made again.
+        // Above the newest version of the field this machine has read or written, too: the row's
+        // version and the clock are the database's, and an administrator who moved the row's
+        // version up, then down, would otherwise have a newer token sealed below an older one
+        // that this machine then took for the newer.
+        // (A marks file that cannot be read does not fail the store, as for its raise below: a
+        // read of the field fails on it instead.)
+        let seen = ((try? fleetMarks.mark(session: session, field: field)) ?? nil) ?? 0
+        // A rotated (or new) refresh token ends any refresh in flight (``markRefreshInFlight``).
+        let endsRefresh = field == .refreshToken ? ", refresh_in_flight_until = NULL" : ""
         for _ in 0..<3 {
             let keys = self.keys
             let written = try connection.transaction { () throws(LockboxError) -> Int64? in
@@ -147,19 +161,20 @@ extension SyncGroup {
                 // row deleted (by the administrator, or a Lockbox of the first format signing
                 // out) and written again does not start over below what the machines saw of it.
                 let previous = try rows.first.map { row throws(LockboxError) in try PostgresConnection.integer(row[0]) } ?? 0
-                let version = max(try SyncHead.version(after: previous), try PostgresConnection.integer(epoch[1]))
+                let version = max(try SyncHead.version(after: previous), try PostgresConnection.integer(epoch[1]), try SyncHead.version(after: seen))
                 let value: PostgresConnection.Value =
                     secret.map { .bytes(sealFleet($0, details: details, session: session, field: field, version: version, keys: keys)) } ?? .null
                 try connection.execute(
                     """
                     INSERT INTO lockbox_fleet_sessions (group_id, session_id, version, \(field.rawValue)) VALUES ($1, $2, $3, $4)
-                    ON CONFLICT (group_id, session_id) DO UPDATE SET \(field.rawValue) = excluded.\(field.rawValue), version = excluded.version
+                    ON CONFLICT (group_id, session_id) DO UPDATE SET \(field.rawValue) = excluded.\(field.rawValue), version = excluded.version\(endsRefresh)
                     """,
                     [.text(groupID), .text(session), .integer(version), value])
                 return version
             }
             if let written {
-                if secret != nil { fleetMarks.raise(session: session, field: field, to: written) }
+                // A removal too: the field it removed, put back, is refused here as older.
+                fleetMarks.raise(session: session, field: field, to: written)
                 return
             }
             try catchUpKeys(connection)
@@ -191,7 +206,10 @@ extension SyncGroup {
     /// undo the sign-out by putting the last sealed tokens back.
     package func clearFleet(_ connection: PostgresConnection, session: String) throws(LockboxError) {
         let rows = try connection.execute(
-            "UPDATE lockbox_fleet_sessions SET refresh_token = NULL, access_token = NULL, version = GREATEST(version + 1, \(Self.fleetClock)) WHERE group_id = $1 AND session_id = $2 RETURNING version",
+            """
+            UPDATE lockbox_fleet_sessions SET refresh_token = NULL, access_token = NULL, refresh_in_flight_until = NULL,
+                version = GREATEST(version + 1, \(Self.fleetClock)) WHERE group_id = $1 AND session_id = $2 RETURNING version
+            """,
             [.text(groupID), .text(session)])
         guard let row = rows.first else { return }
         let version = try PostgresConnection.integer(row[0])
@@ -211,8 +229,59 @@ extension SyncGroup {
             SELECT set_config('tcp_keepalives_idle', '20', false), set_config('tcp_keepalives_interval', '10', false),
                 set_config('tcp_keepalives_count', '3', false), set_config('tcp_user_timeout', '60000', false)
             """)
+        try SyncSchema.migrate(connection)
         try connection.execute("SELECT pg_advisory_lock($1)", [.integer(Self.fleetLockKey(session))])
+        try awaitRefreshInFlight(connection, session: session)
         return connection
+    }
+
+    /// The longest a lock's new holder waits on a refresh in flight, whatever the record says
+    /// (an edited one cannot stop the fleet for longer).
+    static let longestRefreshInFlight: Duration = .seconds(300)
+
+    /// Records, on the lock's connection and with the lock held, that its holder is about to
+    /// present the session's stored refresh token, and may be doing so for `limit`. A holder
+    /// that loses the lock meanwhile (its connection ended by a server restart or failover, a
+    /// network cut longer than the probes, an administrator) does not know it, and goes on: the
+    /// machine that takes the lock next waits until the record ends (the rotated token stored,
+    /// the hold released, or `limit` past) before it reads the stored token, instead of
+    /// presenting the one being presented, which the authorization server would take for reuse.
+    /// - Throws: when the lock's connection has ended: the lock may be another's, and nothing
+    ///   may be presented.
+    package func markRefreshInFlight(_ connection: PostgresConnection, session: String, for limit: Duration) throws(LockboxError) {
+        let milliseconds = limit.components.seconds * 1000 + limit.components.attoseconds / 1_000_000_000_000_000
+        do {
+            try connection.execute(
+                "UPDATE lockbox_fleet_sessions SET refresh_in_flight_until = \(Self.fleetClock) + $3 WHERE group_id = $1 AND session_id = $2",
+                [.text(groupID), .text(session), .integer(milliseconds)])
+        } catch {
+            throw LockboxError(
+                .notAvailable,
+                "The fleet's refresh lock was lost (its connection to the sync database ended) before the refresh token was "
+                    + "presented; nothing was sent. Try again.")
+        }
+    }
+
+    /// Ends this holder's record of a refresh in flight (the hold released): best effort, on the
+    /// lock's connection, which holds the lock (a record the next holder then meets only ends
+    /// at its time).
+    package func endRefreshInFlight(_ connection: PostgresConnection, session: String) {
+        _ = try? connection.execute(
+            "UPDATE lockbox_fleet_sessions SET refresh_in_flight_until = NULL WHERE group_id = $1 AND session_id = $2 AND refresh_in_flight_until IS NOT NULL",
+            [.text(groupID), .text(session)])
+    }
+
+    /// Waits, holding the lock, while the session's record of a refresh in flight has not ended
+    /// (``markRefreshInFlight``), for at most ``longestRefreshInFlight``.
+    func awaitRefreshInFlight(_ connection: PostgresConnection, session: String) throws(LockboxError) {
+        let start = ContinuousClock.now
+        while ContinuousClock.now - start < Self.longestRefreshInFlight {
+            let rows = try connection.execute(
+                "SELECT refresh_in_flight_until - \(Self.fleetClock) FROM lockbox_fleet_sessions WHERE group_id = $1 AND session_id = $2",
+                [.text(groupID), .text(session)])
+            guard let row = rows.first, let left = row[0], let milliseconds = Int64(left), milliseconds > 0 else { return }
+            usleep(useconds_t(min(milliseconds, 100) * 1000))
+        }
     }
 
     /// The advisory lock's key of a session: its identifier's first 64 bits.

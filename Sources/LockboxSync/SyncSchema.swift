@@ -83,6 +83,11 @@ enum SyncSchema {
         [
             "ALTER TABLE lockbox_sync_groups ADD COLUMN head bytea",
         ],
+        // 4: a fleet session's refresh in flight: until when (the database's clock, in
+        // milliseconds) the lock's holder may still be presenting the stored refresh token.
+        [
+            "ALTER TABLE lockbox_fleet_sessions ADD COLUMN refresh_in_flight_until bigint",
+        ],
     ]
 
     static var currentVersion: Int { migrations.count }

@@ -1,0 +1,262 @@
+import Foundation
+import Lockbox
+import LockboxAuth
+import LockboxTestSupport
+import LockboxVault
+import Synchronization
+import Testing
+
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+
+@testable import LockboxFleet
+@testable import LockboxSync
+
+/// A strict token endpoint in the test process: each refresh token works once, and a second use
+/// is reuse (`invalid_grant`). The first request can be held until ``release()``, and a hook
+/// runs as a request arrives.
+private final class StrictTokenEndpoint: HTTPTransport, @unchecked Sendable {
+    struct State {
+        var used: Set<String> = []
+        var presented: [String] = []
+        var reuse = 0
+        var next = 1
+        var holdFirst: Bool
+        var released = false
+        var rejected: Set<String> = []
+    }
+    let state: Mutex<State>
+    let arriving: (@Sendable (String) async -> Void)?
+
+    init(holdFirst: Bool = false, rejecting rejected: Set<String> = [], arriving: (@Sendable (String) async -> Void)? = nil) {
+        state = Mutex(State(holdFirst: holdFirst, rejected: rejected))
+        self.arriving = arriving
+    }
+
+    func release() { state.withLock { $0.released = true } }
+    var presented: [String] { state.withLock { $0.presented } }
+    var reuse: Int { state.withLock { $0.reuse } }
+
+    func send(_ request: URLRequest) async throws -> (Data, HTTPURLResponse) {
+        let body = String(decoding: request.httpBody ?? Data(), as: UTF8.self)
+        var token = ""
+        for pair in body.split(separator: "&") {
+            let parts = pair.split(separator: "=", maxSplits: 1).map(String.init)
+            if parts.count == 2, parts[0] == "refresh_token" { token = parts[1].removingPercentEncoding ?? parts[1] }
+        }
+        await arriving?(token)
+        let (hold, refused, number) = state.withLock { state -> (Bool, Bool, Int) in
+            state.presented.append(token)
+            let reused = !state.used.insert(token).inserted
+            if reused { state.reuse += 1 }
+            let hold = state.holdFirst
+            state.holdFirst = false
+            state.next += 1
+            return (hold, reused || state.rejected.contains(token), state.next - 1)
+        }
+        if hold {
+            while !state.withLock({ $0.released }) { try await Task.sleep(for: .milliseconds(20)) }
+        }
+        let url = request.url!
+        let headers = ["Content-Type": "application/json"]
+        if refused {
+            return (Data(#"{"error":"invalid_grant"}"#.utf8), HTTPURLResponse(url: url, statusCode: 400, httpVersion: "HTTP/1.1", headerFields: headers)!)
+        }
+        let json = #"{"access_token":"at-\#(number)","token_type":"Bearer","expires_in":3600,"refresh_token":"rt-\#(number)"}"#
+        return (Data(json.utf8), HTTPURLResponse(url: url, statusCode: 200, httpVersion: "HTTP/1.1", headerFields: headers)!)
+    }
+}
+
+private func opened(_ value: (secret: SecretBytes, details: [UInt8])?) -> String? {
+    value.map { $0.secret.withUnsafeBytes { String(decoding: $0, as: UTF8.self) } }
+}
+
+private let configuration = ClientConfiguration(
+    issuer: URL(string: "https://auth.example")!, clientID: "fleet-fencing", tokenEndpoint: URL(string: "https://auth.example/token")!)
+
+/// Ends the connections that hold advisory locks (a server restart or failover, a network cut
+/// longer than the probes, an administrator): their holders are not told.
+private func endLockConnections() throws -> Int {
+    try PostgresConnection(try testDatabase()).execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()"
+    ).count
+}
+
+/// The session's record of a refresh in flight, in milliseconds from now (nil: none).
+private func inFlight(_ group: SyncGroup, _ session: String) throws -> Int64? {
+    let rows = try PostgresConnection(try testDatabase()).execute(
+        "SELECT refresh_in_flight_until - \(SyncGroup.fleetClock) FROM lockbox_fleet_sessions WHERE group_id = $1 AND session_id = $2",
+        [.text(group.groupID), .text(session)])
+    return try rows.first?[0].map { text throws in try #require(Int64(text)) }
+}
+
+extension SyncTests {
+    @Suite("Fleet: a lock lost unseen, versions the database moves, tokens rejected after a newer one was stored", .serialized)
+    struct FleetFencing {
+        @Test("A holder whose lock's connection ends while it presents the refresh token: the next holder waits for the rotated token instead of presenting the same one (no reuse, no sign-out)")
+        func lockLostMidRefreshIsWaitedFor() async throws {
+            let (groups, machines) = try threeMachines()
+            defer { withExtendedLifetime(machines) {} }
+            let endpoint = StrictTokenEndpoint(holdFirst: true)
+            let fleets = groups.map { FleetSession(group: $0, key: CredentialKey(configuration: configuration)) }
+            try await fleets[0].tokenStore.saveRefreshToken(SecretBytes(utf8: "rt-0"))
+            let managers = fleets.prefix(2).map {
+                CredentialsManager(
+                    configuration: configuration, tokenStore: $0.tokenStore, transport: endpoint, accessTokenCache: $0.accessTokenCache,
+                    refreshLock: $0.refreshLock)
+            }
+            let first = Task { try await managers[0].credentials() }
+            var waited = 0
+            while endpoint.presented.isEmpty && waited < 500 {
+                try await Task.sleep(for: .milliseconds(20))
+                waited += 1
+            }
+            #expect(endpoint.presented == ["rt-0"])
+            #expect(try endLockConnections() == 1)
+            let second = Task { try await managers[1].credentials() }
+            // The second machine holds the lock now, and waits: it presents nothing while the
+            // first one's request is out.
+            try await Task.sleep(for: .milliseconds(1500))
+            #expect(endpoint.presented == ["rt-0"])
+            endpoint.release()
+            let firstResult = await first.result
+            let secondResult = await second.result
+            #expect(endpoint.reuse == 0, "presented: \(endpoint.presented)")
+            let token = try #require(try? firstResult.get())
+            #expect(token.accessToken == SecretBytes(utf8: "at-1"))
+            #expect((try? secondResult.get()) != nil, "the second machine: \(secondResult)")
+            #expect(try opened(groups[2].readFleet(try groups[2].fleetConnection(), session: fleets[0].group.fleetSessionID(fleets[0].key.storageAccount), field: .refreshToken)) != nil)
+        }
+
+        @Test("A hold whose lock's connection has ended presents nothing: the refresh fails with an error that says so, and the stored token is kept")
+        func lockLostBeforePresentingPresentsNothing() async throws {
+            let (groups, machines) = try threeMachines()
+            defer { withExtendedLifetime(machines) {} }
+            let fleet = FleetSession(group: groups[0], key: CredentialKey(configuration: configuration))
+            try await fleet.tokenStore.saveRefreshToken(SecretBytes(utf8: "rt-0"))
+            let hold = try await fleet.refreshLock.acquire(for: fleet.key)
+            #expect(try endLockConnections() == 1)
+            let refused = await #expect(throws: AuthError.self) { try await hold.presenting(within: .seconds(30)) }
+            #expect(refused?.message.contains("lock was lost") == true, "\(refused?.message ?? "")")
+            #expect(refused?.message.contains("rt-0") == false)
+            withExtendedLifetime(hold) {}
+            #expect(try await fleet.tokenStore.refreshToken() == SecretBytes(utf8: "rt-0"))
+        }
+
+        @Test("A record of a refresh in flight left by a holder that stopped: the next holder waits until its time, then goes on; a hold released ends its own record")
+        func recordOfAStoppedHolderEndsAtItsTime() async throws {
+            let (groups, machines) = try threeMachines()
+            defer { withExtendedLifetime(machines) {} }
+            let fleet = FleetSession(group: groups[0], key: CredentialKey(configuration: configuration))
+            let session = groups[0].fleetSessionID(fleet.key.storageAccount)
+            try await fleet.tokenStore.saveRefreshToken(SecretBytes(utf8: "rt-0"))
+            // A released hold ends its record: the next one does not wait.
+            var hold: (any RefreshLockHold)? = try await fleet.refreshLock.acquire(for: fleet.key)
+            try await hold?.presenting(within: .seconds(30))
+            #expect(try inFlight(groups[0], session).map { $0 > 60_000 } == true)
+            hold = nil
+            #expect(try inFlight(groups[0], session) == nil)
+            // A holder that stopped with its record set (its connection gone with it).
+            let stopped = try await fleet.refreshLock.acquire(for: fleet.key)
+            try PostgresConnection(try testDatabase()).execute(
+                "UPDATE lockbox_fleet_sessions SET refresh_in_flight_until = \(SyncGroup.fleetClock) + 1500 WHERE group_id = $1 AND session_id = $2",
+                [.text(groups[0].groupID), .text(session)])
+            #expect(try endLockConnections() == 1)
+            withExtendedLifetime(stopped) {}
+            let other = FleetSession(group: groups[1], key: fleet.key)
+            let start = ContinuousClock.now
+            let next = try await other.refreshLock.acquire(for: other.key)
+            let waited = ContinuousClock.now - start
+            #expect(waited >= .milliseconds(1200), "waited \(waited)")
+            #expect(waited < .seconds(10), "waited \(waited)")
+            withExtendedLifetime(next) {}
+        }
+
+        @Test("A refresh token rejected after another holder (or a sign-in) stored a newer one: the store keeps the newer one, which is tried instead; no sign-out")
+        func rejectedAfterNewerStoredIsNotErased() async throws {
+            let (groups, machines) = try threeMachines()
+            defer { withExtendedLifetime(machines) {} }
+            let fleet = FleetSession(group: groups[0], key: CredentialKey(configuration: configuration))
+            let other = FleetSession(group: groups[1], key: fleet.key)
+            try await fleet.tokenStore.saveRefreshToken(SecretBytes(utf8: "rt-old"))
+            // While rt-old is being presented, another machine stores rt-new (signed in again).
+            let endpoint = StrictTokenEndpoint(rejecting: ["rt-old"]) { token in
+                if token == "rt-old" { try? await other.tokenStore.saveRefreshToken(SecretBytes(utf8: "rt-new")) }
+            }
+            let manager = CredentialsManager(
+                configuration: configuration, tokenStore: fleet.tokenStore, transport: endpoint, accessTokenCache: fleet.accessTokenCache,
+                refreshLock: fleet.refreshLock)
+            let credentials = try await manager.credentials()
+            #expect(endpoint.presented == ["rt-old", "rt-new"])
+            #expect(credentials.accessToken == SecretBytes(utf8: "at-2"))
+            #expect(try await fleet.tokenStore.refreshToken() == SecretBytes(utf8: "rt-2"))
+            // The rejected token, still stored, is cleared as before.
+            let rejecting = StrictTokenEndpoint(rejecting: ["rt-2"])
+            let next = CredentialsManager(
+                configuration: configuration, tokenStore: other.tokenStore, transport: rejecting, refreshLock: other.refreshLock)
+            let signedOut = await #expect(throws: AuthError.self) { try await next.credentials() }
+            #expect(signedOut?.code == .signedOut)
+            #expect(try await other.tokenStore.refreshToken() == nil)
+        }
+
+        @Test("A version column the database moves up, then down: the next token is still sealed above every version this machine saw, and the rotated-out one put back is refused")
+        func versionColumnRewoundCannotServeARotatedOutToken() throws {
+            let (groups, machines) = try threeMachines()
+            defer { withExtendedLifetime(machines) {} }
+            let database = try PostgresConnection(try testDatabase())
+            let group = groups[0].groupID
+            let session = groups[0].fleetSessionID("rewound")
+            func sealed() throws -> String? {
+                try database.execute(
+                    "SELECT refresh_token FROM lockbox_fleet_sessions WHERE group_id = $1 AND session_id = $2", [.text(group), .text(session)]
+                ).first?[0] ?? nil
+            }
+            func setVersion(_ version: Int64) throws {
+                try database.execute(
+                    "UPDATE lockbox_fleet_sessions SET version = $3 WHERE group_id = $1 AND session_id = $2",
+                    [.text(group), .text(session), .integer(version)])
+            }
+            func read(_ index: Int) -> Result<String?, any Error> {
+                outcome { try opened(groups[index].readFleet(try groups[index].fleetConnection(), session: session, field: .refreshToken)) }
+            }
+            try groups[0].writeFleet(try groups[0].fleetConnection(), session: session, field: .refreshToken, secret: SecretBytes(utf8: "refresh-1"))
+            #expect((try? read(2).get()) == "refresh-1")
+            try setVersion(4_000_000_000_000_000)
+            try groups[0].writeFleet(try groups[0].fleetConnection(), session: session, field: .refreshToken, secret: SecretBytes(utf8: "refresh-2"))
+            #expect((try? read(2).get()) == "refresh-2")
+            let second = try sealed()
+            try setVersion(0)
+            try groups[0].writeFleet(try groups[0].fleetConnection(), session: session, field: .refreshToken, secret: SecretBytes(utf8: "refresh-3"))
+            #expect((try? read(2).get()) == "refresh-3")
+            try database.execute(
+                "UPDATE lockbox_fleet_sessions SET refresh_token = $3::bytea WHERE group_id = $1 AND session_id = $2",
+                [.text(group), .text(session), second.map { .text($0) } ?? .null])
+            for index in [0, 2] {
+                let served = read(index)
+                #expect((try? served.get()) == nil, "machine \(index) served \(served)")
+            }
+        }
+
+        @Test("An access token this machine removed, put back by the database, is refused here too")
+        func removedAccessTokenPutBackIsRefusedToItsRemover() throws {
+            let (groups, machines) = try threeMachines()
+            defer { withExtendedLifetime(machines) {} }
+            let database = try PostgresConnection(try testDatabase())
+            let group = groups[0].groupID
+            let session = groups[0].fleetSessionID("removed")
+            try groups[0].writeFleet(try groups[0].fleetConnection(), session: session, field: .refreshToken, secret: SecretBytes(utf8: "refresh-1"))
+            try groups[0].writeFleet(try groups[0].fleetConnection(), session: session, field: .accessToken, secret: SecretBytes(utf8: "access-removed"))
+            let sealed: String? = try database.execute(
+                "SELECT access_token FROM lockbox_fleet_sessions WHERE group_id = $1 AND session_id = $2", [.text(group), .text(session)]
+            ).first?[0] ?? nil
+            try groups[0].writeFleet(try groups[0].fleetConnection(), session: session, field: .accessToken, secret: nil)
+            try database.execute(
+                "UPDATE lockbox_fleet_sessions SET access_token = $3::bytea WHERE group_id = $1 AND session_id = $2",
+                [.text(group), .text(session), sealed.map { .text($0) } ?? .null])
+            let read = outcome { try opened(groups[0].readFleet(try groups[0].fleetConnection(), session: session, field: .accessToken)) }
+            #expect((try? read.get()) == nil, "served \(read)")
+            #expect(((try? read.get()) ?? nil) != "access-removed")
+        }
+    }
+}
