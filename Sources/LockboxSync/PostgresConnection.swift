@@ -135,10 +135,15 @@ package final class PostgresConnection {
         // The server's notices (such as "already exists, skipping") are not for the user. A lock
         // another session holds (a stuck transaction, a hostile administrator) ends a wait after
         // `lockTimeout` instead of never, unless the connection's options set a timeout of their own.
+        // A transaction this process leaves idle that long (a sync stopped with Ctrl-Z, a
+        // debugger) is ended by the server, with the locks it held, so that it does not stop
+        // every other device's sync (unless the options set a timeout of their own).
         try execute(
             """
             SELECT set_config('client_min_messages', 'warning', false),
-                set_config('lock_timeout', CASE current_setting('lock_timeout') WHEN '0' THEN $1 ELSE current_setting('lock_timeout') END, false)
+                set_config('lock_timeout', CASE current_setting('lock_timeout') WHEN '0' THEN $1 ELSE current_setting('lock_timeout') END, false),
+                set_config('idle_in_transaction_session_timeout',
+                    CASE current_setting('idle_in_transaction_session_timeout') WHEN '0' THEN $1 ELSE current_setting('idle_in_transaction_session_timeout') END, false)
             """, [.text(Self.lockTimeout)])
     }
 
@@ -402,6 +407,15 @@ package final class PostgresConnection {
             let text = PQresultErrorMessage(result).map { String(cString: $0) } ?? ""
             let reason = Self.printable(text.split(whereSeparator: { $0.isNewline }).first.map(String.init) ?? "no message")
             if PQstatus(connection) == CONNECTION_BAD { throw lost(reason) }
+            // lock_not_available: another session held what this one waited for.
+            if PQresultErrorField(result, Int32(UInt8(ascii: "C"))).map({ String(cString: $0) }) == "55P03" {
+                throw LockboxError(
+                    .io,
+                    "Another device (or process) kept the sync group locked for longer than this sync waits (2 minutes, unless the "
+                        + "connection string sets lock_timeout): a sync, join or device removal in progress, or one stopped midway (the "
+                        + "database ends a stopped one after 2 minutes idle). Nothing was changed here; sync again later. If this keeps "
+                        + "happening, look for a stopped sync on the other devices.")
+            }
             throw LockboxError(.io, "The sync database refused a statement (\(reason)). Sync again later.")
         }
         var rows: [[Column?]] = []

@@ -23,7 +23,8 @@ extension SyncGroup {
                 + "recorded it): it was removed, "
                 + "emptied, or put back from a copy. Syncing with it could take items left unchanged here for edits, and undo "
                 + "changes made on the other devices, so nothing was synced. The keychain's items are not affected. Run "
-                + "`lockbox sync reset` to rebuild the state from the group.")
+                + "`lockbox sync reset` to rebuild the state from the group: for the items the group holds, its versions then "
+                + "replace this keychain's, so a change made here since the last sync is not sent.")
     }
 
     /// This device's mark of how far its state had pulled (``SyncPulledMark``).
@@ -50,21 +51,48 @@ extension SyncGroup {
                 + "`lockbox sync reset`, which rebuilds the state from the group and writes the record anew.")
     }
 
+    /// Refuses a reset of a state that opens, passes its checks (every bucket's MAC) and is not
+    /// behind this machine's record of its last pull: it needs none, and would lose the changes
+    /// made here since the last sync. A state that fails them (`errSecDecode`) goes on to the
+    /// reset; any other failure is thrown.
+    private func refuseResetOfSoundState() throws(LockboxError) {
+        let pending: Int
+        do {
+            let mark = pulledMark.read()
+            let state = try SyncState(path: statePath, device: device.id, key: device.stateKey)
+            try checkNotBehind(mark, state: state)
+            _ = try state.allEntries()
+            pending = try pendingChanges(state: state)
+        } catch where error.code == .decode {
+            return
+        }
+        throw LockboxError(
+            .param,
+            "This device's sync state is sound and not behind this machine's last pull: it needs no rebuilding, and "
+                + "`lockbox sync now` syncs. A reset would replace the \(pending) change\(pending == 1 ? "" : "s") made here since "
+                + "the last sync with the group's versions (a deleted item comes back); nothing was changed. To rebuild it anyway, "
+                + "add --discard-local-changes.")
+    }
+
     /// Rebuilds this device's sync state from the group, then syncs.
     ///
     /// For the items the group holds, the group's versions replace this keychain's (edits and
     /// deletes made here since the last sync are not sent: such an item takes the group's
     /// value, and one deleted here comes back); items the group does not hold are pushed as
-    /// new. Nothing is deleted on another device. The former state is removed, whatever it
-    /// holds: use this when a sync reports it damaged or older than this device's last pull.
+    /// new. Nothing is deleted on another device. The former state is removed: use this when a
+    /// sync reports it damaged or older than this device's last pull.
+    /// - Parameter discardingLocalChanges: rebuild a state that is neither damaged nor behind
+    ///   too, replacing the changes made here since the last sync; without it, such a state is
+    ///   refused (`errSecParam`, with the number of changes it would replace), nothing changed.
     /// - Throws: `notAvailable` when the database cannot be reached (nothing changed);
     ///   `interactionNotAllowed` when the vault is locked.
     @discardableResult
-    public func resetState() throws(LockboxError) -> Report {
+    public func resetState(discardingLocalChanges: Bool = false) throws(LockboxError) -> Report {
         try Self.requireUnlocked(vault, "Unlock it to rebuild the sync state: locked items cannot be read.")
         return try syncing.withLock { _ throws(LockboxError) -> Report in
             let lock = try SyncLock(statePath: statePath)
             defer { withExtendedLifetime(lock) {} }
+            if !discardingLocalChanges { try refuseResetOfSoundState() }
             let connection = try PostgresConnection(database)
             try SyncSchema.migrate(connection)
             try catchUpKeys(connection)

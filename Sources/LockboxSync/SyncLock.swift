@@ -2,12 +2,13 @@
 import Glibc
 #endif
 import LockboxCore
+import Synchronization
 
 /// An exclusive `flock(2)` on `VAULT.sync/GROUP.lock`, held for a whole sync: two processes
 /// syncing one vault with one group take turns instead of pushing and pulling the same changes
 /// side by side (which is safe, but repeats work). The kernel releases it when its holder dies,
 /// so a killed sync never blocks the next one.
-final class SyncLock {
+package final class SyncLock {
     private let descriptor: Int32
 
     /// Waits until no other process holds the lock of the state at `statePath`.
@@ -32,11 +33,27 @@ final class SyncLock {
         let directory = String(path[..<(path.lastIndex(of: "/") ?? path.startIndex)])
         if !directory.isEmpty { try SyncFiles.prepareDirectory(directory) }
         let descriptor = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
-        guard descriptor >= 0 else { throw LockboxError(.io, "Cannot open the sync lock \(path) (errno \(errno)).") }
-        while flock(descriptor, waiting ? LOCK_EX : LOCK_EX | LOCK_NB) != 0 {
-            if !waiting && errno == EWOULDBLOCK {
-                close(descriptor)
-                return nil
+        guard descriptor >= 0 else {
+            throw LockboxError(
+                .io, "Cannot open the sync lock \(path): \(String(cString: strerror(errno))). Fix it (a link there is refused; remove it), then try again.")
+        }
+        // (Its mode, narrowed: a lock file holds nothing, but the directory's files are private.)
+        var info = stat()
+        if fstat(descriptor, &info) == 0, info.st_mode & 0o077 != 0 { fchmod(descriptor, 0o600) }
+        var told = false
+        while flock(descriptor, LOCK_EX | LOCK_NB) != 0 {
+            if errno == EWOULDBLOCK {
+                if !waiting {
+                    close(descriptor)
+                    return nil
+                }
+                // Another process holds it: said once (the command line prints it), then waited for.
+                if !told, let notice = Self.waitingNotice.withLock({ $0 }) {
+                    notice("Waiting for another sync of this keychain to finish (it holds \(path)); a sync stopped with Ctrl-Z holds it until it is resumed or ended.")
+                }
+                told = true
+                if flock(descriptor, LOCK_EX) == 0 { break }
+                if errno == EINTR { continue }
             }
             guard errno == EINTR else {
                 let code = errno
@@ -46,6 +63,9 @@ final class SyncLock {
         }
         self.descriptor = descriptor
     }
+
+    /// Told, once, when a sync waits for another process's; the command line prints it.
+    package static let waitingNotice = Mutex<(@Sendable (String) -> Void)?>(nil)
 
     deinit {
         flock(descriptor, LOCK_UN)

@@ -24,7 +24,7 @@ let usage = """
            lockbox [--keychain PATH] sync remove-device DEVICE [--passphrase-stdin]
            lockbox [--keychain PATH] sync forget-damaged-deletions
            lockbox [--keychain PATH] sync recover
-           lockbox [--keychain PATH] sync reset
+           lockbox [--keychain PATH] sync reset [--discard-local-changes]
 
     Keeps the items marked synchronizable (and not ThisDeviceOnly) the same on several machines,
     end-to-end encrypted, through a PostgreSQL database (docs/SYNC.md). CONNINFO is a libpq
@@ -53,7 +53,9 @@ let usage = """
       older than this device's last pull (removed, emptied, put back from a copy); then it
       syncs. For the items the group holds, the group's versions replace this keychain's: edits
       and deletes made here since the last sync are not sent. Items the group does not hold
-      are sent as new. Nothing is deleted on the other devices.
+      are sent as new. Nothing is deleted on the other devices. A state that is neither damaged
+      nor behind is not rebuilt (sync now syncs it) unless --discard-local-changes is given,
+      which replaces the changes made here since the last sync.
     """
 
 enum SyncCommand {
@@ -65,7 +67,7 @@ enum SyncCommand {
     case removeDevice(String, passphrase: Bool)
     case forgetDamagedDeletions
     case recover
-    case reset
+    case reset(discardingLocalChanges: Bool)
     case help
 }
 
@@ -83,7 +85,7 @@ let optionsOfVerb: [String: Set<String>] = [
     "remove-device": ["--passphrase-stdin"],
     "forget-damaged-deletions": [],
     "recover": [],
-    "reset": [],
+    "reset": ["--discard-local-changes"],
 ]
 
 /// Arguments are named by their position after `sync` (the verb is 1), never by their text: a
@@ -111,6 +113,7 @@ func parse(_ arguments: [String]) throws(UsageProblem) -> (keychain: String?, co
     var passphrase = false
     var replacing = false
     var json = false
+    var discarding = false
     var minutes = 10
     var positional: [(text: String, position: Int)] = []
     var given: Set<String> = []
@@ -128,6 +131,7 @@ func parse(_ arguments: [String]) throws(UsageProblem) -> (keychain: String?, co
         case "--passphrase-stdin": passphrase = true
         case "--replace-group": replacing = true
         case "--json": json = true
+        case "--discard-local-changes": discarding = true
         case "--minutes":
             guard let number = Int(try value(option)), (1...1440).contains(number) else {
                 throw UsageProblem(message: "--minutes takes a number from 1 to 1440")
@@ -170,7 +174,7 @@ func parse(_ arguments: [String]) throws(UsageProblem) -> (keychain: String?, co
     case "status": return (keychain, .status(json: json))
     case "now": return (keychain, .now)
     case "recover": return (keychain, .recover)
-    case "reset": return (keychain, .reset)
+    case "reset": return (keychain, .reset(discardingLocalChanges: discarding))
     default: return (keychain, .forgetDamagedDeletions)
     }
 }
@@ -206,16 +210,36 @@ struct SyncConfiguration {
     static func path(vault: Vault) -> String { vault.path + ".sync/config" }
 
     static func load(vault: Vault) throws(LockboxError) -> SyncConfiguration {
-        guard let data = FileManager.default.contents(atPath: path(vault: vault)) else {
-            throw LockboxError(.itemNotFound, "This keychain is in no sync group. Create one with `lockbox sync create` or join one with `lockbox sync join`.")
+        let path = path(vault: vault)
+        guard let data = FileManager.default.contents(atPath: path) else {
+            // Only a configuration that is not there means no group: one this user cannot read
+            // (or a directory in its place) is reported as it is, not as "in no group", which
+            // would send the user to make a new one.
+            var info = stat()
+            if stat(path, &info) != 0 && errno == ENOENT {
+                throw LockboxError(.itemNotFound, "This keychain is in no sync group. Create one with `lockbox sync create` or join one with `lockbox sync join`.")
+            }
+            throw LockboxError(
+                .io,
+                "Cannot read the sync configuration \(path) (its permissions or its directory's, or not a file). Give the file and its "
+                    + "directory back to this user (chown; mode 0600 for the file, 0700 for the directory), then try again.")
         }
+        try? SyncFiles.narrowIfPresent(path)
         var fields: [String: String] = [:]
         for line in String(decoding: data, as: UTF8.self).split(separator: "\n") {
             guard let equals = line.firstIndex(of: "=") else { continue }
             fields[String(line[..<equals])] = String(line[line.index(after: equals)...])
         }
-        guard let group = fields["group"], let database = fields["database"] else {
-            throw LockboxError(.decode, "The sync configuration \(path(vault: vault)) is damaged. Join the group again.")
+        guard let group = fields["group"], SyncGroup.isGroupIdentifier(group), let database = fields["database"] else {
+            throw LockboxError(
+                .decode,
+                "The sync configuration \(path) is damaged. Join the group again with `lockbox sync join GROUP --database "
+                    + "CONNINFO --replace-group` (`lockbox sync status` on another device shows the group).")
+        }
+        do {
+            try checkConnectionString(database)
+        } catch {
+            throw LockboxError(.decode, "The sync configuration \(path) was edited: \(error.message). Fix its database= line.")
         }
         return SyncConfiguration(group: group, database: database)
     }
@@ -239,9 +263,11 @@ func openVault(_ keychain: String?) throws(LockboxError) -> Vault {
     return vault
 }
 
+/// A passphrase or pairing code: from the terminal, or the first line of standard input (as
+/// `lockbox init --passphrase-stdin` reads one).
 func readSecret(_ prompt: String) throws(LockboxError) -> SecretBytes {
     if SecretInput.standardInputIsTerminal { return try SecretInput.prompt(prompt) }
-    return try SecretInput.readSecret(raw: false, limit: SecretInput.passphraseLimit)
+    return SecretInput.splitLine(try SecretInput.readAll(limit: SecretInput.passphraseLimit)).line
 }
 
 /// A new group passphrase: asked twice on a terminal, so that a typo does not become a
@@ -361,10 +387,11 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
         let report = try SyncGroup(configuration.group, vault: vault, database: configuration.database).sync()
         streams.print("pushed \(report.pushed), pulled \(report.pulled), superseded \(report.superseded)")
         return .success
-    case .reset:
+    case .reset(let discarding):
         let vault = try openVault(keychain)
         let configuration = try SyncConfiguration.load(vault: vault)
-        let report = try SyncGroup(configuration.group, vault: vault, database: configuration.database).resetState()
+        let report = try SyncGroup(configuration.group, vault: vault, database: configuration.database)
+            .resetState(discardingLocalChanges: discarding)
         streams.print("rebuilt this device's sync state from the group; pushed \(report.pushed), pulled \(report.pulled)")
         return .success
     case .recover:
@@ -408,7 +435,7 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
         try SyncGroup.requireUnlocked(vault, "Unlock it to remove a device.")
         let passphrase = withPassphrase ? try readNewPassphrase("New group passphrase: ") : nil
         try group.removeDevice(device, newPassphrase: passphrase)
-        streams.print("removed \(device); the group key is now at epoch \(group.keyEpoch)")
+        streams.print("removed \(shown(device)); the group key is now at epoch \(group.keyEpoch)")
         // Best effort: the removal is done whatever this finds.
         if let sessions = try? group.signedInFleetSessions(), sessions > 0 {
             streams.print(
@@ -491,6 +518,9 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
         return .success
     }
 }
+
+// A sync that waits for another process's says so (on standard error), once.
+SyncLock.waitingNotice.withLock { $0 = { streams.error("lockbox sync: " + $0) } }
 
 let status: ExitStatus
 do {

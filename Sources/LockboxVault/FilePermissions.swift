@@ -51,6 +51,7 @@ package enum FilePermissions {
         }
         try checkDirectory(directory, info)
         var identities: [String: Identity] = [:]
+        var keychainWritable = false
         for file in files {
             let name = file.lastIndex(of: "/").map { String(file[file.index(after: $0)...]) } ?? file
             // fstatat, not open: closing a descriptor of a file would drop every POSIX lock this
@@ -75,6 +76,14 @@ package enum FilePermissions {
                 throw LockboxError(
                     .io,
                     "\(file) is readable or writable by other users (mode \(String(mode, radix: 8))). Fix it with: chmod 600 '\(file)'")
+            }
+            // A log or shared-memory file SQLite made while the keychain was read-only (it gives
+            // them the keychain's mode) stays read-only once the keychain is writable again, and
+            // every write then fails naming the keychain: given the keychain's owner mode back.
+            if file == files.first {
+                keychainWritable = mode & 0o200 != 0
+            } else if keychainWritable, mode & 0o600 != 0o600 {
+                fchmodat(directoryDescriptor, name, 0o600, 0)
             }
             identities[file] = Identity(fileInfo)
         }

@@ -43,6 +43,26 @@ struct FileTests {
         _ = try Vault.open(at: fixture.path)
     }
 
+    @Test("a log or shared-memory file left read-only (made while the keychain was) is given mode 0600 once the keychain is writable, never while it is read-only")
+    func readOnlyLogFiles_areGivenBackWriteAccess() throws {
+        let fixture = try VaultFixture()
+        func mode(_ path: String) -> Int? { (try? FileManager.default.attributesOfItem(atPath: path))?[.posixPermissions] as? Int }
+        let logs = [fixture.path + "-wal", fixture.path + "-shm"]
+        for log in logs {
+            #expect(FileManager.default.fileExists(atPath: log))
+            chmod(log, 0o400)
+        }
+        chmod(fixture.path, 0o400)
+        let readOnly = try fixture.reopen()
+        for log in logs { #expect(mode(log) == 0o400, "\(log) widened while the keychain is read-only") }
+        withExtendedLifetime(readOnly) {}
+        chmod(fixture.path, 0o600)
+        let reopened = try fixture.reopen()
+        for log in logs { #expect(mode(log) == 0o600, "\(log)") }
+        try reopened.unlock(passphrase: fixture.passphrase)
+        try reopened.add(Item.genericPassword(service: "after.example", account: "a", data: SecretBytes(utf8: "v")))
+    }
+
     @Test("opening a missing vault is errSecNoSuchKeychain and names `lockbox init`")
     func missingVault_throwsNoSuchKeychain() throws {
         let directory = TemporaryDirectory()
