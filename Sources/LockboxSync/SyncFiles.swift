@@ -47,9 +47,16 @@ package enum SyncFiles {
 
     /// Narrows an existing file at `path` (a database's log or shared memory, kept between
     /// connections) to mode 0600; nothing when there is none.
+    /// A link or anything but a file there is refused, naming it (a database would refuse it
+    /// in words that name the file it belongs to).
     package static func narrowIfPresent(_ path: String) throws(LockboxError) {
         var info = stat()
-        guard lstat(path, &info) == 0, info.st_mode & S_IFMT == S_IFREG, info.st_mode & 0o077 != 0 else { return }
+        guard lstat(path, &info) == 0 else { return }
+        guard info.st_mode & S_IFMT == S_IFREG else {
+            throw LockboxError(
+                .io, "\(path) is a link or not a regular file; Lockbox uses only a file of its own there. Remove it, then try again (the keychain's items are not affected).")
+        }
+        guard info.st_mode & 0o077 != 0 else { return }
         if chmod(path, 0o600) != 0 {
             throw LockboxError(.io, "Cannot make \(path) private to this user (mode 0600). Fix its permissions, then try again.")
         }

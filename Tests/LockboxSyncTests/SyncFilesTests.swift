@@ -75,6 +75,28 @@ extension SyncTests {
             #expect(!FileManager.default.fileExists(atPath: elsewhere))
         }
 
+        @Test("A state's log or shared memory replaced by a link is refused in words that name it, not the keychain, and the sync goes on once it is removed")
+        func linkedStateLogRefusedByName() throws {
+            let (groups, machines) = try threeMachines()
+            defer { withExtendedLifetime(machines) {} }
+            try groups[0].sync()
+            let elsewhere = TemporaryDirectory("lockbox-sync-link").file("elsewhere")
+            for suffix in ["-wal", "-shm"] {
+                let companion = groups[0].statePath + suffix
+                // (The log may hold the last commits: put back as it was afterwards.)
+                let kept = try? Data(contentsOf: URL(fileURLWithPath: companion))
+                try? FileManager.default.removeItem(atPath: companion)
+                try FileManager.default.createSymbolicLink(atPath: companion, withDestinationPath: elsewhere)
+                let error = #expect(throws: LockboxError.self) { try groups[0].sync() }
+                #expect(error?.code == .io)
+                #expect(error?.message.contains(companion) == true && error?.message.contains("cannot be opened") == false, "\(error?.message ?? "")")
+                #expect(!FileManager.default.fileExists(atPath: elsewhere))
+                try FileManager.default.removeItem(atPath: companion)
+                if let kept { try kept.write(to: URL(fileURLWithPath: companion)) }
+                try groups[0].sync()
+            }
+        }
+
         @Test("A join whose sync directory cannot be written fails before it uses up the pairing code, which then joins once fixed")
         func joinKeepsTheCodeWhenItCannotSave() throws {
             let database = try testDatabase()
