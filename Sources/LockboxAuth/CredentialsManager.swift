@@ -46,7 +46,12 @@ public actor CredentialsManager {
     /// while it is unchanged.
     private var sessionProofsGeneration = 0
     /// Set only when persisting a rotated token failed: the session goes on in memory.
-    private var memoryOnlyRefreshToken: SecretBytes?
+    private var memoryOnlyRefreshToken: SecretBytes? {
+        didSet { if memoryOnlyRefreshToken == nil { memoryOnlyReplaced = nil } }
+    }
+    /// While ``memoryOnlyRefreshToken`` is set: the stored token it replaced, which the store
+    /// still holds (used up at the server) unless someone stored another since.
+    private var memoryOnlyReplaced: SecretBytes?
     private var lastRefreshTokenFingerprint: String?
     /// Why this manager signed out, so later calls report the same reason.
     private var signOutReason: SignOutReason?
@@ -533,15 +538,20 @@ public actor CredentialsManager {
         case .oauthError(_, let error, _) where error == "invalid_grant" || error == "invalid_client":
             let reason: SignOutReason = error == "invalid_grant" ? .refreshTokenRejected : .clientRejected
             emit(.refreshFailed, error, fingerprint)
-            // The store cleared only while it still holds the token the server rejected: one
-            // stored meanwhile (rotated by a holder of a lock this one took after it was lost,
-            // or a sign-in) is tried once instead, and never erased unasked.
-            if error == "invalid_grant", memoryOnlyRefreshToken == nil, !retried,
-                let stored = try? await tokenStore.refreshToken(), stored != refreshToken
-            {
+            // The store is cleared only while it still holds what it held when this token was
+            // presented (the token itself, or for one kept in memory only, the stored one it
+            // replaced): a token stored meanwhile (rotated by a holder of a lock this one took
+            // after it was lost, or a new sign-in) is never erased unasked, and is tried once
+            // instead. A store that cannot be read is not cleared either.
+            let expected = memoryOnlyRefreshToken == nil ? refreshToken : memoryOnlyReplaced
+            let current: SecretBytes??
+            do { current = .some(try await tokenStore.refreshToken()) } catch { current = nil }
+            if error == "invalid_grant", !retried, let expected, case let stored?? = current, stored != expected, stored != refreshToken {
+                memoryOnlyRefreshToken = nil
                 return try await refresh(lock: lock, retried: true)
             }
-            await signOutLocally(reason, clearStore: stored(isStill: refreshToken))
+            let stillHeld = expected != nil && current.map { $0 != nil && $0 == expected } == true
+            await signOutLocally(reason, clearStore: stillHeld)
             throw .signedOut(reason)
         case .oauthError(let status, let error, let retryAfter):
             emit(.refreshFailed, error, fingerprint)
@@ -577,6 +587,8 @@ public actor CredentialsManager {
             } catch {
                 // Keep the session in memory; never write the token anywhere weaker.
                 persisted = false
+                // The store still holds the token first kept in memory only replaced.
+                if memoryOnlyRefreshToken == nil { memoryOnlyReplaced = used }
                 memoryOnlyRefreshToken = rotated
                 // Other processes hold the used-up token: they must not go on from a cached
                 // access token as if the session were intact.
@@ -597,14 +609,6 @@ public actor CredentialsManager {
         emit(.refreshSucceeded, response.refreshToken == nil ? "not_rotated" : "rotated", credentials.fingerprint)
         if memoryOnlyRefreshToken == nil { await shareInCache(credentials) }
         return credentials
-    }
-
-    /// Whether the store still holds `token` (or cannot tell): a rejected token is cleared from
-    /// the store only then.
-    private func stored(isStill token: SecretBytes) async -> Bool {
-        guard memoryOnlyRefreshToken == nil else { return true }
-        guard let stored = try? await tokenStore.refreshToken() else { return true }
-        return stored == token
     }
 
     private func endSessionWithUnstorableToken(_ rotated: SecretBytes, error: LockboxError) async -> AuthError {

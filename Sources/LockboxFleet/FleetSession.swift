@@ -191,9 +191,9 @@ final class FleetLockHold: RefreshLockHold, @unchecked Sendable {
     }
 
     func presenting(within limit: Duration) async throws(AuthError) {
-        // Twice the request's limit (a DPoP nonce asks for a second request), and some margin
-        // for storing the rotated token.
-        let until = limit * 2 + .seconds(5)
+        // Twice the request's limit (a DPoP nonce asks for a second request), and the longest a
+        // store of the rotated token takes before it gives up (``SyncGroup/fleetStoreBound``).
+        let until = limit * 2 + SyncGroup.fleetStoreBound
         do {
             try await BlockingCall.run { [self] () throws(LockboxError) in
                 try group.markRefreshInFlight(connection, session: session, for: until)
@@ -205,6 +205,27 @@ final class FleetLockHold: RefreshLockHold, @unchecked Sendable {
     }
 
     deinit {
-        if marked.withLock({ $0 }) { group.endRefreshInFlight(connection, session: session) }
+        guard marked.withLock({ $0 }) else { return }
+        // Ended on a thread of its own, never on the caller's (a Swift concurrency thread: a
+        // connection that stopped answering would hold it): the lock is released when that
+        // thread closes the connection, once the record is ended (or the statement failed).
+        let release = Release(group: group, session: session, connection: connection)
+        Thread.detachNewThread { release.run() }
+    }
+
+    /// What a released hold still does: end its record, then close the connection.
+    private final class Release: @unchecked Sendable {
+        let group: SyncGroup
+        let session: String
+        var connection: PostgresConnection?
+
+        init(group: SyncGroup, session: String, connection: PostgresConnection) {
+            (self.group, self.session, self.connection) = (group, session, connection)
+        }
+
+        func run() {
+            if let connection { group.endRefreshInFlight(connection, session: session) }
+            connection = nil
+        }
     }
 }

@@ -28,7 +28,7 @@ extension SyncGroup {
     /// A connection with this device at the group's current key epoch.
     package func fleetConnection() throws(LockboxError) -> PostgresConnection {
         let connection = try PostgresConnection(database)
-        try SyncSchema.migrate(connection)
+        try SyncSchema.migrate(connection, acceptingNewer: true)
         try catchUpKeys(connection)
         return connection
     }
@@ -149,6 +149,9 @@ extension SyncGroup {
         for _ in 0..<3 {
             let keys = self.keys
             let written = try connection.transaction { () throws(LockboxError) -> Int64? in
+                // A refresh token's store waits for the group row (a push holds it) no longer than
+                // a refresh in flight is waited for (``fleetStoreBound``).
+                if field == .refreshToken { try connection.execute("SET LOCAL lock_timeout = '\(Self.fleetStoreLockWait)s'") }
                 let group = try connection.execute(
                     "SELECT key_epoch, \(Self.fleetClock) FROM lockbox_sync_groups WHERE group_id = $1 FOR SHARE", [.text(groupID)])
                 guard let epoch = group.first else {
@@ -229,11 +232,19 @@ extension SyncGroup {
             SELECT set_config('tcp_keepalives_idle', '20', false), set_config('tcp_keepalives_interval', '10', false),
                 set_config('tcp_keepalives_count', '3', false), set_config('tcp_user_timeout', '60000', false)
             """)
-        try SyncSchema.migrate(connection)
+        try SyncSchema.migrate(connection, acceptingNewer: true)
         try connection.execute("SELECT pg_advisory_lock($1)", [.integer(Self.fleetLockKey(session))])
         try awaitRefreshInFlight(connection, session: session)
         return connection
     }
+
+    /// How long a refresh token's store waits for the group's row, in seconds.
+    static let fleetStoreLockWait = 10
+
+    /// What a record of a refresh in flight allows beyond the token requests, for storing the
+    /// rotated token: a connection (10 s unless the connection string says otherwise), a wait
+    /// for the group's row (``fleetStoreLockWait``), the statements, and room to spare.
+    package static let fleetStoreBound: Duration = .seconds(30)
 
     /// The longest a lock's new holder waits on a refresh in flight, whatever the record says
     /// (an edited one cannot stop the fleet for longer).

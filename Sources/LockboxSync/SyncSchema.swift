@@ -97,12 +97,16 @@ enum SyncSchema {
     /// Only `creating` (a group being created) makes the tables in a database that has none:
     /// anything else (a status, a sync, a join) pointed at a database without them is an error
     /// that changes nothing there (a mistyped `dbname=` is not filled with tables).
-    static func migrate(_ connection: PostgresConnection, creating: Bool = false) throws(LockboxError) {
+    /// - Parameter acceptingNewer: a schema newer than this code is taken as it is (a fleet
+    ///   session's reads, stores and lock, whose table later versions keep as they are), not
+    ///   refused (a sync's records and heads).
+    static func migrate(_ connection: PostgresConnection, creating: Bool = false, acceptingNewer: Bool = false) throws(LockboxError) {
         // Current already (every sync but the first after an upgrade): one query, no lock, no
         // DDL. Anything else (no table yet, an older or newer version, an error) takes the
         // locked path, which says what is wrong.
         if let rows = try? connection.execute("SELECT coalesce(max(version), 0) FROM lockbox_sync_schema"),
-            let version = try? PostgresConnection.integer(rows.first?.first ?? nil), Int(version) == currentVersion
+            let version = try? PostgresConnection.integer(rows.first?.first ?? nil),
+            Int(version) == currentVersion || acceptingNewer && Int(version) > currentVersion
         {
             return
         }
@@ -120,6 +124,7 @@ enum SyncSchema {
             try connection.execute("CREATE TABLE IF NOT EXISTS lockbox_sync_schema (version integer NOT NULL)")
             let rows = try connection.execute("SELECT coalesce(max(version), 0) FROM lockbox_sync_schema")
             let version = Int(try PostgresConnection.integer(rows.first?.first ?? nil))
+            if acceptingNewer && version > currentVersion { return }
             guard version <= currentVersion else {
                 throw LockboxError(
                     .unimplemented,

@@ -9,6 +9,9 @@ import Testing
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
+#if canImport(Glibc)
+import Glibc
+#endif
 
 @testable import LockboxFleet
 @testable import LockboxSync
@@ -35,6 +38,7 @@ private final class StrictTokenEndpoint: HTTPTransport, @unchecked Sendable {
     }
 
     func release() { state.withLock { $0.released = true } }
+    func reject(_ token: String) { _ = state.withLock { $0.rejected.insert(token) } }
     var presented: [String] { state.withLock { $0.presented } }
     var reuse: Int { state.withLock { $0.reuse } }
 
@@ -66,6 +70,24 @@ private final class StrictTokenEndpoint: HTTPTransport, @unchecked Sendable {
         let json = #"{"access_token":"at-\#(number)","token_type":"Bearer","expires_in":3600,"refresh_token":"rt-\#(number)"}"#
         return (Data(json.utf8), HTTPURLResponse(url: url, statusCode: 200, httpVersion: "HTTP/1.1", headerFields: headers)!)
     }
+}
+
+/// The fleet's store, whose saves fail while `failing` (the database unreachable for a moment).
+private final class FailingSaves: TokenStore, @unchecked Sendable {
+    let inner: FleetTokenStore
+    let failing = Mutex(false)
+    init(_ inner: FleetTokenStore) { self.inner = inner }
+    func refreshToken() async throws(LockboxError) -> SecretBytes? { try await inner.refreshToken() }
+    func saveRefreshToken(_ token: SecretBytes) async throws(LockboxError) {
+        if failing.withLock({ $0 }) { throw LockboxError(.io, "The sync database cannot be reached (test).") }
+        try await inner.saveRefreshToken(token)
+    }
+    func clearCredentials() async throws(LockboxError) { try await inner.clearCredentials() }
+    func hasCredentials() async throws(LockboxError) -> Bool { try await inner.hasCredentials() }
+}
+
+private func outcomeAsync<T>(_ body: () async throws -> T) async -> Result<T, any Error> {
+    do { return .success(try await body()) } catch { return .failure(error) }
 }
 
 private func opened(_ value: (secret: SecretBytes, details: [UInt8])?) -> String? {
@@ -156,7 +178,13 @@ extension SyncTests {
             try await hold?.presenting(within: .seconds(30))
             #expect(try inFlight(groups[0], session).map { $0 > 60_000 } == true)
             hold = nil
-            #expect(try inFlight(groups[0], session) == nil)
+            // (Ended by a thread of the hold's own, just after its release.)
+            var ended = false
+            for _ in 0..<100 where !ended {
+                ended = try inFlight(groups[0], session) == nil
+                if !ended { try await Task.sleep(for: .milliseconds(20)) }
+            }
+            #expect(ended)
             // A holder that stopped with its record set (its connection gone with it).
             let stopped = try await fleet.refreshLock.acquire(for: fleet.key)
             try PostgresConnection(try testDatabase()).execute(
@@ -257,6 +285,153 @@ extension SyncTests {
             let read = outcome { try opened(groups[0].readFleet(try groups[0].fleetConnection(), session: session, field: .accessToken)) }
             #expect((try? read.get()) == nil, "served \(read)")
             #expect(((try? read.get()) ?? nil) != "access-removed")
+        }
+
+        @Test("A token kept in memory only (its store failed), then rejected: a newer sign-in stored meanwhile by another machine is kept")
+        func memoryOnlyRejectionKeepsANewerSignIn() async throws {
+            let (groups, machines) = try threeMachines()
+            defer { withExtendedLifetime(machines) {} }
+            let fleets = groups.map { FleetSession(group: $0, key: CredentialKey(configuration: configuration)) }
+            try await fleets[0].tokenStore.saveRefreshToken(SecretBytes(utf8: "rt-0"))
+            let endpoint = StrictTokenEndpoint()
+            let store = FailingSaves(fleets[0].tokenStore)
+            store.failing.withLock { $0 = true }
+            let manager = CredentialsManager(
+                configuration: configuration, tokenStore: store, transport: endpoint, accessTokenCache: fleets[0].accessTokenCache,
+                refreshLock: fleets[0].refreshLock)
+            _ = try await manager.credentials()
+            #expect(await manager.isPersistentSignInDisabled)
+            store.failing.withLock { $0 = false }
+            endpoint.reject("rt-1")
+            try await fleets[1].tokenStore.saveRefreshToken(SecretBytes(utf8: "rt-signin"))
+            // The memory-only rt-1 is rejected; the store now holds another than the one it
+            // replaced: that one is tried, and kept.
+            let credentials = try await manager.credentials(minTTL: .seconds(7200))
+            #expect(endpoint.presented == ["rt-0", "rt-1", "rt-signin"])
+            #expect(credentials.accessToken == SecretBytes(utf8: "at-3"))
+            #expect(try await fleets[2].tokenStore.refreshToken() == SecretBytes(utf8: "rt-3"))
+            // A memory-only token rejected while the store still holds the one it replaced:
+            // that used-up one is cleared, as before.
+            store.failing.withLock { $0 = true }
+            _ = try await manager.credentials(minTTL: .seconds(7200))
+            store.failing.withLock { $0 = false }
+            endpoint.reject("rt-4")
+            let signedOut = await #expect(throws: AuthError.self) { try await manager.credentials(minTTL: .seconds(7200)) }
+            #expect(signedOut?.code == .signedOut)
+            #expect(try await fleets[2].tokenStore.refreshToken() == nil)
+        }
+
+        @Test("A holder whose lock was lost and whose store of the rotated token waits for the group row (a push holds it): the next holder still waits for the rotated token")
+        func slowStoreIsWaitedFor() async throws {
+            let (groups, machines) = try threeMachines()
+            defer { withExtendedLifetime(machines) {} }
+            let quick = ClientConfiguration(
+                issuer: URL(string: "https://auth.example")!, clientID: "fleet-fencing-quick", tokenEndpoint: URL(string: "https://auth.example/token")!,
+                requestLimits: RequestLimits(deadline: .seconds(1)))
+            let fleets = groups.map { FleetSession(group: $0, key: CredentialKey(configuration: quick)) }
+            try await fleets[0].tokenStore.saveRefreshToken(SecretBytes(utf8: "rt-0"))
+            final class Holder: @unchecked Sendable { var push: PostgresConnection? }
+            let holder = Holder()
+            let ready = Mutex(false)
+            let groupID = groups[0].groupID
+            let endpoint = StrictTokenEndpoint { token in
+                guard token == "rt-0", !ready.withLock({ $0 }) else { return }
+                // A push holds the group row, and the first holder's lock's connection ends.
+                let push = try! PostgresConnection(try! testDatabase())
+                try! push.execute("BEGIN")
+                try! push.execute("SELECT 1 FROM lockbox_sync_groups WHERE group_id = $1 FOR UPDATE", [.text(groupID)])
+                _ = try? endLockConnections()
+                holder.push = push
+                ready.withLock { $0 = true }
+            }
+            let managers = fleets.prefix(2).map {
+                CredentialsManager(
+                    configuration: quick, tokenStore: $0.tokenStore, transport: endpoint, accessTokenCache: $0.accessTokenCache,
+                    refreshLock: $0.refreshLock)
+            }
+            let first = Task { try await managers[0].credentials() }
+            var waited = 0
+            while !ready.withLock({ $0 }) && waited < 500 {
+                try await Task.sleep(for: .milliseconds(20))
+                waited += 1
+            }
+            // The push commits 8 s later: past 2 x the deadline + 5 s, within the store's wait.
+            let push = Task.detached {
+                try await Task.sleep(for: .seconds(8))
+                try holder.push?.execute("COMMIT")
+            }
+            let second = Task { try await managers[1].credentials() }
+            let secondResult = await second.result
+            try await push.value
+            let firstResult = await first.result
+            #expect(endpoint.reuse == 0, "presented: \(endpoint.presented); first: \(firstResult); second: \(secondResult)")
+            #expect((try? firstResult.get()) != nil && (try? secondResult.get()) != nil)
+        }
+
+        @Test("A database one migration ahead (a machine upgraded past this one): the fleet session goes on; a sync refuses it")
+        func fleetGoesOnWithANewerSchema() async throws {
+            let (groups, machines) = try threeMachines()
+            defer { withExtendedLifetime(machines) {} }
+            let fleet = FleetSession(group: groups[0], key: CredentialKey(configuration: configuration))
+            try await fleet.tokenStore.saveRefreshToken(SecretBytes(utf8: "rt-0"))
+            try PostgresConnection(try testDatabase()).execute("INSERT INTO lockbox_sync_schema (version) VALUES (\(SyncSchema.currentVersion + 1))")
+            defer {
+                _ = try? PostgresConnection(try testDatabase()).execute("DELETE FROM lockbox_sync_schema WHERE version > \(SyncSchema.currentVersion)")
+            }
+            let read = await outcomeAsync { try await fleet.tokenStore.refreshToken() }
+            #expect((try? read.get()) == SecretBytes(utf8: "rt-0"), "\(read)")
+            let lock = await outcomeAsync { try await fleet.refreshLock.acquire(for: fleet.key) }
+            #expect((try? lock.get()) != nil, "\(lock)")
+            let sync = #expect(throws: LockboxError.self) { try groups[0].sync() }
+            #expect(sync?.message.contains("newer than this Lockbox knows") == true)
+        }
+
+        @Test("A hold's release does not block the manager: a caller with a token in memory is served while the lock's connection stops answering")
+        func holdReleaseDoesNotBlockTheManager() async throws {
+            let (groups, machines) = try threeMachines()
+            defer { withExtendedLifetime(machines) {} }
+            let fleet = FleetSession(group: groups[0], key: CredentialKey(configuration: configuration))
+            try await fleet.tokenStore.saveRefreshToken(SecretBytes(utf8: "rt-0"))
+            let stopped = Mutex<Int32?>(nil)
+            // As the token request goes out, the lock's connection stops answering.
+            let endpoint = StrictTokenEndpoint { _ in
+                guard let rows = try? PostgresConnection(try testDatabase()).execute(
+                    "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()"),
+                    let text = rows.first?[0], let pid = Int32(text)
+                else { return }
+                kill(pid, SIGSTOP)
+                stopped.withLock { $0 = pid }
+            }
+            let manager = CredentialsManager(
+                configuration: configuration, tokenStore: fleet.tokenStore, transport: endpoint,
+                accessTokenCache: fleet.accessTokenCache, refreshLock: fleet.refreshLock)
+            let first = Task { try await manager.credentials() }
+            var waited = 0
+            while stopped.withLock({ $0 }) == nil && waited < 500 {
+                try await Task.sleep(for: .milliseconds(20))
+                waited += 1
+            }
+            let pid = try #require(stopped.withLock { $0 })
+            defer { kill(pid, SIGCONT) }
+            // The rotated token is stored (on a connection of its own).
+            var stored: SecretBytes?
+            for _ in 0..<50 {
+                stored = try await fleet.tokenStore.refreshToken()
+                if stored == SecretBytes(utf8: "rt-1") { break }
+                try await Task.sleep(for: .milliseconds(100))
+            }
+            #expect(stored == SecretBytes(utf8: "rt-1"))
+            try await Task.sleep(for: .milliseconds(300))
+            let start = ContinuousClock.now
+            let probe = Task { () -> Duration in
+                _ = try await manager.credentials()
+                return ContinuousClock.now - start
+            }
+            try await Task.sleep(for: .seconds(4))
+            kill(pid, SIGCONT)
+            let took = try await probe.value
+            _ = try await first.value
+            #expect(took < .seconds(2), "a caller with a token in memory waited \(took) on the hold's release")
         }
     }
 }
