@@ -26,6 +26,7 @@ public protocol RefreshLockHold: AnyObject, Sendable {
 }
 
 extension RefreshLockHold {
+    /// Does nothing: a lock lost only with its holder's process (an `flock`) needs no check.
     public func presenting(within limit: Duration) async throws(AuthError) {}
 }
 
