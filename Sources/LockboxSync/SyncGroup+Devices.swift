@@ -126,6 +126,9 @@ extension SyncGroup {
         /// False when its public key's attestation fails with the current key: a row this
         /// group's devices did not write (never granted a key).
         public var isAttested: Bool
+        /// The public key whose attestation was checked, when it passed: the only key a
+        /// removal seals the next epoch's grant to (read with the attestation, in one row).
+        var attestedKey: [UInt8]? = nil
     }
 
     /// The attestation of a device's public key: a MAC with the epoch's device key.
@@ -156,13 +159,14 @@ extension SyncGroup {
             """, [.text(groupID)]
         ).map { row throws(LockboxError) -> Device in
             let id = row[0] ?? ""
-            let attested: Bool
+            var attestedKey: [UInt8]?
             if let key = row[3], let mac = row[4] {
-                attested = try PostgresConnection.bytes(mac) == attestation(id, try PostgresConnection.bytes(key), keys: keys)
-            } else {
-                attested = false
+                let publicKey = try PostgresConnection.bytes(key)
+                if SyncHead.equal(try PostgresConnection.bytes(mac), attestation(id, publicKey, keys: keys)) { attestedKey = publicKey }
             }
-            return Device(id: id, pulledVersion: try PostgresConnection.integer(row[1]), lastSync: row[2], isAttested: attested)
+            return Device(
+                id: id, pulledVersion: try PostgresConnection.integer(row[1]), lastSync: row[2], isAttested: attestedKey != nil,
+                attestedKey: attestedKey)
         }
     }
 
@@ -285,20 +289,28 @@ extension SyncGroup {
                 guard listed.contains(where: { $0.id == deviceID }) else {
                     throw LockboxError(.itemNotFound, "The sync group has no device of that identifier (not shown, in case it is a secret). `lockbox sync status` lists its devices.")
                 }
-                let keyRows = try connection.execute(
-                    "SELECT device_id, public_key FROM lockbox_sync_devices WHERE group_id = $1", [.text(groupID)])
-                for keyRow in keyRows {
-                    guard let id = keyRow[0], id != deviceID, listed.first(where: { $0.id == id })?.isAttested == true else { continue }
-                    let publicKey = try PostgresConnection.bytes(keyRow[1])
+                // Each grant is sealed to the key whose attestation was checked in the same row
+                // (never to one read again: the database could answer a second read with a key of
+                // its own, and so be granted the new key), this device's own to the key it holds.
+                // One identifier listed twice (a primary key the database dropped) is refused.
+                guard Set(listed.map(\.id)).count == listed.count else {
+                    throw LockboxError.syncDatabase("The device list of the sync database")
+                }
+                for listedDevice in listed where listedDevice.id != deviceID {
+                    let id = listedDevice.id
+                    guard let publicKey = id == device.id ? device.publicKey : listedDevice.attestedKey else { continue }
                     try connection.execute(
                         "INSERT INTO lockbox_sync_key_grants (group_id, device_id, epoch, sealed_key) VALUES ($1, $2, $3, $4)",
                         [.text(groupID), .text(id), .integer(new.epoch), .bytes(grant(new, to: id, publicKey: publicKey, under: old))])
+                    // The key written back with its attestation: a row changed since it was read
+                    // is attested for the key checked, not for what it holds now.
                     try connection.execute(
-                        "UPDATE lockbox_sync_devices SET attestation = $3 WHERE group_id = $1 AND device_id = $2",
-                        [.text(groupID), .text(id), .bytes(attestation(id, publicKey, keys: new))])
+                        "UPDATE lockbox_sync_devices SET public_key = $3, attestation = $4 WHERE group_id = $1 AND device_id = $2",
+                        [.text(groupID), .text(id), .bytes(publicKey), .bytes(attestation(id, publicKey, keys: new))])
                 }
                 // Unattested rows (never granted a key) go with the removed device.
-                for listedDevice in listed where listedDevice.id == deviceID || !listedDevice.isAttested {
+                // (This device's own row is attested anew above, whatever the database made of it.)
+                for listedDevice in listed where listedDevice.id == deviceID || !listedDevice.isAttested && listedDevice.id != device.id {
                     try connection.execute(
                         "DELETE FROM lockbox_sync_devices WHERE group_id = $1 AND device_id = $2", [.text(groupID), .text(listedDevice.id)])
                     try connection.execute(

@@ -204,14 +204,23 @@ struct SealedValueRecord: Sendable {
         record = SyncRecord(stamp: stamp, item: Item(itemClass, attributes: attributes), contentDigest: digest)
     }
 
-    /// The record with its value opened.
+    /// The record with its value opened, checked against the content digest its metadata
+    /// holds. The two boxes are sealed apart (the value stays sealed until it is written), so
+    /// the database could otherwise serve the metadata without its value box, or with the value
+    /// box of another write of the same version (one sealed before a restore or in a fork):
+    /// either gives an item whose content is not the one its writer digested, and is refused.
     func opened(keys: SyncKeys) throws(LockboxError) -> SyncRecord {
-        guard let valueBox, record.item != nil else { return record }
-        guard let value = try? Crypto.open(valueBox, key: keys.sealing, associatedData: associated + [1]) else {
+        guard record.item != nil else { return record }
+        var record = record
+        if let valueBox {
+            guard let value = try? Crypto.open(valueBox, key: keys.sealing, associatedData: associated + [1]) else {
+                throw LockboxError.syncDatabase()
+            }
+            record.item?.data = value
+        }
+        guard let item = record.item, SyncHead.equal(SyncRecord.contentDigest(item, keys: keys), record.contentDigest) else {
             throw LockboxError.syncDatabase()
         }
-        var record = record
-        record.item?.data = value
         return record
     }
 }
