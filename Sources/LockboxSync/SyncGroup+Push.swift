@@ -469,9 +469,13 @@ extension SyncGroup {
         guard try PostgresConnection.integer(counted.first?[0] ?? nil) <= max(head.counter - from, 0) else {
             throw LockboxError.syncDatabase("The records of the sync database (more than its versions)")
         }
+        // At most one row more than the versions: rows the database adds between the count and
+        // this fetch (two statements, two snapshots) cost no more memory than that.
+        let versions = max(head.counter - from, 0)
         let rows = try connection.executeBinary(
-            "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 AND version > $2",
-            [.text(groupID), .integer(from)])
+            "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 AND version > $2 ORDER BY version LIMIT $3",
+            [.text(groupID), .integer(from), .integer(versions + 1)])
+        guard rows.count <= versions else { throw LockboxError.syncDatabase("The records of the sync database (more than its versions)") }
         for record in try receive(rows, from: from, counter: head.counter, keys: keys) {
             if let known = try state.entry(record.id, after: pending), record.sealed.record.stamp < known.stamp { throw rolledBack() }
             var old = listed[record.id]
