@@ -456,7 +456,7 @@ public actor CredentialsManager {
     private func refreshUnderLock(minTTL: Duration?, rejecting rejected: String?) async throws(AuthError) -> Credentials {
         defer { refreshTask = nil }
         knownState = .refreshing
-        do {
+        do throws(AuthError) {
             let lock = try await acquireCrossProcessLock()
             defer { withExtendedLifetime(lock) {} }
             let advance = proofInAdvance()
@@ -464,7 +464,14 @@ public actor CredentialsManager {
             if memoryOnlyRefreshToken == nil, let cached = try await freshFromCache(minTTL: minTTL, rejecting: rejected) {
                 return cached
             }
-            return try await refresh(advance, lock: lock)
+            do throws(AuthError) {
+                let credentials = try await refresh(advance, lock: lock)
+                await lock?.ended()
+                return credentials
+            } catch {
+                await lock?.ended()
+                throw error
+            }
         } catch {
             // A sign-out or a locked store set their own state; any other failure keeps the
             // session as it was (the stored refresh token is untouched).

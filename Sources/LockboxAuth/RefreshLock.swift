@@ -23,11 +23,20 @@ public protocol RefreshLockHold: AnyObject, Sendable {
     /// nothing (an `flock` is lost only with its process).
     /// - Throws: when the lock is no longer held: nothing is presented.
     func presenting(within limit: Duration) async throws(AuthError)
+
+    /// Called by ``CredentialsManager`` once the refresh it holds the lock for has ended (its
+    /// rotated token stored, or the refresh failed), just before it lets the lock go: a lock
+    /// that recorded the refresh in flight ends that record here, so that the next holder does
+    /// not wait for it, even when this process exits at once. The default does nothing.
+    func ended() async
 }
 
 extension RefreshLockHold {
     /// Does nothing: a lock lost only with its holder's process (an `flock`) needs no check.
     public func presenting(within limit: Duration) async throws(AuthError) {}
+
+    /// Does nothing: an `flock` records nothing.
+    public func ended() async {}
 }
 
 extension FileLock: RefreshLockHold {}

@@ -306,7 +306,7 @@ package enum Help {
                        lockbox [--keychain PATH] sync remove-device DEVICE [--passphrase-stdin]
                        lockbox [--keychain PATH] sync forget-damaged-deletions
                        lockbox [--keychain PATH] sync recover
-                       lockbox [--keychain PATH] sync reset
+                       lockbox [--keychain PATH] sync reset [--discard-local-changes]
 
                 Keeps synchronizable items the same on several machines, end-to-end encrypted,
                 through a PostgreSQL database. Pairing codes and passphrases are read from standard

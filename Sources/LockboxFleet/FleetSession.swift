@@ -204,7 +204,16 @@ final class FleetLockHold: RefreshLockHold, @unchecked Sendable {
         marked.withLock { $0 = true }
     }
 
+    func ended() async {
+        guard marked.withLock({ $0 }) else { return }
+        // Off the caller's thread, and given up after a few seconds if the connection stopped
+        // answering (the record then ends at its time).
+        await BlockingCall.run { [self] () in group.endRefreshInFlight(connection, session: session) }
+        marked.withLock { $0 = false }
+    }
+
     deinit {
+        // A refresh that did not end through ``ended()`` (cancelled, say).
         guard marked.withLock({ $0 }) else { return }
         // Ended on a thread of its own, never on the caller's (a Swift concurrency thread: a
         // connection that stopped answering would hold it): the lock is released when that

@@ -11,7 +11,7 @@ import Glibc
 package final class PostgresConnection {
     private let connection: OpaquePointer
     /// How long a statement waits for the server's reply (``defaultReplyTimeout``).
-    private let replyTimeout: Duration
+    private var replyTimeout: Duration
     /// Set once the server stopped answering: the connection is not used again.
     private var isClosed = false
 
@@ -338,6 +338,16 @@ package final class PostgresConnection {
 
     /// Runs one statement; the rows of its result, each column as text (nil for NULL).
     @discardableResult
+    /// ``execute(_:_:)``, waiting for the server's reply no longer than `limit` (a statement
+    /// that may be given up on).
+    package func execute(_ sql: String, _ parameters: [Value] = [], within limit: Duration) throws(LockboxError) -> [[String?]] {
+        let usual = replyTimeout
+        replyTimeout = limit
+        defer { replyTimeout = usual }
+        return try execute(sql, parameters)
+    }
+
+    @discardableResult
     package func execute(_ sql: String, _ parameters: [Value] = []) throws(LockboxError) -> [[String?]] {
         try run(sql, parameters, binary: false) { result, row, column in
             String(cString: PQgetvalue(result, row, column))
@@ -411,10 +421,10 @@ package final class PostgresConnection {
             if PQresultErrorField(result, Int32(UInt8(ascii: "C"))).map({ String(cString: $0) }) == "55P03" {
                 throw LockboxError(
                     .io,
-                    "Another device (or process) kept the sync group locked for longer than this sync waits (2 minutes, unless the "
-                        + "connection string sets lock_timeout): a sync, join or device removal in progress, or one stopped midway (the "
-                        + "database ends a stopped one after 2 minutes idle). Nothing was changed here; sync again later. If this keeps "
-                        + "happening, look for a stopped sync on the other devices.")
+                    "Another device (or process) kept the sync group locked for longer than this connection waits (2 minutes, unless "
+                        + "the connection string sets lock_timeout): a sync, join or device removal, or a fleet machine's token refresh, "
+                        + "in progress or stopped midway (the database ends a stopped sync after 2 minutes idle). Nothing was changed "
+                        + "here; try again later. If this keeps happening, look for a stopped sync on the other devices.")
             }
             throw LockboxError(.io, "The sync database refused a statement (\(reason)). Sync again later.")
         }

@@ -149,9 +149,6 @@ extension SyncGroup {
         for _ in 0..<3 {
             let keys = self.keys
             let written = try connection.transaction { () throws(LockboxError) -> Int64? in
-                // A refresh token's store waits for the group row (a push holds it) no longer than
-                // a refresh in flight is waited for (``fleetStoreBound``).
-                if field == .refreshToken { try connection.execute("SET LOCAL lock_timeout = '\(Self.fleetStoreLockWait)s'") }
                 let group = try connection.execute(
                     "SELECT key_epoch, \(Self.fleetClock) FROM lockbox_sync_groups WHERE group_id = $1 FOR SHARE", [.text(groupID)])
                 guard let epoch = group.first else {
@@ -238,12 +235,12 @@ extension SyncGroup {
         return connection
     }
 
-    /// How long a refresh token's store waits for the group's row, in seconds.
-    static let fleetStoreLockWait = 10
-
     /// What a record of a refresh in flight allows beyond the token requests, for storing the
-    /// rotated token: a connection (10 s unless the connection string says otherwise), a wait
-    /// for the group's row (``fleetStoreLockWait``), the statements, and room to spare.
+    /// rotated token: a connection (10 s unless the connection string says otherwise), the
+    /// statements, and a wait of some 20 s for the group's row (which a push holds while it
+    /// writes). A store that waits longer still succeeds (while the lock is held, nobody else
+    /// presents the token); only a holder that lost its lock as well then risks the next
+    /// holder presenting the token before it is stored.
     package static let fleetStoreBound: Duration = .seconds(30)
 
     /// The longest a lock's new holder waits on a refresh in flight, whatever the record says
@@ -276,10 +273,10 @@ extension SyncGroup {
     /// Ends this holder's record of a refresh in flight (the hold released): best effort, on the
     /// lock's connection, which holds the lock (a record the next holder then meets only ends
     /// at its time).
-    package func endRefreshInFlight(_ connection: PostgresConnection, session: String) {
+    package func endRefreshInFlight(_ connection: PostgresConnection, session: String, within limit: Duration = .seconds(5)) {
         _ = try? connection.execute(
             "UPDATE lockbox_fleet_sessions SET refresh_in_flight_until = NULL WHERE group_id = $1 AND session_id = $2 AND refresh_in_flight_until IS NOT NULL",
-            [.text(groupID), .text(session)])
+            [.text(groupID), .text(session)], within: limit)
     }
 
     /// Waits, holding the lock, while the session's record of a refresh in flight has not ended

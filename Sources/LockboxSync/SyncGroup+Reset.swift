@@ -53,17 +53,24 @@ extension SyncGroup {
 
     /// Refuses a reset of a state that opens, passes its checks (every bucket's MAC) and is not
     /// behind this machine's record of its last pull: it needs none, and would lose the changes
-    /// made here since the last sync. A state that fails them (`errSecDecode`) goes on to the
-    /// reset; any other failure is thrown.
+    /// made here since the last sync. A state that fails any of that (damaged, edited, behind,
+    /// of a format this build does not read) goes on to the reset; any other failure to list
+    /// the changes made here is thrown.
     private func refuseResetOfSoundState() throws(LockboxError) {
-        let pending: Int
+        let state: SyncState
         do {
             let mark = pulledMark.read()
-            let state = try SyncState(path: statePath, device: device.id, key: device.stateKey)
+            state = try SyncState(path: statePath, device: device.id, key: device.stateKey)
             try checkNotBehind(mark, state: state)
             _ = try state.allEntries()
+        } catch {
+            return
+        }
+        let pending: Int
+        do {
             pending = try pendingChanges(state: state)
         } catch where error.code == .decode {
+            // A bucket of rows found damaged only now: the state is not sound.
             return
         }
         throw LockboxError(

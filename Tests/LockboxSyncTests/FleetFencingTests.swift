@@ -29,12 +29,18 @@ private final class StrictTokenEndpoint: HTTPTransport, @unchecked Sendable {
         var released = false
         var rejected: Set<String> = []
     }
+    enum Mode: Sendable { case rotating, failing, notRotating }
     let state: Mutex<State>
     let arriving: (@Sendable (String) async -> Void)?
+    let mode: Mode
 
-    init(holdFirst: Bool = false, rejecting rejected: Set<String> = [], arriving: (@Sendable (String) async -> Void)? = nil) {
+    init(
+        holdFirst: Bool = false, rejecting rejected: Set<String> = [], mode: Mode = .rotating,
+        arriving: (@Sendable (String) async -> Void)? = nil
+    ) {
         state = Mutex(State(holdFirst: holdFirst, rejected: rejected))
         self.arriving = arriving
+        self.mode = mode
     }
 
     func release() { state.withLock { $0.released = true } }
@@ -52,7 +58,7 @@ private final class StrictTokenEndpoint: HTTPTransport, @unchecked Sendable {
         await arriving?(token)
         let (hold, refused, number) = state.withLock { state -> (Bool, Bool, Int) in
             state.presented.append(token)
-            let reused = !state.used.insert(token).inserted
+            let reused = mode == .rotating && !state.used.insert(token).inserted
             if reused { state.reuse += 1 }
             let hold = state.holdFirst
             state.holdFirst = false
@@ -64,6 +70,13 @@ private final class StrictTokenEndpoint: HTTPTransport, @unchecked Sendable {
         }
         let url = request.url!
         let headers = ["Content-Type": "application/json"]
+        if mode == .failing {
+            return (Data("{}".utf8), HTTPURLResponse(url: url, statusCode: 503, httpVersion: "HTTP/1.1", headerFields: headers)!)
+        }
+        if mode == .notRotating {
+            let json = #"{"access_token":"at-\#(number)","token_type":"Bearer","expires_in":3600}"#
+            return (Data(json.utf8), HTTPURLResponse(url: url, statusCode: 200, httpVersion: "HTTP/1.1", headerFields: headers)!)
+        }
         if refused {
             return (Data(#"{"error":"invalid_grant"}"#.utf8), HTTPURLResponse(url: url, statusCode: 400, httpVersion: "HTTP/1.1", headerFields: headers)!)
         }
@@ -432,6 +445,57 @@ extension SyncTests {
             let took = try await probe.value
             _ = try await first.value
             #expect(took < .seconds(2), "a caller with a token in memory waited \(took) on the hold's release")
+        }
+
+        @Test("A refresh that fails, or that the server does not rotate, ends its record before the manager answers: a process that exits at once leaves no wait behind")
+        func recordEndsWithTheRefresh() async throws {
+            let (groups, machines) = try threeMachines()
+            defer { withExtendedLifetime(machines) {} }
+            for mode in [StrictTokenEndpoint.Mode.failing, .notRotating, .rotating] {
+                let key = CredentialKey(configuration: configuration)
+                let fleet = FleetSession(group: groups[0], key: key)
+                let session = groups[0].fleetSessionID(key.storageAccount)
+                try await fleet.tokenStore.saveRefreshToken(SecretBytes(utf8: "rt-0"))
+                let manager = CredentialsManager(
+                    configuration: configuration, tokenStore: fleet.tokenStore, transport: StrictTokenEndpoint(mode: mode),
+                    accessTokenCache: fleet.accessTokenCache, refreshLock: fleet.refreshLock)
+                _ = try? await manager.credentials(minTTL: .seconds(7200))
+                #expect(try inFlight(groups[0], session) == nil, "\(mode): a record outlives the refresh")
+                let start = ContinuousClock.now
+                let next = try await FleetSession(group: groups[1], key: key).refreshLock.acquire(for: key)
+                #expect(ContinuousClock.now - start < .seconds(3), "\(mode)")
+                withExtendedLifetime(next) {}
+                try await fleet.tokenStore.clearCredentials()
+            }
+        }
+
+        @Test("A healthy fleet whose group row a sync holds for 12 s: the rotated token's store waits for it, and the next machine uses it (no reuse)")
+        func storeWaitsForTheGroupRow() async throws {
+            let (groups, machines) = try threeMachines()
+            defer { withExtendedLifetime(machines) {} }
+            let fleets = groups.map { FleetSession(group: $0, key: CredentialKey(configuration: configuration)) }
+            try await fleets[0].tokenStore.saveRefreshToken(SecretBytes(utf8: "rt-0"))
+            let endpoint = StrictTokenEndpoint()
+            let managers = fleets.prefix(2).map {
+                CredentialsManager(
+                    configuration: configuration, tokenStore: $0.tokenStore, transport: endpoint, accessTokenCache: $0.accessTokenCache,
+                    refreshLock: $0.refreshLock)
+            }
+            let push = try PostgresConnection(try testDatabase())
+            try push.execute("BEGIN")
+            try push.execute("SELECT 1 FROM lockbox_sync_groups WHERE group_id = $1 FOR UPDATE", [.text(groups[0].groupID)])
+            final class Holder: @unchecked Sendable { let push: PostgresConnection; init(_ push: PostgresConnection) { self.push = push } }
+            let holder = Holder(push)
+            let commit = Task.detached {
+                try await Task.sleep(for: .seconds(12))
+                try holder.push.execute("COMMIT")
+            }
+            _ = try await managers[0].credentials()
+            #expect(await !managers[0].isPersistentSignInDisabled)
+            try await commit.value
+            _ = try await managers[1].credentials(minTTL: .seconds(7200))
+            #expect(endpoint.reuse == 0, "presented \(endpoint.presented)")
+            #expect(endpoint.presented == ["rt-0", "rt-1"])
         }
     }
 }

@@ -4,6 +4,7 @@ import LockboxTestSupport
 import LockboxVault
 import Synchronization
 import Testing
+import VaultStorage
 
 @testable import LockboxSync
 
@@ -151,6 +152,38 @@ extension SyncTests {
             #expect(refused?.message.contains("kept the sync group locked") == true, "\(refused?.message ?? "")")
             try holder.execute("ROLLBACK")
             try waiting.sync()
+        }
+
+        enum StateDamage: String, CaseIterable, Sendable { case droppedTable, newerFormat, garbage, cutShort }
+
+        @Test("A reset goes on for a state damaged in any way (a table dropped, a newer format, garbage, cut short), with no flag needed", arguments: StateDamage.allCases)
+        func resetRebuildsAnyDamagedState(damage: StateDamage) throws {
+            let (groups, machines) = try threeMachines()
+            defer { withExtendedLifetime(machines) {} }
+            try machines[0].add("x.example", "user", "x1")
+            for group in groups { try group.sync() }
+            let path = groups[0].statePath
+            func sql(_ statement: String) throws {
+                let database = try Database(path: path, create: false)
+                try database.execute(statement)
+            }
+            switch damage {
+            case .droppedTable: try sql("DROP TABLE mac_groups")
+            case .newerFormat: try sql("PRAGMA user_version = 99")
+            case .garbage:
+                try restoreState(StateCopy(file: Data(repeating: 0x41, count: 8192), log: nil), at: path)
+            case .cutShort:
+                let file = try Data(contentsOf: URL(fileURLWithPath: path))
+                try restoreState(StateCopy(file: file.prefix(100), log: nil), at: path)
+            }
+            // (A change here since, which the sync must look up in the state.)
+            tick()
+            try machines[0].set("x.example", "user", "x2 here")
+            #expect(throws: LockboxError.self) { try groups[0].sync() }
+            try groups[0].resetState()
+            try groups[0].sync()
+            // The group's version replaces this keychain's, as the reset says.
+            #expect(try machines[0].value("x.example", "user") == "x1")
         }
     }
 }
