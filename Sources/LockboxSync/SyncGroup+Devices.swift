@@ -319,8 +319,11 @@ extension SyncGroup {
                 try connection.execute("DELETE FROM lockbox_sync_invitations WHERE group_id = $1", [.text(groupID)])
                 // Every record again under the new key, at new versions: the old ciphertext is gone
                 // from the table, and every device pulls the new one (already applied: no change).
+                // (At most one row more than the counter's versions: more is refused.)
                 let records = try connection.execute(
-                    "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 ORDER BY version", [.text(groupID)])
+                    "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 ORDER BY version LIMIT $2",
+                    [.text(groupID), .integer(max(counter, 0) + 1)])
+                guard records.count <= counter else { throw LockboxError.syncDatabase("The records of the sync database (more than its versions)") }
                 // Every record gets a new version: the head is computed anew, under the new key.
                 var head = SyncHead.empty
                 var resealed: [StoredRecord] = []

@@ -27,9 +27,12 @@ extension SyncGroup {
             guard let row = try connection.execute(missing + " FOR UPDATE", [.text(groupID)]).first else { return }
             var head = SyncHead(counter: try PostgresConnection.integer(row[0]), accumulator: SyncHead.empty.accumulator)
             var seen = Set<String>()
-            for record in try connection.executeBinary(
-                "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1", [.text(groupID)])
-            {
+            // (At most one row more than the counter's versions: more is refused.)
+            let rows = try connection.executeBinary(
+                "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 ORDER BY version LIMIT $2",
+                [.text(groupID), .integer(max(head.counter, 0) + 1)])
+            guard rows.count <= head.counter else { throw LockboxError.syncDatabase("The records of the sync database (more than its versions)") }
+            for record in rows {
                 guard let idBytes = record[0], let payload = record[2] else { throw LockboxError.syncDatabase() }
                 let id = String(decoding: idBytes, as: UTF8.self)
                 let version = try PostgresConnection.integer(binary: record[1])
@@ -99,9 +102,13 @@ extension SyncGroup {
             guard try PostgresConnection.integer(listed.first?[0] ?? nil) <= max(counter - from, 0) else {
                 throw LockboxError.syncDatabase("The records of the sync database (more than its versions)")
             }
+            // And at most one row more than the versions is fetched: the count above is a
+            // statement of its own, which a database can answer apart from this one.
+            let versions = max(counter - from, 0)
             let rows = try connection.executeBinary(
-                "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 AND version > $2 ORDER BY version",
-                [.text(groupID), .integer(from)])
+                "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 AND version > $2 ORDER BY version LIMIT $3",
+                [.text(groupID), .integer(from), .integer(versions + 1)])
+            guard rows.count <= versions else { throw LockboxError.syncDatabase("The records of the sync database (more than its versions)") }
             return (head, rows)
         }
     }

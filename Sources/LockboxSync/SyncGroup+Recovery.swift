@@ -90,7 +90,9 @@ extension SyncGroup {
             let listed = try connection.execute("SELECT count(*) FROM lockbox_sync_items WHERE group_id = $1", [.text(groupID)])
             guard try PostgresConnection.integer(listed.first?[0] ?? nil) <= counter else { throw Self.incompleteDatabase() }
             let rows = try connection.executeBinary(
-                "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 ORDER BY version", [.text(groupID)])
+                "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 ORDER BY version LIMIT $2",
+                [.text(groupID), .integer(max(counter, 0) + 1)])
+            guard rows.count <= counter else { throw Self.incompleteDatabase() }
             let received = try receive(rows, from: 0, counter: counter, keys: keys)
             var sum = SyncHead.empty.accumulator
             var held: [String: ReceivedRecord] = [:]

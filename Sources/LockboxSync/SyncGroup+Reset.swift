@@ -125,8 +125,11 @@ extension SyncGroup {
             changes.generation = scan.generation
             // What this machine recorded of the last pull: the rebuilt state's first pull must
             // reach it, or the database was rolled back.
-            // A damaged record gives none: the reset writes it anew.
-            let floor = pulledMark.read().cursor ?? 0
+            // So must it reach the cursor of the state it replaces, when that state still opens (its
+            // progress passes its MAC: a bucket may be damaged, not the cursor): a damaged record
+            // (the reset writes it anew) must not let a database rolled back meanwhile pass.
+            let replaced = (try? SyncState(path: statePath, device: device.id, key: device.stateKey))?.cursor ?? 0
+            let floor = max(pulledMark.read().cursor ?? 0, replaced)
             for file in [statePath, statePath + "-wal", statePath + "-shm"] where unlink(file) != 0 && errno != ENOENT {
                 throw LockboxError(.io, "Cannot remove \(file), the sync state being rebuilt. Check the directory's permissions, then reset again.")
             }

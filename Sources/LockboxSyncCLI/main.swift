@@ -436,6 +436,12 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
         let passphrase = withPassphrase ? try readNewPassphrase("New group passphrase: ") : nil
         try group.removeDevice(device, newPassphrase: passphrase)
         streams.print("removed \(shown(device)); the group key is now at epoch \(group.keyEpoch)")
+        streams.print(
+            passphrase == nil
+                ? "the group passphrase, if there was one, is dropped: do not join devices with it again (a copy of the database "
+                    + "from before this removal would hand them the key the removed device holds); use `lockbox sync invite`"
+                : "join new devices with the new passphrase only: the former one would open a copy of the database from before "
+                    + "this removal, whose key the removed device holds")
         // Best effort: the removal is done whatever this finds.
         if let sessions = try? group.signedInFleetSessions(), sessions > 0 {
             streams.print(

@@ -129,5 +129,58 @@ extension SyncTests {
             #expect(try groups[0].devices().allSatisfy(\.isAttested))
             #expect(try groups[0].devices().count == 2)
         }
+
+        @Test("A reset after this machine's record of its last pull was damaged still refuses a database rolled back below the state it replaces: the user's pushed edit is kept")
+        func resetWithADamagedRecordRefusesARollback() throws {
+            let (groups, machines) = try threeMachines()
+            defer { withExtendedLifetime(machines) {} }
+            try machines[0].add("x.example", "user", "x1")
+            for group in groups { try group.sync() }
+            let backup = try SyncTests.DatabaseBackup(groups[0].groupID)
+            tick()
+            try machines[0].set("x.example", "user", "x2 (pushed)")
+            try groups[0].sync()
+            try backup.restore()
+            let path = groups[0].pulledMark.path
+            var bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)))
+            bytes[0] ^= 1
+            try Data(bytes).write(to: URL(fileURLWithPath: path))
+            #expect(throws: LockboxError.self) { try groups[0].sync() }
+            let refused = #expect(throws: LockboxError.self) { try groups[0].resetState() }
+            #expect(refused?.code == .decode, "\(refused?.message ?? "")")
+            #expect(try machines[0].value("x.example", "user") == "x2 (pushed)")
+        }
+
+        @Test("Rows the database hides from a count but serves to the fetch are refused past the versions the head covers, in a pull and a recovery: none is held in memory beyond one")
+        func rowsHiddenFromTheCountAreRefused() throws {
+            let (groups, machines) = try threeMachines()
+            defer { withExtendedLifetime(machines) {} }
+            try machines[0].add("x.example", "user", "x1")
+            for group in groups { try group.sync() }
+            let admin = try PostgresConnection(try testDatabase())
+            try admin.execute("ALTER TABLE lockbox_sync_items RENAME TO counted_items")
+            defer {
+                _ = try? admin.execute("DROP VIEW IF EXISTS lockbox_sync_items")
+                _ = try? admin.execute("DELETE FROM counted_items WHERE item_id LIKE 'junk%'")
+                _ = try? admin.execute("ALTER TABLE counted_items RENAME TO lockbox_sync_items")
+            }
+            try admin.execute(
+                """
+                INSERT INTO counted_items (group_id, item_id, version, device_id, payload)
+                SELECT $1, 'junk' || i, 1000000 + i, 'x', decode(repeat(md5(i::text), 64), 'hex') FROM generate_series(1, 2000) i
+                """, [.text(groups[0].groupID)])
+            try admin.execute(
+                """
+                CREATE VIEW lockbox_sync_items AS SELECT * FROM counted_items
+                WHERE item_id NOT LIKE 'junk%' OR current_query() NOT ILIKE '%count(*)%'
+                """)
+            tick()
+            try machines[0].set("x.example", "user", "x2")
+            #expect(throws: LockboxError.self) { try groups[0].sync() }
+            let pulled = #expect(throws: LockboxError.self) { try groups[1].sync() }
+            #expect(pulled?.message.contains("more than its versions") == true, "\(pulled?.message ?? "")")
+            let recovered = #expect(throws: LockboxError.self) { try groups[2].recoverDatabase() }
+            #expect(recovered?.code == .decode || recovered?.message.contains("records") == true, "\(recovered?.message ?? "")")
+        }
     }
 }
