@@ -322,7 +322,7 @@ extension SyncGroup {
                 // (At most one row more than the counter's versions: more is refused.)
                 let records = try connection.execute(
                     "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 ORDER BY version LIMIT $2",
-                    [.text(groupID), .integer(max(counter, 0) + 1)])
+                    [.text(groupID), .integer(Self.rowsBeyond(counter))])
                 guard records.count <= counter else { throw LockboxError.syncDatabase("The records of the sync database (more than its versions)") }
                 // Every record gets a new version: the head is computed anew, under the new key.
                 var head = SyncHead.empty

@@ -30,7 +30,7 @@ extension SyncGroup {
             // (At most one row more than the counter's versions: more is refused.)
             let rows = try connection.executeBinary(
                 "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 ORDER BY version LIMIT $2",
-                [.text(groupID), .integer(max(head.counter, 0) + 1)])
+                [.text(groupID), .integer(Self.rowsBeyond(head.counter))])
             guard rows.count <= head.counter else { throw LockboxError.syncDatabase("The records of the sync database (more than its versions)") }
             for record in rows {
                 guard let idBytes = record[0], let payload = record[2] else { throw LockboxError.syncDatabase() }
@@ -45,6 +45,13 @@ extension SyncGroup {
             try connection.execute(
                 "UPDATE lockbox_sync_groups SET head = $2 WHERE group_id = $1", [.text(groupID), .bytes(head.sealed(group: groupID, keys: keys))])
         }
+    }
+
+    /// How many rows a fetch of the records up to `versions` versions asks for: one more than
+    /// them (so that one too many is seen and refused, and no more is held), without
+    /// overflowing at a counter at its limit.
+    static func rowsBeyond(_ versions: Int64) -> Int64 {
+        versions < 0 ? 1 : versions == .max ? .max : versions + 1
     }
 
     /// A group without a head, seen by a device that verified one.
@@ -107,7 +114,7 @@ extension SyncGroup {
             let versions = max(counter - from, 0)
             let rows = try connection.executeBinary(
                 "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 AND version > $2 ORDER BY version LIMIT $3",
-                [.text(groupID), .integer(from), .integer(versions + 1)])
+                [.text(groupID), .integer(from), .integer(Self.rowsBeyond(versions))])
             guard rows.count <= versions else { throw LockboxError.syncDatabase("The records of the sync database (more than its versions)") }
             return (head, rows)
         }

@@ -474,7 +474,7 @@ extension SyncGroup {
         let versions = max(head.counter - from, 0)
         let rows = try connection.executeBinary(
             "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 AND version > $2 ORDER BY version LIMIT $3",
-            [.text(groupID), .integer(from), .integer(versions + 1)])
+            [.text(groupID), .integer(from), .integer(Self.rowsBeyond(versions))])
         guard rows.count <= versions else { throw LockboxError.syncDatabase("The records of the sync database (more than its versions)") }
         for record in try receive(rows, from: from, counter: head.counter, keys: keys) {
             if let known = try state.entry(record.id, after: pending), record.sealed.record.stamp < known.stamp { throw rolledBack() }

@@ -91,7 +91,7 @@ extension SyncGroup {
             guard try PostgresConnection.integer(listed.first?[0] ?? nil) <= counter else { throw Self.incompleteDatabase() }
             let rows = try connection.executeBinary(
                 "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 ORDER BY version LIMIT $2",
-                [.text(groupID), .integer(max(counter, 0) + 1)])
+                [.text(groupID), .integer(Self.rowsBeyond(counter))])
             guard rows.count <= counter else { throw Self.incompleteDatabase() }
             let received = try receive(rows, from: 0, counter: counter, keys: keys)
             var sum = SyncHead.empty.accumulator
