@@ -103,6 +103,22 @@ private func outcomeAsync<T>(_ body: () async throws -> T) async -> Result<T, an
     do { return .success(try await body()) } catch { return .failure(error) }
 }
 
+/// A manager of `fleet`'s session that reaches the token endpoint through `endpoint`.
+private func fleetManager(_ fleet: FleetSession, _ endpoint: any HTTPTransport, _ configuration: ClientConfiguration = configuration) -> CredentialsManager {
+    CredentialsManager(
+        configuration: configuration, tokenStore: fleet.tokenStore, transport: endpoint, accessTokenCache: fleet.accessTokenCache,
+        refreshLock: fleet.refreshLock)
+}
+
+/// Waits until `condition` holds, for at most 10 s.
+private func waitFor(_ condition: () -> Bool) async throws {
+    var waited = 0
+    while !condition() && waited < 500 {
+        try await Task.sleep(for: .milliseconds(20))
+        waited += 1
+    }
+}
+
 private func opened(_ value: (secret: SecretBytes, details: [UInt8])?) -> String? {
     value.map { $0.secret.withUnsafeBytes { String(decoding: $0, as: UTF8.self) } }
 }
@@ -136,17 +152,9 @@ extension SyncTests {
             let endpoint = StrictTokenEndpoint(holdFirst: true)
             let fleets = groups.map { FleetSession(group: $0, key: CredentialKey(configuration: configuration)) }
             try await fleets[0].tokenStore.saveRefreshToken(SecretBytes(utf8: "rt-0"))
-            let managers = fleets.prefix(2).map {
-                CredentialsManager(
-                    configuration: configuration, tokenStore: $0.tokenStore, transport: endpoint, accessTokenCache: $0.accessTokenCache,
-                    refreshLock: $0.refreshLock)
-            }
+            let managers = fleets.prefix(2).map { fleetManager($0, endpoint, configuration) }
             let first = Task { try await managers[0].credentials() }
-            var waited = 0
-            while endpoint.presented.isEmpty && waited < 500 {
-                try await Task.sleep(for: .milliseconds(20))
-                waited += 1
-            }
+            try await waitFor { !endpoint.presented.isEmpty }
             #expect(endpoint.presented == ["rt-0"])
             #expect(try endLockConnections() == 1)
             let second = Task { try await managers[1].credentials() }
@@ -225,9 +233,7 @@ extension SyncTests {
             let endpoint = StrictTokenEndpoint(rejecting: ["rt-old"]) { token in
                 if token == "rt-old" { try? await other.tokenStore.saveRefreshToken(SecretBytes(utf8: "rt-new")) }
             }
-            let manager = CredentialsManager(
-                configuration: configuration, tokenStore: fleet.tokenStore, transport: endpoint, accessTokenCache: fleet.accessTokenCache,
-                refreshLock: fleet.refreshLock)
+            let manager = fleetManager(fleet, endpoint)
             let credentials = try await manager.credentials()
             #expect(endpoint.presented == ["rt-old", "rt-new"])
             #expect(credentials.accessToken == SecretBytes(utf8: "at-2"))
@@ -357,17 +363,9 @@ extension SyncTests {
                 holder.push = push
                 ready.withLock { $0 = true }
             }
-            let managers = fleets.prefix(2).map {
-                CredentialsManager(
-                    configuration: quick, tokenStore: $0.tokenStore, transport: endpoint, accessTokenCache: $0.accessTokenCache,
-                    refreshLock: $0.refreshLock)
-            }
+            let managers = fleets.prefix(2).map { fleetManager($0, endpoint, quick) }
             let first = Task { try await managers[0].credentials() }
-            var waited = 0
-            while !ready.withLock({ $0 }) && waited < 500 {
-                try await Task.sleep(for: .milliseconds(20))
-                waited += 1
-            }
+            try await waitFor { ready.withLock({ $0 }) }
             // The push commits 8 s later: past 2 x the deadline + 5 s, within the store's wait.
             let push = Task.detached {
                 try await Task.sleep(for: .seconds(8))
@@ -415,15 +413,9 @@ extension SyncTests {
                 kill(pid, SIGSTOP)
                 stopped.withLock { $0 = pid }
             }
-            let manager = CredentialsManager(
-                configuration: configuration, tokenStore: fleet.tokenStore, transport: endpoint,
-                accessTokenCache: fleet.accessTokenCache, refreshLock: fleet.refreshLock)
+            let manager = fleetManager(fleet, endpoint)
             let first = Task { try await manager.credentials() }
-            var waited = 0
-            while stopped.withLock({ $0 }) == nil && waited < 500 {
-                try await Task.sleep(for: .milliseconds(20))
-                waited += 1
-            }
+            try await waitFor { stopped.withLock({ $0 }) != nil }
             let pid = try #require(stopped.withLock { $0 })
             defer { kill(pid, SIGCONT) }
             // The rotated token is stored (on a connection of its own).
@@ -456,9 +448,7 @@ extension SyncTests {
                 let fleet = FleetSession(group: groups[0], key: key)
                 let session = groups[0].fleetSessionID(key.storageAccount)
                 try await fleet.tokenStore.saveRefreshToken(SecretBytes(utf8: "rt-0"))
-                let manager = CredentialsManager(
-                    configuration: configuration, tokenStore: fleet.tokenStore, transport: StrictTokenEndpoint(mode: mode),
-                    accessTokenCache: fleet.accessTokenCache, refreshLock: fleet.refreshLock)
+                let manager = fleetManager(fleet, StrictTokenEndpoint(mode: mode))
                 _ = try? await manager.credentials(minTTL: .seconds(7200))
                 #expect(try inFlight(groups[0], session) == nil, "\(mode): a record outlives the refresh")
                 let start = ContinuousClock.now
@@ -476,11 +466,7 @@ extension SyncTests {
             let fleets = groups.map { FleetSession(group: $0, key: CredentialKey(configuration: configuration)) }
             try await fleets[0].tokenStore.saveRefreshToken(SecretBytes(utf8: "rt-0"))
             let endpoint = StrictTokenEndpoint()
-            let managers = fleets.prefix(2).map {
-                CredentialsManager(
-                    configuration: configuration, tokenStore: $0.tokenStore, transport: endpoint, accessTokenCache: $0.accessTokenCache,
-                    refreshLock: $0.refreshLock)
-            }
+            let managers = fleets.prefix(2).map { fleetManager($0, endpoint, configuration) }
             let push = try PostgresConnection(try testDatabase())
             try push.execute("BEGIN")
             try push.execute("SELECT 1 FROM lockbox_sync_groups WHERE group_id = $1 FOR UPDATE", [.text(groups[0].groupID)])
