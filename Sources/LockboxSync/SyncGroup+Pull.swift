@@ -604,10 +604,12 @@ extension SyncGroup {
         let keys = self.keys
         var fetched: Set<String> = []
         var records: [(id: String, sealed: SealedValueRecord)] = []
-        for row in try connection.executeBinary(
-            "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 AND item_id = ANY($2::text[])",
-            [.text(groupID), .texts(waiting.sorted())])
-        {
+        // (One row an item: one more is refused, and no more fetched.)
+        let rows = try connection.executeBinary(
+            "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 AND item_id = ANY($2::text[]) LIMIT $3",
+            [.text(groupID), .texts(waiting.sorted()), .integer(Int64(waiting.count) + 1)])
+        guard rows.count <= waiting.count else { throw LockboxError.syncDatabase() }
+        for row in rows {
             guard row.count == 3, let idBytes = row[0], let payload = row[2] else { throw LockboxError.syncDatabase() }
             let id = String(decoding: idBytes, as: UTF8.self)
             guard waiting.contains(id), fetched.insert(id).inserted else { throw LockboxError.syncDatabase() }

@@ -302,10 +302,12 @@ extension SyncGroup {
             }
             // The database's records of the changed items, in one round trip.
             var existing: [String: (version: Int64, payload: [UInt8])] = [:]
-            for row in try connection.executeBinary(
-                "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 AND item_id = ANY($2::text[])",
-                [.text(groupID), .texts(changes.map(\.id))])
-            {
+            // (One row an item: one more is refused, and no more fetched.)
+            let rows = try connection.executeBinary(
+                "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 AND item_id = ANY($2::text[]) LIMIT $3",
+                [.text(groupID), .texts(changes.map(\.id)), .integer(Int64(changes.count) + 1)])
+            guard rows.count <= changes.count else { throw LockboxError.syncDatabase() }
+            for row in rows {
                 guard let id = row[0], let payload = row[2] else { throw LockboxError.syncDatabase() }
                 existing[String(decoding: id, as: UTF8.self)] = (try PostgresConnection.integer(binary: row[1]), payload)
             }
