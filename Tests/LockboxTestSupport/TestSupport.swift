@@ -143,18 +143,31 @@ public func run(
     directory: String? = nil, timeout: Double? = nil
 ) throws -> ProcessResult {
     ignoreBrokenPipes()
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: executable)
-    process.arguments = arguments
-    if let environment { process.environment = environment }
-    if let directory { process.currentDirectoryURL = URL(fileURLWithPath: directory) }
-    let stdin = Pipe()
-    let stdout = Pipe()
-    let stderr = Pipe()
-    process.standardInput = stdin
-    process.standardOutput = stdout
-    process.standardError = stderr
-    try process.run()
+    var attempts = 0
+    var launched: (process: Process, stdin: Pipe, stdout: Pipe, stderr: Pipe)
+    while true {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: executable)
+        process.arguments = arguments
+        if let environment { process.environment = environment }
+        if let directory { process.currentDirectoryURL = URL(fileURLWithPath: directory) }
+        let pipes = (stdin: Pipe(), stdout: Pipe(), stderr: Pipe())
+        process.standardInput = pipes.stdin
+        process.standardOutput = pipes.stdout
+        process.standardError = pipes.stderr
+        do {
+            try process.run()
+            launched = (process, pipes.stdin, pipes.stdout, pipes.stderr)
+            break
+        } catch where attempts < 50 && isTextFileBusy(error) {
+            // An executable just copied (a test's application) whose copy's descriptor a child
+            // another test forked at that moment still holds, until that child execs: tried
+            // again shortly.
+            attempts += 1
+            usleep(20_000)
+        }
+    }
+    let (process, stdin, stdout, stderr) = launched
     let pid = process.processIdentifier
     // A thread of its own: Dispatch's global pool, busy with the pipes below and other tests'
     // work on a small machine, can start a timer's work long after it is due.
@@ -187,6 +200,14 @@ public func run(
     return ProcessResult(
         status: process.terminationStatus, standardOutputBytes: Array(outputData),
         standardErrorBytes: Array(errorData.withLock { $0 }))
+}
+
+/// Whether a launch failed because the executable is open for writing (`ETXTBSY`).
+private func isTextFileBusy(_ error: any Error) -> Bool {
+    let error = error as NSError
+    if error.domain == NSPOSIXErrorDomain && error.code == Int(ETXTBSY) { return true }
+    guard let underlying = error.userInfo[NSUnderlyingErrorKey] as? NSError else { return false }
+    return underlying.domain == NSPOSIXErrorDomain && underlying.code == Int(ETXTBSY)
 }
 
 /// The path of a product built beside the test bundle (`.build/debug/NAME`).
