@@ -95,8 +95,7 @@ struct FleetMarks {
             encoder.integer(Int(version))
         }
         let body = encoder.bytes
-        SyncFiles.removeLeftovers(of: path)
-        try? Vault.writeAtomically(body + mac(body), to: path, what: "the fleet's token marks")
+        try? Vault.writeAtomically(body + mac(body), to: path, what: "the fleet's token marks", removingLeftovers: true)
     }
 
     private func mac(_ body: [UInt8]) -> [UInt8] {

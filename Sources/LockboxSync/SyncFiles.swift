@@ -1,5 +1,4 @@
 import LockboxCore
-import LockboxVault
 
 #if canImport(Glibc)
 import Glibc
@@ -59,29 +58,6 @@ package enum SyncFiles {
         guard info.st_mode & 0o077 != 0 else { return }
         if chmod(path, 0o600) != 0 {
             throw LockboxError(.io, "Cannot make \(path) private to this user (mode 0600). Fix its permissions, then try again.")
-        }
-    }
-
-    /// Removes what writes of `path` that stopped before their rename left beside it
-    /// (``Vault/writeAtomically(_:to:what:synced:)``'s `PATH.partial-` and 16 hex digits) once
-    /// they are a minute old, so that a write in flight in another process is left alone.
-    /// Best effort: a leftover not removed costs only its few bytes.
-    package static func removeLeftovers(of path: String) {
-        let directory = FilePermissions.directory(of: path)
-        let prefix = String(path.split(separator: "/").last ?? "") + ".partial-"
-        guard let stream = opendir(directory) else { return }
-        defer { closedir(stream) }
-        var now = timespec()
-        clock_gettime(CLOCK_REALTIME, &now)
-        while let entry = readdir(stream) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
-            guard name.hasPrefix(prefix), name.count == prefix.count + 16,
-                name.dropFirst(prefix.count).allSatisfy({ $0.isHexDigit })
-            else { continue }
-            let leftover = (directory == "/" ? "" : directory) + "/" + name
-            var info = stat()
-            guard lstat(leftover, &info) == 0, info.st_mode & S_IFMT == S_IFREG, now.tv_sec - info.st_mtim.tv_sec > 60 else { continue }
-            unlink(leftover)
         }
     }
 

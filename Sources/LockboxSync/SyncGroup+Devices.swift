@@ -319,19 +319,16 @@ extension SyncGroup {
                 try connection.execute("DELETE FROM lockbox_sync_invitations WHERE group_id = $1", [.text(groupID)])
                 // Every record again under the new key, at new versions: the old ciphertext is gone
                 // from the table, and every device pulls the new one (already applied: no change).
-                // (At most one row more than the counter's versions: more is refused.)
-                let records = try connection.execute(
-                    "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 ORDER BY version LIMIT $2",
-                    [.text(groupID), .integer(Self.rowsBeyond(counter))])
-                guard records.count <= counter else { throw LockboxError.syncDatabase("The records of the sync database (more than its versions)") }
+                let rows = try records(connection, atMost: counter)
                 // Every record gets a new version: the head is computed anew, under the new key.
                 var head = SyncHead.empty
                 var resealed: [StoredRecord] = []
                 var seen = Set<String>()
-                for record in records {
-                    guard let id = record[0] else { throw LockboxError.syncDatabase() }
-                    let version = try PostgresConnection.integer(record[1])
-                    let opened = try SyncRecord.open(try PostgresConnection.bytes(record[2]), group: groupID, itemID: id, version: version, keys: old)
+                for record in rows {
+                    guard let idBytes = record[0], let payload = record[2] else { throw LockboxError.syncDatabase() }
+                    let id = String(decoding: idBytes, as: UTF8.self)
+                    let version = try PostgresConnection.integer(binary: record[1])
+                    let opened = try SyncRecord.open(payload, group: groupID, itemID: id, version: version, keys: old)
                     // This device's write not yet verified, no longer above its cursor: undone.
                     if state.unverifiedWrites[id] != nil && version <= state.cursor { throw SyncHead.lostWrites(1) }
                     if let entry = known[id], opened.stamp < entry.stamp { throw rolledBack() }

@@ -27,12 +27,7 @@ extension SyncGroup {
             guard let row = try connection.execute(missing + " FOR UPDATE", [.text(groupID)]).first else { return }
             var head = SyncHead(counter: try PostgresConnection.integer(row[0]), accumulator: SyncHead.empty.accumulator)
             var seen = Set<String>()
-            // (At most one row more than the counter's versions: more is refused.)
-            let rows = try connection.executeBinary(
-                "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 ORDER BY version LIMIT $2",
-                [.text(groupID), .integer(Self.rowsBeyond(head.counter))])
-            guard rows.count <= head.counter else { throw LockboxError.syncDatabase("The records of the sync database (more than its versions)") }
-            for record in rows {
+            for record in try records(connection, atMost: head.counter) {
                 guard let idBytes = record[0], let payload = record[2] else { throw LockboxError.syncDatabase() }
                 let id = String(decoding: idBytes, as: UTF8.self)
                 let version = try PostgresConnection.integer(binary: record[1])
@@ -47,11 +42,22 @@ extension SyncGroup {
         }
     }
 
-    /// How many rows a fetch of the records up to `versions` versions asks for: one more than
-    /// them (so that one too many is seen and refused, and no more is held), without
-    /// overflowing at a counter at its limit.
-    static func rowsBeyond(_ versions: Int64) -> Int64 {
-        versions < 0 ? 1 : versions == .max ? .max : versions + 1
+    /// The group's records (binary rows: item id, version, payload) that match `condition`
+    /// (its parameters numbered from $2, after the group's id), in the order of their versions:
+    /// at most `limit`, the number the head's versions or the items asked for allow. One row more
+    /// is fetched, to be seen and refused (with `tooMany`, else as more records than versions),
+    /// and no more is ever held, whatever a count the database answered apart said.
+    func records(
+        _ connection: PostgresConnection, _ condition: String? = nil, _ parameters: [PostgresConnection.Value] = [], atMost limit: Int64,
+        tooMany: LockboxError? = nil
+    ) throws(LockboxError) -> [[[UInt8]?]] {
+        let bound = max(limit, 0)
+        let rows = try connection.executeBinary(
+            "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1" + (condition.map { " AND " + $0 } ?? "")
+                + " ORDER BY version LIMIT $\(parameters.count + 2)",
+            [.text(groupID)] + parameters + [.integer(bound == .max ? .max : bound + 1)])
+        guard rows.count <= bound else { throw tooMany ?? LockboxError.syncDatabase("The records of the sync database (more than its versions)") }
+        return rows
     }
 
     /// A group without a head, seen by a device that verified one.
@@ -109,14 +115,9 @@ extension SyncGroup {
             guard try PostgresConnection.integer(listed.first?[0] ?? nil) <= max(counter - from, 0) else {
                 throw LockboxError.syncDatabase("The records of the sync database (more than its versions)")
             }
-            // And at most one row more than the versions is fetched: the count above is a
-            // statement of its own, which a database can answer apart from this one.
-            let versions = max(counter - from, 0)
-            let rows = try connection.executeBinary(
-                "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 AND version > $2 ORDER BY version LIMIT $3",
-                [.text(groupID), .integer(from), .integer(Self.rowsBeyond(versions))])
-            guard rows.count <= versions else { throw LockboxError.syncDatabase("The records of the sync database (more than its versions)") }
-            return (head, rows)
+            // And no more than the versions is fetched: the count above is a statement of its own,
+            // which a database can answer apart from this one.
+            return (head, try records(connection, "version > $2", [.integer(from)], atMost: counter - from))
         }
     }
 
@@ -604,12 +605,9 @@ extension SyncGroup {
         let keys = self.keys
         var fetched: Set<String> = []
         var records: [(id: String, sealed: SealedValueRecord)] = []
-        // (One row an item: one more is refused, and no more fetched.)
-        let rows = try connection.executeBinary(
-            "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 AND item_id = ANY($2::text[]) LIMIT $3",
-            [.text(groupID), .texts(waiting.sorted()), .integer(Int64(waiting.count) + 1)])
-        guard rows.count <= waiting.count else { throw LockboxError.syncDatabase() }
-        for row in rows {
+        for row in try self.records(
+            connection, "item_id = ANY($2::text[])", [.texts(waiting.sorted())], atMost: Int64(waiting.count), tooMany: .syncDatabase())
+        {
             guard row.count == 3, let idBytes = row[0], let payload = row[2] else { throw LockboxError.syncDatabase() }
             let id = String(decoding: idBytes, as: UTF8.self)
             guard waiting.contains(id), fetched.insert(id).inserted else { throw LockboxError.syncDatabase() }

@@ -302,12 +302,9 @@ extension SyncGroup {
             }
             // The database's records of the changed items, in one round trip.
             var existing: [String: (version: Int64, payload: [UInt8])] = [:]
-            // (One row an item: one more is refused, and no more fetched.)
-            let rows = try connection.executeBinary(
-                "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 AND item_id = ANY($2::text[]) LIMIT $3",
-                [.text(groupID), .texts(changes.map(\.id)), .integer(Int64(changes.count) + 1)])
-            guard rows.count <= changes.count else { throw LockboxError.syncDatabase() }
-            for row in rows {
+            for row in try records(
+                connection, "item_id = ANY($2::text[])", [.texts(changes.map(\.id))], atMost: Int64(changes.count), tooMany: .syncDatabase())
+            {
                 guard let id = row[0], let payload = row[2] else { throw LockboxError.syncDatabase() }
                 existing[String(decoding: id, as: UTF8.self)] = (try PostgresConnection.integer(binary: row[1]), payload)
             }
@@ -471,13 +468,9 @@ extension SyncGroup {
         guard try PostgresConnection.integer(counted.first?[0] ?? nil) <= max(head.counter - from, 0) else {
             throw LockboxError.syncDatabase("The records of the sync database (more than its versions)")
         }
-        // At most one row more than the versions: rows the database adds between the count and
-        // this fetch (two statements, two snapshots) cost no more memory than that.
-        let versions = max(head.counter - from, 0)
-        let rows = try connection.executeBinary(
-            "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 AND version > $2 ORDER BY version LIMIT $3",
-            [.text(groupID), .integer(from), .integer(Self.rowsBeyond(versions))])
-        guard rows.count <= versions else { throw LockboxError.syncDatabase("The records of the sync database (more than its versions)") }
+        // No more than the versions: rows the database adds between the count and this fetch (two
+        // statements, two snapshots) are refused, not held.
+        let rows = try records(connection, "version > $2", [.integer(from)], atMost: head.counter - from)
         for record in try receive(rows, from: from, counter: head.counter, keys: keys) {
             if let known = try state.entry(record.id, after: pending), record.sealed.record.stamp < known.stamp { throw rolledBack() }
             var old = listed[record.id]

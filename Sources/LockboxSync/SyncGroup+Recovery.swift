@@ -89,10 +89,7 @@ extension SyncGroup {
                 try row[2].map { text throws(LockboxError) in try PostgresConnection.bytes(text) }, counter: counter, group: groupID, keys: keys)
             let listed = try connection.execute("SELECT count(*) FROM lockbox_sync_items WHERE group_id = $1", [.text(groupID)])
             guard try PostgresConnection.integer(listed.first?[0] ?? nil) <= counter else { throw Self.incompleteDatabase() }
-            let rows = try connection.executeBinary(
-                "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 ORDER BY version LIMIT $2",
-                [.text(groupID), .integer(Self.rowsBeyond(counter))])
-            guard rows.count <= counter else { throw Self.incompleteDatabase() }
+            let rows = try records(connection, atMost: counter, tooMany: Self.incompleteDatabase())
             let received = try receive(rows, from: 0, counter: counter, keys: keys)
             var sum = SyncHead.empty.accumulator
             var held: [String: ReceivedRecord] = [:]

@@ -51,27 +51,33 @@ extension SyncGroup {
                 + "`lockbox sync reset`, which rebuilds the state from the group and writes the record anew.")
     }
 
-    /// Refuses a reset of a state that opens, passes its checks (every bucket's MAC) and is not
-    /// behind this machine's record of its last pull: it needs none, and would lose the changes
-    /// made here since the last sync. A state that fails any of that (damaged, edited, behind,
-    /// of a format this build does not read) goes on to the reset; any other failure to list
-    /// the changes made here is thrown.
-    private func refuseResetOfSoundState() throws(LockboxError) {
+    /// How far the state a reset replaces had pulled: its cursor when it still opens (its
+    /// progress passes its MAC, though a bucket may not), else 0. With `refusingSound`, a state
+    /// that opens, passes its checks (every bucket's MAC) and is not behind this machine's record
+    /// of its last pull is refused: it needs no reset, which would lose the changes made here
+    /// since the last sync. A state that fails any of that (damaged, edited, behind, of a format
+    /// this build does not read) goes on to the reset; any other failure to list the changes
+    /// made here is thrown.
+    private func replacedCursor(refusingSound: Bool) throws(LockboxError) -> Int64 {
         let state: SyncState
         do {
-            let mark = pulledMark.read()
             state = try SyncState(path: statePath, device: device.id, key: device.stateKey)
-            try checkNotBehind(mark, state: state)
+        } catch {
+            return 0
+        }
+        guard refusingSound else { return state.cursor }
+        do {
+            try checkNotBehind(pulledMark.read(), state: state)
             _ = try state.allEntries()
         } catch {
-            return
+            return state.cursor
         }
         let pending: Int
         do {
             pending = try pendingChanges(state: state)
         } catch where error.code == .decode {
             // A bucket of rows found damaged only now: the state is not sound.
-            return
+            return state.cursor
         }
         throw LockboxError(
             .param,
@@ -99,7 +105,7 @@ extension SyncGroup {
         return try syncing.withLock { _ throws(LockboxError) -> Report in
             let lock = try SyncLock(statePath: statePath)
             defer { withExtendedLifetime(lock) {} }
-            if !discardingLocalChanges { try refuseResetOfSoundState() }
+            let replaced = try replacedCursor(refusingSound: !discardingLocalChanges)
             let connection = try PostgresConnection(database)
             try SyncSchema.migrate(connection)
             try catchUpKeys(connection)
@@ -128,7 +134,6 @@ extension SyncGroup {
             // So must it reach the cursor of the state it replaces, when that state still opens (its
             // progress passes its MAC: a bucket may be damaged, not the cursor): a damaged record
             // (the reset writes it anew) must not let a database rolled back meanwhile pass.
-            let replaced = (try? SyncState(path: statePath, device: device.id, key: device.stateKey))?.cursor ?? 0
             let floor = max(pulledMark.read().cursor ?? 0, replaced)
             for file in [statePath, statePath + "-wal", statePath + "-shm"] where unlink(file) != 0 && errno != ENOENT {
                 throw LockboxError(.io, "Cannot remove \(file), the sync state being rebuilt. Check the directory's permissions, then reset again.")

@@ -502,12 +502,9 @@ public final class SyncGroup: Sendable {
         if !pushed.isEmpty {
             guard let connection else { return }
             let keys = self.keys
-            // (One row an item: one more is refused, and no more fetched.)
-            let rows = try connection.executeBinary(
-                "SELECT item_id, version, payload FROM lockbox_sync_items WHERE group_id = $1 AND item_id = ANY($2::text[]) LIMIT $3",
-                [.text(groupID), .texts(Array(pushed.keys)), .integer(Int64(pushed.count) + 1)])
-            guard rows.count <= pushed.count else { throw LockboxError.syncDatabase() }
-            for row in rows {
+            for row in try records(
+                connection, "item_id = ANY($2::text[])", [.texts(Array(pushed.keys))], atMost: Int64(pushed.count), tooMany: .syncDatabase())
+            {
                 guard let id = row[0].map({ String(decoding: $0, as: UTF8.self) }), let payload = row[2] else { throw LockboxError.syncDatabase() }
                 let record = try SyncRecord.open(payload, group: groupID, itemID: id, version: try PostgresConnection.integer(binary: row[1]), keys: keys)
                 // The listed record, or a later one (which replaced it, or which it would have lost to).

@@ -32,14 +32,13 @@ package final class SyncLock {
     init?(lockPath path: String, waiting: Bool = true) throws(LockboxError) {
         let directory = String(path[..<(path.lastIndex(of: "/") ?? path.startIndex)])
         if !directory.isEmpty { try SyncFiles.prepareDirectory(directory) }
-        let descriptor = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        // Made 0600, or narrowed to it, as the directory's other files (a link there is refused).
+        try SyncFiles.prepareFile(path)
+        let descriptor = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW)
         guard descriptor >= 0 else {
             throw LockboxError(
                 .io, "Cannot open the sync lock \(path): \(String(cString: strerror(errno))). Fix it (a link there is refused; remove it), then try again.")
         }
-        // (Its mode, narrowed: a lock file holds nothing, but the directory's files are private.)
-        var info = stat()
-        if fstat(descriptor, &info) == 0, info.st_mode & 0o077 != 0 { fchmod(descriptor, 0o600) }
         var told = false
         while flock(descriptor, LOCK_EX | LOCK_NB) != 0 {
             if errno == EWOULDBLOCK {

@@ -83,9 +83,8 @@ struct SyncPulledMark {
     func record(_ cursor: Int64, exactly: Bool = false) -> Bool {
         if !exactly, let known = read().cursor, known >= cursor { return true }
         guard (try? SyncFiles.prepareDirectory(FilePermissions.directory(of: path))) != nil else { return false }
-        SyncFiles.removeLeftovers(of: path)
         let bytes: [UInt8] = (0..<8).map { UInt8(truncatingIfNeeded: cursor >> (8 * $0)) } + mac(cursor)
         // A lowering is synced before it is moved into place: the state's commit follows it.
-        return (try? Vault.writeAtomically(bytes, to: path, what: "this device's record of its last pull", synced: exactly)) != nil
+        return (try? Vault.writeAtomically(bytes, to: path, what: "this device's record of its last pull", synced: exactly, removingLeftovers: true)) != nil
     }
 }

@@ -263,9 +263,15 @@ extension Vault {
     /// (`O_EXCL | O_NOFOLLOW`), so nobody can plant it or a symlink in its place beforehand.
     /// `what` names the file in errors ("the backup").
     /// With `synced` false, the file is not synced before it is moved into place (a record that
-    /// may lag after a power loss, never run ahead).
-    package static func writeAtomically(_ bytes: [UInt8], to path: String, what: String = "the backup", synced: Bool = true) throws(LockboxError) {
-        let temporary = path + ".partial-" + Crypto.randomBytes(8).hexString
+    /// may lag after a power loss, never run ahead). With `removingLeftovers`, what earlier writes
+    /// of `path` that stopped before their rename left beside it is removed first, once a minute
+    /// old (a younger one may be another process's write in flight); a file Lockbox rewrites
+    /// often (a record of its own) asks for it, never a backup at a path the user chose.
+    package static func writeAtomically(
+        _ bytes: [UInt8], to path: String, what: String = "the backup", synced: Bool = true, removingLeftovers: Bool = false
+    ) throws(LockboxError) {
+        if removingLeftovers { removeLeftovers(of: path) }
+        let temporary = path + partialSuffix + Crypto.randomBytes(8).hexString
         let descriptor = Glibc.open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
         guard descriptor >= 0 else {
             throw LockboxError(.io, "Cannot write \(what) \(path): \(String(cString: strerror(errno))).")
@@ -299,6 +305,31 @@ extension Vault {
                 fsync(directory)
                 close(directory)
             }
+        }
+    }
+
+    /// What ``writeAtomically(_:to:what:synced:removingLeftovers:)`` names its temporary file:
+    /// the path, this, and 16 hexadecimal digits.
+    private static let partialSuffix = ".partial-"
+
+    /// Removes the temporary files of writes of `path` stopped before their rename, once a
+    /// minute old. Best effort: a leftover not removed costs only its few bytes.
+    private static func removeLeftovers(of path: String) {
+        let directory = FilePermissions.directory(of: path)
+        let prefix = String(path.split(separator: "/").last ?? "") + partialSuffix
+        guard let stream = opendir(directory) else { return }
+        defer { closedir(stream) }
+        var now = timespec()
+        clock_gettime(CLOCK_REALTIME, &now)
+        while let entry = readdir(stream) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
+            guard name.hasPrefix(prefix), name.count == prefix.count + 16,
+                name.dropFirst(prefix.count).allSatisfy({ $0.isHexDigit })
+            else { continue }
+            let leftover = (directory == "/" ? "" : directory) + "/" + name
+            var info = stat()
+            guard lstat(leftover, &info) == 0, info.st_mode & S_IFMT == S_IFREG, now.tv_sec - info.st_mtim.tv_sec > 60 else { continue }
+            unlink(leftover)
         }
     }
 }
