@@ -219,6 +219,17 @@ public func builtProduct(_ name: String) -> String {
     return directory.appendingPathComponent(name).path
 }
 
+/// Puts the SQLite file `copy` back at `path` as a restore does: the write-ahead log and shared
+/// memory of the file it replaces removed, then `copy` renamed over `path` in one step. The path
+/// never stops existing, so an unlock in another test running at the same time does not take the
+/// vault for a deleted one and free its keys from the kernel keyring.
+public func putBack(_ copy: String, at path: String) throws {
+    for suffix in ["-wal", "-shm"] { try? FileManager.default.removeItem(atPath: path + suffix) }
+    guard rename(copy, path) == 0 else {
+        throw NSError(domain: NSPOSIXErrorDomain, code: Int(errno), userInfo: [NSFilePathErrorKey: path])
+    }
+}
+
 /// Every file in `directory` (recursively) whose bytes contain `needle`.
 public func filesContaining(_ needle: String, in directory: String) -> [String] {
     let bytes = Array(needle.utf8)

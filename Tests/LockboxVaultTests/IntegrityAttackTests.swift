@@ -180,8 +180,7 @@ struct IntegrityAttackTests {
         try FileManager.default.copyItem(atPath: fixture.path, toPath: copy)
         try fixture.vault.update(matching: .genericPassword(service: "svcA", account: "alice"), to: ItemUpdate(data: SecretBytes(utf8: "rotated")))
         // The attacker (or a careless restore) puts the old file back, WAL and all gone.
-        for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: fixture.path + suffix) }
-        try FileManager.default.moveItem(atPath: copy, toPath: fixture.path)
+        try putBack(copy, at: fixture.path)
         var rolledBack: LockboxError?
         do {
             let reopened = try fixture.reopen()
