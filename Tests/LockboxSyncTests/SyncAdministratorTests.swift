@@ -9,8 +9,8 @@ import VaultCrypto
 @testable import LockboxSync
 
 /// The database's administrator against the two boxes of a record and the grants of a removal:
-/// a value box removed or taken from another write of the same version, and a device key
-/// swapped between the removal's reads.
+/// a value box removed or taken from another write of the same version, a device key swapped
+/// between the removal's reads, rows hidden from a count and rows repeated for a lookup.
 extension SyncTests {
     @Suite("Sync: the administrator against a record's boxes and a removal's grants", .serialized)
     struct AdministratorAttacks {
@@ -181,6 +181,39 @@ extension SyncTests {
             #expect(pulled?.message.contains("more than its versions") == true, "\(pulled?.message ?? "")")
             let recovered = #expect(throws: LockboxError.self) { try groups[2].recoverDatabase() }
             #expect(recovered?.code == .decode || recovered?.message.contains("records") == true, "\(recovered?.message ?? "")")
+        }
+
+        @Test("Records a push looks up by item id, served many times over by the database, are refused after one row more than the items it names; the edit is kept and pushed once the table is back")
+        func rowsRepeatedForALookupAreRefused() throws {
+            let (groups, machines) = try threeMachines()
+            defer { withExtendedLifetime(machines) {} }
+            try machines[0].add("x.example", "user", "x1")
+            for group in groups { try group.sync() }
+            let admin = try PostgresConnection(try testDatabase())
+            try admin.execute("ALTER TABLE lockbox_sync_items RENAME TO counted_items")
+            var restored = false
+            func restore() {
+                guard !restored else { return }
+                restored = true
+                _ = try? admin.execute("DROP VIEW IF EXISTS lockbox_sync_items")
+                _ = try? admin.execute("ALTER TABLE counted_items RENAME TO lockbox_sync_items")
+            }
+            defer { restore() }
+            // Every row a lookup by item id matches, served 3,000 times; other queries see the table.
+            try admin.execute(
+                """
+                CREATE VIEW lockbox_sync_items AS SELECT * FROM counted_items
+                UNION ALL SELECT c.* FROM counted_items c, generate_series(1, 3000) WHERE current_query() ILIKE '%= ANY(%'
+                """)
+            tick()
+            try machines[0].set("x.example", "user", "x2")
+            let refused = #expect(throws: LockboxError.self) { try groups[0].sync() }
+            #expect(refused?.code == .decode, "\(refused?.message ?? "")")
+            #expect(refused?.message.contains("failed its check") == true, "\(refused?.message ?? "")")
+            restore()
+            try groups[0].sync()
+            for group in groups { try group.sync() }
+            for machine in machines { #expect(try machine.value("x.example", "user") == "x2") }
         }
     }
 }
