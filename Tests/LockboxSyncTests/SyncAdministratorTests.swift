@@ -20,6 +20,32 @@ extension SyncTests {
             return group.itemID(try machine.vault.item(matching: query))
         }
 
+        /// The records table renamed `counted_items`, with a view the administrator defines in
+        /// its place until ``restore()`` (rows matching `removingOnRestore` deleted then).
+        final class RecordsBehindAView {
+            let admin: PostgresConnection
+            private let removingOnRestore: String?
+            private var restored = false
+
+            init(_ definition: String, removingOnRestore: String? = nil) throws {
+                admin = try PostgresConnection(try testDatabase())
+                self.removingOnRestore = removingOnRestore
+                try admin.execute("ALTER TABLE lockbox_sync_items RENAME TO counted_items")
+                do { try admin.execute(definition) } catch {
+                    restore()
+                    throw error
+                }
+            }
+
+            func restore() {
+                guard !restored else { return }
+                restored = true
+                _ = try? admin.execute("DROP VIEW IF EXISTS lockbox_sync_items")
+                if let removingOnRestore { _ = try? admin.execute("DELETE FROM counted_items WHERE " + removingOnRestore) }
+                _ = try? admin.execute("ALTER TABLE counted_items RENAME TO lockbox_sync_items")
+            }
+        }
+
         /// The metadata box of a payload, and what follows it (the value box's field).
         func split(_ payload: [UInt8]) -> (meta: [UInt8], value: [UInt8]) {
             let length = Int(payload[1]) | Int(payload[2]) << 8 | Int(payload[3]) << 16 | Int(payload[4]) << 24
@@ -157,23 +183,17 @@ extension SyncTests {
             defer { withExtendedLifetime(machines) {} }
             try machines[0].add("x.example", "user", "x1")
             for group in groups { try group.sync() }
-            let admin = try PostgresConnection(try testDatabase())
-            try admin.execute("ALTER TABLE lockbox_sync_items RENAME TO counted_items")
-            defer {
-                _ = try? admin.execute("DROP VIEW IF EXISTS lockbox_sync_items")
-                _ = try? admin.execute("DELETE FROM counted_items WHERE item_id LIKE 'junk%'")
-                _ = try? admin.execute("ALTER TABLE counted_items RENAME TO lockbox_sync_items")
-            }
-            try admin.execute(
+            let view = try RecordsBehindAView(
+                """
+                CREATE VIEW lockbox_sync_items AS SELECT * FROM counted_items
+                WHERE item_id NOT LIKE 'junk%' OR current_query() NOT ILIKE '%count(*)%'
+                """, removingOnRestore: "item_id LIKE 'junk%'")
+            defer { view.restore() }
+            try view.admin.execute(
                 """
                 INSERT INTO counted_items (group_id, item_id, version, device_id, payload)
                 SELECT $1, 'junk' || i, 1000000 + i, 'x', decode(repeat(md5(i::text), 64), 'hex') FROM generate_series(1, 2000) i
                 """, [.text(groups[0].groupID)])
-            try admin.execute(
-                """
-                CREATE VIEW lockbox_sync_items AS SELECT * FROM counted_items
-                WHERE item_id NOT LIKE 'junk%' OR current_query() NOT ILIKE '%count(*)%'
-                """)
             tick()
             try machines[0].set("x.example", "user", "x2")
             #expect(throws: LockboxError.self) { try groups[0].sync() }
@@ -189,28 +209,19 @@ extension SyncTests {
             defer { withExtendedLifetime(machines) {} }
             try machines[0].add("x.example", "user", "x1")
             for group in groups { try group.sync() }
-            let admin = try PostgresConnection(try testDatabase())
-            try admin.execute("ALTER TABLE lockbox_sync_items RENAME TO counted_items")
-            var restored = false
-            func restore() {
-                guard !restored else { return }
-                restored = true
-                _ = try? admin.execute("DROP VIEW IF EXISTS lockbox_sync_items")
-                _ = try? admin.execute("ALTER TABLE counted_items RENAME TO lockbox_sync_items")
-            }
-            defer { restore() }
             // Every row a lookup by item id matches, served 3,000 times; other queries see the table.
-            try admin.execute(
+            let view = try RecordsBehindAView(
                 """
                 CREATE VIEW lockbox_sync_items AS SELECT * FROM counted_items
                 UNION ALL SELECT c.* FROM counted_items c, generate_series(1, 3000) WHERE current_query() ILIKE '%= ANY(%'
                 """)
+            defer { view.restore() }
             tick()
             try machines[0].set("x.example", "user", "x2")
             let refused = #expect(throws: LockboxError.self) { try groups[0].sync() }
             #expect(refused?.code == .decode, "\(refused?.message ?? "")")
             #expect(refused?.message.contains("failed its check") == true, "\(refused?.message ?? "")")
-            restore()
+            view.restore()
             try groups[0].sync()
             for group in groups { try group.sync() }
             for machine in machines { #expect(try machine.value("x.example", "user") == "x2") }
