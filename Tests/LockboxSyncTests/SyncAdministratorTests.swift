@@ -46,6 +46,14 @@ extension SyncTests {
             }
         }
 
+        /// Three machines of one group, each holding x.example's first value, synced.
+        func threeMachinesHoldingX1() throws -> ([SyncGroup], [Machine]) {
+            let (groups, machines) = try threeMachines()
+            try machines[0].add("x.example", "user", "x1")
+            for group in groups { try group.sync() }
+            return (groups, machines)
+        }
+
         /// The metadata box of a payload, and what follows it (the value box's field).
         func split(_ payload: [UInt8]) -> (meta: [UInt8], value: [UInt8]) {
             let length = Int(payload[1]) | Int(payload[2]) << 8 | Int(payload[3]) << 16 | Int(payload[4]) << 24
@@ -158,10 +166,8 @@ extension SyncTests {
 
         @Test("A reset after this machine's record of its last pull was damaged still refuses a database rolled back below the state it replaces: the user's pushed edit is kept")
         func resetWithADamagedRecordRefusesARollback() throws {
-            let (groups, machines) = try threeMachines()
+            let (groups, machines) = try threeMachinesHoldingX1()
             defer { withExtendedLifetime(machines) {} }
-            try machines[0].add("x.example", "user", "x1")
-            for group in groups { try group.sync() }
             let backup = try SyncTests.DatabaseBackup(groups[0].groupID)
             tick()
             try machines[0].set("x.example", "user", "x2 (pushed)")
@@ -179,10 +185,8 @@ extension SyncTests {
 
         @Test("Rows the database hides from a count but serves to the fetch are refused past the versions the head covers, in a pull and a recovery: none is held in memory beyond one")
         func rowsHiddenFromTheCountAreRefused() throws {
-            let (groups, machines) = try threeMachines()
+            let (groups, machines) = try threeMachinesHoldingX1()
             defer { withExtendedLifetime(machines) {} }
-            try machines[0].add("x.example", "user", "x1")
-            for group in groups { try group.sync() }
             let view = try RecordsBehindAView(
                 """
                 CREATE VIEW lockbox_sync_items AS SELECT * FROM counted_items
@@ -205,10 +209,8 @@ extension SyncTests {
 
         @Test("Records a push looks up by item id, served many times over by the database, are refused after one row more than the items it names; the edit is kept and pushed once the table is back")
         func rowsRepeatedForALookupAreRefused() throws {
-            let (groups, machines) = try threeMachines()
+            let (groups, machines) = try threeMachinesHoldingX1()
             defer { withExtendedLifetime(machines) {} }
-            try machines[0].add("x.example", "user", "x1")
-            for group in groups { try group.sync() }
             // Every row a lookup by item id matches, served 3,000 times; other queries see the table.
             let view = try RecordsBehindAView(
                 """
