@@ -48,16 +48,21 @@ extension SyncGroup {
             "This machine's record of its last pull from the sync group (\(path)) was changed outside Lockbox, or cannot be "
                 + "read: the sync state cannot be checked against it, so nothing was synced. The keychain's items are not "
                 + "affected. If this user cannot read the file, give it back to them (chown, mode 0600); otherwise run "
-                + "`lockbox sync reset`, which rebuilds the state from the group and writes the record anew.")
+                + "`lockbox sync reset`, which rebuilds the state from the group and writes the record anew (it first says "
+                + "how many changes made here since the last sync it would replace, if any, and asks for "
+                + "--discard-local-changes).")
     }
 
     /// How far the state a reset replaces had pulled: its cursor when it still opens (its
     /// progress passes its MAC, though a bucket may not), else 0. With `refusingSound`, a state
     /// that opens, passes its checks (every bucket's MAC) and is not behind this machine's record
     /// of its last pull is refused: it needs no reset, which would lose the changes made here
-    /// since the last sync. A state that fails any of that (damaged, edited, behind, of a format
-    /// this build does not read) goes on to the reset; any other failure to list the changes
-    /// made here is thrown.
+    /// since the last sync. So is one whose record of the last pull is damaged or unreadable,
+    /// when it holds changes made here: it may well be the latest state, and its changes real
+    /// (a state put back from an older copy would list changes no one made, but that cannot be
+    /// told). A state that fails anything else (damaged, edited, behind, of a format this build
+    /// does not read) goes on to the reset; any other failure to list the changes made here is
+    /// thrown.
     private func replacedCursor(refusingSound: Bool) throws(LockboxError) -> Int64 {
         let state: SyncState
         do {
@@ -66,12 +71,11 @@ extension SyncGroup {
             return 0
         }
         guard refusingSound else { return state.cursor }
-        do {
-            try checkNotBehind(pulledMark.read(), state: state)
-            _ = try state.allEntries()
-        } catch {
-            return state.cursor
+        let mark = pulledMark.read()
+        if mark != .damaged {
+            do { try checkNotBehind(mark, state: state) } catch { return state.cursor }
         }
+        do { _ = try state.allEntries() } catch { return state.cursor }
         let pending: Int
         do {
             pending = try pendingChanges(state: state)
@@ -79,12 +83,22 @@ extension SyncGroup {
             // A bucket of rows found damaged only now: the state is not sound.
             return state.cursor
         }
+        let replaced = "\(pending) change\(pending == 1 ? "" : "s") made here since the last sync"
+        guard mark != .damaged else {
+            guard pending > 0 else { return state.cursor }
+            throw LockboxError(
+                .param,
+                "This machine's record of its last pull (\(pulledMark.path)) is damaged or cannot be read, so it cannot tell "
+                    + "whether this sync state is the latest. A reset would replace the \(replaced) with the group's versions "
+                    + "(a deleted item comes back); nothing was changed. If this user cannot read the file, give it back to them "
+                    + "(chown, mode 0600) and sync. Otherwise note those changes, run the reset again with --discard-local-changes, "
+                    + "and make them again after it.")
+        }
         throw LockboxError(
             .param,
             "This device's sync state is sound and not behind this machine's last pull: it needs no rebuilding, and "
-                + "`lockbox sync now` syncs. A reset would replace the \(pending) change\(pending == 1 ? "" : "s") made here since "
-                + "the last sync with the group's versions (a deleted item comes back); nothing was changed. To rebuild it anyway, "
-                + "add --discard-local-changes.")
+                + "`lockbox sync now` syncs. A reset would replace the \(replaced) with the group's versions (a deleted item "
+                + "comes back); nothing was changed. To rebuild it anyway, add --discard-local-changes.")
     }
 
     /// Rebuilds this device's sync state from the group, then syncs.
@@ -95,7 +109,8 @@ extension SyncGroup {
     /// new. Nothing is deleted on another device. The former state is removed: use this when a
     /// sync reports it damaged or older than this device's last pull.
     /// - Parameter discardingLocalChanges: rebuild a state that is neither damaged nor behind
-    ///   too, replacing the changes made here since the last sync; without it, such a state is
+    ///   too, or one holding changes made here whose record of the last pull is damaged,
+    ///   replacing the changes made here since the last sync; without it, such a state is
     ///   refused (`errSecParam`, with the number of changes it would replace), nothing changed.
     /// - Throws: `notAvailable` when the database cannot be reached (nothing changed);
     ///   `interactionNotAllowed` when the vault is locked.

@@ -317,7 +317,6 @@ extension SyncTests {
             for group in groups { try group.sync() }
             for machine in machines { #expect(try machine.value("x.example", "user") == "x5") }
         }
-    
 
         enum MarkDamage: String, CaseIterable, Sendable {
             case flippedByte, truncated, otherDevices, link
@@ -363,6 +362,45 @@ extension SyncTests {
             #expect(groups[0].pulledMark.read() == .cursor(cursor))
             for group in groups { try group.sync() }
             for machine in machines { #expect(try machine.value("x.example", "user") == "x2 from B") }
+        }
+
+        @Test("A reset while this machine's record of the last pull is damaged keeps an edit made here: refused with the change it would replace, until --discard-local-changes")
+        func resetWithADamagedRecordKeepsLocalChanges() throws {
+            let (groups, machines) = try threeMachines()
+            defer { withExtendedLifetime(machines) {} }
+            try machines[0].add("x.example", "user", "x1")
+            for group in groups { try group.sync() }
+            tick()
+            try machines[0].set("x.example", "user", "edited here")
+            let path = groups[0].pulledMark.path
+            var bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)))
+            bytes[0] ^= 0x01
+            try Data(bytes).write(to: URL(fileURLWithPath: path))
+            let synced = #expect(throws: LockboxError.self) { try groups[0].sync() }
+            #expect(synced?.message.contains("--discard-local-changes") == true, "\(synced?.message ?? "")")
+            let refused = #expect(throws: LockboxError.self) { try groups[0].resetState() }
+            #expect(refused?.code == .param)
+            #expect(refused?.message.contains("1 change made here") == true, "\(refused?.message ?? "")")
+            #expect(refused?.message.contains(path) == true && refused?.message.contains("--discard-local-changes") == true)
+            #expect(try machines[0].value("x.example", "user") == "edited here")
+            #expect(groups[0].pulledMark.read() == .damaged)
+            // Asked for plainly: the group's version replaces the edit.
+            try groups[0].resetState(discardingLocalChanges: true)
+            #expect(try machines[0].value("x.example", "user") == "x1")
+            for group in groups { try group.sync() }
+            for machine in machines { #expect(try machine.value("x.example", "user") == "x1") }
+        }
+
+        @Test("A reset while the record of the last pull is damaged and nothing was changed here goes on without a flag")
+        func resetWithADamagedRecordAndNoChanges() throws {
+            let (groups, machines) = try threeMachines()
+            defer { withExtendedLifetime(machines) {} }
+            try machines[0].add("x.example", "user", "x1")
+            for group in groups { try group.sync() }
+            try Data(repeating: 7, count: 40).write(to: URL(fileURLWithPath: groups[0].pulledMark.path))
+            try groups[0].resetState()
+            #expect(groups[0].pulledMark.read() != .damaged)
+            #expect(try machines[0].value("x.example", "user") == "x1")
         }
 
         @Test("An empty record (what a power loss can leave of its first write) checks nothing and is written anew by the next sync")
