@@ -24,14 +24,20 @@ struct AfterFirstUnlockKeys {
 
     let indexRoot: SecretBytes
     let classKeys: SmallMap<Accessibility, SecretBytes>
+    /// The entry was kept by a process with another device secret (another device key file:
+    /// another `XDG_STATE_HOME`, say): its `*ThisDeviceOnly` class keys are that device's, so
+    /// they were replaced by ``KeyCache/unavailableClassKey`` when it was read.
+    private(set) var keptForAnotherDevice = false
 
     /// Layout for the kernel keyring: index root, then the class keys in ``classes`` order,
     /// 32 bytes each; then the entry's bookkeeping, which is not secret: the unlock time
-    /// (seconds since 1970, 8 bytes little-endian) and the vault file's path (UTF-8), by which
-    /// stale entries are found and freed.
-    func packed(unlockedAt time: Int64, path: String) -> SecretBytes {
-        let pathBytes = Array(path.utf8.prefix(KeyCache.maximumStoredPathByteCount))
-        let size = Self.keysByteCount + 8 + pathBytes.count
+    /// (seconds since 1970, 8 bytes little-endian), the vault file's path (UTF-8), by which
+    /// stale entries are found and freed, a zero byte and the identifier of the device secret
+    /// the `*ThisDeviceOnly` class keys belong to.
+    func packed(unlockedAt time: Int64, path: String, device: String) -> SecretBytes {
+        let pathBytes = Array(path.utf8.prefix(KeyCache.maximumStoredPathByteCount).prefix { $0 != 0 })
+        let deviceBytes = [0] + Array(device.utf8)
+        let size = Self.keysByteCount + 8 + pathBytes.count + deviceBytes.count
         return SecretBytes(capacity: size) { buffer in
             var offset = 0
             for key in [indexRoot] + Self.classes.map({ classKeys[$0]! }) {
@@ -44,8 +50,11 @@ struct AfterFirstUnlockKeys {
                 UnsafeMutableRawBufferPointer(rebasing: buffer[offset..<offset + 8]).copyMemory(from: bytes)
             }
             offset += 8
-            pathBytes.withUnsafeBytes { bytes in
-                UnsafeMutableRawBufferPointer(rebasing: buffer[offset..<offset + bytes.count]).copyMemory(from: bytes)
+            for bytes in [pathBytes, deviceBytes] {
+                bytes.withUnsafeBytes { bytes in
+                    UnsafeMutableRawBufferPointer(rebasing: buffer[offset..<offset + bytes.count]).copyMemory(from: bytes)
+                }
+                offset += bytes.count
             }
             return size
         }
@@ -56,9 +65,11 @@ struct AfterFirstUnlockKeys {
         self.classKeys = classKeys
     }
 
-    /// The keys of a payload made by ``packed(unlockedAt:path:)`` (or by earlier releases,
-    /// which stored the keys alone).
-    init?(unpacking payload: SecretBytes) {
+    /// The keys of a payload made by ``packed(unlockedAt:path:device:)`` (or by earlier
+    /// releases, which stored the keys alone, or no device). The `*ThisDeviceOnly` class keys
+    /// of an entry another device secret kept are not taken: they would open nothing of this
+    /// device's (and read as damage), so they read as not kept.
+    init?(unpacking payload: SecretBytes, device: String) {
         let size = Crypto.keyByteCount
         guard payload.count == Self.keysByteCount || payload.count >= Self.keysByteCount + 8 else { return nil }
         func slice(_ index: Int) -> SecretBytes {
@@ -66,22 +77,28 @@ struct AfterFirstUnlockKeys {
                 SecretBytes(copying: UnsafeRawBufferPointer(rebasing: bytes[index * size..<(index + 1) * size]))
             }
         }
+        let writer = Self.bookkeeping(of: payload).device
+        let foreign = writer != nil && writer != device
         indexRoot = slice(0)
         var keys = SmallMap<Accessibility, SecretBytes>()
         for (offset, accessibility) in Self.classes.enumerated() {
-            keys[accessibility] = slice(offset + 1)
+            keys[accessibility] = foreign && accessibility.isThisDeviceOnly ? KeyCache.unavailableClassKey : slice(offset + 1)
         }
         classKeys = keys
+        keptForAnotherDevice = foreign
     }
 
-    /// The unlock time and vault path of a packed payload; (0, nil) for an entry of an earlier
-    /// release, which makes it the first to go.
-    static func bookkeeping(of payload: SecretBytes) -> (unlockedAt: Int64, path: String?) {
-        guard payload.count >= keysByteCount + 8 else { return (0, nil) }
+    /// The unlock time, vault path and device of a packed payload; (0, nil, nil) for an entry
+    /// of an earlier release, which makes it the first to go.
+    static func bookkeeping(of payload: SecretBytes) -> (unlockedAt: Int64, path: String?, device: String?) {
+        guard payload.count >= keysByteCount + 8 else { return (0, nil, nil) }
         return payload.withUnsafeBytes { bytes in
             let time = (0..<8).reduce(Int64(0)) { $0 | Int64(bytes[keysByteCount + $1]) << (8 * Int64($1)) }
-            let path = String(decoding: bytes[(keysByteCount + 8)...], as: UTF8.self)
-            return (time, path.isEmpty ? nil : path)
+            let rest = bytes[(keysByteCount + 8)...]
+            let end = rest.firstIndex(of: 0) ?? rest.endIndex
+            let path = String(decoding: rest[..<end], as: UTF8.self)
+            let device = end < rest.endIndex ? String(decoding: rest[(end + 1)...], as: UTF8.self) : nil
+            return (time, path.isEmpty ? nil : path, device)
         }
     }
 }
@@ -231,7 +248,8 @@ final class KeyCache {
                 }
                 return Crypto.keyByteCount + 4
             }
-            let afterFirstUnlockPayload = keys.packed(unlockedAt: Int64(time(nil)), path: Self.fileSystemView + "\u{1}" + Self.absolute(path))
+            let afterFirstUnlockPayload = keys.packed(
+                unlockedAt: Int64(time(nil)), path: Self.fileSystemView + "\u{1}" + Self.absolute(path), device: device.identifier)
             do throws(KernelKeyring.Failure) {
                 try Self.freeStaleEntries(keeping: vaultID.hexString, bound: Self.maximumCachedVaults)
                 do throws(KernelKeyring.Failure) {
@@ -273,7 +291,7 @@ final class KeyCache {
             guard vaultID != current else { continue }
             vaults[vaultID, default: CachedVault()].serials.append(entry.serial)
             guard kind == .afterFirstUnlock, let payload = try? KernelKeyring.read(entry.serial) else { continue }
-            let (unlockedAt, path) = AfterFirstUnlockKeys.bookkeeping(of: payload)
+            let (unlockedAt, path, _) = AfterFirstUnlockKeys.bookkeeping(of: payload)
             if let path, !fileMayExist(path) {
                 vaults[vaultID]!.unlockedAt = -1  // stale: freed below whatever the bound
             } else {
@@ -446,7 +464,9 @@ final class KeyCache {
                 afterFirstUnlockSerial = nil
                 indexKeys.removeAll()
                 let serial = try KernelKeyring.find(afterFirstUnlockDescription)
-                guard let keys = AfterFirstUnlockKeys(unpacking: try KernelKeyring.read(serial)) else { return nil }
+                guard let keys = AfterFirstUnlockKeys(unpacking: try KernelKeyring.read(serial), device: device.identifier) else {
+                    return nil
+                }
                 afterFirstUnlockSerial = serial
                 afterFirstUnlock = keys
                 return keys
@@ -470,6 +490,9 @@ final class KeyCache {
         return key
     }
 
+    /// Where a process finds its device key file, for errors that tell two apart.
+    static let deviceKeyHint = "another XDG_STATE_HOME or HOME, as a sandboxed or service environment may set"
+
     /// What the cached `afterFirstUnlock` keys hold for a `*ThisDeviceOnly` class when the
     /// vault was unlocked without this machine's device secret: zeros, which no random key is.
     static let unavailableClassKey = SecretBytes(copying: [UInt8](repeating: 0, count: Crypto.keyByteCount))
@@ -482,14 +505,18 @@ final class KeyCache {
         if accessibility.isThisDeviceOnly, let unavailable = device.unavailability { throw unavailable }
         switch accessibility.availability {
         case .afterFirstUnlock:
-            guard let key = try currentAfterFirstUnlockKeys()?.classKeys[accessibility] else { return nil }
+            guard let keys = try currentAfterFirstUnlockKeys(), let key = keys.classKeys[accessibility] else { return nil }
             guard key == Self.unavailableClassKey else { return key }
-            // Cached by a process that had no device secret: the class key comes from the header
-            // while the vault is unlocked, and never is the mark itself.
+            // Cached by a process that had no device secret, or another one: the class key comes
+            // from the header while the vault is unlocked, and never is the mark itself.
             guard let master = try currentMaster() else {
                 throw LockboxError.locked(
-                    "Its ThisDeviceOnly keys were not kept: this machine's device key was unavailable when it was last unlocked. "
-                        + "Unlock it again with `lockbox unlock`.")
+                    keys.keptForAnotherDevice
+                        ? "Its ThisDeviceOnly keys in the kernel keyring are another device key's: it was last unlocked by a "
+                            + "process using another device key file (\(Self.deviceKeyHint)). Unlock it again here with "
+                            + "`lockbox unlock`, and run Lockbox with the same environment everywhere."
+                        : "Its ThisDeviceOnly keys were not kept: this machine's device key was unavailable when it was last "
+                            + "unlocked. Unlock it again with `lockbox unlock`.")
             }
             return try Self.unwrapClassKey(accessibility, header: header(), master: master, device: device)
         case .always:

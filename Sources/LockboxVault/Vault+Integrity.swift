@@ -239,7 +239,13 @@ extension Vault {
             return Vault.deletionElement(mac: mac, sumKey: sumKey)
         }
 
-        fileprivate init(database: Database, integrity: IntegrityState, keys: IntegrityState.Keys, dataVersion: Int, time: Date) {
+        /// This machine's device identifier: a row bound to another is one this process cannot see.
+        let device: String
+
+        fileprivate init(
+            database: Database, integrity: IntegrityState, keys: IntegrityState.Keys, dataVersion: Int, time: Date, device: String
+        ) {
+            self.device = device
             self.database = database
             self.integrity = integrity
             self.keys = keys
@@ -376,13 +382,19 @@ extension Vault {
         /// The primary digests are compared as bytes, not by SQL: a digest column edited to hold
         /// the same bytes as text is counted as before by the integrity record (which reads
         /// bytes) and opens as before, but SQL's `=` with a blob would not find it.
+        ///
+        /// A row bound to another machine's device key (a `*ThisDeviceOnly` item of the machine
+        /// the file was copied from, or of a process that found another device key file) counts
+        /// too, but this process cannot see, update or delete it: its error says so.
         private func checkUnique(_ row: SealedRow, replacing rowID: Int?) throws(LockboxError) {
-            let statement = try database.statement("SELECT rowid, primary_digest FROM items WHERE lookup_digest = ?")
+            let statement = try database.statement("SELECT rowid, primary_digest, device_id FROM items WHERE lookup_digest = ?")
             defer { statement.reset() }
             statement.bind(1, row.lookupDigest)
             while try statement.step() {
                 guard statement.integer(0) != rowID, let stored = statement.borrowedBlob(1), stored.elementsEqual(row.primaryDigest)
                 else { continue }
+                let owner = statement.text(2) ?? ""
+                guard owner.isEmpty || owner == device else { throw Vault.boundToAnotherDevice }
                 throw LockboxError(.duplicateItem, "An item with the same primary key already exists.")
             }
         }
@@ -453,7 +465,9 @@ extension Vault {
         }
         // `currentIntegrity` read the data version in this transaction (its confirmation is
         // per transaction, and this one has just begun).
-        return RowWriter(database: state.database, integrity: stored, keys: keys, dataVersion: cache.dataVersion, time: currentDate())
+        return RowWriter(
+            database: state.database, integrity: stored, keys: keys, dataVersion: cache.dataVersion, time: currentDate(),
+            device: state.device.identifier)
     }
 
     // MARK: Upgrading rows

@@ -105,7 +105,8 @@ extension Vault {
         do throws(LockboxError) {
             try writer.insert(row)
         } catch {
-            throw error.code == .duplicateItem ? duplicate(row.itemClass, cause: error.cause) : error
+            guard error.code == .duplicateItem, error.message != Self.boundToAnotherDevice.message else { throw error }
+            throw duplicate(row.itemClass, cause: error.cause)
         }
     }
 
@@ -240,7 +241,8 @@ extension Vault {
             do throws(LockboxError) {
                 try writer.replace(row, with: sealed)
             } catch {
-                throw error.code == .duplicateItem ? duplicate(query.itemClass, cause: error.cause) : error
+                guard error.code == .duplicateItem, error.message != Self.boundToAnotherDevice.message else { throw error }
+                throw duplicate(query.itemClass, cause: error.cause)
             }
             matched += 1
         }
@@ -754,6 +756,14 @@ extension Vault {
     private func notFound() -> LockboxError {
         LockboxError(.itemNotFound, "No item matches the query in the keychain.")
     }
+
+    /// A duplicate of an item bound to another machine's device key, which this process can
+    /// neither see nor change.
+    static let boundToAnotherDevice = LockboxError(
+        .duplicateItem,
+        "An item of the same name is already in this keychain, bound to another device key (ThisDeviceOnly): that of the "
+            + "machine the keychain was copied from, or of a process that used another device key file (\(KeyCache.deviceKeyHint)). "
+            + "This process cannot read, update or delete it. Run Lockbox with that environment, or give the new item another name.")
 
     func duplicate(_ itemClass: ItemClass, cause: LockboxError.Cause?) -> LockboxError {
         let key =

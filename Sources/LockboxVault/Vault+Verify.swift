@@ -80,7 +80,15 @@ extension Vault {
                         report.otherMachinesItems += 1
                         continue
                     }
-                    guard let classKey = try state.keys.classKey(for: row.accessibility, header: header) else { continue }
+                    // A class locked now (its key not at hand, or kept for another device key) is
+                    // not checked, as for any locked item.
+                    let available: SecretBytes?
+                    do throws(LockboxError) {
+                        available = try state.keys.classKey(for: row.accessibility, header: header)
+                    } catch where error.code == .interactionNotAllowed {
+                        continue
+                    }
+                    guard let classKey = available else { continue }
                     do throws(LockboxError) {
                         let prefix = row.associatedDataPrefix(vaultID: header.vaultID)
                         let attributes = try row.openAttributes(classKey: classKey, prefix: prefix)

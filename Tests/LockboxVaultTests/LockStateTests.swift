@@ -248,4 +248,47 @@ struct LockStateTests {
         #expect(status { try rebooted.delete(matching: query) } == -25308)
         #expect(try rebooted.status().readableClasses == [.always, .alwaysThisDeviceOnly])
     }
+
+    @Test("an unlock by a process with another device key (another XDG_STATE_HOME) never makes this device's ThisDeviceOnly items read as damaged: locked at worst, with what to do")
+    func unlockWithAnotherDeviceKey_leavesThisDevicesItemsSound() throws {
+        let fixture = try VaultFixture { $0.device = DeviceIdentity(keyPath: nil, machineIDPath: "/etc/machine-id") }
+        let tdo = Query.genericPassword(service: "svc.tdo", account: "alice")
+        var item = Item.genericPassword(service: "svc.tdo", account: "alice", data: SecretBytes(utf8: "this device's"))
+        item.attributes.accessibility = .afterFirstUnlockThisDeviceOnly
+        try fixture.vault.add(item)
+        let other = try fixture.reopen { $0.device = DeviceIdentity(keyPath: fixture.directory.file("other-state/device-key")) }
+        try other.unlock(passphrase: fixture.passphrase)
+        // The other device key's process: the item is another device's, and a new one of the
+        // same name is refused saying so.
+        #expect(status { _ = try other.data(matching: tdo) } == -25300)
+        var mine = item
+        mine.data = SecretBytes(utf8: "the other device's")
+        do {
+            try other.add(mine)
+            Issue.record("an item of the same name as another device's was added")
+        } catch {
+            #expect(error.status == -25299)
+            #expect(error.message.contains("bound to another device key"), "\(error.message)")
+        }
+        // This device's process, unlocked: reads as before.
+        let here = try fixture.reopen()
+        #expect(try here.data(matching: tdo) == SecretBytes(utf8: "this device's"))
+        // Locked (after first unlock): the kernel keyring holds the other device's keys, so the
+        // item reads as locked with what to do, never as damaged (-26275) or absent.
+        here.lock()
+        let locked = try fixture.reopen()
+        do {
+            _ = try locked.data(matching: tdo)
+            Issue.record("read another device's class key")
+        } catch {
+            #expect(error.status == -25308)
+            #expect(error.message.contains("another device key"), "\(error.message)")
+        }
+        let report = try Vault.verify(at: fixture.path, configuration: locked.configuration)
+        #expect(report.isSound, "\(report.problems)")
+        // Unlocked here again, then locked: this device's keys are kept again.
+        try locked.unlock(passphrase: fixture.passphrase)
+        locked.lock()
+        #expect(try fixture.reopen().data(matching: tdo) == SecretBytes(utf8: "this device's"))
+    }
 }
