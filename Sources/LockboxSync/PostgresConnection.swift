@@ -274,6 +274,18 @@ package final class PostgresConnection {
 
     /// A message the server wrote, as it may be shown on a terminal and in logs: control
     /// characters (terminal escape sequences a hostile server could send) replaced.
+    /// The start of every error of a statement the role has no privilege for.
+    static let insufficientPrivilegeMessage = "The sync database's role lacks a privilege this needs"
+
+    /// A statement refused for a privilege the connection's role lacks (SQLSTATE 42501).
+    static func insufficientPrivilege(_ reason: String) -> LockboxError {
+        LockboxError(
+            .io,
+            "\(insufficientPrivilegeMessage) (\(reason)); nothing was changed here, and trying again will not help. Have the "
+                + "database's owner grant this role use of the Lockbox sync tables and their schema (USAGE on the schema; SELECT, "
+                + "INSERT, UPDATE and DELETE on the lockbox_sync_* tables), or use a role that has them (docs/SYNC.md, \"Tables\").")
+    }
+
     package static func printable(_ text: String) -> String {
         String(String.UnicodeScalarView(text.unicodeScalars.map { $0.value < 0x20 || (0x7F...0x9F).contains($0.value) ? "?" : $0 }))
     }
@@ -425,6 +437,10 @@ package final class PostgresConnection {
                         + "the connection string sets lock_timeout): a sync, join or device removal, or a fleet machine's token refresh, "
                         + "in progress or stopped midway (the database ends a stopped sync after 2 minutes idle). Nothing was changed "
                         + "here; try again later. If this keeps happening, look for a stopped sync on the other devices.")
+            }
+            // insufficient_privilege: waiting does not mend it.
+            if PQresultErrorField(result, Int32(UInt8(ascii: "C"))).map({ String(cString: $0) }) == "42501" {
+                throw Self.insufficientPrivilege(reason)
             }
             throw LockboxError(.io, "The sync database refused a statement (\(reason)). Sync again later.")
         }

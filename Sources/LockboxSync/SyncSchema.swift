@@ -112,16 +112,31 @@ enum SyncSchema {
         }
         try connection.transaction { () throws(LockboxError) in
             try connection.execute("SELECT pg_advisory_xact_lock(7170656173)")
-            if !creating {
-                let found = try connection.execute("SELECT to_regclass('lockbox_sync_schema') IS NOT NULL")
-                guard found.first?.first == "t" else {
-                    throw LockboxError(
-                        .itemNotFound,
-                        "That database holds no sync group (it has no Lockbox sync tables); nothing was changed there. "
-                            + "Check the connection string (its dbname=), or create a group with `lockbox sync create`.")
-                }
+            // A table the role cannot see for want of USAGE on its schema (one its search path
+            // names) reads as absent to to_regclass(): the catalog, which every role reads, tells
+            // the two apart.
+            let found = try connection.execute(
+                """
+                SELECT to_regclass('lockbox_sync_schema') IS NOT NULL,
+                    EXISTS (SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                        WHERE c.relname = 'lockbox_sync_schema' AND NOT has_schema_privilege(n.oid, 'USAGE')
+                        AND (n.nspname = current_user
+                            OR n.nspname = ANY(string_to_array(replace(replace(current_setting('search_path'), '"', ''), ' ', ''), ',')))),
+                    current_schema() IS NOT NULL
+                """)
+            let visible = found.first?[0] == "t"
+            if !visible, found.first?[1] == "t" || (creating && found.first?[2] != "t") {
+                throw PostgresConnection.insufficientPrivilege(
+                    found.first?[1] == "t"
+                        ? "the Lockbox sync tables are in a schema it may not use" : "it may use no schema of its search path")
             }
-            try connection.execute("CREATE TABLE IF NOT EXISTS lockbox_sync_schema (version integer NOT NULL)")
+            if !creating && !visible {
+                throw LockboxError(
+                    .itemNotFound,
+                    "That database holds no sync group (it has no Lockbox sync tables); nothing was changed there. "
+                        + "Check the connection string (its dbname=), or create a group with `lockbox sync create`.")
+            }
+            if !visible { try connection.execute("CREATE TABLE IF NOT EXISTS lockbox_sync_schema (version integer NOT NULL)") }
             let rows = try connection.execute("SELECT coalesce(max(version), 0) FROM lockbox_sync_schema")
             let version = Int(try PostgresConnection.integer(rows.first?.first ?? nil))
             if acceptingNewer && version > currentVersion { return }
@@ -130,9 +145,17 @@ enum SyncSchema {
                     .unimplemented,
                     "The sync database has schema version \(version), newer than this Lockbox knows (\(currentVersion)). Upgrade Lockbox on this machine.")
             }
-            for next in version..<currentVersion {
-                for statement in migrations[next] { try connection.execute(statement) }
-                try connection.execute("INSERT INTO lockbox_sync_schema (version) VALUES ($1)", [.integer(Int64(next + 1))])
+            do throws(LockboxError) {
+                for next in version..<currentVersion {
+                    for statement in migrations[next] { try connection.execute(statement) }
+                    try connection.execute("INSERT INTO lockbox_sync_schema (version) VALUES ($1)", [.integer(Int64(next + 1))])
+                }
+            } catch where version > 0 && error.message.hasPrefix(PostgresConnection.insufficientPrivilegeMessage) {
+                throw LockboxError(
+                    .io,
+                    "The sync database has schema version \(version), and this Lockbox needs \(currentVersion): upgrading it changes "
+                        + "its tables, which this role may not do. Nothing was changed. Run any `lockbox sync` command once with a "
+                        + "connection string naming the tables' owner (it upgrades them), then sync again with this one.")
             }
         }
     }

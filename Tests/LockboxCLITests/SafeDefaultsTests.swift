@@ -35,6 +35,36 @@ struct SafeDefaultsTests {
         try lockbox(["find-generic-password", "-s", service, "-a", account, "-w"] + (raw ? ["--raw"] : []))
     }
 
+    @Test("a read on a full disk (the shared-memory file cannot grow) says the disk is full, not an unexplained I/O error")
+    func readOnAFullDisk_saysTheDiskIsFull() throws {
+        // A 1 MiB tmpfs in a mount namespace of its own (unshare -rm: no root needed, nothing
+        // mounted for other processes), filled after the keychain is written.
+        let unshare = "/usr/bin/unshare"
+        #expect(FileManager.default.isExecutableFile(atPath: unshare), "unshare (Debian's util-linux) is missing")
+        let mountPoint = directory.file("full")
+        try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        let script = """
+            set -e
+            mount -t tmpfs -o size=1m,mode=700 tmpfs "$1"
+            mkdir -m 700 "$1/state"
+            export XDG_STATE_HOME="$1/state"
+            printf 'full disk passphrase\n' | "$2" --keychain "$1/k.lockbox" init --passphrase-stdin --kdf interactive >/dev/null
+            printf 'full-disk-canary\n' | "$2" --keychain "$1/k.lockbox" add-generic-password -s svc -a acct
+            rm -f "$1/k.lockbox-shm"
+            dd if=/dev/zero of="$1/fill" bs=4k 2>/dev/null || true
+            set +e
+            "$2" --keychain "$1/k.lockbox" find-generic-password -s svc -a acct -w
+            echo "exit $?"
+            "$2" --keychain "$1/k.lockbox" lock --all 2>/dev/null
+            exit 0
+            """
+        let result = try run(unshare, ["-rm", "/bin/sh", "-c", script, "sh", mountPoint, binary])
+        #expect(result.status == 0, "\(result.standardError)")
+        #expect(result.standardOutput.contains("exit 1"), "\(result.standardOutput)")
+        #expect(result.standardError.contains("disk holding") && result.standardError.contains("is full"), "\(result.standardError)")
+        #expect(!result.standardOutput.contains("canary") && !result.standardError.contains("canary"))
+    }
+
     // MARK: Deletes
 
     @Test(

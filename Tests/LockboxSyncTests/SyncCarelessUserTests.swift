@@ -133,6 +133,67 @@ extension SyncTests {
             #expect(finished.standardError.contains("Waiting for another sync of this keychain"), "\(finished.standardError)")
         }
 
+        @Test("A role without the privileges a sync needs is told so, never \"no sync group\" (exit 44) or \"sync again later\"; an older schema it may not upgrade names the owner's upgrade")
+        func missingPrivilegesAreNamed() throws {
+            let database = try testDatabase()
+            let passfile = try #require(database.split(separator: " ").first { $0.hasPrefix("passfile=") }.map { String($0.dropFirst(9)) })
+            let password = try #require(
+                try String(contentsOfFile: passfile, encoding: .utf8).split(separator: "\n").first.map { String($0.split(separator: ":").last!) })
+            let suffix = String(UInt32.random(in: 0...UInt32.max), radix: 16)
+            let role = "lbx_limited_" + suffix
+            let schema = "lbx_hidden_" + suffix
+            let admin = try PostgresConnection(database)
+            try admin.execute("CREATE SCHEMA \(schema)")
+            try admin.execute("CREATE ROLE \(role) LOGIN PASSWORD '\(password)'")
+            defer {
+                _ = try? admin.execute("DROP SCHEMA \(schema) CASCADE")
+                _ = try? admin.execute("DROP OWNED BY \(role)")
+                _ = try? admin.execute("DROP ROLE \(role)")
+            }
+            let directory = TemporaryDirectory("lockbox-sync-role")
+            let limitedPassfile = directory.file("pgpass")
+            _ = FileManager.default.createFile(
+                atPath: limitedPassfile, contents: Data("*:*:*:\(role):\(password)\n".utf8), attributes: [.posixPermissions: 0o600])
+            func connection(_ user: String?, _ file: String?) -> String {
+                database.split(separator: " ").map { word in
+                    if let user, word.hasPrefix("user=") { return "user=" + user }
+                    if let file, word.hasPrefix("passfile=") { return "passfile=" + file }
+                    return String(word)
+                }.joined(separator: " ") + " options='-c search_path=\(schema)'"
+            }
+            let machine = try Machine()
+            try machine.add("x.example", "user", "x1")
+            let group = try SyncGroup.create(vault: machine.vault, database: connection(nil, nil))
+            try group.sync()
+            let limited = try SyncGroup(group.groupID, vault: machine.vault, database: connection(role, limitedPassfile))
+            func refused(_ what: String) -> LockboxError? {
+                let error = #expect(throws: LockboxError.self, "\(what)") { try limited.sync() }
+                #expect(error?.code != .itemNotFound, "\(what): \(error?.message ?? "")")
+                #expect(error?.message.contains("Sync again later") == false, "\(what): \(error?.message ?? "")")
+                return error
+            }
+            // No USAGE on the schema that holds the tables.
+            let hidden = refused("no USAGE on the schema")
+            #expect(hidden?.message.contains("lacks a privilege") == true, "\(hidden?.message ?? "")")
+            #expect(hidden?.message.contains("schema it may not use") == true, "\(hidden?.message ?? "")")
+            // USAGE, but no right on the tables.
+            try admin.execute("GRANT USAGE ON SCHEMA \(schema) TO \(role)")
+            let tables = refused("no right on the tables")
+            #expect(tables?.message.contains("lacks a privilege") == true, "\(tables?.message ?? "")")
+            // Every right but ownership, on a schema one version older: it cannot be upgraded here.
+            try admin.execute("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA \(schema) TO \(role)")
+            try admin.execute("ALTER TABLE \(schema).lockbox_fleet_sessions DROP COLUMN refresh_in_flight_until")
+            try admin.execute("DELETE FROM \(schema).lockbox_sync_schema WHERE version = \(SyncSchema.currentVersion)")
+            let older = refused("an older schema")
+            #expect(older?.message.contains("schema version \(SyncSchema.currentVersion - 1)") == true, "\(older?.message ?? "")")
+            #expect(older?.message.contains("owner") == true, "\(older?.message ?? "")")
+            // The owner's sync upgrades it; the role then syncs.
+            try group.sync()
+            try machine.set("x.example", "user", "x2")
+            try limited.sync()
+            #expect(try machine.value("x.example", "user") == "x2")
+        }
+
         @Test("A device that keeps the group locked: the wait ends with an error that says so, and a transaction left idle is ended by the server")
         func aGroupKeptLockedIsSaid() throws {
             let database = try testDatabase()

@@ -330,6 +330,11 @@ package final class Database {
     }
 
     private static func mappedError(code: Int32, message: String, path: String) -> LockboxError {
+        // The shared-memory file (-shm) could not grow, which even a read may need: a full disk.
+        if code == SQLITE_IOERR | (19 << 8) {
+            return LockboxError(
+                .io, "The disk holding \(path) is full (its shared-memory file cannot grow). Free space, then try again; nothing was changed.")
+        }
         switch code & 0xff {
         case SQLITE_BUSY, SQLITE_LOCKED:
             return LockboxError(
