@@ -205,66 +205,91 @@ extension SyncGroup {
         pending.replacesVerified = from == 0
         pending.accumulator = head.accumulator
         timer.lap(\.verify)
+        // The decisions below read this keychain's rows; the vault applies them in a transaction
+        // of its own, which another process may write just before. Such a write (the later one)
+        // must not be overwritten or deleted by an earlier record: the apply is refused when the
+        // keychain's generation moved since the rows were read, and the pull decides again.
+        let undecided = pending
+        let unreported = report.pulled
         var changes: [(id: String, existing: Data?, sealed: SealedValueRecord)] = []
-        changes.reserveCapacity(received.count)
-        // Rows written here since the push (by another process): checked before overwriting.
-        var recent: Set<Data>?
-        let heldBack = state.heldBack
-        for received in received {
-            let id = received.id
-            let sealed = received.sealed
-            let record = sealed.record
-            // A later record of an item held back: judged as any other (and held back again
-            // if it still may not be applied).
-            if heldBack.contains(id) { pending.heldBack[id] = false }
-            var known = pending.entries[id]
-            if known == nil && !knowsNothing { known = try state.entry(id) }
-            if let known {
-                if known.stamp == record.stamp { continue }
-                if record.stamp < known.stamp { throw rolledBack() }
-            }
-            let entry = SyncState.Entry(record)
-            let existing = knowsNothing ? nil : try Self.reference(of: id, pending: pending, state: state)()
-            if let existing {
-                if recent == nil { recent = Set(try vault.synchronizableChanges(since: state.generation).changed) }
-                if recent?.contains(existing) == true {
-                    guard let mine = try readLocal(existing), itemID(mine.item) == id else {
-                        // Changed here since the push so that it no longer holds this item as
-                        // one that syncs (made ThisDeviceOnly, renamed): neither overwritten nor
-                        // deleted; the next push settles it by the same rule.
+        var decidedGeneration: Int?
+        var started: SyncState.PendingCommit?
+        var notApplied = 0
+        for attempt in 1...Self.pullDecisionAttempts {
+            pending = undecided
+            report.pulled = unreported
+            changes = []
+            changes.reserveCapacity(received.count)
+            // Rows written here since the push (by another process): checked before overwriting.
+            var recent: Set<Data>?
+            decidedGeneration = nil
+            let heldBack = state.heldBack
+            for received in received {
+                let id = received.id
+                let sealed = received.sealed
+                let record = sealed.record
+                // A later record of an item held back: judged as any other (and held back again
+                // if it still may not be applied).
+                if heldBack.contains(id) { pending.heldBack[id] = false }
+                var known = pending.entries[id]
+                if known == nil && !knowsNothing { known = try state.entry(id) }
+                if let known {
+                    if known.stamp == record.stamp { continue }
+                    if record.stamp < known.stamp { throw rolledBack() }
+                }
+                let entry = SyncState.Entry(record)
+                let existing = knowsNothing ? nil : try Self.reference(of: id, pending: pending, state: state)()
+                if let existing {
+                    if recent == nil {
+                        let scan = try vault.synchronizableChanges(since: state.generation)
+                        recent = Set(scan.changed)
+                        decidedGeneration = scan.generation
+                    }
+                    if recent?.contains(existing) == true {
+                        guard let mine = try readLocal(existing), itemID(mine.item) == id else {
+                            // Changed here since the push so that it no longer holds this item as
+                            // one that syncs (made ThisDeviceOnly, renamed): neither overwritten nor
+                            // deleted; the next push settles it by the same rule.
+                            continue
+                        }
+                        if mine.digest != known?.contentDigest && mine.digest != record.contentDigest {
+                            // Edited here since the last push: the next push settles it by the same rule.
+                            continue
+                        }
+                        if mine.digest == record.contentDigest && !record.isTombstone {
+                            // The same content: the record's entry is adopted, unless the edit here
+                            // is the later write, which the next push writes with its own time.
+                            if Self.milliseconds(mine.item.attributes.modificationDate) <= record.stamp.modified { pending.entries[id] = entry }
+                            continue
+                        }
+                    } else if let known, !known.isTombstone, !record.isTombstone, known.contentDigest == record.contentDigest {
+                        pending.entries[id] = entry
                         continue
                     }
-                    if mine.digest != known?.contentDigest && mine.digest != record.contentDigest {
-                        // Edited here since the last push: the next push settles it by the same rule.
-                        continue
-                    }
-                    if mine.digest == record.contentDigest && !record.isTombstone {
-                        // The same content: the record's entry is adopted, unless the edit here
-                        // is the later write, which the next push writes with its own time.
-                        if Self.milliseconds(mine.item.attributes.modificationDate) <= record.stamp.modified { pending.entries[id] = entry }
-                        continue
-                    }
-                } else if let known, !known.isTombstone, !record.isTombstone, known.contentDigest == record.contentDigest {
+                } else if record.isTombstone {
                     pending.entries[id] = entry
                     continue
                 }
-            } else if record.isTombstone {
+                // An item that may not sync, or not the one its identifier names (checked as it was opened).
+                guard received.isFitting else { throw failure }
+                report.pulled += 1
                 pending.entries[id] = entry
+                // Applied with the others in one vault transaction.
+                changes.append((id, existing, sealed))
+            }
+            timer.lap(\.decide)
+            pending.cursor = counter
+            // A large pull's state is written while the vault commits, and committed after it.
+            notApplied = 0
+            do {
+                started = try applyPulled(
+                    changes, keys: keys, pending: &pending, coveredGeneration: state.generation, decidedGeneration: decidedGeneration,
+                    state: state, notApplied: &notApplied)
+                break
+            } catch where error.message == Self.keychainMovedUnderPull.message && attempt < Self.pullDecisionAttempts {
                 continue
             }
-            // An item that may not sync, or not the one its identifier names (checked as it was opened).
-            guard received.isFitting else { throw failure }
-            report.pulled += 1
-            pending.entries[id] = entry
-            // Applied with the others in one vault transaction.
-            changes.append((id, existing, sealed))
         }
-        timer.lap(\.decide)
-        pending.cursor = counter
-        // A large pull's state is written while the vault commits, and committed after it.
-        var notApplied = 0
-        let started = try applyPulled(
-            changes, keys: keys, pending: &pending, coveredGeneration: state.generation, state: state, notApplied: &notApplied)
         report.pulled -= notApplied
         timer.lap(\.vault)
         // A pull from scratch (a recovery) may move the state's cursor down: the mark is set
@@ -328,9 +353,14 @@ extension SyncGroup {
     /// for it (``SyncState/PendingCommit/commit()``). Otherwise the caller commits `pending`.
     func applyPulled(
         _ changes: [(id: String, existing: Data?, sealed: SealedValueRecord)], keys: SyncKeys, pending: inout SyncState.Changes,
-        coveredGeneration: Int, state: SyncState, notApplied: inout Int
+        coveredGeneration: Int, decidedGeneration: Int? = nil, state: SyncState, notApplied: inout Int
     ) throws(LockboxError) -> SyncState.PendingCommit? {
         guard !changes.isEmpty else { return nil }
+        // Refused (rolled back) when the keychain was written since its rows were read for the
+        // decisions (`decidedGeneration`): see ``keychainMovedUnderPull``.
+        func checkNotMoved(_ applied: AppliedChanges) throws(LockboxError) {
+            if let decidedGeneration, applied.previousGeneration != decidedGeneration { throw Self.keychainMovedUnderPull }
+        }
         // What the state records of the applied changes: the rows that hold the items.
         func record(_ applied: AppliedChanges, in pending: inout SyncState.Changes) {
             for (change, reference) in zip(changes, applied.references) {
@@ -344,6 +374,7 @@ extension SyncGroup {
         }
         // Before the vault commits, the rows it adds are listed in the state (``SyncState/applying``).
         func listAdded(_ applied: AppliedChanges) throws(LockboxError) {
+            try checkNotMoved(applied)
             var added: [Data: SyncState.Applying] = [:]
             for (change, reference) in zip(changes, applied.references) where change.existing == nil {
                 if let reference { added[reference] = SyncState.Applying(id: change.id, entry: SyncState.Entry(change.sealed.record)) }
@@ -378,6 +409,7 @@ extension SyncGroup {
                             // Called again only if the vault ran its transaction again: the
                             // first attempt's state is rolled back first.
                             started?.abandon()
+                            started = nil
                             try listAdded(applied)
                             var recorded = written
                             record(applied, in: &recorded)
@@ -517,6 +549,19 @@ extension SyncGroup {
         guard let local = try readLocal(reference) else { return .notSyncing }
         return .syncing(reference, local)
     }
+
+    /// How many times a pull decides again when another process wrote the keychain between
+    /// its decisions and their apply.
+    static let pullDecisionAttempts = 4
+
+    /// The keychain was written (by another process) after a pull read its rows to decide what
+    /// to apply, and before the apply's transaction: the apply is rolled back, so that a write
+    /// made here meanwhile (the later one) is never overwritten or deleted by an earlier record
+    /// on the strength of rows read before it.
+    static let keychainMovedUnderPull = LockboxError(
+        .io,
+        "Another process kept writing this keychain while the sync applied the group's changes, so they were not applied "
+            + "(a change made here meanwhile is never overwritten). Nothing was lost; sync again.")
 
     /// What ``apply(_:id:existing:state:)`` left in the vault.
     enum AppliedRecord: Equatable {

@@ -95,7 +95,7 @@ extension SyncGroup {
                         // later write than that delete, whatever the clocks say.
                         record = self.record(of: local, after: SyncState.Entry(deletion(madeAt: 0, after: known)))
                     } else {
-                        if Self.isPushed(local, known: known) { continue }
+                        if Self.isPushed(local, id: id, stateRow: stateRow, known: known) { continue }
                         record = self.record(of: local, after: known)
                     }
                     try checkSyncable(local.item)
@@ -231,11 +231,15 @@ extension SyncGroup {
     }
 
     /// Whether the group already holds an item's local content, as this device last saw its
-    /// record: then a push writes nothing for it. (A value saved again unchanged is not a
-    /// change: a credential helper stores the same value after each use, and pushing it as a
-    /// later write would undo an edit or a delete made elsewhere since.)
-    static func isPushed(_ local: LocalItem, known: SyncState.Entry?) -> Bool {
-        known.map { !$0.isTombstone && $0.contentDigest == local.digest } ?? false
+    /// record, in the row this device knows holds it (`stateRow`): then a push writes nothing
+    /// for it. (A value saved again unchanged is not a change: a credential helper stores the
+    /// same value after each use, and pushing it as a later write would undo an edit or a
+    /// delete made elsewhere since.) A row the state does not know holds the item is the item
+    /// created again (its former row deleted here): a later write than a delete or an edit made
+    /// elsewhere before it, whatever its content, and pushed as one.
+    static func isPushed(_ local: LocalItem, id: String, stateRow: String??, known: SyncState.Entry?) -> Bool {
+        guard stateRow == .some(.some(id)) else { return false }
+        return known.map { !$0.isTombstone && $0.contentDigest == local.digest } ?? false
     }
 
     /// The items a push writes a tombstone for, in order: those a gone or replaced row held

@@ -144,7 +144,7 @@ extension SyncGroup {
                 let id = itemID(local.item)
                 produced.insert(id)
                 if !Self.holdsAgainAfterStoppedPush(reference, id, stateRow: stateRow, state: state),
-                    Self.isPushed(local, known: try state.entry(id))
+                    Self.isPushed(local, id: id, stateRow: stateRow, known: try state.entry(id))
                 {
                     continue
                 }
