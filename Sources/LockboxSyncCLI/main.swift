@@ -376,9 +376,12 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
             let report = try group.sync()
             streams.print("first sync: pulled \(report.pulled), pushed \(report.pushed)")
         } catch {
-            // Joined all the same: the pairing code is used up, and `sync now` goes on from here.
+            // Joined all the same: the pairing code is used up. What to do next is the error's
+            // own advice (sync again later, a reset, ...); no join again is needed.
             throw LockboxError(
-                error.code, "Joined as device \(group.deviceID); the first sync failed (`lockbox sync now` goes on from here): \(error.message)")
+                error.code,
+                "Joined as device \(group.deviceID) (the pairing code is used up; no need to join again), but the first sync failed: "
+                    + error.message)
         }
         return .success
     case .now:
