@@ -360,6 +360,29 @@ final class KeyCache {
         indexKeys.removeAll()
     }
 
+    /// Whether the kernel keyring's entries this handle read its keys from were replaced or
+    /// removed since (another process changed the passphrase, or locked): then every key read
+    /// from them, or derived, is dropped here, to be read again at the next use. A handle that
+    /// read its keys just before another process's passphrase change committed would otherwise
+    /// check the new file with the old keys, and take it for damaged.
+    func dropIfReplaced() -> Bool {
+        guard mode == .kernelKeyring else { return false }
+        func replaced(_ serial: KernelKeyring.Serial?, _ description: String) -> Bool {
+            guard let serial else { return false }
+            guard (try? KernelKeyring.isValid(serial)) == true else { return true }
+            return (try? KernelKeyring.find(description)) != serial
+        }
+        guard replaced(afterFirstUnlockSerial, afterFirstUnlockDescription) || replaced(masterSerial, masterDescription) else {
+            return false
+        }
+        dropWhileUnlocked()
+        masterSerial = nil
+        afterFirstUnlock = nil
+        afterFirstUnlockSerial = nil
+        forgetDerivedKeys()
+        return true
+    }
+
     /// Forgets the class and index keys derived from the header, after the header's keys
     /// were replaced (a format upgrade, a passphrase change).
     func forgetDerivedKeys() {

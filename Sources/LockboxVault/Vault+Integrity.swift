@@ -72,8 +72,12 @@ extension Vault {
             }
             return cached
         }
-        // Another connection wrote: the header may have changed too.
+        // Another connection wrote: the header may have changed too, and with it the keys
+        // derived from it here (a passphrase change makes a new `always` class key).
         let header = try VaultHeader.load(from: state.database)
+        if header.authenticatedBytes() != state.header.authenticatedBytes() || header.mac != state.header.mac {
+            state.keys.forgetDerivedKeys()
+        }
         state.header = header
         guard var stored = try IntegrityState.load(from: state.database) else {
             guard header.version == 1, remembered == 0, try !hasCurrentFormatRows(state.database) else {
@@ -85,11 +89,17 @@ extension Vault {
         }
         // A header of the first format beside an integrity record was edited back.
         guard header.version >= 2 else { throw LockboxError.integrity("The keychain header (its version)") }
-        let keys = try integrityKeys(state)
-        if let keys {
-            guard stored.verify(header: header, headerBinding: state.headerBinding(key: keys.element), keys: keys) else {
-                throw LockboxError.integrity("The keychain's integrity record")
+        var keys = try integrityKeys(state)
+        if let current = keys {
+            var sound = stored.verify(header: header, headerBinding: state.headerBinding(key: current.element), keys: current)
+            if !sound, state.keys.dropIfReplaced() {
+                // Keys read before another process replaced them (its passphrase change committed
+                // meanwhile): checked again with the keys there are now, or locked if none.
+                guard let fresh = try integrityKeys(state) else { throw lockedError() }
+                keys = fresh
+                sound = stored.verify(header: header, headerBinding: state.headerBinding(key: fresh.element), keys: fresh)
             }
+            guard sound else { throw LockboxError.integrity("The keychain's integrity record") }
             // Only a verified generation can be compared or remembered.
             guard stored.generation >= remembered else { throw rolledBack(found: stored.generation, remembered: remembered) }
             state.rememberedGeneration.advance(to: stored.generation)

@@ -110,7 +110,7 @@ public final class Vault: ItemStore, Sendable {
         private(set) var vaultID: [UInt8]
         /// ``IntegrityState/headerBinding(_:key:)`` of ``header``, computed once per header
         /// (the key, derived from the `always` class key the header wraps, goes with it).
-        private var cachedHeaderBinding: [UInt8]?
+        private var cachedHeaderBinding: (key: SecretBytes, binding: [UInt8])?
         let keys: KeyCache
         var device: DeviceSecret { keys.device }
         /// SQL text per query shape (see `PlanShape`).
@@ -145,9 +145,9 @@ public final class Vault: ItemStore, Sendable {
         var presenceProof: PresenceProof?
 
         func headerBinding(key: SecretBytes) -> [UInt8] {
-            if let cachedHeaderBinding { return cachedHeaderBinding }
+            if let cachedHeaderBinding, cachedHeaderBinding.key == key { return cachedHeaderBinding.binding }
             let binding = IntegrityState.headerBinding(header, key: key)
-            cachedHeaderBinding = binding
+            cachedHeaderBinding = (key, binding)
             return binding
         }
 

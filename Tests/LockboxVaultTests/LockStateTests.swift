@@ -291,4 +291,35 @@ struct LockStateTests {
         locked.lock()
         #expect(try fixture.reopen().data(matching: tdo) == SecretBytes(utf8: "this device's"))
     }
+
+    @Test("a handle that read before another process changed the passphrase reads the new file with the new keys, never as damaged")
+    func passphraseChangedByAnotherHandle_readsOn() throws {
+        let fixture = try VaultFixture()
+        try fixture.vault.add(.genericPassword(service: "svc", account: "alice", data: SecretBytes(utf8: "v")))
+        var local = Item.genericPassword(service: "svc", account: "bob", data: SecretBytes(utf8: "w"))
+        local.attributes.accessibility = .always
+        try fixture.vault.add(local)
+        let reader = try fixture.reopen()
+        #expect(try reader.data(matching: query) == SecretBytes(utf8: "v"))
+        let writer = try fixture.reopen()
+        try writer.changePassphrase(from: fixture.passphrase, to: SecretBytes(utf8: "another passphrase entirely"))
+        // The reader's keys derived from the former header (its `always` class key) are stale.
+        #expect(try reader.data(matching: query) == SecretBytes(utf8: "v"))
+        #expect(try reader.data(matching: .genericPassword(service: "svc", account: "bob")) == SecretBytes(utf8: "w"))
+        try reader.add(.genericPassword(service: "svc", account: "carol", data: SecretBytes(utf8: "x")))
+        #expect(try Vault.verify(at: fixture.path, configuration: reader.configuration).isSound)
+    }
+
+    @Test("a handle opened while the keychain was locked reads on after another process changes the passphrase (and so unlocks it), never as damaged")
+    func passphraseChangedByAnotherHandleWhileLocked_readsOn() throws {
+        let fixture = try VaultFixture()
+        try fixture.vault.add(.genericPassword(service: "svc", account: "alice", data: SecretBytes(utf8: "v")))
+        fixture.vault.lockAll()
+        // Opened locked: only what the header gives without an unlock (its `always` class key).
+        let reader = try fixture.reopen()
+        #expect(status { _ = try reader.data(matching: query) } == -25308)
+        let writer = try fixture.reopen()
+        try writer.changePassphrase(from: fixture.passphrase, to: SecretBytes(utf8: "another passphrase entirely"))
+        #expect(try reader.data(matching: query) == SecretBytes(utf8: "v"))
+    }
 }
