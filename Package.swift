@@ -244,7 +244,7 @@ let package = Package(
         .target(name: "CTestIsolation", path: "Tests/CTestIsolation"),
         // Temporary directories, canaries and process helpers shared by the test targets.
         .target(
-            name: "LockboxTestSupport", dependencies: ["Lockbox", "CTestIsolation"], path: "Tests/LockboxTestSupport",
+            name: "LockboxTestSupport", dependencies: ["Lockbox", "TPMAccess", "CTestIsolation"], path: "Tests/LockboxTestSupport",
             swiftSettings: strict),
         // Test targets depend on no executable target (that would link its objects and its link
         // flags into the tests): the tests run the programs that `swift build --build-tests`

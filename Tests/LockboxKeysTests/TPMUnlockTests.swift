@@ -25,7 +25,7 @@ struct TPMUnlockTests {
         fixture.vault.lock()
         let other = try PrivateTPM()
         let error = try #require(throws: LockboxError.self) { try fixture.vault.unlock(sealing: TPMUnlockSlot(device: other.device)) }
-        #expect(error.code == .authFailed)
+        #expect(error.code == .authFailed, "\(error.message)")
         #expect(try !fixture.vault.isUnlocked)
 
         // Removing it leaves the passphrase; the passphrase change also drops the slot.

@@ -2,6 +2,7 @@ import CTestIsolation
 import Foundation
 import Lockbox
 import Synchronization
+import TPMAccess
 
 #if canImport(Glibc)
 import Glibc
@@ -306,6 +307,14 @@ public final class PrivateTPM: @unchecked Sendable {
             throw TestPeerMissing(message: "swtpm did not start (no socket \(socket) after 5 s)")
         }
         device = "swtpm:path=" + socket
+        // Its socket made, a swtpm on a loaded machine may not answer yet: a test that finds it
+        // "not available" would test nothing it means to. Used once it answers.
+        var ready = TPM.at(device).availability()
+        for _ in 0..<150 where !ready.isAvailable {
+            usleep(100_000)
+            ready = TPM.at(device).availability()
+        }
+        guard ready.isAvailable else { throw TestPeerMissing(message: "swtpm started but does not answer after 15 s: \(ready.reason)") }
     }
 
     /// Kills the TPM at once, as a device that disappears.
