@@ -22,6 +22,11 @@ extension SyncGroup {
         /// The changes the next push would write: items added or changed here since the last
         /// push (not ThisDeviceOnly ones, which never leave), and items deleted here.
         public var pendingLocalChanges: Int
+        /// This device's sync state is behind this machine's record of its last pull (removed,
+        /// emptied or put back from an older copy): a sync refuses it, and the reset it needs
+        /// takes the group's versions, so ``pendingLocalChanges`` is 0, not every item counted
+        /// against a state that no longer knows them.
+        public var stateBehind = false
         /// Records this device wrote while another device was writing, that no head it verified
         /// lists yet: its next pull must find each of them (else the database undid it).
         public var unverifiedWrites = 0
@@ -66,10 +71,12 @@ extension SyncGroup {
             // read; when a sync holds it, the state may change under the reads, and the
             // records are not checked against it (that sync checks them).
             defer { withExtendedLifetime(lock) {} }
+            let behind = mark.cursor.map { $0 > state.cursor } ?? false
             var status = Status(
                 groupID: groupID, deviceID: device.id, keyEpoch: keys.epoch, pulledVersion: state.cursor,
                 syncedItems: try state.liveEntryCount,
-                pendingLocalChanges: try pendingChanges(state: state))
+                pendingLocalChanges: behind ? 0 : try pendingChanges(state: state))
+            status.stateBehind = behind
             status.headFingerprint = state.accumulator.map { Array($0.prefix(8)).hexString }
             status.unverifiedWrites = state.unverifiedWrites.count
             status.heldBack = state.heldBack.count

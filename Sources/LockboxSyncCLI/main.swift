@@ -461,7 +461,8 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
             var fields = [
                 "\"group\": \(jsonString(status.groupID))", "\"device\": \(jsonString(status.deviceID))",
                 "\"keyEpoch\": \(status.keyEpoch)", "\"pulledVersion\": \(status.pulledVersion)",
-                "\"pendingLocalChanges\": \(status.pendingLocalChanges)", "\"syncedItems\": \(status.syncedItems)",
+                "\"pendingLocalChanges\": \(status.pendingLocalChanges)", "\"stateBehind\": \(status.stateBehind)",
+                "\"syncedItems\": \(status.syncedItems)",
                 "\"unverifiedWrites\": \(status.unverifiedWrites)", "\"heldBack\": \(status.heldBack)",
                 "\"databaseReachable\": \(status.unreachable == nil)",
                 "\"deletionRecords\": \(status.deletionRecords.records)", "\"deletionRecordsSound\": \(status.deletionRecords.isSound)",
@@ -489,7 +490,10 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
             let unknownLastSync = status.unreachable != nil ? "unknown: the database is unreachable" : "unknown: the database's answer was refused"
             streams.print("last sync:        \(status.lastSync.map(shown) ?? (status.unreachable == nil && status.databaseProblem == nil ? "never" : unknownLastSync))")
             streams.print("synced items:     \(status.syncedItems)")
-            streams.print("pending here:     \(status.pendingLocalChanges) change(s) for the next push")
+            streams.print(
+                status.stateBehind
+                    ? "pending here:     none counted: this device's sync state is behind its last pull (`lockbox sync reset` rebuilds it)"
+                    : "pending here:     \(status.pendingLocalChanges) change(s) for the next push")
             if status.unverifiedWrites > 0 {
                 streams.print(
                     "written here:     \(status.unverifiedWrites) record(s) while another device wrote, "

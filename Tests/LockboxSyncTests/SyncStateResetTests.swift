@@ -71,10 +71,14 @@ extension SyncTests {
             #expect(try machines[2].value("helper.example", "user") == wanted)
             // Refused again until reset, and status says so; the keychain stays readable.
             #expect(throws: LockboxError.self) { try groups[0].sync() }
-            #expect(try groups[0].status().databaseProblem?.contains("lockbox sync reset") == true)
+            let status = try groups[0].status()
+            #expect(status.databaseProblem?.contains("lockbox sync reset") == true)
+            // No count of changes against a state that no longer knows the items.
+            #expect(status.stateBehind && status.pendingLocalChanges == 0, "\(status.pendingLocalChanges) pending")
             #expect(try machines[0].value("helper.example", "user") == "v1")
 
             try groups[0].resetState()
+            #expect(try !groups[0].status().stateBehind)
             for group in groups { try group.sync() }
             for (index, machine) in machines.enumerated() {
                 #expect(try machine.value("helper.example", "user") == wanted, "machine \(index)")
