@@ -75,7 +75,9 @@ extension Vault {
         // Another connection wrote: the header may have changed too, and with it the keys
         // derived from it here (a passphrase change makes a new `always` class key).
         let header = try VaultHeader.load(from: state.database)
-        if header.authenticatedBytes() != state.header.authenticatedBytes() || header.mac != state.header.mac {
+        // (The MAC covers the whole header: comparing it is comparing the header, without
+        // encoding either.)
+        if header.mac != state.header.mac {
             state.keys.forgetDerivedKeys()
         }
         state.header = header
