@@ -365,7 +365,19 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
             let text = code.withUnsafeBytes { String(decoding: $0, as: UTF8.self) }
             group = try SyncGroup.join(groupID, vault: vault, database: database, pairingCode: text)
         }
-        try SyncConfiguration(group: group.groupID, database: database).save(vault: vault)
+        // Joined: a pairing code is used up from here on, a passphrase is not.
+        let usedUp = withPassphrase ? "" : "the pairing code is used up; "
+        do {
+            try SyncConfiguration(group: group.groupID, database: database).save(vault: vault)
+        } catch {
+            // The keys and the device are kept: the same command with a new code (or the
+            // passphrase) joins again as the same device and saves the configuration.
+            throw LockboxError(
+                error.code,
+                "Joined as device \(group.deviceID) (\(usedUp)the keychain keeps the group's keys), but the sync configuration "
+                    + "could not be saved: \(error.message) Then run the same join again (\(withPassphrase ? "with the group passphrase" : "with a new pairing code")): "
+                    + "this keychain joins as the same device.")
+        }
         streams.print("joined \(group.groupID) as device \(group.deviceID)")
         if let replaced = group.replacedDevice {
             streams.print(
@@ -376,12 +388,11 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
             let report = try group.sync()
             streams.print("first sync: pulled \(report.pulled), pushed \(report.pushed)")
         } catch {
-            // Joined all the same: the pairing code is used up. What to do next is the error's
-            // own advice (sync again later, a reset, ...); no join again is needed.
+            // Joined all the same. What to do next is the error's own advice (sync again
+            // later, a reset, ...); no join again is needed.
             throw LockboxError(
                 error.code,
-                "Joined as device \(group.deviceID) (the pairing code is used up; no need to join again), but the first sync failed: "
-                    + error.message)
+                "Joined as device \(group.deviceID) (\(usedUp)no need to join again), but the first sync failed: " + error.message)
         }
         return .success
     case .now:

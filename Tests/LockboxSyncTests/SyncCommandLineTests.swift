@@ -320,6 +320,55 @@ extension SyncTests {
         #expect(waited < Double(PostgresConnection.defaultConnectTimeout) * 3, "status waited \(waited) s for a silent server")
     }
 
+    @Test("A join whose first sync fails says it joined and as which device, that no join again is needed, and speaks of a used-up pairing code only when one was used")
+    func joinWhoseFirstSyncFails() throws {
+        let database = try testDatabase()
+        let first = try Machine()
+        let passphrase = "a group passphrase of some words"
+        let group = try SyncGroup.create(vault: first.vault, database: database, passphrase: SecretBytes(utf8: passphrase))
+        try first.add("join.example", "user", "joined value")
+        try group.sync()
+        // The administrator damages the one record: a new device's first pull refuses it.
+        let target = try #require(try storedRecords(group.groupID).first)
+        var damaged = target.payload
+        damaged[damaged.count - 1] ^= 1
+        let connection = try PostgresConnection(database)
+        try connection.execute(
+            "UPDATE lockbox_sync_items SET payload = $3 WHERE group_id = $1 AND item_id = $2",
+            [.text(group.groupID), .text(target.id), .bytes(damaged)])
+
+        let withPassphrase = try Machine()
+        let joined = try SyncCLI.run(
+            withPassphrase, ["sync", "join", group.groupID, "--database", database, "--passphrase-stdin"], input: passphrase + "\n")
+        #expect(joined.status != 0 && joined.status != 44, "\(joined.standardError)")
+        #expect(joined.standardError.contains("Joined as device") && joined.standardError.contains("no need to join again"), "\(joined.standardError)")
+        #expect(!joined.standardError.contains("pairing code"), "a passphrase join spoke of a pairing code: \(joined.standardError)")
+        #expect(!joined.standardError.contains(passphrase) && !joined.standardOutput.contains(passphrase))
+        // It is a device of the group, and its configuration was saved: `sync now` fails as
+        // the first sync did, not as a keychain in no group.
+        let devices = try group.devices().map(\.id)
+        #expect(devices.count == 2)
+        #expect(try String(contentsOfFile: withPassphrase.vault.path + ".sync/config", encoding: .utf8).contains(group.groupID))
+
+        let withCode = try Machine()
+        let code = try group.pairingCode()
+        let joinedWithCode = try SyncCLI.run(withCode, ["sync", "join", group.groupID, "--database", database], input: code + "\n")
+        #expect(joinedWithCode.status != 0 && joinedWithCode.status != 44, "\(joinedWithCode.standardError)")
+        #expect(
+            joinedWithCode.standardError.contains("Joined as device") && joinedWithCode.standardError.contains("the pairing code is used up"),
+            "\(joinedWithCode.standardError)")
+        #expect(!joinedWithCode.standardError.contains(code))
+        // Once the record is put back, both devices sync without joining again.
+        try connection.execute(
+            "UPDATE lockbox_sync_items SET payload = $3 WHERE group_id = $1 AND item_id = $2",
+            [.text(group.groupID), .text(target.id), .bytes(target.payload)])
+        for machine in [withPassphrase, withCode] {
+            let synced = try SyncCLI.run(machine, ["sync", "now"])
+            #expect(synced.status == 0, "\(synced.standardError)")
+            #expect(try machine.value("join.example", "user") == "joined value")
+        }
+    }
+
     @Test("A pairing code with a letter no code holds is refused before it is used, and the right one then joins; remove-device takes a device identifier in upper case")
     func mistypedCodeAndUpperCaseDevice() throws {
         let database = try testDatabase()
