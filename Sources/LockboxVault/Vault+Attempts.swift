@@ -16,6 +16,12 @@ import Glibc
 /// state directory remembers it), a record that fails its check counts as the longest delay
 /// until the next successful check. The count is also mirrored in the state directory, and the
 /// higher of the two applies, so putting back an older (authentic) record does not reset it.
+///
+/// The record names the device key that wrote it. One written under another device key (the
+/// same vault used with another `XDG_STATE_HOME`: a sandbox, a service manager) cannot be
+/// checked here, and is no sign of tampering: its count is taken as it stands, and the mirror
+/// still keeps every failure counted here. Before, such a record made the next unlock here wait
+/// the longest delay.
 extension Vault {
     struct Attempts {
         var failures: Int
@@ -31,13 +37,46 @@ extension Vault {
         return Crypto.combine(secret, with: SecretBytes(copying: state.header.vaultID), context: "lockbox.attempts.v2")
     }
 
-    private static func attemptsMAC(_ attempts: Attempts, state: State) -> [UInt8] {
+    /// The MAC of a record; `writer` is the device identifier a record of the second format
+    /// names (nil: the first format, which names none).
+    private static func attemptsMAC(_ attempts: Attempts, writer: String?, state: State) -> [UInt8] {
         var encoder = FieldEncoder()
-        encoder.string("lockbox.attempts.v2")
-        encoder.bytes(state.header.vaultID)
+        if let writer {
+            encoder.string("lockbox.attempts.v3")
+            encoder.bytes(state.header.vaultID)
+            encoder.string(writer)
+        } else {
+            encoder.string("lockbox.attempts.v2")
+            encoder.bytes(state.header.vaultID)
+        }
         encoder.integer(attempts.failures)
         encoder.double(attempts.lastFailure)
         return Crypto.keyedDigest(encoder.bytes, key: attemptsKey(state))
+    }
+
+    /// The bytes of a MAC: a record's `mac` column is the MAC, followed (second format) by the
+    /// identifier of the device key that wrote it.
+    private static let attemptsMACLength = 32
+
+    /// What a stored record is worth here.
+    private enum AttemptsStanding {
+        /// Written under this device key (or in the first format) and checked.
+        case authentic
+        /// Written under another device key: not checkable here, taken as it stands.
+        case anotherDevice
+        /// Missing, or failing its check.
+        case unchecked
+    }
+
+    private static func standing(_ record: Attempts, mac: [UInt8], state: State) -> AttemptsStanding {
+        guard mac.count >= attemptsMACLength else { return .unchecked }
+        let digest = Array(mac.prefix(attemptsMACLength))
+        guard mac.count > attemptsMACLength else {
+            return IntegrityState.equal(digest, attemptsMAC(record, writer: nil, state: state)) ? .authentic : .unchecked
+        }
+        let writer = String(decoding: mac.dropFirst(attemptsMACLength), as: UTF8.self)
+        guard writer == state.device.identifier else { return .anotherDevice }
+        return IntegrityState.equal(digest, attemptsMAC(record, writer: writer, state: state)) ? .authentic : .unchecked
     }
 
     /// A count beyond any real one: a larger stored value is clamped, never trusted to overflow.
@@ -54,9 +93,10 @@ extension Vault {
         }
         var attempts: Attempts
         var authentic = false
-        if let (record, mac) = stored, let mac, IntegrityState.equal(mac, Self.attemptsMAC(record, state: state)) {
+        let standing = stored.map { record, mac in mac.map { Self.standing(record, mac: $0, state: state) } ?? .unchecked } ?? .unchecked
+        if let (record, _) = stored, standing != .unchecked {
             attempts = record
-            authentic = true
+            authentic = standing == .authentic
         } else if state.rememberedGeneration.exists {
             // This machine knows the vault: an unauthenticated or missing record is tampering.
             attempts = Attempts(
@@ -85,7 +125,8 @@ extension Vault {
             "INSERT OR REPLACE INTO unlock_attempts (id, failures, last_failure, mac) VALUES (1, ?, ?, ?)")
         statement.bind(1, attempts.failures)
         statement.bind(2, attempts.lastFailure)
-        statement.bind(3, Self.attemptsMAC(attempts, state: state))
+        let writer = state.device.identifier
+        statement.bind(3, Self.attemptsMAC(attempts, writer: writer, state: state) + Array(writer.utf8))
         try statement.run()
     }
 

@@ -653,6 +653,38 @@ struct AttackerReviewTests {
         #expect(clock.sleeps == [.seconds(30), .seconds(30)])
     }
 
+    @Test("a record written under another device key (another XDG_STATE_HOME) makes no wait here; failures counted here still count, also against a record that claims another device")
+    func anotherDevicesAttemptRecord_isNoTampering() throws {
+        let fixture = try VaultFixture()
+        try fixture.vault.unlock(passphrase: fixture.passphrase)
+        func delay(_ vault: Vault) throws -> Duration {
+            try vault.withState { state throws(LockboxError) in try vault.delayBeforeNextCheck(state) }
+        }
+        let otherKey = fixture.directory.file("other-state/device-key")
+        let other = try fixture.reopen { $0.device = DeviceIdentity(keyPath: otherKey) }
+        try other.unlock(passphrase: fixture.passphrase)
+        // Back here: the other device key's record is neither checkable nor tampering.
+        let here = try fixture.reopen()
+        #expect(try failures(here) == 0)
+        #expect(try delay(here) == .zero)
+        try here.unlock(passphrase: fixture.passphrase)
+        // Failures counted here are kept by this device's mirror when the other device key's
+        // process then succeeds.
+        for _ in 0..<3 { #expect(status { try here.unlock(passphrase: SecretBytes(utf8: "wrong guess")) } == -25293) }
+        try fixture.reopen { $0.device = DeviceIdentity(keyPath: otherKey) }.unlock(passphrase: fixture.passphrase)
+        #expect(try failures(fixture.reopen()) >= 3)
+        try here.unlock(passphrase: fixture.passphrase)
+        #expect(try failures(here) == 0)
+        // An attacker who rewrites the record as another device's, with no failures, resets
+        // nothing counted here.
+        for _ in 0..<3 { #expect(status { try here.unlock(passphrase: SecretBytes(utf8: "wrong guess")) } == -25293) }
+        let database = try Database(path: fixture.path, create: false)
+        try database.execute(
+            "UPDATE unlock_attempts SET failures = 0, last_failure = 0, mac = zeroblob(32) || CAST('0123456789abcdef' AS BLOB) WHERE id = 1")
+        #expect(try failures(fixture.reopen()) >= 3)
+        #expect(try delay(fixture.reopen()) > .zero)
+    }
+
     @Test("same user while locked: deleting or editing the attempt record does not reset the throttle")
     func deletedOrEditedAttemptRecord_doesNotResetThrottle() throws {
         let fixture = try VaultFixture()
