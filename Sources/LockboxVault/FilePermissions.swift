@@ -38,11 +38,21 @@ package enum FilePermissions {
 
     /// Refuses a directory or file that other users can reach, or that another user owns.
     /// Checked on descriptors; returns the identities of the files that exist.
+    ///
+    /// With `singleName`, a file with more than one name (hard links) is refused too: SQLite
+    /// keeps a database's write-ahead log beside the name it was opened by, so processes that
+    /// open one keychain by two names write two logs, and writes acknowledged through one name
+    /// are lost to the other (the keychain then fails its integrity check).
     @discardableResult
-    static func check(directory: String, files: [String]) throws(LockboxError) -> [String: Identity] {
+    static func check(directory: String, files: [String], singleName: Bool = false) throws(LockboxError) -> [String: Identity] {
         let directoryDescriptor = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard directoryDescriptor >= 0 else {
-            throw LockboxError(.noSuchKeychain, "Cannot open the directory \(directory): \(String(cString: strerror(errno))).")
+            let reason = errno
+            // Only a directory that is not there means no keychain: one this user may not
+            // enter is said as it is.
+            throw LockboxError(
+                reason == ENOENT || reason == ENOTDIR ? .noSuchKeychain : .io,
+                "Cannot open the directory \(directory): \(String(cString: strerror(reason))).")
         }
         defer { close(directoryDescriptor) }
         var info = stat()
@@ -70,6 +80,14 @@ package enum FilePermissions {
             guard fileInfo.st_uid == geteuid() else {
                 throw LockboxError(
                     .io, "\(file) belongs to another user (uid \(fileInfo.st_uid)); Lockbox opens only your own keychain files.")
+            }
+            if singleName && fileInfo.st_nlink > 1 {
+                throw LockboxError(
+                    .io,
+                    "\(file) has \(fileInfo.st_nlink) names (hard links). Lockbox opens a keychain by one name only: SQLite keeps its "
+                        + "log beside the name it was opened by, and writes made through another name would be lost. Nothing was "
+                        + "read. Remove the other names (find them with: find / -xdev -samefile '\(file)'), or make them copies "
+                        + "(cp), then try again.")
             }
             let mode = fileInfo.st_mode & 0o777
             guard mode & ~0o600 == 0 else {
@@ -133,6 +151,21 @@ package enum FilePermissions {
 
     static func exists(_ path: String) -> Bool {
         access(path, F_OK) == 0
+    }
+
+    /// Whether a keychain file is at `path`: false only when nothing is there. A path this user
+    /// cannot reach (a directory of another user's, say) is an error that says so: it is not
+    /// "no keychain", which would send the user to make one.
+    static func keychainExists(_ path: String) throws(LockboxError) -> Bool {
+        guard access(path, F_OK) != 0 else { return true }
+        let reason = errno
+        guard reason == ENOENT || reason == ENOTDIR else {
+            throw LockboxError(
+                .io,
+                "Cannot reach \(path): \(String(cString: strerror(reason))). Lockbox opens only a keychain of your own, in "
+                    + "directories you may enter; check the path, and who owns its directories.")
+        }
+        return false
     }
 
     /// The directory `path` is in: `.` without a slash, `/` at the root.

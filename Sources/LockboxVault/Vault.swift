@@ -260,11 +260,11 @@ public final class Vault: ItemStore, Sendable {
     }
 
     package static func open(at path: String, configuration: Configuration, checked: Bool) throws(LockboxError) -> Vault {
-        guard FilePermissions.exists(path) else {
+        guard try FilePermissions.keychainExists(path) else {
             throw LockboxError(.noSuchKeychain, "No keychain at \(path). Create one with `lockbox init`.")
         }
         let identities = try FilePermissions.check(
-            directory: FilePermissions.directory(of: path), files: [path, path + "-wal", path + "-shm"])
+            directory: FilePermissions.directory(of: path), files: [path, path + "-wal", path + "-shm"], singleName: true)
         guard let identity = identities[path] else {
             throw LockboxError(.noSuchKeychain, "No keychain at \(path). Create one with `lockbox init`.")
         }

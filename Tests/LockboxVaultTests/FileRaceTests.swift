@@ -35,6 +35,53 @@ struct FileRaceTests {
         #expect(status { _ = try Vault.open(at: link) } == -36)
     }
 
+    @Test("a keychain file with a second name (a hard link) is refused by either name, nothing lost, and opens once the other name is gone")
+    func hardLinkedKeychain_isRefused() throws {
+        let fixture = try VaultFixture()
+        let query = Query.genericPassword(service: "svc", account: "alice")
+        try fixture.vault.add(.genericPassword(service: "svc", account: "alice", data: SecretBytes(utf8: "kept")))
+        let second = fixture.directory.file("keychains/second.lockbox")
+        #expect(link(fixture.path, second) == 0)
+        // Each name would get a write-ahead log of its own, and writes through one would be
+        // lost to the other: neither name is opened, verified or written.
+        for path in [fixture.path, second] {
+            do {
+                _ = try Vault.open(at: path)
+                Issue.record("a keychain with two names was opened by \(path)")
+            } catch {
+                #expect(error.status == -36)
+                #expect(error.message.contains("2 names (hard links)") && error.message.contains("find / -xdev -samefile"), "\(error.message)")
+            }
+        }
+        #expect(status { _ = try Vault.verify(at: second) } == -36)
+        #expect(!FileManager.default.fileExists(atPath: second + "-wal"), "a log was made beside the second name")
+        #expect(unlink(second) == 0)
+        #expect(try fixture.reopen().data(matching: query) == SecretBytes(utf8: "kept"))
+        #expect(try Vault.verify(at: fixture.path).isSound)
+    }
+
+    @Test("a keychain in a directory this user may not enter is said to be out of reach, never 'no keychain' (exit 44)")
+    func unreachableKeychain_isNotMissing() throws {
+        let fixture = try VaultFixture()
+        try fixture.vault.add(.genericPassword(service: "svc", account: "alice", data: SecretBytes(utf8: "kept")))
+        let arguments = ["--keychain", fixture.path, "find-generic-password", "-s", "svc", "-a", "alice", "-w"]
+        let result: ProcessResult
+        if getuid() == 0 {
+            // Root enters any directory: the program runs as the user nobody instead.
+            result = try run(
+                "/usr/bin/setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups", "--", builtProduct("lockbox")] + arguments,
+                environment: ["PATH": "/usr/bin:/bin", "HOME": "/nonexistent"])
+        } else {
+            let directory = FilePermissions.directory(of: fixture.path)
+            #expect(chmod(directory, 0) == 0)
+            defer { chmod(directory, 0o700) }
+            result = try run(builtProduct("lockbox"), arguments)
+        }
+        #expect(result.status != 0 && result.status != 44, "\(result.status): \(result.standardError)")
+        #expect(result.standardError.contains("Cannot reach") && result.standardError.contains("Permission denied"), "\(result.standardError)")
+        #expect(!result.standardError.contains("No keychain") && !result.standardOutput.contains("kept"))
+    }
+
     @Test("SQLite's own descriptor is what the open is checked against")
     func sqliteDescriptor_isTheCheckedFile() throws {
         let fixture = try VaultFixture()
