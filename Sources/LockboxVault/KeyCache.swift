@@ -35,7 +35,10 @@ struct AfterFirstUnlockKeys {
     /// stale entries are found and freed, a zero byte and the identifier of the device secret
     /// the `*ThisDeviceOnly` class keys belong to.
     func packed(unlockedAt time: Int64, path: String, device: String) -> SecretBytes {
-        let pathBytes = Array(path.utf8.prefix(KeyCache.maximumStoredPathByteCount).prefix { $0 != 0 })
+        // A path too long to keep is not kept at all: a cut one would name another file, whose
+        // absence would free these keys as a deleted vault's at the next unlock of any vault.
+        let whole = Array(path.utf8)
+        let pathBytes = whole.count <= KeyCache.maximumStoredPathByteCount && !whole.contains(0) ? whole : []
         let deviceBytes = [0] + Array(device.utf8)
         let size = Self.keysByteCount + 8 + pathBytes.count + deviceBytes.count
         return SecretBytes(capacity: size) { buffer in

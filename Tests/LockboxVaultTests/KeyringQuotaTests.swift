@@ -213,6 +213,25 @@ struct KeyringQuotaTests {
         #expect(listing.contains("keyring: lockbox"), "\(listing)")
     }
 
+    @Test("a vault whose path is too long to record keeps its keys when another vault is unlocked (before, a cut path named no file, and its keys were freed as stale)")
+    func longPathVault_keepsItsKeys_atAnotherUnlock() throws {
+        let directory = TemporaryDirectory()
+        let nested = directory.file(String(repeating: "d", count: 60) + "/" + String(repeating: "e", count: 60) + "/" + String(repeating: "f", count: 60))
+        try FileManager.default.createDirectory(atPath: nested, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        let path = nested + "/vault-with-a-long-path.lockbox"
+        #expect(path.utf8.count > 200)
+        let vault = try Vault.create(at: path, passphrase: SecretBytes(utf8: "long path passphrase"))
+        var item = Item.genericPassword(service: "svc", account: "alice", data: SecretBytes(utf8: "kept"))
+        item.attributes.accessibility = .afterFirstUnlock
+        try vault.add(item)
+        _ = try VaultFixture()  // an unlock of another vault frees what is stale
+        for kind in ["unlocked", "after-first-unlock"] {
+            #expect((try? KernelKeyring.find("lockbox:v1:\(vault.identifier):\(kind)")) != nil, "\(kind) was freed")
+        }
+        #expect(try Vault.open(at: path).data(matching: .genericPassword(service: "svc", account: "alice")) == SecretBytes(utf8: "kept"))
+        vault.lockAll()
+    }
+
     @Test("an entry loose in @u (where earlier releases kept them) is freed once its vault file is gone")
     func looseEntryInUserKeyring_ofDeletedVault_isFreed() throws {
         let directory = TemporaryDirectory()
