@@ -129,6 +129,32 @@ extension SyncGroup {
         /// The public key whose attestation was checked, when it passed: the only key a
         /// removal seals the next epoch's grant to (read with the attestation, in one row).
         var attestedKey: [UInt8]? = nil
+        /// True when its row is attested for another public key than the one this device first
+        /// saw it with (``SyncKnownDevices``): written by a device of the group (every one
+        /// holds the attesting key), never by this device's removal. A removal made here does
+        /// not give it the next key.
+        public var isKeyReplaced = false
+    }
+
+    /// What ``removeDevice(_:newPassphrase:)`` did, besides removing the device.
+    public struct DeviceRemoval: Sendable, Equatable {
+        /// The device removed.
+        public var device: String
+        /// False when the database no longer listed it (its row deleted there): since this
+        /// device had seen it, the key was replaced all the same.
+        public var wasListed: Bool
+        /// The other devices given the new key.
+        public var keeping: [String] = []
+        /// Of those, the ones this device saw listed for the first time: a device of the group
+        /// can add rows of its own making, so check that each is one of yours (and remove any
+        /// that is not).
+        public var firstSeen: [String] = []
+        /// Devices not given the new key, and removed: their row holds another public key than
+        /// the one this device first saw them with. Join them again with a pairing code.
+        public var keyReplaced: [String] = []
+        /// Devices not given the new key, and removed: their row's attestation failed (not
+        /// written by a device of the group).
+        public var unattested: [String] = []
     }
 
     /// The attestation of a device's public key: a MAC with the epoch's device key.
@@ -147,7 +173,16 @@ extension SyncGroup {
         let connection = try PostgresConnection(database)
         try SyncSchema.migrate(connection)
         try catchUpKeys(connection)
-        return try devices(connection)
+        return try devicesRecordingKeys(connection)
+    }
+
+    /// ``devices(_:)``, each attested device not seen before recorded with its key
+    /// (``SyncKnownDevices``), and one whose key is not the one it was first seen with marked.
+    func devicesRecordingKeys(_ connection: PostgresConnection) throws(LockboxError) -> [Device] {
+        var listed = try devices(connection)
+        let replaced = knownDevices.record(listed)
+        for index in listed.indices where replaced.contains(listed[index].id) { listed[index].isKeyReplaced = true }
+        return listed
     }
 
     func devices(_ connection: PostgresConnection) throws(LockboxError) -> [Device] {
@@ -236,12 +271,23 @@ extension SyncGroup {
                 + "Choose a new one, or none (devices then join with pairing codes). Nothing was changed.")
     }
 
-    public func removeDevice(_ deviceID: String, newPassphrase: SecretBytes? = nil) throws(LockboxError) {
+    @discardableResult
+    public func removeDevice(_ deviceID: String, newPassphrase: SecretBytes? = nil) throws(LockboxError) -> DeviceRemoval {
         guard deviceID != device.id else {
             throw LockboxError(.param, "A device cannot remove itself. Remove it from another device of the group.")
         }
         try Self.requireUnlocked(vault, "Unlock it to remove a device.")
         if let newPassphrase { try Self.checkNewPassphrase(newPassphrase) }
+        let knownDevices = self.knownDevices
+        guard let seenDevices = knownDevices.read().devices else {
+            throw LockboxError(
+                .decode,
+                "This device's record of the group's devices (\(knownDevices.path)) was changed outside Lockbox, so it cannot tell "
+                    + "whether a device's key in the database was replaced. Nothing was removed. Remove that file to take the "
+                    + "database's list as it stands (check with `lockbox sync status` that every device listed is yours), then "
+                    + "remove the device again.")
+        }
+        var removal = DeviceRemoval(device: deviceID, wasListed: true)
         try syncing.withLock { _ throws(LockboxError) in
             // As a sync: no sync of this vault in another process writes the state meanwhile.
             let lock = try SyncLock(statePath: statePath)
@@ -267,6 +313,7 @@ extension SyncGroup {
             // key only if none is older than this device saw (a database restored from a backup,
             // or rolled back, is refused here as a sync refuses it).
             let known = try state.allEntries()
+            var listed: [Device] = []
             try connection.transaction { () throws(LockboxError) in
                 try lockFleetSessionsForRemoval(connection)
                 let group = try connection.execute(
@@ -285,8 +332,12 @@ extension SyncGroup {
                 // The head this device verified, though it wrote above it since: those writes were
                 // undone in the database, and re-sealing its records would vouch for that.
                 if stepped != nil, !state.unverifiedWrites.isEmpty { throw SyncHead.lostWrites(state.unverifiedWrites.count) }
-                let listed = try devices(connection)
-                guard listed.contains(where: { $0.id == deviceID }) else {
+                listed = try devices(connection)
+                // A device this one has seen, whose row is gone (deleted in the database, by its
+                // administrator or by that device): the key is replaced all the same, and the
+                // device, not listed, is given none.
+                removal = DeviceRemoval(device: deviceID, wasListed: listed.contains { $0.id == deviceID })
+                guard removal.wasListed || seenDevices[deviceID] != nil else {
                     throw LockboxError(.itemNotFound, "The sync group has no device of that identifier (not shown, in case it is a secret). `lockbox sync status` lists its devices.")
                 }
                 // Each grant is sealed to the key whose attestation was checked in the same row
@@ -296,9 +347,33 @@ extension SyncGroup {
                 guard Set(listed.map(\.id)).count == listed.count else {
                     throw LockboxError.syncDatabase("The device list of the sync database")
                 }
+                // Grants of the new epoch planted before (the database's): never this removal's.
+                try connection.execute(
+                    "DELETE FROM lockbox_sync_key_grants WHERE group_id = $1 AND epoch > $2", [.text(groupID), .integer(old.epoch)])
                 for listedDevice in listed where listedDevice.id != deviceID {
                     let id = listedDevice.id
-                    guard let publicKey = id == device.id ? device.publicKey : listedDevice.attestedKey else { continue }
+                    let publicKey: [UInt8]
+                    if id == device.id {
+                        publicKey = device.publicKey
+                    } else {
+                        guard let attested = listedDevice.attestedKey else {
+                            removal.unattested.append(id)
+                            continue
+                        }
+                        // Every device of the group can attest a key: one seen here before keeps
+                        // the key it was seen with (the device being removed could otherwise have
+                        // this removal seal the new key to itself, under another device's name).
+                        if let seen = seenDevices[id] {
+                            guard SyncHead.equal(seen, attested) else {
+                                removal.keyReplaced.append(id)
+                                continue
+                            }
+                        } else {
+                            removal.firstSeen.append(id)
+                        }
+                        publicKey = attested
+                        removal.keeping.append(id)
+                    }
                     try connection.execute(
                         "INSERT INTO lockbox_sync_key_grants (group_id, device_id, epoch, sealed_key) VALUES ($1, $2, $3, $4)",
                         [.text(groupID), .text(id), .integer(new.epoch), .bytes(grant(new, to: id, publicKey: publicKey, under: old))])
@@ -308,13 +383,11 @@ extension SyncGroup {
                         "UPDATE lockbox_sync_devices SET public_key = $3, attestation = $4 WHERE group_id = $1 AND device_id = $2",
                         [.text(groupID), .text(id), .bytes(publicKey), .bytes(attestation(id, publicKey, keys: new))])
                 }
-                // Unattested rows (never granted a key) go with the removed device.
+                // Rows given no key (unattested, or with a replaced key) go with the removed device.
                 // (This device's own row is attested anew above, whatever the database made of it.)
-                for listedDevice in listed where listedDevice.id == deviceID || !listedDevice.isAttested && listedDevice.id != device.id {
-                    try connection.execute(
-                        "DELETE FROM lockbox_sync_devices WHERE group_id = $1 AND device_id = $2", [.text(groupID), .text(listedDevice.id)])
-                    try connection.execute(
-                        "DELETE FROM lockbox_sync_key_grants WHERE group_id = $1 AND device_id = $2", [.text(groupID), .text(listedDevice.id)])
+                for id in [deviceID] + removal.unattested + removal.keyReplaced {
+                    try connection.execute("DELETE FROM lockbox_sync_devices WHERE group_id = $1 AND device_id = $2", [.text(groupID), .text(id)])
+                    try connection.execute("DELETE FROM lockbox_sync_key_grants WHERE group_id = $1 AND device_id = $2", [.text(groupID), .text(id)])
                 }
                 try connection.execute("DELETE FROM lockbox_sync_invitations WHERE group_id = $1", [.text(groupID)])
                 // Every record again under the new key, at new versions: the old ciphertext is gone
@@ -362,6 +435,11 @@ extension SyncGroup {
                 inStep = stepped
             }
             try install(new)
+            // The devices given the new key are known from now on; the removed one is not.
+            var seen = seenDevices
+            seen[deviceID] = nil
+            for listedDevice in listed where removal.firstSeen.contains(listedDevice.id) { seen[listedDevice.id] = listedDevice.attestedKey }
+            knownDevices.write(seen)
             if let inStep {
                 // Every record was re-sealed: the new head lists them all.
                 var changes = SyncState.Changes()
@@ -371,6 +449,7 @@ extension SyncGroup {
                 pulledMark.record(inStep.counter)
             }
         }
+        return removal
     }
 
     /// The new epoch's secrets sealed to a device's public key, with a MAC under the previous

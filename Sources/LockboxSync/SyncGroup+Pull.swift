@@ -334,6 +334,8 @@ extension SyncGroup {
                     .bytes(attestation(device.id, device.publicKey, keys: keys)),
                 ])
         }
+        // The devices seen, with their keys (``SyncKnownDevices``): best effort, the pull is done.
+        if let listed = try? devices(connection) { knownDevices.record(listed) }
     }
 
     /// Changes from which a pull applies them through ``Vault/applyChanges(count:concurrently:)``.

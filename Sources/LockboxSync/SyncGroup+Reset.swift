@@ -29,6 +29,7 @@ extension SyncGroup {
 
     /// This device's mark of how far its state had pulled (``SyncPulledMark``).
     var pulledMark: SyncPulledMark { SyncPulledMark(vault: vault, group: groupID, device: device) }
+    var knownDevices: SyncKnownDevices { SyncKnownDevices(vault: vault, group: groupID, device: device) }
 
     /// Refuses a state whose cursor is below `mark` (read before the state was opened: a sync
     /// that commits meanwhile raises the mark only after its state's commit), and any state

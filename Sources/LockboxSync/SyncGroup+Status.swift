@@ -96,7 +96,7 @@ extension SyncGroup {
                 try SyncSchema.migrate(connection)
                 try catchUpKeys(connection)
                 status.keyEpoch = keys.epoch
-                let devices = try devices(connection)
+                let devices = try devicesRecordingKeys(connection)
                 status.devices = devices
                 // A group row below what this device verified: the sync would be refused.
                 let counter = try connection.execute("SELECT counter FROM lockbox_sync_groups WHERE group_id = $1", [.text(groupID)])

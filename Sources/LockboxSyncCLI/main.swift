@@ -448,8 +448,29 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
         let group = try SyncGroup(configuration.group, vault: vault, database: configuration.database)
         try SyncGroup.requireUnlocked(vault, "Unlock it to remove a device.")
         let passphrase = withPassphrase ? try readNewPassphrase("New group passphrase: ") : nil
-        try group.removeDevice(device, newPassphrase: passphrase)
+        let removal = try group.removeDevice(device, newPassphrase: passphrase)
         streams.print("removed \(shown(device)); the group key is now at epoch \(group.keyEpoch)")
+        if !removal.wasListed {
+            streams.print(
+                "it was no longer listed in the database (its row deleted there); the key was replaced all the same, and it was given none")
+        }
+        func listed(_ devices: [String]) -> String { devices.map(shown).joined(separator: ", ") }
+        if !removal.keeping.isEmpty { streams.print("given the new key: \(listed(removal.keeping)) and this device") }
+        if !removal.firstSeen.isEmpty {
+            streams.print(
+                "seen by this device for the first time: \(listed(removal.firstSeen)). Any device of the group can add one; check that "
+                    + "each is yours (`lockbox sync status` on it shows its identifier), and remove any that is not")
+        }
+        if !removal.keyReplaced.isEmpty {
+            streams.print(
+                "not given the new key, and removed: \(listed(removal.keyReplaced)) (its public key in the database is not the one this "
+                    + "device saw it with: another device of the group replaced it). Join it again with a pairing code")
+        }
+        if !removal.unattested.isEmpty {
+            streams.print(
+                "not given the new key, and removed: \(listed(removal.unattested)) (its row was not written by a device of the group). "
+                    + "If it is yours, join it again with a pairing code")
+        }
         streams.print(
             passphrase == nil
                 ? "the group passphrase, if there was one, is dropped: do not join devices with it again (a copy of the database "
@@ -488,7 +509,7 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
             // Absent when the database did not answer: an empty list would say the group has none.
             if let listed = status.devices {
                 let devices = listed.map { device in
-                    "{\"id\": \(jsonString(device.id)), \"pulledVersion\": \(device.pulledVersion), \"lastSync\": \(device.lastSync.map(jsonString) ?? "null"), \"attested\": \(device.isAttested)}"
+                    "{\"id\": \(jsonString(device.id)), \"pulledVersion\": \(device.pulledVersion), \"lastSync\": \(device.lastSync.map(jsonString) ?? "null"), \"attested\": \(device.isAttested), \"keyReplaced\": \(device.isKeyReplaced)}"
                 }
                 fields.append("\"devices\": [\(devices.joined(separator: ", "))]")
             }
@@ -533,7 +554,10 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
                 streams.print("devices:")
                 for device in status.devices ?? [] {
                     let mark = device.id == status.deviceID ? " (this device)" : ""
-                    let trust = device.isAttested ? "" : " UNATTESTED: not written by a device of the group"
+                    let trust =
+                        !device.isAttested
+                        ? " UNATTESTED: not written by a device of the group"
+                        : device.isKeyReplaced ? " KEY REPLACED: not the key this device first saw it with (remove it, then join it again)" : ""
                     streams.print(
                         "  \(shown(device.id))  pulled \(device.pulledVersion)  last sync \(device.lastSync.map(shown) ?? "never")\(mark)\(trust)")
                 }

@@ -1,0 +1,147 @@
+import Foundation
+import Lockbox
+import LockboxTestSupport
+import LockboxVault
+import Testing
+import VaultCrypto
+
+@testable import LockboxSync
+
+/// A device of the group as the attacker: it holds the key that attests devices' rows, and the
+/// database role every device syncs with.
+extension SyncTests {
+    /// Rewrites `victim`'s row with a public key of `attacker`'s making, attested with the key
+    /// every device of the group holds (what a device about to be removed can do).
+    func replaceKey(of victim: String, by attacker: SyncGroup) throws -> (publicKey: [UInt8], secretKey: SecretBytes) {
+        let (publicKey, secretKey) = Crypto.generateKeyPair()
+        try PostgresConnection(try testDatabase()).execute(
+            "UPDATE lockbox_sync_devices SET public_key = $3, attestation = $4 WHERE group_id = $1 AND device_id = $2",
+            [
+                .text(attacker.groupID), .text(victim), .bytes(publicKey),
+                .bytes(attacker.attestation(victim, publicKey, keys: attacker.keys)),
+            ])
+        return (publicKey, secretKey)
+    }
+
+    func grants(_ group: String, epoch: Int64) throws -> [String] {
+        try PostgresConnection(try testDatabase()).execute(
+            "SELECT device_id FROM lockbox_sync_key_grants WHERE group_id = $1 AND epoch = $2 ORDER BY device_id", [.text(group), .integer(epoch)]
+        ).map { $0[0] ?? "" }
+    }
+
+    @Test("A device about to be removed that attests a key of its own in another device's row gets no key through it: the removal keeps the key it saw, and says so")
+    func removedDeviceCannotHijackAnotherRow() throws {
+        let (groups, machines) = try threeMachines()
+        defer { withExtendedLifetime(machines) {} }
+        let (a, b, c) = (groups[0], groups[1], groups[2])
+        try machines[0].add("before.example", "user", "before")
+        for group in groups { try group.sync() }
+        // Device B, before its removal, puts a key of its own making in C's row.
+        let stolen = try replaceKey(of: c.deviceID, by: b)
+        let seen = try a.devices()
+        #expect(seen.first { $0.id == c.deviceID }?.isKeyReplaced == true, "\(seen)")
+        #expect(seen.first { $0.id == b.deviceID }?.isKeyReplaced == false)
+
+        let removal = try a.removeDevice(b.deviceID)
+        #expect(removal.keyReplaced == [c.deviceID])
+        #expect(removal.keeping.isEmpty && removal.firstSeen.isEmpty && removal.wasListed)
+        // The only grant of the new epoch is the remover's own: nothing sealed to B's key.
+        #expect(try grants(a.groupID, epoch: a.keyEpoch) == [a.deviceID])
+        #expect(try !a.devices().contains { $0.id == c.deviceID || $0.id == b.deviceID })
+        _ = stolen
+
+        // C, given no key, says it was removed; joined again with a pairing code, it is the same
+        // device with the key A saw, and reads what is written afterwards.
+        let refused = #expect(throws: LockboxError.self) { try c.sync() }
+        #expect(refused?.code == .authFailed, "\(String(describing: refused))")
+        let rejoined = try SyncGroup.join(a.groupID, vault: machines[2].vault, database: try testDatabase(), pairingCode: try a.pairingCode())
+        #expect(rejoined.deviceID == c.deviceID)
+        try machines[0].add("after.example", "user", "written after the removal")
+        try a.sync()
+        try rejoined.sync()
+        #expect(try machines[2].value("after.example", "user") == "written after the removal")
+        #expect(try a.devices().first { $0.id == c.deviceID }?.isKeyReplaced == false)
+        #expect(throws: LockboxError.self) { try b.sync() }
+    }
+
+    @Test("A device row added by a device of the group (attested with the key every device holds) is named by the removal as seen for the first time")
+    func addedRowIsNamedAsFirstSeen() throws {
+        let (groups, machines) = try threeMachines()
+        defer { withExtendedLifetime(machines) {} }
+        let (a, b) = (groups[0], groups[1])
+        for group in groups { try group.sync() }
+        let (publicKey, _) = Crypto.generateKeyPair()
+        let planted = "00112233aabbccdd"
+        try PostgresConnection(try testDatabase()).execute(
+            "INSERT INTO lockbox_sync_devices (group_id, device_id, pulled_version, public_key, attestation) VALUES ($1, $2, 0, $3, $4)",
+            [.text(a.groupID), .text(planted), .bytes(publicKey), .bytes(b.attestation(planted, publicKey, keys: b.keys))])
+        let removal = try a.removeDevice(b.deviceID)
+        #expect(removal.firstSeen == [planted])
+        #expect(Set(removal.keeping) == [planted, groups[2].deviceID])
+        // Seen once, it is known from now on: a later removal does not name it again.
+        let again = try a.removeDevice(planted)
+        #expect(again.firstSeen.isEmpty && again.keeping == [groups[2].deviceID])
+    }
+
+    @Test("A device whose row was deleted from the database is still removed by a device that saw it: the key is replaced, and it reads nothing written afterwards; an identifier never seen is refused")
+    func deviceWithDeletedRowIsRemoved() throws {
+        let (groups, machines) = try threeMachines()
+        defer { withExtendedLifetime(machines) {} }
+        let (a, b) = (groups[0], groups[1])
+        for group in groups { try group.sync() }
+        try PostgresConnection(try testDatabase()).execute(
+            "DELETE FROM lockbox_sync_devices WHERE group_id = $1 AND device_id = $2", [.text(a.groupID), .text(b.deviceID)])
+        let epoch = a.keyEpoch
+        let removal = try a.removeDevice(b.deviceID)
+        #expect(!removal.wasListed)
+        #expect(a.keyEpoch == epoch + 1)
+        #expect(try grants(a.groupID, epoch: a.keyEpoch) == [a.deviceID, groups[2].deviceID].sorted())
+        try machines[0].add("after.example", "user", "not for B")
+        try a.sync()
+        let refused = #expect(throws: LockboxError.self) { try b.sync() }
+        #expect(refused?.code == .authFailed)
+        #expect(try machines[1].value("after.example", "user") == nil)
+        try groups[2].sync()
+        #expect(try machines[2].value("after.example", "user") == "not for B")
+        // Neither listed nor seen: refused as before, nothing rotated.
+        let unknown = #expect(throws: LockboxError.self) { try a.removeDevice("0123456789abcdef") }
+        #expect(unknown?.code == .itemNotFound)
+        #expect(a.keyEpoch == epoch + 1)
+    }
+
+    @Test("Grants of the next epoch planted in the database do not stop a removal, and are replaced by its own")
+    func plantedGrantsDoNotBlockRemoval() throws {
+        let (groups, machines) = try threeMachines()
+        defer { withExtendedLifetime(machines) {} }
+        let (a, b, c) = (groups[0], groups[1], groups[2])
+        for group in groups { try group.sync() }
+        try PostgresConnection(try testDatabase()).execute(
+            "INSERT INTO lockbox_sync_key_grants (group_id, device_id, epoch, sealed_key) VALUES ($1, $2, $3, $4)",
+            [.text(a.groupID), .text(c.deviceID), .integer(a.keyEpoch + 1), .bytes([1, 2, 3])])
+        try a.removeDevice(b.deviceID)
+        try machines[0].add("after.example", "user", "for C")
+        try a.sync()
+        try c.sync()
+        #expect(try machines[2].value("after.example", "user") == "for C")
+    }
+
+    @Test("A record of the devices seen that was changed outside Lockbox stops a removal, naming the file; removed, the removal goes on")
+    func damagedDeviceRecordStopsRemoval() throws {
+        let (groups, machines) = try threeMachines()
+        defer { withExtendedLifetime(machines) {} }
+        let (a, b) = (groups[0], groups[1])
+        for group in groups { try group.sync() }
+        let path = a.knownDevices.path
+        var bytes = try #require(FileManager.default.contents(atPath: path))
+        bytes[bytes.count / 2] ^= 1
+        try bytes.write(to: URL(fileURLWithPath: path))
+        let refused = #expect(throws: LockboxError.self) { try a.removeDevice(b.deviceID) }
+        #expect(refused?.message.contains(path) == true && refused?.message.contains("Nothing was removed") == true, "\(String(describing: refused))")
+        #expect(try a.devices().contains { $0.id == b.deviceID })
+        // A sync goes on meanwhile (it records nothing into the damaged file).
+        try a.sync()
+        try FileManager.default.removeItem(atPath: path)
+        let removal = try a.removeDevice(b.deviceID)
+        #expect(removal.firstSeen == [groups[2].deviceID])
+    }
+}
