@@ -1,3 +1,4 @@
+import KeyProviders
 import LockboxCore
 import Synchronization
 import VaultCrypto
@@ -796,17 +797,57 @@ private struct ElementEncoding {
 /// the file sees the same page, so advancing is an atomic maximum across processes, where a
 /// read then a write could move it back. The directory is the user's own (0700): truncating
 /// the file under a running process ends that process (`SIGBUS`), as killing it would.
+///
+/// The state directory is per environment: a process with another `XDG_STATE_HOME` (a sandbox,
+/// a service manager) keeps a record of its own, and would take an older copy of the file, put
+/// back after another environment wrote it, for current. With the kernel-keyring unlock cache
+/// (the default), the generation is also kept in the user's `lockbox` keyring (an entry
+/// `lockbox:v1:VAULT:generation`, eight bytes, not secret), which every process of the user
+/// shares until reboot, and the higher of the two applies. Like the file, the entry is raised
+/// after each commit: two processes raising it at once can leave it behind the file (a missed
+/// detection), never ahead.
 final class RememberedGeneration {
     let path: String
     /// The mapped value, once the file exists and holds eight bytes.
     private var mapped: UnsafeMutablePointer<Atomic<UInt64>>?
+    /// The kernel keyring entry's description, when the generation is shared through it.
+    private let sharedDescription: String?
+    /// The entry, once found or written.
+    private var sharedSerial: KernelKeyring.Serial?
 
     /// One record per vault identity, wherever the file is and however its path is spelled:
     /// moving the file keeps its record; a copy of it used as a second vault shares the record
     /// (the older of the two is then refused until accepted with `lockbox verify --accept-older`).
-    init(vaultID: [UInt8], vaultPath: String, device: DeviceIdentity) {
+    /// - Parameter sharing: also keep it in the kernel keyring, for the user's other environments.
+    init(vaultID: [UInt8], vaultPath: String, device: DeviceIdentity, sharing: Bool = false) {
         let directory = FilePermissions.directory(of: device.resolvedKeyPath) + "/generations"
         path = directory + "/" + vaultID.hexString
+        sharedDescription = sharing ? KeyCache.description(vaultID: vaultID.hexString, kind: .generation) : nil
+    }
+
+    /// The generation in the kernel keyring; 0 when none (or the keyring cannot be used).
+    private func shared() -> Int {
+        guard let description = sharedDescription else { return 0 }
+        for attempt in 0..<2 {
+            if sharedSerial == nil || attempt > 0 { sharedSerial = try? KernelKeyring.find(description) }
+            guard let serial = sharedSerial else { return 0 }
+            if let payload = try? KernelKeyring.read(serial) {
+                guard payload.count == 8 else { return 0 }
+                return payload.withUnsafeBytes { bytes in
+                    Int(truncatingIfNeeded: bytes.reversed().reduce(UInt64(0)) { $0 << 8 | UInt64($1) })
+                }
+            }
+            // Gone (the keyring renewed, say): looked up once more.
+        }
+        return 0
+    }
+
+    /// Writes `generation` into the kernel keyring (best effort: a keyring that cannot be used
+    /// leaves the state directory's record alone to apply).
+    private func share(_ generation: Int) {
+        guard let description = sharedDescription else { return }
+        let payload = (0..<8).map { UInt8(truncatingIfNeeded: UInt64(generation) >> (8 * $0)) }
+        sharedSerial = try? KernelKeyring.storeSmall(payload, description: description)
     }
 
     /// The failed-passphrase count mirrored beside the generation (see ``Vault/readAttempts``).
@@ -849,15 +890,22 @@ final class RememberedGeneration {
         return pointer
     }
 
-    /// The remembered generation; 0 when there is none.
+    /// The remembered generation, the higher of the state directory's and the kernel
+    /// keyring's; 0 when there is none.
     func read() -> Int {
+        max(readHere(), shared())
+    }
+
+    /// The state directory's record alone.
+    private func readHere() -> Int {
         guard let value = map(creating: false) else { return 0 }
         return Int(truncatingIfNeeded: UInt64(littleEndian: value.pointee.load(ordering: .acquiring)))
     }
 
     /// Remembers `generation` when it is higher than what is remembered.
     func advance(to generation: Int) {
-        guard generation > read(), let value = map(creating: true) else { return }
+        if sharedDescription != nil, generation > shared() { share(generation) }
+        guard generation > readHere(), let value = map(creating: true) else { return }
         var current = value.pointee.load(ordering: .relaxed)
         while Int(truncatingIfNeeded: UInt64(littleEndian: current)) < generation {
             let exchanged = value.pointee.compareExchange(
@@ -867,8 +915,10 @@ final class RememberedGeneration {
         }
     }
 
-    /// Remembers exactly `generation` (accepting an older file on purpose).
+    /// Remembers exactly `generation` (accepting an older file on purpose), here and in the
+    /// kernel keyring.
     func write(_ generation: Int) {
+        if sharedDescription != nil { share(generation) }
         guard let value = map(creating: true) else { return }
         value.pointee.store(UInt64(generation).littleEndian, ordering: .releasing)
     }

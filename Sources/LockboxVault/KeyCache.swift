@@ -120,13 +120,14 @@ struct AfterFirstUnlockKeys {
 /// unlocked again.
 final class KeyCache {
     /// Vaults whose keys stay in the kernel keyring at once: Lockbox takes at most half of
-    /// this user's quota, at 2 keys and at most about 400 bytes per vault. For an ordinary user
-    /// (200 keys, 20,000 bytes) that is 25 vaults; root's quota is far larger.
+    /// this user's quota, at 3 entries (two keys and the generation, ``RememberedGeneration``)
+    /// and at most about 480 bytes per vault. For an ordinary user (200 keys, 20,000 bytes)
+    /// that is 20 vaults; root's quota is far larger.
     static let maximumCachedVaults: Int = {
         let root = getuid() == 0
         let keys = kernelSetting(root ? "root_maxkeys" : "maxkeys") ?? 200
         let bytes = kernelSetting(root ? "root_maxbytes" : "maxbytes") ?? 20_000
-        return min(1024, max(8, min(keys / 2 / 2, bytes / 2 / 400)))
+        return min(1024, max(8, min(keys / 2 / 3, bytes / 2 / 480)))
     }()
     /// Longer paths are not stored: such an entry is freed by age only, never as stale.
     static let maximumStoredPathByteCount = 160
@@ -168,6 +169,9 @@ final class KeyCache {
     enum EntryKind: String, CaseIterable {
         case master = "unlocked"
         case afterFirstUnlock = "after-first-unlock"
+        /// Not a key: the highest generation of the vault seen by any of the user's processes
+        /// (``RememberedGeneration``).
+        case generation
     }
 
     static let descriptionPrefix = "lockbox:v1:"

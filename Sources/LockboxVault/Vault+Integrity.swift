@@ -60,7 +60,6 @@ extension Vault {
         {
             return cached
         }
-        let remembered = state.rememberedGeneration.read()
         let dataVersion = try state.database.dataVersion
         if let cached = state.integrity, cached.dataVersion == dataVersion {
             // No other connection wrote since the cache was filled: what this connection sees
@@ -72,6 +71,8 @@ extension Vault {
             }
             return cached
         }
+        // Read here, not before the cache is used: with the kernel keyring, it costs two system calls.
+        let remembered = state.rememberedGeneration.read()
         // Another connection wrote: the header may have changed too, and with it the keys
         // derived from it here (a passphrase change makes a new `always` class key).
         let header = try VaultHeader.load(from: state.database)

@@ -239,7 +239,8 @@ public final class Vault: ItemStore, Sendable {
         }
 
         let keys = KeyCache(vaultID: header.vaultID, mode: configuration.unlockCache, device: device, path: path, clock: configuration.clock)
-        let remembered = RememberedGeneration(vaultID: header.vaultID, vaultPath: path, device: configuration.device)
+        let remembered = RememberedGeneration(
+            vaultID: header.vaultID, vaultPath: path, device: configuration.device, sharing: configuration.unlockCache == .kernelKeyring)
         remembered.write(1)
         let vault = Vault(
             path: path, configuration: configuration,
@@ -279,7 +280,8 @@ public final class Vault: ItemStore, Sendable {
         let keys = KeyCache(
             vaultID: header.vaultID, mode: configuration.unlockCache, device: try DeviceSecret.load(configuration.device), path: path,
             clock: configuration.clock)
-        let remembered = RememberedGeneration(vaultID: header.vaultID, vaultPath: path, device: configuration.device)
+        let remembered = RememberedGeneration(
+            vaultID: header.vaultID, vaultPath: path, device: configuration.device, sharing: configuration.unlockCache == .kernelKeyring)
         let vault = Vault(
             path: path, configuration: configuration,
             state: State(database: database, header: header, keys: keys, rememberedGeneration: remembered), claim: claim)

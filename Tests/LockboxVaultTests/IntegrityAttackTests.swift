@@ -196,6 +196,39 @@ struct IntegrityAttackTests {
         #expect(try fixture.reopen().data(matching: .genericPassword(service: "svcA", account: "alice")) == SecretBytes(utf8: "alice-secret"))
     }
 
+    @Test("an older copy put in place is refused also by a process with another XDG_STATE_HOME that never saw the later writes, until accepted on purpose")
+    func rolledBackFile_isDetectedInAnotherEnvironment() throws {
+        let (fixture, _) = try makeVault()
+        let query = Query.genericPassword(service: "svcA", account: "alice")
+        let otherKey = fixture.directory.file("other-state/device-key")
+        // The other environment unlocks and reads once: its own record holds the generation of
+        // the copy.
+        let other = try fixture.reopen { $0.device = DeviceIdentity(keyPath: otherKey) }
+        try other.unlock(passphrase: fixture.passphrase)
+        #expect(try other.data(matching: query) == SecretBytes(utf8: "alice-secret"))
+        try fixture.vault.withDatabase { database throws(LockboxError) in database.truncateWriteAheadLog() }
+        let copy = fixture.path + ".old"
+        try FileManager.default.copyItem(atPath: fixture.path, toPath: copy)
+        try fixture.vault.update(matching: query, to: ItemUpdate(data: SecretBytes(utf8: "rotated")))
+        try putBack(copy, at: fixture.path)
+        // Before, the other environment, whose state directory had seen nothing later, served
+        // the older value; the kernel keyring's record is every environment's.
+        let environments: [(inout Vault.Configuration) -> Void] = [{ $0.device = DeviceIdentity(keyPath: otherKey) }, { _ in }]
+        for environment in environments {
+            do {
+                let value = try fixture.reopen(configure: environment).data(matching: query)
+                Issue.record("an older copy was served: \(value == SecretBytes(utf8: "alice-secret") ? "the older value" : "a value")")
+            } catch let error as LockboxError {
+                #expect(error.status == -26275)
+                #expect(error.message.contains("older"), "\(error.message)")
+            }
+        }
+        let report = try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration, acceptOlder: true)
+        #expect(report.acceptedOlderGeneration)
+        #expect(try fixture.reopen { $0.device = DeviceIdentity(keyPath: otherKey) }.data(matching: query) == SecretBytes(utf8: "alice-secret"))
+        #expect(try fixture.reopen().data(matching: query) == SecretBytes(utf8: "alice-secret"))
+    }
+
     @Test("a lost write-ahead log (the file without its latest writes) is errSecDecode")
     func lostWriteAheadLog_isDetected() throws {
         let (fixture, _) = try makeVault()

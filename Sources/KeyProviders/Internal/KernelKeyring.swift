@@ -110,6 +110,21 @@ package enum KernelKeyring {
         throw Failure(operation: "add_key", errno: EAGAIN)
     }
 
+    /// Adds (or replaces) a small entry that is no secret (a vault's generation) in the `lockbox`
+    /// keyring, without a timeout. Unlike ``store(_:description:timeout:)`` it never renews the
+    /// keyring: a quota with no room for it is an error the caller may pass over.
+    package static func storeSmall(_ payload: [UInt8], description: String) throws(Failure) -> Serial {
+        let keyring = try lockboxKeyring()
+        let serial = Serial(try call("add_key") { payload.withUnsafeBytes { Int(add_key("user", description, $0.baseAddress, $0.count, keyring)) } })
+        do {
+            try setPermissions(serial)
+        } catch {
+            try? remove(serial)
+            throw error
+        }
+        return serial
+    }
+
     /// Adds the key to the `lockbox` keyring; when the quota is full, renews the keyring (one
     /// process at a time) and adds again. Returns the key and the keyring it went into.
     private static func addRenewingWhenFull(_ payload: SecretBytes, description: String) throws(Failure) -> (Serial, keyring: Serial) {
