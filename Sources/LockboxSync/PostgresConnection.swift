@@ -107,6 +107,12 @@ package final class PostgresConnection {
         guard let connection else {
             throw LockboxError(.allocate, "Cannot allocate a PostgreSQL connection.")
         }
+        // The server's notices and warnings are never printed: libpq's default printed each to
+        // standard error as it came, so a hostile server (a trigger raising a warning, say)
+        // could send terminal sequences, or text dressed as Lockbox's own advice. What a sync
+        // needs from the server comes in its errors, which are shown with control characters
+        // replaced (``printable(_:)``).
+        PQsetNoticeProcessor(connection, { _, _ in }, nil)
         // Checked before `self.connection` is set: once it is, a throw runs `deinit`, which
         // finishes the connection.
         guard PQstatus(connection) == CONNECTION_OK else {
