@@ -131,6 +131,9 @@ public final class SyncGroup: Sendable {
         try SyncSchema.migrate(connection)
         let rows = try connection.execute("SELECT key_wrap FROM lockbox_sync_groups WHERE group_id = $1", [.text(groupID)])
         guard let row = rows.first else { throw noSuchGroup(groupID) }
+        guard !passphrase.isEmpty else {
+            throw LockboxError(.param, "The group passphrase is empty. Enter the group's passphrase, or join with a pairing code from one of its devices.")
+        }
         guard row[0] != nil else {
             throw LockboxError(
                 .authFailed, "The sync group \(groupID) has no passphrase (it was created without one, or a device was removed). Join it with a pairing code from one of its devices.")
@@ -225,11 +228,26 @@ public final class SyncGroup: Sendable {
     public static let minimumPassphraseLength = 12
 
     static func checkNewPassphrase(_ passphrase: SecretBytes) throws(LockboxError) {
-        // Characters counted in place (no copy of the passphrase in a String): the UTF-8
-        // bytes that start one, but not ASCII spaces, tabs or line breaks, since twelve spaces
-        // are no passphrase.
-        let characters = passphrase.withUnsafeBytes { bytes in
-            bytes.count { $0 & 0xC0 != 0x80 && ![0x20, 0x09, 0x0A, 0x0B, 0x0C, 0x0D].contains($0) }
+        // Characters counted in place (no copy of the passphrase in a String), decoded from
+        // UTF-8: only those one can see count, since twelve spaces, no-break spaces, NUL bytes
+        // or other control or format characters are no passphrase. A byte that is not UTF-8
+        // counts as one (a passphrase of random bytes).
+        let characters = passphrase.withUnsafeBytes { bytes -> Int in
+            var parser = Unicode.UTF8.ForwardParser()
+            var input = bytes.makeIterator()
+            var count = 0
+            while true {
+                switch parser.parseScalar(from: &input) {
+                case .valid(let encoded):
+                    let properties = Unicode.UTF8.decode(encoded).properties
+                    switch properties.generalCategory {
+                    case .control, .format, .spaceSeparator, .lineSeparator, .paragraphSeparator, .unassigned: continue
+                    default: if !properties.isWhitespace { count += 1 }
+                    }
+                case .error: count += 1
+                case .emptyInput: return count
+                }
+            }
         }
         guard characters >= minimumPassphraseLength else {
             throw LockboxError(
@@ -388,7 +406,7 @@ public final class SyncGroup: Sendable {
                 box, key: wrappingKey, associatedData: keyWrapAssociatedData(groupID, parameters, epoch: Int64(epoch), purpose: purpose)),
             secrets.count == 2 * Crypto.keyByteCount
         else {
-            throw LockboxError(.authFailed, "The group passphrase is wrong. Enter the passphrase the group was created with.")
+            throw LockboxError(.authFailed, "The group passphrase is wrong. Enter the group's current passphrase: the one it was created with, or the one the last device removal set (a removal drops the one before).")
         }
         return SyncKeys(secrets: secrets, epoch: Int64(epoch))
     }
