@@ -308,6 +308,16 @@ struct Runner {
     // MARK: Items
 
     private func addPassword(_ options: PasswordOptions) throws(LockboxError) -> ExitStatus {
+        // Apple's rule, as SecItemAdd and SecItemUpdate apply it: a synchronizable item never
+        // leaves this device under a ThisDeviceOnly class (and one that synced would be deleted
+        // from the group's other devices). Refused before the secret is read.
+        if options.synchronizable, options.attributes.accessibility?.isThisDeviceOnly == true {
+            throw LockboxError(
+                .param,
+                "A synchronizable item cannot use a ThisDeviceOnly accessibility: it would never leave this device, and one that "
+                    + "synced would be deleted from the group's other devices. Leave out --synchronizable for an item of this device "
+                    + "only, or choose an accessibility without ThisDeviceOnly.")
+        }
         let store = try Keychain.open(keychainOptions()).store
         let secret: SecretBytes
         if SecretInput.standardInputIsTerminal {

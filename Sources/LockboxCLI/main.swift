@@ -6,7 +6,7 @@ import LockboxCommandLine
 import Glibc
 #endif
 
-let arguments = Array(CommandLine.arguments.dropFirst())
+guard let arguments = ProgramArguments.checked(program: "lockbox") else { exit(ExitStatus.usage.rawValue) }
 // The broker, when one is used, identifies this process by its /proc files: connect before
 // they are hidden below. (Parsing reads no secret; the run parses again.)
 if let early = try? Parser.parse(arguments), !early.command.isAuthentication, !early.command.usesKeys {

@@ -141,9 +141,13 @@ package enum Parser {
         var remaining = arguments[...]
         var keychain: String?
         var backend: Keychain.Backend?
+        var given: Set<String> = []
         // Global options come before the verb.
         while let first = remaining.first, first.hasPrefix("-") {
             remaining = remaining.dropFirst()
+            // `--keychain A --keychain B` would use B.
+            let name = first == "-k" ? "--keychain" : first
+            guard given.insert(name).inserted else { throw UsageError(message: "\(name) is given more than once", verb: nil) }
             switch first {
             case "--keychain", "-k":
                 guard let path = remaining.popFirst() else { throw UsageError(message: "--keychain needs a path", verb: nil) }
@@ -183,7 +187,7 @@ package enum Parser {
         case "init":
             var fromStandardInput = false
             var strength = Vault.KeyDerivationStrength.moderate
-            while let option = reader.next() {
+            while let option = try reader.next() {
                 switch option {
                 case "--passphrase-stdin": fromStandardInput = true
                 case "--kdf":
@@ -200,7 +204,7 @@ package enum Parser {
             var fromStandardInput = false
             var timeout: UInt32?
             var tpm = false
-            while let option = reader.next() {
+            while let option = try reader.next() {
                 switch option {
                 case "--tpm2": tpm = true
                 case "--passphrase-stdin": fromStandardInput = true
@@ -220,7 +224,7 @@ package enum Parser {
             return .unlock(passphraseFromStandardInput: fromStandardInput, timeout: timeout)
         case "lock":
             var all = false
-            while let option = reader.next() {
+            while let option = try reader.next() {
                 guard option == "--all" else { throw reader.unknown(option) }
                 all = true
             }
@@ -228,7 +232,7 @@ package enum Parser {
         case "verify":
             var acceptOlder = false
             var json = false
-            while let option = reader.next() {
+            while let option = try reader.next() {
                 switch option {
                 case "--accept-older": acceptOlder = true
                 case "--json": json = true
@@ -238,14 +242,14 @@ package enum Parser {
             return .verify(acceptOlder: acceptOlder, json: json)
         case "status":
             var json = false
-            while let option = reader.next() {
+            while let option = try reader.next() {
                 guard option == "--json" else { throw reader.unknown(option) }
                 json = true
             }
             return .status(json: json)
         case "change-passphrase":
             var fromStandardInput = false
-            while let option = reader.next() {
+            while let option = try reader.next() {
                 guard option == "--passphrase-stdin" else { throw reader.unknown(option) }
                 fromStandardInput = true
             }
@@ -253,7 +257,7 @@ package enum Parser {
         case "backup", "restore":
             var file: String?
             var fromStandardInput = false
-            while let option = reader.next() {
+            while let option = try reader.next() {
                 switch option {
                 case "--passphrase-stdin": fromStandardInput = true
                 default:
@@ -266,11 +270,11 @@ package enum Parser {
                 ? .backup(file: file, passphraseFromStandardInput: fromStandardInput)
                 : .restore(file: file, passphraseFromStandardInput: fromStandardInput)
         case "enroll", "unenroll":
-            let keeper = reader.next()
+            let keeper = try reader.next()
             if keeper == "tpm2" {
                 var pcrs: [Int] = []
                 var deviceKey = false
-                while let option = reader.next() {
+                while let option = try reader.next() {
                     if option == "--device-key", verb == "enroll" {
                         deviceKey = true
                         continue
@@ -286,13 +290,13 @@ package enum Parser {
                 }
                 return deviceKey ? .sealDeviceKey(pcrs: pcrs) : .enrollTPM(pcrs: pcrs, remove: verb == "unenroll")
             }
-            guard let keeper, keeper == "secret-service", reader.next() == nil else {
+            guard let keeper, keeper == "secret-service", try reader.next() == nil else {
                 throw UsageError(message: "usage: lockbox \(verb) secret-service|tpm2", verb: verb)
             }
             return .enroll(keeper: keeper, remove: verb == "unenroll")
         case "generate-key", "sign", "public-key", "delete-key":
             var key = KeyOptions()
-            while let option = reader.next() {
+            while let option = try reader.next() {
                 switch option {
                 case "--tag": key.tag = try reader.value(for: option)
                 case "--label": key.label = try reader.value(for: option)
@@ -327,7 +331,7 @@ package enum Parser {
         case "remove-passphrase", "set-passphrase":
             var fromStandardInput = false
             var confirmed = false
-            while let option = reader.next() {
+            while let option = try reader.next() {
                 switch option {
                 case "--passphrase-stdin": fromStandardInput = true
                 case "--yes" where verb == "remove-passphrase": confirmed = true
@@ -343,7 +347,7 @@ package enum Parser {
             var scopes: [String] = []
             var browser = false
             var dpop = false
-            while let option = reader.next() {
+            while let option = try reader.next() {
                 switch option {
                 case "--issuer": issuer = try reader.value(for: option)
                 case "--client-id": clientID = try reader.value(for: option)
@@ -364,7 +368,7 @@ package enum Parser {
             var method: String?
             var url: String?
             var nonce: String?
-            while let option = reader.next() {
+            while let option = try reader.next() {
                 switch option {
                 case "--issuer": issuer = try reader.value(for: option)
                 case "--client-id": clientID = try reader.value(for: option)
@@ -384,9 +388,9 @@ package enum Parser {
             }
             return .token(issuer: issuer, clientID: clientID, proofFor: ProofTarget(method: method ?? "GET", url: url, nonce: nonce))
         case "auth":
-            guard reader.next() == "status" else { throw UsageError(message: "usage: lockbox auth status [--json]", verb: verb) }
+            guard try reader.next() == "status" else { throw UsageError(message: "usage: lockbox auth status [--json]", verb: verb) }
             var json = false
-            while let option = reader.next() {
+            while let option = try reader.next() {
                 guard option == "--json" else { throw reader.unknown(option) }
                 json = true
             }
@@ -397,21 +401,21 @@ package enum Parser {
             return .sync(arguments: reader.options)
         case "broker":
             let usage = "usage: lockbox broker status | stop | install-units [--lockboxd PATH] | uninstall-units"
-            let action = reader.next()
+            let action = try reader.next()
             if action == "status" || action == "stop" {
-                if let option = reader.next() { throw reader.unknown(option) }
+                if let option = try reader.next() { throw reader.unknown(option) }
                 return .brokerControl(stop: action == "stop")
             }
             guard action == "install-units" || action == "uninstall-units" else { throw UsageError(message: usage, verb: verb) }
             var lockboxd: String?
-            while let option = reader.next() {
+            while let option = try reader.next() {
                 guard option == "--lockboxd", action == "install-units" else { throw reader.unknown(option) }
                 lockboxd = try reader.value(for: option)
             }
             return .brokerUnits(install: action == "install-units", lockboxd: lockboxd)
         case "dump", "dump-keychain":
             var json = false
-            while let option = reader.next() {
+            while let option = try reader.next() {
                 guard option == "--json" else { throw reader.unknown(option) }
                 json = true
             }
@@ -442,7 +446,7 @@ package enum Parser {
         let isFind = verb.hasPrefix("find")
         let isDelete = verb.hasPrefix("delete")
         let isInternet = itemClass == .internetPassword
-        while let option = reader.next() {
+        while let option = try reader.next() {
             switch option {
             case "-a": parsed.attributes.account = try reader.value(for: option)
             case "-s":
@@ -530,7 +534,22 @@ struct OptionReader {
         self.firstPosition = firstPosition
     }
 
-    mutating func next() -> String? {
+    /// Options already read: an option given twice is refused (the last one would win, and
+    /// `delete-generic-password -s staging -a deploy -s prod` would delete prod).
+    private var seen: Set<String> = []
+
+    /// The next option (or a verb's positional argument).
+    mutating func next() throws(UsageError) -> String? {
+        guard let argument = nextArgument() else { return nil }
+        if argument.hasPrefix("-") {
+            guard seen.insert(argument).inserted else {
+                throw UsageError(message: "\(argument) is given more than once", verb: verb)
+            }
+        }
+        return argument
+    }
+
+    private mutating func nextArgument() -> String? {
         guard index < options.count else { return nil }
         defer { index += 1 }
         return options[index]
@@ -541,7 +560,7 @@ struct OptionReader {
     }
 
     mutating func value(for option: String) throws(UsageError) -> String {
-        guard let value = next() else { throw UsageError(message: "\(option) needs a value", verb: verb) }
+        guard let value = nextArgument() else { throw UsageError(message: "\(option) needs a value", verb: verb) }
         return value
     }
 

@@ -71,3 +71,25 @@ package func writeAll(_ bytes: UnsafeRawBufferPointer, to descriptor: Int32) {
         offset += written
     }
 }
+
+/// The program's arguments, each checked to be UTF-8 text. Swift gives an argument that is not
+/// (a name in Latin-1, say) with its invalid bytes replaced by U+FFFD, so two different names
+/// would read as one, and a query would find, overwrite or delete another item than the one
+/// named. Such an argument is refused instead (exit 64), without being shown: it may be a
+/// secret typed in the wrong place.
+package enum ProgramArguments {
+    /// The arguments after the program's name, or nil with the error printed.
+    package static func checked(program: String) -> [String]? {
+        var arguments: [String] = []
+        for index in 1..<Int(CommandLine.argc) {
+            guard let pointer = CommandLine.unsafeArgv[index], let argument = String(validatingCString: pointer) else {
+                StandardStreams().error(
+                    "\(program): argument \(index) is not UTF-8 text (not shown). Lockbox keeps names as UTF-8, and would read it as "
+                        + "another name; convert it first (for example with iconv -f latin1 -t utf-8).")
+                return nil
+            }
+            arguments.append(argument)
+        }
+        return arguments
+    }
+}

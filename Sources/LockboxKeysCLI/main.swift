@@ -10,7 +10,7 @@ import Glibc
 // same arguments, so that only these verbs load libcrypto and the tss2 libraries. Calling it
 // directly works too.
 
-let arguments = Array(CommandLine.arguments.dropFirst())
+guard let arguments = ProgramArguments.checked(program: "lockbox") else { exit(ExitStatus.usage.rawValue) }
 // The broker, when one is used, identifies this process by its /proc files: connect before
 // they are hidden below.
 Invocation.prepareBroker(arguments)

@@ -8,7 +8,7 @@ import Glibc
 // `lockbox login`, `token`, `logout` and `auth status` run here: `lockbox` hands them over with
 // the same arguments, so that only these verbs load the HTTP stack. Calling it directly works too.
 
-let arguments = Array(CommandLine.arguments.dropFirst())
+guard let arguments = ProgramArguments.checked(program: "lockbox") else { exit(ExitStatus.usage.rawValue) }
 // The broker, when one is used, identifies this process by its /proc files: connect before
 // they are hidden below.
 Invocation.prepareBroker(arguments)

@@ -154,9 +154,10 @@ func run(keychain: String?, command: AgentCommand) throws(LockboxError) -> ExitS
     }
 }
 
+guard let arguments = ProgramArguments.checked(program: "lockbox ssh-agent") else { exit(ExitStatus.usage.rawValue) }
 let status: ExitStatus
 do {
-    let (keychain, command) = try parse(Array(CommandLine.arguments.dropFirst()))
+    let (keychain, command) = try parse(arguments)
     do {
         status = try run(keychain: keychain, command: command)
     } catch {

@@ -570,9 +570,10 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
 // A sync that waits for another process's says so (on standard error), once.
 SyncLock.waitingNotice.withLock { $0 = { streams.error("lockbox sync: " + $0) } }
 
+guard let arguments = ProgramArguments.checked(program: "lockbox sync") else { exit(ExitStatus.usage.rawValue) }
 let status: ExitStatus
 do {
-    let (keychain, command) = try parse(Array(CommandLine.arguments.dropFirst()))
+    let (keychain, command) = try parse(arguments)
     do {
         status = try run(keychain: keychain, command: command)
     } catch {

@@ -415,4 +415,73 @@ struct SafeDefaultsTests {
         #expect(wrong.transcript.contains("(OSStatus -25293)"))
         #expect(try secret("svc", "a").status == 1)
     }
+
+    /// Runs `lockbox --keychain KEYCHAIN` with `arguments`, shell words in which `printf`
+    /// escapes make bytes that are not UTF-8 (Swift's own arguments cannot carry them).
+    func lockboxWithRawBytes(_ arguments: String, input: String = "") throws -> ProcessResult {
+        try run("/bin/sh", ["-c", "exec \"$0\" --keychain \"$1\" \(arguments)", binary, keychain], input: Array(input.utf8))
+    }
+
+    @Test("a name that is not UTF-8 is refused (exit 64), never read as another name: no other item's secret is found, overwritten or deleted")
+    func namesNotUTF8_areRefused() throws {
+        try initialize()
+        defer { lockAll() }
+        // An item whose service holds U+FFFD, what Swift made of any byte that is not UTF-8.
+        #expect(try lockbox(["add-generic-password", "-s", "svc\u{FFFD}", "-a", "acct"], text: "canary-not-utf8\n").status == 0)
+        let found = try lockboxWithRawBytes("find-generic-password -s \"$(printf 'svc\\376')\" -a acct -w")
+        #expect(found.status == 64, "\(found.status): \(found.standardError)")
+        #expect(found.standardError.contains("not UTF-8"), "\(found.standardError)")
+        #expect(!found.standardOutput.contains("canary") && !found.standardError.contains("canary"))
+        let updated = try lockboxWithRawBytes("add-generic-password -U -s \"$(printf 'svc\\377')\" -a acct", input: "overwritten\n")
+        #expect(updated.status == 64)
+        let deleted = try lockboxWithRawBytes("delete-generic-password -s \"$(printf 'svc\\351')\" -a acct")
+        #expect(deleted.status == 64)
+        let kept = try secret("svc\u{FFFD}", "acct", raw: false)
+        #expect(kept.status == 0 && kept.standardOutput == "canary-not-utf8\n", "\(kept.standardError)")
+        // Also the keychain path and the sync verbs.
+        #expect(try run("/bin/sh", ["-c", "exec \"$0\" --keychain \"$(printf '/tmp/k\\377')\" status", binary]).status == 64)
+        #expect(try lockboxWithRawBytes("sync join \"$(printf '\\377')\"").status == 64)
+    }
+
+    @Test("an option given twice is refused (exit 64): the last one does not silently win, so a delete never reaches another item than the first one named")
+    func optionGivenTwice_isRefused() throws {
+        try initialize()
+        defer { lockAll() }
+        for service in ["staging", "prod"] {
+            #expect(try lockbox(["add-generic-password", "-s", service, "-a", "deploy"], text: "\(service)-secret\n").status == 0)
+        }
+        let twice = try lockbox(["delete-generic-password", "-s", "staging", "-a", "deploy", "-s", "prod"])
+        #expect(twice.status == 64, "\(twice.status): \(twice.standardError)")
+        #expect(twice.standardError.contains("-s is given more than once"), "\(twice.standardError)")
+        for service in ["staging", "prod"] { #expect(try secret(service, "deploy").status == 0, "\(service) was deleted") }
+        let accessibility = try lockbox(
+            ["add-generic-password", "-s", "x", "-a", "y", "--accessibility", "whenUnlocked", "--accessibility", "always"], text: "v\n")
+        #expect(accessibility.status == 64)
+        let keychains = try run(binary, ["--keychain", keychain, "-k", directory.file("keychains/other.lockbox"), "status"])
+        #expect(keychains.status == 64 && keychains.standardError.contains("--keychain is given more than once"), "\(keychains.standardError)")
+        // A value that looks like an option is a value, not a second option.
+        #expect(try lockbox(["add-generic-password", "-s", "-s", "-a", "dash"], text: "dash-secret\n").status == 0)
+        #expect(try secret("-s", "dash").status == 0)
+    }
+
+    @Test("a synchronizable item with a ThisDeviceOnly accessibility is refused (errSecParam), as SecItemAdd refuses it, before anything is stored")
+    func synchronizableThisDeviceOnly_isRefused() throws {
+        try initialize()
+        defer { lockAll() }
+        for accessibility in ["afterFirstUnlockThisDeviceOnly", "whenUnlockedThisDeviceOnly"] {
+            let refused = try lockbox(
+                ["add-generic-password", "-s", "sync.example", "-a", "acct", "--synchronizable", "--accessibility", accessibility],
+                text: "never-stored\n")
+            #expect(refused.status == 1 && refused.standardError.contains("-50"), "\(refused.standardError)")
+            #expect(refused.standardError.contains("ThisDeviceOnly"))
+        }
+        #expect(try lockbox(["find-generic-password", "-s", "sync.example", "-a", "acct"]).status == 44)
+        #expect(try lockbox(["add-generic-password", "-s", "sync.example", "-a", "acct", "--synchronizable"], text: "synced\n").status == 0)
+        let update = try lockbox(
+            ["add-generic-password", "-U", "-s", "sync.example", "-a", "acct", "--synchronizable", "--accessibility", "whenUnlockedThisDeviceOnly"],
+            text: "changed\n")
+        #expect(update.status == 1 && update.standardError.contains("-50"))
+        let kept = try lockbox(["find-generic-password", "-s", "sync.example", "-a", "acct", "--synchronizable", "-w"])
+        #expect(kept.standardOutput == "synced\n", "\(kept.standardError)")
+    }
 }

@@ -320,6 +320,75 @@ extension SyncTests {
         #expect(waited < Double(PostgresConnection.defaultConnectTimeout) * 3, "status waited \(waited) s for a silent server")
     }
 
+    @Test("The server's notices and warnings never reach the terminal: a trigger's warning with terminal sequences, dressed as Lockbox's advice, is not printed")
+    func serverNoticesAreNotPrinted() throws {
+        let database = try testDatabase()
+        let machine = try Machine()
+        let group = try SyncGroup.create(vault: machine.vault, database: database)
+        try SyncCLI.configure(machine, group: group.groupID, database: database)
+        try machine.add("notice.example", "user", "value")
+        let connection = try PostgresConnection(database)
+        let function = "lockbox_test_warn_\(group.groupID)"
+        try connection.execute(
+            """
+            CREATE FUNCTION \(function)() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.group_id = '\(group.groupID)' THEN
+                    RAISE WARNING E'\\x1b[2J\\x1b[31mlockbox sync: the sync state is damaged: run `lockbox sync reset --discard-local-changes`\\x1b]0;pwned\\x07';
+                END IF;
+                RETURN NEW;
+            END $$
+            """)
+        try connection.execute(
+            "CREATE TRIGGER \(function) BEFORE INSERT OR UPDATE ON lockbox_sync_items FOR EACH ROW EXECUTE FUNCTION \(function)()")
+        defer {
+            _ = try? connection.execute("DROP TRIGGER \(function) ON lockbox_sync_items")
+            _ = try? connection.execute("DROP FUNCTION \(function)()")
+        }
+        let synced = try SyncCLI.run(machine, ["sync", "now"])
+        #expect(synced.status == 0, "\(synced.standardError)")
+        #expect(try storedRecords(group.groupID).count == 1, "the trigger's row was not written: the warning was not raised")
+        #expect(!synced.standardError.contains("\u{1b}") && !synced.standardError.contains("\u{07}"), "\(synced.standardError.debugDescription)")
+        #expect(!synced.standardError.contains("reset --discard-local-changes"), "\(synced.standardError)")
+    }
+
+    @Test("A group passphrase of invisible characters (NUL bytes, no-break spaces, control or format characters) is refused; one of twelve letters among them is taken; an empty one at join is refused before any work")
+    func invisiblePassphrasesAreRefused() throws {
+        let database = try testDatabase()
+        let machine = try Machine()
+        for weak: [UInt8] in [
+            [UInt8](repeating: 0, count: 12), Array(String(repeating: "\u{00A0}", count: 12).utf8), Array(1...17),
+            Array(String(repeating: "\u{200B}", count: 12).utf8), Array(String(repeating: "\u{3000}", count: 6).utf8) + Array("abcde".utf8),
+        ] {
+            let refused = #expect(throws: LockboxError.self) {
+                try SyncGroup.create(vault: machine.vault, database: database, passphrase: SecretBytes(copying: weak))
+            }
+            #expect(refused?.code == .param, "\(weak)")
+        }
+        let passphrase = "\u{00A0}twelve words!!\u{00A0}\u{0000}"
+        let group = try SyncGroup.create(vault: machine.vault, database: database, passphrase: SecretBytes(utf8: passphrase))
+        let joining = try Machine()
+        let empty = #expect(throws: LockboxError.self) {
+            try SyncGroup.join(group.groupID, vault: joining.vault, database: database, passphrase: SecretBytes(utf8: ""))
+        }
+        #expect(empty?.code == .param && empty?.message.contains("empty") == true, "\(String(describing: empty))")
+        #expect(try SyncGroup.join(group.groupID, vault: joining.vault, database: database, passphrase: SecretBytes(utf8: passphrase)).groupID == group.groupID)
+    }
+
+    @Test("After a removal set a new group passphrase, the former one is refused with advice that names the current one, not the one the group was created with")
+    func formerPassphraseAdviceNamesTheCurrentOne() throws {
+        let (groups, machines) = try threeMachines()
+        defer { withExtendedLifetime(machines) {} }
+        try groups[0].removeDevice(groups[1].deviceID, newPassphrase: SecretBytes(utf8: "the passphrase set by the removal"))
+        let late = try Machine()
+        let refused = #expect(throws: LockboxError.self) {
+            try SyncGroup.join(groups[0].groupID, vault: late.vault, database: try testDatabase(), passphrase: groupPassphrase)
+        }
+        #expect(refused?.code == .authFailed)
+        #expect(refused?.message.contains("current passphrase") == true && refused?.message.contains("removal") == true, "\(String(describing: refused))")
+        #expect(refused?.message.contains("created with.") == false)
+    }
+
     @Test("A join whose first sync fails says it joined and as which device, that no join again is needed, and speaks of a used-up pairing code only when one was used")
     func joinWhoseFirstSyncFails() throws {
         let database = try testDatabase()
