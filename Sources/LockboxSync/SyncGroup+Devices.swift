@@ -504,7 +504,7 @@ extension SyncGroup {
             let failure = LockboxError.syncDatabase("The sync group's key grant")
             var outer = FieldDecoder(try PostgresConnection.bytes(grantRow[0]))
             guard let box = try? outer.bytes(), let mac = try? outer.bytes(), outer.isAtEnd,
-                mac == grantMAC(box, deviceID: device.id, epoch: next, under: previous),
+                SyncHead.equal(mac, grantMAC(box, deviceID: device.id, epoch: next, under: previous)),
                 let content = try? Crypto.open(box, publicKey: device.publicKey, secretKey: device.secretKey)
             else { throw failure }
             var decoder = FieldDecoder(content)

@@ -322,7 +322,7 @@ final class SyncState {
                 let read = Progress(
                     device: statement.text(0) ?? "", cursor: Int64(statement.integer(1) ?? -1), generation: statement.integer(2) ?? -1,
                     accumulator: statement.blob(4), rows: 0, buckets: [], unverified: [], applying: [], heldBack: [])
-                guard statement.blob(3) == firstFormatProgressMAC(read, key: key) else { throw failure }
+                guard SyncHead.equal(statement.blob(3) ?? [], firstFormatProgressMAC(read, key: key)) else { throw failure }
                 progress = read
             }
         }
@@ -335,7 +335,7 @@ final class SyncState {
                 let entry = Entry(
                     stamp: SyncStamp(modified: Int64(statement.integer(1) ?? 0), device: statement.text(2) ?? ""),
                     contentDigest: statement.blob(3) ?? [], isTombstone: statement.integer(4) == 1)
-                guard statement.blob(5) == firstFormatEntryMAC(id, entry, key: key) else { throw failure }
+                guard SyncHead.equal(statement.blob(5) ?? [], firstFormatEntryMAC(id, entry, key: key)) else { throw failure }
                 items[id, default: ItemRecord()].entry = entry
             }
         }
@@ -346,7 +346,7 @@ final class SyncState {
             while try statement.step() {
                 let reference = statement.blob(0) ?? []
                 let id = statement.text(1)
-                guard statement.blob(2) == firstFormatRowMAC(reference, id, key: key) else { throw failure }
+                guard SyncHead.equal(statement.blob(2) ?? [], firstFormatRowMAC(reference, id, key: key)) else { throw failure }
                 rows.updateValue(id, forKey: Data(reference))
                 if let id { items[id, default: ItemRecord()].reference = Data(reference) }
             }
