@@ -160,8 +160,17 @@ struct Runner {
                     output.print("recorded deletions of synchronizable items: \(records), damaged \(report.damagedDeletionRecords ?? 0)")
                 }
                 if report.acceptedOlderGeneration { output.print("The older file was accepted on purpose.") }
+                if let unopened = report.lockedForTheCopysPassphrase {
+                    output.print(
+                        "\(unopened) item(s) did not open with the keys unlocked before: they are the later file's (its passphrase was "
+                            + "changed after this copy was made). The keychain is now locked: unlock it with the passphrase this copy was "
+                            + "made with (`lockbox unlock`), then verify again.")
+                }
                 for problem in report.problems { output.print("problem: \(problem)") }
-                output.print(report.isSound ? "The keychain file is sound." : "The keychain file does NOT check out.")
+                output.print(
+                    report.lockedForTheCopysPassphrase != nil
+                        ? "Its items are checked once it is unlocked with that passphrase."
+                        : report.isSound ? "The keychain file is sound." : "The keychain file does NOT check out.")
             }
             return report.isSound ? .success : .failure
         case .changePassphrase(let fromStandardInput):

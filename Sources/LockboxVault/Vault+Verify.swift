@@ -23,6 +23,10 @@ extension Vault {
         /// fail their check; nil before the first unlock, when they cannot be checked.
         public var deletionRecords: Int?
         public var damagedDeletionRecords: Int?
+        /// An older file accepted on purpose whose items the keys unlocked before could not open
+        /// (they belong to the later file: its passphrase changed after this copy was made): the
+        /// keychain was locked, to be unlocked with the passphrase of the copy. How many items.
+        public var lockedForTheCopysPassphrase: Int?
 
         public var isSound: Bool { problems.isEmpty }
     }
@@ -36,7 +40,10 @@ extension Vault {
         at path: String, configuration: Configuration = Configuration(), acceptOlder: Bool = false
     ) throws(LockboxError) -> VerificationReport {
         let vault = try open(at: path, configuration: configuration, checked: false)
-        return try vault.withState { state throws(LockboxError) -> VerificationReport in
+        // Set on the report once it is returned (a field set inside and returned through the
+        // state's lock and the transaction came back with other bytes in this toolchain).
+        var lockedUnopened: Int?
+        var report = try vault.withState { state throws(LockboxError) -> VerificationReport in
             let remembered = state.rememberedGeneration.read()
             return try state.database.readTransaction { () throws(LockboxError) -> VerificationReport in
                 state.integrity = nil
@@ -44,7 +51,7 @@ extension Vault {
                 state.header = header
                 var report = VerificationReport(
                     generation: nil, rememberedGeneration: remembered, items: 0, checkedItems: 0, otherMachinesItems: 0,
-                    problems: [], acceptedOlderGeneration: false)
+                    problems: [], acceptedOlderGeneration: false, lockedForTheCopysPassphrase: nil)
                 report.items = try state.database.firstRow("SELECT count(*) FROM items") { $0.integer(0) ?? 0 } ?? 0
                 guard let keys = try vault.integrityKeys(state) else {
                     throw LockboxError.locked("Unlock it once (`lockbox unlock`) so that it can be verified.")
@@ -74,6 +81,9 @@ extension Vault {
                 // Every row this machine can open now.
                 let statement = try state.database.statement("SELECT \(SealedRow.columns()) FROM items ORDER BY rowid")
                 var failed = 0
+                // Of those, rows that did not open at all (their bytes are covered by the
+                // integrity record, checked above: a key that is not theirs).
+                var unopened = 0
                 while try statement.step() {
                     let row = try SealedRow.read(from: statement)
                     if !row.deviceID.isEmpty && row.deviceID != state.device.identifier {
@@ -86,6 +96,13 @@ extension Vault {
                     do throws(LockboxError) {
                         available = try state.keys.classKey(for: row.accessibility, header: header)
                     } catch where error.code == .interactionNotAllowed {
+                        continue
+                    } catch where error.code == .decode && report.problems.isEmpty {
+                        // The header and the integrity record checked out, yet the unlocked master
+                        // key does not open the class key: keys of another version of the file
+                        // (the passphrase changed after an older copy was made), not a damaged row.
+                        failed += 1
+                        unopened += 1
                         continue
                     }
                     guard let classKey = available else { continue }
@@ -106,6 +123,7 @@ extension Vault {
                         report.checkedItems += 1
                     } catch {
                         failed += 1
+                        unopened += 1
                     }
                 }
                 statement.reset()
@@ -134,10 +152,20 @@ extension Vault {
                                 + "another device.")
                     }
                 }
+                let older = (report.generation ?? remembered) < remembered
+                // An older copy from before a passphrase change, while the keys of the later file
+                // are unlocked: its rows are sound (the integrity record covers them) but do not
+                // open with those keys. Accepted on purpose, it is locked, to be unlocked with the
+                // passphrase it was made with (else every read would report it damaged).
+                if older && acceptOlder && report.problems.isEmpty && failed > 0 && failed == unopened, let generation = report.generation {
+                    state.rememberedGeneration.write(generation)
+                    report.acceptedOlderGeneration = true
+                    lockedUnopened = unopened
+                    return report
+                }
                 if failed > 0 {
                     report.problems.append("\(failed) item(s) fail to open, do not match their lookup digest or sit outside their group.")
                 }
-                let older = (report.generation ?? remembered) < remembered
                 if older && report.problems.isEmpty && acceptOlder, let generation = report.generation {
                     state.rememberedGeneration.write(generation)
                     report.acceptedOlderGeneration = true
@@ -148,5 +176,8 @@ extension Vault {
                 return report
             }
         }
+        report.lockedForTheCopysPassphrase = lockedUnopened
+        if lockedUnopened != nil { vault.lockAll() }
+        return report
     }
 }

@@ -229,6 +229,32 @@ struct IntegrityAttackTests {
         #expect(try fixture.reopen().data(matching: query) == SecretBytes(utf8: "alice-secret"))
     }
 
+    @Test("an older copy from before a passphrase change, accepted on purpose while the later file's keys are unlocked, is locked to be unlocked with the copy's passphrase, never reported damaged")
+    func olderCopyFromBeforeAPassphraseChange_isAcceptedAndLocked() throws {
+        let fixture = try VaultFixture()
+        var kept = Item.genericPassword(service: "svc", account: "afu", data: SecretBytes(utf8: "kept after first unlock"))
+        kept.attributes.accessibility = .afterFirstUnlock
+        try fixture.vault.add(kept)
+        try fixture.vault.add(.genericPassword(service: "svc", account: "unlocked", data: SecretBytes(utf8: "kept while unlocked")))
+        try fixture.vault.withDatabase { database throws(LockboxError) in database.truncateWriteAheadLog() }
+        let copy = fixture.path + ".old"
+        try FileManager.default.copyItem(atPath: fixture.path, toPath: copy)
+        try fixture.vault.changePassphrase(from: fixture.passphrase, to: SecretBytes(utf8: "the later passphrase"))
+        try putBack(copy, at: fixture.path)
+        #expect(status { _ = try fixture.reopen().data(matching: .genericPassword(service: "svc", account: "afu")) } == -26275)
+        let report = try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration, acceptOlder: true)
+        #expect(report.acceptedOlderGeneration, "\(report.problems)")
+        #expect(report.lockedForTheCopysPassphrase == 2, "\(report)")
+        // Locked, never damaged; the copy's passphrase opens it as it was.
+        let reopened = try fixture.reopen()
+        #expect(status { _ = try reopened.data(matching: .genericPassword(service: "svc", account: "afu")) } == -25308)
+        #expect(status { try reopened.unlock(passphrase: SecretBytes(utf8: "the later passphrase")) } == -25293)
+        try reopened.unlock(passphrase: fixture.passphrase)
+        #expect(try reopened.data(matching: .genericPassword(service: "svc", account: "afu")) == SecretBytes(utf8: "kept after first unlock"))
+        #expect(try reopened.data(matching: .genericPassword(service: "svc", account: "unlocked")) == SecretBytes(utf8: "kept while unlocked"))
+        #expect(try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration).isSound)
+    }
+
     @Test("a lost write-ahead log (the file without its latest writes) is errSecDecode")
     func lostWriteAheadLog_isDetected() throws {
         let (fixture, _) = try makeVault()
