@@ -112,6 +112,15 @@ package enum FilePermissions {
     /// directory shared with others (such as /tmp): it names a private directory instead.
     private static func checkDirectory(_ directory: String, _ info: stat) throws(LockboxError) {
         let mode = info.st_mode & 0o7777
+        // Another user's own private directory (`sudo -E` keeps that user's HOME and XDG
+        // variables): the keychain there is theirs, and the advice is to run as them.
+        if info.st_uid != geteuid() && mode & S_ISVTX == 0 && mode & 0o077 == 0 {
+            throw LockboxError(
+                .io,
+                "\(directory) belongs to another user (uid \(info.st_uid)), and so does any keychain in it: Lockbox opens only "
+                    + "your own (uid \(geteuid())). Run it as that user (sudo -E keeps their HOME and XDG variables, not their "
+                    + "identity), or give your own keychain with --keychain.")
+        }
         let shared = info.st_uid != geteuid() || mode & S_ISVTX != 0
         if shared {
             throw LockboxError(

@@ -82,6 +82,24 @@ struct FileRaceTests {
         #expect(!result.standardError.contains("No keychain") && !result.standardOutput.contains("kept"))
     }
 
+    @Test("root with another user's environment (sudo -E) is told the directory is that user's, not advised to make a directory in it")
+    func anotherUsersPrivateDirectory_saysWhose() throws {
+        try #require(getuid() == 0, "this test makes a directory of another user's (nobody), which needs root")
+        let base = TemporaryDirectory("lockbox-other-user")
+        let theirs = base.file("theirs")
+        #expect(mkdir(theirs, 0o700) == 0)
+        let path = theirs + "/default.lockbox"
+        try Vault.create(at: path, passphrase: SecretBytes(utf8: "theirs")).lockAll()
+        #expect(chown(path, 65534, 65534) == 0 && chown(theirs, 65534, 65534) == 0)
+        do {
+            _ = try Vault.open(at: path)
+            Issue.record("another user's directory was used")
+        } catch {
+            #expect(error.message.contains("belongs to another user (uid 65534)") && error.message.contains("Run it as that user"), "\(error.message)")
+            #expect(!error.message.contains("mkdir"))
+        }
+    }
+
     @Test("SQLite's own descriptor is what the open is checked against")
     func sqliteDescriptor_isTheCheckedFile() throws {
         let fixture = try VaultFixture()
