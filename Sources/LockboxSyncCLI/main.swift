@@ -233,8 +233,9 @@ struct SyncConfiguration {
         guard let group = fields["group"], SyncGroup.isGroupIdentifier(group), let database = fields["database"] else {
             throw LockboxError(
                 .decode,
-                "The sync configuration \(path) is damaged. Join the group again with `lockbox sync join GROUP --database "
-                    + "CONNINFO --replace-group` (`lockbox sync status` on another device shows the group).")
+                "The sync configuration \(path) is damaged (or empty). If this keychain is in a group, join it again with "
+                    + "`lockbox sync join GROUP --database CONNINFO --replace-group` (`lockbox sync status` on another device shows "
+                    + "the group); if it never joined one, remove that file.")
         }
         do {
             try checkConnectionString(database)
@@ -284,11 +285,20 @@ func readNewPassphrase(_ prompt: String) throws(LockboxError) -> SecretBytes {
 /// again that way.
 func checkNotInGroup(_ vault: Vault, replacing: Bool, joining: String? = nil) throws(LockboxError) {
     guard !replacing, FileManager.default.fileExists(atPath: SyncConfiguration.path(vault: vault)) else { return }
-    let current = (try? SyncConfiguration.load(vault: vault))?.group
+    let current: String
+    do {
+        current = try SyncConfiguration.load(vault: vault).group
+    } catch where error.code == .decode {
+        // Names no group: not taken for one it names.
+        throw LockboxError(
+            .duplicateItem,
+            "The sync configuration \(SyncConfiguration.path(vault: vault)) names no group (it is empty or damaged). If this keychain "
+                + "never joined a group, remove that file; otherwise add --replace-group.")
+    }
     if let joining, current == joining { return }
     throw LockboxError(
         .duplicateItem,
-        "This keychain already syncs with the group \(current.map { shown($0) } ?? "named in " + SyncConfiguration.path(vault: vault)). "
+        "This keychain already syncs with the group \(shown(current)). "
             + "To sync it with another group instead, add --replace-group; it then stays listed as a device of the first group "
             + "until a device there removes it (`lockbox sync remove-device`).")
 }

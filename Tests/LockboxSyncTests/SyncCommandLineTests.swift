@@ -389,6 +389,21 @@ extension SyncTests {
         #expect(refused?.message.contains("created with.") == false)
     }
 
+    @Test("An empty sync configuration on a keychain that never joined a group is not taken for a group: create and status say it names none, and removing it is the way out")
+    func emptyConfigurationNamesNoGroup() throws {
+        let database = try testDatabase()
+        let machine = try Machine()
+        try FileManager.default.createDirectory(atPath: machine.vault.path + ".sync", withIntermediateDirectories: true)
+        try Data().write(to: URL(fileURLWithPath: machine.vault.path + ".sync/config"))
+        let create = try SyncCLI.run(machine, ["sync", "create", "--database", database])
+        #expect(create.status == 1 && create.standardError.contains("names no group"), "\(create.standardError)")
+        #expect(!create.standardError.contains("already syncs"))
+        let status = try SyncCLI.run(machine, ["sync", "status"])
+        #expect(status.status == 1 && status.standardError.contains("if it never joined one, remove that file"), "\(status.standardError)")
+        try FileManager.default.removeItem(atPath: machine.vault.path + ".sync/config")
+        #expect(try SyncCLI.run(machine, ["sync", "create", "--database", database]).status == 0)
+    }
+
     @Test("A join whose first sync fails says it joined and as which device, that no join again is needed, and speaks of a used-up pairing code only when one was used")
     func joinWhoseFirstSyncFails() throws {
         let database = try testDatabase()
