@@ -814,6 +814,9 @@ final class RememberedGeneration {
     private let sharedDescription: String?
     /// The entry, once found or written.
     private var sharedSerial: KernelKeyring.Serial?
+    /// The highest value this handle read from the entry or wrote to it: a commit writes only a
+    /// higher one (one system call, `keyctl_update`), and reads nothing first.
+    private var sharedKnown = 0
 
     /// One record per vault identity, wherever the file is and however its path is spelled:
     /// moving the file keeps its record; a copy of it used as a second vault shares the record
@@ -831,11 +834,11 @@ final class RememberedGeneration {
         for attempt in 0..<2 {
             if sharedSerial == nil || attempt > 0 { sharedSerial = try? KernelKeyring.find(description) }
             guard let serial = sharedSerial else { return 0 }
-            if let payload = try? KernelKeyring.read(serial) {
+            if let payload = KernelKeyring.readSmall(serial, capacity: 8) {
                 guard payload.count == 8 else { return 0 }
-                return payload.withUnsafeBytes { bytes in
-                    Int(truncatingIfNeeded: bytes.reversed().reduce(UInt64(0)) { $0 << 8 | UInt64($1) })
-                }
+                let value = Int(truncatingIfNeeded: payload.reversed().reduce(UInt64(0)) { $0 << 8 | UInt64($1) })
+                sharedKnown = max(sharedKnown, value)
+                return value
             }
             // Gone (the keyring renewed, say): looked up once more.
         }
@@ -847,7 +850,12 @@ final class RememberedGeneration {
     private func share(_ generation: Int) {
         guard let description = sharedDescription else { return }
         let payload = (0..<8).map { UInt8(truncatingIfNeeded: UInt64(generation) >> (8 * $0)) }
+        if let serial = sharedSerial, KernelKeyring.update(serial, with: payload) {
+            sharedKnown = generation
+            return
+        }
         sharedSerial = try? KernelKeyring.storeSmall(payload, description: description)
+        if sharedSerial != nil { sharedKnown = generation }
     }
 
     /// The failed-passphrase count mirrored beside the generation (see ``Vault/readAttempts``).
@@ -904,7 +912,9 @@ final class RememberedGeneration {
 
     /// Remembers `generation` when it is higher than what is remembered.
     func advance(to generation: Int) {
-        if sharedDescription != nil, generation > shared() { share(generation) }
+        // Not read first: two processes raising it at once may leave it behind (a missed
+        // detection), never ahead of the file.
+        if sharedDescription != nil, generation > sharedKnown { share(generation) }
         guard generation > readHere(), let value = map(creating: true) else { return }
         var current = value.pointee.load(ordering: .relaxed)
         while Int(truncatingIfNeeded: UInt64(littleEndian: current)) < generation {

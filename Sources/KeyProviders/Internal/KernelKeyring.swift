@@ -125,6 +125,20 @@ package enum KernelKeyring {
         return serial
     }
 
+    /// The payload of a small entry that is no secret (at most `capacity` bytes), read in one
+    /// system call into ordinary memory: nil when the key is gone or larger.
+    package static func readSmall(_ serial: Serial, capacity: Int) -> [UInt8]? {
+        var buffer = [UInt8](repeating: 0, count: capacity + 1)
+        let read = buffer.withUnsafeMutableBytes { keyctl_read(serial, $0.baseAddress!.assumingMemoryBound(to: CChar.self), $0.count) }
+        guard read >= 0, read <= capacity else { return nil }
+        return Array(buffer[0..<Int(read)])
+    }
+
+    /// Replaces the payload of an existing key in one system call; false when it is gone.
+    package static func update(_ serial: Serial, with payload: [UInt8]) -> Bool {
+        payload.withUnsafeBytes { keyctl_update(serial, $0.baseAddress, $0.count) } == 0
+    }
+
     /// Adds the key to the `lockbox` keyring; when the quota is full, renews the keyring (one
     /// process at a time) and adds again. Returns the key and the keyring it went into.
     private static func addRenewingWhenFull(_ payload: SecretBytes, description: String) throws(Failure) -> (Serial, keyring: Serial) {
