@@ -22,6 +22,13 @@ guard HelperProcess.hardenProcess() else {
             standardError: "git-credential-lockbox: could not make this process non-dumpable (prctl PR_SET_DUMPABLE); "
                 + "refusing to handle credentials", exitStatus: 1))
 }
+// A path read from the environment with bytes that are not UTF-8 would name another keychain.
+if let variable = ProcessEnvironment.firstVariableNotUTF8() {
+    HelperProcess.finish(
+        HelperOutcome(
+            standardError: "git-credential-lockbox: the environment variable \(variable) is not UTF-8 text (not shown); set it to UTF-8 text",
+            exitStatus: 64))
+}
 let arguments = CommandLine.arguments
 guard arguments.count == 2 else {
     HelperProcess.finish(

@@ -78,8 +78,15 @@ package func writeAll(_ bytes: UnsafeRawBufferPointer, to descriptor: Int32) {
 /// named. Such an argument is refused instead (exit 64), without being shown: it may be a
 /// secret typed in the wrong place.
 package enum ProgramArguments {
-    /// The arguments after the program's name, or nil with the error printed.
+    /// The arguments after the program's name, or nil with the error printed. The environment
+    /// variables Lockbox reads are checked the same way (``ProcessEnvironment/firstVariableNotUTF8()``).
     package static func checked(program: String) -> [String]? {
+        if let variable = ProcessEnvironment.firstVariableNotUTF8() {
+            StandardStreams().error(
+                "\(program): the environment variable \(variable) is not UTF-8 text (not shown). Lockbox keeps paths and names as "
+                    + "UTF-8, and would read it as another one; set it to UTF-8 text.")
+            return nil
+        }
         var arguments: [String] = []
         for index in 1..<Int(CommandLine.argc) {
             guard let pointer = CommandLine.unsafeArgv[index], let argument = String(validatingCString: pointer) else {

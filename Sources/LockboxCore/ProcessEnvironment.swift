@@ -18,6 +18,25 @@ package enum ProcessEnvironment {
         return value
     }
 
+    /// The first variable Lockbox reads (`HOME`, the XDG base directories, every `LOCKBOX_*`)
+    /// whose value is not UTF-8 text, if any. Swift reads such a value with its invalid bytes
+    /// as U+FFFD, so two different keychain paths would name one file: programs refuse to run
+    /// with one, naming the variable, never its value.
+    package static func firstVariableNotUTF8() -> String? {
+        let read: Set<String> = ["HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_CONFIG_HOME", "XDG_RUNTIME_DIR", "XDG_CACHE_HOME"]
+        var entry = environ
+        while let pointer = entry.pointee {
+            defer { entry += 1 }
+            guard String(validatingCString: pointer) == nil else { continue }
+            // The name (up to '=') is shown only when it is text itself.
+            let bytes = UnsafeBufferPointer(start: UnsafeRawPointer(pointer).assumingMemoryBound(to: UInt8.self), count: strlen(pointer))
+            let name = bytes.firstIndex(of: UInt8(ascii: "=")).map { Array(bytes[..<$0]) } ?? Array(bytes)
+            guard let text = String(validating: name, as: UTF8.self) else { continue }
+            if read.contains(text) || text.hasPrefix("LOCKBOX_") { return text }
+        }
+        return nil
+    }
+
     /// `$HOME`, else the home directory in the password database.
     package static var home: String {
         if let home = nonEmpty("HOME") { return home }

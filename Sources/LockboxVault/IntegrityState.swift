@@ -825,8 +825,14 @@ final class RememberedGeneration {
     init(vaultID: [UInt8], vaultPath: String, device: DeviceIdentity, sharing: Bool = false) {
         let directory = FilePermissions.directory(of: device.resolvedKeyPath) + "/generations"
         path = directory + "/" + vaultID.hexString
-        sharedDescription = sharing ? KeyCache.description(vaultID: vaultID.hexString, kind: .generation) : nil
+        entryDescription = KeyCache.description(vaultID: vaultID.hexString, kind: .generation)
+        sharedDescription = sharing ? entryDescription : nil
     }
+
+    /// The kernel keyring entry's description, whether this handle shares through it or not:
+    /// accepting an older file sets it back too (else the user's other processes would go on
+    /// refusing the file the user accepted).
+    private let entryDescription: String
 
     /// The generation in the kernel keyring; 0 when none (or the keyring cannot be used).
     private func shared() -> Int {
@@ -928,7 +934,13 @@ final class RememberedGeneration {
     /// Remembers exactly `generation` (accepting an older file on purpose), here and in the
     /// kernel keyring.
     func write(_ generation: Int) {
-        if sharedDescription != nil { share(generation) }
+        if sharedDescription != nil {
+            share(generation)
+        } else if let serial = try? KernelKeyring.find(entryDescription) {
+            // This handle keeps its keys in its process only; the entry other processes read is
+            // set back all the same, when there is one.
+            _ = KernelKeyring.update(serial, with: (0..<8).map { UInt8(truncatingIfNeeded: UInt64(generation) >> (8 * $0)) })
+        }
         guard let value = map(creating: true) else { return }
         value.pointee.store(UInt64(generation).littleEndian, ordering: .releasing)
     }

@@ -441,6 +441,17 @@ struct SafeDefaultsTests {
         // Also the keychain path and the sync verbs.
         #expect(try run("/bin/sh", ["-c", "exec \"$0\" --keychain \"$(printf '/tmp/k\\377')\" status", binary]).status == 64)
         #expect(try lockboxWithRawBytes("sync join \"$(printf '\\377')\"").status == 64)
+        // The same for the environment: LOCKBOX_KEYCHAIN naming another file, and HOME.
+        let other = directory.file("keychains/caf")
+        for variable in ["LOCKBOX_KEYCHAIN=\"$(printf '\(other)\\350.lockbox')\"", "HOME=\"$(printf '/tmp/h\\377')\""] {
+            let refused = try run("/bin/sh", ["-c", "export \(variable); exec \"$0\" status", binary])
+            #expect(refused.status == 64 && refused.standardError.contains("is not UTF-8 text"), "\(refused.standardError)")
+            let helper = try run(
+                "/bin/sh", ["-c", "export \(variable); exec \"$0\" get", builtProduct("git-credential-lockbox")],
+                input: Array("protocol=https\nhost=example.org\n\n".utf8))
+            #expect(helper.status == 64 && helper.standardError.contains("is not UTF-8 text"), "\(helper.standardError)")
+        }
+        #expect(!FileManager.default.fileExists(atPath: other + "\u{FFFD}.lockbox"))
     }
 
     @Test("an option given twice is refused (exit 64): the last one does not silently win, so a delete never reaches another item than the first one named")

@@ -223,7 +223,11 @@ struct IntegrityAttackTests {
                 #expect(error.message.contains("older"), "\(error.message)")
             }
         }
-        let report = try Vault.verify(at: fixture.path, configuration: fixture.vault.configuration, acceptOlder: true)
+        // Accepted by a process that keeps its keys to itself: the keyring's record is set back
+        // too, or every other process would go on refusing the file.
+        var processOnly = fixture.vault.configuration
+        processOnly.unlockCache = .processMemory
+        let report = try Vault.verify(at: fixture.path, configuration: processOnly, acceptOlder: true)
         #expect(report.acceptedOlderGeneration)
         #expect(try fixture.reopen { $0.device = DeviceIdentity(keyPath: otherKey) }.data(matching: query) == SecretBytes(utf8: "alice-secret"))
         #expect(try fixture.reopen().data(matching: query) == SecretBytes(utf8: "alice-secret"))
