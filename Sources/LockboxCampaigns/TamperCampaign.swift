@@ -1,5 +1,6 @@
 import Foundation
 import Lockbox
+import LockboxVault
 import VaultStorage
 
 /// The tamper campaign: the attacker who can write the vault file, but holds neither the
@@ -701,6 +702,13 @@ final class Campaign {
             unlink(generationsDirectory + "/" + name)
         }
         for (name, data) in remembered { try writeFile(generationsDirectory + "/" + name, data) }
+        // The kernel keyring's record too (every environment's): set to the base's generation.
+        for name in Set(((try? FileManager.default.contentsOfDirectory(atPath: generationsDirectory)) ?? []) + Array(remembered.keys))
+        where name.count == 32 && !name.contains(".") {
+            let bytes = remembered[name].map { Array($0) }
+            RememberedGeneration.setSharedGeneration(
+                vaultID: name, to: bytes.flatMap { $0.count == 8 ? Int(truncatingIfNeeded: $0.reversed().reduce(UInt64(0)) { $0 << 8 | UInt64($1) }) : nil })
+        }
     }
 
     // MARK: Raw tables

@@ -806,7 +806,7 @@ private struct ElementEncoding {
 /// shares until reboot, and the higher of the two applies. Like the file, the entry is raised
 /// after each commit: two processes raising it at once can leave it behind the file (a missed
 /// detection), never ahead.
-final class RememberedGeneration {
+package final class RememberedGeneration {
     let path: String
     /// The mapped value, once the file exists and holds eight bytes.
     private var mapped: UnsafeMutablePointer<Atomic<UInt64>>?
@@ -862,6 +862,18 @@ final class RememberedGeneration {
         }
         sharedSerial = try? KernelKeyring.storeSmall(payload, description: description)
         if sharedSerial != nil { sharedKnown = generation }
+    }
+
+    /// Sets the kernel keyring's record of a vault's generation (`vaultID` in hex) to
+    /// `generation`, or removes it (nil), as putting back the whole state outside the file does:
+    /// for tools that restore such a state on purpose (the tamper campaign).
+    package static func setSharedGeneration(vaultID: String, to generation: Int?) {
+        let description = KeyCache.description(vaultID: vaultID, kind: .generation)
+        guard let generation else {
+            try? KernelKeyring.remove(description: description)
+            return
+        }
+        _ = try? KernelKeyring.storeSmall((0..<8).map { UInt8(truncatingIfNeeded: UInt64(generation) >> (8 * $0)) }, description: description)
     }
 
     /// The failed-passphrase count mirrored beside the generation (see ``Vault/readAttempts``).
