@@ -155,6 +155,9 @@ extension SyncGroup {
         /// Devices not given the new key, and removed: their row's attestation failed (not
         /// written by a device of the group).
         public var unattested: [String] = []
+        /// Devices this device saw before whose rows are no longer in the database (deleted
+        /// there): given no key. Join them again with a pairing code if they are yours.
+        public var missing: [String] = []
     }
 
     /// The attestation of a device's public key: a MAC with the epoch's device key.
@@ -181,7 +184,13 @@ extension SyncGroup {
     func devicesRecordingKeys(_ connection: PostgresConnection) throws(LockboxError) -> [Device] {
         var listed = try devices(connection)
         let replaced = knownDevices.record(listed)
-        for index in listed.indices where replaced.contains(listed[index].id) { listed[index].isKeyReplaced = true }
+        for index in listed.indices {
+            let listedDevice = listed[index]
+            // This device's own row holding a key other than its own: another device of the
+            // group wrote it (this device writes its own back at its next sync).
+            let ownReplaced = listedDevice.id == device.id && listedDevice.attestedKey.map { !SyncHead.equal($0, device.publicKey) } == true
+            if ownReplaced || replaced.contains(listedDevice.id) { listed[index].isKeyReplaced = true }
+        }
         return listed
     }
 
@@ -195,7 +204,11 @@ extension SyncGroup {
         ).map { row throws(LockboxError) -> Device in
             let id = row[0] ?? ""
             var attestedKey: [UInt8]?
-            if let key = row[3], let mac = row[4] {
+            // Only an identifier of the form devices make (16 lowercase hexadecimal digits) is
+            // attested: any other (long ones that would swell the record of the devices seen,
+            // ones that differ in bytes but compare equal as Swift strings) is a row no device
+            // of the group wrote, never granted a key.
+            if Self.isDeviceIdentifier(id), let key = row[3], let mac = row[4] {
                 let publicKey = try PostgresConnection.bytes(key)
                 if SyncHead.equal(try PostgresConnection.bytes(mac), attestation(id, publicKey, keys: keys)) { attestedKey = publicKey }
             }
@@ -344,9 +357,14 @@ extension SyncGroup {
                 // (never to one read again: the database could answer a second read with a key of
                 // its own, and so be granted the new key), this device's own to the key it holds.
                 // One identifier listed twice (a primary key the database dropped) is refused.
-                guard Set(listed.map(\.id)).count == listed.count else {
+                // Compared as bytes: two identifiers Swift takes for equal (é and e + U+0301) are
+                // two rows, both unattested, and are removed as such.
+                guard Set(listed.map { Array($0.id.utf8) }).count == listed.count else {
                     throw LockboxError.syncDatabase("The device list of the sync database")
                 }
+                // Devices seen before whose rows are gone: given no key, and said so.
+                let listedIDs = Set(listed.map(\.id))
+                removal.missing = seenDevices.keys.filter { $0 != deviceID && $0 != device.id && !listedIDs.contains($0) }.sorted()
                 // Grants of the new epoch planted before (the database's): never this removal's.
                 try connection.execute(
                     "DELETE FROM lockbox_sync_key_grants WHERE group_id = $1 AND epoch > $2", [.text(groupID), .integer(old.epoch)])

@@ -311,7 +311,10 @@ extension SyncGroup {
 
     /// This device's cursor and last sync in its row. A row missing (a database restored from
     /// before this device joined) is written again as joining wrote it, attested: an
-    /// unattested row is dropped at the next removal. Under a shared lock of the group row, and
+    /// unattested row is dropped at the next removal. Its public key and attestation are
+    /// written again each time: another device of the group may have put a key of its own
+    /// there (every device holds the attesting key), which a device joining meanwhile would
+    /// take for this one's. Under a shared lock of the group row, and
     /// only while the group's key epoch is still this device's: a removal of this device that
     /// committed during the pull is not undone by writing its row back.
     func recordPull(_ connection: PostgresConnection, counter: Int64) throws(LockboxError) {
@@ -327,7 +330,8 @@ extension SyncGroup {
                 WITH expired AS (DELETE FROM lockbox_sync_invitations WHERE group_id = $1 AND expires_at <= now())
                 INSERT INTO lockbox_sync_devices (group_id, device_id, pulled_version, last_sync, public_key, attestation)
                 VALUES ($1, $2, $3, now(), $4, $5)
-                ON CONFLICT (group_id, device_id) DO UPDATE SET pulled_version = excluded.pulled_version, last_sync = now()
+                ON CONFLICT (group_id, device_id) DO UPDATE SET pulled_version = excluded.pulled_version, last_sync = now(),
+                    public_key = excluded.public_key, attestation = excluded.attestation
                 """,
                 [
                     .text(groupID), .text(device.id), .integer(counter), .bytes(device.publicKey),

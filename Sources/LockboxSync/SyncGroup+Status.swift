@@ -45,6 +45,9 @@ extension SyncGroup {
         /// How the connection to the database travels (TLS, and what of the server was
         /// verified, or not encrypted); nil when it could not be made.
         public var transport: String?
+        /// The record of the devices this device has seen cannot be read (changed outside
+        /// Lockbox, or not a file): a removal is refused until it is dealt with. Nil when sound.
+        public var deviceRecordProblem: String?
         /// What the database answered that a sync would refuse (its data changed, this device
         /// without a key for the current epoch); nil when nothing. The local part is shown all
         /// the same.
@@ -81,6 +84,12 @@ extension SyncGroup {
             status.unverifiedWrites = state.unverifiedWrites.count
             status.heldBack = state.heldBack.count
             status.deletionRecords = try vault.deletionRecordHealth()
+            if knownDevices.read() == .damaged {
+                status.deviceRecordProblem =
+                    "this device's record of the group's devices (\(knownDevices.path)) cannot be read: it was changed outside Lockbox, "
+                    + "or is not a file. A removal is refused until it is removed; then the devices listed now are taken as they are, "
+                    + "so check the list first"
+            }
             // Only with the lock: a recovery or reset in another process may lower the record and
             // then commit a lower state between the two reads.
             if lock != nil {

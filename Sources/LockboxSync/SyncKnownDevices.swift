@@ -46,8 +46,12 @@ struct SyncKnownDevices {
     let group: String
     let device: String
 
-    /// A file larger than this is not read (a group has a few devices: 1 MiB is about 20,000).
+    /// A file larger than this is not read, nor written (a group has a few devices: 1 MiB is
+    /// about 15,000 entries).
     static let sizeLimit = 1 << 20
+    /// Devices recorded at most: a database listing more (rows a device of the group added)
+    /// does not grow the record further.
+    static let deviceLimit = 10_000
 
     init(vault: Vault, group: String, device: DeviceSecret) {
         // The key file's directory, as the vault finds it for its remembered generations.
@@ -74,9 +78,12 @@ struct SyncKnownDevices {
     /// The file at ``path``. One this process cannot open but for its absence (a link there,
     /// or one this user cannot read) is damaged, not none, which would turn the check off.
     func read() -> Reading {
-        let descriptor = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
+        // Never blocks (a FIFO planted there), and reads only a regular file.
+        let descriptor = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
         guard descriptor >= 0 else { return errno == ENOENT ? .none : .damaged }
         defer { close(descriptor) }
+        var info = stat()
+        guard fstat(descriptor, &info) == 0, info.st_mode & S_IFMT == S_IFREG else { return .damaged }
         var bytes: [UInt8] = []
         var chunk = [UInt8](repeating: 0, count: 16 * 1024)
         while true {
@@ -103,11 +110,13 @@ struct SyncKnownDevices {
         return .known(devices)
     }
 
-    /// Writes `devices` (the whole list). Returns whether it was kept.
+    /// Writes `devices` (the whole list). Returns whether it was kept: never a file larger than
+    /// ``read()`` takes back.
     @discardableResult
     func write(_ devices: [String: [UInt8]]) -> Bool {
-        guard (try? SyncFiles.prepareDirectory(FilePermissions.directory(of: path))) != nil else { return false }
         let body = encoded(devices)
+        guard body.count + Crypto.keyByteCount <= Self.sizeLimit else { return false }
+        guard (try? SyncFiles.prepareDirectory(FilePermissions.directory(of: path))) != nil else { return false }
         return (try? Vault.writeAtomically(
             body + Crypto.keyedDigest(body, key: key), to: path, what: "this device's record of the group's devices", removingLeftovers: true))
             != nil
@@ -127,7 +136,7 @@ struct SyncKnownDevices {
             guard let attested = listedDevice.attestedKey else { continue }
             if let seen = devices[listedDevice.id] {
                 if !SyncHead.equal(seen, attested) { replaced.insert(listedDevice.id) }
-            } else {
+            } else if devices.count < Self.deviceLimit {
                 devices[listedDevice.id] = attested
                 changed = true
             }

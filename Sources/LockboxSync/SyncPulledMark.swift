@@ -63,9 +63,12 @@ struct SyncPulledMark {
     /// The mark at ``path``. A file this process cannot open but for its absence (a link
     /// there, or one this user cannot read) is damaged, not none, which would turn the check off.
     func read() -> Reading {
-        let descriptor = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
+        // Never blocks (a FIFO planted there), and reads only a regular file.
+        let descriptor = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
         guard descriptor >= 0 else { return errno == ENOENT ? .none : .damaged }
         defer { close(descriptor) }
+        var info = stat()
+        guard fstat(descriptor, &info) == 0, info.st_mode & S_IFMT == S_IFREG else { return .damaged }
         var bytes = [UInt8](repeating: 0, count: 41)
         let count = bytes.withUnsafeMutableBytes { Glibc.read(descriptor, $0.baseAddress, 41) }
         if count == 0 { return .none }

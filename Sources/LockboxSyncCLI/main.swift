@@ -476,6 +476,11 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
                 "not given the new key, and removed: \(listed(removal.keyReplaced)) (its public key in the database is not the one this "
                     + "device saw it with: another device of the group replaced it). Join it again with a pairing code")
         }
+        if !removal.missing.isEmpty {
+            streams.print(
+                "not given the new key: \(listed(removal.missing)) (seen by this device before, but no longer listed in the database: "
+                    + "their rows were deleted there). If they are yours, join them again with a pairing code")
+        }
         if !removal.unattested.isEmpty {
             streams.print(
                 "not given the new key, and removed: \(listed(removal.unattested)) (its row was not written by a device of the group). "
@@ -510,6 +515,7 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
                 "\"deletionRecords\": \(status.deletionRecords.records)", "\"deletionRecordsSound\": \(status.deletionRecords.isSound)",
             ]
             if let lastSync = status.lastSync { fields.append("\"lastSync\": \(jsonString(lastSync))") }
+            if let problem = status.deviceRecordProblem { fields.append("\"deviceRecordProblem\": \(jsonString(problem))") }
             if let transport = status.transport { fields.append("\"transport\": \(jsonString(transport))") }
             if let head = status.headFingerprint { fields.append("\"head\": \(jsonString(head))") }
             if let remote = status.pendingRemoteVersions { fields.append("\"pendingRemoteVersions\": \(remote)") }
@@ -547,6 +553,7 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
                         + "not sync (ThisDeviceOnly or under access control) has the same key; it is kept, and the group's "
                         + "arrives at the first sync after it is deleted or made to sync")
             }
+            if let problem = status.deviceRecordProblem { streams.print("devices seen:     \(problem)") }
             if status.deletionRecords.isSound {
                 streams.print("deletion records: \(status.deletionRecords.records) (deletes made or applied here, kept 180 days for sync), sound")
             } else {
@@ -567,7 +574,10 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
                     let trust =
                         !device.isAttested
                         ? " UNATTESTED: not written by a device of the group"
-                        : device.isKeyReplaced ? " KEY REPLACED: not the key this device first saw it with (remove it, then join it again)" : ""
+                        : !device.isKeyReplaced ? ""
+                        : device.id == status.deviceID
+                            ? " KEY REPLACED: another device put its key in this device's row (`lockbox sync now` writes it back)"
+                            : " KEY REPLACED: not the key this device first saw it with (remove it, then join it again)"
                     streams.print(
                         "  \(shown(device.id))  pulled \(device.pulledVersion)  last sync \(device.lastSync.map(shown) ?? "never")\(mark)\(trust)")
                 }

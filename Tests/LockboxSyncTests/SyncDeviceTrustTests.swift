@@ -144,4 +144,80 @@ extension SyncTests {
         let removal = try a.removeDevice(b.deviceID)
         #expect(removal.firstSeen == [groups[2].deviceID])
     }
+
+    @Test("A key put in a device's own row is marked on it and written back at its next sync, so a device joining afterwards records the real key")
+    func ownRowIsWrittenBack() throws {
+        let (groups, machines) = try threeMachines()
+        defer { withExtendedLifetime(machines) {} }
+        let (a, b) = (groups[0], groups[1])
+        for group in groups { try group.sync() }
+        _ = try replaceKey(of: a.deviceID, by: b)
+        #expect(try a.status().devices?.first { $0.id == a.deviceID }?.isKeyReplaced == true)
+        try a.sync()
+        let row = try PostgresConnection(try testDatabase()).execute(
+            "SELECT public_key FROM lockbox_sync_devices WHERE group_id = $1 AND device_id = $2", [.text(a.groupID), .text(a.deviceID)])
+        #expect(try PostgresConnection.bytes(try #require(row.first?[0])) == a.device.publicKey)
+        // A device that joins now records A's own key, and a removal of B from it grants A.
+        let late = try Machine()
+        let joined = try SyncGroup.join(a.groupID, vault: late.vault, database: try testDatabase(), pairingCode: try a.pairingCode())
+        try joined.sync()
+        let removal = try joined.removeDevice(b.deviceID)
+        #expect(removal.keyReplaced.isEmpty && removal.keeping.contains(a.deviceID), "\(removal)")
+        withExtendedLifetime(late) {}
+    }
+
+    @Test("Rows whose identifiers are not a device's (very long ones that would swell the record of devices seen, two that differ only as bytes) are unattested, never recorded, and removed by the next removal, which they cannot block")
+    func foreignIdentifiersAreNotDevices() throws {
+        let (groups, machines) = try threeMachines()
+        defer { withExtendedLifetime(machines) {} }
+        let (a, b) = (groups[0], groups[1])
+        for group in groups { try group.sync() }
+        let connection = try PostgresConnection(try testDatabase())
+        let (publicKey, _) = Crypto.generateKeyPair()
+        let long = String(repeating: "a", count: 2_500)
+        for id in [long, "\u{00E9}", "e\u{0301}"] {
+            try connection.execute(
+                "INSERT INTO lockbox_sync_devices (group_id, device_id, pulled_version, public_key, attestation) VALUES ($1, $2, 0, $3, $4)",
+                [.text(a.groupID), .text(id), .bytes(publicKey), .bytes(b.attestation(id, publicKey, keys: b.keys))])
+        }
+        try a.sync()
+        let listed = try a.devices()
+        #expect(listed.filter { !$0.isAttested }.count == 3)
+        let record = try #require(FileManager.default.contents(atPath: a.knownDevices.path))
+        #expect(record.count < 1_000, "the record of devices seen holds \(record.count) bytes")
+        let removal = try a.removeDevice(b.deviceID)
+        #expect(removal.unattested.count == 3 && removal.keeping == [groups[2].deviceID], "\(removal)")
+        #expect(try a.devices().count == 2)
+    }
+
+    @Test("A FIFO where the records of the last pull and of the devices seen belong does not hang a sync or status; status names the record, and a removal is refused")
+    func fifoInPlaceOfTheRecordsDoesNotHang() throws {
+        let (groups, machines) = try threeMachines()
+        defer { withExtendedLifetime(machines) {} }
+        let (a, b) = (groups[0], groups[1])
+        for group in groups { try group.sync() }
+        for path in [a.knownDevices.path, a.pulledMark.path] {
+            try FileManager.default.removeItem(atPath: path)
+            #expect(mkfifo(path, 0o600) == 0)
+        }
+        // A pulled mark that is not a file is damaged: the sync refuses, and says so, at once.
+        #expect(throws: LockboxError.self) { try a.sync() }
+        try FileManager.default.removeItem(atPath: a.pulledMark.path)
+        try a.sync()
+        let status = try a.status()
+        #expect(status.deviceRecordProblem?.contains(a.knownDevices.path) == true, "\(String(describing: status.deviceRecordProblem))")
+        #expect(throws: LockboxError.self) { try a.removeDevice(b.deviceID) }
+    }
+
+    @Test("A removal names the devices it saw before whose rows were deleted from the database: they get no key")
+    func removalNamesMissingDevices() throws {
+        let (groups, machines) = try threeMachines()
+        defer { withExtendedLifetime(machines) {} }
+        let (a, b, c) = (groups[0], groups[1], groups[2])
+        for group in groups { try group.sync() }
+        try PostgresConnection(try testDatabase()).execute(
+            "DELETE FROM lockbox_sync_devices WHERE group_id = $1 AND device_id = $2", [.text(a.groupID), .text(c.deviceID)])
+        let removal = try a.removeDevice(b.deviceID)
+        #expect(removal.missing == [c.deviceID] && removal.keeping.isEmpty, "\(removal)")
+    }
 }
