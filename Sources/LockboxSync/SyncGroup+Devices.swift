@@ -453,9 +453,11 @@ extension SyncGroup {
                 inStep = stepped
             }
             try install(new)
-            // The devices given the new key are known from now on; the removed one is not.
+            // The devices given the new key are known from now on; the removed one is not, nor
+            // those removed with it for a replaced key (joined again, they are seen anew).
             var seen = seenDevices
             seen[deviceID] = nil
+            for id in removal.keyReplaced { seen[id] = nil }
             for listedDevice in listed where removal.firstSeen.contains(listedDevice.id) { seen[listedDevice.id] = listedDevice.attestedKey }
             knownDevices.write(seen)
             if let inStep {

@@ -62,6 +62,12 @@ extension SyncTests {
         #expect(try machines[2].value("after.example", "user") == "written after the removal")
         #expect(try a.devices().first { $0.id == c.deviceID }?.isKeyReplaced == false)
         #expect(throws: LockboxError.self) { try b.sync() }
+        // A later removal made here keeps C, joined again.
+        let fourth = try Machine()
+        let other = try SyncGroup.join(a.groupID, vault: fourth.vault, database: try testDatabase(), pairingCode: try a.pairingCode())
+        try a.sync()
+        let later = try a.removeDevice(other.deviceID)
+        #expect(later.keeping == [c.deviceID] && later.keyReplaced.isEmpty, "\(later)")
     }
 
     @Test("A device row added by a device of the group (attested with the key every device holds) is named by the removal as seen for the first time")
