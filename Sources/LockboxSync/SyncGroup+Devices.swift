@@ -158,6 +158,9 @@ extension SyncGroup {
         /// Devices this device saw before whose rows are no longer in the database (deleted
         /// there): given no key. Join them again with a pairing code if they are yours.
         public var missing: [String] = []
+        /// Fleet tokens that did not open with the group's key (changed in the database) and
+        /// were cleared rather than re-sealed: those sessions sign in again.
+        public var clearedFleetTokens = 0
     }
 
     /// The attestation of a device's public key: a MAC with the epoch's device key.
@@ -436,7 +439,7 @@ extension SyncGroup {
                             payload: opened.seal(group: groupID, itemID: id, version: counter, keys: new)))
                 }
                 try Self.store(resealed, group: groupID, connection: connection)
-                try resealFleetSessions(connection, from: old, to: new)
+                removal.clearedFleetTokens = try resealFleetSessions(connection, from: old, to: new)
                 // Every record was read: they must be exactly the ones the head lists, or the
                 // new head would vouch for what the database changed; and hold every item this
                 // device knows (records are never deleted).

@@ -311,11 +311,16 @@ extension SyncGroup {
     }
 
     /// Re-seals every fleet session under the new epoch's key (inside a device removal).
-    func resealFleetSessions(_ connection: PostgresConnection, from old: SyncKeys, to new: SyncKeys) throws(LockboxError) {
+    /// Returns how many fields did not open with the current key and were cleared: no device
+    /// could have used them, and a row that fails (a device of the group, or the administrator,
+    /// may plant one) must not stop the removal, which would leave the removed device the key.
+    @discardableResult
+    func resealFleetSessions(_ connection: PostgresConnection, from old: SyncKeys, to new: SyncKeys) throws(LockboxError) -> Int {
         // Locked as they are read: a token stored meanwhile would otherwise be overwritten by
         // the older one re-sealed here.
         let rows = try connection.execute(
             "SELECT session_id, refresh_token, access_token FROM lockbox_fleet_sessions WHERE group_id = $1 FOR UPDATE", [.text(groupID)])
+        var cleared = 0
         for row in rows {
             guard let session = row[0] else { continue }
             var values: [PostgresConnection.Value] = []
@@ -323,7 +328,15 @@ extension SyncGroup {
                 if let value = row[index + 1] {
                     // The field keeps its version: the new epoch's key is what makes the old
                     // ciphertext useless to put back.
-                    let opened = try openFleet(try PostgresConnection.bytes(value), session: session, field: field, keys: old)
+                    let opened: (secret: SecretBytes, details: [UInt8], version: Int64)
+                    do throws(LockboxError) {
+                        let sealed = try openFleet(try PostgresConnection.bytes(value), session: session, field: field, keys: old)
+                        opened = (sealed.secret, sealed.details, sealed.version)
+                    } catch where error.code == .decode {
+                        values.append(.null)
+                        cleared += 1
+                        continue
+                    }
                     values.append(
                         .bytes(sealFleet(opened.secret, details: opened.details, session: session, field: field, version: max(opened.version, 1), keys: new)))
                 } else {
@@ -334,5 +347,6 @@ extension SyncGroup {
                 "UPDATE lockbox_fleet_sessions SET refresh_token = $3, access_token = $4, version = version + 1 WHERE group_id = $1 AND session_id = $2",
                 [.text(groupID), .text(session)] + values)
         }
+        return cleared
     }
 }

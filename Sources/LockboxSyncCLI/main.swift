@@ -481,6 +481,11 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
                 "not given the new key: \(listed(removal.missing)) (seen by this device before, but no longer listed in the database: "
                     + "their rows were deleted there). If they are yours, join them again with a pairing code")
         }
+        if removal.clearedFleetTokens > 0 {
+            streams.print(
+                "cleared \(removal.clearedFleetTokens) fleet token(s) that did not open with the group's key (changed in the "
+                    + "database): sign those sessions in again")
+        }
         if !removal.unattested.isEmpty {
             streams.print(
                 "not given the new key, and removed: \(listed(removal.unattested)) (its row was not written by a device of the group). "

@@ -226,4 +226,23 @@ extension SyncTests {
         let removal = try a.removeDevice(b.deviceID)
         #expect(removal.missing == [c.deviceID] && removal.keeping.isEmpty, "\(removal)")
     }
+
+    @Test("A fleet session row that does not open (planted in the database) does not stop a removal: its tokens are cleared and said so, and the removed device reads nothing written afterwards")
+    func plantedFleetSessionDoesNotBlockRemoval() throws {
+        let (groups, machines) = try threeMachines()
+        defer { withExtendedLifetime(machines) {} }
+        let (a, b, c) = (groups[0], groups[1], groups[2])
+        for group in groups { try group.sync() }
+        try PostgresConnection(try testDatabase()).execute(
+            "INSERT INTO lockbox_fleet_sessions (group_id, session_id, version, refresh_token, access_token) VALUES ($1, $2, 1, $3, $3)",
+            [.text(a.groupID), .text("planted"), .bytes([1, 2, 3, 4])])
+        let removal = try a.removeDevice(b.deviceID)
+        #expect(removal.clearedFleetTokens == 2, "\(removal)")
+        try machines[0].add("after.example", "user", "not for B")
+        try a.sync()
+        #expect(throws: LockboxError.self) { try b.sync() }
+        try c.sync()
+        #expect(try machines[2].value("after.example", "user") == "not for B")
+        #expect(try machines[1].value("after.example", "user") == nil)
+    }
 }
