@@ -458,7 +458,18 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
         let group = try SyncGroup(configuration.group, vault: vault, database: configuration.database)
         try SyncGroup.requireUnlocked(vault, "Unlock it to remove a device.")
         let passphrase = withPassphrase ? try readNewPassphrase("New group passphrase: ") : nil
-        let removal = try group.removeDevice(device, newPassphrase: passphrase)
+        let removal: SyncGroup.DeviceRemoval
+        do {
+            removal = try group.removeDevice(device, newPassphrase: passphrase)
+        } catch where error.code == .decode {
+            // A database whose data fails its checks stops a removal, and a device being removed
+            // that can write it may keep it so: the way to cut it off that needs nothing of the
+            // database is a new group.
+            throw LockboxError(
+                error.code,
+                error.message + " Nothing was removed. To cut the device off without waiting for that, make a new group from this "
+                    + "keychain (`lockbox sync create --database CONNINFO --replace-group`) and join the other devices to it.")
+        }
         streams.print("removed \(shown(device)); the group key is now at epoch \(group.keyEpoch)")
         if !removal.wasListed {
             streams.print(

@@ -404,6 +404,25 @@ extension SyncTests {
         #expect(try SyncCLI.run(machine, ["sync", "create", "--database", database]).status == 0)
     }
 
+    @Test("A removal stopped by a database whose records fail their checks names the way to cut the device off that needs nothing of the database: a new group")
+    func removalStoppedByTheDatabaseNamesANewGroup() throws {
+        let (groups, machines) = try threeMachines()
+        defer { withExtendedLifetime(machines) {} }
+        try machines[0].add("x.example", "user", "x")
+        for group in groups { try group.sync() }
+        let target = try #require(try storedRecords(groups[0].groupID).first)
+        var damaged = target.payload
+        damaged[damaged.count - 1] ^= 1
+        try PostgresConnection(try testDatabase()).execute(
+            "UPDATE lockbox_sync_items SET payload = $3 WHERE group_id = $1 AND item_id = $2",
+            [.text(groups[0].groupID), .text(target.id), .bytes(damaged)])
+        try SyncCLI.configure(machines[0], group: groups[0].groupID, database: try testDatabase())
+        let removal = try SyncCLI.run(machines[0], ["sync", "remove-device", groups[1].deviceID])
+        #expect(removal.status == 1, "\(removal.standardError)")
+        #expect(removal.standardError.contains("Nothing was removed") && removal.standardError.contains("--replace-group"), "\(removal.standardError)")
+        #expect(try groups[0].devices().contains { $0.id == groups[1].deviceID })
+    }
+
     @Test("A join whose first sync fails says it joined and as which device, that no join again is needed, and speaks of a used-up pairing code only when one was used")
     func joinWhoseFirstSyncFails() throws {
         let database = try testDatabase()
