@@ -166,22 +166,31 @@ public final class SyncGroup: Sendable {
         guard try !connection.execute("SELECT 1 FROM lockbox_sync_groups WHERE group_id = $1", [.text(groupID)]).isEmpty else {
             throw noSuchGroup(groupID)
         }
-        let invitation = String(code.prefix(PairingCode.invitationLength))
-        // Taken and removed in one statement: a code serves one attempt only.
-        let rows = try connection.execute(
-            "DELETE FROM lockbox_sync_invitations WHERE group_id = $1 AND invitation_id = $2 RETURNING key_wrap, expires_at > now()",
-            [.text(groupID), .text(invitation)])
-        let refused = LockboxError(
-            .authFailed, "The pairing code is wrong, already used or expired. Ask a device of the group for a new one (`lockbox sync invite`).")
-        guard let row = rows.first, row[1] == "t" else { throw refused }
-        let secret = SecretBytes(copying: Array(code.utf8))
+        // The device key is made before the code is used up: a keychain that cannot keep one
+        // (an item of another device key's holds its name: another XDG_STATE_HOME) fails here,
+        // with the code still good. Taken back if the join goes no further.
+        let prepared = try DeviceSecret.load(groupID: groupID, from: vault) == nil ? try DeviceSecret.create(groupID: groupID, in: vault) : nil
         let keys: SyncKeys
-        do {
-            keys = try unwrapKeys(try PostgresConnection.bytes(row[0]), groupID: groupID, purpose: "invitation:" + invitation, secret: secret)
-        } catch where error.code == .authFailed {
-            throw refused
+        do throws(LockboxError) {
+            let invitation = String(code.prefix(PairingCode.invitationLength))
+            // Taken and removed in one statement: a code serves one attempt only.
+            let rows = try connection.execute(
+                "DELETE FROM lockbox_sync_invitations WHERE group_id = $1 AND invitation_id = $2 RETURNING key_wrap, expires_at > now()",
+                [.text(groupID), .text(invitation)])
+            let refused = LockboxError(
+                .authFailed, "The pairing code is wrong, already used or expired. Ask a device of the group for a new one (`lockbox sync invite`).")
+            guard let row = rows.first, row[1] == "t" else { throw refused }
+            let secret = SecretBytes(copying: Array(code.utf8))
+            do {
+                keys = try unwrapKeys(try PostgresConnection.bytes(row[0]), groupID: groupID, purpose: "invitation:" + invitation, secret: secret)
+            } catch where error.code == .authFailed {
+                throw refused
+            }
+        } catch {
+            if prepared != nil { try? DeviceSecret.remove(groupID: groupID, from: vault) }
+            throw error
         }
-        return try enroll(groupID: groupID, vault: vault, database: database, keys: keys, connection: connection)
+        return try enroll(groupID: groupID, vault: vault, database: database, keys: keys, connection: connection, prepared: prepared)
     }
 
     /// The error for a group this device belongs to that the database no longer holds: a
@@ -312,16 +321,18 @@ public final class SyncGroup: Sendable {
 
     /// Keeps the keys and a device identity in `vault`, and registers the device (its public key
     /// attested with the group key) in the database.
+    /// - Parameter prepared: a device key made for this join before it used up its pairing
+    ///   code, taken as one made here.
     static func enroll(
-        groupID: String, vault: Vault, database: String, keys: SyncKeys, connection: PostgresConnection
+        groupID: String, vault: Vault, database: String, keys: SyncKeys, connection: PostgresConnection, prepared: DeviceSecret? = nil
     ) throws(LockboxError) -> SyncGroup {
         let device: DeviceSecret
         var replaced: String?
         var created = false
-        if let existing = try DeviceSecret.load(groupID: groupID, from: vault) {
+        if prepared == nil, let existing = try DeviceSecret.load(groupID: groupID, from: vault) {
             device = existing
         } else {
-            device = try DeviceSecret.create(groupID: groupID, in: vault)
+            if let prepared { device = prepared } else { device = try DeviceSecret.create(groupID: groupID, in: vault) }
             created = true
             // A local state (or fleet marks) left at this keychain's path by an earlier device
             // of it in the group (the keychain made anew, or its device key deleted) is under a

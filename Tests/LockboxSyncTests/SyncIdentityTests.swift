@@ -104,6 +104,35 @@ extension SyncTests {
             #expect(try machines[0].value("deleted.example", "user") == nil, "B's delete never reached A")
         }
 
+        @Test("A join with a pairing code from an environment whose device key cannot be kept (another XDG_STATE_HOME) is refused before the code is used: the code still joins another device")
+        func joinThatCannotKeepADeviceKeyLeavesTheCode() throws {
+            let (groups, machines) = try threeMachines()
+            defer { withExtendedLifetime(machines) {} }
+            for group in groups { try group.sync() }
+            let elsewhere = TemporaryDirectory("lockbox-sync-other-identity")
+            var configuration = machines[1].vault.configuration
+            configuration.device = DeviceIdentity(keyPath: elsewhere.file("state/lockbox/device-key"))
+            machines[1].vault.lockAll()
+            let other = try Vault.open(at: machines[1].vault.path, configuration: configuration)
+            try other.unlock(passphrase: SecretBytes(utf8: "machine passphrase"))
+            let code = try groups[0].pairingCode()
+            let refused = #expect(throws: LockboxError.self) {
+                try SyncGroup.join(groups[0].groupID, vault: other, database: try testDatabase(), pairingCode: code)
+            }
+            #expect(refused?.code == .duplicateItem, "\(String(describing: refused))")
+            other.lockAll()
+            let fresh = try Machine()
+            #expect(try SyncGroup.join(groups[0].groupID, vault: fresh.vault, database: try testDatabase(), pairingCode: code).groupID == groups[0].groupID)
+            // A wrong code takes back the device key it made: the next join, with a good code, is the same as a first one.
+            let later = try Machine()
+            #expect(throws: LockboxError.self) {
+                try SyncGroup.join(groups[0].groupID, vault: later.vault, database: try testDatabase(), pairingCode: "ABCD-EFGH-JKMN-PQRS")
+            }
+            #expect(try DeviceSecret.load(groupID: groups[0].groupID, from: later.vault) == nil)
+            #expect(try SyncGroup.join(groups[0].groupID, vault: later.vault, database: try testDatabase(), pairingCode: try groups[0].pairingCode()).groupID == groups[0].groupID)
+            withExtendedLifetime(fresh) {}
+        }
+
         @Test("A keychain whose device key was deleted says to join again, and joins again as a new device")
         func deviceKeyDeleted() throws {
             let (groups, machines) = try threeMachines()
