@@ -1,4 +1,5 @@
 import LockboxCore
+import LockboxVault
 
 #if canImport(Glibc)
 import Glibc
@@ -63,4 +64,42 @@ package enum SyncFiles {
 
     /// `VAULT.sync`, the directory of a keychain's sync files.
     package static func directory(vault path: String) -> String { path + ".sync" }
+
+    /// What ``readDeviceRecord(_:limit:)`` found.
+    enum DeviceRecord {
+        /// No file.
+        case absent
+        /// The file's bytes (empty for an empty file).
+        case bytes([UInt8])
+        /// A file that is not one to read: a link, a FIFO, not this user's to read, larger
+        /// than the limit.
+        case unreadable
+    }
+
+    /// The path of one of this device's own records of a group (the last pull, the devices
+    /// seen) in the device identity's directory (`$XDG_STATE_HOME/lockbox/sync/`), beside the
+    /// vault's remembered generations, not beside the keychain.
+    static func deviceRecordPath(vault: Vault, group: String, device: DeviceSecret, kind: String) -> String {
+        let directory = FilePermissions.directory(of: vault.configuration.device.resolvedKeyPath)
+        return (directory == "/" ? "" : directory) + "/sync/" + group + "-" + device.id + "." + kind
+    }
+
+    /// Reads such a record, at most `limit` bytes: only a regular file, without following a
+    /// link, and without blocking (a FIFO planted there hung every sync).
+    static func readDeviceRecord(_ path: String, limit: Int) -> DeviceRecord {
+        let descriptor = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
+        guard descriptor >= 0 else { return errno == ENOENT ? .absent : .unreadable }
+        defer { close(descriptor) }
+        var info = stat()
+        guard fstat(descriptor, &info) == 0, info.st_mode & S_IFMT == S_IFREG else { return .unreadable }
+        var bytes: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: min(limit + 1, 16 * 1024))
+        while true {
+            let count = chunk.withUnsafeMutableBytes { Glibc.read(descriptor, $0.baseAddress, $0.count) }
+            guard count >= 0 else { return .unreadable }
+            if count == 0 { return .bytes(bytes) }
+            bytes += chunk[0..<count]
+            guard bytes.count <= limit else { return .unreadable }
+        }
+    }
 }

@@ -54,9 +54,7 @@ struct SyncKnownDevices {
     static let deviceLimit = 10_000
 
     init(vault: Vault, group: String, device: DeviceSecret) {
-        // The key file's directory, as the vault finds it for its remembered generations.
-        let directory = FilePermissions.directory(of: vault.configuration.device.resolvedKeyPath)
-        path = (directory == "/" ? "" : directory) + "/sync/" + group + "-" + device.id + ".devices"
+        path = SyncFiles.deviceRecordPath(vault: vault, group: group, device: device, kind: "devices")
         key = device.stateKey
         self.group = group
         self.device = device.id
@@ -78,20 +76,11 @@ struct SyncKnownDevices {
     /// The file at ``path``. One this process cannot open but for its absence (a link there,
     /// or one this user cannot read) is damaged, not none, which would turn the check off.
     func read() -> Reading {
-        // Never blocks (a FIFO planted there), and reads only a regular file.
-        let descriptor = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
-        guard descriptor >= 0 else { return errno == ENOENT ? .none : .damaged }
-        defer { close(descriptor) }
-        var info = stat()
-        guard fstat(descriptor, &info) == 0, info.st_mode & S_IFMT == S_IFREG else { return .damaged }
-        var bytes: [UInt8] = []
-        var chunk = [UInt8](repeating: 0, count: 16 * 1024)
-        while true {
-            let count = chunk.withUnsafeMutableBytes { Glibc.read(descriptor, $0.baseAddress, $0.count) }
-            guard count >= 0 else { return .damaged }
-            if count == 0 { break }
-            bytes += chunk[0..<count]
-            guard bytes.count <= Self.sizeLimit else { return .damaged }
+        let bytes: [UInt8]
+        switch SyncFiles.readDeviceRecord(path, limit: Self.sizeLimit) {
+        case .absent: return .none
+        case .unreadable: return .damaged
+        case .bytes(let read): bytes = read
         }
         if bytes.isEmpty { return .none }
         guard bytes.count > Crypto.keyByteCount else { return .damaged }

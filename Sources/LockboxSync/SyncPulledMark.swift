@@ -43,9 +43,7 @@ struct SyncPulledMark {
     let device: String
 
     init(vault: Vault, group: String, device: DeviceSecret) {
-        // The key file's directory, as the vault finds it for its remembered generations.
-        let directory = FilePermissions.directory(of: vault.configuration.device.resolvedKeyPath)
-        path = (directory == "/" ? "" : directory) + "/sync/" + group + "-" + device.id + ".pulled"
+        path = SyncFiles.deviceRecordPath(vault: vault, group: group, device: device, kind: "pulled")
         key = device.stateKey
         self.group = group
         self.device = device.id
@@ -63,16 +61,14 @@ struct SyncPulledMark {
     /// The mark at ``path``. A file this process cannot open but for its absence (a link
     /// there, or one this user cannot read) is damaged, not none, which would turn the check off.
     func read() -> Reading {
-        // Never blocks (a FIFO planted there), and reads only a regular file.
-        let descriptor = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
-        guard descriptor >= 0 else { return errno == ENOENT ? .none : .damaged }
-        defer { close(descriptor) }
-        var info = stat()
-        guard fstat(descriptor, &info) == 0, info.st_mode & S_IFMT == S_IFREG else { return .damaged }
-        var bytes = [UInt8](repeating: 0, count: 41)
-        let count = bytes.withUnsafeMutableBytes { Glibc.read(descriptor, $0.baseAddress, 41) }
-        if count == 0 { return .none }
-        guard count == 40 else { return .damaged }
+        let bytes: [UInt8]
+        switch SyncFiles.readDeviceRecord(path, limit: 40) {
+        case .absent: return .none
+        case .unreadable: return .damaged
+        case .bytes(let read): bytes = read
+        }
+        if bytes.isEmpty { return .none }
+        guard bytes.count == 40 else { return .damaged }
         let cursor = bytes[0..<8].reversed().reduce(Int64(0)) { $0 << 8 | Int64($1) }
         guard cursor >= 0, SyncHead.equal(Array(bytes[8..<40]), mac(cursor)) else { return .damaged }
         return .cursor(cursor)

@@ -32,6 +32,17 @@ private func copiedKeychain(_ machine: Machine, into directory: TemporaryDirecto
     return vault
 }
 
+/// `machine`'s keychain opened where the device key file is another (a shell or service with
+/// another XDG_STATE_HOME), unlocked there; `machine`'s own handle locked first.
+private func keychainWithAnotherIdentity(_ machine: Machine, keyIn elsewhere: TemporaryDirectory) throws -> Vault {
+    var configuration = machine.vault.configuration
+    configuration.device = DeviceIdentity(keyPath: elsewhere.file("state/lockbox/device-key"))
+    machine.vault.lockAll()
+    let other = try Vault.open(at: machine.vault.path, configuration: configuration)
+    try other.unlock(passphrase: SecretBytes(utf8: "machine passphrase"))
+    return other
+}
+
 /// The number of rows of `table` for `group` in the test database.
 private func rows(_ table: String, group: String) throws -> Int {
     let connection = try PostgresConnection(try testDatabase())
@@ -81,11 +92,7 @@ extension SyncTests {
             // with another XDG_STATE_HOME): its ThisDeviceOnly items, the group and device keys
             // among them, are not visible; the user joins "again", as the error suggests.
             let elsewhere = TemporaryDirectory("lockbox-sync-other-identity")
-            var configuration = machines[1].vault.configuration
-            configuration.device = DeviceIdentity(keyPath: elsewhere.file("state/lockbox/device-key"))
-            machines[1].vault.lockAll()
-            let other = try Vault.open(at: machines[1].vault.path, configuration: configuration)
-            try other.unlock(passphrase: SecretBytes(utf8: "machine passphrase"))
+            let other = try keychainWithAnotherIdentity(machines[1], keyIn: elsewhere)
             #expect(throws: LockboxError.self) { _ = try SyncGroup(groups[1].groupID, vault: other, database: try testDatabase()) }
             // Whatever the join does (here: refused, the invisible device key holding its primary key),
             // the state of the device whose key this keychain still holds must stay.
@@ -110,11 +117,7 @@ extension SyncTests {
             defer { withExtendedLifetime(machines) {} }
             for group in groups { try group.sync() }
             let elsewhere = TemporaryDirectory("lockbox-sync-other-identity")
-            var configuration = machines[1].vault.configuration
-            configuration.device = DeviceIdentity(keyPath: elsewhere.file("state/lockbox/device-key"))
-            machines[1].vault.lockAll()
-            let other = try Vault.open(at: machines[1].vault.path, configuration: configuration)
-            try other.unlock(passphrase: SecretBytes(utf8: "machine passphrase"))
+            let other = try keychainWithAnotherIdentity(machines[1], keyIn: elsewhere)
             let code = try groups[0].pairingCode()
             let refused = #expect(throws: LockboxError.self) {
                 try SyncGroup.join(groups[0].groupID, vault: other, database: try testDatabase(), pairingCode: code)
