@@ -230,11 +230,17 @@ extension SyncGroup {
         try catchUpKeys(connection)
         let keys = self.keys
         try Self.dropExpiredInvitations(connection, groupID: groupID)
+        // The devices this one has seen (the list read now recorded first) and its own key go
+        // with the code, sealed under it: the new device starts from this device's record.
+        _ = try devicesRecordingKeys(connection)
+        var seen = knownDevices.read().devices ?? [:]
+        seen[device.id] = device.publicKey
+        let attached = SyncKnownDevices.encodeInvitation(seen)
         for _ in 0..<8 {
             let code = PairingCode.generate()
             let invitation = String(code.prefix(PairingCode.invitationLength))
             let wrap = try Self.wrapKeys(
-                keys, groupID: groupID, purpose: "invitation:" + invitation, secret: SecretBytes(copying: Array(code.utf8)))
+                keys, groupID: groupID, purpose: "invitation:" + invitation, secret: SecretBytes(copying: Array(code.utf8)), attached: attached)
             // Inserted under a shared lock of the group row, at the key epoch it wraps: a device
             // removal (which deletes every pending code under that row's lock) either deletes
             // this one, or has committed first, and the code is not handed out with the former

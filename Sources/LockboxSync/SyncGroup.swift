@@ -171,6 +171,7 @@ public final class SyncGroup: Sendable {
         // with the code still good. Taken back if the join goes no further.
         let prepared = try DeviceSecret.load(groupID: groupID, from: vault) == nil ? try DeviceSecret.create(groupID: groupID, in: vault) : nil
         let keys: SyncKeys
+        var attached: [UInt8]?
         do throws(LockboxError) {
             let invitation = String(code.prefix(PairingCode.invitationLength))
             // Taken and removed in one statement: a code serves one attempt only.
@@ -182,7 +183,8 @@ public final class SyncGroup: Sendable {
             guard let row = rows.first, row[1] == "t" else { throw refused }
             let secret = SecretBytes(copying: Array(code.utf8))
             do {
-                keys = try unwrapKeys(try PostgresConnection.bytes(row[0]), groupID: groupID, purpose: "invitation:" + invitation, secret: secret)
+                (keys, attached) = try unwrapKeysAndAttachment(
+                    try PostgresConnection.bytes(row[0]), groupID: groupID, purpose: "invitation:" + invitation, secret: secret)
             } catch where error.code == .authFailed {
                 throw refused
             }
@@ -190,7 +192,12 @@ public final class SyncGroup: Sendable {
             if prepared != nil { try? DeviceSecret.remove(groupID: groupID, from: vault) }
             throw error
         }
-        return try enroll(groupID: groupID, vault: vault, database: database, keys: keys, connection: connection, prepared: prepared)
+        let group = try enroll(groupID: groupID, vault: vault, database: database, keys: keys, connection: connection, prepared: prepared)
+        // The inviting device's record of the devices (and its own key), which only it and this
+        // device could seal: recorded before the database's list is first read, so that a key a
+        // device of the group put in another device's row is not taken for that device's.
+        if let attached, let seen = SyncKnownDevices.decodeInvitation(attached) { group.knownDevices.seed(seen) }
+        return group
     }
 
     /// The error for a group this device belongs to that the database no longer holds: a
@@ -389,7 +396,11 @@ public final class SyncGroup: Sendable {
 
     /// Seals the group keys under a key derived from `secret` (a passphrase or a pairing code)
     /// with Argon2id.
-    static func wrapKeys(_ keys: SyncKeys, groupID: String, purpose: String, secret: SecretBytes) throws(LockboxError) -> [UInt8] {
+    /// - Parameter attached: bytes sealed beside the keys under the same secret (a pairing code's
+    ///   record of the inviting device's devices), as a fourth field.
+    static func wrapKeys(
+        _ keys: SyncKeys, groupID: String, purpose: String, secret: SecretBytes, attached: [UInt8]? = nil
+    ) throws(LockboxError) -> [UInt8] {
         let derivation = PassphraseKeyDerivation(strength: .interactive)
         guard let wrappingKey = try derivation.deriveKey(from: secret) else {
             throw LockboxError(.allocate, "Cannot allocate memory to derive the group key. Free some memory and try again.")
@@ -401,14 +412,33 @@ public final class SyncGroup: Sendable {
             Crypto.seal(
                 keys.secrets, key: wrappingKey,
                 associatedData: keyWrapAssociatedData(groupID, derivation.encoded(), epoch: keys.epoch, purpose: purpose)))
+        if let attached {
+            wrap.bytes(
+                Crypto.seal(
+                    SecretBytes(copying: attached), key: wrappingKey,
+                    associatedData: keyWrapAssociatedData(groupID, derivation.encoded(), epoch: keys.epoch, purpose: purpose + ":attached")))
+        }
         return wrap.bytes
     }
 
     static func unwrapKeys(_ wrap: [UInt8], groupID: String, purpose: String, secret: SecretBytes) throws(LockboxError) -> SyncKeys {
+        try unwrapKeysAndAttachment(wrap, groupID: groupID, purpose: purpose, secret: secret).keys
+    }
+
+    /// ``unwrapKeys(_:groupID:purpose:secret:)``, with what was sealed beside the keys (nil for a
+    /// wrap of three fields: a passphrase's, or a pairing code made by an earlier Lockbox).
+    static func unwrapKeysAndAttachment(
+        _ wrap: [UInt8], groupID: String, purpose: String, secret: SecretBytes
+    ) throws(LockboxError) -> (keys: SyncKeys, attached: [UInt8]?) {
         var decoder = FieldDecoder(wrap)
-        guard let parameters = try? decoder.bytes(), let epoch = try? decoder.integer(), let box = try? decoder.bytes(), decoder.isAtEnd,
+        guard let parameters = try? decoder.bytes(), let epoch = try? decoder.integer(), let box = try? decoder.bytes(),
             let derivation = PassphraseKeyDerivation(decoding: parameters), derivation.meetsMinimum
         else { throw LockboxError.syncDatabase("The sealed group key in the sync database") }
+        var attachedBox: [UInt8]?
+        if !decoder.isAtEnd {
+            guard let extra = try? decoder.bytes(), decoder.isAtEnd else { throw LockboxError.syncDatabase("The sealed group key in the sync database") }
+            attachedBox = extra
+        }
         guard let wrappingKey = try derivation.deriveKey(from: secret) else {
             throw LockboxError(.allocate, "Cannot allocate memory to derive the group key. Free some memory and try again.")
         }
@@ -419,7 +449,17 @@ public final class SyncGroup: Sendable {
         else {
             throw LockboxError(.authFailed, "The group passphrase is wrong. Enter the group's current passphrase: the one it was created with, or the one the last device removal set (a removal drops the one before).")
         }
-        return SyncKeys(secrets: secrets, epoch: Int64(epoch))
+        var attached: [UInt8]?
+        if let attachedBox {
+            // Sealed under the same secret: the database cannot have made it, only changed it.
+            guard
+                let opened = try? Crypto.open(
+                    attachedBox, key: wrappingKey,
+                    associatedData: keyWrapAssociatedData(groupID, parameters, epoch: Int64(epoch), purpose: purpose + ":attached"))
+            else { throw LockboxError.syncDatabase("The sealed group key in the sync database") }
+            attached = opened.withUnsafeBytes { Array($0) }
+        }
+        return (SyncKeys(secrets: secrets, epoch: Int64(epoch)), attached)
     }
 
     static func keyWrapAssociatedData(_ groupID: String, _ parameters: [UInt8], epoch: Int64, purpose: String) -> [UInt8] {

@@ -111,6 +111,43 @@ struct SyncKnownDevices {
             != nil
     }
 
+    /// The devices as a pairing code carries them (sealed beside the group keys): the inviting
+    /// device's record, with its own key.
+    static func encodeInvitation(_ devices: [String: [UInt8]]) -> [UInt8] {
+        var encoder = FieldEncoder()
+        encoder.string("lockbox.sync.invitation-devices.v1")
+        encoder.integer(devices.count)
+        for id in devices.keys.sorted() {
+            encoder.string(id)
+            encoder.bytes(devices[id]!)
+        }
+        return encoder.bytes
+    }
+
+    static func decodeInvitation(_ bytes: [UInt8]) -> [String: [UInt8]]? {
+        var decoder = FieldDecoder(bytes)
+        guard (try? decoder.string()) == "lockbox.sync.invitation-devices.v1", let count = try? decoder.integer(), (0...deviceLimit).contains(count)
+        else { return nil }
+        var devices: [String: [UInt8]] = [:]
+        for _ in 0..<count {
+            guard let id = try? decoder.string(), SyncGroup.isDeviceIdentifier(id), let key = try? decoder.bytes(), key.count == 32 else { return nil }
+            devices[id] = key
+        }
+        return decoder.isAtEnd ? devices : nil
+    }
+
+    /// Records `devices` (from the inviting device) that this record does not hold yet; one it
+    /// holds keeps its key. Best effort, as ``record(_:)``.
+    func seed(_ devices: [String: [UInt8]]) {
+        guard var known = read().devices else { return }
+        var changed = false
+        for (id, key) in devices where id != device && known[id] == nil && known.count < Self.deviceLimit {
+            known[id] = key
+            changed = true
+        }
+        if changed { write(known) }
+    }
+
     /// Records the attested devices of `listed` not seen before, with their keys; a device seen
     /// before keeps the key it was first seen with. Returns the identifiers whose attested key
     /// is not the one they were first seen with (nothing recorded for them). Best effort: a

@@ -245,4 +245,66 @@ extension SyncTests {
         #expect(try machines[2].value("after.example", "user") == "not for B")
         #expect(try machines[1].value("after.example", "user") == nil)
     }
+
+    @Test("A device that joins with a pairing code starts from the inviting device's record: a key a member put in the inviter's row before the join is found, and a removal made from the new device seals nothing to it")
+    func pairingCodeCarriesTheInvitersRecord() throws {
+        let database = try testDatabase()
+        let first = try Machine()
+        let a = try SyncGroup.create(vault: first.vault, database: database)
+        let second = try Machine()
+        let b = try SyncGroup.join(a.groupID, vault: second.vault, database: database, pairingCode: try a.pairingCode())
+        try a.sync()
+        try b.sync()
+        // B puts a key of its own in A's row; before A syncs again, D joins with A's code.
+        let stolen = try replaceKey(of: a.deviceID, by: b)
+        let fourth = try Machine()
+        let d = try SyncGroup.join(a.groupID, vault: fourth.vault, database: database, pairingCode: try a.pairingCode())
+        #expect(d.knownDevices.read().devices?[a.deviceID] == a.device.publicKey, "the code did not carry A's own key")
+        try d.sync()
+        #expect(try d.devices().first { $0.id == a.deviceID }?.isKeyReplaced == true)
+        let removal = try d.removeDevice(b.deviceID)
+        #expect(removal.keyReplaced == [a.deviceID], "\(removal)")
+        // Nothing of the new epoch is sealed to B's key: the only grant is D's own.
+        #expect(try grants(a.groupID, epoch: d.keyEpoch) == [d.deviceID])
+        _ = stolen
+        // A joins again with a code from D, as the same device, and reads what D writes.
+        let rejoined = try SyncGroup.join(a.groupID, vault: first.vault, database: database, pairingCode: try d.pairingCode())
+        #expect(rejoined.deviceID == a.deviceID)
+        try fourth.add("after.example", "user", "for A, not B")
+        try d.sync()
+        try rejoined.sync()
+        #expect(try first.value("after.example", "user") == "for A, not B")
+        #expect(throws: LockboxError.self) { try b.sync() }
+        withExtendedLifetime((second, fourth)) {}
+    }
+
+    @Test("A pairing code made by an earlier Lockbox (the group keys alone) still joins, and one whose record was changed in the database is refused")
+    func pairingCodeRecordIsOptionalButSealed() throws {
+        let database = try testDatabase()
+        let first = try Machine()
+        let a = try SyncGroup.create(vault: first.vault, database: database)
+        // As an earlier Lockbox made them: three fields.
+        let code = "ABCD-EFGH-JKMN-PQRS"
+        let wrap = try SyncGroup.wrapKeys(a.keys, groupID: a.groupID, purpose: "invitation:ABCD", secret: SecretBytes(utf8: "ABCDEFGHJKMNPQRS"))
+        let connection = try PostgresConnection(database)
+        try connection.execute(
+            "INSERT INTO lockbox_sync_invitations (group_id, invitation_id, key_wrap, expires_at) VALUES ($1, 'ABCD', $2, now() + interval '10 minutes')",
+            [.text(a.groupID), .bytes(wrap)])
+        let joining = try Machine()
+        #expect(try SyncGroup.join(a.groupID, vault: joining.vault, database: database, pairingCode: code).groupID == a.groupID)
+        // A record changed in the database: the join is refused (as any changed wrap).
+        let fresh = try a.pairingCode()
+        let invitation = String(PairingCode.normalized(fresh).prefix(4))
+        let stored = try #require(try connection.execute(
+            "SELECT key_wrap FROM lockbox_sync_invitations WHERE group_id = $1 AND invitation_id = $2", [.text(a.groupID), .text(invitation)]).first)
+        var bytes = try PostgresConnection.bytes(stored[0])
+        bytes[bytes.count - 1] ^= 1
+        try connection.execute(
+            "UPDATE lockbox_sync_invitations SET key_wrap = $3 WHERE group_id = $1 AND invitation_id = $2",
+            [.text(a.groupID), .text(invitation), .bytes(bytes)])
+        let other = try Machine()
+        let refused = #expect(throws: LockboxError.self) { try SyncGroup.join(a.groupID, vault: other.vault, database: database, pairingCode: fresh) }
+        #expect(refused?.code == .decode, "\(String(describing: refused))")
+        withExtendedLifetime((joining, other)) {}
+    }
 }
