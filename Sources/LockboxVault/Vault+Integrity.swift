@@ -102,7 +102,16 @@ extension Vault {
                 keys = fresh
                 sound = stored.verify(header: header, headerBinding: state.headerBinding(key: fresh.element), keys: fresh)
             }
-            guard sound else { throw LockboxError.integrity("The keychain's integrity record") }
+            guard sound else {
+                // Checked with keys from the kernel keyring, which this user's processes can
+                // change too: the way to tell which of the two changed comes before a restore.
+                guard state.keys.mode == .kernelKeyring else { throw LockboxError.integrity("The keychain's integrity record") }
+                throw LockboxError(
+                    .decode,
+                    "The keychain's integrity record failed its integrity check: the keychain file was modified or is damaged, or "
+                        + "the unlocked keys this user's kernel keyring holds for it were changed. Run `lockbox lock --all`, unlock it "
+                        + "again and run `lockbox verify`; restore it from a backup only if it still fails.")
+            }
             // Only a verified generation can be compared or remembered.
             guard stored.generation >= remembered else { throw rolledBack(found: stored.generation, remembered: remembered) }
             state.rememberedGeneration.advance(to: stored.generation)

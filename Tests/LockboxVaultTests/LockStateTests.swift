@@ -32,6 +32,32 @@ struct LockStateTests {
         #expect(status { try fixture.vault.update(matching: query, to: ItemUpdate(data: SecretBytes(utf8: "x"))) } == -25308)
     }
 
+    @Test("keys changed in the kernel keyring (the same user can) are named beside the file, with lock --all and an unlock before any restore; those fix it")
+    func changedKeyringEntry_namesTheKeyringBeforeARestore() throws {
+        let fixture = try VaultFixture()
+        var item = Item.genericPassword(service: "svc", account: "alice", data: SecretBytes(utf8: "kept"))
+        item.attributes.accessibility = .afterFirstUnlock
+        try fixture.vault.add(item)
+        fixture.vault.lock()
+        // The after-first-unlock entry's index root (its first 32 bytes), one bit changed.
+        let serial = try KernelKeyring.find("lockbox:v1:\(fixture.vault.identifier):after-first-unlock")
+        var payload = try KernelKeyring.read(serial).withUnsafeBytes { Array($0) }
+        payload[0] ^= 1
+        #expect(KernelKeyring.update(serial, with: payload))
+        do {
+            _ = try fixture.reopen().data(matching: query)
+            Issue.record("read with changed keys")
+        } catch let error as LockboxError {
+            #expect(error.status == -26275)
+            #expect(error.message.contains("kernel keyring") && error.message.contains("lock --all"), "\(error.message)")
+        }
+        // What `lockbox lock --all` does, then an unlock.
+        fixture.vault.lockAll()
+        let reopened = try fixture.reopen()
+        try reopened.unlock(passphrase: fixture.passphrase)
+        #expect(try reopened.data(matching: query) == SecretBytes(utf8: "kept"))
+    }
+
     @Test("unlock makes a locked item readable again")
     func unlock_makesItemReadableAgain() throws {
         let fixture = try VaultFixture()
