@@ -232,8 +232,15 @@ extension SyncGroup {
         try Self.dropExpiredInvitations(connection, groupID: groupID)
         // The devices this one has seen (the list read now recorded first) and its own key go
         // with the code, sealed under it: the new device starts from this device's record.
-        _ = try devicesRecordingKeys(connection)
-        var seen = knownDevices.read().devices ?? [:]
+        // Only devices listed now, with the key this device first saw them with, and not marked
+        // as replaced: a record that the list contradicts (a key this device took from the
+        // database in a window) is not passed on, nor are devices removed since.
+        let listed = try devicesRecordingKeys(connection)
+        let known = knownDevices.read().devices ?? [:]
+        var seen: [String: [UInt8]] = [:]
+        for listedDevice in listed where listedDevice.id != device.id && listedDevice.isAttested && !listedDevice.isKeyReplaced {
+            if let key = known[listedDevice.id] { seen[listedDevice.id] = key }
+        }
         seen[device.id] = device.publicKey
         let attached = SyncKnownDevices.encodeInvitation(seen)
         for _ in 0..<8 {

@@ -171,7 +171,7 @@ public final class SyncGroup: Sendable {
         // with the code still good. Taken back if the join goes no further.
         let prepared = try DeviceSecret.load(groupID: groupID, from: vault) == nil ? try DeviceSecret.create(groupID: groupID, in: vault) : nil
         let keys: SyncKeys
-        var attached: [UInt8]?
+        var seed: [String: [UInt8]]?
         do throws(LockboxError) {
             let invitation = String(code.prefix(PairingCode.invitationLength))
             // Taken and removed in one statement: a code serves one attempt only.
@@ -182,9 +182,21 @@ public final class SyncGroup: Sendable {
                 .authFailed, "The pairing code is wrong, already used or expired. Ask a device of the group for a new one (`lockbox sync invite`).")
             guard let row = rows.first, row[1] == "t" else { throw refused }
             let secret = SecretBytes(copying: Array(code.utf8))
-            do {
-                (keys, attached) = try unwrapKeysAndAttachment(
+            do throws(LockboxError) {
+                let opened = try unwrapKeysAndAttachment(
                     try PostgresConnection.bytes(row[0]), groupID: groupID, purpose: "invitation:" + invitation, secret: secret)
+                keys = opened.keys
+                if let record = opened.attached {
+                    // Sealed under the code: only the inviting device made it. One this Lockbox
+                    // cannot read is refused, never taken for no record.
+                    guard let devices = SyncKnownDevices.decodeInvitation(record) else {
+                        throw LockboxError(
+                            .decode,
+                            "The pairing code's record of the group's devices cannot be read (made by another version of Lockbox?). "
+                                + "Nothing was joined: use a pairing code from a device running this version.")
+                    }
+                    seed = devices
+                }
             } catch where error.code == .authFailed {
                 throw refused
             }
@@ -196,7 +208,7 @@ public final class SyncGroup: Sendable {
         // The inviting device's record of the devices (and its own key), which only it and this
         // device could seal: recorded before the database's list is first read, so that a key a
         // device of the group put in another device's row is not taken for that device's.
-        if let attached, let seen = SyncKnownDevices.decodeInvitation(attached) { group.knownDevices.seed(seen) }
+        if let seed { group.knownDevices.seed(seed) }
         return group
     }
 
@@ -338,6 +350,13 @@ public final class SyncGroup: Sendable {
         var created = false
         if prepared == nil, let existing = try DeviceSecret.load(groupID: groupID, from: vault) {
             device = existing
+            // A state an earlier device of this keychain left, which a join stopped after it made
+            // this device's key (before it removed that state) did not remove: removed now.
+            let statePath = SyncState.path(vault: vault.path, groupID: groupID)
+            if let named = SyncState.device(atPath: statePath), named != existing.id {
+                replaced = try SyncState.removeStale(path: statePath)
+                try FleetMarks.removeStale(path: FleetMarks.path(vault: vault.path, groupID: groupID))
+            }
         } else {
             if let prepared { device = prepared } else { device = try DeviceSecret.create(groupID: groupID, in: vault) }
             created = true
@@ -408,10 +427,13 @@ public final class SyncGroup: Sendable {
         var wrap = FieldEncoder()
         wrap.bytes(derivation.encoded())
         wrap.integer(Int(keys.epoch))
+        // The keys' box says whether a record goes with it: a wrap cut back to three fields (to
+        // pass for an earlier Lockbox's, and so carry no record) no longer opens.
         wrap.bytes(
             Crypto.seal(
                 keys.secrets, key: wrappingKey,
-                associatedData: keyWrapAssociatedData(groupID, derivation.encoded(), epoch: keys.epoch, purpose: purpose)))
+                associatedData: keyWrapAssociatedData(
+                    groupID, derivation.encoded(), epoch: keys.epoch, purpose: attached == nil ? purpose : purpose + Self.withRecord)))
         if let attached {
             wrap.bytes(
                 Crypto.seal(
@@ -420,6 +442,9 @@ public final class SyncGroup: Sendable {
         }
         return wrap.bytes
     }
+
+    /// Added to the purpose a wrap's keys are sealed for when a record goes with them.
+    static let withRecord = "+record"
 
     static func unwrapKeys(_ wrap: [UInt8], groupID: String, purpose: String, secret: SecretBytes) throws(LockboxError) -> SyncKeys {
         try unwrapKeysAndAttachment(wrap, groupID: groupID, purpose: purpose, secret: secret).keys
@@ -442,9 +467,10 @@ public final class SyncGroup: Sendable {
         guard let wrappingKey = try derivation.deriveKey(from: secret) else {
             throw LockboxError(.allocate, "Cannot allocate memory to derive the group key. Free some memory and try again.")
         }
+        let keysPurpose = attachedBox == nil ? purpose : purpose + withRecord
         guard
             let secrets = try? Crypto.open(
-                box, key: wrappingKey, associatedData: keyWrapAssociatedData(groupID, parameters, epoch: Int64(epoch), purpose: purpose)),
+                box, key: wrappingKey, associatedData: keyWrapAssociatedData(groupID, parameters, epoch: Int64(epoch), purpose: keysPurpose)),
             secrets.count == 2 * Crypto.keyByteCount
         else {
             throw LockboxError(.authFailed, "The group passphrase is wrong. Enter the group's current passphrase: the one it was created with, or the one the last device removal set (a removal drops the one before).")

@@ -126,7 +126,8 @@ struct SyncKnownDevices {
 
     static func decodeInvitation(_ bytes: [UInt8]) -> [String: [UInt8]]? {
         var decoder = FieldDecoder(bytes)
-        guard (try? decoder.string()) == "lockbox.sync.invitation-devices.v1", let count = try? decoder.integer(), (0...deviceLimit).contains(count)
+        // The inviting device's record (at most ``deviceLimit``) and its own key.
+        guard (try? decoder.string()) == "lockbox.sync.invitation-devices.v1", let count = try? decoder.integer(), (0...deviceLimit + 1).contains(count)
         else { return nil }
         var devices: [String: [UInt8]] = [:]
         for _ in 0..<count {

@@ -145,15 +145,19 @@ final class SyncState {
     /// nil when there was none.
     static func removeStale(path: String) throws(LockboxError) -> String? {
         guard FileManager.default.fileExists(atPath: path) else { return nil }
-        var device: String?
-        if let database = try? Database(path: path, create: false) {
-            let named = try? database.firstRow("SELECT device FROM progress") { (row: Statement) -> String in row.text(0) ?? "" }
-            if let text = named ?? nil, SyncGroup.isDeviceIdentifier(text) { device = text }
-        }
+        let device = device(atPath: path)
         for file in [path, path + "-wal", path + "-shm"] where unlink(file) != 0 && errno != ENOENT {
             throw LockboxError(.io, "Cannot remove \(file), the sync state of this keychain's earlier device. Check the directory's permissions.")
         }
         return device
+    }
+
+    /// The device a state at `path` names (without checking it), if any.
+    static func device(atPath path: String) -> String? {
+        guard FileManager.default.fileExists(atPath: path), let database = try? Database(path: path, create: false) else { return nil }
+        let named = try? database.firstRow("SELECT device FROM progress") { (row: Statement) -> String in row.text(0) ?? "" }
+        guard let text = named ?? nil, SyncGroup.isDeviceIdentifier(text) else { return nil }
+        return text
     }
 
     /// The error for a state that fails its checks (edited, or damaged). The keychain is not

@@ -1,5 +1,6 @@
 import Foundation
 import Lockbox
+import LockboxCore
 import LockboxTestSupport
 import LockboxVault
 import Testing
@@ -305,6 +306,53 @@ extension SyncTests {
         let other = try Machine()
         let refused = #expect(throws: LockboxError.self) { try SyncGroup.join(a.groupID, vault: other.vault, database: database, pairingCode: fresh) }
         #expect(refused?.code == .decode, "\(String(describing: refused))")
+        // A wrap cut back to three fields, to pass for an earlier Lockbox's and carry no record:
+        // its keys no longer open (the code is refused), so nothing joins without the record.
+        let cutCode = try a.pairingCode()
+        let cutInvitation = String(PairingCode.normalized(cutCode).prefix(4))
+        let whole = try #require(try connection.execute(
+            "SELECT key_wrap FROM lockbox_sync_invitations WHERE group_id = $1 AND invitation_id = $2", [.text(a.groupID), .text(cutInvitation)]).first)
+        var fields = FieldDecoder(try PostgresConnection.bytes(whole[0]))
+        var cut = FieldEncoder()
+        cut.bytes(try fields.bytes())
+        cut.integer(try fields.integer())
+        cut.bytes(try fields.bytes())
+        #expect((try? fields.bytes()) != nil, "the code carried no record")
+        try connection.execute(
+            "UPDATE lockbox_sync_invitations SET key_wrap = $3 WHERE group_id = $1 AND invitation_id = $2",
+            [.text(a.groupID), .text(cutInvitation), .bytes(cut.bytes)])
+        let downgraded = #expect(throws: LockboxError.self) {
+            try SyncGroup.join(a.groupID, vault: other.vault, database: database, pairingCode: cutCode)
+        }
+        #expect(downgraded?.code == .authFailed, "\(String(describing: downgraded))")
         withExtendedLifetime((joining, other)) {}
+    }
+
+    @Test("An inviting device passes on only the devices listed now, with the keys it first saw, and none it sees as replaced: a key it took from the database in a window is not spread to the devices it invites")
+    func invitationPassesOnOnlyWhatTheListConfirms() throws {
+        let (groups, machines) = try threeMachines()
+        defer { withExtendedLifetime(machines) {} }
+        let (a, b, c) = (groups[0], groups[1], groups[2])
+        for group in groups { try group.sync() }
+        // D joins with the passphrase while B's key is in C's row: D records B's key for C.
+        _ = try replaceKey(of: c.deviceID, by: b)
+        let fourth = try Machine()
+        let d = try SyncGroup.join(a.groupID, vault: fourth.vault, database: try testDatabase(), passphrase: groupPassphrase)
+        try d.sync()
+        // C writes its own key back; D now sees C as replaced, and does not pass its entry on.
+        try c.sync()
+        #expect(try d.devices().first { $0.id == c.deviceID }?.isKeyReplaced == true)
+        let fifth = try Machine()
+        let e = try SyncGroup.join(a.groupID, vault: fifth.vault, database: try testDatabase(), pairingCode: try d.pairingCode())
+        try e.sync()
+        #expect(try e.devices().first { $0.id == c.deviceID }?.isKeyReplaced == false)
+        #expect(e.knownDevices.read().devices?[c.deviceID] == c.device.publicKey)
+        // A device removed since is not passed on either: E's removals do not name it as missing.
+        try a.removeDevice(b.deviceID)
+        try d.sync()
+        let sixth = try Machine()
+        let f = try SyncGroup.join(a.groupID, vault: sixth.vault, database: try testDatabase(), pairingCode: try d.pairingCode())
+        #expect(f.knownDevices.read().devices?[b.deviceID] == nil)
+        withExtendedLifetime((fourth, fifth, sixth)) {}
     }
 }

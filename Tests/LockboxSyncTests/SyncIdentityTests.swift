@@ -78,6 +78,23 @@ extension SyncTests {
             #expect(try fresh.data(matching: query) == SecretBytes(utf8: "v2"))
         }
 
+        @Test("A pairing-code join killed after it made the device key, before it removed the state an earlier device left: the next join removes that state, names the earlier device, and syncs")
+        func joinStoppedAfterItsDeviceKeyIsFinishedByTheNext() throws {
+            let (groups, machines) = try threeMachines()
+            defer { withExtendedLifetime(machines) {} }
+            try machines[0].add("mail.example", "alice", "v1")
+            for group in groups { try group.sync() }
+            let earlier = groups[1].deviceID
+            let fresh = try keychainMadeAnew(machines[1])
+            // What the stopped join left: a device key of the group, no group key.
+            let leftover = try DeviceSecret.create(groupID: groups[0].groupID, in: fresh)
+            let joined = try SyncGroup.join(groups[0].groupID, vault: fresh, database: try testDatabase(), pairingCode: try groups[0].pairingCode())
+            #expect(joined.deviceID == leftover.id)
+            #expect(joined.replacedDevice == earlier)
+            #expect(try joined.sync().pulled == 1)
+            #expect(try joined.status().databaseProblem == nil)
+        }
+
         @Test("A join through a handle that cannot see this keychain's device key (another device identity: XDG_STATE_HOME or machine-id differs) removes nothing the real device still uses")
         func joinUnderAnotherIdentityKeepsTheValidState() throws {
             let (groups, machines) = try threeMachines()
