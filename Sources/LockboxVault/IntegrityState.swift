@@ -834,11 +834,19 @@ package final class RememberedGeneration {
     /// refusing the file the user accepted).
     private let entryDescription: String
 
+    /// Whether this handle looked for the entry and found none: not searched for again (a
+    /// search on every read would cost more than the read); this handle's own commit makes it.
+    private var searchedInVain = false
+
     /// The generation in the kernel keyring; 0 when none (or the keyring cannot be used).
     private func shared() -> Int {
         guard let description = sharedDescription else { return 0 }
         for attempt in 0..<2 {
-            if sharedSerial == nil || attempt > 0 { sharedSerial = try? KernelKeyring.find(description) }
+            if sharedSerial == nil && searchedInVain && attempt == 0 { return 0 }
+            if sharedSerial == nil || attempt > 0 {
+                sharedSerial = try? KernelKeyring.find(description)
+                searchedInVain = sharedSerial == nil
+            }
             guard let serial = sharedSerial else { return 0 }
             if let payload = KernelKeyring.readSmall(serial, capacity: 8) {
                 guard payload.count == 8 else { return 0 }

@@ -60,6 +60,11 @@ extension Vault {
         {
             return cached
         }
+        // Read before anything of the file: a generation another process committed (and
+        // remembered) before this point is in the snapshot read below, so the snapshot is never
+        // older than what is remembered unless the file was put back. (Read after it, a commit
+        // landing between the two took a sound file for an older copy.)
+        let remembered = state.rememberedGeneration.read()
         let dataVersion = try state.database.dataVersion
         if let cached = state.integrity, cached.dataVersion == dataVersion {
             // No other connection wrote since the cache was filled: what this connection sees
@@ -71,8 +76,6 @@ extension Vault {
             }
             return cached
         }
-        // Read here, not before the cache is used: with the kernel keyring, it costs two system calls.
-        let remembered = state.rememberedGeneration.read()
         // Another connection wrote: the header may have changed too, and with it the keys
         // derived from it here (a passphrase change makes a new `always` class key).
         let header = try VaultHeader.load(from: state.database)
