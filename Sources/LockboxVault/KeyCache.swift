@@ -553,7 +553,15 @@ final class KeyCache {
             if let key = alwaysClassKeys[accessibility] { return key }
             // Without the device secret only the master-wrapped copy opens (the vault unlocked).
             let master = device.unavailability == nil ? nil : try currentMaster()
-            guard let key = try Self.unwrapClassKey(accessibility, header: header(), master: master, device: device) else { return nil }
+            var key = try Self.unwrapClassKey(accessibility, header: header(), master: master, device: device)
+            // This device key has no copy of its own (the device key file was replaced, or
+            // another XDG_STATE_HOME found another one): the portable class's master-wrapped
+            // copy opens while the vault is unlocked. Before, every read then said "locked"
+            // while the vault was unlocked.
+            if key == nil, master == nil, !accessibility.isThisDeviceOnly, let unlocked = try currentMaster() {
+                key = try Self.unwrapClassKey(accessibility, header: header(), master: unlocked, device: device)
+            }
+            guard let key else { return nil }
             alwaysClassKeys[accessibility] = key
             return key
         case .whileUnlocked:

@@ -58,6 +58,26 @@ struct LockStateTests {
         #expect(try reopened.data(matching: query) == SecretBytes(utf8: "kept"))
     }
 
+    @Test("a device key file replaced while the vault is unlocked: its portable items stay readable, as status says, and its ThisDeviceOnly items are another device's")
+    func deviceKeyReplacedWhileUnlocked_portableItemsReadOn() throws {
+        let fixture = try VaultFixture()
+        var afu = Item.genericPassword(service: "svc", account: "afu", data: SecretBytes(utf8: "after first unlock"))
+        afu.attributes.accessibility = .afterFirstUnlock
+        try fixture.vault.add(afu)
+        try fixture.vault.add(.genericPassword(service: "svc", account: "unlocked", data: SecretBytes(utf8: "while unlocked")))
+        var tdo = Item.genericPassword(service: "svc", account: "tdo", data: SecretBytes(utf8: "this device's"))
+        tdo.attributes.accessibility = .whenUnlockedThisDeviceOnly
+        try fixture.vault.add(tdo)
+        // A new device key file (the old one removed while unlocked): another device identity.
+        let replaced = try fixture.reopen { $0.device = DeviceIdentity(keyPath: fixture.directory.file("new-state/device-key")) }
+        #expect(try replaced.isUnlocked)
+        #expect(try replaced.data(matching: .genericPassword(service: "svc", account: "afu")) == SecretBytes(utf8: "after first unlock"))
+        #expect(try replaced.data(matching: .genericPassword(service: "svc", account: "unlocked")) == SecretBytes(utf8: "while unlocked"))
+        #expect(status { _ = try replaced.data(matching: .genericPassword(service: "svc", account: "tdo")) } == -25300)
+        // Back with the original key file, nothing was lost.
+        #expect(try fixture.reopen().data(matching: .genericPassword(service: "svc", account: "tdo")) == SecretBytes(utf8: "this device's"))
+    }
+
     @Test("unlock makes a locked item readable again")
     func unlock_makesItemReadableAgain() throws {
         let fixture = try VaultFixture()
