@@ -707,7 +707,7 @@ final class Campaign {
         where name.count == 32 && !name.contains(".") {
             let bytes = remembered[name].map { Array($0) }
             RememberedGeneration.setSharedGeneration(
-                vaultID: name, to: bytes.flatMap { $0.count == 8 ? Int(truncatingIfNeeded: $0.reversed().reduce(UInt64(0)) { $0 << 8 | UInt64($1) }) : nil })
+                vaultID: name, to: bytes.flatMap { $0.count == 8 ? RememberedGeneration.generation(of: $0) : nil })
         }
     }
 

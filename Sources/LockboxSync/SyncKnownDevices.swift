@@ -65,11 +65,7 @@ struct SyncKnownDevices {
         encoder.string("lockbox.sync.devices.v1")
         encoder.string(group)
         encoder.string(device)
-        encoder.integer(devices.count)
-        for id in devices.keys.sorted() {
-            encoder.string(id)
-            encoder.bytes(devices[id]!)
-        }
+        Self.append(devices, to: &encoder)
         return encoder.bytes
     }
 
@@ -116,12 +112,17 @@ struct SyncKnownDevices {
     static func encodeInvitation(_ devices: [String: [UInt8]]) -> [UInt8] {
         var encoder = FieldEncoder()
         encoder.string("lockbox.sync.invitation-devices.v1")
+        Self.append(devices, to: &encoder)
+        return encoder.bytes
+    }
+
+    /// The devices' count, then each identifier and key, in identifier order.
+    private static func append(_ devices: [String: [UInt8]], to encoder: inout FieldEncoder) {
         encoder.integer(devices.count)
         for id in devices.keys.sorted() {
             encoder.string(id)
             encoder.bytes(devices[id]!)
         }
-        return encoder.bytes
     }
 
     static func decodeInvitation(_ bytes: [UInt8]) -> [String: [UInt8]]? {

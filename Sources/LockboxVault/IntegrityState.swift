@@ -850,7 +850,7 @@ package final class RememberedGeneration {
             guard let serial = sharedSerial else { return 0 }
             if let payload = KernelKeyring.readSmall(serial, capacity: 8) {
                 guard payload.count == 8 else { return 0 }
-                let value = Int(truncatingIfNeeded: payload.reversed().reduce(UInt64(0)) { $0 << 8 | UInt64($1) })
+                let value = Self.generation(of: payload)
                 sharedKnown = max(sharedKnown, value)
                 return value
             }
@@ -863,13 +863,23 @@ package final class RememberedGeneration {
     /// leaves the state directory's record alone to apply).
     private func share(_ generation: Int) {
         guard let description = sharedDescription else { return }
-        let payload = (0..<8).map { UInt8(truncatingIfNeeded: UInt64(generation) >> (8 * $0)) }
+        let payload = Self.bytes(of: generation)
         if let serial = sharedSerial, KernelKeyring.update(serial, with: payload) {
             sharedKnown = generation
             return
         }
         sharedSerial = try? KernelKeyring.storeSmall(payload, description: description)
         if sharedSerial != nil { sharedKnown = generation }
+    }
+
+    /// A generation as the kernel keyring's entry (and the state directory's file) holds it:
+    /// eight bytes, little-endian.
+    package static func bytes(of generation: Int) -> [UInt8] {
+        (0..<8).map { UInt8(truncatingIfNeeded: UInt64(generation) >> (8 * $0)) }
+    }
+
+    package static func generation(of bytes: [UInt8]) -> Int {
+        Int(truncatingIfNeeded: bytes.reversed().reduce(UInt64(0)) { $0 << 8 | UInt64($1) })
     }
 
     /// Sets the kernel keyring's record of a vault's generation (`vaultID` in hex) to
@@ -881,7 +891,7 @@ package final class RememberedGeneration {
             try? KernelKeyring.remove(description: description)
             return
         }
-        _ = try? KernelKeyring.storeSmall((0..<8).map { UInt8(truncatingIfNeeded: UInt64(generation) >> (8 * $0)) }, description: description)
+        _ = try? KernelKeyring.storeSmall(Self.bytes(of: generation), description: description)
     }
 
     /// The failed-passphrase count mirrored beside the generation (see ``Vault/readAttempts``).
@@ -959,7 +969,7 @@ package final class RememberedGeneration {
         } else if let serial = try? KernelKeyring.find(entryDescription) {
             // This handle keeps its keys in its process only; the entry other processes read is
             // set back all the same, when there is one.
-            _ = KernelKeyring.update(serial, with: (0..<8).map { UInt8(truncatingIfNeeded: UInt64(generation) >> (8 * $0)) })
+            _ = KernelKeyring.update(serial, with: Self.bytes(of: generation))
         }
         guard let value = map(creating: true) else { return }
         value.pointee.store(UInt64(generation).littleEndian, ordering: .releasing)
