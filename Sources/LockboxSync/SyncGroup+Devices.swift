@@ -161,6 +161,10 @@ extension SyncGroup {
         /// Fleet tokens that did not open with the group's key (changed in the database) and
         /// were cleared rather than re-sealed: those sessions sign in again.
         public var clearedFleetTokens = 0
+        /// Set when the removal committed in the database but this machine could not record it
+        /// (a full disk, say): the error, saying what to do. The removal itself stands; this
+        /// device's next sync takes the new key.
+        public var unfinishedHere: LockboxError?
     }
 
     /// The attestation of a device's public key: a MAC with the epoch's device key.
@@ -186,7 +190,7 @@ extension SyncGroup {
     /// (``SyncKnownDevices``), and one whose key is not the one it was first seen with marked.
     func devicesRecordingKeys(_ connection: PostgresConnection) throws(LockboxError) -> [Device] {
         var listed = try devices(connection)
-        let replaced = knownDevices.record(listed)
+        let replaced = knownDevices.record(listed).replaced
         for index in listed.indices {
             let listedDevice = listed[index]
             // This device's own row holding a key other than its own: another device of the
@@ -468,21 +472,38 @@ extension SyncGroup {
                 stepped?.accumulator = head.accumulator
                 inStep = stepped
             }
-            try install(new)
+            // Committed: the device is removed. What follows records it here; should that fail
+            // (a full disk), the removal is reported all the same, with the failure, and this
+            // device's next sync takes the new key from its own grant as any device does.
             // The devices given the new key are known from now on; the removed one is not, nor
             // those removed with it for a replaced key (joined again, they are seen anew).
             var seen = seenDevices
             seen[deviceID] = nil
             for id in removal.keyReplaced { seen[id] = nil }
             for listedDevice in listed where removal.firstSeen.contains(listedDevice.id) { seen[listedDevice.id] = listedDevice.attestedKey }
-            knownDevices.write(seen)
-            if let inStep {
-                // Every record was re-sealed: the new head lists them all.
-                var changes = SyncState.Changes()
-                inStep.record(in: &changes, replacingAll: true)
-                try state.commit(changes)
-                // After the state's commit, as a pull raises it.
-                pulledMark.record(inStep.counter)
+            let devicesKept = knownDevices.write(seen)
+            do throws(LockboxError) {
+                try install(new)
+                if let inStep {
+                    // Every record was re-sealed: the new head lists them all.
+                    var changes = SyncState.Changes()
+                    inStep.record(in: &changes, replacingAll: true)
+                    try state.commit(changes)
+                    // After the state's commit, as a pull raises it.
+                    pulledMark.record(inStep.counter)
+                }
+                if !devicesKept {
+                    throw LockboxError(
+                        .io,
+                        "Its record of the group's devices (\(knownDevices.path)) could not be written (a full disk, or the "
+                            + "directory's permissions).")
+                }
+            } catch {
+                removal.unfinishedHere = LockboxError(
+                    error.code,
+                    "The device was removed from the sync group (the database holds the new key), but this machine could not "
+                        + "record it: \(error.message) Once that is fixed, run `lockbox sync now`: it takes the new key as every "
+                        + "device does.", cause: error.cause)
             }
         }
         return removal

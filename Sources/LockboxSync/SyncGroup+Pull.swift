@@ -303,8 +303,16 @@ extension SyncGroup {
         try retryHeldBack(held, state: state, report: &report)
         timer.lap(\.state)
         // After the state's commit: a mark never runs ahead of the state (``SyncPulledMark``).
-        if !fromScratch { pulledMark.record(counter) }
-        try recordPull(connection, counter: counter)
+        if !fromScratch && !pulledMark.record(counter) {
+            report.notes.append(
+                "This device's record of its last pull (\(pulledMark.path)) could not be written (a full disk, or the directory's "
+                    + "permissions): until a sync writes it, a sync state put back from an older copy is not noticed.")
+        }
+        if try !recordPull(connection, counter: counter) {
+            report.notes.append(
+                "This device's record of the group's devices (\(knownDevices.path)) could not be written (a full disk, or the "
+                    + "directory's permissions): devices seen for the first time are recorded at a later sync.")
+        }
         timer.lap(\.cursor)
         lastPullTimings.withLock { $0 = timer.timings }
     }
@@ -317,7 +325,8 @@ extension SyncGroup {
     /// take for this one's. Under a shared lock of the group row, and
     /// only while the group's key epoch is still this device's: a removal of this device that
     /// committed during the pull is not undone by writing its row back.
-    func recordPull(_ connection: PostgresConnection, counter: Int64) throws(LockboxError) {
+    /// Returns false when the devices seen could not be recorded here (``SyncKnownDevices``).
+    func recordPull(_ connection: PostgresConnection, counter: Int64) throws(LockboxError) -> Bool {
         let keys = self.keys
         try connection.transaction { () throws(LockboxError) in
             let epoch = try connection.execute(
@@ -339,7 +348,8 @@ extension SyncGroup {
                 ])
         }
         // The devices seen, with their keys (``SyncKnownDevices``): best effort, the pull is done.
-        if let listed = try? devices(connection) { knownDevices.record(listed) }
+        guard let listed = try? devices(connection) else { return true }
+        return knownDevices.record(listed).kept
     }
 
     /// Changes from which a pull applies them through ``Vault/applyChanges(count:concurrently:)``.

@@ -64,29 +64,32 @@ extension SyncGroup {
     /// told). A state that fails anything else (damaged, edited, behind, of a format this build
     /// does not read) goes on to the reset; any other failure to list the changes made here is
     /// thrown.
-    private func replacedCursor(refusingSound: Bool) throws(LockboxError) -> Int64 {
+    ///
+    /// `damaged` is true for a state that does not open or fails its checks (not one that is
+    /// only behind): it cannot say what changed here since the last sync.
+    private func replacedCursor(refusingSound: Bool) throws(LockboxError) -> (cursor: Int64, damaged: Bool) {
         let state: SyncState
         do {
             state = try SyncState(path: statePath, device: device.id, key: device.stateKey)
         } catch {
-            return 0
+            return (0, true)
         }
-        guard refusingSound else { return state.cursor }
+        guard refusingSound else { return (state.cursor, false) }
         let mark = pulledMark.read()
         if mark != .damaged {
-            do { try checkNotBehind(mark, state: state) } catch { return state.cursor }
+            do { try checkNotBehind(mark, state: state) } catch { return (state.cursor, false) }
         }
-        do { _ = try state.allEntries() } catch { return state.cursor }
+        do { _ = try state.allEntries() } catch { return (state.cursor, true) }
         let pending: Int
         do {
             pending = try pendingChanges(state: state)
         } catch where error.code == .decode {
             // A bucket of rows found damaged only now: the state is not sound.
-            return state.cursor
+            return (state.cursor, true)
         }
         let replaced = "\(pending) change\(pending == 1 ? "" : "s") made here since the last sync"
         guard mark != .damaged else {
-            guard pending > 0 else { return state.cursor }
+            guard pending > 0 else { return (state.cursor, false) }
             throw LockboxError(
                 .param,
                 "This machine's record of its last pull (\(pulledMark.path)) is damaged or cannot be read, so it cannot tell "
@@ -121,10 +124,22 @@ extension SyncGroup {
         return try syncing.withLock { _ throws(LockboxError) -> Report in
             let lock = try SyncLock(statePath: statePath)
             defer { withExtendedLifetime(lock) {} }
-            let replaced = try replacedCursor(refusingSound: !discardingLocalChanges)
+            let (replaced, damaged) = try replacedCursor(refusingSound: !discardingLocalChanges)
             let connection = try PostgresConnection(database)
             try SyncSchema.migrate(connection)
             try catchUpKeys(connection)
+            // A damaged state cannot say what changed here since the last sync; the time of this
+            // device's last sync, as the database recorded it, bounds it: an item the group holds
+            // and this keychain changed since may be a change not sent yet, which the group's
+            // version would replace. Refused without --discard-local-changes, as for a sound state.
+            var lastSync: Date?
+            if damaged && !discardingLocalChanges {
+                let rows = try connection.execute(
+                    "SELECT extract(epoch FROM last_sync)::float8 FROM lockbox_sync_devices WHERE group_id = $1 AND device_id = $2",
+                    [.text(groupID), .text(device.id)])
+                lastSync = rows.first?[0].flatMap { Double($0) }.map { Date(timeIntervalSince1970: $0) } ?? .distantPast
+            }
+            var changedSince = 0
             var held = Set<String>()
             for row in try connection.execute("SELECT item_id FROM lockbox_sync_items WHERE group_id = $1", [.text(groupID)]) {
                 if let id = row[0] { held.insert(id) }
@@ -141,8 +156,19 @@ extension SyncGroup {
                 let batch = scan.changed[start..<min(start + Self.pushBatch, scan.changed.count)]
                 for (reference, local) in try readLocal(batch) {
                     let id = itemID(local.item)
-                    if held.contains(id) { changes.setRow(reference, .some(id)) }
+                    guard held.contains(id) else { continue }
+                    changes.setRow(reference, .some(id))
+                    if let lastSync, (local.item.attributes.modificationDate ?? .distantFuture) > lastSync { changedSince += 1 }
                 }
+            }
+            if changedSince > 0 {
+                throw LockboxError(
+                    .param,
+                    "This device's sync state cannot say what changed here since the last sync, and \(changedSince) item"
+                        + "\(changedSince == 1 ? "" : "s") the group holds changed in this keychain since this device's last sync (as "
+                        + "the database recorded it). A reset would replace \(changedSince == 1 ? "it" : "them") with the group's "
+                        + "versions, and an item deleted here since then would come back; nothing was changed. Note those changes, "
+                        + "run the reset again with --discard-local-changes, and make them again after it.")
             }
             changes.generation = scan.generation
             // What this machine recorded of the last pull: the rebuilt state's first pull must

@@ -71,6 +71,11 @@ public final class SyncGroup: Sendable {
         /// every synchronizable item (rows a pull added are read once, by the next push).
         public var examined = 0
 
+        /// What this sync could not record on this machine beside its changes (a full disk, a
+        /// directory's permissions), each a sentence saying what that weakens until a later sync
+        /// records it. The sync itself is complete.
+        public var notes: [String] = []
+
         /// A report of nothing done.
         public init() {}
 
@@ -208,7 +213,14 @@ public final class SyncGroup: Sendable {
         // The inviting device's record of the devices (and its own key), which only it and this
         // device could seal: recorded before the database's list is first read, so that a key a
         // device of the group put in another device's row is not taken for that device's.
-        if let seed { group.knownDevices.seed(seed) }
+        if let seed, !group.knownDevices.seed(seed) {
+            throw LockboxError(
+                .io,
+                "This keychain joined the sync group \(groupID) as device \(group.deviceID), but could not write its record of the "
+                    + "group's devices (\(group.knownDevices.path)), which the pairing code vouched for: check that its disk has space "
+                    + "and that its directory is this user's. Then join again with a new pairing code: this keychain joins as the "
+                    + "same device.")
+        }
         return group
     }
 
@@ -385,7 +397,17 @@ public final class SyncGroup: Sendable {
             if created { try? DeviceSecret.remove(groupID: groupID, from: vault) }
             throw error
         }
-        try storeGroupKeys(keys, groupID: groupID, in: vault)
+        do {
+            try storeGroupKeys(keys, groupID: groupID, in: vault)
+        } catch {
+            // The database lists this device already (a pairing code is used up): the device key
+            // is kept, so that the next join, the cause fixed, joins as the same device.
+            throw LockboxError(
+                error.code,
+                "This keychain joined the sync group \(groupID) as device \(device.id) (the database lists it; a pairing code is "
+                    + "used up), but could not keep the group's keys: \(error.message) Once that is fixed, join again with a new "
+                    + "pairing code or the group passphrase: this keychain joins as the same device.", cause: error.cause)
+        }
         return group
     }
 

@@ -140,14 +140,16 @@ struct SyncKnownDevices {
 
     /// Records `devices` (from the inviting device) that this record does not hold yet; one it
     /// holds keeps its key. Best effort, as ``record(_:)``.
-    func seed(_ devices: [String: [UInt8]]) {
-        guard var known = read().devices else { return }
+    /// Returns false when they could not be written (a full disk, the directory's permissions).
+    func seed(_ devices: [String: [UInt8]]) -> Bool {
+        // A record changed outside Lockbox is left as it is (`lockbox sync status` names it).
+        guard var known = read().devices else { return true }
         var changed = false
         for (id, key) in devices where id != device && known[id] == nil && known.count < Self.deviceLimit {
             known[id] = key
             changed = true
         }
-        if changed { write(known) }
+        return changed ? write(known) : true
     }
 
     /// Records the attested devices of `listed` not seen before, with their keys; a device seen
@@ -155,9 +157,11 @@ struct SyncKnownDevices {
     /// is not the one they were first seen with (nothing recorded for them). Best effort: a
     /// damaged file is left as it is (a removal reports it), and a write that fails only
     /// leaves the devices to be recorded at the next sync.
+    /// `kept` is false when devices seen for the first time could not be written (a full disk,
+    /// the directory's permissions).
     @discardableResult
-    func record(_ listed: [SyncGroup.Device]) -> Set<String> {
-        guard var devices = read().devices else { return [] }
+    func record(_ listed: [SyncGroup.Device]) -> (replaced: Set<String>, kept: Bool) {
+        guard var devices = read().devices else { return ([], true) }
         var replaced: Set<String> = []
         var changed = false
         for listedDevice in listed where listedDevice.id != device {
@@ -169,7 +173,6 @@ struct SyncKnownDevices {
                 changed = true
             }
         }
-        if changed { write(devices) }
-        return replaced
+        return (replaced, !changed || write(devices))
     }
 }

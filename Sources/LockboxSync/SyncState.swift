@@ -167,7 +167,9 @@ final class SyncState {
         LockboxError(
             .decode,
             "This device's sync state (\(path)) failed its integrity check: it was modified, or is damaged. The keychain's "
-                + "items are not affected: do not restore the keychain. Run `lockbox sync reset` to rebuild the state from the group.")
+                + "items are not affected: do not restore the keychain. Run `lockbox sync reset` to rebuild the state from the group: "
+                + "for the items the group holds, its versions then replace this keychain's (the reset first says how many items "
+                + "changed here since the last sync it would replace, if any, and asks for --discard-local-changes).")
     }
 
     /// Opens (creating when missing, converting one of the first format) the state of `device`

@@ -397,6 +397,7 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
         do {
             let report = try group.sync()
             streams.print("first sync: pulled \(report.pulled), pushed \(report.pushed)")
+            for note in report.notes { streams.error("lockbox sync: note: " + note) }
         } catch {
             // Joined all the same. What to do next is the error's own advice (sync again
             // later, a reset, ...); no join again is needed.
@@ -410,6 +411,7 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
         let configuration = try SyncConfiguration.load(vault: vault)
         let report = try SyncGroup(configuration.group, vault: vault, database: configuration.database).sync()
         streams.print("pushed \(report.pushed), pulled \(report.pulled), superseded \(report.superseded)")
+        for note in report.notes { streams.error("lockbox sync: note: " + note) }
         return .success
     case .reset(let discarding):
         let vault = try openVault(keychain)
@@ -470,7 +472,9 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
                 error.message + " Nothing was removed. To cut the device off without waiting for that, make a new group from this "
                     + "keychain (`lockbox sync create --database CONNINFO --replace-group`) and join the other devices to it.")
         }
-        streams.print("removed \(shown(device)); the group key is now at epoch \(group.keyEpoch)")
+        streams.print(
+            removal.unfinishedHere == nil
+                ? "removed \(shown(device)); the group key is now at epoch \(group.keyEpoch)" : "removed \(shown(device)) from the group")
         if !removal.wasListed {
             streams.print(
                 "it was no longer listed in the database (its row deleted there); the key was replaced all the same, and it was given none")
@@ -513,6 +517,10 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
             streams.print(
                 "the group holds \(sessions) signed-in fleet session(s): the removed device may still hold their tokens; "
                     + "sign each out (which revokes it at the server) and in again")
+        }
+        if let unfinished = removal.unfinishedHere {
+            streams.error("lockbox sync: \(unfinished.description)")
+            return .failure
         }
         return .success
     case .status(let json):

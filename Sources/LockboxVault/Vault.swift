@@ -203,16 +203,7 @@ public final class Vault: ItemStore, Sendable {
         try KeyCache.checkUsable(configuration.unlockCache)
         let oldMask = umask(0o077)
         defer { umask(oldMask) }
-        let database = try Database(
-            path: path, create: true, pageSize: VaultSchema.pageSize, gatheringLogWrites: true,
-            busyTimeoutMilliseconds: configuration.busyTimeout.wholeMilliseconds)
-        try FilePermissions.makePrivate(path)
-        guard let identity = try FilePermissions.check(directory: directory, files: [path])[path] else {
-            throw LockboxError(.io, "\(path) was removed while it was being created.")
-        }
-        try FilePermissions.confirmOpened(identity, path: path, opened: database.openedFileIdentity)
-        try VaultSchema.migrate(database)
-
+        // Before any file: a state directory that cannot be made fails here, leaving nothing.
         let device = try DeviceSecret.load(configuration.device)
         if let unavailable = device.unavailability { throw unavailable }
         let master = Crypto.generateKey()
@@ -233,9 +224,23 @@ public final class Vault: ItemStore, Sendable {
         var integrity = IntegrityState.empty()
         integrity.generation = 1
         integrity.seal(header: header, keys: IntegrityState.Keys(indexRoot: indexRoot, alwaysClassKey: always))
-        try database.writeTransaction { () throws(LockboxError) in
-            try header.save(to: database)
-            try integrity.save(to: database)
+        // Written whole under another name, then given its own: a creation that stops part-way
+        // (a full disk, a kill) leaves no file at `path` that every later command would take
+        // for a damaged keychain, and that `lockbox init` would refuse to replace.
+        try writeNewFile(at: path, directory: directory, configuration: configuration) { database throws(LockboxError) in
+            try database.writeTransaction { () throws(LockboxError) in
+                try header.save(to: database)
+                try integrity.save(to: database)
+            }
+        }
+        guard let identity = try FilePermissions.check(directory: directory, files: [path])[path] else {
+            throw LockboxError(.io, "\(path) was removed while it was being created.")
+        }
+        let database = try Database(
+            path: path, create: false, gatheringLogWrites: true, busyTimeoutMilliseconds: configuration.busyTimeout.wholeMilliseconds)
+        try FilePermissions.confirmOpened(identity, path: path, opened: database.openedFileIdentity)
+        guard try VaultHeader.load(from: database).vaultID == header.vaultID else {
+            throw LockboxError(.io, "\(path) was replaced while it was being created. Check who else can write to its directory.")
         }
 
         let keys = KeyCache(vaultID: header.vaultID, mode: configuration.unlockCache, device: device, path: path, clock: configuration.clock)
@@ -250,6 +255,63 @@ public final class Vault: ItemStore, Sendable {
             try vault.cacheUnlockedKeys(master: master, state: state)
         }
         return vault
+    }
+
+    /// Makes a vault file at `path` that did not exist: a new SQLite file under a hidden name
+    /// of its own in `directory` (mode 0600), its schema made and `fill` run on it, its log
+    /// moved into it and closed; then linked to `path`, never over a file there. A failure at
+    /// any point removes the new file.
+    /// - Throws: `duplicateKeychain` when a file appeared at `path` meanwhile.
+    private static func writeNewFile(
+        at path: String, directory: String, configuration: Configuration, _ fill: (Database) throws(LockboxError) -> Void
+    ) throws(LockboxError) {
+        let name = path.lastIndex(of: "/").map { String(path[path.index(after: $0)...]) } ?? path
+        let temporary = directory + "/." + name + ".creating-" + Crypto.randomBytes(8).hexString
+        func removeTemporary() {
+            for suffix in ["", "-wal", "-shm", "-journal"] { unlink(temporary + suffix) }
+        }
+        do throws(LockboxError) {
+            // The name is new and random: a file already there is refused rather than used.
+            let descriptor = Glibc.open(temporary, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600)
+            guard descriptor >= 0 else {
+                let reason = errno
+                throw LockboxError(
+                    .io, "Cannot create a file in \(directory): \(String(cString: strerror(reason))).",
+                    cause: .systemCall("open", errno: reason))
+            }
+            close(descriptor)
+            do {
+                let database = try Database(
+                    path: temporary, create: true, pageSize: VaultSchema.pageSize, gatheringLogWrites: true,
+                    busyTimeoutMilliseconds: configuration.busyTimeout.wholeMilliseconds)
+                try VaultSchema.migrate(database)
+                try fill(database)
+                // Everything in the main file before it is closed and linked: the log stays behind.
+                try database.moveWriteAheadLogIntoFile()
+            }
+            for suffix in ["-wal", "-shm"] { unlink(temporary + suffix) }
+            if link(temporary, path) != 0 {
+                let reason = errno
+                if reason == EEXIST {
+                    throw LockboxError(.duplicateKeychain, "A keychain already exists at \(path).")
+                }
+                // A file system without hard links: renamed, after a last look.
+                guard reason == EPERM || reason == EOPNOTSUPP || reason == ENOSYS || reason == EMLINK, !FilePermissions.exists(path),
+                    rename(temporary, path) == 0
+                else {
+                    throw LockboxError(
+                        .io, "Cannot create \(path): \(String(cString: strerror(reason))).", cause: .systemCall("link", errno: reason))
+                }
+                return
+            }
+            unlink(temporary)
+        } catch {
+            removeTemporary()
+            guard error.code != .duplicateKeychain else { throw error }
+            // Said of the keychain: the file it would have been is gone.
+            let message = error.message.split(separator: temporary, omittingEmptySubsequences: false).joined(separator: path)
+            throw LockboxError(error.code, "The keychain \(path) was not created, and nothing was left there. " + message, cause: error.cause)
+        }
     }
 
     /// Opens an existing vault. It is unlocked when another process (or an earlier one since

@@ -31,9 +31,9 @@ package final class StorageFaults {
         guard hit else { return }
         switch kind {
         case .diskFull:
-            throw LockboxError(.io, "The disk is full (injected fault). Free space, then try again; nothing was changed.")
+            throw LockboxError(.io, "The disk is full (injected fault). Free space, then try again; that file was not changed.")
         case .ioError:
-            throw LockboxError(.io, "I/O error (injected fault). Check the disk, then try again; nothing was changed.")
+            throw LockboxError(.io, "I/O error (injected fault). Check the disk, then try again; that file was not changed.")
         case .busy:
             throw LockboxError(.io, "The keychain is busy (injected fault): another process holds it. Try again.")
         }

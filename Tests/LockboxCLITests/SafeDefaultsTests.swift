@@ -65,6 +65,63 @@ struct SafeDefaultsTests {
         #expect(!result.standardOutput.contains("canary") && !result.standardError.contains("canary"))
     }
 
+    @Test("init on a full disk leaves no keychain behind, and the same init works once space is freed")
+    func initOnAFullDisk_leavesNothing_andWorksOnceFreed() throws {
+        let unshare = "/usr/bin/unshare"
+        #expect(FileManager.default.isExecutableFile(atPath: unshare), "unshare (Debian's util-linux) is missing")
+        let mountPoint = directory.file("full-init")
+        try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        // The disk is filled to each of several amounts left free, so that the creation stops
+        // at different points; every time, nothing is left at the keychain's path.
+        let script = """
+            mount -t tmpfs -o size=1m,mode=700 tmpfs "$1"
+            mkdir -m 700 "$1/state" "$1/k"
+            export XDG_STATE_HOME="$1/state"
+            for free in 0 8 16 24 32 40; do
+                dd if=/dev/zero of="$1/fill" bs=1k 2>/dev/null
+                rm -f "$1/fill"; dd if=/dev/zero of="$1/fill" bs=1k count=$(( $(df -k --output=avail "$1" | tail -1) - free )) 2>/dev/null
+                printf 'full disk passphrase\n' | "$2" --keychain "$1/k/k.lockbox" init --passphrase-stdin --kdf interactive >/dev/null 2>"$1/state/err"
+                status=$?
+                if [ $status -ne 0 ]; then
+                    echo "free $free: exit $status"
+                    cat "$1/state/err" >&2
+                    ls -A "$1/k" | grep -v '[.]broker$' | sed 's/^/left: /'
+                else
+                    echo "free $free: created"; rm -f "$1/k/k.lockbox" "$1/k/k.lockbox-wal" "$1/k/k.lockbox-shm"
+                fi
+            done
+            rm -f "$1/fill"
+            printf 'full disk passphrase\n' | "$2" --keychain "$1/k/k.lockbox" init --passphrase-stdin --kdf interactive >/dev/null || echo "init after freeing failed"
+            printf 'full-init-canary' | "$2" --keychain "$1/k/k.lockbox" add-generic-password -s svc -a acct || echo "add failed"
+            "$2" --keychain "$1/k/k.lockbox" verify >/dev/null || echo "verify failed"
+            "$2" --keychain "$1/k/k.lockbox" lock --all 2>/dev/null
+            exit 0
+            """
+        let result = try run(unshare, ["-rm", "/bin/sh", "-c", script, "sh", mountPoint, binary])
+        #expect(result.status == 0, "\(result.standardError)")
+        #expect(result.standardOutput.contains("free 0: exit 1"), "\(result.standardOutput)")
+        #expect(!result.standardOutput.contains("left: "), "a failed init left files: \(result.standardOutput)")
+        #expect(!result.standardOutput.contains("failed"), "\(result.standardOutput) \(result.standardError)")
+        #expect(result.standardError.contains("was not created, and nothing was left there"), "\(result.standardError)")
+        #expect(!result.standardError.contains("integrity"), "\(result.standardError)")
+        #expect(!result.standardError.contains(".creating-"), "the message names the hidden file: \(result.standardError)")
+    }
+
+    @Test("init with a state directory it cannot make leaves no keychain behind")
+    func initWithAStateDirectoryItCannotMake_leavesNothing() throws {
+        let blocked = directory.file("blocked-state")
+        // A file where the state directory's parent should be: nothing can be made under it.
+        try Data("not a directory".utf8).write(to: URL(fileURLWithPath: blocked))
+        let result = try run(
+            binary, ["--keychain", keychain, "init", "--passphrase-stdin", "--kdf", "interactive"], input: Array((Self.passphrase + "\n").utf8),
+            environment: ProcessInfo.processInfo.environment.merging(["XDG_STATE_HOME": blocked + "/state"]) { $1 })
+        #expect(result.status != 0)
+        #expect(!FileManager.default.fileExists(atPath: keychain), "a keychain was left at \(keychain)")
+        let second = try lockbox(["init", "--passphrase-stdin", "--kdf", "interactive"], text: Self.passphrase + "\n")
+        #expect(second.status == 0, "\(second.standardError)")
+        lockAll()
+    }
+
     // MARK: Deletes
 
     @Test(

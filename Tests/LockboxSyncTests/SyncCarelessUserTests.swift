@@ -217,7 +217,9 @@ extension SyncTests {
 
         enum StateDamage: String, CaseIterable, Sendable { case droppedTable, newerFormat, garbage, cutShort }
 
-        @Test("A reset goes on for a state damaged in any way (a table dropped, a newer format, garbage, cut short), with no flag needed", arguments: StateDamage.allCases)
+        @Test(
+            "A reset rebuilds a state damaged in any way (a table dropped, a newer format, garbage, cut short): with no flag when nothing changed here since the last sync, only with --discard-local-changes when an item did",
+            arguments: StateDamage.allCases)
         func resetRebuildsAnyDamagedState(damage: StateDamage) throws {
             let (groups, machines) = try threeMachines()
             defer { withExtendedLifetime(machines) {} }
@@ -241,10 +243,32 @@ extension SyncTests {
             tick()
             try machines[0].set("x.example", "user", "x2 here")
             #expect(throws: LockboxError.self) { try groups[0].sync() }
-            try groups[0].resetState()
+            // The damaged state cannot say whether that change was sent: the reset says it would
+            // replace it, and changes nothing.
+            let refused = #expect(throws: LockboxError.self) { try groups[0].resetState() }
+            #expect(refused?.code == .param)
+            #expect(refused?.message.contains("1 item the group holds changed in this keychain") == true, "\(refused?.message ?? "")")
+            #expect(refused?.message.contains("--discard-local-changes") == true)
+            #expect(try machines[0].value("x.example", "user") == "x2 here")
+            try groups[0].resetState(discardingLocalChanges: true)
             try groups[0].sync()
             // The group's version replaces this keychain's, as the reset says.
             #expect(try machines[0].value("x.example", "user") == "x1")
+            // Damaged again with nothing changed here since the last sync: no flag needed.
+            try groups[0].sync()
+            switch damage {
+            case .droppedTable: try sql("DROP TABLE mac_groups")
+            case .newerFormat: try sql("PRAGMA user_version = 99")
+            case .garbage: try restoreState(StateCopy(file: Data(repeating: 0x41, count: 8192), log: nil), at: path)
+            case .cutShort:
+                let file = try Data(contentsOf: URL(fileURLWithPath: path))
+                try restoreState(StateCopy(file: file.prefix(100), log: nil), at: path)
+            }
+            tick()
+            try machines[1].set("x.example", "user", "x3 there")
+            try groups[1].sync()
+            try groups[0].resetState()
+            #expect(try machines[0].value("x.example", "user") == "x3 there")
         }
     }
 }

@@ -333,6 +333,36 @@ extension SyncTests {
 }
 
 extension SyncTests {
+    @Test("A removal that commits in the database but cannot be recorded here (a full disk) is reported as done, with that failure; the next sync takes the new key")
+    func removalUnrecordedHereIsReportedAsDone() throws {
+        let (groups, machines) = try threeMachines()
+        try machines[0].add("x.example", "user", "x1")
+        for group in groups { try group.sync() }
+        let removed = groups[2].deviceID
+        // Every write of the remover's keychain fails from now on, as on a full disk.
+        machines[0].vault.injectFaults(StorageFaults(kind: .diskFull, failingOperation: 1, persistent: true))
+        let removal = try groups[0].removeDevice(removed)
+        machines[0].vault.injectFaults(nil)
+        let unfinished = try #require(removal.unfinishedHere, "the local failure was not reported")
+        #expect(unfinished.message.contains("The device was removed from the sync group"), "\(unfinished.message)")
+        #expect(unfinished.message.contains("lockbox sync now"))
+        #expect(!unfinished.message.contains("nothing was changed"), "\(unfinished.message)")
+        #expect(removal.keeping == [groups[1].deviceID])
+        // It did happen: the database is at the new epoch, the removed device holds no key for it.
+        let epoch = try PostgresConnection(try testDatabase()).execute(
+            "SELECT key_epoch FROM lockbox_sync_groups WHERE group_id = $1", [.text(groups[0].groupID)])
+        #expect(epoch.first?[0] == "1")
+        #expect(groups[0].keyEpoch == 0)
+        #expect(throws: LockboxError.self) { try groups[2].sync() }
+        // The remover's next sync takes the new key from its own grant, and syncs.
+        try machines[0].set("x.example", "user", "x2")
+        try groups[0].sync()
+        #expect(groups[0].keyEpoch == 1)
+        try groups[1].sync()
+        #expect(try machines[1].value("x.example", "user") == "x2")
+        withExtendedLifetime(machines) {}
+    }
+
     @Test("A new device's first sync killed (SIGKILL) at any point leaves its vault with all the items or none; the next sync completes")
     func killedFirstPullIsAllOrNothing() throws {
         let database = try testDatabase()

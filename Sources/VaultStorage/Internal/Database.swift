@@ -49,11 +49,12 @@ package final class Database {
         }
         let result = sqlite3_open_v2(path, &connection, flags, vfs)
         guard result == SQLITE_OK, let connection else {
+            let systemError = connection.map { sqlite3_system_errno($0) } ?? 0
             if let connection { sqlite3_close_v2(connection) }
-            if result & 0xff == SQLITE_CANTOPEN {
+            if result & 0xff == SQLITE_CANTOPEN && systemError != EMFILE && systemError != ENFILE {
                 throw LockboxError(.noSuchKeychain, "No keychain at \(path). Create one with `lockbox init`.")
             }
-            throw Database.error(code: result, message: "could not open", path: path, operation: "sqlite3_open_v2")
+            throw Database.error(code: result, message: "could not open", path: path, operation: "sqlite3_open_v2", systemError: systemError)
         }
         handle = connection
         sqlite3_busy_timeout(handle, busyTimeoutMilliseconds)
@@ -96,7 +97,9 @@ package final class Database {
         let result = sqlite3_exec(handle, sql, nil, nil, &message)
         let text = message.map { String(cString: $0) } ?? ""
         sqlite3_free(message)
-        guard result == SQLITE_OK else { throw Database.error(code: result, message: text, path: path, operation: "sqlite3_exec") }
+        guard result == SQLITE_OK else {
+            throw Database.error(code: result, message: text, path: path, operation: "sqlite3_exec", systemError: sqlite3_system_errno(handle))
+        }
     }
 
     /// A prepared statement, cached by its SQL text and reset for reuse.
@@ -109,7 +112,8 @@ package final class Database {
         let result = sqlite3_prepare_v3(handle, sql, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &raw, nil)
         guard result == SQLITE_OK, let raw else {
             throw Database.error(
-                code: result, message: String(cString: sqlite3_errmsg(handle)), path: path, operation: "sqlite3_prepare_v3")
+                code: result, message: String(cString: sqlite3_errmsg(handle)), path: path, operation: "sqlite3_prepare_v3",
+                systemError: sqlite3_system_errno(handle))
         }
         let statement = Statement(raw, database: self)
         statements[StatementKey(sql)] = statement
@@ -279,6 +283,18 @@ package final class Database {
         _ = sqlite3_wal_checkpoint_v2(handle, nil, SQLITE_CHECKPOINT_TRUNCATE, nil, nil)
     }
 
+    /// Moves the whole write-ahead log into the file and empties the log, or throws: for a file
+    /// about to be closed and renamed, which must not leave part of itself behind in its log.
+    package func moveWriteAheadLogIntoFile() throws(LockboxError) {
+        var frames: Int32 = -1
+        var moved: Int32 = -1
+        let result = sqlite3_wal_checkpoint_v2(handle, nil, SQLITE_CHECKPOINT_TRUNCATE, &frames, &moved)
+        guard result == SQLITE_OK else { throw lastError(result, operation: "sqlite3_wal_checkpoint_v2") }
+        guard frames == moved else {
+            throw LockboxError(.io, "The write-ahead log of \(path) could not be moved into it (another connection is reading it). Try again.")
+        }
+    }
+
     /// Turns off (or back on, at SQLite's 1,000 pages) the checkpoint a commit runs when the
     /// write-ahead log has grown past its limit; ``checkpointWriteAheadLog()`` then moves it.
     package func setAutomaticCheckpoint(_ isOn: Bool) {
@@ -318,22 +334,34 @@ package final class Database {
     }
 
     fileprivate func lastError(_ code: Int32, operation: String) -> LockboxError {
-        Database.error(code: code, message: String(cString: sqlite3_errmsg(handle)), path: path, operation: operation)
+        Database.error(
+            code: code, message: String(cString: sqlite3_errmsg(handle)), path: path, operation: operation,
+            systemError: sqlite3_system_errno(handle))
     }
 
     /// Maps SQLite's result codes to Lockbox's, keeping the extended result code as the
     /// error's cause. The message never includes bound values (SQLite's own messages name
     /// tables, columns and constraints, never values).
-    static func error(code: Int32, message: String, path: String, operation: String) -> LockboxError {
-        let error = mappedError(code: code, message: message, path: path)
+    /// - Parameter systemError: the `errno` of SQLite's last failed system call on the
+    ///   connection (`sqlite3_system_errno`), when known: a file that cannot be opened because
+    ///   the process has too many open is said to be so, not to have wrong permissions.
+    static func error(code: Int32, message: String, path: String, operation: String, systemError: Int32 = 0) -> LockboxError {
+        let error = mappedError(code: code, message: message, path: path, systemError: systemError)
         return LockboxError(error.code, error.message, cause: .sqlite(operation, extendedCode: code))
     }
 
-    private static func mappedError(code: Int32, message: String, path: String) -> LockboxError {
+    private static func mappedError(code: Int32, message: String, path: String, systemError: Int32) -> LockboxError {
+        // Whatever SQLite made of it: the process (or the system) ran out of file descriptors.
+        if code & 0xff == SQLITE_CANTOPEN || code & 0xff == SQLITE_IOERR, systemError == EMFILE || systemError == ENFILE {
+            return LockboxError(
+                .io,
+                "Too many files are open (\(systemError == EMFILE ? "this process's limit, `ulimit -n`" : "the system's limit")) "
+                    + "to use \(path). Raise the limit or close other programs, then try again; that file was not changed.")
+        }
         // The shared-memory file (-shm) could not grow, which even a read may need: a full disk.
         if code == SQLITE_IOERR | (19 << 8) {
             return LockboxError(
-                .io, "The disk holding \(path) is full (its shared-memory file cannot grow). Free space, then try again; nothing was changed.")
+                .io, "The disk holding \(path) is full (its shared-memory file cannot grow). Free space, then try again; that file was not changed.")
         }
         switch code & 0xff {
         case SQLITE_BUSY, SQLITE_LOCKED:
@@ -341,9 +369,9 @@ package final class Database {
                 .io,
                 "The keychain at \(path) is busy: another process kept it locked past the timeout. Try again.")
         case SQLITE_FULL:
-            return LockboxError(.io, "The disk holding \(path) is full. Free space, then try again; nothing was changed.")
+            return LockboxError(.io, "The disk holding \(path) is full. Free space, then try again; that file was not changed.")
         case SQLITE_IOERR:
-            return LockboxError(.io, "Reading or writing \(path) failed (I/O error). Check the disk; nothing was changed.")
+            return LockboxError(.io, "Reading or writing \(path) failed (I/O error). Check the disk; that file was not changed.")
         case SQLITE_CORRUPT, SQLITE_NOTADB:
             return LockboxError.integrity("The keychain file \(path)")
         case SQLITE_READONLY, SQLITE_PERM, SQLITE_AUTH:
