@@ -66,7 +66,7 @@ package enum SyncFiles {
     package static func directory(vault path: String) -> String { path + ".sync" }
 
     /// What ``readDeviceRecord(_:limit:)`` found.
-    enum DeviceRecord {
+    package enum DeviceRecord {
         /// No file.
         case absent
         /// The file's bytes (empty for an empty file).
@@ -84,9 +84,10 @@ package enum SyncFiles {
         return (directory == "/" ? "" : directory) + "/sync/" + group + "-" + device.id + "." + kind
     }
 
-    /// Reads such a record, at most `limit` bytes: only a regular file, without following a
-    /// link, and without blocking (a FIFO planted there hung every sync).
-    static func readDeviceRecord(_ path: String, limit: Int) -> DeviceRecord {
+    /// Reads such a record (or the sync configuration beside the keychain), at most `limit`
+    /// bytes: only a regular file, without following a link, and without blocking (a FIFO
+    /// planted there hung every sync).
+    package static func readDeviceRecord(_ path: String, limit: Int) -> DeviceRecord {
         let descriptor = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
         guard descriptor >= 0 else { return errno == ENOENT ? .absent : .unreadable }
         defer { close(descriptor) }

@@ -36,49 +36,68 @@ extension SyncGroup {
     /// What a field's two boxes are bound to: the group, the session, the field, which box, the
     /// key epoch and (from format 2) the field's version, so that no sealed field passes for
     /// another, or for another version of itself.
-    private func fleetAssociatedData(session: String, field: FleetField, part: Int, epoch: Int64, version: Int64?) -> [UInt8] {
+    private func fleetAssociatedData(
+        session: String, field: FleetField, part: Int, epoch: Int64, version: Int64?, refreshVersion: Int64? = nil
+    ) -> [UInt8] {
         var encoder = FieldEncoder()
-        encoder.string(version == nil ? "lockbox.fleet.v1" : "lockbox.fleet.v2")
+        encoder.string(version == nil ? "lockbox.fleet.v1" : refreshVersion == nil ? "lockbox.fleet.v2" : "lockbox.fleet.v3")
         encoder.string(groupID)
         encoder.string(session)
         encoder.string(field.rawValue)
         encoder.integer(part)
         encoder.integer(Int(epoch))
         if let version { encoder.integer(Int(version)) }
+        if let refreshVersion { encoder.integer(Int(refreshVersion)) }
         return encoder.bytes
     }
 
     /// Seals a secret and its (non-secret) details for one field of a session, at `version`.
-    func sealFleet(_ secret: SecretBytes, details: [UInt8], session: String, field: FleetField, version: Int64, keys: SyncKeys) -> [UInt8] {
+    /// An access token also carries, sealed with it, the version of the refresh token the row
+    /// held when it was stored (format 3): every machine that reads the access token, which all
+    /// do at every call, learns how far the refresh token has gone, not only the machine that
+    /// last refreshed (``readFleetTimed(_:session:field:caughtUp:)``).
+    func sealFleet(
+        _ secret: SecretBytes, details: [UInt8], session: String, field: FleetField, version: Int64, refreshVersion: Int64? = nil,
+        keys: SyncKeys
+    ) -> [UInt8] {
+        func data(_ part: Int) -> [UInt8] {
+            fleetAssociatedData(session: session, field: field, part: part, epoch: keys.epoch, version: version, refreshVersion: refreshVersion)
+        }
         var encoder = FieldEncoder()
-        encoder.bytes(
-            Crypto.seal(details, key: keys.fleet, associatedData: fleetAssociatedData(session: session, field: field, part: 0, epoch: keys.epoch, version: version)))
-        encoder.bytes(
-            Crypto.seal(secret, key: keys.fleet, associatedData: fleetAssociatedData(session: session, field: field, part: 1, epoch: keys.epoch, version: version)))
+        encoder.bytes(Crypto.seal(details, key: keys.fleet, associatedData: data(0)))
+        encoder.bytes(Crypto.seal(secret, key: keys.fleet, associatedData: data(1)))
         encoder.integer(Int(version))
+        if let refreshVersion { encoder.integer(Int(refreshVersion)) }
         return encoder.bytes
     }
 
     /// Opens a sealed field: its secret, details and version (0 for a field of the first
-    /// format, which had none).
+    /// format, which had none), and for an access token of format 3 the refresh token's version
+    /// it was stored beside.
     func openFleet(_ sealed: [UInt8], session: String, field: FleetField, keys: SyncKeys) throws(LockboxError) -> (
-        secret: SecretBytes, details: [UInt8], version: Int64
+        secret: SecretBytes, details: [UInt8], version: Int64, refreshVersion: Int64?
     ) {
         let failure = LockboxError.syncDatabase("A fleet session in the sync database")
         var decoder = FieldDecoder(sealed)
         guard let detailsBox = try? decoder.bytes(), let secretBox = try? decoder.bytes() else { throw failure }
         var version: Int64?
+        var refreshVersion: Int64?
         if !decoder.isAtEnd {
-            guard let number = try? decoder.integer(), number > 0, decoder.isAtEnd else { throw failure }
+            guard let number = try? decoder.integer(), number > 0 else { throw failure }
             version = Int64(number)
+            if !decoder.isAtEnd {
+                guard field == .accessToken, let refresh = try? decoder.integer(), refresh >= 0 else { throw failure }
+                refreshVersion = Int64(refresh)
+            }
+            guard decoder.isAtEnd else { throw failure }
         }
-        guard
-            let details = try? Crypto.openBytes(
-                detailsBox, key: keys.fleet, associatedData: fleetAssociatedData(session: session, field: field, part: 0, epoch: keys.epoch, version: version)),
-            let secret = try? Crypto.open(
-                secretBox, key: keys.fleet, associatedData: fleetAssociatedData(session: session, field: field, part: 1, epoch: keys.epoch, version: version))
+        func data(_ part: Int) -> [UInt8] {
+            fleetAssociatedData(session: session, field: field, part: part, epoch: keys.epoch, version: version, refreshVersion: refreshVersion)
+        }
+        guard let details = try? Crypto.openBytes(detailsBox, key: keys.fleet, associatedData: data(0)),
+            let secret = try? Crypto.open(secretBox, key: keys.fleet, associatedData: data(1))
         else { throw failure }
-        return (secret, details, version ?? 0)
+        return (secret, details, version ?? 0, refreshVersion)
     }
 
     /// This machine's marks of the versions it saw (``FleetMarks``).
@@ -113,7 +132,7 @@ extension SyncGroup {
             return nil
         }
         let databaseTime = try PostgresConnection.integer(row[1])
-        let opened: (secret: SecretBytes, details: [UInt8], version: Int64)
+        let opened: (secret: SecretBytes, details: [UInt8], version: Int64, refreshVersion: Int64?)
         do {
             opened = try openFleet(try PostgresConnection.bytes(value), session: session, field: field, keys: keys)
         } catch where error.code == .decode && !caughtUp {
@@ -124,6 +143,12 @@ extension SyncGroup {
         }
         if let mark, opened.version < mark { throw fleetMarks.replayed() }
         fleetMarks.raise(session: session, field: field, to: opened.version)
+        // The refresh token this access token was stored beside: one older put back is refused
+        // on this machine too, though it has not refreshed since (before, only the machine that
+        // had last read the refresh token could tell).
+        if let refreshVersion = opened.refreshVersion, refreshVersion > 0 {
+            fleetMarks.raise(session: session, field: .refreshToken, to: refreshVersion)
+        }
         return (opened.secret, opened.details, databaseTime)
     }
 
@@ -156,14 +181,24 @@ extension SyncGroup {
                 }
                 guard try PostgresConnection.integer(epoch[0]) == keys.epoch else { return nil }
                 let rows = try connection.execute(
-                    "SELECT version FROM lockbox_fleet_sessions WHERE group_id = $1 AND session_id = $2 FOR UPDATE", [.text(groupID), .text(session)])
+                    "SELECT version, refresh_token FROM lockbox_fleet_sessions WHERE group_id = $1 AND session_id = $2 FOR UPDATE",
+                    [.text(groupID), .text(session)])
                 // Past the row's version, and at least the database's time in milliseconds: a
                 // row deleted (by the administrator, or a Lockbox of the first format signing
                 // out) and written again does not start over below what the machines saw of it.
                 let previous = try rows.first.map { row throws(LockboxError) in try PostgresConnection.integer(row[0]) } ?? 0
                 let version = max(try SyncHead.version(after: previous), try PostgresConnection.integer(epoch[1]), try SyncHead.version(after: seen))
+                // An access token carries the version of the refresh token beside it, as opened
+                // (one that does not open vouches for nothing: none is carried).
+                var refreshVersion: Int64?
+                if field == .accessToken, let stored = rows.first?[1] {
+                    refreshVersion =
+                        (try? openFleet(try PostgresConnection.bytes(stored), session: session, field: .refreshToken, keys: keys))?.version
+                }
                 let value: PostgresConnection.Value =
-                    secret.map { .bytes(sealFleet($0, details: details, session: session, field: field, version: version, keys: keys)) } ?? .null
+                    secret.map {
+                        .bytes(sealFleet($0, details: details, session: session, field: field, version: version, refreshVersion: refreshVersion, keys: keys))
+                    } ?? .null
                 try connection.execute(
                     """
                     INSERT INTO lockbox_fleet_sessions (group_id, session_id, version, \(field.rawValue)) VALUES ($1, $2, $3, $4)
@@ -181,6 +216,11 @@ extension SyncGroup {
         }
         throw LockboxError(.io, "The sync group's key kept changing while a fleet token was stored (devices being removed). Try again.")
     }
+
+    /// The versions a refresh needs left below the largest before it presents its token: a
+    /// version is at least the database's time in milliseconds, so this is room for a few
+    /// million years of writes, and only a row edited to near the largest lacks it.
+    static let fleetVersionRoom: Int64 = 1 << 62
 
     /// The database's time in milliseconds, which fleet versions are at least (``writeFleet``).
     static let fleetClock = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
@@ -258,15 +298,30 @@ extension SyncGroup {
     ///   may be presented.
     package func markRefreshInFlight(_ connection: PostgresConnection, session: String, for limit: Duration) throws(LockboxError) {
         let milliseconds = limit.components.seconds * 1000 + limit.components.attoseconds / 1_000_000_000_000_000
+        // The rotated token must be storable once the server has it: a row whose version leaves
+        // no room for the two writes that follow (the refresh token's, the access token's) would
+        // fail them after the token was presented, and the next machine would present the used-up
+        // one (refused here instead, before anything is sent).
+        let lost = LockboxError(
+            .notAvailable,
+            "The fleet's refresh lock was lost (its connection to the sync database ended) before the refresh token was "
+                + "presented; nothing was sent. Try again.")
+        let version: [[String?]]
+        do {
+            version = try connection.execute(
+                "SELECT version FROM lockbox_fleet_sessions WHERE group_id = $1 AND session_id = $2", [.text(groupID), .text(session)])
+        } catch {
+            throw lost
+        }
+        if let row = version.first, try PostgresConnection.integer(row[0]) >= Int64.max - Self.fleetVersionRoom {
+            throw LockboxError.syncDatabase("A fleet session's version in the sync database")
+        }
         do {
             try connection.execute(
                 "UPDATE lockbox_fleet_sessions SET refresh_in_flight_until = \(Self.fleetClock) + $3 WHERE group_id = $1 AND session_id = $2",
                 [.text(groupID), .text(session), .integer(milliseconds)])
         } catch {
-            throw LockboxError(
-                .notAvailable,
-                "The fleet's refresh lock was lost (its connection to the sync database ended) before the refresh token was "
-                    + "presented; nothing was sent. Try again.")
+            throw lost
         }
     }
 
@@ -284,8 +339,13 @@ extension SyncGroup {
     func awaitRefreshInFlight(_ connection: PostgresConnection, session: String) throws(LockboxError) {
         let start = ContinuousClock.now
         while ContinuousClock.now - start < Self.longestRefreshInFlight {
+            // Clamped in SQL: an edited record of any value (the smallest bigint, say) cannot make
+            // the subtraction overflow, which failed every refresh until a sign-in.
             let rows = try connection.execute(
-                "SELECT refresh_in_flight_until - \(Self.fleetClock) FROM lockbox_fleet_sessions WHERE group_id = $1 AND session_id = $2",
+                """
+                SELECT LEAST(GREATEST(refresh_in_flight_until, now_ms), now_ms + 600000) - now_ms
+                FROM lockbox_fleet_sessions, (SELECT \(Self.fleetClock) AS now_ms) AS clock WHERE group_id = $1 AND session_id = $2
+                """,
                 [.text(groupID), .text(session)])
             guard let row = rows.first, let left = row[0], let milliseconds = Int64(left), milliseconds > 0 else { return }
             usleep(useconds_t(min(milliseconds, 100) * 1000))
@@ -328,17 +388,19 @@ extension SyncGroup {
                 if let value = row[index + 1] {
                     // The field keeps its version: the new epoch's key is what makes the old
                     // ciphertext useless to put back.
-                    let opened: (secret: SecretBytes, details: [UInt8], version: Int64)
+                    let opened: (secret: SecretBytes, details: [UInt8], version: Int64, refreshVersion: Int64?)
                     do throws(LockboxError) {
-                        let sealed = try openFleet(try PostgresConnection.bytes(value), session: session, field: field, keys: old)
-                        opened = (sealed.secret, sealed.details, sealed.version)
+                        opened = try openFleet(try PostgresConnection.bytes(value), session: session, field: field, keys: old)
                     } catch where error.code == .decode {
                         values.append(.null)
                         cleared += 1
                         continue
                     }
                     values.append(
-                        .bytes(sealFleet(opened.secret, details: opened.details, session: session, field: field, version: max(opened.version, 1), keys: new)))
+                        .bytes(
+                            sealFleet(
+                                opened.secret, details: opened.details, session: session, field: field, version: max(opened.version, 1),
+                                refreshVersion: opened.refreshVersion, keys: new)))
                 } else {
                     values.append(.null)
                 }

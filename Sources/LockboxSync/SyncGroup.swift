@@ -4,6 +4,10 @@ import LockboxVault
 import Synchronization
 import VaultCrypto
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// A vault's membership of a sync group: synchronizable items, end-to-end encrypted, through a
 /// PostgreSQL database (docs/SYNC.md).
 ///
@@ -324,6 +328,17 @@ public final class SyncGroup: Sendable {
         do {
             item = try vault.item(matching: query)
         } catch where error.code == .itemNotFound {
+            // A state of the group beside the keychain: it did join, and its key is there, bound
+            // to the device key of the environment that joined (ThisDeviceOnly), which this
+            // process does not use.
+            if access(SyncState.path(vault: vault.path, groupID: groupID), F_OK) == 0 {
+                throw LockboxError(
+                    .itemNotFound,
+                    "This keychain joined the sync group \(groupID), but this process cannot see the group's key: it is bound to the "
+                        + "device key of the environment that joined, and this process uses another device key file (another XDG_STATE_HOME or "
+                        + "HOME, as a sandboxed or service environment may set). "
+                        + "Sync from that environment; joining again from this one would make this keychain a second device of the group.")
+            }
             throw LockboxError(.itemNotFound, "This keychain has not joined the sync group \(groupID). Join it with a pairing code or the group passphrase.")
         }
         guard let secrets = item.data, secrets.count == 2 * Crypto.keyByteCount, let generic = item.attributes.generic,

@@ -211,18 +211,23 @@ struct SyncConfiguration {
 
     static func load(vault: Vault) throws(LockboxError) -> SyncConfiguration {
         let path = path(vault: vault)
-        guard let data = FileManager.default.contents(atPath: path) else {
+        // Only a regular file, not through a link, and no larger than a configuration is (a
+        // connection string is short): read as the sync's other files are.
+        let data: [UInt8]
+        switch SyncFiles.readDeviceRecord(path, limit: 64 * 1024) {
+        case .absent:
             // Only a configuration that is not there means no group: one this user cannot read
             // (or a directory in its place) is reported as it is, not as "in no group", which
             // would send the user to make a new one.
-            var info = stat()
-            if stat(path, &info) != 0 && errno == ENOENT {
-                throw LockboxError(.itemNotFound, "This keychain is in no sync group. Create one with `lockbox sync create` or join one with `lockbox sync join`.")
-            }
+            throw LockboxError(.itemNotFound, "This keychain is in no sync group. Create one with `lockbox sync create` or join one with `lockbox sync join`.")
+        case .unreadable:
             throw LockboxError(
                 .io,
-                "Cannot read the sync configuration \(path) (its permissions or its directory's, or not a file). Give the file and its "
-                    + "directory back to this user (chown; mode 0600 for the file, 0700 for the directory), then try again.")
+                "Cannot read the sync configuration \(path) (its permissions or its directory's, not a regular file, a link, or "
+                    + "over 64 KiB). Give the file and its directory back to this user (chown; mode 0600 for the file, 0700 for the "
+                    + "directory), or remove what is in its place and join again, then try again.")
+        case .bytes(let bytes):
+            data = bytes
         }
         try? SyncFiles.narrowIfPresent(path)
         var fields: [String: String] = [:]

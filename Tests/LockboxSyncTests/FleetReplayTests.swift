@@ -80,6 +80,72 @@ extension SyncTests {
         #expect(mode == 0o600)
     }
 
+    @Test("A refresh token put back after another machine rotated past it is refused by a machine that only read the access token since, as by the machine that rotated")
+    func refreshTokenPutBackIsRefusedByAReaderOfTheAccessToken() throws {
+        let (groups, machines) = try threeMachines()
+        defer { withExtendedLifetime(machines) {} }
+        let database = try PostgresConnection(try testDatabase())
+        let group = groups[0].groupID
+        let session = groups[0].fleetSessionID("account-1")
+        func column(_ name: String) throws -> String? {
+            try database.execute(
+                "SELECT \(name) FROM lockbox_fleet_sessions WHERE group_id = $1 AND session_id = $2", [.text(group), .text(session)]
+            ).first?[0] ?? nil
+        }
+        // Machine 1 refreshes: its rotated token, then the access token beside it.
+        try groups[1].writeFleet(try groups[1].fleetConnection(), session: session, field: .refreshToken, secret: SecretBytes(utf8: "refresh-1"))
+        try groups[1].writeFleet(
+            try groups[1].fleetConnection(), session: session, field: .accessToken, secret: SecretBytes(utf8: "access-1"), details: [])
+        let machineOnesToken = try column("refresh_token")
+        // Machine 0 refreshes later, rotating past it.
+        try groups[0].writeFleet(try groups[0].fleetConnection(), session: session, field: .refreshToken, secret: SecretBytes(utf8: "refresh-2"))
+        try groups[0].writeFleet(
+            try groups[0].fleetConnection(), session: session, field: .accessToken, secret: SecretBytes(utf8: "access-2"), details: [])
+        // Machine 1 reads the shared access token (as every call does), never the refresh token.
+        #expect(try text(groups[1].readFleet(try groups[1].fleetConnection(), session: session, field: .accessToken)) == "access-2")
+        // Its own last refresh token put back: before, machine 1 took it for current and
+        // presented it, which the server answers by revoking the session everywhere.
+        try database.execute(
+            "UPDATE lockbox_fleet_sessions SET refresh_token = $3::bytea WHERE group_id = $1 AND session_id = $2",
+            [.text(group), .text(session), machineOnesToken.map { .text($0) } ?? .null])
+        let replayed = #expect(throws: LockboxError.self) {
+            try groups[1].readFleet(try groups[1].fleetConnection(), session: session, field: .refreshToken)
+        }
+        #expect(replayed?.code == .decode && replayed?.message.contains("older") == true, "\(String(describing: replayed))")
+        // The access token's record of the refresh token is sealed with it: moved to another
+        // access token, or cut off, it does not open.
+        let access = try #require(try column("access_token"))
+        try database.execute(
+            "UPDATE lockbox_fleet_sessions SET access_token = substring($3::bytea from 1 for length($3::bytea) - 9) WHERE group_id = $1 AND session_id = $2",
+            [.text(group), .text(session), .text(access)])
+        #expect(throws: LockboxError.self) { try groups[2].readFleet(try groups[2].fleetConnection(), session: session, field: .accessToken) }
+    }
+
+    @Test("A fleet session whose row's version was moved to near the largest is refused before a refresh presents anything; a record of a refresh in flight of any value is waited out for at most its cap")
+    func editedVersionAndRecordAreRefusedOrCapped() throws {
+        let (groups, machines) = try threeMachines()
+        defer { withExtendedLifetime(machines) {} }
+        let database = try PostgresConnection(try testDatabase())
+        let group = groups[0].groupID
+        let session = groups[0].fleetSessionID("account-1")
+        try groups[0].writeFleet(try groups[0].fleetConnection(), session: session, field: .refreshToken, secret: SecretBytes(utf8: "refresh-1"))
+        // The smallest bigint as the record: waited out at once (it has ended), no overflow.
+        try database.execute(
+            "UPDATE lockbox_fleet_sessions SET refresh_in_flight_until = -9223372036854775808 WHERE group_id = $1 AND session_id = $2",
+            [.text(group), .text(session)])
+        let start = ContinuousClock.now
+        try groups[1].awaitRefreshInFlight(try groups[1].fleetConnection(), session: session)
+        #expect(ContinuousClock.now - start < .seconds(5))
+        // The version at the largest: the refresh is refused before the token is presented.
+        try database.execute(
+            "UPDATE lockbox_fleet_sessions SET version = 9223372036854775807 WHERE group_id = $1 AND session_id = $2",
+            [.text(group), .text(session)])
+        let refused = #expect(throws: LockboxError.self) {
+            try groups[1].markRefreshInFlight(try groups[1].fleetConnection(), session: session, for: .seconds(10))
+        }
+        #expect(refused?.code == .decode, "\(String(describing: refused))")
+    }
+
     @Test("Threads of one machine storing and reading a session's tokens at once: no token taken for a replay, no failed store")
     func fleetWritersAndReadersOfOneMachine() throws {
         let (groups, machines) = try threeMachines()
