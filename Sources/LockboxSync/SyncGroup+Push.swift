@@ -16,6 +16,9 @@ extension SyncGroup {
         // group does not hold unknown, for this push to read and write as new.
         var scan = try vault.synchronizableChanges(since: state.generation, listingAll: state.cursor == 0 && state.generation > 0)
         if scan.isUnchanged { return (scan.generation, [], [:]) }
+        // The keychain's generation only grows: one below the state's is an older copy of the
+        // file, put back and accepted (`lockbox verify --accept-older`).
+        if scan.generation < state.generation { throw keychainOlderThanState() }
         var unknown = 0
         for reference in scan.changed where try state.row(reference) == nil { unknown += 1 }
         var toRead = scan.changed
@@ -30,6 +33,18 @@ extension SyncGroup {
             toRead = scan.changed + present.filter { known[$0] == nil && !changed.contains($0) }
         }
         return (scan.generation, toRead, gone)
+    }
+
+    /// The error of a sync whose keychain is older than its state recorded: its rows would be
+    /// taken for new writes, bringing back on every device what was deleted or changed since.
+    func keychainOlderThanState() -> LockboxError {
+        LockboxError(
+            .decode,
+            "This keychain is older than what its sync state recorded: the file was put back from a copy or a backup (and "
+                + "accepted with `lockbox verify --accept-older`). Syncing it as it is would send items deleted or changed "
+                + "since as new writes, to every device, so nothing was synced. Run `lockbox sync reset`: for the items the "
+                + "group holds, its versions replace this keychain's (one deleted since is deleted again), and the items only "
+                + "this keychain holds are sent.")
     }
 
     /// Rows read and pushed per database transaction: bounds the values held in guarded memory.

@@ -79,6 +79,9 @@ extension SyncGroup {
         if mark != .damaged {
             do { try checkNotBehind(mark, state: state) } catch { return (state.cursor, false) }
         }
+        // A keychain put back from an older copy: the state is not behind, the keychain is; the
+        // reset gives the group's versions precedence, as the sync's error says.
+        if try vault.synchronizableChanges(since: Int.max).generation < state.generation { return (state.cursor, false) }
         do { _ = try state.allEntries() } catch { return (state.cursor, true) }
         let pending: Int
         do {

@@ -634,9 +634,19 @@ public final class SyncGroup: Sendable {
         if !pushed.isEmpty {
             guard let connection else { return }
             let keys = self.keys
-            for row in try records(
-                connection, "item_id = ANY($2::text[])", [.texts(Array(pushed.keys))], atMost: Int64(pushed.count), tooMany: .syncDatabase())
-            {
+            // The stopped push's transaction may still be committing (its COMMIT sent before the
+            // process died: the server completes it all the same). It holds the group row until
+            // it ends, so the records are read under a shared lock of that row: after it
+            // committed or rolled back, never before. Before, a listing read too early was
+            // dropped, a later delete of the item was not pushed, and the record that landed
+            // then brought the item back on every device.
+            let rows = try connection.transaction { () throws(LockboxError) -> [[[UInt8]?]] in
+                guard try !connection.execute("SELECT 1 FROM lockbox_sync_groups WHERE group_id = $1 FOR SHARE", [.text(groupID)]).isEmpty
+                else { throw groupGone() }
+                return try records(
+                    connection, "item_id = ANY($2::text[])", [.texts(Array(pushed.keys))], atMost: Int64(pushed.count), tooMany: .syncDatabase())
+            }
+            for row in rows {
                 guard let id = row[0].map({ String(decoding: $0, as: UTF8.self) }), let payload = row[2] else { throw LockboxError.syncDatabase() }
                 let record = try SyncRecord.open(payload, group: groupID, itemID: id, version: try PostgresConnection.integer(binary: row[1]), keys: keys)
                 // The listed record, or a later one (which replaced it, or which it would have lost to).

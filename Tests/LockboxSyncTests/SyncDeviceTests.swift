@@ -333,6 +333,107 @@ extension SyncTests {
 }
 
 extension SyncTests {
+    @Test("A sync killed while the server still commits its push: the next sync waits for that commit before it settles the push's listing, so a delete made meanwhile is pushed and the item does not come back")
+    func syncKilledDuringItsCommitDoesNotBringBackADelete() throws {
+        let database = try testDatabase()
+        let (groups, machines) = try threeMachines()
+        defer { withExtendedLifetime(machines) {} }
+        try machines[0].add("first.example", "user", "first")
+        for group in groups { try group.sync() }
+        // Commits of records take 3 s at the server (a deferred trigger), as on a loaded server
+        // or with a synchronous standby.
+        let admin = try PostgresConnection(database)
+        try admin.execute("CREATE TABLE lockbox_test_slow_commit (ms integer)")
+        try admin.execute(
+            """
+            CREATE FUNCTION lockbox_test_sleepy() RETURNS trigger LANGUAGE plpgsql AS $$
+            DECLARE d integer; BEGIN SELECT ms INTO d FROM lockbox_test_slow_commit LIMIT 1;
+            IF d IS NOT NULL THEN PERFORM pg_sleep(d / 1000.0); END IF; RETURN NULL; END $$
+            """)
+        try admin.execute(
+            """
+            CREATE CONSTRAINT TRIGGER lockbox_test_slow AFTER INSERT OR UPDATE ON lockbox_sync_items
+            DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION lockbox_test_sleepy()
+            """)
+        defer {
+            _ = try? admin.execute("DROP TRIGGER lockbox_test_slow ON lockbox_sync_items")
+            _ = try? admin.execute("DROP FUNCTION lockbox_test_sleepy()")
+            _ = try? admin.execute("DROP TABLE lockbox_test_slow_commit")
+        }
+        try admin.execute("INSERT INTO lockbox_test_slow_commit VALUES (3000)")
+        try machines[0].add("slow.example", "user", "slow-1")
+        try SyncCLI.configure(machines[0], group: groups[0].groupID, database: database)
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: builtProduct("lockbox"))
+        process.arguments = ["--keychain", machines[0].vault.path, "sync", "now"]
+        process.environment = SyncCLI.environment(machines[0])
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        // Killed once its COMMIT is at the server (sleeping in the trigger).
+        var committing = false
+        for _ in 0..<200 where !committing {
+            usleep(50_000)
+            committing = try !admin.execute("SELECT 1 FROM pg_stat_activity WHERE wait_event = 'PgSleep'").isEmpty
+        }
+        kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+        try #require(committing, "the sync never reached its commit")
+        try admin.execute("UPDATE lockbox_test_slow_commit SET ms = 0")
+        // Deleted while that commit still runs; the next sync pushes the delete.
+        try machines[0].delete("slow.example", "user")
+        try groups[0].sync()
+        usleep(3_500_000)
+        for group in groups { try group.sync() }
+        for machine in machines {
+            #expect(try machine.value("slow.example", "user") == nil, "the deleted item came back")
+        }
+        #expect(try machines[1].value("first.example", "user") == "first")
+    }
+
+    @Test("A keychain put back from an older copy and accepted is not synced as it is (its items deleted since would come back everywhere): the sync says so, and the reset it names gives the group's versions precedence")
+    func olderKeychainAcceptedIsNotSyncedAsItIs() throws {
+        let database = try testDatabase()
+        let (groups, machines) = try threeMachines()
+        defer { withExtendedLifetime(machines) {} }
+        let machine = machines[2]
+        try machine.add("one.example", "user", "one")
+        try machine.add("nl.example", "user", "nl-1")
+        for group in groups { try group.sync() }
+        try machine.vault.withDatabase { database throws(LockboxError) in database.truncateWriteAheadLog() }
+        let path = machine.vault.path
+        let copy = machine.directory.file("older-copy.lockbox")
+        try FileManager.default.copyItem(atPath: path, toPath: copy)
+        tick()
+        try machine.delete("one.example", "user")
+        try machine.set("nl.example", "user", "nl-2")
+        try groups[2].sync()
+        try groups[0].sync()
+        #expect(try machines[0].value("one.example", "user") == nil)
+        // The older file put back (its log gone) and accepted, as after restoring a file backup.
+        for suffix in ["-wal", "-shm"] { try? FileManager.default.removeItem(atPath: path + suffix) }
+        #expect(rename(copy, path) == 0)
+        try SyncCLI.configure(machine, group: groups[0].groupID, database: database)
+        let accepted = try SyncCLI.run(machine, ["verify", "--accept-older"])
+        #expect(accepted.status == 0, "\(accepted.standardError)")
+        let refused = try SyncCLI.run(machine, ["sync", "now"])
+        #expect(refused.status != 0)
+        #expect(refused.standardError.contains("older than what its sync state recorded"), "\(refused.standardError)")
+        #expect(refused.standardError.contains("lockbox sync reset"))
+        // Nothing reached the group: the item deleted there stays deleted.
+        try groups[0].sync()
+        #expect(try machines[0].value("one.example", "user") == nil)
+        // The reset: the group's versions replace the keychain's, the deleted item is deleted again.
+        let reset = try SyncCLI.run(machine, ["sync", "reset"])
+        #expect(reset.status == 0, "\(reset.standardError)")
+        #expect(try SyncCLI.run(machine, ["find-generic-password", "-s", "one.example", "-a", "user", "-w"]).status == 44)
+        let kept = try SyncCLI.run(machine, ["find-generic-password", "-s", "nl.example", "-a", "user", "-w"])
+        #expect(kept.standardOutput == "nl-2\n", "\(kept.standardOutput) \(kept.standardError)")
+        try groups[0].sync()
+        #expect(try machines[0].value("one.example", "user") == nil)
+        #expect(try machines[0].value("nl.example", "user") == "nl-2")
+    }
+
     @Test("A removal that commits in the database but cannot be recorded here (a full disk) is reported as done, with that failure; the next sync takes the new key")
     func removalUnrecordedHereIsReportedAsDone() throws {
         let (groups, machines) = try threeMachines()
