@@ -176,15 +176,18 @@ package enum Help {
         case "generate-key":
             return """
                 usage: lockbox [--keychain PATH] generate-key --tag TAG [--label LABEL] [--algorithm ALG]
-                       [--purpose PURPOSES] [--hardware] [--accessibility CLASS] [--json]
+                       [--purpose PURPOSES] [--hardware] [--accessibility CLASS] [--synchronizable] [--json]
 
                 Makes a key and prints its public half (PEM). The private key never leaves
                 Lockbox: no command prints it, and backups leave it out.
-                  --algorithm    p256 (default), ed25519, x25519, aes256GCM
-                  --purpose      sign, verify, encrypt, decrypt, key-agreement (comma-separated;
-                                 default: all the algorithm can have)
-                  --hardware     make a P-256 sign/verify key inside the TPM 2.0; fails when
-                                 there is none (never a software key instead)
+                  --algorithm       p256 (default), ed25519, x25519, aes256GCM
+                  --purpose         sign, verify, encrypt, decrypt, key-agreement (comma-separated;
+                                    default: all the algorithm can have)
+                  --hardware        make a P-256 sign/verify key inside the TPM 2.0; fails when
+                                    there is none (never a software key instead)
+                  --synchronizable  the key goes, sealed end to end, to the other devices of this
+                                    keychain's sync group (`lockbox sync`); a software key with an
+                                    accessibility without ThisDeviceOnly only
                 """
         case "sign":
             return """

@@ -117,6 +117,8 @@ package struct KeyOptions {
     package var hardware = false
     /// `--accessibility` (generate-key).
     package var accessibility: Accessibility?
+    /// `--synchronizable` (generate-key): the key syncs to the keychain's sync group.
+    package var synchronizable = false
     /// `--format` (public-key): pem (default), der, x963, openssh.
     package var format = "pem"
     /// `--raw` (sign): write the signature's bytes instead of a base64 line.
@@ -304,6 +306,7 @@ package enum Parser {
                 case "--purpose" where verb == "generate-key":
                     key.purposes += try reader.value(for: option).split(separator: ",").map(String.init)
                 case "--hardware" where verb == "generate-key": key.hardware = true
+                case "--synchronizable" where verb == "generate-key": key.synchronizable = true
                 case "--accessibility" where verb == "generate-key":
                     let name = try reader.value(for: option)
                     guard let accessibility = Accessibility(rawValue: name) else {

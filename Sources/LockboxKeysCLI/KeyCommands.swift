@@ -29,6 +29,7 @@ struct KeyCommands {
             specification.applicationTag = Data(options.tag.utf8)
             specification.label = options.label
             if let accessibility = options.accessibility { specification.accessibility = accessibility }
+            specification.isSynchronizable = options.synchronizable
             if options.hardware {
                 specification.token = .hardware
                 if options.purposes.isEmpty { specification.purposes = [.sign, .verify] }
@@ -176,6 +177,10 @@ struct KeyCommands {
         guard specification.token != .hardware else {
             throw LockboxError(
                 .unimplemented, "Through the broker, keys are made in software inside lockboxd; use the vault backend for a TPM key.")
+        }
+        guard !specification.isSynchronizable else {
+            throw LockboxError(
+                .unimplemented, "Keys made inside lockboxd stay in it; make a synchronizable key with the vault backend.")
         }
         let tag = specification.applicationTag ?? Data()
         let exists: Bool

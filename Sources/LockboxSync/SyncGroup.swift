@@ -328,16 +328,17 @@ public final class SyncGroup: Sendable {
         do {
             item = try vault.item(matching: query)
         } catch where error.code == .itemNotFound {
-            // A state of the group beside the keychain: it did join, and its key is there, bound
-            // to the device key of the environment that joined (ThisDeviceOnly), which this
-            // process does not use.
+            // A state of the group beside the keychain: it did join. Its key is bound to the
+            // device key of the environment that joined (ThisDeviceOnly), which this process may
+            // not use; or it was deleted (a delete with --all deletes it too).
             if access(SyncState.path(vault: vault.path, groupID: groupID), F_OK) == 0 {
                 throw LockboxError(
                     .itemNotFound,
-                    "This keychain joined the sync group \(groupID), but this process cannot see the group's key: it is bound to the "
-                        + "device key of the environment that joined, and this process uses another device key file (another XDG_STATE_HOME or "
-                        + "HOME, as a sandboxed or service environment may set). "
-                        + "Sync from that environment; joining again from this one would make this keychain a second device of the group.")
+                    "This keychain joined the sync group \(groupID), but this process finds no key of the group in it. Either this "
+                        + "process uses another device key file than the one that joined (another XDG_STATE_HOME or HOME, as a "
+                        + "sandboxed or service environment may set): sync from that environment. Or the group's key was deleted "
+                        + "from the keychain (a delete with --all deletes it too): join the group again, as a new device, and remove "
+                        + "the former one from another device of the group.")
             }
             throw LockboxError(.itemNotFound, "This keychain has not joined the sync group \(groupID). Join it with a pairing code or the group passphrase.")
         }

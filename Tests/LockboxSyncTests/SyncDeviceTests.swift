@@ -333,6 +333,28 @@ extension SyncTests {
 }
 
 extension SyncTests {
+    @Test("A key made with `lockbox generate-key --synchronizable` reaches the other devices and signs there; one made without stays here")
+    func synchronizableKeyFromTheCommandLineSyncs() throws {
+        let (groups, machines) = try threeMachines()
+        defer { withExtendedLifetime(machines) {} }
+        let made = try SyncCLI.run(machines[0], ["generate-key", "--tag", "synced-key", "--algorithm", "ed25519", "--synchronizable"])
+        #expect(made.status == 0, "\(made.standardError)")
+        let local = try SyncCLI.run(machines[0], ["generate-key", "--tag", "local-key", "--algorithm", "ed25519"])
+        #expect(local.status == 0, "\(local.standardError)")
+        for group in groups { try group.sync() }
+        let there = try SyncCLI.run(machines[1], ["public-key", "--tag", "synced-key"])
+        #expect(there.status == 0, "\(there.standardError)")
+        #expect(there.standardOutput == made.standardOutput, "another public key on the other device")
+        let signed = try SyncCLI.run(machines[1], ["sign", "--tag", "synced-key"], input: "message")
+        #expect(signed.status == 0, "\(signed.standardError)")
+        #expect(try SyncCLI.run(machines[1], ["public-key", "--tag", "local-key"]).status == 44)
+        // What cannot leave this machine is refused before anything is made.
+        let bound = try SyncCLI.run(
+            machines[0], ["generate-key", "--tag", "bound-key", "--accessibility", "whenUnlockedThisDeviceOnly", "--synchronizable"])
+        #expect(bound.status != 0 && bound.standardError.contains("ThisDeviceOnly"), "\(bound.standardError)")
+        #expect(try SyncCLI.run(machines[0], ["public-key", "--tag", "bound-key"]).status == 44)
+    }
+
     @Test("A sync killed while the server still commits its push: the next sync waits for that commit before it settles the push's listing, so a delete made meanwhile is pushed and the item does not come back")
     func syncKilledDuringItsCommitDoesNotBringBackADelete() throws {
         let database = try testDatabase()
