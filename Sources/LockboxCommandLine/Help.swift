@@ -140,22 +140,24 @@ package enum Help {
                 """
         case "find-generic-password", "find-internet-password":
             return """
-                usage: lockbox [--keychain PATH] \(verb) [-s NAME] [-a ACCOUNT] [--synchronizable] [-w [--raw] | --json]
+                usage: lockbox [--keychain PATH] \(verb) [-s NAME] [-a ACCOUNT]\(verb.hasSuffix("internet-password") ? " [-r PROTOCOL] [-P PORT] [-p PATH] [-d DOMAIN] [-t AUTHTYPE]" : "") [--synchronizable] [-w [--raw] | --json]
 
                 Finds the first matching item. Prints its attributes, or with -w only the secret
                 followed by a newline; with -w --raw only the secret's bytes, no newline.
-                --synchronizable matches only synchronizable items (otherwise both kinds).
+                --synchronizable matches only synchronizable items (otherwise both kinds).\(verb.hasSuffix("internet-password") ? "\nAn attribute not given matches any value: name the port (-P) to tell apart items\nof one server and account on different ports." : "")
                 Exit status 44 when nothing matches.
                 """
         case "delete-generic-password", "delete-internet-password":
             return """
-                usage: lockbox [--keychain PATH] \(verb) [-s NAME] [-a ACCOUNT] [--synchronizable] [--all]
+                usage: lockbox [--keychain PATH] \(verb) [-s NAME] [-a ACCOUNT]\(verb.hasSuffix("internet-password") ? " [-r PROTOCOL] [-P PORT] [-p PATH] [-d DOMAIN] [-t AUTHTYPE]" : "") [--synchronizable] [--all]
 
                 Deletes every matching item and says how many (with --synchronizable, only
-                synchronizable ones; otherwise both kinds). A delete that names no attribute
+                synchronizable ones; otherwise both kinds). An attribute not given matches any
+                value\(verb.hasSuffix("internet-password") ? " (without -P, the items of every port of the server and account)" : ""). A delete that names no attribute
                 would delete every item of the class: it is refused (status 64) unless --all is
-                given. A locked keychain deletes nothing (OSStatus -25308). Exit status 44 when
-                nothing matches.
+                given; --all also deletes the keys of a sync group this keychain is in (join it
+                again afterwards). A locked keychain deletes nothing (OSStatus -25308). Exit
+                status 44 when nothing matches.
                 """
         case "backup":
             return """
