@@ -72,6 +72,29 @@ package func writeAll(_ bytes: UnsafeRawBufferPointer, to descriptor: Int32) {
     }
 }
 
+extension ProgramArguments {
+    /// The open files a run may need at once: the keychain and its log and shared memory, a sync
+    /// state's three, lock files, sockets, and what the system libraries open for threads.
+    static let fileDescriptorsNeeded: rlim_t = 64
+
+    /// Raises the limit of open files to what a run needs, within the hard limit; false, with an
+    /// error that names `ulimit -n`, when the hard limit is below it. Under a handful of
+    /// descriptors a run failed part-way with a wrong cause ("check the permissions"), or the
+    /// system's thread library stopped the process.
+    static func ensureFileDescriptors(program: String) -> Bool {
+        var limit = rlimit()
+        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0, limit.rlim_cur < fileDescriptorsNeeded else { return true }
+        if limit.rlim_max >= fileDescriptorsNeeded {
+            limit.rlim_cur = fileDescriptorsNeeded
+            if setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 { return true }
+        }
+        StandardStreams().error(
+            "\(program): this process may open only \(limit.rlim_cur) files (`ulimit -n`); Lockbox needs \(fileDescriptorsNeeded). "
+                + "Raise the limit (`ulimit -n \(fileDescriptorsNeeded)`), then try again; nothing was read or changed.")
+        return false
+    }
+}
+
 /// The program's arguments, each checked to be UTF-8 text. Swift gives an argument that is not
 /// (a name in Latin-1, say) with its invalid bytes replaced by U+FFFD, so two different names
 /// would read as one, and a query would find, overwrite or delete another item than the one
@@ -81,6 +104,7 @@ package enum ProgramArguments {
     /// The arguments after the program's name, or nil with the error printed. The environment
     /// variables Lockbox reads are checked the same way (``ProcessEnvironment/firstVariableNotUTF8()``).
     package static func checked(program: String) -> [String]? {
+        guard ensureFileDescriptors(program: program) else { return nil }
         if let variable = ProcessEnvironment.firstVariableNotUTF8() {
             StandardStreams().error(
                 "\(program): the environment variable \(variable) is not UTF-8 text (not shown). Lockbox keeps paths and names as "

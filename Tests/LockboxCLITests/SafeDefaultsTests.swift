@@ -122,6 +122,22 @@ struct SafeDefaultsTests {
         lockAll()
     }
 
+    @Test("a limit of open files below what a run needs: raised within the hard limit, else refused with an error naming ulimit -n")
+    func fewFileDescriptors_raisedOrRefused() throws {
+        try initialize()
+        defer { lockAll() }
+        #expect(try lockbox(["add-generic-password", "-s", "fd", "-a", "a"], text: "fd-value").status == 0)
+        // The soft limit alone lowered: raised again, and the read works.
+        let soft = try run("/bin/sh", ["-c", "ulimit -S -n 10 && exec \"$0\" --keychain \"$1\" find-generic-password -s fd -a a -w", binary, keychain])
+        #expect(soft.status == 0, "\(soft.standardError)")
+        #expect(soft.standardOutput == "fd-value\n")
+        // The hard limit too: refused before anything is opened, never a crash or a wrong cause.
+        let hard = try run("/bin/sh", ["-c", "ulimit -n 13 && exec \"$0\" --keychain \"$1\" find-generic-password -s fd -a a -w", binary, keychain])
+        #expect(hard.status == 64, "\(hard.status) \(hard.standardError)")
+        #expect(hard.standardError.contains("ulimit -n"), "\(hard.standardError)")
+        #expect(!hard.standardOutput.contains("fd-value"))
+    }
+
     // MARK: Deletes
 
     @Test(
