@@ -74,8 +74,20 @@ enum Deadline {
         case cancelled
     }
 
+    /// How long the operation is still given when the deadline's timer woke up well after the
+    /// deadline (``pauseThreshold`` or more): the process was stopped meanwhile (SIGSTOP, a
+    /// paused virtual machine, heavy swapping), and an answer that arrived while it was may be
+    /// waiting in its socket. Taking the request as failed would throw away a token response
+    /// the server has already answered (for a rotated refresh token: the next request presents
+    /// the used-up one, which the server takes for reuse and revokes the session).
+    static let pausedGrace: Duration = .seconds(2)
+    static let pauseThreshold: Duration = .seconds(1)
+
+    /// - Parameter sleep: how the timer waits (a test stands in a timer woken late, as a
+    ///   stopped process's is).
     static func run<Success: Sendable>(
-        _ limit: Duration, _ operation: @escaping @Sendable () async throws -> Success
+        _ limit: Duration, sleep: @escaping @Sendable (Duration) async throws -> Void = { try await Task.sleep(for: $0) },
+        _ operation: @escaping @Sendable () async throws -> Success
     ) async -> Outcome<Success> {
         let gate = OnceContinuation<Outcome<Success>>()
         let work = Task {
@@ -87,7 +99,11 @@ enum Deadline {
         }
         let timer = Task {
             do {
-                try await Task.sleep(for: limit)
+                let start = ContinuousClock.now
+                try await sleep(limit)
+                // Woken late: the process was not running at the deadline. What the operation
+                // can finish now (an answer already received) it is given the time to.
+                if ContinuousClock.now - start >= limit + pauseThreshold { try await Task.sleep(for: pausedGrace) }
                 gate.resume(with: .expired)
             } catch {}
         }
