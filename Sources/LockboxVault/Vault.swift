@@ -305,6 +305,12 @@ public final class Vault: ItemStore, Sendable {
                 return
             }
             unlink(temporary)
+            // The new name made durable with the file it names.
+            let directoryDescriptor = Glibc.open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+            if directoryDescriptor >= 0 {
+                fsync(directoryDescriptor)
+                close(directoryDescriptor)
+            }
         } catch {
             removeTemporary()
             guard error.code != .duplicateKeychain else { throw error }
