@@ -80,8 +80,19 @@ package enum SyncFiles {
     /// seen) in the device identity's directory (`$XDG_STATE_HOME/lockbox/sync/`), beside the
     /// vault's remembered generations, not beside the keychain.
     static func deviceRecordPath(vault: Vault, group: String, device: DeviceSecret, kind: String) -> String {
+        deviceRecordPath(vault: vault, group: group, deviceID: device.id, kind: kind)
+    }
+
+    static func deviceRecordPath(vault: Vault, group: String, deviceID: String, kind: String) -> String {
         let directory = FilePermissions.directory(of: vault.configuration.device.resolvedKeyPath)
-        return (directory == "/" ? "" : directory) + "/sync/" + group + "-" + device.id + "." + kind
+        return (directory == "/" ? "" : directory) + "/sync/" + group + "-" + deviceID + "." + kind
+    }
+
+    /// Removes the records an earlier device of this keychain kept (its last pull, the devices
+    /// it saw), once a join replaced it: under a key that is gone, they serve nothing. Best effort.
+    static func removeDeviceRecords(vault: Vault, group: String, deviceID: String) {
+        guard SyncGroup.isDeviceIdentifier(deviceID) else { return }
+        for kind in ["pulled", "devices"] { unlink(deviceRecordPath(vault: vault, group: group, deviceID: deviceID, kind: kind)) }
     }
 
     /// Reads such a record (or the sync configuration beside the keychain), at most `limit`

@@ -404,6 +404,7 @@ public final class SyncGroup: Sendable {
                 throw error
             }
         }
+        if let replaced, replaced != device.id { SyncFiles.removeDeviceRecords(vault: vault, group: groupID, deviceID: replaced) }
         let group = SyncGroup(groupID: groupID, vault: vault, database: database, keys: keys, device: device, replacedDevice: replaced)
         do {
             try group.register(connection)

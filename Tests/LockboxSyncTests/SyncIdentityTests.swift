@@ -61,10 +61,14 @@ extension SyncTests {
             try machines[0].add("mail.example", "alice", "v1")
             for group in groups { try group.sync() }
             let earlier = groups[1].deviceID
+            let earlierRecords = [groups[1].pulledMark.path, groups[1].knownDevices.path]
+            #expect(FileManager.default.fileExists(atPath: earlierRecords[0]))
             let fresh = try keychainMadeAnew(machines[1])
             let joined = try SyncGroup.join(groups[0].groupID, vault: fresh, database: try testDatabase(), passphrase: groupPassphrase)
             #expect(joined.deviceID != earlier)
             #expect(joined.replacedDevice == earlier)
+            // The earlier device's own records (its last pull, the devices it saw) go with it.
+            for path in earlierRecords { #expect(!FileManager.default.fileExists(atPath: path), "\(path) was left") }
             #expect(try joined.sync().pulled == 1)
             var query = machines[1].query("mail.example", "alice")
             query.returning = [.data]
