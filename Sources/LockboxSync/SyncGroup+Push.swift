@@ -3,6 +3,10 @@ import LockboxCore
 import LockboxVault
 import VaultCrypto
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// Pushing: this vault's changes since the last sync, sealed and written above the group's
 /// head (docs/SYNC.md, "A sync").
 extension SyncGroup {
@@ -14,10 +18,12 @@ extension SyncGroup {
         // Before a state's first pull, its rows are counted even when nothing was written
         // since its generation: a rebuilt state (``resetState()``) leaves the rows of items the
         // group does not hold unknown, for this push to read and write as new.
+        // An older copy of the keychain accepted (`lockbox verify --accept-older`) leaves a mark
+        // beside it until a reset; its generation, below the state's until as many writes were
+        // made since, says so too when the mark is gone.
+        if access(Vault.olderCopyMarkerPath(vaultPath: vault.path), F_OK) == 0 { throw keychainOlderThanState() }
         var scan = try vault.synchronizableChanges(since: state.generation, listingAll: state.cursor == 0 && state.generation > 0)
         if scan.isUnchanged { return (scan.generation, [], [:]) }
-        // The keychain's generation only grows: one below the state's is an older copy of the
-        // file, put back and accepted (`lockbox verify --accept-older`).
         if scan.generation < state.generation { throw keychainOlderThanState() }
         var unknown = 0
         for reference in scan.changed where try state.row(reference) == nil { unknown += 1 }

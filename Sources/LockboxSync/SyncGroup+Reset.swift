@@ -81,6 +81,8 @@ extension SyncGroup {
         }
         // A keychain put back from an older copy: the state is not behind, the keychain is; the
         // reset gives the group's versions precedence, as the sync's error says.
+        let olderCopy = access(Vault.olderCopyMarkerPath(vaultPath: vault.path), F_OK) == 0
+        if olderCopy { return (state.cursor, false) }
         if try vault.synchronizableChanges(since: Int.max).generation < state.generation { return (state.cursor, false) }
         do { _ = try state.allEntries() } catch { return (state.cursor, true) }
         let pending: Int
@@ -189,6 +191,13 @@ extension SyncGroup {
             // below it (rolled back) as a sync does. Should this process stop first, or the
             // database be refused, the rebuilt state is behind the mark and refused until a
             // reset reaches it, or a recovery (the database restored on purpose) sets it anew.
+            // An older copy's mark (``Vault/olderCopyMarkerPath(vaultPath:)``) asks for this
+            // rebuild: removed once the rebuilt state is committed (a sync with that state, should
+            // this one stop, maps the rows the group holds to its records, as this one does).
+            let marker = Vault.olderCopyMarkerPath(vaultPath: vault.path)
+            if unlink(marker) != 0 && errno != ENOENT {
+                throw LockboxError(.io, "Cannot remove \(marker), the mark of an older copy of this keychain. Check the directory's permissions, then reset again.")
+            }
             var report = Report()
             let written = try push(connection, state: state, report: &report)
             try pull(connection, state: state, report: &report, floor: max(written, floor))

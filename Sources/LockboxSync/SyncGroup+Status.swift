@@ -27,6 +27,9 @@ extension SyncGroup {
         /// takes the group's versions, so ``pendingLocalChanges`` is 0, not every item counted
         /// against a state that no longer knows them.
         public var stateBehind = false
+        /// The keychain is an older copy than its sync state recorded (accepted with `lockbox
+        /// verify --accept-older`): sync refuses it until `lockbox sync reset`.
+        public var olderKeychain = false
         /// Records this device wrote while another device was writing, that no head it verified
         /// lists yet: its next pull must find each of them (else the database undid it).
         public var unverifiedWrites = 0
@@ -75,11 +78,20 @@ extension SyncGroup {
             // records are not checked against it (that sync checks them).
             defer { withExtendedLifetime(lock) {} }
             let behind = mark.cursor.map { $0 > state.cursor } ?? false
+            var pending = 0
+            var olderKeychain = false
+            if !behind {
+                do throws(LockboxError) {
+                    pending = try pendingChanges(state: state)
+                } catch where error.message == keychainOlderThanState().message {
+                    olderKeychain = true
+                }
+            }
             var status = Status(
                 groupID: groupID, deviceID: device.id, keyEpoch: keys.epoch, pulledVersion: state.cursor,
-                syncedItems: try state.liveEntryCount,
-                pendingLocalChanges: behind ? 0 : try pendingChanges(state: state))
+                syncedItems: try state.liveEntryCount, pendingLocalChanges: pending)
             status.stateBehind = behind
+            status.olderKeychain = olderKeychain
             status.headFingerprint = state.accumulator.map { Array($0.prefix(8)).hexString }
             status.unverifiedWrites = state.unverifiedWrites.count
             status.heldBack = state.heldBack.count

@@ -538,6 +538,7 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
                 "\"group\": \(jsonString(status.groupID))", "\"device\": \(jsonString(status.deviceID))",
                 "\"keyEpoch\": \(status.keyEpoch)", "\"pulledVersion\": \(status.pulledVersion)",
                 "\"pendingLocalChanges\": \(status.pendingLocalChanges)", "\"stateBehind\": \(status.stateBehind)",
+                "\"olderKeychain\": \(status.olderKeychain)",
                 "\"syncedItems\": \(status.syncedItems)",
                 "\"unverifiedWrites\": \(status.unverifiedWrites)", "\"heldBack\": \(status.heldBack)",
                 "\"databaseReachable\": \(status.unreachable == nil)",
@@ -570,7 +571,9 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
             streams.print(
                 status.stateBehind
                     ? "pending here:     none counted: this device's sync state is behind its last pull (`lockbox sync reset` rebuilds it)"
-                    : "pending here:     \(status.pendingLocalChanges) change(s) for the next push")
+                    : status.olderKeychain
+                        ? "pending here:     none counted: this keychain is an older copy than its sync state recorded (`lockbox sync reset` rebuilds the state)"
+                        : "pending here:     \(status.pendingLocalChanges) change(s) for the next push")
             if status.unverifiedWrites > 0 {
                 streams.print(
                     "written here:     \(status.unverifiedWrites) record(s) while another device wrote, "

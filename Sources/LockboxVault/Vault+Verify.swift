@@ -2,6 +2,10 @@ import LockboxCore
 import VaultCrypto
 import VaultStorage
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 extension Vault {
     /// What ``verify(at:configuration:acceptOlder:)`` found.
     public struct VerificationReport: Sendable, Codable, Equatable {
@@ -178,6 +182,26 @@ extension Vault {
         }
         report.lockedForTheCopysPassphrase = lockedUnopened
         if lockedUnopened != nil { vault.lockAll() }
+        if report.acceptedOlderGeneration { Self.markOlderCopyAccepted(vaultPath: path) }
         return report
+    }
+
+    /// The file beside a keychain in a sync group (`VAULT.sync/older-copy-accepted`) that says
+    /// an older copy of it was accepted: its rows are older than what its sync state recorded,
+    /// and sync refuses them (they would bring back what was deleted or changed since) until
+    /// `lockbox sync reset` rebuilds the state and removes the file. Written only for a keychain
+    /// with a sync directory.
+    package static func olderCopyMarkerPath(vaultPath: String) -> String { vaultPath + ".sync/older-copy-accepted" }
+
+    private static func markOlderCopyAccepted(vaultPath: String) {
+        var info = stat()
+        guard lstat(vaultPath + ".sync", &info) == 0, info.st_mode & S_IFMT == S_IFDIR else { return }
+        let marker = olderCopyMarkerPath(vaultPath: vaultPath)
+        let descriptor = Glibc.open(marker, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        guard descriptor >= 0 else { return }
+        let text = Array("An older copy of this keychain was accepted (lockbox verify --accept-older): run `lockbox sync reset`.\n".utf8)
+        _ = text.withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
+        fsync(descriptor)
+        close(descriptor)
     }
 }

@@ -246,15 +246,40 @@ public final class Vault: ItemStore, Sendable {
         let keys = KeyCache(vaultID: header.vaultID, mode: configuration.unlockCache, device: device, path: path, clock: configuration.clock)
         let remembered = RememberedGeneration(
             vaultID: header.vaultID, vaultPath: path, device: configuration.device, sharing: configuration.unlockCache == .kernelKeyring)
-        remembered.write(1)
         let vault = Vault(
             path: path, configuration: configuration,
             state: State(database: database, header: header, keys: keys, rememberedGeneration: remembered), claim: claim)
-        try vault.withState { state throws(LockboxError) in
-            try vault.writeAttempts(Attempts(failures: 0, lastFailure: 0), state: state)
-            try vault.cacheUnlockedKeys(master: master, state: state)
+        do throws(LockboxError) {
+            try vault.withState { state throws(LockboxError) in
+                // The record of failed attempts before the generation is remembered: a creation
+                // stopped between the two leaves a file this machine does not know yet, never a
+                // known one without its record (which counts as tampered with: 8 failures).
+                try vault.writeAttempts(Attempts(failures: 0, lastFailure: 0), state: state)
+                state.rememberedGeneration.write(1)
+                try vault.cacheUnlockedKeys(master: master, state: state)
+            }
+        } catch {
+            // The keychain is in place, but cannot be used as asked (its keys cannot be kept, say):
+            // it is taken back while it holds no item, so that the same init, the cause fixed
+            // (or another unlock cache chosen), makes it again.
+            vault.lockAll()
+            if removeIfEmpty(path, identity: identity) {
+                throw LockboxError(error.code, "The keychain \(path) was not created, and nothing was left there. " + error.message, cause: error.cause)
+            }
+            throw error
         }
         return vault
+    }
+
+    /// Removes the keychain just made at `path` (the file `identity` names, and its log and
+    /// shared memory) when it holds no item. Returns whether it did.
+    private static func removeIfEmpty(_ path: String, identity: FilePermissions.Identity) -> Bool {
+        guard let database = try? Database(path: path, create: false),
+            (try? FilePermissions.confirmOpened(identity, path: path, opened: database.openedFileIdentity)) != nil,
+            (try? database.firstRow("SELECT count(*) FROM items", read: { $0.integer(0) ?? 1 })) == 0
+        else { return false }
+        for suffix in ["", "-wal", "-shm"] { unlink(path + suffix) }
+        return true
     }
 
     /// Makes a vault file at `path` that did not exist: a new SQLite file under a hidden name
@@ -265,8 +290,9 @@ public final class Vault: ItemStore, Sendable {
     private static func writeNewFile(
         at path: String, directory: String, configuration: Configuration, _ fill: (Database) throws(LockboxError) -> Void
     ) throws(LockboxError) {
-        let name = path.lastIndex(of: "/").map { String(path[path.index(after: $0)...]) } ?? path
-        let temporary = directory + "/." + name + ".creating-" + Crypto.randomBytes(8).hexString
+        removeCreationLeftovers(in: directory)
+        // Short and of its own: a keychain's name of up to 255 bytes still gets one.
+        let temporary = directory + "/" + creationPrefix + Crypto.randomBytes(8).hexString
         func removeTemporary() {
             for suffix in ["", "-wal", "-shm", "-journal"] { unlink(temporary + suffix) }
         }
@@ -286,37 +312,66 @@ public final class Vault: ItemStore, Sendable {
                     busyTimeoutMilliseconds: configuration.busyTimeout.wholeMilliseconds)
                 try VaultSchema.migrate(database)
                 try fill(database)
-                // Everything in the main file before it is closed and linked: the log stays behind.
+                // Everything in the main file before it is closed and renamed: the log stays behind.
                 try database.moveWriteAheadLogIntoFile()
             }
             for suffix in ["-wal", "-shm"] { unlink(temporary + suffix) }
-            if link(temporary, path) != 0 {
-                let reason = errno
-                if reason == EEXIST {
-                    throw LockboxError(.duplicateKeychain, "A keychain already exists at \(path).")
-                }
-                // A file system without hard links: renamed, after a last look.
-                guard reason == EPERM || reason == EOPNOTSUPP || reason == ENOSYS || reason == EMLINK, !FilePermissions.exists(path),
-                    rename(temporary, path) == 0
-                else {
-                    throw LockboxError(
-                        .io, "Cannot create \(path): \(String(cString: strerror(reason))).", cause: .systemCall("link", errno: reason))
-                }
-                return
-            }
-            unlink(temporary)
-            // The new name made durable with the file it names.
-            let directoryDescriptor = Glibc.open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-            if directoryDescriptor >= 0 {
-                fsync(directoryDescriptor)
-                close(directoryDescriptor)
-            }
+            try moveIntoPlace(temporary, path)
         } catch {
             removeTemporary()
             guard error.code != .duplicateKeychain else { throw error }
             // Said of the keychain: the file it would have been is gone.
             let message = error.message.split(separator: temporary, omittingEmptySubsequences: false).joined(separator: path)
             throw LockboxError(error.code, "The keychain \(path) was not created, and nothing was left there. " + message, cause: error.cause)
+        }
+        // The new name made durable with the file it names.
+        let directoryDescriptor = Glibc.open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        if directoryDescriptor >= 0 {
+            fsync(directoryDescriptor)
+            close(directoryDescriptor)
+        }
+    }
+
+    /// The hidden name a keychain is made under, followed by random hexadecimal digits.
+    static let creationPrefix = ".lockbox-creating-"
+
+    /// Gives the finished file `temporary` the name `path`, never over a file there: one atomic
+    /// rename that refuses to replace (`renameat2`'s `RENAME_NOREPLACE`); where the file system
+    /// cannot, a hard link then the temporary name removed; where it has no hard links either, a
+    /// rename after a last look (a file made at `path` in between would be replaced: no local
+    /// file system Lockbox knows of lacks both).
+    private static func moveIntoPlace(_ temporary: String, _ path: String) throws(LockboxError) {
+        let renamed = FileRename.withoutReplacing(temporary, path)
+        if renamed == 0 { return }
+        if renamed == EEXIST { throw LockboxError(.duplicateKeychain, "A keychain already exists at \(path).") }
+        if link(temporary, path) == 0 {
+            unlink(temporary)
+            return
+        }
+        let reason = errno
+        if reason == EEXIST { throw LockboxError(.duplicateKeychain, "A keychain already exists at \(path).") }
+        guard reason == EPERM || reason == EOPNOTSUPP || reason == ENOSYS || reason == EMLINK, !FilePermissions.exists(path),
+            rename(temporary, path) == 0
+        else {
+            throw LockboxError(.io, "Cannot create \(path): \(String(cString: strerror(reason))).", cause: .systemCall("link", errno: reason))
+        }
+    }
+
+    /// Removes what a creation stopped before its file was in place left in `directory` (a
+    /// kill, a power loss): files under ``creationPrefix`` last changed over an hour ago. Such a
+    /// file never held an item. Best effort.
+    private static func removeCreationLeftovers(in directory: String) {
+        guard let stream = opendir(directory) else { return }
+        defer { closedir(stream) }
+        let hourAgo = time(nil) - 3600
+        while let entry = readdir(stream) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
+            guard name.hasPrefix(creationPrefix) else { continue }
+            var info = stat()
+            let file = directory + "/" + name
+            guard lstat(file, &info) == 0, info.st_mode & S_IFMT == S_IFREG, info.st_uid == geteuid(), info.st_mtim.tv_sec < hourAgo
+            else { continue }
+            unlink(file)
         }
     }
 

@@ -438,6 +438,13 @@ extension SyncTests {
         try SyncCLI.configure(machine, group: groups[0].groupID, database: database)
         let accepted = try SyncCLI.run(machine, ["verify", "--accept-older"])
         #expect(accepted.status == 0, "\(accepted.standardError)")
+        // Writes made since take the keychain's generation past the state's: still an older copy.
+        for index in 0..<4 {
+            let added = try SyncCLI.run(machine, ["add-generic-password", "-s", "new\(index).example", "-a", "user", "--synchronizable"], input: "n")
+            #expect(added.status == 0, "\(added.standardError)")
+        }
+        let status = try SyncCLI.run(machine, ["sync", "status", "--json"])
+        #expect(status.standardOutput.contains("\"olderKeychain\": true"), "\(status.standardOutput) \(status.standardError)")
         let refused = try SyncCLI.run(machine, ["sync", "now"])
         #expect(refused.status != 0)
         #expect(refused.standardError.contains("older than what its sync state recorded"), "\(refused.standardError)")
@@ -454,6 +461,10 @@ extension SyncTests {
         try groups[0].sync()
         #expect(try machines[0].value("one.example", "user") == nil)
         #expect(try machines[0].value("nl.example", "user") == "nl-2")
+        // The items written since the copy was put back are the keychain's own: sent.
+        #expect(try machines[0].value("new3.example", "user") == "n")
+        #expect(!FileManager.default.fileExists(atPath: Vault.olderCopyMarkerPath(vaultPath: path)))
+        #expect(try SyncCLI.run(machine, ["sync", "now"]).status == 0)
     }
 
     @Test("A removal that commits in the database but cannot be recorded here (a full disk) is reported as done, with that failure; the next sync takes the new key")

@@ -12,4 +12,9 @@ extern const char *const lockbox_write_ahead_buffer_vfs;
 /// is what SQLite asked for. Returns an SQLite result code.
 int lockbox_register_write_ahead_buffer(void);
 
+/// Renames `from` to `to` unless something is at `to` (atomically: renameat2 with
+/// RENAME_NOREPLACE). Returns 0, or the errno: EEXIST when `to` exists, EINVAL (or ENOSYS)
+/// where the file system or kernel cannot do it.
+int lockbox_rename_no_replace(const char *from, const char *to);
+
 #endif
