@@ -73,24 +73,30 @@ package func writeAll(_ bytes: UnsafeRawBufferPointer, to descriptor: Int32) {
 }
 
 extension ProgramArguments {
-    /// The open files a run may need at once: the keychain and its log and shared memory, a sync
-    /// state's three, lock files, sockets, and what the system libraries open for threads.
-    static let fileDescriptorsNeeded: rlim_t = 64
+    /// The open files a run may want at once: the keychain and its log and shared memory, a sync
+    /// state's three, lock files, sockets, and what the system libraries open for threads. A
+    /// lower soft limit is raised to it, within the hard limit.
+    static let fileDescriptorsWanted: rlim_t = 256
+    /// Below this many, a run is refused: under a handful of descriptors a run failed part-way
+    /// with a wrong cause ("check the permissions"), or the system's thread library stopped the
+    /// process.
+    static let fileDescriptorsNeeded: rlim_t = 20
 
-    /// Raises the limit of open files to what a run needs, within the hard limit; false, with an
-    /// error that names `ulimit -n`, when the hard limit is below it. Under a handful of
-    /// descriptors a run failed part-way with a wrong cause ("check the permissions"), or the
-    /// system's thread library stopped the process.
+    /// Raises the limit of open files towards what a run wants, within the hard limit; false,
+    /// with an error that names `ulimit -n`, when even the hard limit is below what it needs.
     static func ensureFileDescriptors(program: String) -> Bool {
         var limit = rlimit()
-        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0, limit.rlim_cur < fileDescriptorsNeeded else { return true }
-        if limit.rlim_max >= fileDescriptorsNeeded {
-            limit.rlim_cur = fileDescriptorsNeeded
-            if setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 { return true }
+        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0, limit.rlim_cur < fileDescriptorsWanted else { return true }
+        let raised = min(limit.rlim_max, fileDescriptorsWanted)
+        if raised > limit.rlim_cur {
+            var wanted = limit
+            wanted.rlim_cur = raised
+            if setrlimit(Int32(RLIMIT_NOFILE.rawValue), &wanted) == 0 { limit = wanted }
         }
+        guard limit.rlim_cur < fileDescriptorsNeeded else { return true }
         StandardStreams().error(
             "\(program): this process may open only \(limit.rlim_cur) files (`ulimit -n`); Lockbox needs \(fileDescriptorsNeeded). "
-                + "Raise the limit (`ulimit -n \(fileDescriptorsNeeded)`), then try again; nothing was read or changed.")
+                + "Raise the limit (`ulimit -n \(fileDescriptorsWanted)`), then try again; nothing was read or changed.")
         return false
     }
 }

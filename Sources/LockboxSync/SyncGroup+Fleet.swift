@@ -217,10 +217,11 @@ extension SyncGroup {
         throw LockboxError(.io, "The sync group's key kept changing while a fleet token was stored (devices being removed). Try again.")
     }
 
-    /// The versions a refresh needs left below the largest before it presents its token: a
-    /// version is at least the database's time in milliseconds, so this is room for a few
-    /// million years of writes, and only a row edited to near the largest lacks it.
-    static let fleetVersionRoom: Int64 = 1 << 62
+    /// The versions a refresh needs left below the largest before it presents its token (its
+    /// two stores, and a good many more): only a row edited to within this of the largest lacks
+    /// it. Small, so that a version merely moved up (which this machine's marks then follow,
+    /// every later write going past them) leaves the session usable.
+    static let fleetVersionRoom: Int64 = 1 << 20
 
     /// The database's time in milliseconds, which fleet versions are at least (``writeFleet``).
     static let fleetClock = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
@@ -313,8 +314,16 @@ extension SyncGroup {
         } catch {
             throw lost
         }
-        if let row = version.first, try PostgresConnection.integer(row[0]) >= Int64.max - Self.fleetVersionRoom {
-            throw LockboxError.syncDatabase("A fleet session's version in the sync database")
+        let seen = max(
+            ((try? fleetMarks.mark(session: session, field: .refreshToken)) ?? nil) ?? 0,
+            ((try? fleetMarks.mark(session: session, field: .accessToken)) ?? nil) ?? 0)
+        if let row = version.first, max(try PostgresConnection.integer(row[0]), seen) >= Int64.max - Self.fleetVersionRoom {
+            throw LockboxError(
+                .decode,
+                "A fleet session's version in the sync database (or this machine's record of it, \(fleetMarks.path)) is at the "
+                    + "largest a version can be: the rotated token could not be stored, so the refresh token was not presented. "
+                    + "The row was edited outside Lockbox. Have the administrator sign the session's row out (delete it), remove "
+                    + "\(fleetMarks.path) on each machine of the fleet, and sign in again.")
         }
         do {
             try connection.execute(

@@ -308,7 +308,7 @@ extension SyncGroup {
                 "This device's record of its last pull (\(pulledMark.path)) could not be written (a full disk, or the directory's "
                     + "permissions): until a sync writes it, a sync state put back from an older copy is not noticed.")
         }
-        if try !recordPull(connection, counter: counter) {
+        if try !recordPull(connection, counter: counter, since: report.started) {
             report.notes.append(
                 "This device's record of the group's devices (\(knownDevices.path)) could not be written (a full disk, or the "
                     + "directory's permissions): devices seen for the first time are recorded at a later sync.")
@@ -326,7 +326,12 @@ extension SyncGroup {
     /// only while the group's key epoch is still this device's: a removal of this device that
     /// committed during the pull is not undone by writing its row back.
     /// Returns false when the devices seen could not be recorded here (``SyncKnownDevices``).
-    func recordPull(_ connection: PostgresConnection, counter: Int64) throws(LockboxError) -> Bool {
+    /// `last_sync` is the database's time when the sync began (`started`, by this machine's
+    /// monotonic clock): an edit made here while it ran is after it, as a reset of a damaged state
+    /// counts edits not sent.
+    func recordPull(_ connection: PostgresConnection, counter: Int64, since started: ContinuousClock.Instant) throws(LockboxError) -> Bool {
+        let elapsed = started.duration(to: .now)
+        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
         let keys = self.keys
         try connection.transaction { () throws(LockboxError) in
             let epoch = try connection.execute(
@@ -338,13 +343,13 @@ extension SyncGroup {
                 """
                 WITH expired AS (DELETE FROM lockbox_sync_invitations WHERE group_id = $1 AND expires_at <= now())
                 INSERT INTO lockbox_sync_devices (group_id, device_id, pulled_version, last_sync, public_key, attestation)
-                VALUES ($1, $2, $3, now(), $4, $5)
-                ON CONFLICT (group_id, device_id) DO UPDATE SET pulled_version = excluded.pulled_version, last_sync = now(),
+                VALUES ($1, $2, $3, now() - make_interval(secs => $6::float8), $4, $5)
+                ON CONFLICT (group_id, device_id) DO UPDATE SET pulled_version = excluded.pulled_version, last_sync = excluded.last_sync,
                     public_key = excluded.public_key, attestation = excluded.attestation
                 """,
                 [
                     .text(groupID), .text(device.id), .integer(counter), .bytes(device.publicKey),
-                    .bytes(attestation(device.id, device.publicKey, keys: keys)),
+                    .bytes(attestation(device.id, device.publicKey, keys: keys)), .text(String(max(seconds, 0))),
                 ])
         }
         // The devices seen, with their keys (``SyncKnownDevices``): best effort, the pull is done.

@@ -142,6 +142,8 @@ extension SyncGroup {
                 let rows = try connection.execute(
                     "SELECT extract(epoch FROM last_sync)::float8 FROM lockbox_sync_devices WHERE group_id = $1 AND device_id = $2",
                     [.text(groupID), .text(device.id)])
+                // The database records when that sync began, before its push listed the changes:
+                // an edit made while it ran is after it.
                 lastSync = rows.first?[0].flatMap { Double($0) }.map { Date(timeIntervalSince1970: $0) } ?? .distantPast
             }
             var changedSince = 0

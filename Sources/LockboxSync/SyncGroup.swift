@@ -80,8 +80,17 @@ public final class SyncGroup: Sendable {
         /// records it. The sync itself is complete.
         public var notes: [String] = []
 
+        /// When the sync began (its push lists this vault's changes from then): the database
+        /// records this device's last sync as that moment (``recordPull(_:counter:since:)``).
+        var started = ContinuousClock.now
+
         /// A report of nothing done.
         public init() {}
+
+        public static func == (left: Report, right: Report) -> Bool {
+            left.pushed == right.pushed && left.pulled == right.pulled && left.superseded == right.superseded
+                && left.examined == right.examined && left.notes == right.notes
+        }
 
         /// True when this sync wrote nothing to the database or the vault.
         public var changedNothing: Bool { pushed == 0 && pulled == 0 && superseded == 0 }

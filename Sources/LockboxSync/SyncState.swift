@@ -174,11 +174,21 @@ final class SyncState {
 
     /// Opens (creating when missing, converting one of the first format) the state of `device`
     /// in the group.
-    init(path: String, device: String, key: SecretBytes) throws(LockboxError) {
+    convenience init(path: String, device: String, key: SecretBytes) throws(LockboxError) {
         let directory = String(path[..<(path.lastIndex(of: "/") ?? path.startIndex)])
         if !directory.isEmpty { try SyncFiles.prepareDirectory(directory) }
         try SyncFiles.prepareFile(path)
         for companion in [path + "-wal", path + "-shm"] { try SyncFiles.narrowIfPresent(companion) }
+        do {
+            try self.init(opening: path, device: device, key: key)
+        } catch where error.code == .decode && error.message.hasPrefix("The keychain file") {
+            // SQLite's "not a database" or "damaged" is said of this state, with its remedy (not
+            // a keychain restored from a backup).
+            throw Self.damaged(path)
+        }
+    }
+
+    private init(opening path: String, device: String, key: SecretBytes) throws(LockboxError) {
         database = try Database(path: path, create: true)
         // The write-ahead log is synced at checkpoints, not at every commit: a power loss may
         // then take back the last commits of this file, which leaves it as a crash just before

@@ -122,18 +122,29 @@ final class DeviceSecret: Sendable {
     /// its file is then read like any other).
     static func createKeyFile(_ path: String) throws(LockboxError) {
         try FilePermissions.createPrivateDirectory(FilePermissions.directory(of: path))
+        if FilePermissions.exists(path) { return }
         let fresh = Crypto.generateKey()
-        let descriptor = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        // Written whole under a name of its own, then given the key's name unless another
+        // process made one first (that one is kept): a process reading the key never sees it
+        // half written (two first commands at once took a good key for a damaged one, whose
+        // advice, moving it away, loses every ThisDeviceOnly item).
+        let temporary = path + ".creating-" + Crypto.randomBytes(8).hexString
+        let descriptor = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600)
         guard descriptor >= 0 else {
-            if errno == EEXIST { return }
             throw LockboxError(.io, "Cannot create the device key \(path).")
         }
         let written = fresh.withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
         let synced = fsync(descriptor)
         close(descriptor)
         guard written == Crypto.keyByteCount, synced == 0 else {
-            unlink(path)
+            unlink(temporary)
             throw LockboxError(.io, "Cannot write the device key \(path).")
+        }
+        do {
+            if try !Vault.placeWithoutReplacing(temporary, path) { unlink(temporary) }
+        } catch {
+            unlink(temporary)
+            throw error
         }
     }
 

@@ -341,20 +341,31 @@ public final class Vault: ItemStore, Sendable {
     /// rename after a last look (a file made at `path` in between would be replaced: no local
     /// file system Lockbox knows of lacks both).
     private static func moveIntoPlace(_ temporary: String, _ path: String) throws(LockboxError) {
+        guard try placeWithoutReplacing(temporary, path) else {
+            throw LockboxError(.duplicateKeychain, "A keychain already exists at \(path).")
+        }
+    }
+
+    /// Gives the file `temporary` the name `path` unless something is there (then returns false,
+    /// `temporary` left for the caller): ``moveIntoPlace(_:_:)``'s ways, in its order.
+    static func placeWithoutReplacing(_ temporary: String, _ path: String) throws(LockboxError) -> Bool {
         let renamed = FileRename.withoutReplacing(temporary, path)
-        if renamed == 0 { return }
-        if renamed == EEXIST { throw LockboxError(.duplicateKeychain, "A keychain already exists at \(path).") }
+        if renamed == 0 { return true }
+        if renamed == EEXIST { return false }
         if link(temporary, path) == 0 {
             unlink(temporary)
-            return
+            return true
         }
         let reason = errno
-        if reason == EEXIST { throw LockboxError(.duplicateKeychain, "A keychain already exists at \(path).") }
-        guard reason == EPERM || reason == EOPNOTSUPP || reason == ENOSYS || reason == EMLINK, !FilePermissions.exists(path),
-            rename(temporary, path) == 0
-        else {
+        if reason == EEXIST { return false }
+        guard reason == EPERM || reason == EOPNOTSUPP || reason == ENOSYS || reason == EMLINK else {
             throw LockboxError(.io, "Cannot create \(path): \(String(cString: strerror(reason))).", cause: .systemCall("link", errno: reason))
         }
+        if FilePermissions.exists(path) { return false }
+        guard rename(temporary, path) == 0 else {
+            throw LockboxError(.io, "Cannot create \(path): \(String(cString: strerror(errno))).", cause: .systemCall("rename", errno: errno))
+        }
+        return true
     }
 
     /// Removes what a creation stopped before its file was in place left in `directory` (a

@@ -413,6 +413,41 @@ extension SyncTests {
         #expect(try machines[1].value("first.example", "user") == "first")
     }
 
+    @Test("The database records a device's last sync as when it began, so that a reset of a damaged state counts an edit made while that sync ran as not sent")
+    func lastSyncIsWhenTheSyncBegan() throws {
+        let database = try testDatabase()
+        let (groups, machines) = try threeMachines()
+        defer { withExtendedLifetime(machines) {} }
+        let admin = try PostgresConnection(database)
+        try admin.execute("CREATE TABLE lockbox_test_slow_commit (ms integer)")
+        try admin.execute(
+            """
+            CREATE FUNCTION lockbox_test_sleepy() RETURNS trigger LANGUAGE plpgsql AS $$
+            DECLARE d integer; BEGIN SELECT ms INTO d FROM lockbox_test_slow_commit LIMIT 1;
+            IF d IS NOT NULL THEN PERFORM pg_sleep(d / 1000.0); END IF; RETURN NULL; END $$
+            """)
+        try admin.execute(
+            """
+            CREATE CONSTRAINT TRIGGER lockbox_test_slow AFTER INSERT OR UPDATE ON lockbox_sync_items
+            DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION lockbox_test_sleepy()
+            """)
+        defer {
+            _ = try? admin.execute("DROP TRIGGER lockbox_test_slow ON lockbox_sync_items")
+            _ = try? admin.execute("DROP FUNCTION lockbox_test_sleepy()")
+            _ = try? admin.execute("DROP TABLE lockbox_test_slow_commit")
+        }
+        try admin.execute("INSERT INTO lockbox_test_slow_commit VALUES (2000)")
+        try machines[0].add("slow.example", "user", "v")
+        let before = try admin.execute("SELECT extract(epoch FROM clock_timestamp())::float8").first?[0].flatMap { Double($0) } ?? 0
+        try groups[0].sync()
+        let recorded = try admin.execute(
+            "SELECT extract(epoch FROM last_sync)::float8 FROM lockbox_sync_devices WHERE group_id = $1 AND device_id = $2",
+            [.text(groups[0].groupID), .text(groups[0].deviceID)]
+        ).first?[0].flatMap { Double($0) } ?? 0
+        // The push's commit alone took 2 s: the record is from before it, not from the end.
+        #expect(recorded >= before - 1 && recorded < before + 1.5, "last sync \(recorded - before) s after the sync began")
+    }
+
     @Test("A keychain put back from an older copy and accepted is not synced as it is (its items deleted since would come back everywhere): the sync says so, and the reset it names gives the group's versions precedence")
     func olderKeychainAcceptedIsNotSyncedAsItIs() throws {
         let database = try testDatabase()
