@@ -365,24 +365,9 @@ extension SyncTests {
         // Commits of records take 3 s at the server (a deferred trigger), as on a loaded server
         // or with a synchronous standby.
         let admin = try PostgresConnection(database)
-        try admin.execute("CREATE TABLE lockbox_test_slow_commit (ms integer)")
-        try admin.execute(
-            """
-            CREATE FUNCTION lockbox_test_sleepy() RETURNS trigger LANGUAGE plpgsql AS $$
-            DECLARE d integer; BEGIN SELECT ms INTO d FROM lockbox_test_slow_commit LIMIT 1;
-            IF d IS NOT NULL THEN PERFORM pg_sleep(d / 1000.0); END IF; RETURN NULL; END $$
-            """)
-        try admin.execute(
-            """
-            CREATE CONSTRAINT TRIGGER lockbox_test_slow AFTER INSERT OR UPDATE ON lockbox_sync_items
-            DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION lockbox_test_sleepy()
-            """)
-        defer {
-            _ = try? admin.execute("DROP TRIGGER lockbox_test_slow ON lockbox_sync_items")
-            _ = try? admin.execute("DROP FUNCTION lockbox_test_sleepy()")
-            _ = try? admin.execute("DROP TABLE lockbox_test_slow_commit")
-        }
-        try admin.execute("INSERT INTO lockbox_test_slow_commit VALUES (3000)")
+        let slow = try SlowCommits(admin)
+        defer { slow.remove() }
+        try slow.set(milliseconds: 3000)
         try machines[0].add("slow.example", "user", "slow-1")
         try SyncCLI.configure(machines[0], group: groups[0].groupID, database: database)
         let process = Process()
@@ -401,7 +386,7 @@ extension SyncTests {
         kill(process.processIdentifier, SIGKILL)
         process.waitUntilExit()
         try #require(committing, "the sync never reached its commit")
-        try admin.execute("UPDATE lockbox_test_slow_commit SET ms = 0")
+        try slow.set(milliseconds: 0)
         // Deleted while that commit still runs; the next sync pushes the delete.
         try machines[0].delete("slow.example", "user")
         try groups[0].sync()
@@ -419,24 +404,9 @@ extension SyncTests {
         let (groups, machines) = try threeMachines()
         defer { withExtendedLifetime(machines) {} }
         let admin = try PostgresConnection(database)
-        try admin.execute("CREATE TABLE lockbox_test_slow_commit (ms integer)")
-        try admin.execute(
-            """
-            CREATE FUNCTION lockbox_test_sleepy() RETURNS trigger LANGUAGE plpgsql AS $$
-            DECLARE d integer; BEGIN SELECT ms INTO d FROM lockbox_test_slow_commit LIMIT 1;
-            IF d IS NOT NULL THEN PERFORM pg_sleep(d / 1000.0); END IF; RETURN NULL; END $$
-            """)
-        try admin.execute(
-            """
-            CREATE CONSTRAINT TRIGGER lockbox_test_slow AFTER INSERT OR UPDATE ON lockbox_sync_items
-            DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION lockbox_test_sleepy()
-            """)
-        defer {
-            _ = try? admin.execute("DROP TRIGGER lockbox_test_slow ON lockbox_sync_items")
-            _ = try? admin.execute("DROP FUNCTION lockbox_test_sleepy()")
-            _ = try? admin.execute("DROP TABLE lockbox_test_slow_commit")
-        }
-        try admin.execute("INSERT INTO lockbox_test_slow_commit VALUES (2000)")
+        let slow = try SlowCommits(admin)
+        defer { slow.remove() }
+        try slow.set(milliseconds: 2000)
         try machines[0].add("slow.example", "user", "v")
         let before = try admin.execute("SELECT extract(epoch FROM clock_timestamp())::float8").first?[0].flatMap { Double($0) } ?? 0
         try groups[0].sync()
@@ -664,6 +634,40 @@ extension SyncTests {
         #expect(try SyncCLI.run(first, ["sync", "status", "--json"]).standardOutput.contains("\"deletionRecordsSound\": true"))
         #expect(try SyncCLI.run(first, ["sync", "now"]).status == 0)
         #expect(try first.value("gone.example", "alice") == nil)
+    }
+}
+
+/// Commits of records made slow at the server (a deferred trigger that sleeps), as on a loaded
+/// server or with a synchronous standby: a COMMIT sent is still running there for that long.
+struct SlowCommits {
+    let admin: PostgresConnection
+
+    init(_ admin: PostgresConnection) throws {
+        self.admin = admin
+        try admin.execute("CREATE TABLE lockbox_test_slow_commit (ms integer)")
+        try admin.execute("INSERT INTO lockbox_test_slow_commit VALUES (0)")
+        try admin.execute(
+            """
+            CREATE FUNCTION lockbox_test_sleepy() RETURNS trigger LANGUAGE plpgsql AS $$
+            DECLARE d integer; BEGIN SELECT ms INTO d FROM lockbox_test_slow_commit LIMIT 1;
+            IF d > 0 THEN PERFORM pg_sleep(d / 1000.0); END IF; RETURN NULL; END $$
+            """)
+        try admin.execute(
+            """
+            CREATE CONSTRAINT TRIGGER lockbox_test_slow AFTER INSERT OR UPDATE ON lockbox_sync_items
+            DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION lockbox_test_sleepy()
+            """)
+    }
+
+    /// How long each commit of records now takes at the server.
+    func set(milliseconds: Int) throws {
+        try admin.execute("UPDATE lockbox_test_slow_commit SET ms = \(milliseconds)")
+    }
+
+    func remove() {
+        _ = try? admin.execute("DROP TRIGGER lockbox_test_slow ON lockbox_sync_items")
+        _ = try? admin.execute("DROP FUNCTION lockbox_test_sleepy()")
+        _ = try? admin.execute("DROP TABLE lockbox_test_slow_commit")
     }
 }
 
