@@ -609,10 +609,16 @@ public final class SyncGroup: Sendable {
             try SyncSchema.migrate(connection)
             try catchUpKeys(connection)
             let mark = pulledMark.read()
-            let state = try SyncState(path: statePath, device: device.id, key: device.stateKey)
-            if checkingBehind { try checkNotBehind(mark, state: state) }
-            try adoptApplying(state, connection: connection)
-            return try body(connection, state)
+            do throws(LockboxError) {
+                let state = try SyncState(path: statePath, device: device.id, key: device.stateKey)
+                if checkingBehind { try checkNotBehind(mark, state: state) }
+                try adoptApplying(state, connection: connection)
+                return try body(connection, state)
+            } catch where error.message.hasPrefix("Storage error") && error.message.contains(statePath) {
+                // SQLite's own error about the state's file (a table dropped, say): the state is
+                // damaged, and said so with its remedy.
+                throw SyncState.damaged(statePath)
+            }
         }
     }
 
