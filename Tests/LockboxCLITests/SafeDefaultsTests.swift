@@ -35,14 +35,21 @@ struct SafeDefaultsTests {
         try lockbox(["find-generic-password", "-s", service, "-a", account, "-w"] + (raw ? ["--raw"] : []))
     }
 
+    static let unshare = "/usr/bin/unshare"
+
+    /// A directory for a script run under `unshare -rm` to mount a 1 MiB tmpfs on: a mount
+    /// namespace of its own, so no root is needed and nothing is mounted for other processes.
+    func fullDiskMountPoint(_ name: String) throws -> String {
+        #expect(FileManager.default.isExecutableFile(atPath: Self.unshare), "unshare (Debian's util-linux) is missing")
+        let mountPoint = directory.file(name)
+        try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        return mountPoint
+    }
+
     @Test("a read on a full disk (the shared-memory file cannot grow) says the disk is full, not an unexplained I/O error")
     func readOnAFullDisk_saysTheDiskIsFull() throws {
-        // A 1 MiB tmpfs in a mount namespace of its own (unshare -rm: no root needed, nothing
-        // mounted for other processes), filled after the keychain is written.
-        let unshare = "/usr/bin/unshare"
-        #expect(FileManager.default.isExecutableFile(atPath: unshare), "unshare (Debian's util-linux) is missing")
-        let mountPoint = directory.file("full")
-        try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        // Filled after the keychain is written.
+        let mountPoint = try fullDiskMountPoint("full")
         let script = """
             set -e
             mount -t tmpfs -o size=1m,mode=700 tmpfs "$1"
@@ -58,7 +65,7 @@ struct SafeDefaultsTests {
             "$2" --keychain "$1/k.lockbox" lock --all 2>/dev/null
             exit 0
             """
-        let result = try run(unshare, ["-rm", "/bin/sh", "-c", script, "sh", mountPoint, binary])
+        let result = try run(Self.unshare, ["-rm", "/bin/sh", "-c", script, "sh", mountPoint, binary])
         #expect(result.status == 0, "\(result.standardError)")
         #expect(result.standardOutput.contains("exit 1"), "\(result.standardOutput)")
         #expect(result.standardError.contains("disk holding") && result.standardError.contains("is full"), "\(result.standardError)")
@@ -67,10 +74,7 @@ struct SafeDefaultsTests {
 
     @Test("init on a full disk leaves no keychain behind, and the same init works once space is freed")
     func initOnAFullDisk_leavesNothing_andWorksOnceFreed() throws {
-        let unshare = "/usr/bin/unshare"
-        #expect(FileManager.default.isExecutableFile(atPath: unshare), "unshare (Debian's util-linux) is missing")
-        let mountPoint = directory.file("full-init")
-        try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        let mountPoint = try fullDiskMountPoint("full-init")
         // The disk is filled to each of several amounts left free, so that the creation stops
         // at different points; every time, nothing is left at the keychain's path.
         let script = """
@@ -97,7 +101,7 @@ struct SafeDefaultsTests {
             "$2" --keychain "$1/k/k.lockbox" lock --all 2>/dev/null
             exit 0
             """
-        let result = try run(unshare, ["-rm", "/bin/sh", "-c", script, "sh", mountPoint, binary])
+        let result = try run(Self.unshare, ["-rm", "/bin/sh", "-c", script, "sh", mountPoint, binary])
         #expect(result.status == 0, "\(result.standardError)")
         #expect(result.standardOutput.contains("free 0: exit 1"), "\(result.standardOutput)")
         #expect(!result.standardOutput.contains("left: "), "a failed init left files: \(result.standardOutput)")
