@@ -33,7 +33,7 @@ struct FleetMarks {
         }
     }
 
-    private static func markName(session: String, field: SyncGroup.FleetField) -> String { session + "/" + field.rawValue }
+    static func markName(session: String, field: SyncGroup.FleetField) -> String { session + "/" + field.rawValue }
 
     /// The marks in the file; none when there is no file yet.
     /// - Throws: `errSecDecode` when the file was modified outside Lockbox.

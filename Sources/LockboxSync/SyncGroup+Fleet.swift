@@ -100,6 +100,22 @@ extension SyncGroup {
         return (secret, details, version ?? 0, refreshVersion)
     }
 
+    /// A sealed field's version, authenticated by its details box alone (bound to it): the
+    /// token itself is not opened.
+    func fleetVersion(_ sealed: [UInt8], session: String, field: FleetField, keys: SyncKeys) throws(LockboxError) -> Int64 {
+        let failure = LockboxError.syncDatabase("A fleet session in the sync database")
+        var decoder = FieldDecoder(sealed)
+        guard let detailsBox = try? decoder.bytes(), (try? decoder.bytes()) != nil else { throw failure }
+        guard !decoder.isAtEnd else { return 0 }
+        guard let number = try? decoder.integer(), number > 0 else { throw failure }
+        var refreshVersion: Int64?
+        if !decoder.isAtEnd { refreshVersion = (try? decoder.integer()).map(Int64.init) }
+        let data = fleetAssociatedData(
+            session: session, field: field, part: 0, epoch: keys.epoch, version: Int64(number), refreshVersion: refreshVersion)
+        guard (try? Crypto.openBytes(detailsBox, key: keys.fleet, associatedData: data)) != nil else { throw failure }
+        return Int64(number)
+    }
+
     /// This machine's marks of the versions it saw (``FleetMarks``).
     var fleetMarks: FleetMarks { FleetMarks(path: FleetMarks.path(vault: vault.path, groupID: groupID), key: device.stateKey) }
 
@@ -192,8 +208,7 @@ extension SyncGroup {
                 // (one that does not open vouches for nothing: none is carried).
                 var refreshVersion: Int64?
                 if field == .accessToken, let stored = rows.first?[1] {
-                    refreshVersion =
-                        (try? openFleet(try PostgresConnection.bytes(stored), session: session, field: .refreshToken, keys: keys))?.version
+                    refreshVersion = try? fleetVersion(try PostgresConnection.bytes(stored), session: session, field: .refreshToken, keys: keys)
                 }
                 let value: PostgresConnection.Value =
                     secret.map {
@@ -314,9 +329,8 @@ extension SyncGroup {
         } catch {
             throw lost
         }
-        let seen = max(
-            ((try? fleetMarks.mark(session: session, field: .refreshToken)) ?? nil) ?? 0,
-            ((try? fleetMarks.mark(session: session, field: .accessToken)) ?? nil) ?? 0)
+        let marks = (try? fleetMarks.load()) ?? [:]
+        let seen = [FleetField.refreshToken, .accessToken].compactMap { marks[FleetMarks.markName(session: session, field: $0)] }.max() ?? 0
         if let row = version.first, max(try PostgresConnection.integer(row[0]), seen) >= Int64.max - Self.fleetVersionRoom {
             throw LockboxError(
                 .decode,

@@ -18,10 +18,7 @@ extension SyncGroup {
         // Before a state's first pull, its rows are counted even when nothing was written
         // since its generation: a rebuilt state (``resetState()``) leaves the rows of items the
         // group does not hold unknown, for this push to read and write as new.
-        // An older copy of the keychain accepted (`lockbox verify --accept-older`) leaves a mark
-        // beside it until a reset; its generation, below the state's until as many writes were
-        // made since, says so too when the mark is gone.
-        if access(Vault.olderCopyMarkerPath(vaultPath: vault.path), F_OK) == 0 { throw keychainOlderThanState() }
+        if olderCopyMarked { throw keychainOlderThanState() }
         var scan = try vault.synchronizableChanges(since: state.generation, listingAll: state.cursor == 0 && state.generation > 0)
         if scan.isUnchanged { return (scan.generation, [], [:]) }
         if scan.generation < state.generation { throw keychainOlderThanState() }
@@ -39,6 +36,18 @@ extension SyncGroup {
             toRead = scan.changed + present.filter { known[$0] == nil && !changed.contains($0) }
         }
         return (scan.generation, toRead, gone)
+    }
+
+    /// An older copy of the keychain was accepted (`lockbox verify --accept-older`): it leaves a
+    /// mark beside the keychain until a reset. (Its generation, below the state's until as many
+    /// writes were made since, says so too when the mark is gone.)
+    var olderCopyMarked: Bool { access(Vault.olderCopyMarkerPath(vaultPath: vault.path), F_OK) == 0 }
+
+    /// Whether this keychain is an older copy than `state` recorded: marked so, or of a lower
+    /// generation.
+    func isOlderCopy(than state: SyncState) throws(LockboxError) -> Bool {
+        if olderCopyMarked { return true }
+        return try vault.synchronizableChanges(since: Int.max).generation < state.generation
     }
 
     /// The error of a sync whose keychain is older than its state recorded: its rows would be

@@ -81,9 +81,7 @@ extension SyncGroup {
         }
         // A keychain put back from an older copy: the state is not behind, the keychain is; the
         // reset gives the group's versions precedence, as the sync's error says.
-        let olderCopy = access(Vault.olderCopyMarkerPath(vaultPath: vault.path), F_OK) == 0
-        if olderCopy { return (state.cursor, false) }
-        if try vault.synchronizableChanges(since: Int.max).generation < state.generation { return (state.cursor, false) }
+        if try isOlderCopy(than: state) { return (state.cursor, false) }
         do { _ = try state.allEntries() } catch { return (state.cursor, true) }
         let pending: Int
         do {

@@ -78,15 +78,9 @@ extension SyncGroup {
             // records are not checked against it (that sync checks them).
             defer { withExtendedLifetime(lock) {} }
             let behind = mark.cursor.map { $0 > state.cursor } ?? false
-            var pending = 0
             var olderKeychain = false
-            if !behind {
-                do throws(LockboxError) {
-                    pending = try pendingChanges(state: state)
-                } catch where error.message == keychainOlderThanState().message {
-                    olderKeychain = true
-                }
-            }
+            if !behind { olderKeychain = try isOlderCopy(than: state) }
+            let pending = behind || olderKeychain ? 0 : try pendingChanges(state: state)
             var status = Status(
                 groupID: groupID, deviceID: device.id, keyEpoch: keys.epoch, pulledVersion: state.cursor,
                 syncedItems: try state.liveEntryCount, pendingLocalChanges: pending)

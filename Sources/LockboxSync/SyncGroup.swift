@@ -3,6 +3,7 @@ import LockboxCore
 import LockboxVault
 import Synchronization
 import VaultCrypto
+import VaultStorage
 
 #if canImport(Glibc)
 import Glibc
@@ -614,7 +615,7 @@ public final class SyncGroup: Sendable {
                 if checkingBehind { try checkNotBehind(mark, state: state) }
                 try adoptApplying(state, connection: connection)
                 return try body(connection, state)
-            } catch where error.message.hasPrefix("Storage error") && error.message.contains(statePath) {
+            } catch where Database.isDamage(error) && error.message.contains(statePath) {
                 // SQLite's own error about the state's file (a table dropped, say): the state is
                 // damaged, and said so with its remedy.
                 throw SyncState.damaged(statePath)

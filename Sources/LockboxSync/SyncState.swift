@@ -181,7 +181,7 @@ final class SyncState {
         for companion in [path + "-wal", path + "-shm"] { try SyncFiles.narrowIfPresent(companion) }
         do {
             try self.init(opening: path, device: device, key: key)
-        } catch where error.code == .decode && error.message.hasPrefix("The keychain file") {
+        } catch where Database.isDamage(error) {
             // SQLite's "not a database" or "damaged" is said of this state, with its remedy (not
             // a keychain restored from a backup).
             throw Self.damaged(path)

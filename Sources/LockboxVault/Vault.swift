@@ -284,8 +284,8 @@ public final class Vault: ItemStore, Sendable {
 
     /// Makes a vault file at `path` that did not exist: a new SQLite file under a hidden name
     /// of its own in `directory` (mode 0600), its schema made and `fill` run on it, its log
-    /// moved into it and closed; then linked to `path`, never over a file there. A failure at
-    /// any point removes the new file.
+    /// moved into it and closed; then given the name `path`, never over a file there
+    /// (``placeWithoutReplacing(_:_:)``). A failure at any point removes the new file.
     /// - Throws: `duplicateKeychain` when a file appeared at `path` meanwhile.
     private static func writeNewFile(
         at path: String, directory: String, configuration: Configuration, _ fill: (Database) throws(LockboxError) -> Void
@@ -316,7 +316,9 @@ public final class Vault: ItemStore, Sendable {
                 try database.moveWriteAheadLogIntoFile()
             }
             for suffix in ["-wal", "-shm"] { unlink(temporary + suffix) }
-            try moveIntoPlace(temporary, path)
+            guard try placeWithoutReplacing(temporary, path) else {
+                throw LockboxError(.duplicateKeychain, "A keychain already exists at \(path).")
+            }
         } catch {
             removeTemporary()
             guard error.code != .duplicateKeychain else { throw error }
@@ -335,19 +337,11 @@ public final class Vault: ItemStore, Sendable {
     /// The hidden name a keychain is made under, followed by random hexadecimal digits.
     static let creationPrefix = ".lockbox-creating-"
 
-    /// Gives the finished file `temporary` the name `path`, never over a file there: one atomic
-    /// rename that refuses to replace (`renameat2`'s `RENAME_NOREPLACE`); where the file system
-    /// cannot, a hard link then the temporary name removed; where it has no hard links either, a
-    /// rename after a last look (a file made at `path` in between would be replaced: no local
-    /// file system Lockbox knows of lacks both).
-    private static func moveIntoPlace(_ temporary: String, _ path: String) throws(LockboxError) {
-        guard try placeWithoutReplacing(temporary, path) else {
-            throw LockboxError(.duplicateKeychain, "A keychain already exists at \(path).")
-        }
-    }
-
-    /// Gives the file `temporary` the name `path` unless something is there (then returns false,
-    /// `temporary` left for the caller): ``moveIntoPlace(_:_:)``'s ways, in its order.
+    /// Gives the finished file `temporary` the name `path` unless something is there (then
+    /// returns false, `temporary` left for the caller): one atomic rename that refuses to
+    /// replace (`renameat2`'s `RENAME_NOREPLACE`); where the file system cannot, a hard link then
+    /// the temporary name removed; where it has no hard links either, a rename after a last look
+    /// (a file made at `path` in between would be replaced: exFAT through FUSE, say).
     static func placeWithoutReplacing(_ temporary: String, _ path: String) throws(LockboxError) -> Bool {
         let renamed = FileRename.withoutReplacing(temporary, path)
         if renamed == 0 { return true }

@@ -350,6 +350,13 @@ package final class Database {
         return LockboxError(error.code, error.message, cause: .sqlite(operation, extendedCode: code))
     }
 
+    /// Whether `error` is SQLite finding a file damaged: not a database, corrupt, or short of
+    /// the tables its schema has (one dropped outside Lockbox).
+    package static func isDamage(_ error: LockboxError) -> Bool {
+        guard let code = error.sqliteExtendedCode else { return false }
+        return [SQLITE_CORRUPT, SQLITE_NOTADB, SQLITE_ERROR].contains(code & 0xff)
+    }
+
     private static func mappedError(code: Int32, message: String, path: String, systemError: Int32) -> LockboxError {
         // Whatever SQLite made of it: the process (or the system) ran out of file descriptors.
         if code & 0xff == SQLITE_CANTOPEN || code & 0xff == SQLITE_IOERR, systemError == EMFILE || systemError == ENFILE {
