@@ -75,6 +75,18 @@ struct FileTests {
         }
     }
 
+
+    @Test("an I/O error names SQLite's extended code and the system's reason, which a report of it needs")
+    func ioError_namesItsCodeAndReason() {
+        let shortRead: Int32 = 10 | (2 << 8)  // SQLITE_IOERR_SHORT_READ
+        let error = Database.error(code: shortRead, message: "disk I/O error", path: "/k/x.lockbox", operation: "sqlite3_step", systemError: EIO)
+        #expect(error.status == -36)
+        #expect(error.message.contains("SQLite code 522: Input/output error"), "\(error.message)")
+        #expect(error.message.contains("that file was not changed"), "\(error.message)")
+        #expect(error.sqliteExtendedCode == shortRead)
+        let unknownReason = Database.error(code: shortRead, message: "disk I/O error", path: "/k/x.lockbox", operation: "sqlite3_step")
+        #expect(unknownReason.message.contains("(I/O error, SQLite code 522)"), "\(unknownReason.message)")
+    }
     @Test("creating over an existing vault is errSecDuplicateKeychain")
     func createOverExisting_throwsDuplicateKeychain() throws {
         let fixture = try VaultFixture()

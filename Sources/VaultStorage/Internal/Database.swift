@@ -345,7 +345,7 @@ package final class Database {
     /// - Parameter systemError: the `errno` of SQLite's last failed system call on the
     ///   connection (`sqlite3_system_errno`), when known: a file that cannot be opened because
     ///   the process has too many open is said to be so, not to have wrong permissions.
-    static func error(code: Int32, message: String, path: String, operation: String, systemError: Int32 = 0) -> LockboxError {
+    package static func error(code: Int32, message: String, path: String, operation: String, systemError: Int32 = 0) -> LockboxError {
         let error = mappedError(code: code, message: message, path: path, systemError: systemError)
         return LockboxError(error.code, error.message, cause: .sqlite(operation, extendedCode: code))
     }
@@ -378,7 +378,12 @@ package final class Database {
         case SQLITE_FULL:
             return LockboxError(.io, "The disk holding \(path) is full. Free space, then try again; that file was not changed.")
         case SQLITE_IOERR:
-            return LockboxError(.io, "Reading or writing \(path) failed (I/O error). Check the disk; that file was not changed.")
+            // The extended code says which operation failed (a read, a lock, the shared memory),
+            // the system's error why: both are what a report of it needs.
+            let reason = systemError != 0 ? ": " + String(cString: strerror(systemError)) : ""
+            return LockboxError(
+                .io,
+                "Reading or writing \(path) failed (I/O error, SQLite code \(code)\(reason)). Check the disk; that file was not changed.")
         case SQLITE_CORRUPT, SQLITE_NOTADB:
             return LockboxError.integrity("The keychain file \(path)")
         case SQLITE_READONLY, SQLITE_PERM, SQLITE_AUTH:
