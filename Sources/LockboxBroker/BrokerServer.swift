@@ -80,22 +80,29 @@ package final class BrokerServer: Sendable {
             }
             unlink(socketPath)
         }
-        let listener: Int32
+        var listener: Int32 = -1
         do throws(LockboxError) {
             listener = try SystemCall.check("socket", "Creating the broker socket") {
                 socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
             }
             let oldMask = umask(0o177)
-            let bound = try UnixSocket.withAddress(socketPath) { address, length in bind(listener, address, length) == 0 ? 0 : errno }
-            umask(oldMask)
+            let bound: Int32
+            do throws(LockboxError) {
+                bound = try UnixSocket.withAddress(socketPath) { address, length in bind(listener, address, length) == 0 ? 0 : errno }
+                umask(oldMask)
+            } catch {
+                umask(oldMask)
+                throw error
+            }
             guard bound == 0 else {
-                close(listener)
                 throw LockboxError(
                     .io, "Cannot listen at \(socketPath): \(String(cString: strerror(bound))).", cause: .systemCall("bind", errno: bound))
             }
             _ = try SystemCall.check("chmod", "Making the broker socket private") { chmod(socketPath, 0o600) }
             _ = try SystemCall.check("listen", "Listening on the broker socket") { Glibc.listen(listener, 128) }
         } catch {
+            // Every descriptor this start opened is closed once, here: the value is never made.
+            if listener >= 0 { close(listener) }
             close(lock)
             throw error
         }

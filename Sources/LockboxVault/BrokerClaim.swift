@@ -40,7 +40,14 @@ package final class BrokerClaim: Sendable {
             throw LockboxError(
                 .io, "Cannot open \(lockPath): \(String(cString: strerror(errno))).", cause: .systemCall("open", errno: errno))
         }
-        guard try lock(descriptor, LOCK_EX | LOCK_NB) else {
+        let locked: Bool
+        do throws(LockboxError) {
+            locked = try lock(descriptor, LOCK_EX | LOCK_NB)
+        } catch {
+            close(descriptor)
+            throw error
+        }
+        guard locked else {
             let holders = Holders(of: descriptor)
             close(descriptor)
             if holders.exclusive.isEmpty, !holders.shared.isEmpty {
@@ -77,7 +84,14 @@ package final class BrokerClaim: Sendable {
                     + "\(String(cString: strerror(errno))). Check the file and its directory (they are yours, mode 0600/0700).",
                 cause: .systemCall("open", errno: errno))
         }
-        guard try lock(descriptor, LOCK_SH | LOCK_NB) else {
+        let locked: Bool
+        do throws(LockboxError) {
+            locked = try lock(descriptor, LOCK_SH | LOCK_NB)
+        } catch {
+            close(descriptor)
+            throw error
+        }
+        guard locked else {
             let holders = Holders(of: descriptor)
             close(descriptor)
             let broker = holders.exclusive.isEmpty ? "" : " (held by \(holders.describe(holders.exclusive)))"

@@ -235,7 +235,8 @@ package final class TPM: Sendable {
                 throw LockboxError(
                     .authFailed, "This TPM cannot open the sealed secret: it was sealed by another TPM, or the TPM was cleared.")
             }
-            defer { _ = Self.tss2.Esys_FlushContext(connection.esys, handle) }
+            // Not after a transport failure: `disconnect` has finalized the context by then.
+            defer { if !connection.isClosed { _ = Self.tss2.Esys_FlushContext(connection.esys, handle) } }
             var authorization = Constant.password
             var session: ESYS_TR?
             if !pcrs.isEmpty {
@@ -243,7 +244,7 @@ package final class TPM: Sendable {
                 authorization = policy.session
                 session = policy.session
             }
-            defer { if let session { _ = Self.tss2.Esys_FlushContext(connection.esys, session) } }
+            defer { if let session, !connection.isClosed { _ = Self.tss2.Esys_FlushContext(connection.esys, session) } }
             var data: UnsafeMutablePointer<TPM2B_SENSITIVE_DATA>?
             let result = Self.tss2.Esys_Unseal(connection.esys, handle, authorization, Constant.none, Constant.none, &data)
             defer {

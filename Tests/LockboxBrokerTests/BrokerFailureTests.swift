@@ -201,8 +201,11 @@ struct BrokerFailureTests {
         _ = try UnixSocket.withAddress(old) { bind(listener, $0, $1) }
         chmod(old, 0o600)
         listen(listener, 4)
+        // The thread owns the listener and closes it once it accepted: a close here could come
+        // first, and the thread's accept would then take whatever socket got the number.
         let thread = Thread {
             let connection = UnixSocket(descriptor: accept(listener, nil, nil))
+            close(listener)
             _ = try? connection.readFrame(limit: 1 << 20)
             try? connection.writeFrame(
                 BrokerCoding.success {
@@ -212,7 +215,6 @@ struct BrokerFailureTests {
                 })
         }
         thread.start()
-        defer { close(listener) }
         do {
             _ = try BrokerStore.connect(socketPath: old, vaultPath: vault, startOnDemand: false)
             Issue.record("an older broker was used")

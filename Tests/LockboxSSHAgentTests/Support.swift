@@ -110,11 +110,15 @@ final class AgentFixture: @unchecked Sendable {
 }
 
 /// A raw client of the agent socket, for sending what OpenSSH's tools never would.
+///
+/// It closes its socket once: a second `close` of the same number would close whatever another
+/// thread of the test process opened meanwhile (a new keychain's SQLite file, say).
 final class AgentClient {
-    let descriptor: Int32
+    private(set) var descriptor: Int32
 
     init(_ path: String) throws {
         descriptor = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        guard descriptor >= 0 else { throw LockboxError(.io, "socket") }
         var address = sockaddr_un()
         address.sun_family = sa_family_t(AF_UNIX)
         withUnsafeMutableBytes(of: &address.sun_path) { buffer in
@@ -125,10 +129,8 @@ final class AgentClient {
         let connected = withUnsafePointer(to: &address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
         }
-        guard connected == 0 else {
-            Glibc.close(descriptor)
-            throw LockboxError(.io, "connect")
-        }
+        // The socket is closed by `deinit`, which runs after this throw too.
+        guard connected == 0 else { throw LockboxError(.io, "connect") }
         var timeout = timeval(tv_sec: 20, tv_usec: 0)
         setsockopt(descriptor, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
     }
@@ -163,11 +165,13 @@ final class AgentClient {
     }
 
     func close() {
+        guard descriptor >= 0 else { return }
         Glibc.close(descriptor)
+        descriptor = -1
     }
 
     deinit {
-        Glibc.close(descriptor)
+        close()
     }
 }
 

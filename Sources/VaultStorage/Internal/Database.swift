@@ -68,8 +68,9 @@ package final class Database {
             try execute("PRAGMA trusted_schema=OFF")
             try execute("PRAGMA cell_size_check=ON")
         } catch {
-            statements.removeAll()
-            sqlite3_close_v2(handle)
+            // Every stored property is set by now, so `deinit` runs after this throw and closes
+            // the connection: closing it here too would close a freed connection (or one that
+            // another thread's open has since been given at the same address).
             throw error
         }
     }
