@@ -105,13 +105,25 @@ public struct DPoPProofFactory: Sendable {
         withUnsafeBytes(of: words) { Base64URL.append($0, to: &output) }
     }
 
-    /// `htu`: the URL without query and fragment.
+    /// `htu`: the URL without query and fragment, and without user information (a target URI
+    /// has none, RFC 9110 4.2.4: a password in the URL must not travel in a header).
     static func targetURI(_ url: URL) -> String {
         // Cut at the first "?" or "#" rather than through URLComponents, which costs a good part
         // of a signature on Linux; neither character can appear unescaped before them.
         let text = url.absoluteString
-        guard let end = text.firstIndex(where: { $0 == "?" || $0 == "#" }) else { return text }
-        return String(text[..<end])
+        let end = text.firstIndex(where: { $0 == "?" || $0 == "#" }) ?? text.endIndex
+        var target = text[..<end]
+        if let scheme = target.range(of: "://") {
+            let authorityEnd = target[scheme.upperBound...].firstIndex(of: "/") ?? target.endIndex
+            if let at = target[scheme.upperBound..<authorityEnd].lastIndex(of: "@") {
+                target = target[..<scheme.upperBound] + target[target.index(after: at)...]
+            }
+            // The scheme in lower case, as RFC 3986's normalization (and every server) has it.
+            if target[..<scheme.lowerBound].contains(where: \.isUppercase) {
+                target = target[..<scheme.lowerBound].lowercased() + target[scheme.lowerBound...]
+            }
+        }
+        return String(target)
     }
 
     /// Appends `text` as a JSON string literal (UTF-8; quotes, backslashes and control

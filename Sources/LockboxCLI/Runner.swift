@@ -213,7 +213,8 @@ struct Runner {
             let summary = try vault.backup(to: file, passphrase: passphrase)
             output.error(
                 "Backed up \(summary.exported) item(s) to \(file). Left out by design: \(summary.skippedThisDeviceOnly) "
-                    + "ThisDeviceOnly, \(summary.skippedAccessControlled) access-controlled.")
+                    + "ThisDeviceOnly, \(summary.skippedAccessControlled) access-controlled, "
+                    + "\(summary.skippedNonExtractableKeys) non-extractable key\(summary.skippedNonExtractableKeys == 1 ? "" : "s").")
             return .success
         case .restore(let file, let fromStandardInput):
             let vault = try openVault()
@@ -387,14 +388,23 @@ struct Runner {
         return .success
     }
 
+    /// Every item's attributes. A locked keychain shows what its open classes hold, then says
+    /// how many items it left out and fails (-25308): a partial listing never passes for the whole.
     private func dump(json: Bool) throws(LockboxError) -> ExitStatus {
-        let store = try Keychain.open(keychainOptions()).store
+        let opened = try Keychain.open(keychainOptions())
         var summaries: [ItemSummary] = []
+        var locked = 0
         for itemClass in ItemClass.allCases {
             var query = Query(itemClass, limit: .all, returning: [.attributes])
             query.synchronizable = .any
             do {
-                summaries += try store.items(matching: query).map(ItemSummary.init)
+                if let vault = opened.vault {
+                    let listing = try vault.listing(matching: query, showingLockedOnly: true)
+                    summaries += listing.items.map(ItemSummary.init)
+                    locked += listing.locked
+                } else {
+                    summaries += try opened.store.items(matching: query).map(ItemSummary.init)
+                }
             } catch LockboxError.itemNotFound {
                 continue
             }
@@ -403,6 +413,11 @@ struct Runner {
             output.print(Self.json(summaries))
         } else {
             output.print(summaries.map(Self.describe).joined(separator: "\n\n"))
+        }
+        guard locked == 0 else {
+            throw LockboxError.locked(
+                "\(locked) item\(locked == 1 ? " is" : "s are") not shown above: \(locked == 1 ? "its class is" : "their classes are") locked. "
+                    + "Unlock it with `lockbox unlock`, then run dump again.")
         }
         return .success
     }

@@ -207,9 +207,10 @@ package enum Help {
                 """
         case "delete-key":
             return """
-                usage: lockbox [--keychain PATH] delete-key --tag TAG [--label LABEL]
+                usage: lockbox [--keychain PATH] delete-key --tag TAG [--label LABEL] [--all]
 
-                Deletes the key (every key with that tag, and label when given).
+                Deletes the key with that tag (and label, when given; --label "" names the key
+                without one). When several match, nothing is deleted unless --all is given.
                 """
         case "enroll", "unenroll":
             return """

@@ -124,6 +124,9 @@ package struct KeyOptions {
     /// `--raw` (sign): write the signature's bytes instead of a base64 line.
     package var raw = false
     package var json = false
+    /// `--all` (delete-key): delete every key the tag (and label) name; without it, a delete
+    /// that names more than one key is refused.
+    package var all = false
 }
 
 /// A usage error: exit status 64 with the verb's help.
@@ -304,7 +307,14 @@ package enum Parser {
                 case "--label": key.label = try reader.value(for: option)
                 case "--algorithm" where verb == "generate-key": key.algorithm = try reader.value(for: option)
                 case "--purpose" where verb == "generate-key":
-                    key.purposes += try reader.value(for: option).split(separator: ",").map(String.init)
+                    // Every piece named: an empty value (an unset variable) is a mistake, not "every purpose".
+                    let pieces = try reader.value(for: option).split(separator: ",", omittingEmptySubsequences: false)
+                    guard pieces.allSatisfy({ $0.contains { $0 != " " } }) else {
+                        throw UsageError(
+                            message: "--purpose has an empty name: give sign, verify, encrypt, decrypt or key-agreement (comma-separated)",
+                            verb: verb)
+                    }
+                    key.purposes += pieces.map { String($0.filter { $0 != " " }) }
                 case "--hardware" where verb == "generate-key": key.hardware = true
                 case "--synchronizable" where verb == "generate-key": key.synchronizable = true
                 case "--accessibility" where verb == "generate-key":
@@ -321,6 +331,7 @@ package enum Parser {
                     key.format = format
                 case "--raw" where verb == "sign": key.raw = true
                 case "--json" where verb == "generate-key": key.json = true
+                case "--all" where verb == "delete-key": key.all = true
                 default: throw reader.unknown(option)
                 }
             }
@@ -376,7 +387,15 @@ package enum Parser {
                 case "--issuer": issuer = try reader.value(for: option)
                 case "--client-id": clientID = try reader.value(for: option)
                 case "--retry" where verb == "logout": retry = true
-                case "--method" where verb == "token": method = try reader.value(for: option)
+                case "--method" where verb == "token":
+                    // A method is a token (RFC 9110): an empty one (an unset variable) or one
+                    // with spaces or line breaks would make a proof no server accepts.
+                    let given = try reader.value(for: option)
+                    let tokenCharacters = Set("!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+                    guard !given.isEmpty, given.allSatisfy({ tokenCharacters.contains($0) }) else {
+                        throw UsageError(message: "--method takes an HTTP method such as GET or POST", verb: verb)
+                    }
+                    method = given
                 case "--url" where verb == "token": url = try reader.value(for: option)
                 case "--nonce" where verb == "token": nonce = try reader.value(for: option)
                 default: throw reader.unknown(option)

@@ -341,9 +341,12 @@ public final class SoftwareKeyStore: Sendable {
         guard cacheable else { return try OpenedKey(key, secret: privateKey(of: key, for: purpose, context: context)) }
         // The stamp is taken before the read: a write in between makes the next use read again.
         guard let stamp = try vault.keyUseStamp() else {
+            // Locked: nothing opened under the last unlock is kept. The key is read as its own
+            // class allows: refused (locked) for `whenUnlocked`, opened for `afterFirstUnlock`
+            // and `always`, whose class keys stay; opened too when an unlock came in between.
+            // Either way it is not kept, as there is no unlock to tie it to.
             forgetOpenedKeys()
-            _ = try privateKey(of: key, for: purpose, context: context)  // throws the locked error
-            preconditionFailure("a locked vault does not give out keys")
+            return try OpenedKey(key, secret: privateKey(of: key, for: purpose, context: context))
         }
         if var kept = opened.withLock({ $0[key.persistentReference] }), let keptStamp = kept.stamp, kept.descriptor == key.descriptor {
             if keptStamp == stamp { return kept }

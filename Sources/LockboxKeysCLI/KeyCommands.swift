@@ -96,21 +96,28 @@ struct KeyCommands {
             let keys: SoftwareKeyStore
             switch try openKeys() {
             case .broker(let broker):
-                var query = Query(.key, limit: .all, returning: [])
+                guard options.label != "" else {
+                    throw LockboxError(.unimplemented, "Through the broker, a key without a label is named by its tag alone; leave out --label.")
+                }
+                var query = Query(.key, limit: .all, returning: [.attributes], synchronizable: .any)
                 query.attributes.applicationTag = Data(options.tag.utf8)
                 query.attributes.label = options.label
-                let count: Int
+                let matching: Int
                 do {
-                    count = try broker.delete(matching: query)
+                    matching = try broker.items(matching: query).count
                 } catch LockboxError.itemNotFound {
                     throw LockboxError(.itemNotFound, "No key with this tag is in the keychain.")
                 }
+                try Self.checkDeletingSeveral(matching, options)
+                query.returning = []
+                let count = try broker.delete(matching: query)
                 output.error("Deleted \(count) key\(count == 1 ? "" : "s").")
                 return .success
             case .vault(let store): keys = store
             }
-            let found = try keys.keys(applicationTag: Data(options.tag.utf8), label: options.label)
+            let found = try matchingKeys(options, in: keys)
             guard !found.isEmpty else { throw LockboxError(.itemNotFound, "No key with this tag is in the keychain.") }
+            try Self.checkDeletingSeveral(found.count, options)
             for key in found { try key.delete() }
             output.error("Deleted \(found.count) key\(found.count == 1 ? "" : "s").")
             return .success
@@ -210,12 +217,29 @@ struct KeyCommands {
 
     /// The one key `options` name in the vault (the broker finds its keys itself, by tag and label).
     private func findKey(_ options: KeyOptions, in keys: SoftwareKeyStore) throws(LockboxError) -> ManagedKey {
-        let found = try keys.keys(applicationTag: Data(options.tag.utf8), label: options.label)
+        let found = try matchingKeys(options, in: keys)
         guard let key = found.first else { throw LockboxError(.itemNotFound, "No key with this tag is in the keychain.") }
         guard found.count == 1 else {
-            throw LockboxError(.param, "\(found.count) keys have this tag; name one with --label.")
+            throw LockboxError(.param, "\(found.count) keys have this tag; name one with --label (--label \"\" names the one without a label).")
         }
         return key
+    }
+
+    /// The keys with the tag `options` names, and its label: `--label ""` names the keys that
+    /// have none, so that a key without a label beside labelled ones can still be named.
+    private func matchingKeys(_ options: KeyOptions, in keys: SoftwareKeyStore) throws(LockboxError) -> [ManagedKey] {
+        guard options.label == "" else { return try keys.keys(applicationTag: Data(options.tag.utf8), label: options.label) }
+        return try keys.keys(applicationTag: Data(options.tag.utf8)).filter { ($0.label ?? "").isEmpty }
+    }
+
+    /// A delete that names several keys is done only with `--all`: nothing a user stored is
+    /// deleted unless they asked for exactly that.
+    private static func checkDeletingSeveral(_ count: Int, _ options: KeyOptions) throws(LockboxError) {
+        guard count > 1, !options.all else { return }
+        throw LockboxError(
+            .param,
+            "\(count) keys have this tag\(options.label == nil ? "" : " and label"); nothing was deleted. "
+                + "Name one with --label (--label \"\" names the one without a label), or pass --all to delete all \(count).")
     }
 
     private func purposes(_ names: [String], algorithm: KeyAlgorithm) throws(LockboxError) -> KeyPurposes {

@@ -77,8 +77,13 @@ struct AuthCommands {
                 let token = try await session.accessToken(issuer: issuer, clientID: clientID)
                 SecretInput.writeToStandardOutput(token)
             case .token(let issuer, let clientID, let target?):
-                guard let url = URL(string: target.url), url.scheme == "https" || url.scheme == "http", url.host != nil else {
-                    output.error("lockbox: --url must be the absolute http(s) URL of the request, such as https://api.example.com/v1/items. (usage)")
+                // As given, never re-encoded: a URL with a space would have its `%41` made `%2541`.
+                guard let url = URL(string: target.url, encodingInvalidCharacters: false), ["https", "http"].contains(url.scheme?.lowercased()),
+                    url.host != nil
+                else {
+                    output.error(
+                        "lockbox: --url must be the absolute http(s) URL of the request, such as https://api.example.com/v1/items, "
+                            + "with any space or other such character percent-encoded (%20). (usage)")
                     return .usage
                 }
                 let authorization = try await session.requestAuthorization(

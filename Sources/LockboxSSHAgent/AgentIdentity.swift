@@ -48,7 +48,8 @@ package struct ManagedKeySource: AgentKeySource {
             guard key.algorithm == .ed25519 || key.algorithm == .p256, let publicKey = key.publicKey else { return nil }
             // A key without the sign purpose is still listed by the store but never offered.
             guard key.purposes.contains(.sign) else { return nil }
-            return AgentIdentity(publicKey: publicKey, comment: key.label ?? "") { (message, context) throws(LockboxError) in
+            // `ssh-add -L` prints the comment as it comes: it is given on one line.
+            return AgentIdentity(publicKey: publicKey, comment: PublicKey.oneLineComment(key.label ?? "")) { (message, context) throws(LockboxError) in
                 try key.sign(message, context: context)
             }
         }

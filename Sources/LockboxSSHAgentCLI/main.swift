@@ -45,6 +45,21 @@ struct UsageProblem: Error {
     var message: String
 }
 
+/// `text` as one word for `eval`: as it is when every character is plain, else in single quotes
+/// (a space, a `;` or a `$(...)` in the socket's path stays part of the path).
+func shellQuoted(_ text: String) -> String {
+    let plain = text.unicodeScalars.allSatisfy { scalar in
+        ("a"..."z").contains(scalar) || ("A"..."Z").contains(scalar) || ("0"..."9").contains(scalar) || "/._-+,:@%".unicodeScalars.contains(scalar)
+    }
+    return plain && !text.isEmpty ? text : "'" + text.replacingOccurrences(of: "'", with: "'\\''") + "'"
+}
+
+/// What is said of an argument that is no option here: its place, never its text, which may be
+/// a secret typed in the wrong place.
+func unknownArgument(at position: Int, of verb: String) -> String {
+    "argument \(position) after ssh-agent is not an option of ssh-agent \(verb) (not shown, in case it is a secret)"
+}
+
 func parse(_ arguments: [String]) throws(UsageProblem) -> (keychain: String?, command: AgentCommand) {
     var remaining = arguments[...]
     var keychain: String?
@@ -74,11 +89,17 @@ func parse(_ arguments: [String]) throws(UsageProblem) -> (keychain: String?, co
                 switch try value(option) {
                 case "ed25519": algorithm = .ed25519
                 case "ecdsa", "ecdsa-p256", "p256": algorithm = .p256
-                case let other: throw UsageProblem(message: "--type \(other): the agent's keys are ed25519 or ecdsa (P-256)")
+                default: throw UsageProblem(message: "--type takes ed25519 or ecdsa (P-256): the agent's keys are of these two types")
                 }
-            case "--comment": comment = try value(option)
+            case "--comment":
+                let given = try value(option)
+                // A comment ends a line of `authorized_keys`: a newline in it would add a line.
+                guard !given.unicodeScalars.contains(where: { $0.value < 0x20 || (0x7f...0x9f).contains($0.value) }) else {
+                    throw UsageProblem(message: "--comment has a control character (a newline, say); give it on one line")
+                }
+                comment = given
             case "--user-presence": userPresence = true
-            default: throw UsageProblem(message: "unknown option \(option)")
+            default: throw UsageProblem(message: unknownArgument(at: arguments.count - remaining.count, of: "generate"))
             }
         }
         guard let algorithm else { throw UsageProblem(message: "generate needs --type ed25519|ecdsa") }
@@ -96,7 +117,7 @@ func parse(_ arguments: [String]) throws(UsageProblem) -> (keychain: String?, co
                 reuseSeconds = seconds
             case "-D":
                 continue  // OpenSSH's "foreground": this agent always runs in the foreground.
-            default: throw UsageProblem(message: "unknown option \(option)")
+            default: throw UsageProblem(message: unknownArgument(at: arguments.count - remaining.count, of: "serve"))
             }
         }
         return (keychain, .serve(socket: socket, reuseSeconds: reuseSeconds))
@@ -129,6 +150,16 @@ func run(keychain: String?, command: AgentCommand) throws(LockboxError) -> ExitS
         for identity in try ManagedKeySource(store: store).identities() {
             streams.print(try identity.publicKey.openSSHRepresentation(comment: identity.comment))
         }
+        // The keys whose class is locked are not listed: said, and the listing fails, so that a
+        // part never passes for every key (an `authorized_keys` made from it, say).
+        var query = Query(.key, limit: .all, returning: [.attributes], synchronizable: .any)
+        query.attributes.applicationTag = ManagedKeySource.applicationTag
+        let locked = try store.vault.listing(matching: query, showingLockedOnly: true).locked
+        guard locked == 0 else {
+            throw LockboxError.locked(
+                "\(locked) of its agent keys \(locked == 1 ? "is" : "are") not listed above: \(locked == 1 ? "its class is" : "their classes are") locked. "
+                    + "Unlock it with `lockbox unlock`, then list again.")
+        }
         return .success
     case .generate(let algorithm, let comment, let userPresence):
         let store = try keyStore(keychain: keychain, context: AuthenticationContext(verifier: TerminalVerifier()))
@@ -148,7 +179,7 @@ func run(keychain: String?, command: AgentCommand) throws(LockboxError) -> ExitS
         let listener = try AgentListener(path: path)
         let log: @Sendable (String) -> Void = { streams.error("lockbox-ssh-agent: \($0)") }
         let responder = AgentResponder(keys: ManagedKeySource(store: store), context: context, log: log)
-        streams.print("SSH_AUTH_SOCK=\(listener.path); export SSH_AUTH_SOCK;")
+        streams.print("SSH_AUTH_SOCK=\(shellQuoted(listener.path)); export SSH_AUTH_SOCK;")
         log("serving \(listener.path)")
         listener.serve(responder, log: log)
     }

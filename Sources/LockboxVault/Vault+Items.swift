@@ -117,14 +117,31 @@ extension Vault {
     /// `releasingKeyMaterial` is true only for the key API (``keyMaterial(matching:)``): any other
     /// read of a non-extractable key's value is refused (see ManagedKeyValue.swift).
     func items(matching query: Query, releasingKeyMaterial: Bool) throws(LockboxError) -> [Item] {
+        try listing(matching: query, releasingKeyMaterial: releasingKeyMaterial).items
+    }
+
+    /// ``items(matching:)``, and how many candidates it left out because their class is locked
+    /// (with `limit: .all`): a listing that shows what it can (`dump`, `ssh-agent list`) says
+    /// what it could not, rather than pass for the whole keychain.
+    /// - Throws: as ``items(matching:)``: `interactionNotAllowed` when nothing could be shown
+    ///   and a locked candidate was left out.
+    ///   With `showingLockedOnly`, a query whose every candidate is locked answers no item and
+    ///   their count instead.
+    package func listing(matching query: Query, showingLockedOnly: Bool = false) throws(LockboxError) -> (items: [Item], locked: Int) {
+        try listing(matching: query, releasingKeyMaterial: false, showingLockedOnly: showingLockedOnly)
+    }
+
+    private func listing(
+        matching query: Query, releasingKeyMaterial: Bool, showingLockedOnly: Bool = false
+    ) throws(LockboxError) -> (items: [Item], locked: Int) {
         try withStateVerifyingUser { state throws(LockboxError) in
             // One snapshot for the integrity state and the rows.
-            try state.database.readTransaction { () throws(LockboxError) -> [Item] in
+            try state.database.readTransaction { () throws(LockboxError) -> (items: [Item], locked: Int) in
                 _ = try currentIntegrity(state)
                 let plan = try plan(for: query, readingData: query.returning.contains(.data), state: state)
                 let rows = try verifyIntegrity(of: try candidates(plan, state: state), plan: plan, state: state)
                 var results: [Item] = []
-                var lockedCandidate = false
+                var locked = 0
                 // A read of the value alone by a name or a full primary key (`data(matching:)`)
                 // does not decode the attributes: the value's and its key's associated data bind
                 // the row's digests and plain columns, so opening them proves the row is the one
@@ -136,7 +153,7 @@ extension Vault {
                 for row in rows {
                     var item = Item(query.itemClass, attributes: ItemAttributes())
                     guard let classKey = try state.keys.classKey(for: row.accessibility, header: state.header) else {
-                        lockedCandidate = true
+                        locked += 1
                         continue
                     }
                     let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
@@ -164,9 +181,10 @@ extension Vault {
                     if query.limit == .one { break }
                 }
                 if results.isEmpty {
-                    throw try noMatch(lockedCandidate: lockedCandidate, plan: plan, state: state)
+                    if showingLockedOnly && locked > 0 { return ([], locked) }
+                    throw try noMatch(lockedCandidate: locked > 0, plan: plan, state: state)
                 }
-                return results
+                return (results, locked)
             }
         }
     }

@@ -56,6 +56,56 @@ struct KeyCommandTests {
         #expect(try lockbox(["status"], tpm: tpm).standardOutput.contains("tpm: not in use"))
     }
 
+    @Test("careless use of the key verbs: a delete naming several keys, an unlabelled key beside labelled ones, an empty --purpose, a comment with a newline, a locked listing")
+    func carelessKeyUse_isRefusedOrSaid() throws {
+        #expect(try lockbox(["init", "--passphrase-stdin", "--kdf", "interactive"], input: Self.passphrase, tpm: nil).status == 0)
+        defer { _ = try? lockbox(["lock", "--all"], tpm: nil) }
+        // An empty --purpose (an unset variable) is a usage error, not every purpose.
+        let empty = try lockbox(["generate-key", "--tag", "p", "--purpose", ""], tpm: nil)
+        #expect(empty.status == 64 && empty.standardError.contains("--purpose"), "\(empty.status): \(empty.standardError)")
+        #expect(try lockbox(["generate-key", "--tag", "p", "--purpose", "sign,"], tpm: nil).status == 64)
+        // Two keys with one tag, one without a label: named apart, deleted only one at a time or with --all.
+        #expect(try lockbox(["generate-key", "--tag", "amb", "--algorithm", "ed25519"], tpm: nil).status == 0)
+        #expect(try lockbox(["generate-key", "--tag", "amb", "--algorithm", "ed25519", "--label", "L2"], tpm: nil).status == 0)
+        let both = try lockbox(["delete-key", "--tag", "amb"], tpm: nil)
+        #expect(both.status != 0 && both.standardError.contains("--all") && both.standardError.contains("nothing was deleted"), "\(both.standardError)")
+        let unlabelled = try lockbox(["public-key", "--tag", "amb", "--label", ""], tpm: nil)
+        #expect(unlabelled.status == 0 && unlabelled.standardOutput.hasPrefix("-----BEGIN PUBLIC KEY-----"), "\(unlabelled.standardError)")
+        #expect(try lockbox(["delete-key", "--tag", "amb", "--label", ""], tpm: nil).status == 0)
+        #expect(try lockbox(["public-key", "--tag", "amb"], tpm: nil).status == 0, "the labelled key was deleted too")
+        #expect(try lockbox(["generate-key", "--tag", "amb", "--algorithm", "ed25519", "--label", "L3"], tpm: nil).status == 0)
+        let all = try lockbox(["delete-key", "--tag", "amb", "--all"], tpm: nil)
+        #expect(all.status == 0 && all.standardError.contains("Deleted 2 keys"), "\(all.standardError)")
+        // An agent key's comment is one line: refused with a newline, escaped when a label has one.
+        let injected = "laptop\nssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAttacker attacker"
+        let refused = try lockbox(["ssh-agent", "generate", "--type", "ed25519", "--comment", injected], tpm: nil)
+        #expect(refused.status == 64 && refused.standardError.contains("control character"), "\(refused.standardError)")
+        let canary = makeCanary("stray")
+        let stray = try lockbox(["ssh-agent", "generate", "--type", "ed25519", canary], tpm: nil)
+        #expect(stray.status == 64 && !stray.standardError.contains(canary) && stray.standardError.contains("not shown"), "\(stray.standardError)")
+        let labelled = try lockbox(
+            ["generate-key", "--tag", "org.lockbox.ssh-agent", "--algorithm", "ed25519", "--purpose", "sign,verify", "--label", injected,
+             "--accessibility", "afterFirstUnlock"], tpm: nil)
+        #expect(labelled.status == 0, "\(labelled.standardError)")
+        #expect(try lockbox(["ssh-agent", "generate", "--type", "ed25519", "--comment", "closed"], tpm: nil).status == 0)
+        let listed = try lockbox(["ssh-agent", "list"], tpm: nil)
+        #expect(listed.status == 0, "\(listed.standardError)")
+        let lines = listed.standardOutput.split(separator: "\n")
+        #expect(lines.count == 2 && lines.allSatisfy { $0.hasPrefix("ssh-ed25519 ") }, "\(listed.standardOutput)")
+        #expect(listed.standardOutput.contains("laptop\\x0Assh-ed25519"), "\(listed.standardOutput)")
+        // Locked: the open key is listed, the other is said to be left out, and the listing fails.
+        #expect(try lockbox(["lock"], tpm: nil).status == 0)
+        let partial = try lockbox(["ssh-agent", "list"], tpm: nil)
+        #expect(partial.status != 0 && partial.standardError.contains("1 of its agent keys is not listed"), "\(partial.status): \(partial.standardError)")
+        #expect(partial.standardOutput.split(separator: "\n").count == 1, "\(partial.standardOutput)")
+        let dump = try lockbox(["dump"], tpm: nil)
+        #expect(dump.status != 0 && dump.standardError.contains("not shown above") && dump.standardError.contains("-25308"), "\(dump.standardError)")
+        #expect(dump.standardOutput.contains("org.lockbox.ssh-agent"), "\(dump.standardOutput)")
+        // The open key signs while locked.
+        let signed = try lockbox(["sign", "--tag", "org.lockbox.ssh-agent", "--label", injected], input: Array("m".utf8), tpm: nil)
+        #expect(signed.status == 0, "\(signed.status): \(signed.standardError)")
+    }
+
     @Test func tpmUnlock_enrollLockUnlockWithoutPassphraseUnenroll() throws {
         let tpm = try PrivateTPM()
         #expect(try lockbox(["init", "--passphrase-stdin", "--kdf", "interactive"], input: Self.passphrase, tpm: tpm).status == 0)

@@ -177,6 +177,27 @@ struct KeptOpenedKeyTests {
         #expect(status { _ = try key.sign(self.message) } == LockboxError.Code.interactionNotAllowed.rawValue)
     }
 
+    @Test("a key whose class stays open after the first unlock signs while the vault is locked (before, the process aborted)")
+    func afterFirstUnlockKey_signsWhileLocked() throws {
+        let fixture = try KeyFixture()
+        let open = try fixture.generate(.ed25519, [.sign, .verify], tag: "com.example.afu") { $0.accessibility = .afterFirstUnlock }
+        let always = try fixture.generate(.p256, [.sign, .verify], tag: "com.example.always") { $0.accessibility = .always }
+        let closed = try fixture.generate(.ed25519, [.sign, .verify], tag: "com.example.wu")
+        _ = try open.sign(message)
+        fixture.vault.vault.lock()
+        for _ in 0..<2 {
+            #expect(try open.isValidSignature(open.sign(message), for: message))
+            #expect(try always.isValidSignature(always.sign(message), for: message))
+            #expect(status { _ = try closed.sign(self.message) } == LockboxError.Code.interactionNotAllowed.rawValue)
+        }
+        // Locked by another handle, and unlocked again in between: still a signature or the locked error.
+        fixture.vault.vault.lockAll()
+        #expect(status { _ = try closed.sign(self.message) } == LockboxError.Code.interactionNotAllowed.rawValue)
+        try fixture.vault.vault.unlock(passphrase: fixture.vault.passphrase)
+        #expect(try closed.isValidSignature(closed.sign(message), for: message))
+        #expect(try open.isValidSignature(open.sign(message), for: message))
+    }
+
     @Test func accessControlledKey_asksAtEveryUseOutsideTheReuseWindow() throws {
         let verifier = PassphraseVerifier()
         let fixture = try KeyFixture()

@@ -76,6 +76,7 @@ struct KeyEnvelope {
             let flags = Flags(rawValue: bytes[offset + 1])
             guard let algorithm = KeyAlgorithm(code: bytes[offset + 2]) else { throw damaged }
             let purposes = KeyPurposes(rawValue: bytes[offset + 3])
+            guard algorithm.possiblePurposes.isSuperset(of: purposes) else { throw damaged }
             let publicCount = Int(bytes[offset + 4])
             offset += 5
             guard publicCount == algorithm.publicKeyByteCount, bytes.count - offset >= publicCount else { throw damaged }
@@ -146,7 +147,11 @@ struct KeyDescriptor: Equatable {
             let algorithm = KeyAlgorithm(code: bytes[4])
         else { return nil }
         let count = Int(bytes[7])
-        guard count == algorithm.publicKeyByteCount, bytes.count == 8 + count else { return nil }
+        // Purposes its algorithm cannot serve (a sign purpose on an X25519 key) make no key:
+        // the operations rely on the pair being one Lockbox makes.
+        guard count == algorithm.publicKeyByteCount, bytes.count == 8 + count,
+            algorithm.possiblePurposes.isSuperset(of: KeyPurposes(rawValue: bytes[5]))
+        else { return nil }
         self.init(
             algorithm: algorithm, purposes: KeyPurposes(rawValue: bytes[5]), flags: KeyEnvelope.Flags(rawValue: bytes[6]),
             publicKey: Array(bytes[8...]))
