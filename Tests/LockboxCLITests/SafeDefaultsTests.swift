@@ -37,8 +37,24 @@ struct SafeDefaultsTests {
 
     static let unshare = "/usr/bin/unshare"
 
-    /// A directory for a script run under `unshare -rm` to mount a 1 MiB tmpfs on: a mount
-    /// namespace of its own, so no root is needed and nothing is mounted for other processes.
+    /// `unshare`'s options for a mount namespace of the script's own: `-rm` (a user namespace
+    /// too, so no root is needed); as root `-m`. In a chroot (a machine built with debootstrap),
+    /// where the root is no mount point and user namespaces are refused, the mounts' propagation
+    /// is left as it is, which is safe only when no mount shares its mounts with another
+    /// namespace: checked, else the test fails saying so.
+    static func namespaceOptions() throws -> [String] {
+        guard getuid() == 0 else { return ["-rm"] }
+        if try run(unshare, ["-m", "/bin/true"]).status == 0 { return ["-m"] }
+        let mounts = try String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8)
+        guard !mounts.contains(" shared:") else {
+            Issue.record("unshare -m fails here (a chroot?) and a mount is shared, so a tmpfs mounted in a namespace would show outside it")
+            return ["-m"]
+        }
+        return ["-m", "--propagation", "unchanged"]
+    }
+
+    /// A directory for a script run under `unshare` (``namespaceOptions()``) to mount a 1 MiB
+    /// tmpfs on: a mount namespace of its own, so nothing is mounted for other processes.
     func fullDiskMountPoint(_ name: String) throws -> String {
         #expect(FileManager.default.isExecutableFile(atPath: Self.unshare), "unshare (Debian's util-linux) is missing")
         let mountPoint = directory.file(name)
@@ -65,7 +81,7 @@ struct SafeDefaultsTests {
             "$2" --keychain "$1/k.lockbox" lock --all 2>/dev/null
             exit 0
             """
-        let result = try run(Self.unshare, ["-rm", "/bin/sh", "-c", script, "sh", mountPoint, binary])
+        let result = try run(Self.unshare, try Self.namespaceOptions() + ["/bin/sh", "-c", script, "sh", mountPoint, binary])
         #expect(result.status == 0, "\(result.standardError)")
         #expect(result.standardOutput.contains("exit 1"), "\(result.standardOutput)")
         #expect(result.standardError.contains("disk holding") && result.standardError.contains("is full"), "\(result.standardError)")
@@ -101,7 +117,7 @@ struct SafeDefaultsTests {
             "$2" --keychain "$1/k/k.lockbox" lock --all 2>/dev/null
             exit 0
             """
-        let result = try run(Self.unshare, ["-rm", "/bin/sh", "-c", script, "sh", mountPoint, binary])
+        let result = try run(Self.unshare, try Self.namespaceOptions() + ["/bin/sh", "-c", script, "sh", mountPoint, binary])
         #expect(result.status == 0, "\(result.standardError)")
         #expect(result.standardOutput.contains("free 0: exit 1"), "\(result.standardOutput)")
         #expect(!result.standardOutput.contains("left: "), "a failed init left files: \(result.standardOutput)")

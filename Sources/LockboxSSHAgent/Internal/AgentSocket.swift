@@ -20,9 +20,14 @@ package final class AgentListener: Sendable {
     /// `$XDG_RUNTIME_DIR/lockbox/ssh-agent.sock`.
     /// - Throws: `param` when `XDG_RUNTIME_DIR` is not set to an absolute path.
     package static func defaultPath() throws(LockboxError) -> String {
-        guard let runtime = ProcessEnvironment.value("XDG_RUNTIME_DIR"), runtime.hasPrefix("/") else {
+        guard let runtime = ProcessEnvironment.value("XDG_RUNTIME_DIR"), !runtime.isEmpty else {
             throw LockboxError(
                 .param, "XDG_RUNTIME_DIR is not set, so there is no private place for the agent's socket. Set it, or give one with -a PATH.")
+        }
+        guard runtime.hasPrefix("/") else {
+            throw LockboxError(
+                .param, "XDG_RUNTIME_DIR is a relative path, which names no fixed place for the agent's socket. "
+                    + "Set it to an absolute path (such as /run/user/\(getuid())), or give one with -a PATH.")
         }
         return runtime + "/lockbox/ssh-agent.sock"
     }
