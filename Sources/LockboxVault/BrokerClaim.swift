@@ -40,14 +40,7 @@ package final class BrokerClaim: Sendable {
             throw LockboxError(
                 .io, "Cannot open \(lockPath): \(String(cString: strerror(errno))).", cause: .systemCall("open", errno: errno))
         }
-        let locked: Bool
-        do throws(LockboxError) {
-            locked = try lock(descriptor, LOCK_EX | LOCK_NB)
-        } catch {
-            close(descriptor)
-            throw error
-        }
-        guard locked else {
+        guard try lockOrClose(descriptor, LOCK_EX | LOCK_NB) else {
             let holders = Holders(of: descriptor)
             close(descriptor)
             if holders.exclusive.isEmpty, !holders.shared.isEmpty {
@@ -84,14 +77,7 @@ package final class BrokerClaim: Sendable {
                     + "\(String(cString: strerror(errno))). Check the file and its directory (they are yours, mode 0600/0700).",
                 cause: .systemCall("open", errno: errno))
         }
-        let locked: Bool
-        do throws(LockboxError) {
-            locked = try lock(descriptor, LOCK_SH | LOCK_NB)
-        } catch {
-            close(descriptor)
-            throw error
-        }
-        guard locked else {
+        guard try lockOrClose(descriptor, LOCK_SH | LOCK_NB) else {
             let holders = Holders(of: descriptor)
             close(descriptor)
             let broker = holders.exclusive.isEmpty ? "" : " (held by \(holders.describe(holders.exclusive)))"
@@ -167,6 +153,16 @@ package final class BrokerClaim: Sendable {
         guard descriptor >= 0 else { return false }
         defer { close(descriptor) }
         return (try? lock(descriptor, LOCK_SH | LOCK_NB)) == false
+    }
+
+    /// ``lock(_:_:)``, closing `descriptor` when it throws: the claim being made has no other owner.
+    private static func lockOrClose(_ descriptor: Int32, _ operation: Int32) throws(LockboxError) -> Bool {
+        do throws(LockboxError) {
+            return try lock(descriptor, operation)
+        } catch {
+            close(descriptor)
+            throw error
+        }
     }
 
     /// Takes `operation`; false when another process holds a conflicting lock.
