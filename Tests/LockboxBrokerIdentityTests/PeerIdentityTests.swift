@@ -38,7 +38,8 @@ import Glibc
         }
     }
 
-    @Test func hashedExecutable_isTheRunningFileEvenAfterThePathIsReplaced() throws {
+    @Test("a program whose file was replaced at its path since it started is refused, pinned or not: its path no longer names it")
+    func replacedExecutable_isRefused() throws {
         let listener = try Listener()
         let copy = listener.directory.file("client-a")
         _ = try run("/bin/cp", [realPath(systemPython), copy])
@@ -47,16 +48,14 @@ import Glibc
         defer { client.finish() }
         let connection = try listener.accept()
         defer { close(connection) }
+        #expect(try PeerIdentity.identify(socket: connection, hashExecutable: true).executableSHA256 == expected)
 
-        // Another program is put at the path: the process still runs the file it started from.
+        // Another program is put at the path: the process runs a file the path no longer names.
         let replacement = listener.directory.file("replacement")
         _ = try run("/bin/cp", ["/bin/true", replacement])
         #expect(rename(replacement, copy) == 0)
-        let identity = try PeerIdentity.identify(socket: connection, hashExecutable: true)
-
-        #expect(identity.executablePath == copy)
-        #expect(identity.executableSHA256 == expected)
-        #expect(identity.executableSHA256 != (try sha256sum(copy)))
+        let error = #expect(throws: LockboxError.self) { try PeerIdentity.identify(socket: connection, hashExecutable: true) }
+        #expect(error?.message.contains("start it again") == true, "\(error?.message ?? "")")
     }
 
     @Test func twoExecutables_haveTwoIdentities() throws {

@@ -78,6 +78,26 @@ import Glibc
         #expect(error?.message.contains(".flatpak-info") == true)
     }
 
+    @Test("a program whose file is no longer the one at its path (replaced, or another file under that path in a namespace of its own) is refused")
+    func programNotAtItsPath_isRefused() throws {
+        let listener = try Listener(mode: 0o755)
+        var program = ""
+        let client = try sandboxedClient(listener) { root in program = root + "/client" }
+        defer { client.finish() }
+        let connection = try listener.accept()
+        defer { close(connection) }
+        // Identified while its file is the one at its path.
+        let before = try PeerIdentity.identify(socket: connection)
+        #expect(before.executablePath == program)
+        // Another file given its path: what /proc/PID/exe names ("PATH (deleted)") is no longer it.
+        let other = program + ".new"
+        #expect(FileManager.default.createFile(atPath: other, contents: try Data(contentsOf: URL(fileURLWithPath: program))))
+        #expect(rename(other, program) == 0)
+        let error = #expect(throws: LockboxError.self) { try PeerIdentity.identify(socket: connection) }
+        #expect(error?.code == .authFailed)
+        #expect(error?.message.contains("does not run the file at \(program)") == true, "\(error?.message ?? "")")
+    }
+
     @Test func flatpakInfoNamingNoApplication_isRefused() throws {
         let listener = try Listener(mode: 0o755)
         let client = try sandboxedClient(listener) { root in

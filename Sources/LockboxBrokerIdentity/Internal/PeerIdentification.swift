@@ -68,6 +68,7 @@ struct PeerIdentification {
             guard executablePath.hasPrefix("/"), !executablePath.hasPrefix("/memfd:") else {
                 throw Self.refused("process \(pid) runs no file with a path (\(executablePath)); only programs run from a file can be identified.")
             }
+            try Self.checkRunsTheFileAt(executablePath, process, pid)
             kind = .executable(path: executablePath)
         }
         let digest = hashExecutable ? try Self.executableDigest(process, pid) : nil
@@ -200,6 +201,28 @@ struct PeerIdentification {
             let bytes = file.readAll(limit: cgroupLimit)
         else { throw exited(pid) }
         return String(decoding: bytes, as: UTF8.self)
+    }
+
+    /// That the file at `path`, as the broker's own mount namespace resolves it, is the file the
+    /// process runs (same device and inode). `/proc/PID/exe` names a path as the process's
+    /// namespace sees it: a bind mount in a namespace of its own (`unshare -rm`) puts any file
+    /// under an entitled program's path, and a file named "NAME (deleted)" reads as NAME. A
+    /// program whose file was replaced since it started (an upgrade) is refused too, until it
+    /// is started again.
+    static func checkRunsTheFileAt(_ path: String, _ process: FileDescriptor, _ pid: pid_t) throws(LockboxError) {
+        var running = stat()
+        guard fstatat(process.raw, "exe", &running, 0) == 0 else {
+            if errno == EACCES || errno == EPERM {
+                throw refused("the broker may not look at the program of process \(pid) (it is not dumpable).")
+            }
+            throw exited(pid)
+        }
+        var named = stat()
+        guard stat(path, &named) == 0, named.st_dev == running.st_dev, named.st_ino == running.st_ino else {
+            throw refused(
+                "process \(pid) does not run the file at \(path) as the broker sees it: the file was replaced since the program "
+                    + "started (start it again), or the path is another file in the program's own mount namespace.")
+        }
     }
 
     /// `/proc/PID/exe`'s target; a file replaced since it was started keeps its path.
