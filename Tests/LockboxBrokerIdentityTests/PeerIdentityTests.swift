@@ -159,10 +159,52 @@ import Glibc
         }
         try #require(!holdsASocket(), "process \(connected) kept its socket")
 
-        let error = #expect(throws: LockboxError.self) { try PeerIdentity.identify(socket: connection, socketPidfd: false) }
-        #expect(error?.code == .authFailed)
-        #expect(error?.message.contains("does not hold the connection") == true, "\(error?.message ?? "")")
-        #expect(try PeerIdentity.identify(socket: connection, socketPidfd: true).pid == connected)
+        // Refused on both paths: a process that no longer holds the connection may have run
+        // another program since it connected (see below).
+        for socketPidfd in [false, true] {
+            let error = #expect(throws: LockboxError.self) { try PeerIdentity.identify(socket: connection, socketPidfd: socketPidfd) }
+            #expect(error?.code == .authFailed)
+            #expect(error?.message.contains("does not hold the connection") == true, "\(error?.message ?? "")")
+        }
+    }
+
+    /// A process connects, forks a child that keeps the connection, then runs another program
+    /// (exec keeps the pid, the pidfd and the start time): the broker would read that program as
+    /// the client. It holds the connection only through a descriptor without close-on-exec,
+    /// or (with close-on-exec) not at all: refused either way, on both paths.
+    @Test(arguments: [false, true])
+    func connectThenExecAnotherProgram_isRefused(closeOnExec: Bool) throws {
+        let listener = try Listener()
+        let client = try ClientProcess(
+            [
+                systemPython, "-c",
+                """
+                import os, socket, sys
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.set_inheritable(sys.argv[2] == "keep")
+                s.connect(sys.argv[1])
+                if os.fork() == 0:
+                    sys.stdin.buffer.read()
+                    os._exit(0)
+                os.execv("/bin/cat", ["cat"])
+                """,
+                listener.path, closeOnExec ? "close" : "keep",
+            ])
+        defer { client.finish() }
+        let connection = try listener.accept()
+        defer { close(connection) }
+        var waited = 0
+        while (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(client.pid)/exe")) != realPath("/bin/cat") && waited < 400 {
+            usleep(25_000)
+            waited += 1
+        }
+        try #require(waited < 400, "the client did not run cat")
+        for socketPidfd in [false, true] {
+            let error = #expect(throws: LockboxError.self) { try PeerIdentity.identify(socket: connection, socketPidfd: socketPidfd) }
+            #expect(error?.code == .authFailed)
+            let expected = closeOnExec ? "does not hold the connection" : "without close-on-exec"
+            #expect(error?.message.contains(expected) == true, "\(error?.message ?? "")")
+        }
     }
 
     /// The attack pinning exists for: the process that connected exits, leaving the connection

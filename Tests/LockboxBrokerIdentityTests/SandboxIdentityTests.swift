@@ -20,7 +20,7 @@ import Glibc
         #include <unistd.h>
         int main(void) {
             struct sockaddr_un address = { .sun_family = AF_UNIX, .sun_path = "/broker.sock" };
-            int s = socket(AF_UNIX, SOCK_STREAM, 0);
+            int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
             if (s < 0 || connect(s, (struct sockaddr *)&address, sizeof address) != 0) return 1;
             char buffer[64];
             while (read(0, buffer, sizeof buffer) > 0) {}

@@ -39,7 +39,7 @@ struct PeerIdentification {
             throw Self.refused("the kernel names no process for the client (it is in a pid namespace the broker cannot see).")
         }
 
-        let (pidfd, fromSocket) = try Self.pidfd(socket: socket, pid: pid, fromSocket: socketPidfd)
+        let (pidfd, _) = try Self.pidfd(socket: socket, pid: pid, fromSocket: socketPidfd)
         guard let process = FileDescriptor.open("/proc/\(pid)", flags: LOCKBOX_O_PATH | O_DIRECTORY) else {
             throw Self.exited(pid)
         }
@@ -52,8 +52,11 @@ struct PeerIdentification {
         }
         // A pidfd opened by number may name a later process that reuses the number of one that
         // connected and exited (leaving the connection to another): that process does not hold
-        // the connection's other end.
-        if !fromSocket { try Self.checkHoldsPeer(of: socket, process, pid) }
+        // the connection's other end. And on every kernel: a process that connected, then ran
+        // another program (exec keeps the pid and the pidfd) while a child it forked kept the
+        // connection, holds it only through a descriptor that survived the exec, one without
+        // close-on-exec.
+        try Self.checkHoldsPeer(of: socket, process, pid)
 
         between?()
 
@@ -155,16 +158,34 @@ struct PeerIdentification {
         }
         defer { closedir(directory) }
         var buffer = [CChar](repeating: 0, count: 64)
+        var heldAcrossExec = false
         while let entry = readdir(directory) {
-            let count = withUnsafeBytes(of: entry.pointee.d_name) { name in
-                readlinkat(descriptors.raw, name.baseAddress!.assumingMemoryBound(to: CChar.self), &buffer, buffer.count - 1)
-            }
-            guard count > 0 else { continue }
-            if String(decoding: buffer[0..<count].map { UInt8(bitPattern: $0) }, as: UTF8.self) == expected { return }
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
+            let count = readlinkat(descriptors.raw, name, &buffer, buffer.count - 1)
+            guard count > 0, String(decoding: buffer[0..<count].map { UInt8(bitPattern: $0) }, as: UTF8.self) == expected else { continue }
+            if try closesOnExec(descriptor: name, process, pid) { return }
+            heldAcrossExec = true
+        }
+        if heldAcrossExec {
+            throw refused(
+                "process \(pid) holds the connection only through a descriptor without close-on-exec, which a program it ran since "
+                    + "connecting would have kept: open the connection with SOCK_CLOEXEC (Lockbox's clients do).")
         }
         throw refused(
             "process \(pid) does not hold the connection, so it cannot be shown to be the process that connected (its number may "
                 + "have been reused); connect again from the process that uses the connection.")
+    }
+
+    /// Whether the process's descriptor `name` has close-on-exec, from the `flags:` line
+    /// (octal) of `/proc/PID/fdinfo/NAME`.
+    static func closesOnExec(descriptor name: String, _ process: FileDescriptor, _ pid: pid_t) throws(LockboxError) -> Bool {
+        guard let file = FileDescriptor.open("fdinfo/" + name, relativeTo: process, flags: O_RDONLY), let bytes = file.readAll(limit: 4096)
+        else { throw exited(pid) }
+        for line in String(decoding: bytes, as: UTF8.self).split(separator: "\n") where line.hasPrefix("flags:") {
+            guard let flags = Int(line.dropFirst(6).trimmingWhitespace, radix: 8) else { return false }
+            return flags & Int(O_CLOEXEC) != 0
+        }
+        return false
     }
 
     /// The `Pid:` line of a pidfd's fdinfo; nil when the kernel does not show one.
