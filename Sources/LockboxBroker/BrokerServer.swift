@@ -64,9 +64,13 @@ package final class BrokerServer: Sendable {
         let vault: Vault
         do throws(LockboxError) {
             claim = try BrokerClaim.claimForBroker(vaultPath: configuration.vaultPath)
-            configuration.vault.unlockCache = .processMemory
             configuration.vault.brokerClaim = claim
+            configuration.vault.unlockCache = .processMemory
             vault = try Vault.open(at: configuration.vaultPath, configuration: configuration.vault)
+            // Keys that programs opening the vault directly left in the kernel keyring are
+            // taken out: a copy of the file (its log included) would open with them, every
+            // access group's items with it, while the broker is meant to hold the only keys.
+            vault.removeKeysFromKernelKeyring()
         } catch {
             close(lock)
             throw error

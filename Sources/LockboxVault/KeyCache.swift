@@ -176,6 +176,14 @@ final class KeyCache {
 
     static let descriptionPrefix = "lockbox:v1:"
 
+    /// Removes the vault's keys from the kernel keyring (best effort: none there, or no keyring,
+    /// is nothing to remove); its generation record stays.
+    static func removeSharedKeys(vaultID: String) {
+        for kind in [EntryKind.master, .afterFirstUnlock] {
+            try? KernelKeyring.remove(description: description(vaultID: vaultID, kind: kind))
+        }
+    }
+
     /// `lockbox:v1:<vault id>:unlocked` and `lockbox:v1:<vault id>:after-first-unlock`.
     static func description(vaultID: String, kind: EntryKind) -> String {
         "\(descriptionPrefix)\(vaultID):\(kind.rawValue)"

@@ -606,6 +606,15 @@ public final class Vault: ItemStore, Sendable {
         if all { vault.lockAll() } else { vault.lock() }
     }
 
+    /// Takes this vault's keys out of the kernel keyring, whatever this handle caches in (its
+    /// process memory, for `lockboxd`): what programs that opened the vault directly left there
+    /// for the user's other processes. The generation record, which is no key, stays. What
+    /// `lockboxd` does as it claims the vault, so that no key of it stays where a copy of the
+    /// file could be opened with it while the broker alone holds the keys.
+    package func removeKeysFromKernelKeyring() {
+        KeyCache.removeSharedKeys(vaultID: withState { state in state.header.vaultID.hexString })
+    }
+
     /// Forgets every cached key, as a reboot does (`afterFirstUnlock*` items lock too).
     public func lockAll() {
         withState { state in

@@ -88,6 +88,42 @@ struct BrokerClaimTests {
         #expect(locked.status == 0, "\(locked.standardError)")
     }
 
+    @Test("lockboxd takes the keys an embedded unlock left in the kernel keyring out as it claims the vault: a copy of the file opens locked")
+    func brokerStart_takesTheKernelKeyringKeysOut() throws {
+        let fixture = try BrokerFixture()
+        fixture.stop()
+        let lockbox = builtProduct("lockbox")
+        var environment = Self.embeddedEnvironment(fixture)
+        let canary = makeCanary("keyring")
+        let unlocked = try run(
+            lockbox, ["unlock", "--passphrase-stdin"], input: Array((BrokerFixture.passphraseText + "\n").utf8), environment: environment)
+        #expect(unlocked.status == 0, "\(unlocked.standardError)")
+        defer { _ = try? run(lockbox, ["lock", "--all"], environment: environment) }
+        #expect(try run(lockbox, ["add-generic-password", "-s", "copy", "-a", "a"], input: Array((canary + "\n").utf8), environment: environment).status == 0)
+        let copies = TemporaryDirectory("lockbox-broker-copy")
+        func readCopy() throws -> ProcessResult {
+            for suffix in ["", "-wal"] {
+                unlink(copies.file("copy.lockbox") + suffix)
+                if FileManager.default.fileExists(atPath: fixture.vaultPath + suffix) {
+                    try FileManager.default.copyItem(atPath: fixture.vaultPath + suffix, toPath: copies.file("copy.lockbox") + suffix)
+                }
+            }
+            unlink(copies.file("copy.lockbox-shm"))
+            var copyEnvironment = environment
+            copyEnvironment["LOCKBOX_KEYCHAIN"] = copies.file("copy.lockbox")
+            return try run(lockbox, ["find-generic-password", "-s", "copy", "-a", "a", "-w"], environment: copyEnvironment)
+        }
+        // Before a broker: the keys the unlock left open a copy (the embedded design).
+        let before = try readCopy()
+        #expect(before.status == 0 && before.standardOutput.contains(canary), "\(before.standardError)")
+        // The broker claims the vault: its keys are its own from then on.
+        try fixture.start(access: "user")
+        let after = try readCopy()
+        #expect(after.status != 0 && !after.standardOutput.contains(canary), "a copy opened with the keyring's keys while the broker served")
+        #expect(after.standardError.contains("-25308"), "\(after.standardError)")
+        environment["LOCKBOX_KEYCHAIN"] = fixture.vaultPath
+    }
+
     @Test("while lockboxd serves the vault, another process opening it directly is refused, naming the broker")
     func brokerFirst_embeddedProgramRefused_namingTheBroker() throws {
         let fixture = try BrokerFixture()
