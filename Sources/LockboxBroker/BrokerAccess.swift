@@ -18,12 +18,20 @@ package struct BrokerGrant: Sendable, Hashable {
     /// The `lockbox` command, which a person uses: once the passphrase is entered again on its
     /// connection (an `unlock` with the passphrase), it reaches every group.
     package var reachesEveryGroupWithPassphrase = false
+    /// How the policy gives this peer its grant again as it reads now (nil: a policy that never
+    /// changes): the broker asks before each request, so that a grant removed from the policy
+    /// is gone from connections already open too, not only from new ones.
+    package var renewal: BrokerGrantRenewal?
 
-    package init(peerName: String, accessGroups: [String]?, defaultAccessGroup: String, reachesEveryGroupWithPassphrase: Bool = false) {
+    package init(
+        peerName: String, accessGroups: [String]?, defaultAccessGroup: String, reachesEveryGroupWithPassphrase: Bool = false,
+        renewal: BrokerGrantRenewal? = nil
+    ) {
         self.peerName = peerName
         self.accessGroups = accessGroups
         self.defaultAccessGroup = defaultAccessGroup
         self.reachesEveryGroupWithPassphrase = reachesEveryGroupWithPassphrase
+        self.renewal = renewal
     }
 
     /// Whether the peer may use `group`.
@@ -38,6 +46,22 @@ package struct BrokerGrant: Sendable, Hashable {
             "\(peerName) may not use the access group \(group). Grant it in the broker's policy "
                 + "($XDG_CONFIG_HOME/lockbox/), as an application's keychain-access-groups entitlement does.")
     }
+}
+
+/// A policy's way to give one peer its grant again (its identity kept, the policy read anew):
+/// the same grant while the policy is unchanged, the policy's new answer once it changed, an
+/// error once the peer is refused.
+package final class BrokerGrantRenewal: Sendable, Hashable {
+    private let body: @Sendable () throws(LockboxError) -> BrokerGrant
+
+    package init(_ body: @escaping @Sendable () throws(LockboxError) -> BrokerGrant) {
+        self.body = body
+    }
+
+    package func grant() throws(LockboxError) -> BrokerGrant { try body() }
+
+    package static func == (left: BrokerGrantRenewal, right: BrokerGrantRenewal) -> Bool { left === right }
+    package func hash(into hasher: inout Hasher) { hasher.combine(ObjectIdentifier(self)) }
 }
 
 /// Decides, per connection, which access groups its peer may use. `lockboxd` asks it once per
@@ -101,8 +125,8 @@ package struct BrokerSession: Sendable {
     /// `LATouchIDAuthenticationMaximumAllowableReuseDuration`: five minutes.
     package static let longestReuse: Duration = .seconds(300)
 
-    /// The grant the policy gave the peer when it connected.
-    package let grant: BrokerGrant
+    /// The grant the policy gives the peer: as it connected, then as renewed before each request.
+    package private(set) var grant: BrokerGrant
     private let clock: any LockboxClock
     /// The `lockbox` command's wider grant after the passphrase: until this reading of the
     /// clock, or for the connection's life (`.zero` window).
@@ -128,6 +152,13 @@ package struct BrokerSession: Sendable {
         var wider = grant
         wider.accessGroups = nil
         return wider
+    }
+
+    /// Asks the policy for the peer's grant as it reads now (when the policy can change).
+    /// - Throws: `errSecMissingEntitlement` once the policy refuses the peer.
+    package mutating func renewGrant() throws(LockboxError) {
+        guard let renewal = grant.renewal else { return }
+        grant = try renewal.grant()
     }
 
     /// Whether the `lockbox` command's passphrase has widened its grant, now.

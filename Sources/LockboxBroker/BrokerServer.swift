@@ -190,6 +190,12 @@ package final class BrokerServer: Sendable {
                     return
                 }
             } else if BrokerRequest.isStop(request) {
+                do throws(LockboxError) {
+                    try session.renewGrant()
+                } catch {
+                    try? connection.writeFrame(BrokerCoding.failure(error))
+                    continue
+                }
                 stop(answering: connection, grant: session.grant)
                 continue
             } else {
@@ -197,7 +203,12 @@ package final class BrokerServer: Sendable {
                     try? connection.writeFrame(BrokerCoding.failure(Self.stopping))
                     return
                 }
-                reply = service.reply(to: request, session: &session)
+                do throws(LockboxError) {
+                    try session.renewGrant()
+                    reply = service.reply(to: request, session: &session)
+                } catch {
+                    reply = BrokerCoding.failure(error)
+                }
                 defer { endRequest() }
                 do throws(LockboxError) {
                     try connection.writeFrame(reply)

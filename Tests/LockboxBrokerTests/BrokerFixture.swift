@@ -28,9 +28,13 @@ final class BrokerFixture: @unchecked Sendable {
     }
 
     /// Starts `lockboxd --detach`, which returns once the broker listens.
-    func start(access: String = "executable") throws {
+    /// With `configurationHome`, the broker reads its policy from `configurationHome/lockbox/`.
+    func start(access: String = "executable", configurationHome: String? = nil) throws {
+        var environment = ProcessInfo.processInfo.environment
+        if let configurationHome { environment["XDG_CONFIG_HOME"] = configurationHome }
         let started = try run(
-            brokerd, ["--detach", "--socket", socketPath, "--keychain", vaultPath, "--access", access], timeout: 60)
+            brokerd, ["--detach", "--socket", socketPath, "--keychain", vaultPath, "--access", access], environment: environment,
+            timeout: 60)
         #expect(started.status == 0, "lockboxd did not start: \(started.standardError)")
         process = try brokerProcess()
     }

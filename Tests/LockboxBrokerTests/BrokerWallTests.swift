@@ -51,6 +51,36 @@ struct BrokerWallTests {
         #expect(!cli.standardOutput.contains(canary))
     }
 
+    @Test("a grant removed from the policy is gone from a connection already open, at its next request")
+    func grantRemoved_isGoneFromAnOpenConnection() throws {
+        let fixture = try BrokerFixture()
+        fixture.stop()
+        let home = fixture.directory.file("config")
+        try FileManager.default.createDirectory(atPath: home + "/lockbox", withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        chmod(home, 0o700)
+        let policy = home + "/lockbox/broker.conf"
+        let me = try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")
+        func write(_ text: String) throws {
+            let temporary = policy + ".new"
+            try text.write(toFile: temporary, atomically: false, encoding: .utf8)
+            chmod(temporary, 0o600)
+            #expect(rename(temporary, policy) == 0)
+        }
+        try write("[executable \(me)]\naccess-groups = org.example.shared\n")
+        try fixture.start(access: "executable", configurationHome: home)
+        let store = try fixture.store()
+        try store.unlock(passphrase: SecretBytes(utf8: BrokerFixture.passphraseText))
+        let canary = makeCanary("revoked")
+        try store.add(.genericPassword(service: "grant", account: "a", data: SecretBytes(utf8: canary), accessGroup: "org.example.shared"))
+        let query = Query.genericPassword(service: "grant", account: "a", accessGroup: "org.example.shared")
+        #expect(try store.data(matching: query) == SecretBytes(utf8: canary))
+        // The grant is taken away (an atomic replace, as an editor saves): the same connection
+        // is refused from its next request on.
+        try write("# no grant\n")
+        #expect(status { _ = try store.data(matching: query) } == -34018)
+        #expect(status { try store.delete(matching: query) } == -34018)
+    }
+
     @Test("while unlocked in broker mode, the vault file and the kernel keyring give another process nothing usable")
     func brokerMode_keysNeitherInFileNorKeyring() throws {
         let fixture = try BrokerFixture()
