@@ -156,8 +156,15 @@ package final class BrokerServer: Sendable {
         }
     }
 
+    /// How long a connection may take to send each part of its hello.
+    static let helloTimeoutSeconds = 10
+
     /// One connection: identify the peer, expect hello, then answer requests until it closes.
     func serve(_ connection: UnixSocket) {
+        // Until its hello, a connection has a few seconds per read: one that connects and says
+        // nothing would otherwise hold one of the broker's connections (and a thread) for ever.
+        // A client that has said hello may then stay idle between requests as long as it lives.
+        try? connection.setReceiveTimeout(seconds: Self.helloTimeoutSeconds)
         var session: BrokerSession
         do throws(LockboxError) {
             session = BrokerSession(grant: try configuration.policy.grant(forPeerOn: connection.descriptor))
@@ -185,6 +192,7 @@ package final class BrokerServer: Sendable {
                 case .success(let bytes):
                     reply = bytes
                     greeted = true
+                    try? connection.setReceiveTimeout(seconds: 0)
                 case .failure(let error):
                     try? connection.writeFrame(BrokerCoding.failure(error))
                     return

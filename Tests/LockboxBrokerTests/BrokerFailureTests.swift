@@ -38,6 +38,23 @@ struct BrokerFailureTests {
         }
     }
 
+    @Test("a connection that never says hello is closed after the hello timeout; the broker serves others meanwhile and after")
+    func silentConnection_isClosedAfterTheHelloTimeout() throws {
+        let fixture = try BrokerFixture()
+        let silent = try UnixSocket.connect(to: fixture.socketPath)
+        try silent.setReceiveTimeout(seconds: 60)
+        let started = ContinuousClock.now
+        // Others are served while it says nothing.
+        #expect(try fixture.store().brokerProcessIdentifier == fixture.process)
+        // The broker answers the silence with an error, then closes; never before the timeout.
+        let answer = try? silent.readFrame(limit: 1 << 16)
+        let waited = ContinuousClock.now - started
+        #expect(answer != nil || (try? silent.readFrame(limit: 1 << 16)) == nil)
+        #expect(waited >= .seconds(BrokerServer.helloTimeoutSeconds - 1) && waited < .seconds(50), "closed after \(waited)")
+        #expect((try? silent.readFrame(limit: 1 << 16)) == nil, "the connection stayed open")
+        #expect(try fixture.store().brokerProcessIdentifier == fixture.process)
+    }
+
     @Test("garbage frames get an error reply and change nothing")
     func garbageFrames_getErrorReplies_changeNothing() throws {
         let fixture = try BrokerFixture()

@@ -107,7 +107,7 @@ final class UnixSocket: @unchecked Sendable {
         try Self.peerCredentials(descriptor)
     }
 
-    /// Bounds how long a read waits.
+    /// Bounds how long a read waits (0: as long as it takes).
     func setReceiveTimeout(seconds: Int) throws(LockboxError) {
         var interval = timeval(tv_sec: seconds, tv_usec: 0)
         _ = try SystemCall.check("setsockopt", "Setting the broker connection's timeout") {
