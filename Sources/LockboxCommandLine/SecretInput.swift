@@ -10,8 +10,9 @@ package enum SecretInput {
     /// The longest passphrase accepted, in bytes.
     package static let passphraseLimit = 4096
 
-    /// Reads all of `descriptor` (up to `limit` bytes).
-    package static func readAll(_ descriptor: Int32 = STDIN_FILENO, limit: Int) throws(LockboxError) -> SecretBytes {
+    /// Reads all of `descriptor` (up to `limit` bytes). `what` names the input in errors ("the
+    /// message to sign", say; a secret by default).
+    package static func readAll(_ descriptor: Int32 = STDIN_FILENO, limit: Int, what: String = "The secret") throws(LockboxError) -> SecretBytes {
         var failure: LockboxError?
         let bytes = SecretBytes(capacity: limit + 1) { buffer in
             var filled = 0
@@ -20,7 +21,7 @@ package enum SecretInput {
                 if count == 0 { break }
                 if count < 0 {
                     if errno == EINTR { continue }
-                    failure = LockboxError(.io, "Reading the secret from standard input failed.")
+                    failure = LockboxError(.io, "Reading \(what.prefix(1).lowercased() + what.dropFirst()) from standard input failed.")
                     return 0
                 }
                 filled += count
@@ -29,7 +30,7 @@ package enum SecretInput {
         }
         if let failure { throw failure }
         guard bytes.count <= limit else {
-            throw LockboxError(.param, "The secret on standard input is over the limit of \(limit) bytes.")
+            throw LockboxError(.param, "\(what) on standard input is over the limit of \(limit) bytes.")
         }
         return bytes
     }

@@ -54,7 +54,7 @@ struct KeyCommands {
             let home = try openKeys()
             // The key is found before standard input is read: a wrong tag fails without waiting.
             let key: ManagedKey? = if case .vault(let keys) = home { try findKey(options, in: keys) } else { nil }
-            let message = try SecretInput.readAll(limit: Self.messageLimit).withUnsafeBytes { Data($0) }
+            let message = try SecretInput.readAll(limit: Self.messageLimit, what: "The message to sign").withUnsafeBytes { Data($0) }
             let signature: Data
             switch (home, key) {
             case (.broker(let broker), _):

@@ -17,10 +17,14 @@ package final class AgentResponder: Sendable {
     /// through the key store, which refuses a locked keychain or a deleted key.
     private let listed = Mutex<[[UInt8]: AgentIdentity]>([:])
 
-    package init(keys: any AgentKeySource, context: AuthenticationContext, log: @escaping @Sendable (String) -> Void = { _ in }) {
+    package init(
+        keys: any AgentKeySource, context: AuthenticationContext, log: @escaping @Sendable (String) -> Void = { _ in },
+        clock: any LockboxClock = SystemClock()
+    ) {
         self.keys = keys
         self.context = context
-        self.log = log
+        let repeats = RepeatedLines(clock: clock)
+        self.log = { line in repeats.pass(line, to: log) }
     }
 
     /// The reply frame to one message body.
@@ -85,5 +89,35 @@ package final class AgentResponder: Sendable {
         var scalars = String.UnicodeScalarView()
         scalars.append(contentsOf: text.unicodeScalars.prefix(64).filter { $0.value >= 0x20 && $0.value < 0x7F })
         return String(scalars)
+    }
+}
+
+/// Lets each distinct log line through at most once per ``window``, then says how many like it
+/// were left out: a client that asks a thousand times a second for what is refused (a locked
+/// keychain) fills no journal, and the first refusal is still seen at once.
+final class RepeatedLines: Sendable {
+    static let window: Duration = .seconds(10)
+    /// Lines remembered at most: past it, the oldest are forgotten (and may be written again).
+    static let remembered = 64
+    private let clock: any LockboxClock
+    private let seen = Mutex<[String: (since: Duration, leftOut: Int)]>([:])
+
+    init(clock: any LockboxClock) {
+        self.clock = clock
+    }
+
+    func pass(_ line: String, to log: (String) -> Void) {
+        let now = clock.uptime()
+        let written: String? = seen.withLock { seen in
+            if let entry = seen[line], now - entry.since < Self.window {
+                seen[line] = (entry.since, entry.leftOut + 1)
+                return nil
+            }
+            let leftOut = seen[line]?.leftOut ?? 0
+            if seen.count >= Self.remembered { seen.removeAll() }
+            seen[line] = (now, 0)
+            return leftOut == 0 ? line : line + " (\(leftOut) more like it left out since it was last written)"
+        }
+        if let written { log(written) }
     }
 }
