@@ -135,6 +135,9 @@ public final class AuthenticationContext: Sendable {
     private let remembered = Mutex<[String: (proof: SecretBytes, at: Duration)]>([:])
     /// The context whose verifications this one reuses (see ``withoutInteraction()``).
     private let base: AuthenticationContext?
+    /// What the user is told they approve (`LAContext.localizedReason`); nil: the item's
+    /// class and name, as the vault words it.
+    package let reason: String?
 
     /// A context that asks `verifier` and reuses a verification for `reuseDuration`.
     ///
@@ -162,20 +165,29 @@ public final class AuthenticationContext: Sendable {
         self.interactionNotAllowed = interactionNotAllowed
         self.clock = clock
         base = nil
+        reason = nil
     }
 
-    private init(sharing base: AuthenticationContext) {
-        verifier = nil
+    private init(sharing base: AuthenticationContext, asking verifier: (any PresenceVerifier)?, reason: String?) {
+        self.verifier = verifier
         reuseDuration = base.reuseDuration
-        interactionNotAllowed = true
+        interactionNotAllowed = verifier == nil || base.interactionNotAllowed
         clock = base.clock
         self.base = base
+        self.reason = reason
+    }
+
+    /// This context, saying `reason` when it asks the user (what is to be done with which
+    /// item: "sign with the SSH key laptop (SHA256:...)"); its verifications are this
+    /// context's, reused within the same window.
+    package func asking(because reason: String) -> AuthenticationContext {
+        AuthenticationContext(sharing: base ?? self, asking: verifier, reason: reason)
     }
 
     /// This context's verifications, still reused within their window, with no new question
     /// asked (`kSecUseAuthenticationUIFail` with an evaluated `LAContext`).
     package func withoutInteraction() -> AuthenticationContext {
-        AuthenticationContext(sharing: base ?? self)
+        AuthenticationContext(sharing: base ?? self, asking: nil, reason: nil)
     }
 
     /// Forgets every remembered verification (`LAContext.invalidate()`).

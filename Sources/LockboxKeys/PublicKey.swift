@@ -100,6 +100,16 @@ public struct PublicKey: Sendable, Hashable, CustomStringConvertible {
         return line
     }
 
+    /// OpenSSH's fingerprint of the key (`ssh-keygen -l`): `SHA256:` and the base64 of the
+    /// SHA-256 of its public key blob, without padding. Nil for keys SSH has no format for.
+    public var openSSHFingerprint: String? {
+        guard let line = try? openSSHRepresentation(), let encoded = line.split(separator: " ").dropFirst().first,
+            let blob = Data(base64Encoded: String(encoded))
+        else { return nil }
+        let digest = Data(MessageDigest.sha256(Array(blob))).base64EncodedString()
+        return "SHA256:" + digest.prefix(while: { $0 != "=" })
+    }
+
     /// `comment` with its control characters (a newline, a carriage return, an escape) written
     /// as `\xNN`: a key's line stays one line, so a label cannot add a line of its own to an
     /// `authorized_keys` file the output is pasted into, or drive the terminal it is shown on.

@@ -60,7 +60,11 @@ package final class AgentResponder: Sendable {
                     log("refused to sign: the key is not one this agent offers")
                     return AgentReply.failure
                 }
-                let native = try identity.sign(Data(data), context)
+                // A key that asks the user names itself: which key is to sign, for whom.
+                let fingerprint = identity.publicKey.openSSHFingerprint.map { " (\($0))" } ?? ""
+                let comment = identity.comment.isEmpty ? "" : " " + identity.comment
+                let asking = context.asking(because: "sign with the SSH key\(comment)\(fingerprint)")
+                let native = try identity.sign(Data(data), asking)
                 return AgentReply.signature(try SSHKeyBlob.signature(native, algorithm: identity.publicKey.algorithm))
             } catch {
                 log("could not sign: \(error.description)")

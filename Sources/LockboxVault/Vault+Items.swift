@@ -440,7 +440,7 @@ extension Vault {
         let name = query.attributes.service ?? query.attributes.server ?? query.itemClass.rawValue
         state.presenceRequest = PresenceRequest(
             context: context, verifier: verifier, realm: realm,
-            request: AuthenticationRequest(reason: "\(action) the keychain item \(name)", accessControl: control))
+            request: AuthenticationRequest(reason: context.reason ?? "\(action) the keychain item \(name)", accessControl: control))
         throw LockboxError(.interactionNotAllowed, "This item needs the user's passphrase (access control \(control)).")
     }
 

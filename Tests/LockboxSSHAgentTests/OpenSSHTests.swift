@@ -137,6 +137,10 @@ struct OpenSSHTests {
             }
             let asked = (try? String(contentsOfFile: prompts, encoding: .utf8)) ?? ""
             #expect(asked.split(separator: "\n").count == expectedPrompts, "reuse \(reuse): prompts \(asked)")
+            // The prompt names the key as OpenSSH does: its comment and its fingerprint.
+            let listed = try fixture.run("ssh-keygen", ["-l", "-f", publicFile])
+            let fingerprint = listed.standardOutput.split(separator: " ").first(where: { $0.hasPrefix("SHA256:") }).map(String.init) ?? "?"
+            #expect(asked.contains("sign with the SSH key presence (\(fingerprint))"), "\(asked) / \(listed.standardOutput)")
             #expect(!fixture.log().contains(VaultFixture.passphraseText))
         }
 
