@@ -31,6 +31,8 @@ package final class BrokerServer: Sendable {
     package let service: BrokerService
     private let listener: Int32
     private let socketLock: Int32
+    /// The vault's claim (kept by the vault too): checked in place before each request.
+    private let claim: BrokerClaim
     private let connections = Atomic<Int>(0)
     /// Requests being answered now, and whether a stop was asked (see ``stop(answering:grant:)``).
     private let inFlight = Atomic<Int>(0)
@@ -110,7 +112,7 @@ package final class BrokerServer: Sendable {
             close(lock)
             throw error
         }
-        _ = claim
+        self.claim = claim
         self.configuration = configuration
         self.service = BrokerService(vault: vault, keyOperations: configuration.keyOperations)
         self.listener = listener
@@ -207,6 +209,10 @@ package final class BrokerServer: Sendable {
                 stop(answering: connection, grant: session.grant)
                 continue
             } else {
+                guard claim.isInPlace(vaultPath: configuration.vaultPath) else {
+                    try? connection.writeFrame(BrokerCoding.failure(Self.claimRemoved(configuration.vaultPath)))
+                    shutDown()
+                }
                 guard beginRequest() else {
                     try? connection.writeFrame(BrokerCoding.failure(Self.stopping))
                     return
@@ -270,16 +276,34 @@ package final class BrokerServer: Sendable {
             try? connection.writeFrame(BrokerCoding.failure(Self.stopping))
             return
         }
-        // Requests already being answered finish (up to a minute: an unlock's key derivation,
-        // a write waiting for another process's transaction); no new one starts.
-        for _ in 0..<6000 where inFlight.load(ordering: .sequentiallyConsistent) > 0 { usleep(10_000) }
-        let unfinished = inFlight.load(ordering: .sequentiallyConsistent)
-        // The socket goes first, so that no new client finds this broker; the answer, then the
-        // exit (which closes the connections still open, and those waiting to be accepted).
-        unlink(configuration.socketPath)
+        let unfinished = finishRequests()
         let pid = Int(getpid())
         try? connection.writeFrame(BrokerCoding.success { $0.integer(pid); $0.integer(unfinished) })
         exit(0)
+    }
+
+    /// Requests already being answered finish (up to a minute: an unlock's key derivation, a
+    /// write waiting for another process's transaction); no new one starts. Then the socket
+    /// goes, so that no new client finds this broker. Returns how many did not finish.
+    private func finishRequests() -> Int {
+        for _ in 0..<6000 where inFlight.load(ordering: .sequentiallyConsistent) > 0 { usleep(10_000) }
+        let unfinished = inFlight.load(ordering: .sequentiallyConsistent)
+        unlink(configuration.socketPath)
+        return unfinished
+    }
+
+    /// Stops the broker as `stop` does, without a client asking: its claim is gone.
+    private func shutDown() -> Never {
+        if !isStopping.exchange(true, ordering: .sequentiallyConsistent) { _ = finishRequests() }
+        exit(0)
+    }
+
+    static func claimRemoved(_ vaultPath: String) -> LockboxError {
+        LockboxError(
+            .notAvailable,
+            "The file \(BrokerClaim.lockPath(forVault: vaultPath)), which keeps programs from opening the keychain beside lockboxd, "
+                + "was removed or replaced: lockboxd stops, nothing of this request was done. Do not remove that file while lockboxd runs; "
+                + "the next call starts a broker again when it may.")
     }
 
     /// The reply to a connection's first frame.

@@ -30,6 +30,16 @@ package final class BrokerClaim: Sendable {
     /// The lock file beside the vault.
     package static func lockPath(forVault path: String) -> String { path + ".broker" }
 
+    /// Whether the lock file at `vaultPath`'s lock path is still the file this claim locks: a
+    /// file removed (a clean-up, a restore) or replaced there lets a program take a claim of
+    /// its own on a new file, unaware of this one.
+    package func isInPlace(vaultPath: String) -> Bool {
+        var held = stat()
+        var named = stat()
+        guard fstat(descriptor, &held) == 0, lstat(Self.lockPath(forVault: vaultPath), &named) == 0 else { return false }
+        return held.st_dev == named.st_dev && held.st_ino == named.st_ino
+    }
+
     /// The broker's claim: creates the lock file (0600) and takes it exclusively.
     /// - Throws: `errSecNotAvailable` when another broker serves the vault or an embedded handle
     ///   has it open, naming the processes that hold it and what to do.

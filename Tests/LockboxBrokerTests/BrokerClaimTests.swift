@@ -124,6 +124,20 @@ struct BrokerClaimTests {
         environment["LOCKBOX_KEYCHAIN"] = fixture.vaultPath
     }
 
+    @Test("the claim file removed while lockboxd serves: the next request is refused, saying why, and the broker stops")
+    func claimFileRemoved_brokerStops() throws {
+        let fixture = try BrokerFixture()
+        let store = try fixture.store()
+        try store.unlock(passphrase: SecretBytes(utf8: BrokerFixture.passphraseText))
+        let broker = fixture.process
+        #expect(unlink(BrokerClaim.lockPath(forVault: fixture.vaultPath)) == 0)
+        let refused = #expect(throws: LockboxError.self) { _ = try store.status() }
+        #expect(refused?.message.contains("was removed or replaced: lockboxd stops") == true, "\(refused?.message ?? "")")
+        for _ in 0..<500 where kill(broker, 0) == 0 { usleep(10_000) }
+        #expect(kill(broker, 0) != 0, "lockboxd still runs without its claim")
+        #expect(!BrokerStore.isRunning(socketPath: fixture.socketPath))
+    }
+
     @Test("while lockboxd serves the vault, another process opening it directly is refused, naming the broker")
     func brokerFirst_embeddedProgramRefused_namingTheBroker() throws {
         let fixture = try BrokerFixture()
