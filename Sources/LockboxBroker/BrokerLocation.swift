@@ -76,7 +76,7 @@ public enum BrokerLocation {
     }
 
     /// Whether a `lockboxd` holds the socket's lock now (false: no broker; its socket is stale).
-    static func isHeld(socket path: String) -> Bool {
+    public static func isHeld(socket path: String) -> Bool {
         let descriptor = open(lockPath(forSocket: path), O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
         guard descriptor >= 0 else { return false }
         defer { close(descriptor) }

@@ -291,6 +291,11 @@ struct Runner {
         do throws(LockboxError) {
             broker = try BrokerControl.connection()
         } catch where error.code == .notAvailable {
+            // A broker that holds its socket's lock runs, even when it refused this connection
+            // (every connection slot taken, say).
+            if let socket = try? BrokerLocation.socketPath(), BrokerLocation.isHeld(socket: socket) {
+                throw LockboxError(.notAvailable, "lockboxd runs (it holds \(socket)) but did not take this connection: \(error.message)")
+            }
             guard stop else {
                 output.print("lockboxd: not running (\(error.message))")
                 return .failure

@@ -38,6 +38,22 @@ struct BrokerFailureTests {
         }
     }
 
+    @Test("every connection slot taken: lockbox broker status says the broker runs but took no more, not that it is not running")
+    func everySlotTaken_statusSaysItRuns() throws {
+        let fixture = try BrokerFixture()
+        var held: [UnixSocket] = []
+        for _ in 0..<BrokerServer.Configuration(socketPath: "", vaultPath: "").maximumConnections {
+            held.append(try UnixSocket.connect(to: fixture.socketPath))
+        }
+        defer { held.removeAll() }
+        var environment = fixture.clientEnvironment
+        environment["LOCKBOX_BROKER_SOCKET"] = fixture.socketPath
+        let status = try run(builtProduct("lockbox"), ["broker", "status"], environment: environment)
+        #expect(status.status != 0)
+        #expect(status.standardError.contains("lockboxd runs") && status.standardError.contains("connections already"), "\(status.standardError)")
+        #expect(!status.standardOutput.contains("not running"), "\(status.standardOutput)")
+    }
+
     @Test("a connection that never says hello is closed after the hello timeout; the broker serves others meanwhile and after")
     func silentConnection_isClosedAfterTheHelloTimeout() throws {
         let fixture = try BrokerFixture()
