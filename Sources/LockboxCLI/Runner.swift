@@ -424,6 +424,12 @@ struct Runner {
                 "\(locked) item\(locked == 1 ? " is" : "s are") not shown above: \(locked == 1 ? "its class is" : "their classes are") locked. "
                     + "Unlock it with `lockbox unlock`, then run dump again.")
         }
+        if opened.broker != nil {
+            // The broker answers within this command's access groups: said, so that a short
+            // listing is not taken for the whole keychain.
+            output.error(
+                "Through lockboxd, dump lists the access groups this command reaches; other programs' groups are not listed.")
+        }
         return .success
     }
 

@@ -49,6 +49,10 @@ struct BrokerWallTests {
         #expect(cli.status == 1, "\(cli.standardError)")
         #expect(cli.standardError.contains("(OSStatus -34018)"), "\(cli.standardError)")
         #expect(!cli.standardOutput.contains(canary))
+        // Its dump lists its own groups, and says that other programs' are not listed.
+        let dump = try run(builtProduct("lockbox"), ["dump"], environment: fixture.clientEnvironment)
+        #expect(dump.status == 0 && !dump.standardOutput.contains("wall"), "\(dump.standardError)")
+        #expect(dump.standardError.contains("other programs' groups are not listed"), "\(dump.standardError)")
     }
 
     @Test("a grant removed from the policy is gone from a connection already open, at its next request")
