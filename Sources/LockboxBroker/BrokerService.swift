@@ -164,7 +164,14 @@ package struct BrokerService: Sendable {
             return { $0.integer(deleted) }
         case .status:
             try expectEnd(arguments)
-            let status = try vault.status()
+            var status = try vault.status()
+            if grant.accessGroups != nil {
+                // Walled in: the program learns of its own groups, not how many items other
+                // programs keep or when they write (the generation counts every write).
+                status.itemCount = try ownItemCount(grant: grant)
+                status.itemsBoundToOtherMachines = 0
+                status.generation = nil
+            }
             guard let json = try? JSONEncoder().encode(status) else {
                 throw LockboxError(.io, "The keychain's status could not be encoded.")
             }
@@ -205,6 +212,22 @@ package struct BrokerService: Sendable {
             return [group]
         }
         return grant.accessGroups
+    }
+
+    /// How many items the peer's groups hold that it can read now (a locked class's are not
+    /// counted: they cannot be told apart from other groups' without their keys).
+    private func ownItemCount(grant: BrokerGrant) throws(LockboxError) -> Int {
+        var count = 0
+        for itemClass in ItemClass.allCases {
+            var query = Query(itemClass, limit: .all, returning: [.attributes])
+            query.synchronizable = .any
+            do {
+                count += try matching(query, grant: grant).count
+            } catch where error.code == .itemNotFound || error.code == .interactionNotAllowed {
+                continue
+            }
+        }
+        return count
     }
 
     /// The matches in the peer's groups, as one store restricted to them answers.

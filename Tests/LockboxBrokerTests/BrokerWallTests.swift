@@ -49,6 +49,11 @@ struct BrokerWallTests {
         #expect(cli.status == 1, "\(cli.standardError)")
         #expect(cli.standardError.contains("(OSStatus -34018)"), "\(cli.standardError)")
         #expect(!cli.standardOutput.contains(canary))
+        // Its status counts the items of its own groups only: another program's stay unseen.
+        let theirs = try run(second, ["status"], environment: fixture.clientEnvironment)
+        #expect(theirs.standardOutput.contains("items: 0"), "\(theirs.standardOutput) \(theirs.standardError)")
+        let mine = try run(first, ["status"], environment: fixture.clientEnvironment)
+        #expect(mine.standardOutput.contains("items: 1"), "\(mine.standardOutput) \(mine.standardError)")
         // Its dump lists its own groups, and says that other programs' are not listed.
         let dump = try run(builtProduct("lockbox"), ["dump"], environment: fixture.clientEnvironment)
         #expect(dump.status == 0 && !dump.standardOutput.contains("wall"), "\(dump.standardError)")
