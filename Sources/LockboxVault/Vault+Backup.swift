@@ -322,7 +322,7 @@ extension Vault {
         var now = timespec()
         clock_gettime(CLOCK_REALTIME, &now)
         while let entry = readdir(stream) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
+            let name = DirectoryEntry.name(entry)
             guard name.hasPrefix(prefix), name.count == prefix.count + 16,
                 name.dropFirst(prefix.count).allSatisfy({ $0.isHexDigit })
             else { continue }

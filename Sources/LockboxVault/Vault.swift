@@ -370,7 +370,7 @@ public final class Vault: ItemStore, Sendable {
         defer { closedir(stream) }
         let hourAgo = time(nil) - 3600
         while let entry = readdir(stream) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
+            let name = DirectoryEntry.name(entry)
             guard name.hasPrefix(creationPrefix) else { continue }
             var info = stat()
             let file = directory + "/" + name

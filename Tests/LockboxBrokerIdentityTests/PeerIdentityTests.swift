@@ -172,6 +172,63 @@ import Glibc
     /// (exec keeps the pid, the pidfd and the start time): the broker would read that program as
     /// the client. It holds the connection only through a descriptor without close-on-exec,
     /// or (with close-on-exec) not at all: refused either way, on both paths.
+    /// A client holding thousands of descriptors: its `/proc/PID/fd` fills `readdir`'s buffer,
+    /// whose last entry's name must be read up to its end only (reading the whole 256-byte field
+    /// ran past the buffer and crashed the broker).
+    @Test func clientWithThousandsOfDescriptors_isIdentified() throws {
+        let listener = try Listener()
+        let client = try ClientProcess(
+            connectingTo: listener.path,
+            beforeConnect: """
+                import os, resource
+                soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+                resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+                kept = [os.open("/dev/null", os.O_RDONLY) for _ in range(min(hard, 4096) - 64)]
+                """)
+        defer { client.finish() }
+        let connection = try listener.accept()
+        defer { close(connection) }
+        let identity = try PeerIdentity.identify(socket: connection)
+        #expect(identity.pid == client.pid)
+        try identity.confirmHolds(socket: connection)
+    }
+
+    /// The exec lands after the identification (or inside it, where the kernel shows the new
+    /// program while the old descriptors are still open): the next request's confirmation finds
+    /// that the process no longer holds the connection.
+    @Test func execAfterIdentification_isRefusedAtTheNextRequest() throws {
+        let listener = try Listener()
+        let client = try ClientProcess(
+            [
+                systemPython, "-c",
+                """
+                import os, socket, sys, time
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.connect(sys.argv[1])
+                if os.fork() == 0:
+                    sys.stdin.buffer.read()
+                    os._exit(0)
+                time.sleep(1)
+                os.execv("/bin/cat", ["cat"])
+                """,
+                listener.path,
+            ])
+        defer { client.finish() }
+        let connection = try listener.accept()
+        defer { close(connection) }
+        let identity = try PeerIdentity.identify(socket: connection)
+        #expect(identity.executablePath == realPath(systemPython))
+        try identity.confirmHolds(socket: connection)
+        var waited = 0
+        while (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(client.pid)/exe")) != realPath("/bin/cat") && waited < 400 {
+            usleep(25_000)
+            waited += 1
+        }
+        try #require(waited < 400, "the client did not run cat")
+        let error = #expect(throws: LockboxError.self) { try identity.confirmHolds(socket: connection) }
+        #expect(error?.message.contains("does not hold the connection") == true, "\(error?.message ?? "")")
+    }
+
     @Test(arguments: [false, true])
     func connectThenExecAnotherProgram_isRefused(closeOnExec: Bool) throws {
         let listener = try Listener()

@@ -83,6 +83,16 @@ struct PeerIdentification {
             uid: UInt32(uid), pid: Int32(pid), kind: kind, executablePath: executablePath, executableSHA256: digest, startTime: startTime)
     }
 
+    /// ``PeerIdentity/confirmHolds(socket:)``.
+    static func confirm(_ identity: PeerIdentity, holds socket: Int32) throws(LockboxError) {
+        let pid = pid_t(identity.pid)
+        guard let process = FileDescriptor.open("/proc/\(pid)", flags: LOCKBOX_O_PATH | O_DIRECTORY) else { throw exited(pid) }
+        guard try startTime(process, pid) == identity.startTime else { throw exited(pid) }
+        try checkHoldsPeer(of: socket, process, pid)
+        // The directory is that process's still: a pid is not reused while it exists.
+        guard try startTime(process, pid) == identity.startTime else { throw exited(pid) }
+    }
+
     // MARK: Steps
 
     static func refused(_ reason: String) -> LockboxError {
@@ -160,7 +170,7 @@ struct PeerIdentification {
         var buffer = [CChar](repeating: 0, count: 64)
         var heldAcrossExec = false
         while let entry = readdir(directory) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
+            let name = DirectoryEntry.name(entry)
             let count = readlinkat(descriptors.raw, name, &buffer, buffer.count - 1)
             guard count > 0, String(decoding: buffer[0..<count].map { UInt8(bitPattern: $0) }, as: UTF8.self) == expected else { continue }
             if try closesOnExec(descriptor: name, process, pid) { return }
