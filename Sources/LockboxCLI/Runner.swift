@@ -1,5 +1,6 @@
 import FoundationEssentials
 import Lockbox
+import LockboxCore
 import LockboxBrokerIdentity
 import LockboxCommandLine
 
@@ -561,8 +562,10 @@ struct Runner {
 
     static func describe(_ item: ItemSummary) -> String {
         var lines = ["class: \(item.itemClass)"]
+        // Each value on its line: a control character an item's attribute holds (a newline
+        // that would fake a line, an escape sequence for the terminal) is written as `\xNN`.
         func add(_ name: String, _ value: String?) {
-            if let value { lines.append("\(name): \(value)") }
+            if let value { lines.append("\(name): \(PrintableText.oneLine(value))") }
         }
         add("service", item.service)
         add("server", item.server)

@@ -110,20 +110,12 @@ public struct PublicKey: Sendable, Hashable, CustomStringConvertible {
         return "SHA256:" + digest.prefix(while: { $0 != "=" })
     }
 
-    /// `comment` with its control characters (a newline, a carriage return, an escape) written
-    /// as `\xNN`: a key's line stays one line, so a label cannot add a line of its own to an
-    /// `authorized_keys` file the output is pasted into, or drive the terminal it is shown on.
+    /// `comment` with its control characters (a newline, a carriage return, an escape, a
+    /// bidirectional override) written as `\xNN` or `\u{NNNN}` (``PrintableText``): a key's
+    /// line stays one line, so a label cannot add a line of its own to an `authorized_keys` file
+    /// the output is pasted into, or drive the terminal it is shown on.
     public static func oneLineComment(_ comment: String) -> String {
-        var written = ""
-        for scalar in comment.unicodeScalars {
-            if scalar.value < 0x20 || (0x7f...0x9f).contains(scalar.value) || scalar == "\u{2028}" || scalar == "\u{2029}" {
-                let hex = String(scalar.value, radix: 16, uppercase: true)
-                written += scalar.value <= 0xff ? "\\x" + (hex.count == 1 ? "0" : "") + hex : "\\u{" + hex + "}"
-            } else {
-                written.unicodeScalars.append(scalar)
-            }
-        }
-        return written
+        PrintableText.oneLine(comment)
     }
 
     /// Whether `signature` is a valid signature of `message` by this key: ECDSA P-256 with

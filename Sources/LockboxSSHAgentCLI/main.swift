@@ -1,6 +1,7 @@
 import CProcessHardening
 import Foundation
 import Lockbox
+import LockboxCore
 import LockboxCommandLine
 import LockboxKeys
 import LockboxSSHAgent
@@ -94,8 +95,9 @@ func parse(_ arguments: [String]) throws(UsageProblem) -> (keychain: String?, co
             case "--comment":
                 let given = try value(option)
                 // A comment ends a line of `authorized_keys`: a newline in it would add a line.
-                guard !given.unicodeScalars.contains(where: { $0.value < 0x20 || (0x7f...0x9f).contains($0.value) }) else {
-                    throw UsageProblem(message: "--comment has a control character (a newline, say); give it on one line")
+                guard !given.unicodeScalars.contains(where: PrintableText.isControl) else {
+                    throw UsageProblem(
+                        message: "--comment has a control character (a newline, or a bidirectional override, say); give it on one line")
                 }
                 comment = given
             case "--user-presence": userPresence = true

@@ -60,6 +60,15 @@ struct KeyCommandTests {
     func carelessKeyUse_isRefusedOrSaid() throws {
         #expect(try lockbox(["init", "--passphrase-stdin", "--kdf", "interactive"], input: Self.passphrase, tpm: nil).status == 0)
         defer { _ = try? lockbox(["lock", "--all"], tpm: nil) }
+        // An item's attributes are printed one per line, control characters escaped: a stored
+        // name cannot fake a line or drive the terminal.
+        let hostile = "svc\u{1B}[31mRED\r\nclass: fake\u{202E}\u{9B}"
+        #expect(try lockbox(["add-generic-password", "-s", hostile, "-a", "a"], input: Array("v\n".utf8), tpm: nil).status == 0)
+        let dumped = try lockbox(["dump"], tpm: nil)
+        #expect(dumped.status == 0, "\(dumped.standardError)")
+        #expect(dumped.standardOutput.contains("service: svc\\x1B[31mRED\\x0D\\x0Aclass: fake\\u{202E}\\x9B"), "\(dumped.standardOutput)")
+        #expect(!dumped.standardOutputBytes.contains(0x1B) && !dumped.standardOutput.contains("\u{202E}"))
+        #expect(dumped.standardOutput.components(separatedBy: "class: fake").count == 2)
         // An empty --purpose (an unset variable) is a usage error, not every purpose.
         let empty = try lockbox(["generate-key", "--tag", "p", "--purpose", ""], tpm: nil)
         #expect(empty.status == 64 && empty.standardError.contains("--purpose"), "\(empty.status): \(empty.standardError)")
@@ -80,6 +89,8 @@ struct KeyCommandTests {
         let injected = "laptop\nssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAttacker attacker"
         let refused = try lockbox(["ssh-agent", "generate", "--type", "ed25519", "--comment", injected], tpm: nil)
         #expect(refused.status == 64 && refused.standardError.contains("control character"), "\(refused.standardError)")
+        let reversed = try lockbox(["ssh-agent", "generate", "--type", "ed25519", "--comment", "laptop\u{202E}"], tpm: nil)
+        #expect(reversed.status == 64 && reversed.standardError.contains("control character"), "\(reversed.standardError)")
         let canary = makeCanary("stray")
         let stray = try lockbox(["ssh-agent", "generate", "--type", "ed25519", canary], tpm: nil)
         #expect(stray.status == 64 && !stray.standardError.contains(canary) && stray.standardError.contains("not shown"), "\(stray.standardError)")
