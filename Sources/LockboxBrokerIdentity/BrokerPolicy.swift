@@ -130,8 +130,10 @@ public struct BrokerPolicy: Sendable, Hashable {
         let entry = entries.first { $0.identity == identity.kind }
         var isFlatpak = false
         if case .flatpak = identity.kind { isFlatpak = true }
-        // Inside a sandbox the path is the sandbox's own: it never names the host's lockbox.
-        let isLockbox = !isFlatpak && lockboxExecutables.contains(identity.executablePath)
+        // Inside a sandbox the path is the sandbox's own: it never names the host's lockbox. Nor
+        // does a path that is not the running file as the broker resolves it (a unit's process
+        // in a mount namespace of its own, say).
+        let isLockbox = !isFlatpak && identity.executableIsAtPath && lockboxExecutables.contains(identity.executablePath)
         var refusal: String?
         if let pin = entry?.executableSHA256, identity.executableSHA256 != pin {
             if identity.executableSHA256 == nil {

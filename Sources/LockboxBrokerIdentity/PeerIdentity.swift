@@ -42,6 +42,11 @@ public struct PeerIdentity: Sendable, Hashable, CustomStringConvertible {
     /// The process start time in clock ticks since boot (field 22 of `/proc/PID/stat`): with
     /// `pid`, it names one process, never a later one that reuses the number.
     public let startTime: UInt64
+    /// Whether the file at ``executablePath``, as the broker's mount namespace resolves it, is
+    /// the file the process runs: always so for an `.executable` identity (else it is refused),
+    /// never said of a Flatpak app (its path is the sandbox's). Only such a path may name the
+    /// `lockbox` command: a unit's process could show any path in a namespace of its own.
+    public let executableIsAtPath: Bool
 
     /// The identity's name, which is also the access group of an application without a
     /// policy entry: the app id, `unit:NAME`, or `exe:PATH` (see the type's summary).
@@ -57,13 +62,17 @@ public struct PeerIdentity: Sendable, Hashable, CustomStringConvertible {
     public var description: String { "\(name) (pid \(pid))" }
 
     /// A peer as identification found it.
-    public init(uid: UInt32, pid: Int32, kind: Kind, executablePath: String, executableSHA256: String?, startTime: UInt64) {
+    public init(
+        uid: UInt32, pid: Int32, kind: Kind, executablePath: String, executableSHA256: String?, startTime: UInt64,
+        executableIsAtPath: Bool = true
+    ) {
         self.uid = uid
         self.pid = pid
         self.kind = kind
         self.executablePath = executablePath
         self.executableSHA256 = executableSHA256
         self.startTime = startTime
+        self.executableIsAtPath = executableIsAtPath
     }
 
     /// Identifies the process at the other end of a connected Unix socket.

@@ -118,6 +118,16 @@ final class PolicyDirectory {
         let error = #expect(throws: LockboxError.self) { try grant.check(group: "org.example.mail") }
         #expect(error?.code == .missingEntitlement)
         #expect(error?.message.contains("passphrase is entered again") == true)
+        // A unit's process whose path the broker could not confirm (a bind mount in a namespace
+        // of its own puts any program there) is not the lockbox command.
+        let policy = try BrokerPolicy.load(directory: directory.path)
+        let unit = { (confirmed: Bool) in
+            PeerIdentity(
+                uid: geteuid(), pid: 1, kind: .systemdUnit("evil.service"), executablePath: "/usr/local/bin/lockbox", executableSHA256: nil,
+                startTime: 1, executableIsAtPath: confirmed)
+        }
+        #expect(!policy.grant(for: unit(false)).isLockboxCommand)
+        #expect(policy.grant(for: unit(true)).isLockboxCommand)
         // Without a [lockbox] section, the lockbox beside this process is the one.
         let defaults = try BrokerPolicy(parsing: "", path: "memory")
         #expect(defaults.lockboxExecutables == [realPath("/proc/self/exe").split(separator: "/").dropLast().map { "/" + $0 }.joined() + "/lockbox"])

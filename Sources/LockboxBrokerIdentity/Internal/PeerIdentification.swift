@@ -62,16 +62,19 @@ struct PeerIdentification {
 
         let executablePath = try Self.executablePath(process, pid)
         let kind: PeerIdentity.Kind
+        var executableIsAtPath = false
         if let appID = try Self.flatpakAppID(process, pid) {
             kind = .flatpak(appID: appID)
         } else if let unit = SystemdCgroup.userService(cgroupFile: try Self.text(process, "cgroup", pid), uid: uid) {
             kind = .systemdUnit(unit)
+            executableIsAtPath = executablePath.hasPrefix("/") && (try? Self.checkRunsTheFileAt(executablePath, process, pid)) != nil
         } else {
             // A memfd's target is "/memfd:NAME (deleted)": no file anyone can name.
             guard executablePath.hasPrefix("/"), !executablePath.hasPrefix("/memfd:") else {
                 throw Self.refused("process \(pid) runs no file with a path (\(executablePath)); only programs run from a file can be identified.")
             }
             try Self.checkRunsTheFileAt(executablePath, process, pid)
+            executableIsAtPath = true
             kind = .executable(path: executablePath)
         }
         let digest = hashExecutable ? try Self.executableDigest(process, pid) : nil
@@ -80,7 +83,8 @@ struct PeerIdentification {
         guard try Self.startTime(process, pid) == startTime else { throw Self.exited(pid) }
         try Self.checkAlive(pidfd, pid)
         return PeerIdentity(
-            uid: UInt32(uid), pid: Int32(pid), kind: kind, executablePath: executablePath, executableSHA256: digest, startTime: startTime)
+            uid: UInt32(uid), pid: Int32(pid), kind: kind, executablePath: executablePath, executableSHA256: digest, startTime: startTime,
+            executableIsAtPath: executableIsAtPath)
     }
 
     /// ``PeerIdentity/confirmHolds(socket:)``.
