@@ -63,7 +63,9 @@ package final class AgentResponder: Sendable {
                 // A key that asks the user names itself: which key is to sign, for whom.
                 let fingerprint = identity.publicKey.openSSHFingerprint.map { " (\($0))" } ?? ""
                 let comment = identity.comment.isEmpty ? "" : " " + identity.comment
-                let asking = context.asking(because: "sign with the SSH key\(comment)\(fingerprint)")
+                // The answer is the context's, reused for every key within its window: said.
+                let reuse = context.reuseDuration > .zero ? "; the answer lets every key sign for \(context.reuseDuration.components.seconds) s" : ""
+                let asking = context.asking(because: "sign with the SSH key\(comment)\(fingerprint)\(reuse)")
                 let native = try identity.sign(Data(data), asking)
                 return AgentReply.signature(try SSHKeyBlob.signature(native, algorithm: identity.publicKey.algorithm))
             } catch {
@@ -112,16 +114,23 @@ final class RepeatedLines: Sendable {
 
     func pass(_ line: String, to log: (String) -> Void) {
         let now = clock.uptime()
-        let written: String? = seen.withLock { seen in
+        let written: [String] = seen.withLock { seen in
             if let entry = seen[line], now - entry.since < Self.window {
                 seen[line] = (entry.since, entry.leftOut + 1)
-                return nil
+                return []
             }
             let leftOut = seen[line]?.leftOut ?? 0
-            if seen.count >= Self.remembered { seen.removeAll() }
+            var lines: [String] = []
+            if seen.count >= Self.remembered {
+                // Forgotten, but counted: what was left out is said before it is forgotten.
+                let forgotten = seen.values.reduce(0) { $0 + $1.leftOut } - leftOut
+                if forgotten > 0 { lines.append("(\(forgotten) repeated lines were left out since they were last written)") }
+                seen.removeAll()
+            }
             seen[line] = (now, 0)
-            return leftOut == 0 ? line : line + " (\(leftOut) more like it left out since it was last written)"
+            lines.append(leftOut == 0 ? line : line + " (\(leftOut) more like it left out since it was last written)")
+            return lines
         }
-        if let written { log(written) }
+        for line in written { log(line) }
     }
 }

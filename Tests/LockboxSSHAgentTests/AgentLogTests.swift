@@ -32,5 +32,9 @@ struct AgentLogTests {
         // Another kind of line is not held back by the first.
         _ = responder.reply(toBody: [17])
         #expect(lines.withLock { $0.count } == 3)
+        // Refusals left out, then more distinct lines than are remembered: the count is still said.
+        for _ in 0..<40 { _ = responder.reply(toBody: [AgentMessageType.requestIdentities]) }
+        for type in 101...170 { _ = responder.reply(toBody: [UInt8(type)]) }
+        #expect(lines.withLock { $0 }.contains { $0.contains("40 repeated lines were left out") }, "\(lines.withLock { $0.suffix(5) })")
     }
 }

@@ -141,6 +141,7 @@ struct OpenSSHTests {
             let listed = try fixture.run("ssh-keygen", ["-l", "-f", publicFile])
             let fingerprint = listed.standardOutput.split(separator: " ").first(where: { $0.hasPrefix("SHA256:") }).map(String.init) ?? "?"
             #expect(asked.contains("sign with the SSH key presence (\(fingerprint))"), "\(asked) / \(listed.standardOutput)")
+            #expect(asked.contains("lets every key sign for 300 s") == (reuse == "300"), "\(asked)")
             #expect(!fixture.log().contains(VaultFixture.passphraseText))
         }
 
