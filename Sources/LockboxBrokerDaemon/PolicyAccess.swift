@@ -13,18 +13,13 @@ struct PolicyAccess: BrokerAccessPolicy {
         _ = try PeerProcess.credentials(of: socket)
         let policy = try watcher.current()
         let identity = try PeerIdentity.identify(socket: socket, hashExecutable: policy.pinsExecutableHashes)
-        return try Self.grant(for: identity, socket: socket, policy: policy, watcher: watcher)
+        return try Self.grant(for: identity, policy: policy, watcher: watcher)
     }
 
     /// The grant `policy` gives `identity`, renewed from the policy as the watcher reads it
     /// then (the identity is the one the connection was made with; a pin added to the policy
     /// later applies to connections made afterwards).
-    /// Before each request the process is confirmed to hold the connection still
-    /// (``PeerIdentity/confirmHolds(socket:)``): `socket` is the connection's, open while it is
-    /// served.
-    static func grant(
-        for identity: PeerIdentity, socket: Int32, policy: BrokerPolicy, watcher: BrokerPolicyWatcher
-    ) throws(LockboxError) -> BrokerGrant {
+    static func grant(for identity: PeerIdentity, policy: BrokerPolicy, watcher: BrokerPolicyWatcher) throws(LockboxError) -> BrokerGrant {
         let grant = policy.grant(for: identity)
         if let refusal = grant.refusal { throw LockboxError(.missingEntitlement, refusal) }
         return BrokerGrant(
@@ -32,8 +27,7 @@ struct PolicyAccess: BrokerAccessPolicy {
             defaultAccessGroup: grant.defaultAccessGroup ?? identity.name,
             reachesEveryGroupWithPassphrase: grant.isLockboxCommand,
             renewal: BrokerGrantRenewal { () throws(LockboxError) -> BrokerGrant in
-                try identity.confirmHolds(socket: socket)
-                return try Self.grant(for: identity, socket: socket, policy: try watcher.current(), watcher: watcher)
+                try Self.grant(for: identity, policy: try watcher.current(), watcher: watcher)
             })
     }
 }

@@ -91,16 +91,6 @@ public struct PeerIdentity: Sendable, Hashable, CustomStringConvertible {
     public static func identify(socket: Int32, hashExecutable: Bool = false) throws(LockboxError) -> PeerIdentity {
         try PeerIdentification(socket: socket, hashExecutable: hashExecutable, between: nil).run()
     }
-
-    /// Confirms, before a request on `socket`, that `identity`'s process is still the one
-    /// identified (its start time) and still holds the connection with close-on-exec. A process
-    /// that ran another program since it connected (an exec keeps the pid and the start time)
-    /// no longer does, or holds it through a descriptor that survived the exec: an exec that
-    /// lands inside the identification itself is caught here, at the first request after it.
-    /// - Throws: `authFailed` when it no longer does (or has exited).
-    public func confirmHolds(socket: Int32) throws(LockboxError) {
-        try PeerIdentification.confirm(self, holds: socket)
-    }
 }
 
 extension PeerIdentity {

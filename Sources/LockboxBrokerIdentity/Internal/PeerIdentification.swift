@@ -50,17 +50,22 @@ struct PeerIdentification {
         guard startTime <= startedBy else {
             throw Self.refused("process \(pid) started after the connection was made: its number was reused; connect again.")
         }
+        between?()
+
+        let executablePath = try Self.executablePath(process, pid)
+        // A process in the middle of an exec already shows its new program here while the old
+        // program's descriptors are still open (the kernel switches the executable, then closes
+        // the close-on-exec descriptors, which takes as long as the process has descriptors, then
+        // maps the new program). Once the program is mapped, that exec is over.
+        try Self.checkMapsItsProgram(executablePath, process, pid)
         // A pidfd opened by number may name a later process that reuses the number of one that
         // connected and exited (leaving the connection to another): that process does not hold
         // the connection's other end. And on every kernel: a process that connected, then ran
         // another program (exec keeps the pid and the pidfd) while a child it forked kept the
         // connection, holds it only through a descriptor that survived the exec, one without
-        // close-on-exec.
+        // close-on-exec. Checked after the program was read: an exec after this check leaves
+        // the identity of the program that connected.
         try Self.checkHoldsPeer(of: socket, process, pid)
-
-        between?()
-
-        let executablePath = try Self.executablePath(process, pid)
         let kind: PeerIdentity.Kind
         var executableIsAtPath = false
         if let appID = try Self.flatpakAppID(process, pid) {
@@ -85,16 +90,6 @@ struct PeerIdentification {
         return PeerIdentity(
             uid: UInt32(uid), pid: Int32(pid), kind: kind, executablePath: executablePath, executableSHA256: digest, startTime: startTime,
             executableIsAtPath: executableIsAtPath)
-    }
-
-    /// ``PeerIdentity/confirmHolds(socket:)``.
-    static func confirm(_ identity: PeerIdentity, holds socket: Int32) throws(LockboxError) {
-        let pid = pid_t(identity.pid)
-        guard let process = FileDescriptor.open("/proc/\(pid)", flags: LOCKBOX_O_PATH | O_DIRECTORY) else { throw exited(pid) }
-        guard try startTime(process, pid) == identity.startTime else { throw exited(pid) }
-        try checkHoldsPeer(of: socket, process, pid)
-        // The directory is that process's still: a pid is not reused while it exists.
-        guard try startTime(process, pid) == identity.startTime else { throw exited(pid) }
     }
 
     // MARK: Steps
@@ -257,6 +252,30 @@ struct PeerIdentification {
             throw refused(
                 "process \(pid) does not run the file at \(path) as the broker sees it: the file was replaced since the program "
                     + "started (start it again), or the path is another file in the program's own mount namespace.")
+        }
+    }
+
+    /// That the process has its program (`path`, as `/proc/PID/exe` named it) mapped: a process
+    /// in the middle of an exec has none of the new program's mappings yet.
+    static func checkMapsItsProgram(_ path: String, _ process: FileDescriptor, _ pid: pid_t) throws(LockboxError) {
+        guard path.hasPrefix("/"), !path.hasPrefix("/memfd:") else { return }
+        guard let file = FileDescriptor.open("maps", relativeTo: process, flags: O_RDONLY), let bytes = file.readAll(limit: 64 << 20)
+        else {
+            if errno == EACCES || errno == EPERM {
+                throw refused("process \(pid) is not dumpable (PR_SET_DUMPABLE 0), so the broker may not read which program it maps.")
+            }
+            throw exited(pid)
+        }
+        let mapped = String(decoding: bytes, as: UTF8.self).split(separator: "\n").contains { line in
+            // "start-end perms offset dev inode   path": the path is the rest after five fields.
+            var fields = line.split(separator: " ", maxSplits: 5, omittingEmptySubsequences: true)
+            guard fields.count == 6 else { return false }
+            var name = fields.removeLast().drop { $0 == " " }
+            if name.hasSuffix(" (deleted)") { name = name.dropLast(" (deleted)".count) }
+            return name == path
+        }
+        guard mapped else {
+            throw refused("process \(pid) is in the middle of running another program (exec); connect again once it runs.")
         }
     }
 
