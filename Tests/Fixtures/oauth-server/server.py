@@ -53,7 +53,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 from flask import Flask, Response, g, jsonify, redirect, request
-from werkzeug.serving import make_server
+from werkzeug.serving import load_ssl_context, make_server
 
 DEVICE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
 
@@ -909,6 +909,17 @@ def serve(server):
     server.serve_forever()
 
 
+def tls_server(port, certificate, key):
+    """A threaded TLS server whose handshakes run in each connection's own thread (at its first
+    read), not in the accept loop: there, one client that connects and says nothing stalled every
+    other client until it left."""
+    server = make_server("127.0.0.1", port, app, threaded=True)
+    context = load_ssl_context(certificate, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
+    server.ssl_context = context
+    return server
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--state-dir", required=True)
@@ -916,12 +927,10 @@ def main():
     arguments = parser.parse_args()
     directory = arguments.state_dir
 
-    server = make_server("127.0.0.1", arguments.port, app, threaded=True,
-                         ssl_context=(os.path.join(directory, "server.pem"), os.path.join(directory, "server.key")))
+    server = tls_server(arguments.port, os.path.join(directory, "server.pem"), os.path.join(directory, "server.key"))
     BASE_URL["url"] = "https://127.0.0.1:%d" % server.server_port
     # The same app behind a certificate from a CA nobody trusts: clients must refuse it.
-    rogue = make_server("127.0.0.1", 0, app, threaded=True,
-                        ssl_context=(os.path.join(directory, "rogue.pem"), os.path.join(directory, "rogue.key")))
+    rogue = tls_server(0, os.path.join(directory, "rogue.pem"), os.path.join(directory, "rogue.key"))
     threading.Thread(target=serve, args=(rogue,), daemon=True).start()
     plain = make_server("127.0.0.1", 0, app, threaded=True)
     PLAIN_URL["url"] = "http://127.0.0.1:%d" % plain.server_port
