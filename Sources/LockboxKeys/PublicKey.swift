@@ -96,7 +96,9 @@ public struct PublicKey: Sendable, Hashable, CustomStringConvertible {
         }
         SSHEncoding.appendString(Array(rawRepresentation), to: &blob)
         var line = name + " " + Data(blob).base64EncodedString()
-        if let comment, !comment.isEmpty { line += " " + Self.oneLineComment(comment) }
+        // One line whatever the label holds (``PrintableText``): a newline in it would add a line
+        // to an `authorized_keys` file this is pasted into.
+        if let comment, !comment.isEmpty { line += " " + PrintableText.oneLine(comment) }
         return line
     }
 
@@ -108,14 +110,6 @@ public struct PublicKey: Sendable, Hashable, CustomStringConvertible {
         else { return nil }
         let digest = Data(MessageDigest.sha256(Array(blob))).base64EncodedString()
         return "SHA256:" + digest.prefix(while: { $0 != "=" })
-    }
-
-    /// `comment` with its control characters (a newline, a carriage return, an escape, a
-    /// bidirectional override) written as `\xNN` or `\u{NNNN}` (``PrintableText``): a key's
-    /// line stays one line, so a label cannot add a line of its own to an `authorized_keys` file
-    /// the output is pasted into, or drive the terminal it is shown on.
-    public static func oneLineComment(_ comment: String) -> String {
-        PrintableText.oneLine(comment)
     }
 
     /// Whether `signature` is a valid signature of `message` by this key: ECDSA P-256 with

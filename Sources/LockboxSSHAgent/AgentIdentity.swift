@@ -49,7 +49,7 @@ package struct ManagedKeySource: AgentKeySource {
             // A key without the sign purpose is still listed by the store but never offered.
             guard key.purposes.contains(.sign) else { return nil }
             // `ssh-add -L` prints the comment as it comes: it is given on one line.
-            return AgentIdentity(publicKey: publicKey, comment: PublicKey.oneLineComment(key.label ?? "")) { (message, context) throws(LockboxError) in
+            return AgentIdentity(publicKey: publicKey, comment: PrintableText.oneLine(key.label ?? "")) { (message, context) throws(LockboxError) in
                 try key.sign(message, context: context)
             }
         }

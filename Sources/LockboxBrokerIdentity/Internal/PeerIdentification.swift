@@ -39,7 +39,7 @@ struct PeerIdentification {
             throw Self.refused("the kernel names no process for the client (it is in a pid namespace the broker cannot see).")
         }
 
-        let (pidfd, _) = try Self.pidfd(socket: socket, pid: pid, fromSocket: socketPidfd)
+        let pidfd = try Self.pidfd(socket: socket, pid: pid, fromSocket: socketPidfd)
         guard let process = FileDescriptor.open("/proc/\(pid)", flags: LOCKBOX_O_PATH | O_DIRECTORY) else {
             throw Self.exited(pid)
         }
@@ -114,15 +114,15 @@ struct PeerIdentification {
 
     /// The kernel's pidfd for the peer (SO_PEERPIDFD, taken when it connected), else one opened
     /// now for its pid (older kernels: the start-time check then covers the gap).
-    static func pidfd(socket: Int32, pid: pid_t, fromSocket useSocket: Bool) throws(LockboxError) -> (FileDescriptor, fromSocket: Bool) {
+    static func pidfd(socket: Int32, pid: pid_t, fromSocket useSocket: Bool) throws(LockboxError) -> FileDescriptor {
         if useSocket {
             let fromSocket = lockbox_peer_pidfd(socket)
             if fromSocket >= 0 {
                 let descriptor = FileDescriptor(fromSocket)
                 // The pid the pidfd refers to now: -1 once the process has been reaped.
-                guard let pidLine = fdinfoPid(descriptor.raw) else { return (descriptor, true) }
+                guard let pidLine = fdinfoPid(descriptor.raw) else { return descriptor }
                 guard pidLine == pid else { throw exited(pid) }
-                return (descriptor, true)
+                return descriptor
             }
             let socketErrno = errno
             guard socketErrno == ENOPROTOOPT || socketErrno == EINVAL else {
@@ -138,7 +138,7 @@ struct PeerIdentification {
                 .io, "Opening a pidfd for process \(pid) failed; the broker needs Linux 5.3 or later.",
                 cause: .systemCall("pidfd_open", errno: errno))
         }
-        return (FileDescriptor(opened), false)
+        return FileDescriptor(opened)
     }
 
     /// Throws unless the process has a descriptor of the socket at the other end of `socket`.
