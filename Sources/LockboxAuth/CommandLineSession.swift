@@ -137,8 +137,28 @@ public struct CommandLineSession: Sendable {
     /// ``signIn(_:tokens:)``: a sign-in that does not finish leaves the stored session as it was).
     public func beginLogin(_ configuration: ClientConfiguration) async throws(AuthError) -> PendingLogin {
         let proofs = try await signInProofs(configuration)
-        let authorization = try await DeviceAuthorizationFlow(configuration: configuration, transport: transport, dpop: proofs).start()
+        let authorization: DeviceAuthorization
+        do throws(AuthError) {
+            authorization = try await DeviceAuthorizationFlow(configuration: configuration, transport: transport, dpop: proofs).start()
+        } catch {
+            try? await discard(proofs, configuration: configuration)
+            throw error
+        }
         return PendingLogin(configuration: configuration, authorization: authorization, proofs: proofs)
+    }
+
+    /// Deletes the new key of a sign-in that did not finish: `proofs` from ``signInProofs(_:)``,
+    /// or a ``PendingLogin``'s (``discard(_:)``). The session's own key is never deleted this
+    /// way; nothing to do for nil.
+    /// - Throws: the key store's error; the key then stays until the next sign-in or sign-out.
+    public func discard(_ proofs: DPoPProofFactory?, configuration: ClientConfiguration) async throws(AuthError) {
+        guard proofs != nil else { return }
+        try await makeManager(configuration).discardSignInProofs(proofs)
+    }
+
+    /// Deletes the new key of a device login that did not finish (``discard(_:configuration:)``).
+    public func discard(_ pending: PendingLogin) async throws(AuthError) {
+        try await discard(pending.proofs, configuration: pending.configuration)
     }
 
     /// Proofs of a new key for a sign-in with `configuration` (an ``AuthorizationCodeFlow``'s

@@ -198,6 +198,21 @@ public actor CredentialsManager {
         }
     }
 
+    /// Deletes the key of proofs from ``signInProofs()`` whose sign-in did not finish (the user
+    /// cancelled, the server denied it, the code expired), so that it does not stay beside the
+    /// session's key. The session's own key is never deleted this way. Nothing to do for nil.
+    /// - Throws: the key store's error (``AuthError/Code/storeLocked``, ...); the key then stays
+    ///   until the next sign-in or sign-out deletes it.
+    public func discardSignInProofs(_ proofs: DPoPProofFactory?) async throws(AuthError) {
+        guard let proofs else { return }
+        let keys = try requireKeyStore()
+        do {
+            try await keys.discard(proofs.key, of: key)
+        } catch {
+            throw AuthError.from(error)
+        }
+    }
+
     private func requireKeyStore() throws(AuthError) -> any DPoPKeyStore {
         guard let dpopKeys else {
             throw .configuration("DPoP is turned on for this client, but the CredentialsManager has no DPoPKeyStore (dpopKeys)")

@@ -21,6 +21,17 @@ public protocol DPoPKeyStore: Sendable {
     func bind(_ key: any ProofSigningKey, to session: CredentialKey) async throws(LockboxError)
     /// Deletes every key of `session`, bound or not; no error when there is none.
     func deleteKeys(for session: CredentialKey) async throws(LockboxError)
+    /// Deletes `key`, made by ``makeKey(for:)`` for a sign-in of `session` that did not finish
+    /// (cancelled, denied, expired); the key `session`'s tokens are bound to is never deleted
+    /// this way. No error when the key is gone already.
+    func discard(_ key: any ProofSigningKey, of session: CredentialKey) async throws(LockboxError)
+}
+
+extension DPoPKeyStore {
+    /// Deletes nothing: a key store that does not implement it keeps a stopped sign-in's key
+    /// until the next sign-in binds another (``bind(_:to:)`` deletes the session's other keys)
+    /// or a sign-out deletes them all.
+    public func discard(_ key: any ProofSigningKey, of session: CredentialKey) async throws(LockboxError) {}
 }
 
 extension ProofSigningKey {

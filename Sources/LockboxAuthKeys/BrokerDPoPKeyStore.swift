@@ -72,6 +72,14 @@ public struct BrokerDPoPKeyStore: DPoPKeyStore {
         }
     }
 
+    public func discard(_ key: any ProofSigningKey, of session: CredentialKey) async throws(LockboxError) {
+        guard let key = key as? BrokerProofSigningKey, key.broker === broker, Self.isKeyLabel(key.label, of: session) else {
+            throw LockboxError(.param, "The DPoP key to discard was not made for this session by this key store.")
+        }
+        guard try await record(session).read() != key.label else { return }
+        try await deleteKey(label: key.label)
+    }
+
     // MARK: Internals
 
     static let separator = "#"

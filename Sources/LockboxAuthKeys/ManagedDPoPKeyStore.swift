@@ -56,6 +56,14 @@ public struct ManagedDPoPKeyStore: DPoPKeyStore {
         }
     }
 
+    public func discard(_ key: any ProofSigningKey, of session: CredentialKey) async throws(LockboxError) {
+        let thumbprint = key.jwkThumbprint
+        guard try await record(session).read() != thumbprint else { return }
+        for candidate in try await sessionKeys(session) where candidate.jwkThumbprint == thumbprint {
+            try await candidate.key.delete()
+        }
+    }
+
     private func sessionKeys(_ session: CredentialKey) async throws(LockboxError) -> [ManagedProofSigningKey] {
         let found: [ManagedKey]
         do {

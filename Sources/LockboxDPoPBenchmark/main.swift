@@ -72,6 +72,9 @@ struct TimedKeyStore: DPoPKeyStore {
     func deleteKeys(for session: CredentialKey) async throws(LockboxError) {
         try await inner.deleteKeys(for: session)
     }
+    func discard(_ key: any ProofSigningKey, of session: CredentialKey) async throws(LockboxError) {
+        try await inner.discard(key, of: session)
+    }
 }
 
 final class SignatureClock: Sendable {

@@ -45,7 +45,7 @@ struct AuthCommands {
             output.error("lockbox: \(error.description)")
             return error.code == .itemNotFound ? .itemNotFound : .failure
         }
-        do {
+        do throws(AuthError) {
             switch invocation.command {
             case .login(let issuer, let clientID, let scopes, let browser, let dpop):
                 guard let url = URL(string: issuer), url.scheme == "https", url.host != nil else {
@@ -65,7 +65,13 @@ struct AuthCommands {
                     output.error("lockbox: \(reason); using the device flow instead.")
                     tokens = try await deviceLogin(session, configuration)
                 } else if browser {
-                    tokens = try await BrowserLogin(output: output).run(configuration, dpop: try await session.signInProofs(configuration))
+                    let proofs = try await session.signInProofs(configuration)
+                    do throws(AuthError) {
+                        tokens = try await BrowserLogin(output: output).run(configuration, dpop: proofs)
+                    } catch {
+                        await discard(session) { () async throws(AuthError) in try await session.discard(proofs, configuration: configuration) }
+                        throw error
+                    }
                 } else {
                     tokens = try await deviceLogin(session, configuration)
                 }
@@ -129,8 +135,25 @@ struct AuthCommands {
         output.error(
             "Waiting for the approval at \(TerminalText.sanitized(configuration.issuer.host ?? "the server")); the code expires at "
                 + "\(Self.clockTime(authorization.expiresAt)) (in \(Self.minutes(remaining))). Ctrl-C cancels.")
-        return try await Interrupt.cancelling(progress: WaitingIndicator(until: authorization.expiresAt)) { () async throws(AuthError) in
-            try await session.waitForApproval(pending)
+        do throws(AuthError) {
+            return try await Interrupt.cancelling(progress: WaitingIndicator(until: authorization.expiresAt)) { () async throws(AuthError) in
+                try await session.waitForApproval(pending)
+            }
+        } catch {
+            await discard(session) { () async throws(AuthError) in try await session.discard(pending) }
+            throw error
+        }
+    }
+
+    /// Deletes a stopped sign-in's new DPoP key (`discarding`), saying so when it cannot: the
+    /// stored session is untouched either way, and the key goes at the next sign-in or sign-out.
+    private func discard(_ session: CommandLineSession, _ discarding: () async throws(AuthError) -> Void) async {
+        do {
+            try await discarding()
+        } catch {
+            output.error(
+                "lockbox: The sign-in's new DPoP key could not be deleted (\(TerminalText.sanitized(error.message))); "
+                    + "the next sign-in or sign-out deletes it.")
         }
     }
 

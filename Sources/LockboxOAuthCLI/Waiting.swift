@@ -9,23 +9,29 @@ import Glibc
 
 /// Ctrl-C while the CLI waits for a person (the device approval, the browser's redirect).
 enum Interrupt {
-    /// Runs `operation`, cancelling it on SIGINT (it then throws ``AuthError/Code/cancelled``),
+    /// Runs `operation`, cancelling it on SIGINT or SIGTERM (it then throws
+    /// ``AuthError/Code/cancelled``, and the caller cleans up: a sign-in's new key is deleted),
     /// with `progress` drawn meanwhile. Waiting costs no CPU: the operation sleeps between
     /// polls and the signal arrives through a Dispatch source.
     static func cancelling<Success: Sendable>(
         progress: WaitingIndicator?, _ operation: @escaping @Sendable () async throws(AuthError) -> Success
     ) async throws(AuthError) -> Success {
         let task = Task { () async throws -> Success in try await operation() }
-        signal(SIGINT, SIG_IGN)
-        let source = DispatchSource.makeSignalSource(signal: SIGINT, queue: .global())
-        source.setEventHandler { task.cancel() }
-        source.resume()
+        let sources = [SIGINT, SIGTERM].map { number in
+            signal(number, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+            source.setEventHandler { task.cancel() }
+            source.resume()
+            return (number, source)
+        }
         let drawing = progress.map { progress in Task { await progress.draw() } }
         let result = await task.result
         drawing?.cancel()
         await drawing?.value
-        source.cancel()
-        signal(SIGINT, SIG_DFL)
+        for (number, source) in sources {
+            source.cancel()
+            signal(number, SIG_DFL)
+        }
         switch result {
         case .success(let value): return value
         case .failure(let error as AuthError): throw error
@@ -33,10 +39,14 @@ enum Interrupt {
         }
     }
 
-    /// Runs `operation` with SIGINT ignored: a step that must not stop half-way.
+    /// Runs `operation` with SIGINT and SIGTERM ignored: a step that must not stop half-way.
     static func ignoring<Success: Sendable>(_ operation: () async throws(AuthError) -> Success) async throws(AuthError) -> Success {
         signal(SIGINT, SIG_IGN)
-        defer { signal(SIGINT, SIG_DFL) }
+        signal(SIGTERM, SIG_IGN)
+        defer {
+            signal(SIGINT, SIG_DFL)
+            signal(SIGTERM, SIG_DFL)
+        }
         return try await operation()
     }
 }

@@ -46,10 +46,21 @@ extension LifecycleTests.DPoPTests {
         keys.returning = [.data]
         #expect(status { _ = try store.items(matching: keys) } != nil)
 
-        // A key of another session is never bound to this one.
+        // A key of another session is never bound to this one, nor discarded as one of its own.
         let other = CredentialKey(issuer: "https://other.example", clientID: "other", account: "default")
         let foreign = try await dpopKeys.makeKey(for: other)
         await #expect(throws: LockboxError.self) { try await dpopKeys.bind(foreign, to: manager.key) }
+        await #expect(throws: LockboxError.self) { try await dpopKeys.discard(foreign, of: manager.key) }
+
+        // A sign-in that did not finish: its key is discarded, the bound key never.
+        keys.returning = [.attributes]
+        let stopped = try #require(try await manager.signInProofs())
+        #expect(try store.items(matching: keys).count == 3)
+        try await manager.discardSignInProofs(stopped)
+        try await manager.discardSignInProofs(DPoPProofFactory(key: key))
+        #expect(Set(try store.items(matching: keys).compactMap(\.attributes.label)).contains(key.label))
+        #expect(try store.items(matching: keys).count == 2)
+        #expect(try await manager.send(server.api("api/dpop/resource")).1.statusCode == 200)
 
         // Logout deletes the session's key; the other session's key stays.
         _ = try await manager.logout()

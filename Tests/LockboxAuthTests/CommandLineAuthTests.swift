@@ -161,6 +161,48 @@ struct CommandLineAuthTests {
 
     /// `lockbox login` through the device flow: reads the user code from stderr, approves it at
     /// the server, and returns the exit status and everything printed on stderr.
+    @Test("lockbox login --dpop stopped while it waits (Ctrl-C, SIGTERM): its new key is deleted, the session and its key stay")
+    func cliDPoPLogin_stopped_leavesNoSpareKey() async throws {
+        let server = try await TestServer.running()
+        let vault = try TestVault()
+        let binary = builtProduct("lockbox")
+        let path = vault.vault.path
+        let (status, output) = try await deviceLogin(binary, path: path, server: server, extra: ["--dpop"])
+        #expect(status == 0, "login --dpop: \(output)")
+        let keys = SoftwareKeyStore(vault: vault.vault)
+        let bound = try #require(try await keys.keys(applicationTag: ManagedProofSigningKey.applicationTag).first?.publicKey?.derRepresentation)
+
+        for stop in [SIGINT, SIGTERM] {
+            let login = Process()
+            login.executableURL = URL(fileURLWithPath: binary)
+            login.arguments = ["--keychain", path, "login", "--dpop", "--issuer", server.url.absoluteString, "--client-id", TestServer.clientID]
+            let errors = Pipe()
+            login.standardError = errors
+            login.standardOutput = Pipe()
+            try login.run()
+            var collected = ""
+            while !collected.contains("Ctrl-C cancels") {
+                let chunk = errors.fileHandleForReading.availableData
+                if chunk.isEmpty { break }
+                collected += String(decoding: chunk, as: UTF8.self)
+            }
+            #expect(collected.contains("Ctrl-C cancels"), "\(collected)")
+            // The new session's key exists while the login waits.
+            #expect(try await keys.keys(applicationTag: ManagedProofSigningKey.applicationTag).count == 2)
+            kill(login.processIdentifier, stop)
+            login.waitUntilExit()
+            collected += String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+            #expect(login.terminationReason == .exit && login.terminationStatus == 1, "signal \(stop): \(collected)")
+            #expect(collected.contains("Cancelled; the stored session is as it was. (cancelled)"), "\(collected)")
+            let left = try await keys.keys(applicationTag: ManagedProofSigningKey.applicationTag)
+            #expect(left.map { $0.publicKey?.derRepresentation } == [bound], "signal \(stop): \(left.count) keys left")
+        }
+        // The session still signs with its key.
+        let resource = server.url.appendingPathComponent("api/dpop/resource")
+        let printed = try run(binary, ["--keychain", path, "token", "--url", resource.absoluteString])
+        #expect(printed.status == 0, "token --url: \(printed.standardError)")
+    }
+
     func deviceLogin(_ binary: String, path: String, server: TestServer, extra: [String] = []) async throws -> (Int32, String) {
         let login = Process()
         login.executableURL = URL(fileURLWithPath: binary)

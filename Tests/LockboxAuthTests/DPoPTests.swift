@@ -296,6 +296,40 @@ extension LifecycleTests {
             #expect(try vault.sessionKeys(manager.key).isEmpty)
         }
 
+        @Test("a sign-in that does not finish: its new key is discarded, the session's bound key never")
+        func stoppedSignIn_discardsItsKeyOnly() async throws {
+            let server = try await TestServer.running()
+            let vault = try TestVault()
+            let manager = try await vault.dpopManager(server.dpopConfiguration())
+            _ = try await server.signInWithDPoP(manager)
+            let bound = try #require(try await vault.dpopKeys.boundKey(for: manager.key)?.jwkThumbprint)
+
+            // A second sign-in made its key, then stopped (cancelled, denied, expired).
+            let stopped = try #require(try await manager.signInProofs())
+            #expect(try vault.sessionKeys(manager.key).count == 2)
+            try await manager.discardSignInProofs(stopped)
+            #expect(try vault.sessionKeys(manager.key).count == 1)
+            #expect(try await vault.dpopKeys.boundKey(for: manager.key)?.jwkThumbprint == bound)
+            // Twice, or nil: nothing more to do.
+            try await manager.discardSignInProofs(stopped)
+            try await manager.discardSignInProofs(nil)
+
+            // The bound key's own proofs are never discarded: the session keeps signing.
+            let boundKey = try #require(try await vault.dpopKeys.boundKey(for: manager.key))
+            try await manager.discardSignInProofs(DPoPProofFactory(key: boundKey))
+            #expect(try vault.sessionKeys(manager.key).count == 1)
+            #expect(try await manager.send(server.api("api/dpop/resource")).1.statusCode == 200)
+
+            // Locked: an error, and the key stays for the next sign-in or sign-out.
+            let another = try #require(try await manager.signInProofs())
+            vault.vault.lockAll()
+            #expect(await authErrorCode { try await manager.discardSignInProofs(another) } == .storeLocked)
+            try vault.vault.unlock(passphrase: TestVault.passphrase)
+            #expect(try vault.sessionKeys(manager.key).count == 2)
+            try await manager.logout()
+            #expect(try vault.sessionKeys(manager.key).isEmpty)
+        }
+
         @Test("another process signs in again with a new key: this manager's next refresh reads the new key")
         func signInElsewhere_isFollowedByTheNextRefresh() async throws {
             let server = try await TestServer.running()
