@@ -27,6 +27,10 @@ extension SyncGroup {
                 + "replace this keychain's, so a change made here since the last sync is not sent.")
     }
 
+    /// The mark of a reset refused for the changes a damaged state could not count: beside the
+    /// state, empty, removed by the reset that rebuilds it.
+    var refusedResetPath: String { statePath + ".reset-refused" }
+
     /// This device's mark of how far its state had pulled (``SyncPulledMark``).
     var pulledMark: SyncPulledMark { SyncPulledMark(vault: vault, group: groupID, device: device) }
     var knownDevices: SyncKnownDevices { SyncKnownDevices(vault: vault, group: groupID, device: device) }
@@ -128,6 +132,10 @@ extension SyncGroup {
             let lock = try SyncLock(statePath: statePath)
             defer { withExtendedLifetime(lock) {} }
             let (replaced, damaged) = try replacedCursor(refusingSound: !discardingLocalChanges)
+            // A reset refused for the changes a damaged state could not count stays refused until
+            // one runs with --discard-local-changes: removing that state by hand (which makes it
+            // a state behind, rebuilt without the check) does not get round it.
+            let refusedBefore = access(refusedResetPath, F_OK) == 0
             let connection = try PostgresConnection(database)
             try SyncSchema.migrate(connection)
             try catchUpKeys(connection)
@@ -135,8 +143,11 @@ extension SyncGroup {
             // device's last sync, as the database recorded it, bounds it: an item the group holds
             // and this keychain changed since may be a change not sent yet, which the group's
             // version would replace. Refused without --discard-local-changes, as for a sound state.
+            // (A state behind is not: the sync that refused it said a change made here since the
+            // last sync is not sent, and a value saved again unchanged, which a credential helper
+            // does after each use, would count as one.)
             var lastSync: Date?
-            if damaged && !discardingLocalChanges {
+            if (damaged || refusedBefore) && !discardingLocalChanges {
                 let rows = try connection.execute(
                     "SELECT extract(epoch FROM last_sync)::float8 FROM lockbox_sync_devices WHERE group_id = $1 AND device_id = $2",
                     [.text(groupID), .text(device.id)])
@@ -167,6 +178,10 @@ extension SyncGroup {
                 }
             }
             if changedSince > 0 {
+                // Best effort: should the mark not be written, a state removed by hand is reset as
+                // any state behind is.
+                let mark = open(refusedResetPath, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
+                if mark >= 0 { close(mark) }
                 throw LockboxError(
                     .param,
                     "This device's sync state cannot say what changed here since the last sync, and \(changedSince) item"
@@ -187,6 +202,9 @@ extension SyncGroup {
             }
             let state = try SyncState(path: statePath, device: device.id, key: device.stateKey)
             try state.commit(changes)
+            if unlink(refusedResetPath) != 0 && errno != ENOENT {
+                throw LockboxError(.io, "Cannot remove \(refusedResetPath), the mark of a refused reset. Check the directory's permissions, then reset again.")
+            }
             // The mark is kept: the pull below raises the state to it, or refuses a database
             // below it (rolled back) as a sync does. Should this process stop first, or the
             // database be refused, the rebuilt state is behind the mark and refused until a

@@ -146,7 +146,7 @@ final class SyncState {
     static func removeStale(path: String) throws(LockboxError) -> String? {
         guard FileManager.default.fileExists(atPath: path) else { return nil }
         let device = device(atPath: path)
-        for file in [path, path + "-wal", path + "-shm"] where unlink(file) != 0 && errno != ENOENT {
+        for file in [path, path + "-wal", path + "-shm", path + ".reset-refused"] where unlink(file) != 0 && errno != ENOENT {
             throw LockboxError(.io, "Cannot remove \(file), the sync state of this keychain's earlier device. Check the directory's permissions.")
         }
         return device

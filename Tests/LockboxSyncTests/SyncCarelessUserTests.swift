@@ -218,7 +218,7 @@ extension SyncTests {
         enum StateDamage: String, CaseIterable, Sendable { case droppedTable, newerFormat, garbage, cutShort }
 
         @Test(
-            "A reset rebuilds a state damaged in any way (a table dropped, a newer format, garbage, cut short): with no flag when nothing changed here since the last sync, only with --discard-local-changes when an item did",
+            "A reset rebuilds a state damaged in any way (a table dropped, a newer format, garbage, cut short): with no flag when nothing changed here since the last sync, only with --discard-local-changes when an item did, even once the refused state is removed by hand",
             arguments: StateDamage.allCases)
         func resetRebuildsAnyDamagedState(damage: StateDamage) throws {
             let (groups, machines) = try threeMachines()
@@ -255,7 +255,14 @@ extension SyncTests {
             #expect(refused?.message.contains("1 item the group holds changed in this keychain") == true, "\(refused?.message ?? "")")
             #expect(refused?.message.contains("--discard-local-changes") == true)
             #expect(try machines[0].value("x.example", "user") == "x2 here")
+            // The refused state removed by hand (a state behind, which a reset otherwise rebuilds
+            // without counting): the reset stays refused until the flag.
+            for file in [path, path + "-wal", path + "-shm"] { unlink(file) }
+            let stillRefused = #expect(throws: LockboxError.self) { try groups[0].resetState() }
+            #expect(stillRefused?.code == .param, "\(stillRefused?.message ?? "")")
+            #expect(try machines[0].value("x.example", "user") == "x2 here")
             try groups[0].resetState(discardingLocalChanges: true)
+            #expect(access(groups[0].refusedResetPath, F_OK) != 0, "the mark of the refused reset stays")
             try groups[0].sync()
             // The group's version replaces this keychain's, as the reset says.
             #expect(try machines[0].value("x.example", "user") == "x1")

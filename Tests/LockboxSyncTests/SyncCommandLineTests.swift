@@ -266,6 +266,54 @@ extension SyncTests {
         #expect(missing.status == 44 && missing.standardError.contains("no sync group"), "\(missing.standardError)")
     }
 
+    @Test("Joining a keychain that already holds synchronizable items needs --merge, asked before the pairing code is used; the join then counts and explains its items that lost to the group's later writes")
+    func joiningMergesOnlyWhenAsked() throws {
+        let database = try testDatabase()
+        let first = try Machine()
+        let joining = try Machine()
+        // The joining keychain's own items, written before the group's.
+        try joining.add("kept.example", "a", "mine")
+        try joining.add("deleted.example", "a", "mine too")
+        try joining.add("replaced.example", "a", "mine as well")
+        try joining.add("local.example", "a", "stays here", synchronizable: false)
+        tick()
+        let group = try SyncGroup.create(vault: first.vault, database: database)
+        try first.add("deleted.example", "a", "theirs")
+        try first.add("replaced.example", "a", "theirs, later")
+        try group.sync()
+        tick()
+        try first.delete("deleted.example", "a")
+        try group.sync()
+
+        let code = try group.pairingCode()
+        let refused = try SyncCLI.run(joining, ["sync", "join", group.groupID, "--database", database], input: code + "\n")
+        #expect(refused.status == 1, "\(refused.standardError)")
+        #expect(refused.standardError.contains("already holds 3 synchronizable items"), "\(refused.standardError)")
+        #expect(refused.standardError.contains("--merge") && refused.standardError.contains("lockbox backup"), "\(refused.standardError)")
+        #expect(try SyncGroup.groups(in: joining.vault).isEmpty)
+        #expect(try joining.value("deleted.example", "a") == "mine too")
+        #expect(try group.devices().count == 1)
+
+        // The same code still joins: it was not used.
+        let joined = try SyncCLI.run(joining, ["sync", "join", group.groupID, "--database", database, "--merge"], input: code + "\n")
+        #expect(joined.status == 0, "\(joined.standardError)")
+        #expect(joined.standardOutput.contains("superseded 2"), "\(joined.standardOutput)")
+        #expect(joined.standardError.contains("2 changes made here lost to a later write of another device"), "\(joined.standardError)")
+        #expect(try joining.value("deleted.example", "a") == nil)
+        #expect(try joining.value("replaced.example", "a") == "theirs, later")
+        #expect(try joining.value("kept.example", "a") == "mine")
+        var local = Query.genericPassword(service: "local.example", account: "a")
+        local.returning = [.data]
+        #expect(try joining.vault.data(matching: local) == SecretBytes(utf8: "stays here"))
+        try group.sync()
+        #expect(try first.value("kept.example", "a") == "mine")
+        // A keychain with no synchronizable item joins without the flag.
+        let empty = try Machine()
+        try empty.add("local.example", "a", "not synced", synchronizable: false)
+        let plain = try SyncCLI.run(empty, ["sync", "join", group.groupID, "--database", database], input: try group.pairingCode() + "\n")
+        #expect(plain.status == 0, "\(plain.standardError)")
+    }
+
     @Test("sync status: what the next push would write; device rows from the database shown escaped; offline, the last sync unknown; a silent server times out")
     func statusIsAccurateAndSafe() throws {
         let database = try testDatabase()
