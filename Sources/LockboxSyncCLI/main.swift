@@ -18,7 +18,7 @@ let streams = StandardStreams()
 let usage = """
     usage: lockbox [--keychain PATH] sync create --database CONNINFO [--passphrase-stdin] [--replace-group]
            lockbox [--keychain PATH] sync invite [--minutes N]
-           lockbox [--keychain PATH] sync join GROUP --database CONNINFO [--passphrase-stdin] [--replace-group]
+           lockbox [--keychain PATH] sync join GROUP --database CONNINFO [--passphrase-stdin] [--replace-group] [--merge]
            lockbox [--keychain PATH] sync status [--json]
            lockbox [--keychain PATH] sync now
            lockbox [--keychain PATH] sync remove-device DEVICE [--passphrase-stdin]
@@ -35,7 +35,10 @@ let usage = """
       one only with --replace-group (also for join).
     invite prints a one-time pairing code for another device, valid N minutes (default 10).
     join joins GROUP: it reads the pairing code (or, with --passphrase-stdin, the group
-      passphrase) from standard input or the terminal.
+      passphrase) from standard input or the terminal. A keychain that already holds
+      synchronizable items joins only with --merge: they are merged with the group's, and for
+      an item both hold the later write wins on every device (the other value is gone).
+      Back them up first (lockbox backup FILE).
     status shows the group, this device, the devices, the last sync and pending changes; an
       unreachable database is reported, and the keychain stays usable.
     now pushes this keychain's changes and pulls the other devices'.
@@ -58,10 +61,21 @@ let usage = """
       which replaces the changes made here since the last sync.
     """
 
+/// Says what `superseded` means when a sync has some: values of this keychain replaced (or items
+/// deleted) by later writes of other devices, which it never sent.
+func reportSuperseded(_ report: SyncGroup.Report) {
+    guard report.superseded > 0 else { return }
+    let count = report.superseded
+    streams.error(
+        "lockbox sync: \(count) change\(count == 1 ? "" : "s") made here lost to a later write of another device (the later "
+            + "write wins): \(count == 1 ? "that item now holds" : "those items now hold") the group's value\(count == 1 ? "" : "s"), "
+            + "or \(count == 1 ? "was" : "were") deleted by its later delete.")
+}
+
 enum SyncCommand {
     case create(database: String, passphrase: Bool, replacing: Bool)
     case invite(minutes: Int)
-    case join(group: String, database: String, passphrase: Bool, replacing: Bool)
+    case join(group: String, database: String, passphrase: Bool, replacing: Bool, merging: Bool)
     case status(json: Bool)
     case now
     case removeDevice(String, passphrase: Bool)
@@ -78,7 +92,7 @@ struct UsageProblem: Error {
 /// The options each verb takes; any other is a usage error, not silently ignored.
 let optionsOfVerb: [String: Set<String>] = [
     "create": ["--database", "--passphrase-stdin", "--replace-group"],
-    "join": ["--database", "--passphrase-stdin", "--replace-group"],
+    "join": ["--database", "--passphrase-stdin", "--replace-group", "--merge"],
     "invite": ["--minutes"],
     "status": ["--json"],
     "now": [],
@@ -114,6 +128,7 @@ func parse(_ arguments: [String]) throws(UsageProblem) -> (keychain: String?, co
     var replacing = false
     var json = false
     var discarding = false
+    var merging = false
     var minutes = 10
     var positional: [(text: String, position: Int)] = []
     var given: Set<String> = []
@@ -132,6 +147,7 @@ func parse(_ arguments: [String]) throws(UsageProblem) -> (keychain: String?, co
         case "--replace-group": replacing = true
         case "--json": json = true
         case "--discard-local-changes": discarding = true
+        case "--merge": merging = true
         case "--minutes":
             guard let number = Int(try value(option)), (1...1440).contains(number) else {
                 throw UsageProblem(message: "--minutes takes a number from 1 to 1440")
@@ -157,7 +173,9 @@ func parse(_ arguments: [String]) throws(UsageProblem) -> (keychain: String?, co
         // Hexadecimal digits read the same in either case.
         let group = try onePositional("the group identifier")
         let identifier = SyncGroup.isGroupIdentifier(group.lowercased()) ? group.lowercased() : group
-        return (keychain, .join(group: identifier, database: try needDatabase(), passphrase: passphrase, replacing: replacing))
+        return (
+            keychain, .join(group: identifier, database: try needDatabase(), passphrase: passphrase, replacing: replacing, merging: merging)
+        )
     case "remove-device":
         // Hexadecimal digits read the same in either case, as for a group identifier.
         let device = try onePositional("the device identifier")
@@ -365,11 +383,23 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
         streams.print("group \(group.groupID)")
         streams.print("pairing code \(code) (one use, \(minutes) minute\(minutes == 1 ? "" : "s"))")
         return .success
-    case .join(let groupID, let database, let withPassphrase, let replacing):
+    case .join(let groupID, let database, let withPassphrase, let replacing, let merging):
         try SyncGroup.checkGroupIdentifier(groupID)
         let vault = try openVault(keychain)
         try checkNotInGroup(vault, replacing: replacing, joining: groupID)
         try SyncGroup.requireUnlocked(vault, "Unlock it to join a sync group.")
+        // Before the pairing code is read and used up: joining merges this keychain's
+        // synchronizable items with the group's, and where both hold an item the later write
+        // wins everywhere, the other value gone for good. Only when asked for.
+        let held = try vault.synchronizableChanges(since: 0).count
+        if held > 0 && !merging {
+            throw LockboxError(
+                .param,
+                "This keychain already holds \(held) synchronizable item\(held == 1 ? "" : "s"). Joining merges "
+                    + "\(held == 1 ? "it" : "them") with the group's: for an item both hold, the later write wins on every device "
+                    + "and the other value is gone (a later delete in the group deletes it here). Nothing was changed, and no "
+                    + "pairing code was used. Back them up first (`lockbox backup FILE`), then join again with --merge.")
+        }
         // Before the pairing code is read and used up: a join that could not save would waste it.
         try SyncConfiguration.checkWritable(vault: vault)
         let group: SyncGroup
@@ -401,7 +431,8 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
         }
         do {
             let report = try group.sync()
-            streams.print("first sync: pulled \(report.pulled), pushed \(report.pushed)")
+            streams.print("first sync: pulled \(report.pulled), pushed \(report.pushed), superseded \(report.superseded)")
+            reportSuperseded(report)
             for note in report.notes { streams.error("lockbox sync: note: " + note) }
         } catch {
             // Joined all the same. What to do next is the error's own advice (sync again
@@ -416,6 +447,7 @@ func run(keychain: String?, command: SyncCommand) throws(LockboxError) -> ExitSt
         let configuration = try SyncConfiguration.load(vault: vault)
         let report = try SyncGroup(configuration.group, vault: vault, database: configuration.database).sync()
         streams.print("pushed \(report.pushed), pulled \(report.pulled), superseded \(report.superseded)")
+        reportSuperseded(report)
         for note in report.notes { streams.error("lockbox sync: note: " + note) }
         return .success
     case .reset(let discarding):
@@ -638,4 +670,4 @@ do {
     streams.error(usage)
     status = .usage
 }
-exit(status.rawValue)
+exit(StandardOutput.exitStatus(status))
