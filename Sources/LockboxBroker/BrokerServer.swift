@@ -54,7 +54,7 @@ package final class BrokerServer: Sendable {
         }
         try BrokerLocation.checkDirectory(directory)
         let lockPath = BrokerLocation.lockPath(forSocket: socketPath)
-        let lock = try SystemCall.check("open", "Opening \(lockPath)") { open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600) }
+        let lock = try SystemCall.check("open", "Opening \(lockPath)") { StandardDescriptors.movedAbove(open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)) }
         var locked: Int32
         repeat { locked = flock(lock, LOCK_EX | LOCK_NB) } while locked != 0 && errno == EINTR
         guard locked == 0 else {

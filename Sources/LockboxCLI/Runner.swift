@@ -208,10 +208,12 @@ struct Runner {
             return .success
         case .dump(let json):
             return try dump(json: json)
-        case .backup(let file, let fromStandardInput):
+        case .backup(let file, let fromStandardInput, let replacing):
             let vault = try openVault()
+            // Before the passphrase is asked for: a path that will be refused costs no typing.
+            try Vault.checkBackupTarget(file, replacing: replacing)
             let passphrase = try newPassphrase(fromStandardInput: fromStandardInput, prompt: "Backup passphrase: ")
-            let summary = try vault.backup(to: file, passphrase: passphrase)
+            let summary = try vault.backup(to: file, passphrase: passphrase, replacing: replacing)
             output.error(
                 "Backed up \(summary.exported) item(s) to \(file). Left out by design: \(summary.skippedThisDeviceOnly) "
                     + "ThisDeviceOnly, \(summary.skippedAccessControlled) access-controlled, "

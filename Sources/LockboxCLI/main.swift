@@ -63,4 +63,4 @@ do {
     error.report(to: streams)
     status = .usage
 }
-exit(status.rawValue)
+exit(StandardOutput.exitStatus(status))

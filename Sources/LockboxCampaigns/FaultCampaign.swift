@@ -195,7 +195,7 @@ package struct FaultCampaign {
         case .delete: try vault.delete(matching: .genericPassword(service: "faults", account: "del-\(run)"))
         case .rotate: try tokens.saveRefreshToken(SecretBytes(utf8: "rt-\(run)"))
         case .passphrase: try vault.changePassphrase(from: SecretBytes(utf8: passphrase), to: SecretBytes(utf8: "fp-\(run)"))
-        case .backup: _ = try vault.backup(to: backup, passphrase: SecretBytes(utf8: "faults-backup"))
+        case .backup: _ = try vault.backup(to: backup, passphrase: SecretBytes(utf8: "faults-backup"), replacing: true)
         }
     }
 }

@@ -100,7 +100,7 @@ package enum LeakCampaign {
             try vault.add(.genericPassword(service: "leaks", account: "big", data: SecretBytes(utf8: String(repeating: secret, count: 10_000))))
         }
         attempt("restore with a wrong passphrase") { () throws(LockboxError) in
-            _ = try vault.backup(to: directory + "/probe.lbx", passphrase: SecretBytes(utf8: backupPassphrase))
+            _ = try vault.backup(to: directory + "/probe.lbx", passphrase: SecretBytes(utf8: backupPassphrase), replacing: true)
             _ = try vault.restore(from: directory + "/probe.lbx", passphrase: SecretBytes(utf8: secret))
         }
         for kind in [StorageFaults.Kind.diskFull, .ioError, .busy] {
@@ -121,7 +121,7 @@ package enum LeakCampaign {
         report.searchFiles("vault, -wal and -shm after add and update", in: vaultDirectory, for: canaries)
         let backup = directory + "/backup/leaks.lbx"
         try FileManager.default.createDirectory(atPath: directory + "/backup", withIntermediateDirectories: true)
-        _ = try vault.backup(to: backup, passphrase: SecretBytes(utf8: backupPassphrase))
+        _ = try vault.backup(to: backup, passphrase: SecretBytes(utf8: backupPassphrase), replacing: true)
         report.searchFiles("backup file", in: directory + "/backup", for: canaries)
         try vault.delete(matching: .genericPassword(service: "leaks", account: "alice"))
         report.searchFiles("vault, -wal and -shm after delete", in: vaultDirectory, for: canaries)

@@ -156,17 +156,20 @@ package enum Help {
                 value\(verb.hasSuffix("internet-password") ? " (without -P, the items of every port of the server and account)" : ""). A delete that names no attribute
                 would delete every item of the class: it is refused (status 64) unless --all is
                 given; --all also deletes the keys of a sync group this keychain is in (join it
-                again afterwards). A locked keychain deletes nothing (OSStatus -25308). Exit
-                status 44 when nothing matches.
+                again afterwards). An item whose class is locked is not deleted (OSStatus
+                -25308): while the keychain is locked, only items of the classes open since the
+                first unlock (afterFirstUnlock, always) can be. Exit status 44 when nothing matches.
                 """
         case "backup":
             return """
-                usage: lockbox [--keychain PATH] backup FILE [--passphrase-stdin]
+                usage: lockbox [--keychain PATH] backup FILE [--passphrase-stdin] [--replace]
 
                 Writes the portable items (whenUnlocked, afterFirstUnlock, always) to FILE, sealed
                 with a key from the backup passphrase (Argon2id). ThisDeviceOnly and
                 access-controlled items never leave this machine. Consistent while other
                 processes write. --passphrase-stdin reads the backup passphrase from stdin.
+                FILE must not exist: --replace replaces an earlier backup, never another file
+                (the keychain itself, its device key).
                 """
         case "restore":
             return """
@@ -235,14 +238,22 @@ package enum Help {
                 Keyring, KWallet, KeePassXC over the Secret Service), so it opens with your login
                 session; the passphrase keeps working. unenroll removes that key and slot.
                 """
-        case "remove-passphrase", "set-passphrase":
+        case "remove-passphrase":
             return """
-                usage: lockbox [--keychain PATH] \(verb) [--passphrase-stdin]\(verb == "remove-passphrase" ? " [--yes]" : "")
+                usage: lockbox [--keychain PATH] remove-passphrase [--passphrase-stdin] [--yes]
 
-                remove-passphrase: the keychain then unlocks on this machine without a passphrase
-                (like a phone without a passcode); whenPasscodeSetThisDeviceOnly and
-                access-controlled items are deleted. It says how many and asks to confirm on the
-                terminal; --yes confirms where there is none. set-passphrase sets one again.
+                The keychain then unlocks on this machine without a passphrase (like a phone
+                without a passcode); whenPasscodeSetThisDeviceOnly and access-controlled items are
+                deleted. It says how many and asks to confirm on the terminal; --yes confirms
+                where there is none. set-passphrase sets one again.
+                """
+        case "set-passphrase":
+            return """
+                usage: lockbox [--keychain PATH] set-passphrase [--passphrase-stdin]
+
+                Sets a passphrase on a keychain whose passphrase was removed: it is then needed to
+                unlock it again, as before remove-passphrase. Asked twice on the terminal;
+                --passphrase-stdin reads it from standard input.
                 """
         case "login":
             return """

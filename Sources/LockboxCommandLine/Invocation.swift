@@ -22,7 +22,7 @@ package enum Command {
     case findPassword(PasswordOptions)
     case deletePassword(PasswordOptions)
     case dump(json: Bool)
-    case backup(file: String, passphraseFromStandardInput: Bool)
+    case backup(file: String, passphraseFromStandardInput: Bool, replacing: Bool = false)
     case restore(file: String, passphraseFromStandardInput: Bool)
     case removePassphrase(fromStandardInput: Bool, confirmed: Bool)
     case enroll(keeper: String, remove: Bool)
@@ -262,9 +262,11 @@ package enum Parser {
         case "backup", "restore":
             var file: String?
             var fromStandardInput = false
+            var replacing = false
             while let option = try reader.next() {
                 switch option {
                 case "--passphrase-stdin": fromStandardInput = true
+                case "--replace" where verb == "backup": replacing = true
                 default:
                     guard !option.hasPrefix("-"), file == nil else { throw reader.unknown(option) }
                     file = option
@@ -272,7 +274,7 @@ package enum Parser {
             }
             guard let file else { throw UsageError(message: "\(verb) needs a FILE", verb: verb) }
             return verb == "backup"
-                ? .backup(file: file, passphraseFromStandardInput: fromStandardInput)
+                ? .backup(file: file, passphraseFromStandardInput: fromStandardInput, replacing: replacing)
                 : .restore(file: file, passphraseFromStandardInput: fromStandardInput)
         case "enroll", "unenroll":
             let keeper = try reader.next()

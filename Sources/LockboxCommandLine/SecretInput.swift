@@ -64,8 +64,13 @@ package enum SecretInput {
     /// A secret from standard input, at most `limit` bytes once read: as text (one trailing
     /// `\n` or `\r\n` removed), or with `raw` every byte as it came.
     package static func readSecret(raw: Bool, limit: Int) throws(LockboxError) -> SecretBytes {
-        // Text may carry the two newline bytes beyond the limit.
-        let input = try readAll(limit: raw ? limit : limit + 2)
+        // Text may carry the two newline bytes beyond the limit (which the error states as is).
+        let input: SecretBytes
+        do {
+            input = try readAll(limit: raw ? limit : limit + 2)
+        } catch where error.code == .param {
+            throw LockboxError(.param, "The secret on standard input is over the limit of \(limit) bytes.")
+        }
         let secret = raw ? input : trimmingTrailingNewline(input)
         guard secret.count <= limit else {
             throw LockboxError(.param, "The secret on standard input is over the limit of \(limit) bytes.")

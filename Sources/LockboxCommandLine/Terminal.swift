@@ -1,4 +1,5 @@
 import Lockbox
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -59,16 +60,53 @@ package struct StandardStreams {
     }
 }
 
-/// Writes all of `bytes` to `descriptor`, retrying after signals; stops quietly when the reader
-/// has gone (a closed pipe), as the standard streams do.
+/// Writes all of `bytes` to `descriptor`, retrying after signals; stops when the write fails (a
+/// full disk, a closed pipe or descriptor). A failure on standard output is remembered, so that
+/// the program does not exit with success having printed a secret only in part, or not at all
+/// (``StandardOutput/exitStatus(_:)``).
 package func writeAll(_ bytes: UnsafeRawBufferPointer, to descriptor: Int32) {
     guard let base = bytes.baseAddress else { return }
     var offset = 0
     while offset < bytes.count {
         let written = write(descriptor, base + offset, bytes.count - offset)
         if written < 0 && errno == EINTR { continue }
-        guard written > 0 else { return }
+        guard written > 0 else {
+            if descriptor == STDOUT_FILENO { StandardOutput.recordFailure(written < 0 ? errno : EIO) }
+            return
+        }
         offset += written
+    }
+}
+
+/// Whether everything written to standard output arrived.
+package enum StandardOutput {
+    /// The first write error standard output met (an errno), 0 when none.
+    private static let failure = Atomic<Int32>(0)
+
+    static func recordFailure(_ code: Int32) {
+        _ = failure.compareExchange(expected: 0, desired: code, ordering: .relaxed)
+    }
+
+    /// The status to exit with: `status`, or a failure when a write to standard output failed
+    /// (`lockbox find-generic-password -w > file` on a full disk, or with standard output
+    /// closed, printed the secret in part or not at all). Says so on standard error, but for a
+    /// reader that left (a closed pipe), which a shell reports by itself.
+    package static func exitStatus(_ status: ExitStatus) -> Int32 {
+        let code = failure.load(ordering: .relaxed)
+        guard code != 0 else { return status.rawValue }
+        if code != EPIPE {
+            var text = "lockbox: Standard output could not be written (\(String(cString: strerror(code)))): what was printed is incomplete.\n"
+            text.withUTF8 { bytes in
+                var offset = 0
+                while offset < bytes.count {
+                    let written = write(STDERR_FILENO, bytes.baseAddress! + offset, bytes.count - offset)
+                    if written < 0 && errno == EINTR { continue }
+                    guard written > 0 else { break }
+                    offset += written
+                }
+            }
+        }
+        return status == .success ? ExitStatus.failure.rawValue : status.rawValue
     }
 }
 

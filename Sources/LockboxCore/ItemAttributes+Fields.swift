@@ -383,7 +383,8 @@ package final class AttributeField: Sendable, CustomStringConvertible {
         copyBetween = { source, target in set(&target, get(source)) }
         matchesPredicate = { predicate, item in
             guard let wanted = get(predicate) else { return true }
-            return wanted == (get(item) ?? whenAbsent)
+            guard let found = get(item) ?? whenAbsent else { return false }
+            return Value.isSame(wanted, found)
         }
         encodeInto = { attributes, encoder in
             guard let value = get(attributes) else { return encoder.bytes(nil as [UInt8]?) }
@@ -439,6 +440,14 @@ package protocol AttributeValueCoding: Hashable, Sendable {
     func encodeField(into encoder: inout FieldEncoder)
     /// Reads a field ``encodeField(into:)`` wrote; nil for an absent one.
     static func decodeField(from decoder: inout FieldDecoder) throws(FieldDecoder.Malformed) -> Self?
+    /// True when a query's `wanted` value matches an item's `found` one: equal as stored (text
+    /// compared byte for byte, as the keychain's digests compare it; not by Unicode canonical
+    /// equivalence, under which "café" written two ways would match).
+    static func isSame(_ wanted: Self, _ found: Self) -> Bool
+}
+
+extension AttributeValueCoding {
+    package static func isSame(_ wanted: Self, _ found: Self) -> Bool { wanted == found }
 }
 
 extension AttributeValueCoding where Self: RawRepresentable, RawValue == String {
@@ -470,6 +479,7 @@ extension String: AttributeValueCoding {
     package static func decodeField(from decoder: inout FieldDecoder) throws(FieldDecoder.Malformed) -> String? {
         try decoder.string()
     }
+    package static func isSame(_ wanted: String, _ found: String) -> Bool { wanted.utf8.elementsEqual(found.utf8) }
 }
 
 extension Data: AttributeValueCoding {

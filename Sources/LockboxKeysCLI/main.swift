@@ -46,4 +46,4 @@ do {
     error.report(to: streams)
     status = .usage
 }
-exit(status.rawValue)
+exit(StandardOutput.exitStatus(status))

@@ -203,4 +203,4 @@ do {
     streams.error(usage)
     status = .usage
 }
-exit(status.rawValue)
+exit(StandardOutput.exitStatus(status))

@@ -82,7 +82,7 @@ func churn(_ options: [String: String]) throws(LockboxError) {
         case "backup":
             let file = backups + "/b-\(tag).lbx"
             say("begin backup \(file) -")
-            let summary = try vault.backup(to: file, passphrase: SecretBytes(utf8: "campaign-backup"))
+            let summary = try vault.backup(to: file, passphrase: SecretBytes(utf8: "campaign-backup"), replacing: true)
             say("ok backup \(file) \(summary.exported)")
         default:
             let token = "rt-\(tag)"

@@ -34,7 +34,7 @@ package final class SyncLock {
         if !directory.isEmpty { try SyncFiles.prepareDirectory(directory) }
         // Made 0600, or narrowed to it, as the directory's other files (a link there is refused).
         try SyncFiles.prepareFile(path)
-        let descriptor = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW)
+        let descriptor = StandardDescriptors.movedAbove(open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW))
         guard descriptor >= 0 else {
             throw LockboxError(
                 .io, "Cannot open the sync lock \(path): \(String(cString: strerror(errno))). Fix it (a link there is refused; remove it), then try again.")

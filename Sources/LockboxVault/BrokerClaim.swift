@@ -45,7 +45,7 @@ package final class BrokerClaim: Sendable {
     ///   has it open, naming the processes that hold it and what to do.
     package static func claimForBroker(vaultPath path: String) throws(LockboxError) -> BrokerClaim {
         let lockPath = lockPath(forVault: path)
-        let descriptor = open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        let descriptor = StandardDescriptors.movedAbove(open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600))
         guard descriptor >= 0 else {
             throw LockboxError(
                 .io, "Cannot open \(lockPath): \(String(cString: strerror(errno))).", cause: .systemCall("open", errno: errno))
@@ -76,9 +76,9 @@ package final class BrokerClaim: Sendable {
     /// - Throws: `errSecNotAvailable` while `lockboxd` serves the vault, naming its process.
     static func claimForEmbedded(vaultPath path: String) throws(LockboxError) -> BrokerClaim? {
         let lockPath = lockPath(forVault: path)
-        var descriptor = open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        var descriptor = StandardDescriptors.movedAbove(open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600))
         if descriptor < 0 && (errno == EACCES || errno == EROFS || errno == EPERM) {
-            descriptor = open(lockPath, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
+            descriptor = StandardDescriptors.movedAbove(open(lockPath, O_RDONLY | O_CLOEXEC | O_NOFOLLOW))
             if descriptor < 0 && errno == ENOENT { return nil }
         }
         guard descriptor >= 0 else {

@@ -113,6 +113,11 @@ extension KeyCache {
             }
             throw LockboxError.integrity("The \(accessibility.rawValue) class key")
         }
+        // Every keychain has each portable class's key under its master key from its creation:
+        // with the master key at hand, none is a key removed from the file, not a locked class.
+        if master != nil && !accessibility.isThisDeviceOnly && candidates.isEmpty {
+            throw LockboxError.integrity("The \(accessibility.rawValue) class key")
+        }
         return nil
     }
 

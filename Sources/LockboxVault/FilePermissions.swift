@@ -166,6 +166,11 @@ package enum FilePermissions {
     /// cannot reach (a directory of another user's, say) is an error that says so: it is not
     /// "no keychain", which would send the user to make one.
     static func keychainExists(_ path: String) throws(LockboxError) -> Bool {
+        var info = stat()
+        if stat(path, &info) == 0 && info.st_mode & S_IFMT == S_IFDIR {
+            throw LockboxError(
+                .param, "\(path) is a directory, not a keychain: name the keychain's file (such as \(path)/default.lockbox).")
+        }
         guard access(path, F_OK) != 0 else { return true }
         let reason = errno
         guard reason == ENOENT || reason == ENOTDIR else {

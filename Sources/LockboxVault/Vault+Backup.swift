@@ -53,10 +53,19 @@ extension Vault {
     static let backupMagic = Array("LOCKBOX-BACKUP\n".utf8)
     static let backupVersion: UInt8 = 1
 
-    /// Writes a backup of the portable items to `path` (mode 0600, replaced atomically).
-    /// The vault must be unlocked.
-    public func backup(to path: String, passphrase: SecretBytes) throws(LockboxError) -> BackupSummary {
+    /// Writes a backup of the portable items to a new file at `path` (mode 0600, written whole
+    /// then moved into place). The vault must be unlocked.
+    ///
+    /// A file already at `path` is never replaced unless `replacing` is true, and then only an
+    /// earlier Lockbox backup: a mistyped path must not turn the keychain itself, its device key
+    /// or any other file into a backup (the keychain's ThisDeviceOnly items, which no backup
+    /// holds, would be gone for good).
+    /// - Throws: `duplicateItem` when a file is at `path` (nothing written); `param` when
+    ///   `replacing` and that file is not a Lockbox backup.
+    public func backup(to path: String, passphrase: SecretBytes, replacing: Bool = false) throws(LockboxError) -> BackupSummary {
         guard !passphrase.isEmpty else { throw LockboxError(.param, "The backup passphrase is empty.") }
+        // Checked first, so that a refused path costs no key derivation; the write checks again.
+        try Self.checkBackupTarget(path, replacing: replacing)
         var summary = BackupSummary(exported: 0, skippedThisDeviceOnly: 0, skippedAccessControlled: 0)
         let items: [(ItemClass, [UInt8], SecretBytes)] = try withState { state throws(LockboxError) in
             guard try state.keys.currentMaster() != nil else { throw lockedError() }
@@ -129,8 +138,49 @@ extension Vault {
         var length = UInt32(derivation.encoded().count).littleEndian
         file.insert(contentsOf: withUnsafeBytes(of: &length) { Array($0) }, at: Self.backupMagic.count + 1)
         file += Crypto.seal(plaintext, key: key, associatedData: file)
-        try Self.writeAtomically(file, to: path)
+        if replacing {
+            try Self.checkBackupTarget(path, replacing: true)
+            try Self.writeAtomically(file, to: path)
+        } else {
+            try Self.writeAtomically(file, to: path, replacing: false)
+        }
         return summary
+    }
+
+    /// Refuses a backup's `path` that holds a file (with `replacing`, one that is not a Lockbox
+    /// backup); a path with nothing there passes.
+    public static func checkBackupTarget(_ path: String, replacing: Bool) throws(LockboxError) {
+        var info = stat()
+        guard lstat(path, &info) == 0 else {
+            guard errno == ENOENT else {
+                throw LockboxError(.io, "Cannot write the backup \(path): \(String(cString: strerror(errno))).", cause: .systemCall("lstat", errno: errno))
+            }
+            return
+        }
+        guard replacing else { throw backupTargetExists(path) }
+        let descriptor = Glibc.open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
+        var start = [UInt8](repeating: 0, count: backupMagic.count)
+        var read = -1
+        if descriptor >= 0 {
+            var regular = stat()
+            if fstat(descriptor, &regular) == 0 && regular.st_mode & S_IFMT == S_IFREG {
+                read = start.withUnsafeMutableBytes { Glibc.read(descriptor, $0.baseAddress, $0.count) }
+            }
+            close(descriptor)
+        }
+        guard read == backupMagic.count, start == backupMagic else {
+            throw LockboxError(
+                .param,
+                "\(path) is not a Lockbox backup, so it is not replaced (--replace replaces only an earlier backup); nothing was "
+                    + "written. Choose another file name.")
+        }
+    }
+
+    static func backupTargetExists(_ path: String) -> LockboxError {
+        LockboxError(
+            .duplicateItem,
+            "A file already exists at \(path); nothing was written. Choose another file name, or, to replace an earlier "
+                + "backup, add --replace.")
     }
 
     /// Restores a backup made by ``backup(to:passphrase:)`` into this vault (unlocked).
@@ -171,7 +221,9 @@ extension Vault {
                             let prefix = row.associatedDataPrefix(vaultID: state.header.vaultID)
                             let opened = try row.openAttributes(classKey: classKey, prefix: prefix)
                             // The row's digest must stand for the backup item's primary key.
-                            guard opened.primaryKeyOnly(of: itemClass) == attributes.primaryKeyOnly(of: itemClass),
+                            // Compared as encoded (byte for byte), not as Swift strings.
+                            guard PrimaryKey.encode(itemClass, opened, includingGroup: false)
+                                == PrimaryKey.encode(itemClass, attributes, includingGroup: false),
                                 row.itemClass == itemClass
                             else { throw LockboxError.integrity() }
                             current = opened.modificationDate
@@ -261,14 +313,16 @@ extension Vault {
     /// Writes `bytes` to a new file beside `path` and renames it into place. The temporary
     /// file has an unpredictable name and is created exclusively without following links
     /// (`O_EXCL | O_NOFOLLOW`), so nobody can plant it or a symlink in its place beforehand.
-    /// `what` names the file in errors ("the backup").
+    /// `what` names the file in errors ("the backup"). With `replacing` false, a file at `path`
+    /// (even one made while this one was written) is not replaced: `duplicateItem`.
     /// With `synced` false, the file is not synced before it is moved into place (a record that
     /// may lag after a power loss, never run ahead). With `removingLeftovers`, what earlier writes
     /// of `path` that stopped before their rename left beside it is removed first, once a minute
     /// old (a younger one may be another process's write in flight); a file Lockbox rewrites
     /// often (a record of its own) asks for it, never a backup at a path the user chose.
     package static func writeAtomically(
-        _ bytes: [UInt8], to path: String, what: String = "the backup", synced: Bool = true, removingLeftovers: Bool = false
+        _ bytes: [UInt8], to path: String, what: String = "the backup", synced: Bool = true, removingLeftovers: Bool = false,
+        replacing: Bool = true
     ) throws(LockboxError) {
         if removingLeftovers { removeLeftovers(of: path) }
         let temporary = path + partialSuffix + Crypto.randomBytes(8).hexString
@@ -293,7 +347,20 @@ extension Vault {
             throw LockboxError(.io, "Writing \(what) \(path) failed (fsync: \(String(cString: strerror(errno)))); nothing was written.")
         }
         close(descriptor)
-        guard rename(temporary, path) == 0 else {
+        if !replacing {
+            // Never over a file that appeared meanwhile.
+            let placed: Bool
+            do {
+                placed = try placeWithoutReplacing(temporary, path)
+            } catch {
+                unlink(temporary)
+                throw error
+            }
+            guard placed else {
+                unlink(temporary)
+                throw backupTargetExists(path)
+            }
+        } else if rename(temporary, path) != 0 {
             unlink(temporary)
             throw LockboxError(.io, "Cannot move \(what) into place at \(path).")
         }

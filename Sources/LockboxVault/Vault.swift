@@ -290,6 +290,7 @@ public final class Vault: ItemStore, Sendable {
     private static func writeNewFile(
         at path: String, directory: String, configuration: Configuration, _ fill: (Database) throws(LockboxError) -> Void
     ) throws(LockboxError) {
+        try checkNoLeftLog(at: path)
         removeCreationLeftovers(in: directory)
         // Short and of its own: a keychain's name of up to 255 bytes still gets one.
         let temporary = directory + "/" + creationPrefix + Crypto.randomBytes(8).hexString
@@ -316,6 +317,7 @@ public final class Vault: ItemStore, Sendable {
                 try database.moveWriteAheadLogIntoFile()
             }
             for suffix in ["-wal", "-shm"] { unlink(temporary + suffix) }
+            try checkNoLeftLog(at: path)
             guard try placeWithoutReplacing(temporary, path) else {
                 throw LockboxError(.duplicateKeychain, "A keychain already exists at \(path).")
             }
@@ -331,6 +333,25 @@ public final class Vault: ItemStore, Sendable {
         if directoryDescriptor >= 0 {
             fsync(directoryDescriptor)
             close(directoryDescriptor)
+        }
+    }
+
+    /// Refuses to make a keychain at `path` while a log of an earlier file of that name is
+    /// beside it (`-wal`, or a rollback `-journal`): SQLite would apply it to the new file, which
+    /// then held the earlier keychain's rows under the new one's header, and failed every check
+    /// from its first use. The log is left for the user: it may hold that keychain's last changes.
+    static func checkNoLeftLog(at path: String) throws(LockboxError) {
+        // A keychain still there is refused as such (its log is its own).
+        var file = stat()
+        guard lstat(path, &file) != 0 && errno == ENOENT else { return }
+        for suffix in ["-wal", "-journal"] {
+            var info = stat()
+            guard lstat(path + suffix, &info) == 0 else { continue }
+            throw LockboxError(
+                .io,
+                "\(path + suffix), the log of an earlier keychain at this path, is still there (that keychain's file is gone), "
+                    + "and would be applied to a new one. It may hold that keychain's last changes: move it away, with "
+                    + "\(path)-shm if there is one, then create the keychain again.")
         }
     }
 
@@ -814,8 +835,28 @@ public final class Vault: ItemStore, Sendable {
         try state.withLock { state throws(LockboxError) -> sending T in
             state.keys.beginOperation()
             defer { state.database.resetStatements() }
-            return try body(state)
+            do throws(LockboxError) {
+                return try body(state)
+            } catch where error.code == .decode && state.keys.mode == .kernelKeyring {
+                throw Self.sayingKernelKeyring(error)
+            }
         }
+    }
+
+    /// An integrity failure found with keys read from the kernel keyring, which this user's
+    /// processes can change as they can change the file: a changed key fails the same checks a
+    /// changed file does. The error then names both, and the way to tell them apart before a
+    /// restore (before, it blamed the file alone and sent the user to a backup).
+    static func sayingKernelKeyring(_ error: LockboxError) -> LockboxError {
+        let fileAlone = "the keychain file was modified or is damaged. Restore it from a backup."
+        guard error.message.hasSuffix(fileAlone) else { return error }
+        return LockboxError(
+            .decode,
+            error.message.dropLast(fileAlone.count)
+                + "the keychain file was modified or is damaged, or the unlocked keys this user's kernel keyring holds for it were "
+                + "changed. Run `lockbox lock --all`, unlock it again and run `lockbox verify`; restore it from a backup only if "
+                + "it still fails.",
+            cause: error.cause)
     }
 
     func withState<T>(_ body: (State) -> sending T) -> sending T {

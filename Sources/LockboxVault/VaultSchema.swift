@@ -78,14 +78,23 @@ package enum VaultSchema {
                     + "Upgrade Lockbox to open it.")
         }
         guard found < current else { return }
-        try database.writeTransaction { () throws(LockboxError) in
-            // Re-read inside the transaction: another process may have migrated meanwhile.
-            var version = try database.userVersion
-            while version < current {
-                try migrate(database, from: version)
-                version += 1
-                try database.execute("PRAGMA user_version = \(version)")
+        do {
+            try database.writeTransaction { () throws(LockboxError) in
+                // Re-read inside the transaction: another process may have migrated meanwhile.
+                var version = try database.userVersion
+                while version < current {
+                    try migrate(database, from: version)
+                    version += 1
+                    try database.execute("PRAGMA user_version = \(version)")
+                }
             }
+        } catch where error.message.contains("already exists") || error.message.contains("duplicate column") {
+            // A step that finds what it would add already there: the file's tables are of a later
+            // schema than its version says (the version number was edited). Nothing was changed.
+            throw LockboxError(
+                .decode,
+                "The keychain's schema version (\(found)) does not match its tables, which are of a later one: the keychain file "
+                    + "was modified or is damaged. Restore it from a backup.", cause: error.cause)
         }
     }
 

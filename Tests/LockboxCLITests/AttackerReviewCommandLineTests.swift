@@ -45,6 +45,55 @@ struct AttackerReviewCommandLineTests: EditedKeychainSuite {
         #expect(try lockbox(["verify"]).status == 1)
     }
 
+    @Test("the wrapped class keys deleted with sqlite3 from an unlocked keychain: -26275, never 'locked'")
+    func classKeysDeleted_isTamperingNotLocked() throws {
+        try prepared()
+        defer { _ = try? lockbox(["lock", "--all"]) }
+        try sqlite("DELETE FROM class_keys")
+        let find = try lockbox(["find-generic-password", "-s", "svcA", "-a", "alice", "-w"])
+        #expect(find.status == 1, "find ended with \(find.status): \(find.standardError)")
+        #expect(find.standardError.contains("(OSStatus -26275)"), "\(find.standardError)")
+        #expect(!find.standardError.contains("The keychain is locked"), "\(find.standardError)")
+    }
+
+    @Test("the schema version edited down with sqlite3: -26275 for a modified file, not a storage error, and the file is left as it is")
+    func schemaVersionEdited_isTampering() throws {
+        try prepared()
+        defer { _ = try? lockbox(["lock", "--all"]) }
+        for version in [0, 3, 5] {
+            try sqlite("PRAGMA user_version = \(version)")
+            let find = try lockbox(["find-generic-password", "-s", "svcA", "-a", "alice", "-w"])
+            #expect(find.status == 1, "version \(version): \(find.standardError)")
+            #expect(find.standardError.contains("schema version (\(version)) does not match its tables"), "\(find.standardError)")
+            #expect(find.standardError.contains("(OSStatus -26275)"), "\(find.standardError)")
+        }
+    }
+
+    @Test("the unlocked key the kernel keyring holds changed by another process of the user: the error names the keyring and the way to tell, not the file alone")
+    func kernelKeyringKeyChanged_isNamed() throws {
+        try prepared()
+        defer { _ = try? lockbox(["lock", "--all"]) }
+        let keyctl = "/usr/bin/keyctl"
+        #expect(FileManager.default.isExecutableFile(atPath: keyctl), "keyctl (Debian's keyutils) is missing")
+        let vaultID = try run("/usr/bin/sqlite3", [keychain, "SELECT lower(hex(value)) FROM header WHERE name = 'vault_id'"])
+            .standardOutput.trimmingCharacters(in: .whitespacesAndNewlines)
+        #expect(vaultID.count == 32, "no vault id in the header: \(vaultID)")
+        let serial = try run(keyctl, ["search", "%:lockbox", "user", "lockbox:v1:\(vaultID):unlocked"]).standardOutput
+            .trimmingCharacters(in: .whitespacesAndNewlines)
+        #expect(!serial.isEmpty, "the unlocked key is not in the kernel keyring")
+        let update = try run(keyctl, ["pupdate", serial], input: (0..<36).map { _ in UInt8.random(in: 0...255) })
+        #expect(update.status == 0, "\(update.standardError)")
+        let find = try lockbox(["find-generic-password", "-s", "svcA", "-a", "alice", "-w"])
+        #expect(find.status == 1, "\(find.standardError)")
+        #expect(find.standardError.contains("kernel keyring holds for it were changed"), "\(find.standardError)")
+        #expect(find.standardError.contains("`lockbox lock --all`"), "\(find.standardError)")
+        // Told apart as the error says: the file checks out once unlocked again.
+        #expect(try lockbox(["lock", "--all"]).status == 0)
+        #expect(try lockbox(["unlock", "--passphrase-stdin"], input: passphrase + "\n").status == 0)
+        #expect(try lockbox(["verify"]).status == 0)
+        #expect(try lockbox(["find-generic-password", "-s", "svcA", "-a", "alice", "-w"]).standardOutput == "alice-canary-1\n")
+    }
+
     @Test(
         "a row hidden with sqlite3 (device_id edited): find exits 1 with -26275, not 44 (not found)")
     func hiddenRow_findFailsClosed() throws {

@@ -24,7 +24,7 @@ final class FileLock: Sendable {
         if !directory.isEmpty, mkdir(directory, 0o700) != 0, errno != EEXIST {
             return .failure(.from(.init(.io, "Cannot create the lock directory \(directory) (errno \(errno)).")))
         }
-        let descriptor = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+        let descriptor = StandardDescriptors.movedAbove(open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600))
         guard descriptor >= 0 else {
             return .failure(.from(.init(.io, "Cannot open the lock file \(path) (errno \(errno)).")))
         }

@@ -18,7 +18,7 @@ enum WriteLock {
         _ cancellation: Cancellation, _ body: () throws(LockboxError) -> Result
     ) throws(LockboxError) -> Result {
         let path = try lockFilePath()
-        let descriptor = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        let descriptor = StandardDescriptors.movedAbove(open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600))
         guard descriptor >= 0 else {
             throw LockboxError(.io, "Cannot open the lock file \(path): \(String(cString: strerror(errno))).")
         }

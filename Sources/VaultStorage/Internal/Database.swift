@@ -51,6 +51,14 @@ package final class Database {
         guard result == SQLITE_OK, let connection else {
             let systemError = connection.map { sqlite3_system_errno($0) } ?? 0
             if let connection { sqlite3_close_v2(connection) }
+            if result & 0xff == SQLITE_CANTOPEN && (systemError == EACCES || systemError == EPERM) {
+                // There, but not this user's to open (chmod 000, say): out of reach, never missing.
+                throw LockboxError(
+                    .io,
+                    "Cannot open \(path): \(String(cString: strerror(systemError))). It is there, but this user may not read and "
+                        + "write it: give it back to its owner's use (`chmod 600 \(path)`), or check who owns it.",
+                    cause: .systemCall("open", errno: systemError))
+            }
             if result & 0xff == SQLITE_CANTOPEN && systemError != EMFILE && systemError != ENFILE {
                 throw LockboxError(.noSuchKeychain, "No keychain at \(path). Create one with `lockbox init`.")
             }
