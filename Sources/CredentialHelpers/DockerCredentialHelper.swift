@@ -1,3 +1,4 @@
+import FoundationEssentials
 import LockboxCore
 
 /// docker's credential-helper protocol (docker-credential-helpers) over any ``ItemStore``:
@@ -154,13 +155,41 @@ public struct DockerCredentialHelper: Sendable {
         attributes.account = username
         attributes.label = "Docker credentials for \(serverURL)"
         do throws(LockboxError) {
-            do {
-                try store.delete(matching: Self.query(serverURL))
-            } catch LockboxError.itemNotFound {}
-            try store.add(Item(.internetPassword, attributes: attributes, data: secret))
+            // The new credential is stored before any other is removed: a store that fails (a
+            // secret over the keychain's limit, a locked keychain) leaves the server's credential
+            // as it was. Before, the old one was deleted first, and lost.
+            var existingQuery = Self.query(serverURL)
+            existingQuery.returning = [.attributes, .persistentReference]
+            var existing: [Item] = []
+            do throws(LockboxError) {
+                existing = try store.items(matching: existingQuery)
+            } catch where error.code == .itemNotFound {}
+            let sameUser = existing.firstIndex { ($0.attributes.account ?? "").utf8.elementsEqual(username.utf8) }
+            if let sameUser, let reference = existing[sameUser].persistentReference {
+                var update = ItemAttributes()
+                update.label = attributes.label
+                try store.update(matching: Self.row(reference), to: ItemUpdate(attributes: update, data: secret))
+                existing.remove(at: sameUser)
+            } else {
+                try store.add(Item(.internetPassword, attributes: attributes, data: secret))
+            }
+            // The server's credentials for other user names: one credential per server, as before.
+            for other in existing {
+                guard let reference = other.persistentReference else { continue }
+                do throws(LockboxError) {
+                    try store.delete(matching: Self.row(reference))
+                } catch where error.code == .itemNotFound {}
+            }
         } catch {
             throw HelperFailure(message: error.description)
         }
+    }
+
+    /// The one row `reference` names.
+    private static func row(_ reference: Data) -> Query {
+        var query = Query(.internetPassword, synchronizable: .any)
+        query.persistentReference = reference
+        return query
     }
 
     private func get(serverURL: String) throws(HelperFailure) -> [UInt8] {

@@ -774,10 +774,17 @@ public actor CredentialsManager {
         return credentials
     }
 
+    /// How long a token whose lifetime the server did not give is shared with other processes:
+    /// long enough that a command run in a loop (`lockbox token`) does not refresh, and rotate
+    /// the refresh token, at every call, short enough that a token shorter-lived than the
+    /// server said nothing about is not handed out long after it expired.
+    static let unknownLifetimeSharing: TimeInterval = 60
+
     private func shareInCache(_ credentials: Credentials) async {
         guard let accessTokenCache else { return }
-        // A token without an expiry is not shared: nothing would bound its life in the cache.
-        guard let freshUntil = credentials.freshUntil, freshUntil > now() else {
+        // A token without an expiry is shared for a minute (``unknownLifetimeSharing``).
+        let freshUntil = credentials.freshUntil ?? (credentials.issuedAt ?? now()).addingTimeInterval(Self.unknownLifetimeSharing)
+        guard freshUntil > now() else {
             await removeFromCache()
             return
         }
@@ -867,7 +874,8 @@ public actor CredentialsManager {
     private func acquireCrossProcessLock() async throws(AuthError) -> (any RefreshLockHold)? {
         if let refreshLock { return try await refreshLock.acquire(for: key) }
         guard let lockFilePath else { return nil }
-        return try await FileLock.acquire(path: lockFilePath)
+        // A holder presents the token within the request deadline, then stores what it got.
+        return try await FileLock.acquire(path: lockFilePath, limit: configuration.requestLimits.deadline * 2 + .seconds(5))
     }
 
     private func emit(_ kind: AuthEvent.Kind, _ reason: String, _ fingerprint: String?) {

@@ -173,12 +173,15 @@ enum TokenEndpoint {
     static let maximumLifetimeSeconds = 10 * 366 * 24 * 3600
 
     /// An `expires_in` (a JSON number, or a decimal string) as whole seconds within
-    /// 0 ... ``maximumLifetimeSeconds``; nil when absent or not a number.
+    /// 1 ... ``maximumLifetimeSeconds``; nil when absent, not a number, or below one second: a
+    /// token the server says expired as it was issued (0, or a negative lifetime) is taken as one
+    /// whose lifetime it did not give, not handed out as already expired and refreshed again at
+    /// every call.
     static func boundedLifetime(_ value: Any?) -> Int? {
         let seconds: Double? =
             if let number = value as? NSNumber { number.doubleValue } else { (value as? String).flatMap { Int($0) }.map(Double.init) }
-        guard let seconds, !seconds.isNaN else { return nil }
-        return Int(min(max(seconds, 0), Double(maximumLifetimeSeconds)))
+        guard let seconds, !seconds.isNaN, seconds >= 1 else { return nil }
+        return Int(min(seconds, Double(maximumLifetimeSeconds)))
     }
 
     /// Keeps error codes to the RFC's character set, so a hostile server cannot smuggle text.

@@ -56,10 +56,13 @@ public struct KernelKeyringTokenCache: AccessTokenCache {
     public func storeAccessToken(_ token: CachedAccessToken, for key: CredentialKey) async throws(LockboxError) {
         let remaining = token.freshUntil.timeIntervalSince(now())
         // The kernel counts whole seconds: round down, so the entry never outlives its freshness.
-        guard remaining >= 1, let expiresAt = token.credentials.expiresAt else {
+        guard remaining >= 1 else {
             try await removeAccessToken(for: key)
             return
         }
+        // A token whose lifetime the server did not give is shared as one that ends with its
+        // freshness (the manager shares such a token for a minute).
+        let expiresAt = token.credentials.expiresAt ?? token.freshUntil
         let entry = AccessTokenKeyring.Entry(
             token: token.credentials.accessToken, tokenType: token.credentials.tokenType,
             expiresAtMilliseconds: Self.milliseconds(expiresAt), freshUntilMilliseconds: Self.milliseconds(token.freshUntil),

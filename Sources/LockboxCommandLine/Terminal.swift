@@ -43,7 +43,7 @@ extension UsageError {
 }
 
 /// stdout and stderr, for text that is never secret.
-package struct StandardStreams {
+package struct StandardStreams: Sendable {
     package init() {}
 
     package func print(_ text: String) {

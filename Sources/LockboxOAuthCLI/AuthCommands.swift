@@ -80,7 +80,9 @@ struct AuthCommands {
                 let result = try await Interrupt.ignoring { () async throws(AuthError) in try await session.signIn(configuration, tokens: tokens) }
                 output.error(Self.describe(result))
             case .token(let issuer, let clientID, nil):
-                let token = try await session.accessToken(issuer: issuer, clientID: clientID)
+                let token = try await Interrupt.deferring(output: output) { () async throws(AuthError) in
+                    try await session.accessToken(issuer: issuer, clientID: clientID)
+                }
                 SecretInput.writeToStandardOutput(token)
             case .token(let issuer, let clientID, let target?):
                 // As given, never re-encoded: a URL with a space would have its `%41` made `%2541`.
@@ -92,8 +94,9 @@ struct AuthCommands {
                             + "with any space or other such character percent-encoded (%20). (usage)")
                     return .usage
                 }
-                let authorization = try await session.requestAuthorization(
-                    method: target.method, url: url, nonce: target.nonce, issuer: issuer, clientID: clientID)
+                let authorization = try await Interrupt.deferring(output: output) { () async throws(AuthError) in
+                    try await session.requestAuthorization(method: target.method, url: url, nonce: target.nonce, issuer: issuer, clientID: clientID)
+                }
                 guard let proof = authorization.proof else {
                     output.error(
                         "lockbox: This session's tokens are bearer tokens, which need no proof: run `lockbox token` without --url, "
@@ -108,7 +111,10 @@ struct AuthCommands {
                     output.error(Self.describe(result))
                     if result.remaining > 0 { return .failure }
                 } else {
-                    output.error(Self.describe(try await session.logout(issuer: issuer, clientID: clientID)))
+                    let result = try await Interrupt.deferring(output: output) { () async throws(AuthError) in
+                        try await session.logout(issuer: issuer, clientID: clientID)
+                    }
+                    output.error(Self.describe(result))
                 }
             case .authStatus(let json):
                 let status = try await session.status()
@@ -132,11 +138,13 @@ struct AuthCommands {
                 "Open \(authorization.verificationURI.absoluteString) and enter the code \(authorization.userCode)"
                     + (authorization.verificationURIComplete.map { " (or open \($0.absoluteString))" } ?? "") + "."))
         let remaining = max(0, Int(authorization.expiresAt.timeIntervalSinceNow))
-        output.error(
+        let waiting =
             "Waiting for the approval at \(TerminalText.sanitized(configuration.issuer.host ?? "the server")); the code expires at "
-                + "\(Self.clockTime(authorization.expiresAt)) (in \(Self.minutes(remaining))). Ctrl-C cancels.")
+            + "\(Self.clockTime(authorization.expiresAt)) (in \(Self.minutes(remaining))). Ctrl-C cancels."
         do throws(AuthError) {
-            return try await Interrupt.cancelling(progress: WaitingIndicator(until: authorization.expiresAt)) { () async throws(AuthError) in
+            return try await Interrupt.cancelling(
+                progress: WaitingIndicator(until: authorization.expiresAt), announcing: { output.error(waiting) }
+            ) { () async throws(AuthError) in
                 try await session.waitForApproval(pending)
             }
         } catch {

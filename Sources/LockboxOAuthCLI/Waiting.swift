@@ -2,6 +2,7 @@ import Dispatch
 import Foundation
 import LockboxAuth
 import LockboxCommandLine
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -13,8 +14,10 @@ enum Interrupt {
     /// ``AuthError/Code/cancelled``, and the caller cleans up: a sign-in's new key is deleted),
     /// with `progress` drawn meanwhile. Waiting costs no CPU: the operation sleeps between
     /// polls and the signal arrives through a Dispatch source.
+    /// `announcing` says that Ctrl-C cancels, once it does: a signal sent as soon as the words
+    /// show (by a person or a script) is never met by the default action instead.
     static func cancelling<Success: Sendable>(
-        progress: WaitingIndicator?, _ operation: @escaping @Sendable () async throws(AuthError) -> Success
+        progress: WaitingIndicator?, announcing: () -> Void = {}, _ operation: @escaping @Sendable () async throws(AuthError) -> Success
     ) async throws(AuthError) -> Success {
         let task = Task { () async throws -> Success in try await operation() }
         let sources = [SIGINT, SIGTERM].map { number in
@@ -24,6 +27,7 @@ enum Interrupt {
             source.resume()
             return (number, source)
         }
+        announcing()
         let drawing = progress.map { progress in Task { await progress.draw() } }
         let result = await task.result
         drawing?.cancel()
@@ -37,6 +41,47 @@ enum Interrupt {
         case .failure(let error as AuthError): throw error
         case .failure: throw AuthError(.cancelled, "Cancelled.")
         }
+    }
+
+    /// Runs `operation` (a call that may refresh: `token`, `logout`) with SIGINT, SIGTERM and
+    /// SIGHUP held off until it returns, then exits as that signal would have ended the process
+    /// (status 128 + its number), printing nothing more. A refresh stopped after the server
+    /// rotated the refresh token and before the new one was stored loses it: the stored one is
+    /// already used, and presenting it again is a reuse the server answers by ending the session
+    /// (Ctrl-C on a slow `lockbox token`, `timeout`, a job cancelled, a terminal closed all did).
+    /// The wait is bounded by the request deadline.
+    static func deferring<Success: Sendable>(
+        output: StandardStreams, _ operation: () async throws(AuthError) -> Success
+    ) async throws(AuthError) -> Success {
+        let arrived = Mutex<Int32>(0)
+        let sources = [SIGINT, SIGTERM, SIGHUP].map { number in
+            signal(number, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+            source.setEventHandler {
+                let first = arrived.withLock { received in
+                    defer { if received == 0 { received = number } }
+                    return received == 0
+                }
+                if first {
+                    output.error("lockbox: Stopping once the refresh in progress has stored its new token (stopping now would lose it, and sign you out).")
+                }
+            }
+            source.resume()
+            return (number, source)
+        }
+        let result: Result<Success, AuthError>
+        do throws(AuthError) {
+            result = .success(try await operation())
+        } catch {
+            result = .failure(error)
+        }
+        for (number, source) in sources {
+            source.cancel()
+            signal(number, SIG_DFL)
+        }
+        let received = arrived.withLock { $0 }
+        if received != 0 { exit(128 + received) }
+        return try result.get()
     }
 
     /// Runs `operation` with SIGINT and SIGTERM ignored: a step that must not stop half-way.
@@ -116,8 +161,12 @@ struct BrowserLogin {
             output.error("lockbox: \(failure); open the address above yourself.")
         }
         let timeout = Duration.seconds(300)
-        output.error("Waiting for the browser to return to \(session.redirectURI) (5 min). Ctrl-C cancels.")
-        return try await Interrupt.cancelling(progress: WaitingIndicator(until: Date().addingTimeInterval(300))) { () async throws(AuthError) in
+        let output = self.output
+        let redirect = session.redirectURI
+        return try await Interrupt.cancelling(
+            progress: WaitingIndicator(until: Date().addingTimeInterval(300)),
+            announcing: { output.error("Waiting for the browser to return to \(redirect) (5 min). Ctrl-C cancels.") }
+        ) { () async throws(AuthError) in
             try await session.waitForTokens(timeout: timeout)
         }
     }

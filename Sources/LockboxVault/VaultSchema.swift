@@ -88,7 +88,7 @@ package enum VaultSchema {
                     try database.execute("PRAGMA user_version = \(version)")
                 }
             }
-        } catch where error.message.contains("already exists") || error.message.contains("duplicate column") {
+        } catch where says(error.message, "already exists") || says(error.message, "duplicate column") {
             // A step that finds what it would add already there: the file's tables are of a later
             // schema than its version says (the version number was edited). Nothing was changed.
             throw LockboxError(
@@ -96,6 +96,15 @@ package enum VaultSchema {
                 "The keychain's schema version (\(found)) does not match its tables, which are of a later one: the keychain file "
                     + "was modified or is damaged. Restore it from a backup.", cause: error.cause)
         }
+    }
+
+    /// True when `message` holds `words` (compared as bytes: what string searching Foundation
+    /// offers would link it, and CoreFoundation with it, into the lean programs).
+    private static func says(_ message: String, _ words: String) -> Bool {
+        let text = Array(message.utf8)
+        let wanted = Array(words.utf8)
+        guard !wanted.isEmpty, text.count >= wanted.count else { return false }
+        return (0...(text.count - wanted.count)).contains { start in text[start..<start + wanted.count].elementsEqual(wanted) }
     }
 
     private static func addVersion2(_ database: Database) throws(LockboxError) {

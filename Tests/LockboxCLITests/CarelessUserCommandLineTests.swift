@@ -102,6 +102,33 @@ extension SafeDefaultsTests {
         #expect(written.status == 0)
     }
 
+    @Test("docker-credential-lockbox store that fails (a secret over the keychain's limit) keeps the server's credential; a new user name replaces it only once stored")
+    func dockerStoreThatFails_keepsTheCredential() throws {
+        try initialize()
+        defer { lockAll() }
+        var environment = ProcessInfo.processInfo.environment
+        environment["LOCKBOX_KEYCHAIN"] = keychain
+        let helper = builtProduct("docker-credential-lockbox")
+        func docker(_ operation: String, _ input: String) throws -> ProcessResult {
+            try run(helper, [operation], input: Array(input.utf8), environment: environment)
+        }
+        let server = "https://big.example"
+        #expect(try docker("store", #"{"ServerURL":"\#(server)","Username":"u","Secret":"good-secret"}"#).status == 0)
+        let big = try docker("store", #"{"ServerURL":"\#(server)","Username":"u","Secret":"\#(String(repeating: "x", count: 70_000))"}"#)
+        #expect(big.status != 0, "a 70,000-byte secret was stored")
+        let kept = try docker("get", server + "\n")
+        #expect(kept.status == 0 && kept.standardOutput.contains(#""Secret":"good-secret""#), "\(kept.standardOutput) \(kept.standardError)")
+        // Another user name: stored, and then the earlier one removed (one credential per server).
+        #expect(try docker("store", #"{"ServerURL":"\#(server)","Username":"v","Secret":"second-secret"}"#).status == 0)
+        let replaced = try docker("get", server + "\n")
+        #expect(replaced.standardOutput.contains(#""Username":"v""#) && replaced.standardOutput.contains("second-secret"), "\(replaced.standardOutput)")
+        let listed = try docker("list", "")
+        #expect(listed.standardOutput == #"{"\#(server)":"v"}"# + "\n" || listed.standardOutput == #"{"\#(server)":"v"}"#, "\(listed.standardOutput)")
+        // The same user name again: updated in place.
+        #expect(try docker("store", #"{"ServerURL":"\#(server)","Username":"v","Secret":"third-secret"}"#).status == 0)
+        #expect(try docker("get", server + "\n").standardOutput.contains("third-secret"))
+    }
+
     @Test("init next to the log of an earlier keychain (its file removed): refused, the log kept, and no half-made keychain")
     func initBesideAnEarlierLog_isRefused() throws {
         try FileManager.default.createDirectory(atPath: directory.file("keychains"), withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])

@@ -83,6 +83,7 @@ class State:
             "token_503": 0,                # next N /token calls answer 503 + Retry-After
             "token_drop_after_rotate": 0,  # next N refreshes rotate, then drop the connection
             "token_hang_after_rotate": 0.0,  # seconds to wait after rotating, before answering
+            "token_expires_in": "",        # "omit": token answers carry no expires_in; a number: sent instead
             "revoke_fail": 0,              # next N /revoke calls answer 503
             "device_slow_down": 0,         # next N pending device polls answer slow_down
             "access_token_lifetime": 3600,
@@ -679,6 +680,13 @@ def token():
         if g.get("dpop_jkt") and response.status_code == 200:
             body = json.loads(response.get_data())
             body["token_type"] = "DPoP"
+            response.set_data(json.dumps(body))
+        if STATE.faults["token_expires_in"] != "" and response.status_code == 200:
+            body = json.loads(response.get_data())
+            if STATE.faults["token_expires_in"] == "omit":
+                body.pop("expires_in", None)
+            else:
+                body["expires_in"] = int(STATE.faults["token_expires_in"])
             response.set_data(json.dumps(body))
         rotated = is_refresh and STATE.counters["refresh_successes"] > before
         drop = rotated and STATE.faults["token_drop_after_rotate"] > 0
