@@ -14,6 +14,8 @@ func openStore() -> any ItemStore {
     }
 }
 
+// A standard descriptor left closed is taken by no file or socket opened below.
+HelperProcess.reserveStandardDescriptors()
 // Before this process hides its /proc files: the broker, when one is used, identifies it now.
 Keychain.prepareBroker()
 guard HelperProcess.hardenProcess() else {

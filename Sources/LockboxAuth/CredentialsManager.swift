@@ -874,8 +874,9 @@ public actor CredentialsManager {
     private func acquireCrossProcessLock() async throws(AuthError) -> (any RefreshLockHold)? {
         if let refreshLock { return try await refreshLock.acquire(for: key) }
         guard let lockFilePath else { return nil }
-        // A holder presents the token within the request deadline, then stores what it got.
-        return try await FileLock.acquire(path: lockFilePath, limit: configuration.requestLimits.deadline * 2 + .seconds(5))
+        // A holder may send up to three requests (a nonce retry, a second refresh), each within
+        // the request deadline, and then wait for the keychain's write lock (10 s by default).
+        return try await FileLock.acquire(path: lockFilePath, limit: configuration.requestLimits.deadline * 3 + .seconds(15))
     }
 
     private func emit(_ kind: AuthEvent.Kind, _ reason: String, _ fingerprint: String?) {

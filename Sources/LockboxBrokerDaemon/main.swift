@@ -8,6 +8,10 @@ import LockboxCore
 import Glibc
 #endif
 
+// Before anything opens a file or a socket: a standard descriptor left closed by the caller
+// must not be taken by one (what the program prints or reads would go there).
+_ = lockbox_reserve_standard_descriptors()
+
 // lockboxd: the per-user broker. It keeps the vault's unlocked keys in its own locked,
 // non-dumpable memory and serves the item store over a socket in $XDG_RUNTIME_DIR/lockbox/.
 //

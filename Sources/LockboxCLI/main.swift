@@ -6,6 +6,10 @@ import LockboxCommandLine
 import Glibc
 #endif
 
+// Before anything opens a file or a socket: a standard descriptor left closed by the caller
+// must not be taken by one (what the program prints or reads would go there).
+_ = lockbox_reserve_standard_descriptors()
+
 guard let arguments = ProgramArguments.checked(program: "lockbox") else { exit(ExitStatus.usage.rawValue) }
 // The broker, when one is used, identifies this process by its /proc files: connect before
 // they are hidden below. (Parsing reads no secret; the run parses again.)

@@ -5,6 +5,10 @@ import LockboxCommandLine
 import Glibc
 #endif
 
+// Before anything opens a file or a socket: a standard descriptor left closed by the caller
+// must not be taken by one (what the program prints or reads would go there).
+_ = lockbox_reserve_standard_descriptors()
+
 // The key verbs (`generate-key`, `sign`, `public-key`, `delete-key`) and the TPM unlock
 // (`enroll tpm2`, `unenroll tpm2`, `unlock --tpm2`) run here: `lockbox` hands them over with the
 // same arguments, so that only these verbs load libcrypto and the tss2 libraries. Calling it

@@ -20,22 +20,13 @@ enum Interrupt {
         progress: WaitingIndicator?, announcing: () -> Void = {}, _ operation: @escaping @Sendable () async throws(AuthError) -> Success
     ) async throws(AuthError) -> Success {
         let task = Task { () async throws -> Success in try await operation() }
-        let sources = [SIGINT, SIGTERM].map { number in
-            signal(number, SIG_IGN)
-            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
-            source.setEventHandler { task.cancel() }
-            source.resume()
-            return (number, source)
-        }
+        let caught = CaughtSignals([SIGINT, SIGTERM]) { _ in task.cancel() }
         announcing()
         let drawing = progress.map { progress in Task { await progress.draw() } }
         let result = await task.result
         drawing?.cancel()
         await drawing?.value
-        for (number, source) in sources {
-            source.cancel()
-            signal(number, SIG_DFL)
-        }
+        caught.release()
         switch result {
         case .success(let value): return value
         case .failure(let error as AuthError): throw error
@@ -54,20 +45,14 @@ enum Interrupt {
         output: StandardStreams, _ operation: () async throws(AuthError) -> Success
     ) async throws(AuthError) -> Success {
         let arrived = Mutex<Int32>(0)
-        let sources = [SIGINT, SIGTERM, SIGHUP].map { number in
-            signal(number, SIG_IGN)
-            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
-            source.setEventHandler {
-                let first = arrived.withLock { received in
-                    defer { if received == 0 { received = number } }
-                    return received == 0
-                }
-                if first {
-                    output.error("lockbox: Stopping once the refresh in progress has stored its new token (stopping now would lose it, and sign you out).")
-                }
+        let caught = CaughtSignals([SIGINT, SIGTERM, SIGHUP]) { number in
+            let first = arrived.withLock { received in
+                defer { if received == 0 { received = number } }
+                return received == 0
             }
-            source.resume()
-            return (number, source)
+            if first {
+                output.error("lockbox: Stopping once the refresh in progress has stored its new token (stopping now would lose it, and sign you out).")
+            }
         }
         let result: Result<Success, AuthError>
         do throws(AuthError) {
@@ -75,10 +60,7 @@ enum Interrupt {
         } catch {
             result = .failure(error)
         }
-        for (number, source) in sources {
-            source.cancel()
-            signal(number, SIG_DFL)
-        }
+        caught.release()
         let received = arrived.withLock { $0 }
         if received != 0 { exit(128 + received) }
         return try result.get()
@@ -86,13 +68,37 @@ enum Interrupt {
 
     /// Runs `operation` with SIGINT and SIGTERM ignored: a step that must not stop half-way.
     static func ignoring<Success: Sendable>(_ operation: () async throws(AuthError) -> Success) async throws(AuthError) -> Success {
-        signal(SIGINT, SIG_IGN)
-        signal(SIGTERM, SIG_IGN)
-        defer {
-            signal(SIGINT, SIG_DFL)
-            signal(SIGTERM, SIG_DFL)
-        }
+        let previous = [SIGINT, SIGTERM].map { number in (number, signal(number, SIG_IGN)) }
+        defer { for (number, handler) in previous { signal(number, handler) } }
         return try await operation()
+    }
+}
+
+/// Signals caught through Dispatch sources while a call runs, each given back its disposition
+/// afterwards. A signal the program was started with ignored (`nohup`, a background job of a
+/// shell without job control) stays ignored and is not caught: before, it was caught anyway,
+/// and left at its default action afterwards.
+final class CaughtSignals: @unchecked Sendable {
+    private let taken: [(number: Int32, previous: __sighandler_t?, source: any DispatchSourceSignal)]
+
+    init(_ numbers: [Int32], _ handler: @escaping @Sendable (Int32) -> Void) {
+        var taken: [(Int32, __sighandler_t?, any DispatchSourceSignal)] = []
+        for number in numbers {
+            let previous = signal(number, SIG_IGN)
+            guard unsafeBitCast(previous, to: Int.self) != unsafeBitCast(SIG_IGN, to: Int.self) else { continue }
+            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+            source.setEventHandler { handler(number) }
+            source.resume()
+            taken.append((number, previous, source))
+        }
+        self.taken = taken
+    }
+
+    /// Gives each signal back its disposition (a signal from now on acts as it did before),
+    /// then stops the sources.
+    func release() {
+        for (number, previous, _) in taken { signal(number, previous) }
+        for (_, _, source) in taken { source.cancel() }
     }
 }
 

@@ -5,6 +5,10 @@ import LockboxCommandLine
 import Glibc
 #endif
 
+// Before anything opens a file or a socket: a standard descriptor left closed by the caller
+// must not be taken by one (what the program prints or reads would go there).
+_ = lockbox_reserve_standard_descriptors()
+
 // `lockbox login`, `token`, `logout` and `auth status` run here: `lockbox` hands them over with
 // the same arguments, so that only these verbs load the HTTP stack. Calling it directly works too.
 

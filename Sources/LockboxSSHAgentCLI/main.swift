@@ -10,6 +10,10 @@ import LockboxSSHAgent
 import Glibc
 #endif
 
+// Before anything opens a file or a socket: a standard descriptor left closed by the caller
+// must not be taken by one (what the program prints or reads would go there).
+_ = lockbox_reserve_standard_descriptors()
+
 // `lockbox ssh-agent` runs here: `lockbox` hands the verb over, so that only the agent loads
 // libcrypto and Foundation's process machinery (docs/PERFORMANCE.md, "Process start").
 

@@ -144,9 +144,13 @@ final class SyncState {
     /// checked nor used. Returns the device it names, if it can be read (a hint, not checked),
     /// nil when there was none.
     static func removeStale(path: String) throws(LockboxError) -> String? {
+        // The mark of a refused reset goes with the state, also when the state itself is gone.
+        if unlink(path + ".reset-refused") != 0 && errno != ENOENT {
+            throw LockboxError(.io, "Cannot remove \(path).reset-refused, left by this keychain's earlier device. Check the directory's permissions.")
+        }
         guard FileManager.default.fileExists(atPath: path) else { return nil }
         let device = device(atPath: path)
-        for file in [path, path + "-wal", path + "-shm", path + ".reset-refused"] where unlink(file) != 0 && errno != ENOENT {
+        for file in [path, path + "-wal", path + "-shm"] where unlink(file) != 0 && errno != ENOENT {
             throw LockboxError(.io, "Cannot remove \(file), the sync state of this keychain's earlier device. Check the directory's permissions.")
         }
         return device

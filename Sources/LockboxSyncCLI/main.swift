@@ -8,6 +8,10 @@ import LockboxSync
 import Glibc
 #endif
 
+// Before anything opens a file or a socket: a standard descriptor left closed by the caller
+// must not be taken by one (what the program prints or reads would go there).
+_ = lockbox_reserve_standard_descriptors()
+
 // `lockbox sync` runs here: `lockbox` hands the verb over, so that only sync loads libpq (and
 // the TLS and authentication libraries it links).
 

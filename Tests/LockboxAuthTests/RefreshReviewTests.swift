@@ -78,7 +78,7 @@ extension LifecycleTests.SharedTokenCacheTests {
         }
     }
 
-    @Test("a refresh lock held by a process that stopped without dying: the others give up after twice the request deadline and say why, the session unchanged")
+    @Test("a refresh lock held by a process that stopped without dying: the others give up after three request deadlines and 15 s and say why, the session unchanged")
     func stoppedLockHolder_isWaitedForALimitedTime() async throws {
         let server = try await TestServer.running()
         let vault = try TestVault()
@@ -103,7 +103,7 @@ extension LifecycleTests.SharedTokenCacheTests {
         let waited = await authErrorCode { _ = try await manager.credentials(minTTL: forceRefresh) }
         let elapsed = ContinuousClock.now - started
         #expect(waited != nil, "the refresh did not wait for the lock")
-        #expect(elapsed >= .seconds(6) && elapsed < .seconds(20), "waited \(elapsed)")
+        #expect(elapsed >= .seconds(17) && elapsed < .seconds(40), "waited \(elapsed)")
         #expect(try await vault.tokenStore(for: configuration).refreshToken() == tokens.refreshToken)
     }
 }

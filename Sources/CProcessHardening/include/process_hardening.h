@@ -7,9 +7,10 @@
 /// one as its standard input. Returns 0 on success, -1 if one could not be opened.
 int lockbox_reserve_standard_descriptors(void);
 
-/// Reserves the standard descriptors (``lockbox_reserve_standard_descriptors``), then makes this
-/// process refuse core dumps and ptrace attachment by other processes of the same user
-/// (PR_SET_DUMPABLE 0, RLIMIT_CORE 0). Returns 0 on success, -1 if any step failed.
+/// Reserves the standard descriptors (``lockbox_reserve_standard_descriptors``; call that first,
+/// before anything opens a file or socket), then makes this process refuse core dumps and
+/// ptrace attachment by other processes of the same user (PR_SET_DUMPABLE 0, RLIMIT_CORE 0).
+/// Returns 0 on success, -1 if either of those two steps failed.
 int lockbox_harden_process(void);
 
 /// 1 when this process is marked non-dumpable.

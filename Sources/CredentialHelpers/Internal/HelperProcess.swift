@@ -7,6 +7,12 @@ import CProcessHardening
 
 /// Process plumbing shared by the helper executables.
 public enum HelperProcess {
+    /// Opens a placeholder on each standard descriptor left closed, before anything opens a file
+    /// or a socket that could take its number (and receive what the helper prints, a secret).
+    public static func reserveStandardDescriptors() {
+        _ = lockbox_reserve_standard_descriptors()
+    }
+
     /// Reads stdin to the end, or to one byte past `limit` (so that the parser sees input
     /// over its bound and refuses it, while memory stays bounded); retries interrupted reads.
     public static func readStandardInput(limit: Int) -> [UInt8] {

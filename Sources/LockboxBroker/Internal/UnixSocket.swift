@@ -139,7 +139,10 @@ final class UnixSocket: @unchecked Sendable {
 
     /// Connects to `path`; the errno of a failed connect is in the thrown error's cause.
     static func connect(to path: String) throws(LockboxError) -> UnixSocket {
-        let descriptor = try SystemCall.check("socket", "Creating a socket") { socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0) }
+        // Never on a standard descriptor a program left closed (what it prints would go to lockboxd).
+        let descriptor = try SystemCall.check("socket", "Creating a socket") {
+            StandardDescriptors.movedAbove(socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0))
+        }
         let connection = UnixSocket(descriptor: descriptor)
         let result = try withAddress(path) { address, length in
             var result: Int32
