@@ -173,26 +173,13 @@ struct CommandLineAuthTests {
         let bound = try #require(try await keys.keys(applicationTag: ManagedProofSigningKey.applicationTag).first?.publicKey?.derRepresentation)
 
         for stop in [SIGINT, SIGTERM] {
-            let login = Process()
-            login.executableURL = URL(fileURLWithPath: binary)
-            login.arguments = ["--keychain", path, "login", "--dpop", "--issuer", server.url.absoluteString, "--client-id", TestServer.clientID]
-            let errors = Pipe()
-            login.standardError = errors
-            login.standardOutput = Pipe()
-            try login.run()
-            var collected = ""
-            while !collected.contains("Ctrl-C cancels") {
-                let chunk = errors.fileHandleForReading.availableData
-                if chunk.isEmpty { break }
-                collected += String(decoding: chunk, as: UTF8.self)
-            }
-            #expect(collected.contains("Ctrl-C cancels"), "\(collected)")
+            var login = try WaitingLogin(
+                ["--keychain", path, "login", "--dpop", "--issuer", server.url.absoluteString, "--client-id", TestServer.clientID])
+            #expect(login.said.contains("Ctrl-C cancels"), "\(login.said)")
             // The new session's key exists while the login waits.
             #expect(try await keys.keys(applicationTag: ManagedProofSigningKey.applicationTag).count == 2)
-            kill(login.processIdentifier, stop)
-            login.waitUntilExit()
-            collected += String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-            #expect(login.terminationReason == .exit && login.terminationStatus == 1, "signal \(stop): \(collected)")
+            let collected = login.stop(with: stop)
+            #expect(login.process.terminationReason == .exit && login.process.terminationStatus == 1, "signal \(stop): \(collected)")
             #expect(collected.contains("Cancelled; the stored session is as it was. (cancelled)"), "\(collected)")
             let left = try await keys.keys(applicationTag: ManagedProofSigningKey.applicationTag)
             #expect(left.map { $0.publicKey?.derRepresentation } == [bound], "signal \(stop): \(left.count) keys left")

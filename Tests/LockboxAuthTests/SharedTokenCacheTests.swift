@@ -413,33 +413,20 @@ struct SharedTokenCacheTests {
         var environment = ProcessInfo.processInfo.environment
         environment["DISPLAY"] = nil
         environment["WAYLAND_DISPLAY"] = nil
-        let login = Process()
-        login.executableURL = URL(fileURLWithPath: builtProduct("lockbox"))
-        login.arguments = ["--keychain", vault.vault.path, "login", "--browser", "--issuer", server.url.absoluteString, "--client-id", TestServer.clientID]
-        login.environment = environment
-        let errors = Pipe()
-        login.standardError = errors
-        login.standardOutput = Pipe()
-        try login.run()
-        var collected = ""
-        while !collected.contains("Ctrl-C cancels") {
-            let chunk = errors.fileHandleForReading.availableData
-            if chunk.isEmpty { break }
-            collected += String(decoding: chunk, as: UTF8.self)
-        }
-        #expect(collected.contains("using the device flow instead"), "\(collected)")
-        #expect(collected.contains("enter the code"))
-        #expect(collected.contains("the code expires at"))
+        var login = try WaitingLogin(
+            ["--keychain", vault.vault.path, "login", "--browser", "--issuer", server.url.absoluteString, "--client-id", TestServer.clientID],
+            environment: environment)
+        #expect(login.said.contains("using the device flow instead"), "\(login.said)")
+        #expect(login.said.contains("enter the code"))
+        #expect(login.said.contains("the code expires at"))
         // Waiting: the process sleeps between polls.
-        let cpuBefore = try Self.cpuSeconds(login.processIdentifier)
+        let cpuBefore = try Self.cpuSeconds(login.process.processIdentifier)
         try await Task.sleep(for: .seconds(3))
-        let cpuUsed = try Self.cpuSeconds(login.processIdentifier) - cpuBefore
+        let cpuUsed = try Self.cpuSeconds(login.process.processIdentifier) - cpuBefore
         #expect(cpuUsed < 0.3, "a waiting login used \(cpuUsed) s of CPU in 3 s")
 
-        kill(login.processIdentifier, SIGINT)
-        login.waitUntilExit()
-        collected += String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        #expect(login.terminationStatus == 1)
+        let collected = login.stop(with: SIGINT)
+        #expect(login.process.terminationStatus == 1)
         #expect(collected.contains("Cancelled; the stored session is as it was. (cancelled)"), "\(collected)")
         #expect(try await vault.tokenStore(for: configuration).refreshToken() == tokens.refreshToken)
         #expect(try Self.cachedEntry(vault, configuration)?.token == tokens.accessToken)

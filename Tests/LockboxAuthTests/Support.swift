@@ -288,3 +288,36 @@ func isAuthError(
     if let status, error.httpStatus != status { return false }
     return true
 }
+
+/// A `lockbox login` started with `arguments` and read until it says it waits for a person
+/// ("Ctrl-C cancels"), or until its standard error closes.
+struct WaitingLogin {
+    let process = Process()
+    let errors = Pipe()
+    /// What it wrote to standard error so far.
+    var said = ""
+
+    init(_ arguments: [String], environment: [String: String]? = nil) throws {
+        // Its signals at their default action, as a terminal's session has them: the test runner
+        // may have been started with some ignored (under su, say), which the child would keep.
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        process.arguments = ["--default-signal=INT,TERM,HUP", builtProduct("lockbox")] + arguments
+        if let environment { process.environment = environment }
+        process.standardError = errors
+        process.standardOutput = Pipe()
+        try process.run()
+        while !said.contains("Ctrl-C cancels") {
+            let chunk = errors.fileHandleForReading.availableData
+            if chunk.isEmpty { break }
+            said += String(decoding: chunk, as: UTF8.self)
+        }
+    }
+
+    /// Sends `signal`, waits for the exit, and returns everything it wrote to standard error.
+    mutating func stop(with signal: Int32) -> String {
+        kill(process.processIdentifier, signal)
+        process.waitUntilExit()
+        said += String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        return said
+    }
+}
