@@ -95,16 +95,7 @@ package enum StandardOutput {
         let code = failure.load(ordering: .relaxed)
         guard code != 0 else { return status.rawValue }
         if code != EPIPE {
-            var text = "lockbox: Standard output could not be written (\(String(cString: strerror(code)))): what was printed is incomplete.\n"
-            text.withUTF8 { bytes in
-                var offset = 0
-                while offset < bytes.count {
-                    let written = write(STDERR_FILENO, bytes.baseAddress! + offset, bytes.count - offset)
-                    if written < 0 && errno == EINTR { continue }
-                    guard written > 0 else { break }
-                    offset += written
-                }
-            }
+            StandardStreams().error("lockbox: Standard output could not be written (\(String(cString: strerror(code)))): what was printed is incomplete.")
         }
         return status == .success ? ExitStatus.failure.rawValue : status.rawValue
     }
